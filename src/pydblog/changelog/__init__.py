@@ -1,0 +1,1 @@
+"""Change log backends. The embedded default is ``SqliteChangeLog``."""

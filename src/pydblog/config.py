@@ -1,0 +1,202 @@
+"""Typed, validated configuration loaded from a TOML file.
+
+Every field is documented in the README ("Configuration reference"). Unknown keys and
+wrong types are rejected at load with a message naming the key. Secrets (passwords in
+DSNs) never appear in ``repr``, logs or error messages: use ``redact_dsn``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pydblog.errors import ConfigError
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with its password replaced by ``***`` (URL or key=value form)."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        if parts.password is not None:
+            host = parts.hostname or ""
+            if parts.port:
+                host = f"{host}:{parts.port}"
+            netloc = f"{parts.username}:***@{host}"
+            return urlunsplit(parts._replace(netloc=netloc))
+        return re.sub(r"(password=)[^&]*", r"\1***", dsn)
+    return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", dsn)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Dsn(str):
+    """A connection string whose ``repr`` hides the password."""
+
+    def __repr__(self) -> str:
+        return repr(redact_dsn(str(self)))
+
+
+class SourceConfig(_Model):
+    type: Literal["postgres", "mysql"] = "postgres"
+    dsn: str
+    tables: list[str] | None = None
+    exclude_tables: list[str] = Field(default_factory=list)
+    slot: str = "dblog"
+    publication: str = "dblog"
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    server_id: int = Field(default=5401, ge=1, le=2**32 - 1)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("tables", "exclude_tables")
+    @classmethod
+    def _regexes(cls, value: list[str] | None) -> list[str] | None:
+        for pattern in value or []:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid regex {pattern!r}: {exc}") from exc
+        return value
+
+    @field_validator("slot", "publication")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", value):
+            raise ValueError(
+                f"{value!r} is not a valid slot/publication name "
+                "(lower-case letters, digits and _, at most 63 characters)"
+            )
+        return value
+
+    def __repr__(self) -> str:
+        return f"SourceConfig(type={self.type!r}, dsn={redact_dsn(self.dsn)!r}, ...)"
+
+    def table_matcher(self) -> TableMatcher:
+        return TableMatcher(self.tables, self.exclude_tables)
+
+
+class LogConfig(_Model):
+    path: str = "./dblog-data"
+    retention_hours: float | None = Field(default=168.0, gt=0)
+    retention_bytes: int | None = Field(default=None, gt=0)
+    batch_max_events: int = Field(default=20_000, ge=1)
+    batch_max_ms: int = Field(default=10, ge=0)
+
+
+class SnapshotConfig(_Model):
+    mode: Literal["initial", "never"] = "never"
+    chunk_size: int = Field(default=1024, ge=1)
+    watermark: Literal["table", "message"] = "table"
+    signal_table: str = "public.dblog_signal"
+    watermark_table: str = "public.dblog_watermark"
+    adaptive: bool = False
+    chunk_time_budget_ms: int = Field(default=75, gt=0)
+    min_chunk_size: int = Field(default=256, ge=1)
+    max_chunk_size: int = Field(default=65_536, ge=1)
+    statement_timeout_ms: int = Field(default=60_000, gt=0)
+
+
+class SinkConfig(_Model):
+    type: Literal["delta", "postgres", "history"]
+    path: str | None = None
+    dsn: str | None = None
+    schema_: str | None = Field(default=None, alias="schema")
+    parallelism: int = Field(default=2, ge=1)
+
+
+class SyncConfig(_Model):
+    checkpoint: str | None = None
+    trigger: str = "1 second"
+    master: str = "local[*]"
+    max_events_per_trigger: int = Field(default=500_000, ge=1)
+    sinks: list[SinkConfig] = Field(default_factory=list)
+
+
+class HttpConfig(_Model):
+    listen: str | None = None
+
+
+class Config(_Model):
+    source: SourceConfig
+    log: LogConfig = Field(default_factory=LogConfig)
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.log.path)
+
+
+class TableMatcher:
+    """Decides which ``schema.table`` names are captured (full-match regexes)."""
+
+    def __init__(self, include: list[str] | None, exclude: list[str]) -> None:
+        self._include = [re.compile(p) for p in include] if include is not None else None
+        self._exclude = [re.compile(p) for p in exclude]
+
+    def __call__(self, qualified: str) -> bool:
+        if any(p.fullmatch(qualified) for p in self._exclude):
+            return False
+        if self._include is None:
+            return True
+        return any(p.fullmatch(qualified) for p in self._include)
+
+
+def _format_errors(exc: ValidationError, origin: str) -> str:
+    lines = [f"invalid configuration in {origin}:"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            lines.append(f"  - {loc}: unknown key")
+        elif kind == "missing":
+            lines.append(f"  - {loc}: required key is missing")
+        else:
+            msg = err["msg"]
+            if "password" not in msg and "://" not in msg:
+                got = err.get("input")
+                shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+                lines.append(f"  - {loc}: {msg}{shown}")
+            else:
+                lines.append(f"  - {loc}: {redact_dsn(msg)}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], origin: str = "<config>") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            _format_errors(exc, origin), hint="see 'Configuration reference' in the README"
+        ) from None
+
+
+def load_config(path: str | Path) -> Config:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file {p} not found", hint="pass --config with the path of a TOML file"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p} is not valid TOML: {exc}") from None
+    cfg = parse_config(data, str(p))
+    # Relative paths are relative to the config file's directory.
+    base = p.resolve().parent
+    log_path = Path(cfg.log.path)
+    if not log_path.is_absolute():
+        cfg = cfg.model_copy(
+            update={"log": cfg.log.model_copy(update={"path": str(base / log_path)})}
+        )
+    return cfg

@@ -1,0 +1,1 @@
+"""Throwaway servers for the demo, the tests and the benchmarks."""

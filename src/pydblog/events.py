@@ -1,0 +1,125 @@
+"""Change events and their Debezium-style envelope.
+
+An event is immutable and carries values already mapped to JSON types (see
+``docs/types.md``): the change log stores exactly what ``dblog tail`` prints.
+
+Envelope (one JSON object; ``offset`` is added by the change log at append)::
+
+    {"offset": 17, "op": "u", "ts_ms": ...,
+     "source": {"connector", "db", "schema", "table", "lsn", "txId", "ts_ms", "snapshot"},
+     "key": {...}, "before": {...} | null, "after": {...} | null}
+
+Optional fields: ``unchanged`` (columns whose value was not sent by the source, an
+unchanged TOAST value; their ``after`` value is the placeholder ``UNCHANGED_TOAST``
+and consumers keep the value they have) and ``notification`` (``op: "n"`` events).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from pydblog.positions import Position, encode_position
+
+Row = dict[str, Any]
+
+UNCHANGED_TOAST = "__dblog_unchanged_toast__"
+"""Placeholder value of a column the source did not send (see ``ChangeEvent.unchanged``)."""
+
+
+class Op(StrEnum):
+    CREATE = "c"
+    UPDATE = "u"
+    DELETE = "d"
+    READ = "r"
+    TRUNCATE = "t"
+    NOTIFICATION = "n"
+
+
+class SnapshotKind(StrEnum):
+    NONE = "false"
+    INCREMENTAL = "incremental"
+    BLOCKING = "blocking"
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One change of one row (or one table, for truncate and notifications).
+
+    ``position`` orders events within a source; ``ts_ms`` is the source commit time.
+    """
+
+    op: Op
+    schema: str
+    table: str
+    position: Position
+    ts_ms: int
+    key: Row | None = None
+    before: Row | None = None
+    after: Row | None = None
+    snapshot: SnapshotKind = SnapshotKind.NONE
+    unchanged: tuple[str, ...] = ()
+    notification: Row | None = field(default=None)
+
+    @property
+    def qualified_table(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def envelope(self, connector: str, db: str, now_ms: int | None = None) -> Row:
+        source: Row = {
+            "connector": connector,
+            "db": db,
+            "schema": self.schema,
+            "table": self.table,
+            **self.position.source_fields(),
+            "ts_ms": self.ts_ms,
+            "snapshot": self.snapshot.value,
+        }
+        env: Row = {
+            "op": self.op.value,
+            "ts_ms": now_ms if now_ms is not None else int(time.time() * 1000),
+            "source": source,
+            "key": self.key,
+            "before": self.before,
+            "after": self.after,
+        }
+        if self.unchanged:
+            env["unchanged"] = list(self.unchanged)
+        if self.notification is not None:
+            env["notification"] = self.notification
+        return env
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedEvent:
+    """An event ready for the change log: the columns it is indexed by and its body."""
+
+    table: str
+    op: str
+    position: str
+    ts_ms: int
+    body: bytes
+
+
+def encode_event(event: ChangeEvent, connector: str, db: str, now_ms: int) -> EncodedEvent:
+    return EncodedEvent(
+        table=event.qualified_table,
+        op=event.op.value,
+        position=encode_position(event.position),
+        ts_ms=event.ts_ms,
+        body=orjson.dumps(event.envelope(connector, db, now_ms)),
+    )
+
+
+def with_offset(offset: int, body: bytes) -> bytes:
+    """The envelope with ``offset`` as its first field (bodies are stored without it)."""
+    return b'{"offset":%d,%s' % (offset, body[1:])
+
+
+def decode_envelope(offset: int, body: bytes) -> Row:
+    env: Row = orjson.loads(body)
+    return {"offset": offset, **env}

@@ -1,0 +1,1 @@
+"""State store backends. The embedded default is ``FileStateStore``."""

@@ -1,0 +1,57 @@
+"""Shared fixtures: a throwaway PostgreSQL cluster per test session, a fresh database
+per test (random name, dropped with its replication slots at teardown)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from pydblog.devtools.pgcluster import PgCluster
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    cluster = PgCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def drop_database(cluster: PgCluster, name: str) -> None:
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE database = %s AND active_pid IS NOT NULL",
+            (name,),
+        )
+        for _ in range(50):
+            rows = conn.execute(
+                "SELECT slot_name, active FROM pg_replication_slots WHERE database = %s", (name,)
+            ).fetchall()
+            if not rows:
+                break
+            for slot, active in rows:
+                if not active:
+                    try:
+                        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                    except psycopg.Error:
+                        pass
+            import time
+
+            time.sleep(0.1)
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_db(pg_cluster: PgCluster) -> Iterator[str]:
+    """The DSN of a fresh, empty database (superuser connection)."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    dsn = pg_cluster.create_database(name)
+    try:
+        yield dsn
+    finally:
+        drop_database(pg_cluster, name)
