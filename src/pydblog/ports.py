@@ -111,3 +111,128 @@ class StateStore(Protocol):
     def load(self) -> Checkpoint | None: ...
 
     def save(self, checkpoint: Checkpoint) -> None: ...
+
+
+# -- sources ---------------------------------------------------------------------------
+# A source turns a database's log into one flat, ordered stream of items. Row events
+# of captured tables, of the signal table and of the watermark table all come through
+# as ``ChangeEvent``s (the runner routes the last two to the snapshot core and never
+# logs them). ``Commit`` closes a transaction and is the point the source may be
+# acknowledged once everything before it is durable.
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """End of a source transaction. ``position`` is the ack point (e.g. the PostgreSQL
+    commit's end LSN inside a ``PgPosition``); every event of the transaction is at or
+    below it."""
+
+    position: Position
+    ts_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkSeen:
+    """A watermark written by the chunk reader came back through the log (message form;
+    the table form arrives as an UPDATE of the watermark table)."""
+
+    id: str
+    position: Position
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The log moved on with nothing to capture; ``position`` may be acknowledged once
+    everything before it is durable."""
+
+    position: Position
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Nothing arrived for a short while (lets the runner flush and run timers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaChanged:
+    """The column set of a captured table changed (new relation metadata)."""
+
+    schema: str
+    table: str
+
+
+StreamItem = Any  # ChangeEvent | Commit | WatermarkSeen | Heartbeat | Idle | SchemaChanged
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """What the chunk reader knows of a table. ``key`` is the primary key (or the
+    surrogate key a snapshot asked for); ``types`` are SQL type names used for casts."""
+
+    schema: str
+    table: str
+    columns: tuple[str, ...]
+    types: tuple[str, ...]
+    key: tuple[str, ...]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+class LogSource(Protocol):
+    connector: str
+    db: str
+
+    def open(self, checkpoint: Checkpoint | None) -> None:
+        """Check the source's setup (clear ``SourceError`` naming each problem), create
+        what is missing (slot, publication, signal/watermark tables) and start reading
+        after what ``checkpoint`` says was already logged."""
+        ...
+
+    def stream(self) -> Iterator[StreamItem]:
+        """Items in source commit order; yields ``Idle`` when nothing arrived for a
+        while, so the caller is never blocked for long."""
+        ...
+
+    def ack(self, position: Position) -> None:
+        """Everything at or below ``position`` is durable downstream."""
+        ...
+
+    def lag_bytes(self) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+class SnapshotReader(Protocol):
+    """The IO a snapshot needs from a source: runs on its own connection, read-only
+    transactions with a statement timeout for every SELECT."""
+
+    def captured_tables(self) -> list[str]: ...
+
+    def table_info(self, qualified: str, surrogate_key: str | None = None) -> TableInfo | None:
+        ...
+
+    def check_filter(self, info: TableInfo, condition: str) -> None:
+        """Raise ``SignalError`` if ``condition`` does not parse or tries to write."""
+        ...
+
+    def max_key(self, info: TableInfo, condition: str | None) -> tuple[Any, ...] | None: ...
+
+    def read_chunk(
+        self,
+        info: TableInfo,
+        after: tuple[Any, ...] | None,
+        max_key: tuple[Any, ...],
+        limit: int,
+        condition: str | None,
+    ) -> list[dict[str, Any]]:
+        """Rows with ``after < key <= max_key`` in key order, at most ``limit``, values
+        mapped exactly as the log stream maps them."""
+        ...
+
+    def write_watermark(self, watermark_id: str) -> None:
+        """Commit a watermark that will come back through the log."""
+        ...
+
+    def close(self) -> None: ...
