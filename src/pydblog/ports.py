@@ -65,6 +65,54 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class ColumnSchema:
+    """One column as the source declares it. ``type`` is the source's SQL type
+    (``numeric(10,2)``, ``text[]``); ``logical`` is pydblog's source-independent type
+    (see docs/types.md), what sinks derive their column types from."""
+
+    name: str
+    type: str
+    logical: str
+    nullable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchema:
+    """A captured table's columns and key, as recorded in the change log whenever it
+    is first seen or changes; it applies to the events from ``from_offset`` on."""
+
+    schema: str
+    table: str
+    columns: tuple[ColumnSchema, ...]
+    key: tuple[str, ...]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "table": self.table,
+            "columns": [
+                {"name": c.name, "type": c.type, "logical": c.logical, "nullable": c.nullable}
+                for c in self.columns
+            ],
+            "key": list(self.key),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TableSchema:
+        return cls(
+            data["schema"],
+            data["table"],
+            tuple(ColumnSchema(c["name"], c["type"], c["logical"], c.get("nullable", True))
+                  for c in data["columns"]),
+            tuple(data["key"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class LogRecord:
     offset: int
     table: str
@@ -74,8 +122,14 @@ class LogRecord:
 
 
 class ChangeLogWriter(Protocol):
-    def append(self, events: Sequence[EncodedEvent], checkpoint: Checkpoint) -> int:
-        """Durably append ``events`` and ``checkpoint`` in one commit.
+    def append(
+        self,
+        events: Sequence[EncodedEvent],
+        checkpoint: Checkpoint,
+        schemas: Sequence[TableSchema] = (),
+    ) -> int:
+        """Durably append ``events``, ``checkpoint`` and new table ``schemas`` (which
+        apply from the first of these events on) in one commit.
 
         Returns the next offset (one past the last written). Offsets are dense and
         assigned in the order given.
@@ -95,6 +149,10 @@ class ChangeLogReader(Protocol):
         ...
 
     def first_offset(self) -> int: ...
+
+    def schemas(self, table: str | None = None) -> list[tuple[int, TableSchema]]:
+        """Recorded ``(from_offset, schema)`` pairs in offset order."""
+        ...
 
     def next_offset(self) -> int:
         """One past the last committed offset (0 for an empty log)."""

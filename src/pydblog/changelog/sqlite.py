@@ -19,7 +19,9 @@ from pathlib import Path
 
 from pydblog.errors import ChangeLogError
 from pydblog.events import EncodedEvent
-from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord
+import orjson
+
+from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
 
 LOG_FILE = "changelog.sqlite"
 
@@ -30,6 +32,12 @@ CREATE TABLE IF NOT EXISTS events (
     op TEXT NOT NULL,
     ts_ms INTEGER NOT NULL,
     body BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS schemas (
+    tbl TEXT NOT NULL,
+    from_offset INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (tbl, from_offset)
 );
 CREATE TABLE IF NOT EXISTS checkpoint (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -66,6 +74,16 @@ def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
         ) from exc
 
 
+def _schemas(conn: sqlite3.Connection, table: str | None) -> list[tuple[int, TableSchema]]:
+    if table is None:
+        rows = conn.execute("SELECT from_offset, body FROM schemas ORDER BY from_offset, tbl")
+    else:
+        rows = conn.execute(
+            "SELECT from_offset, body FROM schemas WHERE tbl = ? ORDER BY from_offset", (table,)
+        )
+    return [(int(o), TableSchema.from_json(orjson.loads(b))) for o, b in rows]
+
+
 class SqliteChangeLog(ChangeLogWriter):
     """The writer side. One writer per directory (the capture process)."""
 
@@ -87,7 +105,12 @@ class SqliteChangeLog(ChangeLogWriter):
     def next_offset(self) -> int:
         return self._next
 
-    def append(self, events: Sequence[EncodedEvent], checkpoint: Checkpoint) -> int:
+    def append(
+        self,
+        events: Sequence[EncodedEvent],
+        checkpoint: Checkpoint,
+        schemas: Sequence[TableSchema] = (),
+    ) -> int:
         start = self._next
         rows = [
             (start + i, e.table, e.op, e.ts_ms, e.body) for i, e in enumerate(events)
@@ -96,6 +119,11 @@ class SqliteChangeLog(ChangeLogWriter):
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
+            if schemas:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO schemas (tbl, from_offset, body) VALUES (?,?,?)",
+                    [(s.qualified, start, orjson.dumps(s.to_json())) for s in schemas],
+                )
             if rows:
                 conn.executemany(
                     'INSERT INTO events ("offset", tbl, op, ts_ms, body) VALUES (?,?,?,?,?)', rows
@@ -117,6 +145,9 @@ class SqliteChangeLog(ChangeLogWriter):
     def last_checkpoint(self) -> Checkpoint | None:
         row = self._conn.execute("SELECT state FROM checkpoint WHERE id = 1").fetchone()
         return Checkpoint.from_bytes(row[0]) if row else None
+
+    def schemas(self, table: str | None = None) -> list[tuple[int, TableSchema]]:
+        return _schemas(self._conn, table)
 
     def enforce_retention(self, max_age_ms: int | None, max_bytes: int | None) -> int:
         """Delete the oldest events beyond the age or size limit; returns how many.
@@ -192,6 +223,9 @@ class SqliteChangeLogReader(ChangeLogReader):
                 (start, end),
             )
         ]
+
+    def schemas(self, table: str | None = None) -> list[tuple[int, TableSchema]]:
+        return _schemas(self._conn, table)
 
     def first_offset(self) -> int:
         (first,) = self._conn.execute('SELECT min("offset") FROM events').fetchone()

@@ -1,0 +1,1 @@
+"""PostgreSQL source: logical replication with pgoutput."""
