@@ -211,12 +211,15 @@ class Idle:
     """Nothing arrived for a short while (lets the runner flush and run timers)."""
 
 
+
+
 @dataclass(frozen=True, slots=True)
 class SchemaChanged:
-    """The column set of a captured table changed (new relation metadata)."""
+    """A captured table's schema as the log now describes it. Yielded before the
+    first event of a table in a session and after every change of its columns; the
+    runner records it in the change log when it differs from the last one recorded."""
 
-    schema: str
-    table: str
+    table_schema: TableSchema
 
 
 StreamItem = Any  # ChangeEvent | Commit | WatermarkSeen | Heartbeat | Idle | SchemaChanged
