@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from pydblog.positions import Position, encode_position
+from pydblog.positions import Position
 
 Row = dict[str, Any]
 
@@ -100,7 +100,6 @@ class EncodedEvent:
 
     table: str
     op: str
-    position: str
     ts_ms: int
     body: bytes
 
@@ -109,7 +108,6 @@ def encode_event(event: ChangeEvent, connector: str, db: str, now_ms: int) -> En
     return EncodedEvent(
         table=event.qualified_table,
         op=event.op.value,
-        position=encode_position(event.position),
         ts_ms=event.ts_ms,
         body=orjson.dumps(event.envelope(connector, db, now_ms)),
     )

@@ -1,0 +1,3 @@
+from pydblog.cli import main
+
+main()

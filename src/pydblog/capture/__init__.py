@@ -1,0 +1,1 @@
+"""The capture process (`dblog run`): source stream -> snapshot window -> change log."""

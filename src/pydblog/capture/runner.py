@@ -1,0 +1,238 @@
+"""The capture loop: reads the source's stream, interleaves snapshot chunks, and
+appends to the change log in batches.
+
+Commit order (see ``ports``): change log append (events + checkpoint, one commit)
+-> state store save -> source ack. On start the newer of the change log's and the
+state store's checkpoint wins, and every stream item at or below its position is
+dropped, so a ``kill -9`` at any point loses nothing and logs nothing twice.
+
+Batching: a batch is flushed when the stream has momentarily nothing more to give
+(``Idle``), at a heartbeat, at a commit once the batch is ``batch_max_ms`` old, or when
+it holds ``batch_max_events`` (then possibly mid-transaction: the checkpoint records
+the last logged event's position, the ack stays at the last complete transaction).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from pydblog.capture.driver import SnapshotDriver
+from pydblog.capture.status import StatusWriter
+from pydblog.changelog.sqlite import SqliteChangeLog
+from pydblog.config import Config
+from pydblog.events import ChangeEvent, EncodedEvent, encode_event
+from pydblog.ports import (
+    Checkpoint,
+    Commit,
+    Heartbeat,
+    Idle,
+    LogSource,
+    SchemaChanged,
+    SnapshotReader,
+    StateStore,
+    TableSchema,
+    WatermarkSeen,
+)
+from pydblog.positions import Position
+
+log = logging.getLogger(__name__)
+
+RETENTION_EVERY_S = 60.0
+
+
+class Runner:
+    def __init__(
+        self,
+        cfg: Config,
+        source: LogSource,
+        reader: SnapshotReader,
+        changelog: SqliteChangeLog,
+        state: StateStore,
+    ) -> None:
+        self.cfg = cfg
+        self.source = source
+        self.reader = reader
+        self.changelog = changelog
+        self.state = state
+        self._pending: list[EncodedEvent] = []
+        self._pending_since = 0.0
+        self._schemas: list[TableSchema] = []
+        self._known_schemas: dict[str, TableSchema] = {
+            s.qualified: s for _, s in changelog.schemas()
+        }
+        self._position: Position | None = None
+        self._saved_position: Position | None = None
+        self._ack: Position | None = None
+        self._extra: dict[str, Any] = {}
+        self.status = StatusWriter(cfg.log_dir)
+        self.driver: SnapshotDriver | None = None
+        # Fault injection for crash tests: DBLOG_CRASH_AT=after-log|after-state.
+        self._crash_at = os.environ.get("DBLOG_CRASH_AT")
+
+    # -- recovery ---------------------------------------------------------------------
+    def recover(self) -> Checkpoint | None:
+        from_log = self.changelog.last_checkpoint()
+        from_state = self.state.load()
+        best = from_state
+        if from_log is not None and (from_state is None or from_log.is_newer_than(from_state)):
+            best = from_log
+            self.state.save(from_log)  # repair a crash between log commit and state save
+        if best is not None:
+            self._position = best.position
+            self._saved_position = best.position
+            self._extra = dict(best.extra)
+        return best
+
+    # -- main loop ----------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        checkpoint = self.recover()
+        self.source.open(checkpoint)
+        connector, db = self.source.connector, self.source.db
+        self.driver = SnapshotDriver(
+            self.cfg, self.reader, checkpoint.snapshot if checkpoint else None
+        )
+        skip = checkpoint.position if checkpoint else None
+        want_initial = self.cfg.snapshot.mode == "initial" and not self._extra.get("initial_started")
+        signal_table = self.cfg.snapshot.signal_table
+        watermark_table = self.cfg.snapshot.watermark_table
+        driver = self.driver
+        pending = self._pending
+        max_events = self.cfg.log.batch_max_events
+        max_age = self.cfg.log.batch_max_ms / 1000.0
+        last_retention = time.monotonic()
+        log.info("capturing from %s (%s)", db, connector)
+        for item in self.source.stream():
+            kind = type(item)
+            if kind is ChangeEvent:
+                ev: ChangeEvent = item
+                if skip is not None:
+                    if ev.position <= skip:
+                        continue
+                    skip = None
+                qualified = ev.qualified_table
+                if qualified == signal_table:
+                    self._emit(driver.on_signal_event(ev, self.source), connector, db)
+                elif qualified == watermark_table:
+                    if ev.after is not None:
+                        self._emit(driver.on_watermark(str(ev.after.get("value")), ev.position, ev.ts_ms), connector, db)
+                else:
+                    if driver.window_open:
+                        driver.on_event(ev)
+                    if not pending:
+                        self._pending_since = time.monotonic()
+                    pending.append(_encode(ev, connector, db))
+                self._position = ev.position
+                if len(pending) >= max_events:
+                    self.flush()
+            elif kind is Commit:
+                if skip is not None and item.position <= skip:
+                    continue
+                self._position = item.position
+                self._ack = item.position
+                if pending and time.monotonic() - self._pending_since >= max_age:
+                    self.flush()
+            elif kind is Idle:
+                self.flush()
+                self._tick(stop, connector, db)
+                if want_initial and self._position is not None:
+                    want_initial = False
+                    self._extra["initial_started"] = True
+                    self._emit(driver.start_initial(self.source, self._position), connector, db)
+                if stop.is_set():
+                    break
+                now = time.monotonic()
+                if now - last_retention > RETENTION_EVERY_S:
+                    last_retention = now
+                    self._retention()
+            elif kind is Heartbeat:
+                if skip is not None and item.position <= skip:
+                    continue
+                if self._position is None or not item.position <= self._position:
+                    self._position = item.position
+                self._ack = item.position
+                self.flush(force=True)
+                refresh = getattr(self.source, "refresh_tables", None)
+                if refresh is not None:
+                    refresh()
+            elif kind is WatermarkSeen:
+                if skip is not None and item.position <= skip:
+                    continue
+                self._emit(driver.on_watermark(item.id, item.position, 0), connector, db)
+            elif kind is SchemaChanged:
+                ts: TableSchema = item.table_schema
+                if self._known_schemas.get(ts.qualified) != ts:
+                    self._known_schemas[ts.qualified] = ts
+                    self._schemas.append(ts)
+                    driver.on_schema_changed(ts.qualified)
+            if stop.is_set() and kind is not ChangeEvent:
+                self.flush()
+                break
+        self.flush(force=True)
+
+    def _emit(self, events: list[ChangeEvent], connector: str, db: str) -> None:
+        if not events:
+            return
+        if not self._pending:
+            self._pending_since = time.monotonic()
+        self._pending.extend(_encode(e, connector, db) for e in events)
+        last = events[-1].position
+        if self._position is None or self._position < last:
+            self._position = last
+
+    def _tick(self, stop: threading.Event, connector: str, db: str) -> None:
+        """Runs between stream reads: chunk results, the next snapshot request, blocking
+        snapshots, status."""
+        driver = self.driver
+        assert driver is not None
+        driver.submit_next()
+        if driver.blocking:
+            self.flush()
+            while driver.blocking and not stop.is_set():
+                keepalive = getattr(self.source, "keepalive", None)
+                if keepalive is not None:
+                    keepalive()
+                assert self._position is not None
+                events = driver.run_blocking_step(self._position)
+                self._emit(events, connector, db)
+                self.flush()
+        self.status.maybe_write(self)
+
+    def flush(self, force: bool = False) -> None:
+        if not self._pending and not self._schemas:
+            if not force or self._position is None or self._position == self._saved_position:
+                if force and self._ack is not None:
+                    self.source.ack(self._ack)
+                return
+        driver = self.driver
+        checkpoint = Checkpoint(
+            self._position, driver.state() if driver is not None else None, dict(self._extra)
+        )
+        self.changelog.append(self._pending, checkpoint, self._schemas)
+        count = len(self._pending)
+        self._pending.clear()
+        self._schemas.clear()
+        if self._crash_at == "after-log":
+            os._exit(137)
+        self.state.save(checkpoint)
+        if self._crash_at == "after-state":
+            os._exit(137)
+        self._saved_position = self._position
+        self.status.count(count)
+        if self._ack is not None:
+            self.source.ack(self._ack)
+
+    def _retention(self) -> None:
+        hours = self.cfg.log.retention_hours
+        removed = self.changelog.enforce_retention(
+            int(hours * 3_600_000) if hours is not None else None, self.cfg.log.retention_bytes
+        )
+        if removed:
+            log.info("retention removed %d old events", removed)
+
+
+def _encode(ev: ChangeEvent, connector: str, db: str) -> EncodedEvent:
+    return encode_event(ev, connector, db, int(time.time() * 1000))

@@ -1,0 +1,110 @@
+"""Wires a capture process together from the config, and reads its status."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from pydblog.capture.runner import Runner
+from pydblog.capture.status import read_status
+from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader, log_path
+from pydblog.config import Config, redact_dsn
+from pydblog.errors import DblogError
+from pydblog.sources.registry import create_source
+from pydblog.state.file import FileStateStore
+
+log = logging.getLogger(__name__)
+
+
+def run_capture(cfg: Config, stop: threading.Event) -> None:
+    """Run until ``stop`` is set; flushes, acknowledges and closes on the way out.
+
+    Retriable source errors (server restarting, slot briefly held by a dying process)
+    are retried with backoff; fatal ones are raised with their message.
+    """
+    delay = 1.0
+    while not stop.is_set():
+        changelog = SqliteChangeLog(cfg.log_dir)
+        source, reader = create_source(cfg)
+        runner = Runner(cfg, source, reader, changelog, FileStateStore(cfg.log_dir))
+        try:
+            runner.run(stop)
+            return
+        except DblogError as exc:
+            if not exc.retriable or _seen_progress(runner) is False and delay > 30:
+                raise
+            log.warning("%s; retrying in %.0f s", exc, delay)
+        finally:
+            try:
+                source.close()
+                reader.close()
+            finally:
+                changelog.close()
+        stop.wait(delay)
+        delay = min(delay * 2, 30.0)
+
+
+def _seen_progress(runner: Runner) -> bool:
+    return runner._saved_position is not None
+
+
+def collect_status(cfg: Config) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": redact_dsn(cfg.source.dsn)}
+    st = read_status(cfg.log_dir)
+    if st is not None:
+        alive = _pid_alive(int(st.get("pid", 0)))
+        out["capture"] = "running" if alive and time.time() - st["updated_at"] < 30 else "stopped"
+        out["position"] = st.get("position")
+        out["events_per_second"] = st.get("events_per_second") if alive else 0.0
+        if st.get("snapshot"):
+            out["snapshot"] = st["snapshot"]
+    else:
+        out["capture"] = "never started"
+    if log_path(cfg.log_dir).exists():
+        reader = SqliteChangeLogReader(cfg.log_dir)
+        try:
+            nxt = reader.next_offset()
+            cp = reader.last_checkpoint()
+            out["changelog"] = {
+                "path": str(reader.path),
+                "size_bytes": reader.size_bytes(),
+                "first_offset": reader.first_offset(),
+                "last_offset": nxt - 1 if nxt > 0 else None,
+            }
+            if cp is not None and cp.position is not None and "position" not in out:
+                out["position"] = cp.position.to_json()
+        finally:
+            reader.close()
+    out["slot_lag_bytes"] = _lag(cfg)
+    return out
+
+
+def _lag(cfg: Config) -> int | str | None:
+    if cfg.source.type != "postgres":
+        return None
+    from pydblog.sources.postgres.connect import connect
+    from pydblog.sources.postgres.source import slot_lag
+
+    try:
+        conn = connect(cfg.source.dsn, timeout_s=3)
+    except DblogError as exc:
+        return f"unknown ({exc.message})"
+    try:
+        return slot_lag(conn, cfg.source.slot)
+    finally:
+        conn.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

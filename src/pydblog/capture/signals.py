@@ -1,0 +1,42 @@
+"""Sending snapshot signals: a row in the source's signal table (the running capture
+reads it from the log, like any Debezium signal)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from pydblog.config import Config
+from pydblog.errors import SourceError
+
+
+def send_signal(cfg: Config, signal_id: str, kind: str, data: dict[str, Any]) -> None:
+    payload = orjson.dumps(data).decode()
+    if cfg.source.type == "postgres":
+        import psycopg
+        from psycopg import sql
+
+        from pydblog.sources.postgres.connect import connect
+        from pydblog.sources.postgres.setup import split_name
+
+        conn = connect(cfg.source.dsn, timeout_s=cfg.source.connect_timeout_s)
+        try:
+            schema, table = split_name(cfg.snapshot.signal_table)
+            conn.execute(
+                sql.SQL("INSERT INTO {} (id, type, data) VALUES (%s, %s, %s)").format(
+                    sql.Identifier(schema, table)
+                ),
+                (signal_id, kind, payload),
+            )
+        except psycopg.Error as exc:
+            raise SourceError(
+                f"cannot write the signal to {cfg.snapshot.signal_table}: {str(exc).strip()}",
+                hint="start `dblog run` once (it creates the signal table) and grant INSERT on it",
+            ) from None
+        finally:
+            conn.close()
+        return
+    from pydblog.sources.mysql.signals import send_signal as send_mysql
+
+    send_mysql(cfg, signal_id, kind, payload)

@@ -1,0 +1,63 @@
+"""The capture process's status file (``status.json`` in the log directory).
+
+Written at most once a second by ``dblog run`` and read by ``dblog status``: pid,
+source position, events per second (over the last interval), snapshot progress.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from pydblog.capture.runner import Runner
+
+STATUS_FILE = "status.json"
+
+
+class StatusWriter:
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / STATUS_FILE
+        self._events = 0
+        self._window_start = time.monotonic()
+        self._last_write = 0.0
+        self._rate = 0.0
+        self._started = time.time()
+
+    def count(self, n: int) -> None:
+        self._events += n
+
+    def maybe_write(self, runner: Runner, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_write < 1.0:
+            return
+        elapsed = now - self._window_start
+        if elapsed > 0:
+            self._rate = self._events / elapsed
+        self._events = 0
+        self._window_start = now
+        self._last_write = now
+        pos = runner._position
+        data: dict[str, Any] = {
+            "pid": os.getpid(),
+            "started_at": self._started,
+            "updated_at": time.time(),
+            "position": pos.to_json() if pos is not None else None,
+            "events_per_second": round(self._rate, 1),
+            "snapshot": runner.driver.status() if runner.driver is not None else None,
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(data))
+        os.replace(tmp, self.path)
+
+
+def read_status(directory: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = orjson.loads((directory / STATUS_FILE).read_bytes())
+        return data
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None

@@ -1,0 +1,229 @@
+"""The `dblog` command.
+
+Every expected failure is a ``DblogError``: its message (and hint) is printed, no
+traceback, and the process exits with the error's code.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from pydblog.config import Config, load_config
+from pydblog.errors import DblogError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+config_option = click.option(
+    "--config", "-c", "config_path", required=True, type=click.Path(dir_okay=False),
+    help="Path of the TOML configuration file.",
+)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _fail(exc: DblogError) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(exc.exit_code)
+
+
+def _load(path: str) -> Config:
+    try:
+        return load_config(path)
+    except DblogError as exc:
+        _fail(exc)
+        raise AssertionError from exc  # unreachable
+
+
+@click.group()
+@click.version_option(package_name="pydblog")
+def main() -> None:
+    """pydblog: DBLog-style change data capture into a durable change log."""
+
+
+@main.command()
+@config_option
+@click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
+def run(config_path: str, verbose: bool) -> None:
+    """Capture the source's log into the change log until SIGINT/SIGTERM."""
+    _setup_logging(verbose)
+    cfg = _load(config_path)
+    from pydblog.capture.service import run_capture
+
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        logging.getLogger("pydblog").info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        run_capture(cfg, stop)
+    except DblogError as exc:
+        _fail(exc)
+
+
+@main.command()
+@config_option
+@click.option("--from-offset", type=int, default=None, help="First offset to print (default: the oldest kept).")
+@click.option("--follow/--no-follow", default=True, help="Keep printing new events (default) or exit at the end.")
+@click.option("--table", "tables", multiple=True, help="Only events of this schema.table (repeatable).")
+def tail(config_path: str, from_offset: int | None, follow: bool, tables: tuple[str, ...]) -> None:
+    """Print the change log as JSON lines, in change-log order."""
+    cfg = _load(config_path)
+    from pydblog.changelog.sqlite import SqliteChangeLogReader
+    from pydblog.events import with_offset
+
+    try:
+        reader = SqliteChangeLogReader(cfg.log_dir)
+    except DblogError as exc:
+        _fail(exc)
+        return
+    out = sys.stdout.buffer
+    start = reader.first_offset() if from_offset is None else from_offset
+    table_list = list(tables) or None
+    try:
+        if follow:
+            for rec in reader.follow(start, 0.1, table_list):
+                out.write(with_offset(rec.offset, rec.body) + b"\n")
+                out.flush()
+        else:
+            end = reader.next_offset()
+            offset = start
+            while offset < end:
+                batch = reader.read(offset, 10_000, table_list)
+                batch = [r for r in batch if r.offset < end]
+                if not batch:
+                    break
+                for rec in batch:
+                    out.write(with_offset(rec.offset, rec.body) + b"\n")
+                offset = batch[-1].offset + 1
+            out.flush()
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+    finally:
+        reader.close()
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(config_path: str, as_json: bool) -> None:
+    """Show the source position, slot lag, change log size and rate."""
+    cfg = _load(config_path)
+    from pydblog.capture.service import collect_status
+
+    try:
+        info = collect_status(cfg)
+    except DblogError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        click.echo(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode())
+        return
+    for key, value in info.items():
+        if isinstance(value, dict):
+            click.echo(f"{key}:")
+            for k, v in value.items():
+                click.echo(f"  {k}: {v}")
+        else:
+            click.echo(f"{key}: {value}")
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@config_option
+@click.argument("args", nargs=-1)
+@click.option("--filter", "filter_", default=None, help="SQL boolean condition applied to the rows read.")
+@click.option("--surrogate-key", default=None, help="Column to chunk by instead of the primary key.")
+@click.option("--blocking", is_flag=True, help="Blocking snapshot: streaming waits while the tables are read.")
+def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
+             surrogate_key: str | None, blocking: bool) -> None:
+    """Ask for a snapshot of TABLE_REGEX... (or: snapshot stop|pause|resume [TABLE_REGEX...]).
+
+    The request is a row in the signal table; the running `dblog run` picks it up.
+    """
+    cfg = _load(config_path)
+    from pydblog.capture.signals import send_signal
+
+    actions = {"stop": "stop-snapshot", "pause": "pause-snapshot", "resume": "resume-snapshot"}
+    data: dict[str, Any]
+    if args and args[0] in actions:
+        kind = actions[args[0]]
+        data = {"data-collections": list(args[1:])} if args[1:] else {}
+        if kind == "stop-snapshot":
+            data["type"] = "incremental"
+    else:
+        if not args:
+            raise click.UsageError("name at least one TABLE_REGEX (schema.table regex)")
+        kind = "execute-snapshot"
+        data = {"data-collections": list(args), "type": "blocking" if blocking else "incremental"}
+        if filter_:
+            data["additional-conditions"] = [
+                {"data-collection": pattern, "filter": filter_} for pattern in args
+            ]
+        if surrogate_key:
+            data["surrogate-key"] = surrogate_key
+    signal_id = f"cli-{uuid.uuid4()}"
+    try:
+        send_signal(cfg, signal_id, kind, data)
+    except DblogError as exc:
+        _fail(exc)
+    click.echo(f"sent {kind} signal {signal_id}")
+
+
+@main.command()
+@config_option
+@click.option("--available-now", is_flag=True, help="Apply everything in the change log, then exit.")
+@click.option("--verbose", "-v", is_flag=True)
+def sync(config_path: str, available_now: bool, verbose: bool) -> None:
+    """Apply the change log to the configured sinks with PySpark, exactly once."""
+    _setup_logging(verbose)
+    cfg = _load(config_path)
+    try:
+        from pydblog.spark.job import run_sync
+    except ImportError as exc:
+        _fail(DblogError(f"the Spark pipeline is not installed ({exc})",
+                         hint="pip install 'pydblog[spark]'"))
+        return
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        code = run_sync(cfg, available_now=available_now, stop_event=stop)
+    except DblogError as exc:
+        _fail(exc)
+        return
+    sys.exit(code)
+
+
+@main.command()
+@click.option("--dir", "workdir", type=click.Path(file_okay=False), default=None,
+              help="Where to put the demo's files (default: a temporary directory).")
+@click.option("--rows", default=2000, show_default=True, help="Rows in the demo workload.")
+@click.option("--with-sync/--no-sync", default=None, help="Also run `dblog sync` (default: when PySpark is installed).")
+def demo(workdir: str | None, rows: int, with_sync: bool | None) -> None:
+    """Start a throwaway PostgreSQL, write a workload, capture it and show the result."""
+    _setup_logging(False)
+    from pydblog.demo import run_demo
+
+    try:
+        code = run_demo(Path(workdir) if workdir else None, rows, with_sync)
+    except DblogError as exc:
+        _fail(exc)
+        return
+    sys.exit(code)

@@ -1,0 +1,259 @@
+"""The PostgreSQL snapshot reader: keyset chunk SELECTs and watermark writes.
+
+Invariants:
+- Every SELECT runs in a READ ONLY transaction with ``statement_timeout``; user
+  filters are placed inside it, so a filter can never write.
+- Values are read as ``col::text`` under the same session settings as the
+  replication connection and mapped by the same converters, so a row read here equals
+  the same row decoded from the log.
+- Chunks are keyset pages ``after < key <= max_key`` in key order, NULLs first. A
+  surrogate key may repeat: a chunk always ends at a complete group of equal keys, so
+  paging never skips or repeats a row. After the NULL group (``after == (None,)``) the
+  next page starts at the first non-NULL key.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pydblog.config import Config
+from pydblog.errors import SignalError, SourceError
+from pydblog.ports import TableInfo
+from pydblog.sources.postgres.connect import connect
+from pydblog.sources.postgres.setup import split_name
+from pydblog.sources.postgres.source import WATERMARK_PREFIX, PgLogSource
+from pydblog.sources.postgres.types import TypeRegistry
+
+log = logging.getLogger(__name__)
+
+
+class PgSnapshotReader:
+    def __init__(self, cfg: Config, source: PgLogSource) -> None:
+        self.cfg = cfg
+        self._source = source
+        self._conn: psycopg.Connection[Any] | None = None
+        self._types: TypeRegistry | None = None
+        self._oids: dict[str, tuple[int, ...]] = {}
+        self._pk: dict[str, tuple[str, ...]] = {}
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.cfg.source.dsn, timeout_s=self.cfg.source.connect_timeout_s)
+            self._types = TypeRegistry.load(self._conn)
+        return self._conn
+
+    def captured_tables(self) -> list[str]:
+        return self._source.captured_tables
+
+    def table_info(self, qualified: str, surrogate_key: str | None = None) -> TableInfo | None:
+        schema, table = split_name(qualified)
+        conn = self.conn
+        rows = conn.execute(
+            """
+            SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid
+            FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+            ORDER BY a.attnum
+            """,
+            (schema, table),
+        ).fetchall()
+        if not rows:
+            return None
+        names = tuple(r[0] for r in rows)
+        self._oids[qualified] = tuple(int(r[2]) for r in rows)
+        pk = tuple(
+            r[0]
+            for r in conn.execute(
+                """
+                SELECT a.attname FROM pg_index i
+                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = %s AND c.relname = %s AND i.indisprimary ORDER BY k.ord
+                """,
+                (schema, table),
+            )
+        )
+        self._pk[qualified] = pk
+        if surrogate_key is not None:
+            if surrogate_key not in names:
+                raise SignalError(
+                    f"surrogate key {surrogate_key!r} is not a column of {qualified}",
+                    hint=f"columns are: {', '.join(names)}",
+                )
+            key: tuple[str, ...] = (surrogate_key,)
+        else:
+            key = pk
+        return TableInfo(schema, table, names, tuple(r[1] for r in rows), key)
+
+    # -- read-only queries ----------------------------------------------------------
+    def _read_only(self, query: sql.Composable, params: list[Any]) -> list[tuple[Any, ...]]:
+        conn = self.conn
+        timeout = self.cfg.snapshot.statement_timeout_ms
+        try:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION READ ONLY")
+                conn.execute(f"SET LOCAL statement_timeout = {int(timeout)}")
+                return conn.execute(query, params).fetchall()
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise SignalError(f"a snapshot filter tried to write: {str(exc).strip()}") from None
+        except (psycopg.errors.SyntaxError, psycopg.errors.UndefinedColumn,
+                psycopg.errors.UndefinedFunction, psycopg.errors.DatatypeMismatch,
+                psycopg.errors.InvalidTextRepresentation) as exc:
+            raise SignalError(f"invalid snapshot query/filter: {str(exc).strip().splitlines()[0]}") from None
+        except psycopg.errors.QueryCanceled as exc:
+            raise SourceError(
+                f"chunk query exceeded statement_timeout ({timeout} ms): {str(exc).strip()}",
+                hint="lower [snapshot] chunk_size or raise [snapshot] statement_timeout_ms",
+            ) from None
+
+    def check_filter(self, info: TableInfo, condition: str) -> None:
+        self._read_only(
+            sql.SQL("SELECT 1 FROM {} WHERE ({}) LIMIT 0").format(
+                sql.Identifier(info.schema, info.table), sql.SQL(condition)  # type: ignore[arg-type]
+            ),
+            [],
+        )
+
+    def _key_param(self, info: TableInfo, col: str, value: Any) -> sql.Composable:
+        typ = info.types[info.columns.index(col)]
+        if typ == "bytea":
+            return sql.SQL("decode({}, 'base64')").format(sql.Literal(str(value)))
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (dict, list)):
+            import orjson
+
+            text = orjson.dumps(value).decode()
+        else:
+            text = str(value)
+        return sql.SQL("{}::{}").format(sql.Literal(text), sql.SQL(typ))  # type: ignore[arg-type]
+
+    def _tuple(self, info: TableInfo, key: tuple[Any, ...]) -> sql.Composable:
+        return sql.SQL("({})").format(
+            sql.SQL(", ").join(self._key_param(info, c, v) for c, v in zip(info.key, key, strict=True))
+        )
+
+    def _cols(self, info: TableInfo) -> sql.Composable:
+        return sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in info.key))
+
+    def _order(self, info: TableInfo) -> sql.Composable:
+        return sql.SQL(", ").join(sql.SQL("{} NULLS FIRST").format(sql.Identifier(c)) for c in info.key)
+
+    def _after(self, info: TableInfo, after: tuple[Any, ...] | None) -> sql.Composable:
+        if after is None:
+            return sql.SQL("true")
+        if any(v is None for v in after):
+            # Only a single nullable surrogate key can hold NULL: past the NULL group.
+            return sql.SQL("{} IS NOT NULL").format(sql.Identifier(info.key[0]))
+        return sql.SQL("{} > {}").format(self._cols(info), self._tuple(info, after))
+
+    def max_key(self, info: TableInfo, condition: str | None) -> tuple[Any, ...] | None:
+        if info.qualified not in self._oids:
+            self.table_info(info.qualified)
+        where = sql.SQL(condition) if condition else sql.SQL("true")  # type: ignore[arg-type]
+        query = sql.SQL("SELECT {} FROM {} WHERE ({}) ORDER BY {} LIMIT 1").format(
+            self._select_list(info, info.key),
+            sql.Identifier(info.schema, info.table),
+            where,
+            sql.SQL(", ").join(sql.SQL("{} DESC NULLS LAST").format(sql.Identifier(c)) for c in info.key),
+        )
+        rows = self._read_only(query, [])
+        if not rows:
+            return None
+        return self._map_key(info, rows[0])
+
+    def _select_list(self, info: TableInfo, columns: tuple[str, ...]) -> sql.Composable:
+        assert self._types is not None
+        oids = self._oids[info.qualified]
+        conn = self.conn
+        return sql.SQL(", ").join(
+            sql.SQL(  # type: ignore[arg-type]
+                self._types.text_expr(
+                    sql.Identifier(c).as_string(conn), oids[info.columns.index(c)]
+                )
+            )
+            for c in columns
+        )
+
+    def _map_key(self, info: TableInfo, raw: tuple[Any, ...]) -> tuple[Any, ...]:
+        assert self._types is not None
+        oids = self._oids[info.qualified]
+        out = []
+        for c, v in zip(info.key, raw, strict=True):
+            oid = oids[info.columns.index(c)]
+            out.append(None if v is None else self._types.converter(oid)(v))
+        return tuple(out)
+
+    def read_chunk(
+        self,
+        info: TableInfo,
+        after: tuple[Any, ...] | None,
+        max_key: tuple[Any, ...],
+        limit: int,
+        condition: str | None,
+    ) -> list[dict[str, Any]]:
+        conn = self.conn
+        assert self._types is not None
+        if info.qualified not in self._oids:
+            self.table_info(info.qualified)
+        table = sql.Identifier(info.schema, info.table)
+        upper = (
+            sql.SQL("true")
+            if any(v is None for v in max_key)
+            else sql.SQL("{} <= {}").format(self._cols(info), self._tuple(info, max_key))
+        )
+        where = sql.SQL("{} AND {} AND ({})").format(
+            self._after(info, after), upper,
+            sql.SQL(condition) if condition else sql.SQL("true"),  # type: ignore[arg-type]
+        )
+        cols = self._select_list(info, info.columns)
+        base = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table, where)
+        rows = self._read_only(
+            sql.SQL("{} ORDER BY {} LIMIT %s").format(base, self._order(info)), [limit]
+        )
+        if len(rows) == limit and info.key != self._pk.get(info.qualified):
+            # A surrogate key may repeat: extend the chunk to the end of the last key group.
+            k = info.key[0]
+            last = rows[-1][info.columns.index(k)]
+            typ = info.types[info.columns.index(k)]
+            group = (
+                sql.SQL("{} IS NULL").format(sql.Identifier(k))
+                if last is None
+                else sql.SQL("({} IS NULL OR {} <= {}::{})").format(
+                    sql.Identifier(k), sql.Identifier(k), sql.Literal(last), sql.SQL(typ)  # type: ignore[arg-type]
+                )
+            )
+            rows = self._read_only(
+                sql.SQL("{} AND {} ORDER BY {}").format(base, group, self._order(info)), []
+            )
+        oids = self._oids[info.qualified]
+        convs = [self._types.converter(o) for o in oids]
+        names = info.columns
+        return [
+            {n: (c(v) if v is not None else None) for n, c, v in zip(names, convs, r, strict=True)}
+            for r in rows
+        ]
+
+    def write_watermark(self, watermark_id: str) -> None:
+        conn = self.conn
+        if self.cfg.snapshot.watermark == "message":
+            conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, watermark_id))
+        else:
+            schema, table = split_name(self.cfg.snapshot.watermark_table)
+            conn.execute(
+                sql.SQL("UPDATE {} SET value = %s WHERE id = 1").format(sql.Identifier(schema, table)),
+                (watermark_id,),
+            )
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,75 @@
+"""What the stream decoder knows of each relation: names, converters, key columns.
+
+Built from pgoutput Relation messages (which arrive before a relation's first change
+in a session and after every change of its columns) plus the catalog's primary key.
+The envelope ``key`` is the primary key; without one, the replica identity columns
+(for REPLICA IDENTITY FULL without primary key: every column).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydblog.ports import ColumnSchema, TableSchema
+from pydblog.sources.postgres.pgoutput import Relation, ReplicaIdentity
+from pydblog.sources.postgres.types import TypeRegistry
+
+Converter = Callable[[str], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RelationState:
+    oid: int
+    schema: str
+    table: str
+    qualified: str
+    names: tuple[str, ...]
+    converters: tuple[Converter, ...]
+    key_idx: tuple[int, ...]
+    full_identity: bool
+    captured: bool
+    table_schema: TableSchema
+
+    def key_of(self, values: tuple[Any, ...]) -> dict[str, Any]:
+        names = self.names
+        return {names[i]: values[i] for i in self.key_idx}
+
+
+def build_relation(
+    rel: Relation, types: TypeRegistry, pk: list[str] | None, captured: bool
+) -> RelationState:
+    names = tuple(c.name for c in rel.columns)
+    if pk:
+        key_idx = tuple(names.index(k) for k in pk if k in names)
+    else:
+        key_idx = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
+        if not key_idx:
+            key_idx = tuple(range(len(names)))
+    schema = TableSchema(
+        rel.namespace,
+        rel.name,
+        tuple(
+            ColumnSchema(
+                c.name,
+                types.sql_type(c.type_oid, c.type_modifier),
+                types.logical_type(c.type_oid),
+                names[i] not in (pk or ()),
+            )
+            for i, c in enumerate(rel.columns)
+        ),
+        tuple(names[i] for i in key_idx),
+    )
+    return RelationState(
+        oid=rel.oid,
+        schema=rel.namespace,
+        table=rel.name,
+        qualified=f"{rel.namespace}.{rel.name}",
+        names=names,
+        converters=tuple(types.converter(c.type_oid) for c in rel.columns),
+        key_idx=key_idx,
+        full_identity=rel.replica_identity == ReplicaIdentity.FULL,
+        captured=captured,
+        table_schema=schema,
+    )

@@ -1,0 +1,196 @@
+"""Checks and prepares a PostgreSQL database for capture.
+
+Each problem found becomes a ``SourceError`` that names the setting or grant and the
+fix. Created when missing: the signal table, the watermark table, the publication and
+the logical replication slot (``pgoutput``). Tables that have neither a primary key
+nor ``REPLICA IDENTITY FULL`` are left out of the publication (publishing them would
+make UPDATE/DELETE fail on the source) with a warning saying what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pydblog.config import TableMatcher
+from pydblog.errors import SlotInUse, SourceError
+from pydblog.sources.postgres.connect import INSUFFICIENT_PRIVILEGE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedTable:
+    schema: str
+    table: str
+    has_pk: bool
+    replica_identity: str  # d, n, f, i
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+def split_name(qualified: str) -> tuple[str, str]:
+    schema, dot, table = qualified.partition(".")
+    if not dot:
+        return "public", qualified
+    return schema, table
+
+
+def check_server(conn: psycopg.Connection[Any]) -> None:
+    """wal_level, version and the role's REPLICATION attribute."""
+    row = conn.execute("SHOW wal_level").fetchone()
+    if row is None or row[0] != "logical":
+        raise SourceError(
+            f"wal_level is {row[0] if row else '?'!r}, logical decoding needs 'logical'",
+            hint="set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL",
+        )
+    version = conn.info.server_version
+    if version < 120000:
+        raise SourceError(f"PostgreSQL {version // 10000} is too old", hint="pydblog needs PostgreSQL 12 or newer")
+    row = conn.execute(
+        "SELECT rolreplication OR rolsuper, current_user FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    if row is None or not row[0]:
+        user = row[1] if row else "?"
+        raise SourceError(
+            f"role {user!r} may not use replication",
+            hint=f"ALTER ROLE {user} REPLICATION (and allow 'replication' connections in pg_hba.conf)",
+        )
+
+
+def list_tables(conn: psycopg.Connection[Any], matcher: TableMatcher, own: set[str]) -> list[CapturedTable]:
+    rows = conn.execute(
+        """
+        SELECT n.nspname, c.relname, c.relreplident,
+               EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+          AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+          AND n.nspname NOT LIKE 'pg_toast%%' AND n.nspname NOT LIKE 'pg_temp%%'
+        ORDER BY 1, 2
+        """
+    ).fetchall()
+    out = []
+    for schema, table, ident, has_pk in rows:
+        q = f"{schema}.{table}"
+        if q in own or not matcher(q):
+            continue
+        out.append(CapturedTable(schema, table, bool(has_pk), str(ident)))
+    return out
+
+
+def publishable(tables: list[CapturedTable], warned: set[str]) -> list[CapturedTable]:
+    """Tables that can be published; warns once (per ``warned``) about the others."""
+    ok = []
+    for t in tables:
+        if t.has_pk or t.replica_identity == "f" or t.replica_identity == "i":
+            ok.append(t)
+        elif t.qualified not in warned:
+            warned.add(t.qualified)
+            log.warning(
+                "table %s has no primary key and REPLICA IDENTITY %s: it is NOT captured "
+                "(publishing it would make its UPDATEs/DELETEs fail). Add a primary key, or run "
+                "ALTER TABLE %s REPLICA IDENTITY FULL, then restart dblog.",
+                t.qualified, {"d": "DEFAULT", "n": "NOTHING"}.get(t.replica_identity, t.replica_identity),
+                t.qualified,
+            )
+    return ok
+
+
+def ensure_own_tables(conn: psycopg.Connection[Any], signal_table: str, watermark_table: str) -> None:
+    for qualified, ddl in (
+        (signal_table, "CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, type text NOT NULL, data text)"),
+        (watermark_table, "CREATE TABLE IF NOT EXISTS {} (id int PRIMARY KEY, value text)"),
+    ):
+        schema, table = split_name(qualified)
+        ident = sql.Identifier(schema, table)
+        try:
+            conn.execute(sql.SQL(ddl).format(ident))
+        except psycopg.Error as exc:
+            raise _privilege_error(exc, f"cannot create {qualified}", f"create it as its owner: {ddl.format(qualified)}") from None
+    schema, table = split_name(watermark_table)
+    conn.execute(
+        sql.SQL("INSERT INTO {} (id, value) VALUES (1, '') ON CONFLICT (id) DO NOTHING").format(
+            sql.Identifier(schema, table)
+        )
+    )
+
+
+def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[str]) -> None:
+    """The publication holds exactly ``tables`` (captured + signal + watermark)."""
+    idents = sql.SQL(", ").join(sql.Identifier(*split_name(t)) for t in tables)
+    exists = conn.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+    try:
+        if exists is None:
+            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), idents))
+        elif exists[0]:
+            log.info("publication %s is FOR ALL TABLES; table filtering happens in dblog", name)
+        else:
+            current = {
+                f"{s}.{t}"
+                for s, t in conn.execute(
+                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,)
+                )
+            }
+            if current != set(tables):
+                conn.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(sql.Identifier(name), idents))
+    except psycopg.Error as exc:
+        raise _privilege_error(
+            exc, f"cannot create or alter publication {name!r}",
+            f"as the tables' owner run: CREATE PUBLICATION {name} FOR TABLE {', '.join(tables)}",
+        ) from None
+
+
+def missing_tables(conn: psycopg.Connection[Any], publication: str, tables: list[str]) -> list[str]:
+    current = {
+        f"{s}.{t}"
+        for s, t in conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
+        )
+    }
+    return [t for t in tables if t not in current]
+
+
+def ensure_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
+    """Create the slot if missing; True if it was created. Raises ``SlotInUse`` if an
+    active process holds it."""
+    row = conn.execute(
+        "SELECT plugin, database, active, active_pid FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        try:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        except psycopg.Error as exc:
+            raise _privilege_error(exc, f"cannot create replication slot {slot!r}", "grant the role REPLICATION") from None
+        return True
+    plugin, database, active, pid = row
+    if plugin != "pgoutput":
+        raise SourceError(
+            f"replication slot {slot!r} uses plugin {plugin!r}, not pgoutput",
+            hint="configure another [source] slot name, or drop that slot",
+        )
+    if database != conn.info.dbname:
+        raise SourceError(
+            f"replication slot {slot!r} belongs to database {database!r}, not {conn.info.dbname!r}",
+            hint="slot names are cluster-wide: configure another [source] slot",
+        )
+    if active:
+        raise SlotInUse(
+            f"replication slot {slot!r} is in use by another process (pid {pid})",
+            hint="stop the other `dblog run` of this slot, or configure another [source] slot",
+        )
+    return False
+
+
+def _privilege_error(exc: psycopg.Error, what: str, fix: str) -> SourceError:
+    detail = str(exc).strip().splitlines()[0]
+    if exc.sqlstate == INSUFFICIENT_PRIVILEGE:
+        return SourceError(f"{what}: {detail}", hint=fix)
+    return SourceError(f"{what}: {detail}")

@@ -1,0 +1,350 @@
+"""The PostgreSQL log source: a pgoutput logical replication stream as pydblog items.
+
+Invariants:
+- Items come in commit order; each transaction's events carry ``PgPosition(commit
+  LSN, index)`` (the commit LSN is known at Begin), and end with a ``Commit`` whose
+  position carries the end LSN the slot is acknowledged with.
+- ``ack`` only ever moves the slot's flush position to a position the caller says is
+  durable; nothing else confirms (no feedback from keepalives we did not earn).
+- Unchanged TOAST values never reach an event as garbage: with REPLICA IDENTITY FULL
+  they are taken from the old row; otherwise the column holds ``UNCHANGED_TOAST`` and
+  is listed in ``ChangeEvent.unchanged``.
+- An UPDATE that changes the key is emitted as a delete of the old key followed by a
+  create of the new one, so materializing the log stays exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg2
+import psycopg2.extras
+
+from pydblog.config import Config, TableMatcher
+from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op
+from pydblog.ports import (
+    Checkpoint,
+    Commit,
+    Heartbeat,
+    Idle,
+    SchemaChanged,
+    StreamItem,
+    WatermarkSeen,
+)
+from pydblog.positions import Lsn, PgPosition, Position
+from pydblog.sources.postgres import pgoutput as po
+from pydblog.sources.postgres import setup
+from pydblog.sources.postgres.connect import connect, connect_replication, replication_error
+from pydblog.sources.postgres.relations import RelationState, build_relation
+from pydblog.sources.postgres.types import TypeRegistry
+
+log = logging.getLogger(__name__)
+
+WATERMARK_PREFIX = "dblog-watermark"
+HEARTBEAT_PREFIX = "dblog-heartbeat"
+IDLE = Idle()
+PG_EPOCH_US = 946_684_800_000_000
+
+
+class PgLogSource:
+    connector = "postgresql"
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.src = cfg.source
+        self.db = ""
+        self.signal_table = cfg.snapshot.signal_table
+        self.watermark_table = cfg.snapshot.watermark_table
+        self._matcher: TableMatcher = cfg.source.table_matcher()
+        self._meta: psycopg.Connection[Any] | None = None
+        self._repl: psycopg2.extras.LogicalReplicationConnection | None = None
+        self._cur: Any = None
+        self._types: TypeRegistry | None = None
+        self._relations: dict[int, RelationState] = {}
+        self._captured: list[str] = []
+        self._acked: int = 0
+        self._last_hb = 0.0
+        self._warned: set[str] = set()
+
+    # -- setup --------------------------------------------------------------------
+    @property
+    def captured_tables(self) -> list[str]:
+        return list(self._captured)
+
+    def open(self, checkpoint: Checkpoint | None) -> None:
+        meta = connect(self.src.dsn, timeout_s=self.src.connect_timeout_s)
+        self._meta = meta
+        self.db = meta.info.dbname
+        setup.check_server(meta)
+        setup.ensure_own_tables(meta, self.signal_table, self.watermark_table)
+        self._refresh_publication()
+        setup.ensure_slot(meta, self.src.slot)
+        self._types = TypeRegistry.load(meta)
+        repl = connect_replication(self.src.dsn, timeout_s=self.src.connect_timeout_s)
+        self._repl = repl
+        cur = repl.cursor()
+        try:
+            cur.start_replication(
+                slot_name=self.src.slot,
+                decode=False,
+                start_lsn=0,
+                status_interval=10,
+                options={
+                    "proto_version": "1",
+                    "publication_names": self.src.publication,
+                    "messages": "true",
+                },
+            )
+        except psycopg2.Error as exc:
+            raise replication_error(exc, self.src.slot) from None
+        self._cur = cur
+        self._last_hb = 0.0  # first idle moment sends a heartbeat: a position to start from
+
+    def _refresh_publication(self) -> None:
+        assert self._meta is not None
+        own = {self.signal_table, self.watermark_table}
+        tables = setup.publishable(setup.list_tables(self._meta, self._matcher, own), self._warned)
+        self._captured = [t.qualified for t in tables]
+        setup.ensure_publication(self._meta, self.src.publication, [*self._captured, *sorted(own)])
+
+    def refresh_tables(self) -> None:
+        """Pick up tables created since start that match ``tables`` (new ones are
+        captured from the moment they are added to the publication)."""
+        assert self._meta is not None
+        own = {self.signal_table, self.watermark_table}
+        tables = setup.publishable(setup.list_tables(self._meta, self._matcher, own), self._warned)
+        names = [t.qualified for t in tables]
+        if names != self._captured:
+            self._captured = names
+            setup.ensure_publication(self._meta, self.src.publication, [*names, *sorted(own)])
+
+    # -- stream -------------------------------------------------------------------
+    def stream(self) -> Iterator[StreamItem]:
+        cur = self._cur
+        assert cur is not None and self._repl is not None
+        fileno = self._repl.fileno()
+        interval = self.src.heartbeat_interval_s
+        handlers = self._handlers()
+        begin: po.Begin | None = None
+        lsn: Lsn = Lsn(0)
+        idx = 0
+        ts_ms = 0
+        tx_id = 0
+        while True:
+            try:
+                msg = cur.read_message()
+            except psycopg2.Error as exc:
+                raise replication_error(exc, self.src.slot) from None
+            if msg is None:
+                now = time.monotonic()
+                if now - self._last_hb >= interval:
+                    self._heartbeat()
+                    self._last_hb = now
+                yield IDLE
+                try:
+                    select.select([fileno], [], [], min(0.05, interval))
+                except InterruptedError:
+                    pass
+                continue
+            m = po.decode(msg.payload)
+            kind = type(m)
+            if kind is po.Begin:
+                begin = m  # type: ignore[assignment]
+                assert begin is not None
+                lsn = Lsn(begin.final_lsn)
+                idx = 0
+                ts_ms = (begin.commit_ts_us) // 1000
+                tx_id = begin.xid
+                continue
+            if kind is po.Commit:
+                c: po.Commit = m  # type: ignore[assignment]
+                begin = None
+                yield Commit(PgPosition(Lsn(c.commit_lsn), idx, Lsn(c.end_lsn), tx_id), c.commit_ts_us // 1000)
+                continue
+            handler = handlers.get(kind)
+            if handler is None:
+                continue
+            for item in handler(m, lsn, idx, ts_ms, tx_id, begin is not None, msg.data_start):
+                if type(item) is not SchemaChanged:
+                    idx += 1
+                yield item
+
+    def _handlers(self) -> dict[type, Any]:
+        return {
+            po.Insert: self._on_insert,
+            po.Update: self._on_update,
+            po.Delete: self._on_delete,
+            po.Truncate: self._on_truncate,
+            po.Relation: self._on_relation,
+            po.Message: self._on_message,
+            po.Type: self._on_type,
+        }
+
+    def _row(self, rel: RelationState, values: po.TupleData) -> dict[str, Any]:
+        return {
+            n: (c(v) if v.__class__ is str else v)
+            for n, c, v in zip(rel.names, rel.converters, values, strict=True)
+        }
+
+    def _on_insert(self, m: po.Insert, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
+        rel = self._relations[m.relation_oid]
+        if not rel.captured:
+            return []
+        after = self._row(rel, m.new)
+        return [ChangeEvent(Op.CREATE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+                            rel.key_of(tuple(after.values())), None, after)]
+
+    def _on_update(self, m: po.Update, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
+        rel = self._relations[m.relation_oid]
+        if not rel.captured:
+            return []
+        new = m.new
+        old = m.old
+        unchanged: list[str] = []
+        if po.UNCHANGED in new:
+            vals = list(new)
+            for i, v in enumerate(vals):
+                if v is po.UNCHANGED:
+                    if old is not None and not m.old_is_key_only and old[i] is not po.UNCHANGED:
+                        vals[i] = old[i]
+                    else:
+                        unchanged.append(rel.names[i])
+            new = tuple(vals)
+        after = self._row(rel, new)
+        for name in unchanged:
+            after[name] = UNCHANGED_TOAST
+        key = rel.key_of(tuple(after.values()))
+        before: dict[str, Any] | None = None
+        old_key = key
+        if old is not None:
+            if m.old_is_key_only:
+                before = {rel.names[i]: (rel.converters[i](old[i]) if isinstance(old[i], str) else old[i])
+                          for i in rel.key_idx}
+                old_key = before
+            else:
+                before = self._row(rel, old)
+                old_key = rel.key_of(tuple(before.values()))
+        if old_key != key:
+            return [
+                ChangeEvent(Op.DELETE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+                            old_key, before, None),
+                ChangeEvent(Op.CREATE, rel.schema, rel.table, PgPosition(lsn, idx + 1, None, tx), ts,
+                            key, None, after, unchanged=tuple(unchanged)),
+            ]
+        return [ChangeEvent(Op.UPDATE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+                            key, before, after, unchanged=tuple(unchanged))]
+
+    def _on_delete(self, m: po.Delete, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
+        rel = self._relations[m.relation_oid]
+        if not rel.captured:
+            return []
+        old = m.old
+        if m.old_is_key_only:
+            before = {rel.names[i]: (rel.converters[i](old[i]) if isinstance(old[i], str) else old[i])
+                      for i in rel.key_idx}
+            key = before
+        else:
+            before = self._row(rel, old)
+            key = rel.key_of(tuple(before.values()))
+        return [ChangeEvent(Op.DELETE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+                            key, before, None)]
+
+    def _on_truncate(self, m: po.Truncate, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
+        out: list[StreamItem] = []
+        for oid in m.relation_oids:
+            rel = self._relations.get(oid)
+            if rel is None or not rel.captured:
+                continue
+            out.append(ChangeEvent(Op.TRUNCATE, rel.schema, rel.table,
+                                   PgPosition(lsn, idx + len(out), None, tx), ts))
+        return out
+
+    def _on_relation(self, m: po.Relation, *_: Any) -> list[StreamItem]:
+        assert self._meta is not None and self._types is not None
+        qualified = f"{m.namespace}.{m.name}"
+        own = qualified in (self.signal_table, self.watermark_table)
+        captured = own or self._matcher(qualified)
+        missing = [c.type_oid for c in m.columns if not self._types.known(c.type_oid)]
+        if missing:
+            self._types.refresh(self._meta, missing)
+        pk = self._primary_key(m.oid)
+        rel = build_relation(m, self._types, pk, captured)
+        prev = self._relations.get(m.oid)
+        self._relations[m.oid] = rel
+        if own or not captured:
+            return []
+        if prev is not None and prev.table_schema == rel.table_schema:
+            return []
+        return [SchemaChanged(rel.table_schema)]
+
+    def _on_type(self, m: po.Type, *_: Any) -> list[StreamItem]:
+        assert self._meta is not None and self._types is not None
+        self._types.refresh(self._meta, [m.oid])
+        return []
+
+    def _on_message(self, m: po.Message, lsn: Lsn, idx: int, ts: int, tx: int, in_tx: bool, data_start: int) -> list[StreamItem]:
+        if m.prefix == WATERMARK_PREFIX:
+            pos = PgPosition(lsn, idx, None, tx) if in_tx else PgPosition(Lsn(m.lsn), 0, Lsn(m.lsn))
+            return [WatermarkSeen(m.content.decode(), pos)]
+        if m.prefix == HEARTBEAT_PREFIX and not in_tx:
+            return [Heartbeat(PgPosition(Lsn(m.lsn), 0, Lsn(m.lsn)))]
+        return []
+
+    def _primary_key(self, oid: int) -> list[str]:
+        assert self._meta is not None
+        rows = self._meta.execute(
+            """
+            SELECT a.attname FROM pg_index i
+            JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+            WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord
+            """,
+            (oid,),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def _heartbeat(self) -> None:
+        """A non-transactional message: lets the slot advance while captured tables are idle."""
+        assert self._meta is not None
+        try:
+            self._meta.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
+        except psycopg.Error as exc:
+            log.warning("heartbeat failed: %s", str(exc).strip())
+
+    # -- ack ----------------------------------------------------------------------
+    def ack(self, position: Position) -> None:
+        assert isinstance(position, PgPosition)
+        lsn = position.ack_lsn.value
+        if lsn <= self._acked or self._cur is None:
+            return
+        try:
+            self._cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, force=True)
+        except psycopg2.Error as exc:
+            raise replication_error(exc, self.src.slot) from None
+        self._acked = lsn
+
+    def lag_bytes(self) -> int | None:
+        return slot_lag(self._meta, self.src.slot) if self._meta is not None else None
+
+    def close(self) -> None:
+        for c in (self._repl, self._meta):
+            if c is not None:
+                try:
+                    c.close()
+                except Exception:
+                    pass
+        self._repl = None
+        self._meta = None
+
+
+def slot_lag(conn: psycopg.Connection[Any], slot: str) -> int | None:
+    row = conn.execute(
+        "SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else None

@@ -1,0 +1,196 @@
+"""Test helpers shared by the integration suites: run `dblog` as a real process,
+read its change log, materialize it, and read the source tables the same way.
+
+The oracle (architecture invariant 2): replaying the change log (c/u/r upsert
+``after``, d delete, t truncate) must give each source table's content.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from pydblog.events import UNCHANGED_TOAST
+from pydblog.sources.postgres.types import SESSION_SETTINGS, TypeRegistry
+
+DBLOG = [sys.executable, "-m", "pydblog"]
+
+Key = tuple[Any, ...]
+Tables = dict[str, dict[Key, dict[str, Any]]]
+
+
+def write_config(directory: Path, dsn: str, extra: str = "", source_extra: str = "") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "dblog.toml"
+    path.write_text(
+        f"""
+[source]
+type = "postgres"
+dsn = "{dsn}"
+heartbeat_interval_s = 0.5
+{source_extra}
+[log]
+path = "{directory / "data"}"
+{extra}
+"""
+    )
+    return path
+
+
+def start_run(config: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*DBLOG, "run", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def stop_run(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str]:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"dblog run did not stop on SIGTERM: {err.decode()[-2000:]}") from None
+    return proc.returncode, err.decode()
+
+
+def kill9(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+
+
+def dblog(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run([*DBLOG, *args], capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"dblog {' '.join(args)} failed ({res.returncode}): {res.stderr}")
+    return res
+
+
+def tail(config: Path) -> list[dict[str, Any]]:
+    res = dblog("tail", "--config", str(config), "--no-follow")
+    return [orjson.loads(line) for line in res.stdout.splitlines() if line]
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def wait_for_marker(config: Path, dsn: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """Write a marker row and wait until it is in the change log; returns the log."""
+    token = f"m{time.monotonic_ns()}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS dblog_test_marker (id text PRIMARY KEY)")
+        conn.execute("INSERT INTO dblog_test_marker VALUES (%s)", (token,))
+    events: list[dict[str, Any]] = []
+
+    def seen() -> bool:
+        nonlocal events
+        try:
+            events = tail(config)
+        except AssertionError:
+            return False
+        return any(
+            e["source"]["table"] == "dblog_test_marker" and (e.get("after") or {}).get("id") == token
+            for e in events
+        )
+
+    wait_for(seen, timeout, "the marker row in the change log")
+    return events
+
+
+def key_of(event: dict[str, Any]) -> Key:
+    key = event.get("key") or {}
+    return tuple(_hashable(v) for v in key.values())
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
+    return v
+
+
+def materialize(events: Iterable[dict[str, Any]]) -> Tables:
+    tables: Tables = {}
+    for e in events:
+        op = e["op"]
+        if op == "n":
+            continue
+        name = f"{e['source']['schema']}.{e['source']['table']}"
+        rows = tables.setdefault(name, {})
+        if op == "t":
+            rows.clear()
+        elif op == "d":
+            rows.pop(key_of(e), None)
+        else:
+            after = dict(e["after"])
+            old = rows.get(key_of(e))
+            for col in e.get("unchanged", []):
+                assert after[col] == UNCHANGED_TOAST
+                if old is not None:
+                    after[col] = old[col]
+            rows[key_of(e)] = after
+    return tables
+
+
+def source_rows(dsn: str, table: str, key: list[str]) -> dict[Key, dict[str, Any]]:
+    """The table's rows, mapped exactly as the capture maps values."""
+    opts = " ".join(f"-c {k}={v}" for k, v in SESSION_SETTINGS.items())
+    with psycopg.connect(dsn, options=opts) as conn:
+        types = TypeRegistry.load(conn)
+        schema, _, name = table.partition(".")
+        cols = conn.execute(
+            "SELECT a.attname, a.atttypid FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s "
+            "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (schema, name),
+        ).fetchall()
+        exprs = ", ".join(
+            types.text_expr(sql.Identifier(c).as_string(conn), oid) for c, oid in cols
+        )
+        convs = [types.converter(oid) for _, oid in cols]
+        out: dict[Key, dict[str, Any]] = {}
+        query = f"SELECT {exprs} FROM {sql.Identifier(schema, name).as_string(conn)}"
+        for r in conn.execute(query):  # type: ignore[call-overload]
+            row = {c: (f(v) if v is not None else None) for (c, _), f, v in zip(cols, convs, r, strict=True)}
+            out[tuple(_hashable(row[k]) for k in key)] = row
+        return out
+
+
+def assert_oracle(config: Path, dsn: str, tables: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Materialize the change log and compare it with every table in ``tables``
+    (name -> key columns). Returns the events read."""
+    events = wait_for_marker(config, dsn)
+    got = materialize(events)
+    for table, key in tables.items():
+        want = source_rows(dsn, table, key)
+        have = got.get(table, {})
+        missing = set(want) - set(have)
+        extra = set(have) - set(want)
+        diff = [k for k in set(want) & set(have) if want[k] != have[k]]
+        assert not missing and not extra and not diff, (
+            f"{table}: {len(missing)} missing, {len(extra)} extra, {len(diff)} differ; "
+            f"e.g. missing={list(missing)[:3]} extra={list(extra)[:3]} "
+            f"diff={[(want[k], have[k]) for k in diff[:2]]}"
+        )
+    return events
