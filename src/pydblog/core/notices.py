@@ -1,0 +1,140 @@
+"""Progress notifications (``op: "n"`` events) and the positions the core gives its events.
+
+A notification event (Debezium-like; see docs/snapshots.md)::
+
+    ChangeEvent(op=Op.NOTIFICATION, schema="public", table="orders" (or "" and ""),
+                position=..., ts_ms=..., snapshot=INCREMENTAL | BLOCKING,
+                notification={"aggregate_type": "Incremental Snapshot" | "Blocking Snapshot",
+                              "type": "STARTED" | ... (NotificationType),
+                              "signal_id": "...",
+                              "additional_data": {...JSON...}})
+
+Positions. The core never invents a position out of nothing; every event it returns is
+placed relative to a position nobody else logs:
+
+- a signal's notification takes the signal event's own position (signal rows are
+  never logged), so one signal yields exactly one notification;
+- at a watermark W (never logged either, and alone in its transaction), the k-th event
+  the core emits is at ``W.index + 1 + k`` (k = 0, 1, ...) with W's other fields;
+- during a blocking snapshot, at ``A.index + 1 + k`` after the anchor A (the highest
+  position logged when the stream was paused), k counting on across calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydblog.events import ChangeEvent, Op, SnapshotKind
+from pydblog.positions import Position
+
+
+class NotificationType(StrEnum):
+    STARTED = "STARTED"
+    TABLE_SCAN_STARTED = "TABLE_SCAN_STARTED"
+    IN_PROGRESS = "IN_PROGRESS"
+    TABLE_SCAN_COMPLETED = "TABLE_SCAN_COMPLETED"
+    COMPLETED = "COMPLETED"
+    ABORTED = "ABORTED"
+    PAUSED = "PAUSED"
+    RESUMED = "RESUMED"
+    REJECTED = "REJECTED"
+    SKIPPED = "SKIPPED"
+
+
+AGGREGATE_TYPE = {
+    SnapshotKind.INCREMENTAL: "Incremental Snapshot",
+    SnapshotKind.BLOCKING: "Blocking Snapshot",
+    SnapshotKind.NONE: "Snapshot",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A notification not yet placed at a position (JSON-serializable, so notices waiting
+    for a position survive a restart in ``SnapshotCore.state()``)."""
+
+    type: NotificationType
+    signal_id: str
+    kind: SnapshotKind
+    table: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type.value,
+            "signal_id": self.signal_id,
+            "kind": self.kind.value,
+            "table": self.table,
+            "data": self.data,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Notice:
+        return cls(
+            NotificationType(data["type"]),
+            str(data["signal_id"]),
+            SnapshotKind(data["kind"]),
+            str(data.get("table", "")),
+            dict(data.get("data") or {}),
+        )
+
+    def event(self, position: Position, ts_ms: int) -> ChangeEvent:
+        schema, table = split_table(self.table)
+        return ChangeEvent(
+            op=Op.NOTIFICATION,
+            schema=schema,
+            table=table,
+            position=position,
+            ts_ms=ts_ms,
+            snapshot=self.kind,
+            notification={
+                "aggregate_type": AGGREGATE_TYPE[self.kind],
+                "type": self.type.value,
+                "signal_id": self.signal_id,
+                "additional_data": self.data,
+            },
+        )
+
+
+def split_table(qualified: str) -> tuple[str, str]:
+    """``"schema.table"`` -> ``("schema", "table")`` (split at the first dot; ``""`` ->
+    ``("", "")``)."""
+    schema, dot, table = qualified.partition(".")
+    return (schema, table) if dot else ("", qualified)
+
+
+def position_index(position: Position) -> int:
+    """The index-in-transaction of a position (every source position has one)."""
+    index: int = getattr(position, "index")  # noqa: B009 - not part of the Protocol
+    return index
+
+
+def at_index(position: Position, index: int) -> Position:
+    """``position`` with another index (positions are frozen dataclasses)."""
+    moved: Position = dataclasses.replace(position, index=index)  # type: ignore[type-var]
+    return moved
+
+
+class PositionCursor:
+    """Hands out ``base.index + 1``, ``+ 2``, ... : fresh positions right after ``base``.
+
+    Invariant: every position handed out is greater than ``base`` and than every one
+    handed out before; the caller must own the slot after ``base`` (see module doc).
+    """
+
+    __slots__ = ("base", "count", "ts_ms")
+
+    def __init__(self, base: Position, ts_ms: int) -> None:
+        self.base = base
+        self.ts_ms = ts_ms
+        self.count = 0
+
+    def next(self) -> Position:
+        self.count += 1
+        return at_index(self.base, position_index(self.base) + self.count)
+
+    def place(self, notices: list[Notice]) -> list[ChangeEvent]:
+        return [n.event(self.next(), self.ts_ms) for n in notices]

@@ -1,0 +1,167 @@
+"""Snapshot progress: one ``TableJob`` per table to read, queued in a ``Lane``.
+
+Everything here is what ``SnapshotCore.state()`` persists with the checkpoint, so it
+only ever describes *completed* steps: ``last_key`` is the key of the last row of the
+last chunk whose high watermark has been processed, and a restart resumes *after* it
+(the chunk that was in flight is read again, with new watermarks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pydblog.core.keys import RawKey, match_key
+from pydblog.events import SnapshotKind
+
+
+@dataclass(frozen=True, slots=True)
+class TableJob:
+    """One table's snapshot.
+
+    Before the table is started (``started`` False) only the request is known: table,
+    signal, kind, filter, surrogate key. Starting it fixes ``key_columns`` and
+    ``max_key`` (the bound: rows with a greater key come from the stream). ``last_key``
+    None means "from the first row"; chunks read ``last_key < key <= max_key``.
+    """
+
+    table: str
+    signal_id: str
+    kind: SnapshotKind = SnapshotKind.INCREMENTAL
+    condition: str | None = None
+    surrogate_key: str | None = None
+    schema_name: str = ""
+    table_name: str = ""
+    key_columns: tuple[str, ...] | None = None
+    max_key: RawKey | None = None
+    last_key: RawKey | None = None
+    chunks: int = 0
+    rows: int = 0
+
+    @property
+    def started(self) -> bool:
+        return self.key_columns is not None
+
+    def start(self, schema: str, table: str, key: tuple[str, ...], max_key: RawKey) -> TableJob:
+        return dataclasses.replace(
+            self, schema_name=schema, table_name=table, key_columns=key, max_key=max_key
+        )
+
+    def advance(self, last_key: RawKey | None, emitted: int) -> TableJob:
+        """After a chunk: progress moves to ``last_key`` (unchanged for an empty chunk)."""
+        return dataclasses.replace(
+            self,
+            last_key=self.last_key if last_key is None else last_key,
+            chunks=self.chunks + 1,
+            rows=self.rows + emitted,
+        )
+
+    def reached_end(self, read: int, limit: int, last_key: RawKey | None) -> bool:
+        """True when a chunk of ``limit`` that returned ``read`` rows ending at
+        ``last_key`` was the table's last: short, or ending at ``max_key``."""
+        if read < limit or last_key is None:
+            return True
+        return self.max_key is not None and match_key(last_key) == match_key(self.max_key)
+
+    def fraction(self) -> float:
+        """Rough share of the table done: ``last/max`` for a single numeric key, else 0."""
+        if self.last_key is None or self.max_key is None or len(self.max_key) != 1:
+            return 0.0
+        last, top = self.last_key[0], self.max_key[0]
+        if not _is_number(last) or not _is_number(top) or top <= 0:
+            return 0.0
+        return float(max(0.0, min(1.0, last / top)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "signal_id": self.signal_id,
+            "kind": self.kind.value,
+            "condition": self.condition,
+            "surrogate_key": self.surrogate_key,
+            "schema_name": self.schema_name,
+            "table_name": self.table_name,
+            "key_columns": None if self.key_columns is None else list(self.key_columns),
+            "max_key": None if self.max_key is None else list(self.max_key),
+            "last_key": None if self.last_key is None else list(self.last_key),
+            "chunks": self.chunks,
+            "rows": self.rows,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TableJob:
+        def tup(value: Any) -> tuple[Any, ...] | None:
+            return None if value is None else tuple(value)
+
+        return cls(
+            table=data["table"],
+            signal_id=data["signal_id"],
+            kind=SnapshotKind(data["kind"]),
+            condition=data.get("condition"),
+            surrogate_key=data.get("surrogate_key"),
+            schema_name=data.get("schema_name", ""),
+            table_name=data.get("table_name", ""),
+            key_columns=tup(data.get("key_columns")),
+            max_key=tup(data.get("max_key")),
+            last_key=tup(data.get("last_key")),
+            chunks=int(data.get("chunks", 0)),
+            rows=int(data.get("rows", 0)),
+        )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class Lane:
+    """A FIFO of table jobs of one kind; ``current`` is the one being read.
+
+    Invariant: a table appears at most once in ``current`` + ``queue``.
+    """
+
+    __slots__ = ("current", "queue")
+
+    def __init__(self, current: TableJob | None = None, queue: Iterable[TableJob] = ()) -> None:
+        self.current = current
+        self.queue: deque[TableJob] = deque(queue)
+
+    def __bool__(self) -> bool:
+        return self.current is not None or bool(self.queue)
+
+    def tables(self) -> list[str]:
+        head = [self.current.table] if self.current is not None else []
+        return head + [j.table for j in self.queue]
+
+    def head(self) -> TableJob | None:
+        """The job to work on: ``current``, else the next queued one (made current)."""
+        if self.current is None and self.queue:
+            self.current = self.queue.popleft()
+        return self.current
+
+    def drop(self, matches: Callable[[str], bool]) -> list[TableJob]:
+        """Remove and return the jobs whose table ``matches``."""
+        dropped = [j for j in self.queue if matches(j.table)]
+        self.queue = deque(j for j in self.queue if not matches(j.table))
+        if self.current is not None and matches(self.current.table):
+            dropped.insert(0, self.current)
+            self.current = None
+        return dropped
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "current": None if self.current is None else self.current.to_json(),
+            "queue": [j.to_json() for j in self.queue],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> Lane:
+        if not data:
+            return cls()
+        current = data.get("current")
+        return cls(
+            TableJob.from_json(current) if current else None,
+            [TableJob.from_json(j) for j in data.get("queue", [])],
+        )

@@ -1,0 +1,86 @@
+"""What the snapshot core asks the runner's worker to do (one request at a time).
+
+Every request has a unique ``id`` and names fresh watermark ids (unique across restarts:
+they carry the core's random instance id). The worker's duty per kind, in order:
+
+``TableStartRequest`` (incremental: ``watermark`` set; blocking: None)
+    1. ``info = reader.table_info(table, surrogate_key)``; if ``condition``:
+       ``reader.check_filter(info, condition)``; ``max_key = reader.max_key(info, condition)``
+    2. ``core.on_table_started(id, info, max_key, error=None)`` (or ``error=str(exc)`` for a
+       bad filter / surrogate key; ``on_request_failed`` for a transient failure)
+    3. incremental only: ``reader.write_watermark(watermark)``. The answer takes effect
+       when that watermark comes back through the stream.
+
+``ChunkRequest`` (incremental: both watermarks set; blocking: both None)
+    1. incremental only: ``reader.write_watermark(low_watermark)``
+    2. ``info = reader.table_info(table, surrogate_key)`` (fresh: columns may have
+       changed since the previous chunk), ``rows = reader.read_chunk(info, after_key,
+       max_key, limit, condition)``: rows with ``after_key < key <= max_key`` in key order
+       (``after_key`` None: from the first row)
+    3. ``core.on_chunk_read(id, rows, elapsed_ms)`` -- for incremental chunks this MUST
+       happen before the stream delivers the high watermark
+    4. incremental only: ``reader.write_watermark(high_watermark)``
+
+``MarkRequest``
+    ``reader.write_watermark(watermark)``: gives notifications that wait for a position
+    (e.g. after a failed table) a place in the log. No answer is expected.
+
+If any step fails: ``core.on_request_failed(id, error, retriable)`` (also when a final
+watermark could not be written after the answer was given), and do not write the
+remaining watermarks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydblog.events import SnapshotKind
+
+
+@dataclass(frozen=True, slots=True)
+class TableStartRequest:
+    """Look the table up and take its max key (the snapshot's upper bound)."""
+
+    id: str
+    table: str
+    kind: SnapshotKind
+    surrogate_key: str | None
+    condition: str | None
+    watermark: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRequest:
+    """Read one chunk: ``after_key < key <= max_key``, key order, at most ``limit`` rows.
+
+    ``key_columns`` are the key columns fixed when the table started (the primary key or
+    the surrogate key); the reader re-reads the other columns' list itself.
+    """
+
+    id: str
+    table: str
+    kind: SnapshotKind
+    surrogate_key: str | None
+    key_columns: tuple[str, ...]
+    after_key: tuple[Any, ...] | None
+    max_key: tuple[Any, ...]
+    limit: int
+    condition: str | None
+    low_watermark: str | None
+    high_watermark: str | None
+
+    @property
+    def blocking(self) -> bool:
+        return self.kind is SnapshotKind.BLOCKING
+
+
+@dataclass(frozen=True, slots=True)
+class MarkRequest:
+    """Write one watermark and nothing else."""
+
+    id: str
+    watermark: str
+
+
+Request = TableStartRequest | ChunkRequest | MarkRequest

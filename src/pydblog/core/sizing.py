@@ -1,0 +1,56 @@
+"""Core settings and the adaptive chunk size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    """How the snapshot core plans chunks.
+
+    ``chunk_size``: rows per chunk (the first chunk's size when ``adaptive``).
+    ``adaptive``: after each chunk, double the size if the SELECT took less than half of
+    ``time_budget_ms``, halve it if it took more than ``time_budget_ms``, else keep it;
+    always clamped to ``[min_chunk, max_chunk]``. A retriable read failure (e.g. a
+    statement timeout) also halves it when adaptive.
+    """
+
+    chunk_size: int = 1024
+    adaptive: bool = False
+    time_budget_ms: float = 75.0
+    min_chunk: int = 64
+    max_chunk: int = 65536
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, not {self.chunk_size}")
+        if not 1 <= self.min_chunk <= self.max_chunk:
+            raise ValueError(
+                f"need 1 <= min_chunk <= max_chunk, got {self.min_chunk}, {self.max_chunk}"
+            )
+        if self.time_budget_ms <= 0:
+            raise ValueError(f"time_budget_ms must be > 0, not {self.time_budget_ms}")
+
+    def clamp(self, size: int) -> int:
+        if not self.adaptive:
+            return self.chunk_size
+        return max(self.min_chunk, min(self.max_chunk, size))
+
+
+def next_chunk_size(settings: CoreSettings, current: int, read: int, elapsed_ms: float) -> int:
+    """The size of the next chunk after one of ``current`` rows returned ``read`` rows in
+    ``elapsed_ms``. A short chunk (``read < current``, the table's end) says nothing about
+    speed, so it never grows the size."""
+    if not settings.adaptive:
+        return settings.chunk_size
+    if elapsed_ms > settings.time_budget_ms:
+        return settings.clamp(current // 2)
+    if elapsed_ms < settings.time_budget_ms / 2 and read >= current:
+        return settings.clamp(current * 2)
+    return settings.clamp(current)
+
+
+def shrink(settings: CoreSettings, current: int) -> int:
+    """The size after a retriable failure of a chunk read."""
+    return settings.clamp(current // 2)

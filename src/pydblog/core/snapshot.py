@@ -1,0 +1,716 @@
+"""The snapshot core: DBLog incremental (and blocking) snapshots, IO-free.
+
+Events in, events out. The runner feeds it the stream and the worker's answers; it
+returns the events to log (snapshot rows ``op: r`` and notifications ``op: n``) and
+tells the runner what to read next. It does no IO, reads no clock and starts no
+thread; it is not thread-safe (call it from the runner's thread only).
+
+API (see docs/snapshots.md for the whole protocol)::
+
+    core = SnapshotCore(CoreSettings(...), state=checkpoint.snapshot)
+    core.on_signal(signal, captured_tables, position, ts_ms) -> [notification]
+    core.on_signal_error(signal_id, error, position, ts_ms)  -> [REJECTED notification]
+    core.start_initial(captured_tables) -> None             # snapshot mode "initial"
+    core.next_request() -> TableStartRequest | ChunkRequest | MarkRequest | None
+    core.on_table_started(request_id, info, max_key, error) -> [events] (blocking only)
+    core.on_chunk_read(request_id, rows, elapsed_ms)         -> [events] (blocking only)
+    core.on_request_failed(request_id, error, retriable)     -> [events] (blocking only)
+    core.on_watermark(watermark_id, position, ts_ms)          -> [r rows, notifications]
+    core.on_event(event) -> None          # every captured stream event, in stream order
+    core.on_stream_paused(position, ts_ms) -> None            # blocking: stream stopped
+    core.state() -> dict | None           # persist with the checkpoint
+    core.status() -> dict;  core.active;  core.blocking;  core.paused
+
+Invariants:
+
+- At most one request is outstanding: ``next_request`` returns None until the previous
+  one was answered (``on_table_started`` / ``on_chunk_read`` / ``on_request_failed``).
+  An incremental request's effect lands only at its final watermark, so ``state()``
+  changes only at positions the stream has delivered, and ``state()`` taken after the
+  returned events are logged is exactly what a restart needs.
+- Incremental rows are emitted at H, at ``H.index + 1 + k``; a row whose key had a
+  table event between L and H is dropped (``window.ChunkWindow``). A table's progress
+  moves to the key of the chunk's last row *read*.
+- Watermark ids the core does not expect (an interrupted chunk's, after a restart) are
+  ignored; the interrupted chunk is read again with new watermarks.
+- Blocking snapshots: while ``blocking`` is True the runner keeps the stream paused (at
+  a transaction boundary) and calls ``on_stream_paused`` once; then the core issues
+  requests without watermarks and returns rows directly, positioned after the anchor.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydblog.core.keys import RawKey
+from pydblog.core.notices import Notice, NotificationType, PositionCursor
+from pydblog.core.progress import Lane, TableJob
+from pydblog.core.requests import ChunkRequest, MarkRequest, Request, TableStartRequest
+from pydblog.core.signals import Signal, SignalType, match_tables
+from pydblog.core.sizing import CoreSettings, next_chunk_size, shrink
+from pydblog.core.window import ChunkWindow, WindowResult
+from pydblog.events import ChangeEvent, Op, SnapshotKind
+from pydblog.ports import TableInfo
+from pydblog.positions import Position, decode_position, encode_position
+
+STATE_VERSION = 1
+INITIAL_SIGNAL_ID = "initial"
+N = NotificationType
+
+
+@dataclass(slots=True)
+class _StartAnswer:
+    """The worker's answer to a TableStartRequest, applied at its watermark."""
+
+    info: TableInfo | None
+    max_key: RawKey | None
+    error: str | None
+
+
+@dataclass(slots=True)
+class _Pending:
+    """The incremental request whose final watermark has not been seen yet."""
+
+    request: Request
+    answer: _StartAnswer | None = None
+    window: ChunkWindow | None = None
+    low_seen: bool = False
+
+
+@dataclass(slots=True)
+class _Totals:
+    """Counters of the current run (reset when the core becomes idle)."""
+
+    tables: int = 0
+    tables_done: int = 0
+    chunks: int = 0
+    rows: int = 0
+
+
+class SnapshotCore:
+    """DBLog snapshot state machine; see the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        settings: CoreSettings,
+        state: dict[str, Any] | None = None,
+        *,
+        instance: str | None = None,
+    ) -> None:
+        self._settings = settings
+        self._instance = instance if instance is not None else uuid.uuid4().hex[:12]
+        self._seq = 0
+        self._incr = Lane()
+        self._block = Lane()
+        self._paused = False
+        self._chunk_size = settings.clamp(settings.chunk_size)
+        self._totals = _Totals()
+        self._notices: list[Notice] = []
+        self._horizon: Position | None = None
+        self._pending: _Pending | None = None
+        self._window: ChunkWindow | None = None
+        self._busy: str | None = None
+        self._blocking_request: Request | None = None
+        self._anchor: PositionCursor | None = None
+        if state:
+            self._restore(state)
+
+    # -- properties ----------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """True while any table is queued or being read."""
+        return bool(self._incr) or bool(self._block)
+
+    @property
+    def blocking(self) -> bool:
+        """True while a blocking snapshot needs the stream paused."""
+        return bool(self._block)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    # -- signals -------------------------------------------------------------------
+
+    def on_signal(
+        self, signal: Signal, captured_tables: Sequence[str], position: Position, ts_ms: int
+    ) -> list[ChangeEvent]:
+        """Apply a signal; returns exactly one notification, at the signal's position."""
+        self._advance(position)
+        if signal.type is SignalType.EXECUTE_SNAPSHOT:
+            notice = self._execute(signal, captured_tables)
+        elif signal.type is SignalType.STOP_SNAPSHOT:
+            notice = self._stop(signal)
+        elif signal.type is SignalType.PAUSE_SNAPSHOT:
+            notice = self._pause(signal)
+        else:
+            notice = self._resume(signal)
+        return [notice.event(position, ts_ms)]
+
+    def on_signal_error(
+        self, signal_id: str, error: str, position: Position, ts_ms: int
+    ) -> list[ChangeEvent]:
+        """The REJECTED notification for a signal that ``parse_signal`` refused."""
+        self._advance(position)
+        notice = Notice(N.REJECTED, signal_id, SnapshotKind.INCREMENTAL, "", {"reason": error})
+        return [notice.event(position, ts_ms)]
+
+    def start_initial(self, captured_tables: Sequence[str]) -> None:
+        """Snapshot mode "initial": queue every captured table (incremental). The STARTED
+        notification is logged at the first watermark."""
+        new = self._enqueue(
+            [TableJob(t, INITIAL_SIGNAL_ID) for t in captured_tables if t not in self._queued()]
+        )
+        if new:
+            data = {"data_collections": new, "snapshot_type": SnapshotKind.INCREMENTAL.value}
+            self._notices.append(
+                Notice(N.STARTED, INITIAL_SIGNAL_ID, SnapshotKind.INCREMENTAL, "", data)
+            )
+
+    def _execute(self, signal: Signal, captured: Sequence[str]) -> Notice:
+        matched, unknown = match_tables(signal.data_collections, captured)
+        queued = self._queued()
+        duplicates = [t for t in matched if t in queued]
+        jobs = [
+            TableJob(
+                t,
+                signal.id,
+                signal.snapshot_type,
+                signal.condition_for(t),
+                signal.surrogate_key,
+            )
+            for t in matched
+            if t not in queued
+        ]
+        new = self._enqueue(jobs)
+        data: dict[str, Any] = {
+            "data_collections": new,
+            "snapshot_type": signal.snapshot_type.value,
+            "unknown": unknown,
+            "already_queued": duplicates,
+        }
+        if not new:
+            data["reason"] = "no table to snapshot (unknown or already queued)"
+            return Notice(N.SKIPPED, signal.id, signal.snapshot_type, "", data)
+        return Notice(N.STARTED, signal.id, signal.snapshot_type, "", data)
+
+    def _stop(self, signal: Signal) -> Notice:
+        patterns = signal.data_collections
+
+        def matches(table: str) -> bool:
+            return not patterns or any(re.fullmatch(p, table) for p in patterns)
+
+        current = self._incr.current
+        dropped = self._incr.drop(matches) + self._block.drop(matches)
+        if current is not None and self._incr.current is None:
+            self._drop_pending()
+        if self._blocking_request is not None and self._block.current is None:
+            self._blocking_request = None
+        tables = [j.table for j in dropped]
+        self._totals.tables_done += len(tables)
+        self._settle()
+        kind = signal.snapshot_type
+        if not tables:
+            data = {"reason": "no matching table in the snapshot", "data_collections": []}
+            return Notice(N.SKIPPED, signal.id, kind, "", data)
+        return Notice(N.ABORTED, signal.id, kind, "", {"data_collections": tables})
+
+    def _pause(self, signal: Signal) -> Notice:
+        if not self._incr:
+            data = {"reason": "no incremental snapshot is running"}
+            return Notice(N.SKIPPED, signal.id, SnapshotKind.INCREMENTAL, "", data)
+        self._paused = True
+        return Notice(N.PAUSED, signal.id, SnapshotKind.INCREMENTAL, "", self._brief())
+
+    def _resume(self, signal: Signal) -> Notice:
+        if not self._paused:
+            data = {"reason": "the snapshot is not paused"}
+            return Notice(N.SKIPPED, signal.id, SnapshotKind.INCREMENTAL, "", data)
+        self._paused = False
+        return Notice(N.RESUMED, signal.id, SnapshotKind.INCREMENTAL, "", self._brief())
+
+    def _enqueue(self, jobs: list[TableJob]) -> list[str]:
+        for job in jobs:
+            lane = self._block if job.kind is SnapshotKind.BLOCKING else self._incr
+            lane.queue.append(job)
+        self._totals.tables += len(jobs)
+        return [j.table for j in jobs]
+
+    def _queued(self) -> set[str]:
+        return set(self._incr.tables()) | set(self._block.tables())
+
+    # -- requests ------------------------------------------------------------------
+
+    def next_request(self) -> Request | None:
+        """The next thing for the worker, or None (idle, paused, or waiting for an answer,
+        a watermark, or ``on_stream_paused``). Blocking work goes first."""
+        if self._busy is not None:
+            return None
+        if self._block:
+            return self._next_blocking()
+        if self._pending is not None:
+            return None
+        job = None if self._paused else self._incr.head()
+        if job is None:
+            return self._next_mark()
+        request = self._plan(job, blocking=False)
+        self._pending = _Pending(request)
+        if isinstance(request, ChunkRequest):
+            self._pending.window = ChunkWindow(job.schema_name, job.table_name, request.key_columns)
+        self._busy = request.id
+        return request
+
+    def _next_blocking(self) -> Request | None:
+        job = self._block.head()
+        if self._anchor is None or job is None:
+            return None
+        request = self._plan(job, blocking=True)
+        self._blocking_request = request
+        self._busy = request.id
+        return request
+
+    def _next_mark(self) -> MarkRequest | None:
+        if not self._notices:
+            return None
+        rid = self._new_id("m")
+        request = MarkRequest(rid, f"{rid}:mark")
+        self._pending = _Pending(request)
+        return request
+
+    def _plan(self, job: TableJob, *, blocking: bool) -> Request:
+        rid = self._new_id("blk" if blocking else "inc")
+        if not job.started:
+            return TableStartRequest(
+                rid,
+                job.table,
+                job.kind,
+                job.surrogate_key,
+                job.condition,
+                None if blocking else f"{rid}:start",
+            )
+        assert job.key_columns is not None and job.max_key is not None
+        return ChunkRequest(
+            id=rid,
+            table=job.table,
+            kind=job.kind,
+            surrogate_key=job.surrogate_key,
+            key_columns=job.key_columns,
+            after_key=job.last_key,
+            max_key=job.max_key,
+            limit=self._chunk_size,
+            condition=job.condition,
+            low_watermark=None if blocking else f"{rid}:low",
+            high_watermark=None if blocking else f"{rid}:high",
+        )
+
+    def _new_id(self, prefix: str) -> str:
+        self._seq += 1
+        return f"{self._instance}-{prefix}{self._seq}"
+
+    # -- worker answers --------------------------------------------------------------
+
+    def on_table_started(
+        self,
+        request_id: str,
+        info: TableInfo | None,
+        max_key: Sequence[Any] | None,
+        error: str | None = None,
+    ) -> list[ChangeEvent]:
+        """The answer to a TableStartRequest. ``info`` None: no such table; ``max_key``
+        None: the table (with its filter) is empty. Incremental: takes effect at the
+        request's watermark (returns []). Blocking: takes effect now (returns events)."""
+        if not self._answer(request_id):
+            return []
+        answer = _StartAnswer(info, None if max_key is None else tuple(max_key), error)
+        if self._pending is not None and self._pending.request.id == request_id:
+            self._pending.answer = answer
+            return []
+        if self._is_blocking(request_id):
+            self._blocking_request = None
+            return self._emit_blocking([], self._start(self._block, answer))
+        return []
+
+    def on_chunk_read(
+        self, request_id: str, rows: list[dict[str, Any]], elapsed_ms: float
+    ) -> list[ChangeEvent]:
+        """The rows of a ChunkRequest, in key order. Incremental: buffered until H (returns
+        []). Blocking: emitted now, positioned after the anchor."""
+        if not self._answer(request_id):
+            return []
+        pending = self._pending
+        if pending is not None and pending.request.id == request_id:
+            self._resize(pending.request, len(rows), elapsed_ms)
+            if pending.window is not None:
+                pending.window.set_rows(rows)
+            return []
+        if self._is_blocking(request_id):
+            request = self._blocking_request
+            assert isinstance(request, ChunkRequest)
+            self._blocking_request = None
+            self._resize(request, len(rows), elapsed_ms)
+            return self._blocking_rows(request, rows)
+        return []
+
+    def on_request_failed(
+        self, request_id: str, error: str, retriable: bool = True
+    ) -> list[ChangeEvent]:
+        """A request failed. Retriable: it is planned again (a chunk with half the size
+        when adaptive). Not retriable: the table is dropped with a REJECTED notification
+        (placed at the next watermark; blocking: returned now)."""
+        if self._busy == request_id:
+            self._busy = None
+        pending = self._pending
+        if pending is not None and pending.request.id == request_id:
+            self._drop_pending()
+            self._after_failure(self._incr, pending.request, error, retriable)
+            return []
+        if self._blocking_request is not None and self._blocking_request.id == request_id:
+            request, self._blocking_request = self._blocking_request, None
+            notices = self._after_failure(self._block, request, error, retriable)
+            return self._emit_blocking([], notices)
+        return []
+
+    def _after_failure(
+        self, lane: Lane, request: Request, error: str, retriable: bool
+    ) -> list[Notice]:
+        if isinstance(request, ChunkRequest) and retriable:
+            self._chunk_size = shrink(self._settings, self._chunk_size)
+        if retriable or isinstance(request, MarkRequest) or lane.current is None:
+            return []
+        job = lane.current
+        notice = Notice(N.REJECTED, job.signal_id, job.kind, job.table, {"reason": error})
+        finished = self._finish_table(lane, [notice])
+        if lane is self._incr:
+            self._notices.extend(finished)
+            return []
+        return finished
+
+    def _answer(self, request_id: str) -> bool:
+        """Clear the busy flag; False for an answer nobody waits for any more."""
+        if self._busy != request_id:
+            return False
+        self._busy = None
+        return True
+
+    def _is_blocking(self, request_id: str) -> bool:
+        return self._blocking_request is not None and self._blocking_request.id == request_id
+
+    def _resize(self, request: Request, read: int, elapsed_ms: float) -> None:
+        if isinstance(request, ChunkRequest):
+            self._chunk_size = next_chunk_size(self._settings, request.limit, read, elapsed_ms)
+
+    # -- the stream ----------------------------------------------------------------
+
+    def on_event(self, event: ChangeEvent) -> None:
+        """A captured stream event (in stream order). O(1) unless a window of its table
+        is open."""
+        self._horizon = event.position
+        window = self._window
+        if window is None or event.table != window.table or event.schema != window.schema:
+            return
+        window.observe(event)
+
+    def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[ChangeEvent]:
+        """A watermark came back through the stream. Returns what lands there: chunk rows
+        (at H), then notifications. Unknown ids return []."""
+        self._advance(position)
+        pending = self._pending
+        if pending is None:
+            return []
+        request = pending.request
+        if isinstance(request, ChunkRequest) and watermark_id == request.low_watermark:
+            pending.low_seen = True
+            self._window = pending.window
+            return []
+        cursor = PositionCursor(position, ts_ms)
+        if isinstance(request, ChunkRequest) and watermark_id == request.high_watermark:
+            return self._close_window(pending, request, cursor)
+        if isinstance(request, TableStartRequest) and watermark_id == request.watermark:
+            return self._apply_start(pending, cursor)
+        if isinstance(request, MarkRequest) and watermark_id == request.watermark:
+            self._pending = None
+            return self._place(cursor, [])
+        return []
+
+    def on_stream_paused(self, position: Position | None, ts_ms: int) -> None:
+        """The stream is paused for a blocking snapshot, at a transaction boundary.
+        ``position``: the highest position in the change log (the checkpoint's); the
+        anchor is the greater of it and the highest position the core has seen, and
+        blocking events take ``anchor.index + 1 + k``."""
+        if position is not None:
+            self._advance(position)
+        if self._horizon is None:
+            raise ValueError("on_stream_paused needs a position: nothing has been seen yet")
+        self._anchor = PositionCursor(self._horizon, ts_ms)
+
+    def _close_window(
+        self, pending: _Pending, request: ChunkRequest, cursor: PositionCursor
+    ) -> list[ChangeEvent]:
+        self._pending = None
+        self._window = None
+        window = pending.window
+        if self._busy == request.id:  # H before the rows: the runner broke the contract
+            self._busy = None
+        if window is None or not pending.low_seen or not window.has_rows:
+            return self._place(cursor, [])
+        result = window.close()
+        job = self._incr.current
+        if job is None or job.table != request.table or not result.conclusive:
+            return self._place(cursor, [])
+        events = self._rows(job, result.rows, cursor)
+        return events + self._place(cursor, self._chunk_done(self._incr, request, result))
+
+    def _apply_start(self, pending: _Pending, cursor: PositionCursor) -> list[ChangeEvent]:
+        self._pending = None
+        if pending.answer is None:  # watermark before the answer: plan it again
+            self._busy = None
+            return self._place(cursor, [])
+        return self._place(cursor, self._start(self._incr, pending.answer))
+
+    def _place(self, cursor: PositionCursor, notices: list[Notice]) -> list[ChangeEvent]:
+        """Pending notices, then ``notices``, at the cursor's next positions."""
+        waiting, self._notices = self._notices, []
+        events = cursor.place(waiting + notices)
+        if events:
+            self._horizon = events[-1].position
+        return events
+
+    def _emit_blocking(self, rows: list[ChangeEvent], notices: list[Notice]) -> list[ChangeEvent]:
+        cursor = self._anchor
+        assert cursor is not None
+        events = rows + self._place(cursor, notices)
+        if not self._block:
+            self._anchor = None
+        return events
+
+    # -- progress ------------------------------------------------------------------
+
+    def _start(self, lane: Lane, answer: _StartAnswer) -> list[Notice]:
+        job = lane.current
+        if job is None:
+            return []
+        problem = _start_problem(job, answer)
+        if problem is not None:
+            notice = Notice(N.REJECTED, job.signal_id, job.kind, job.table, {"reason": problem})
+            return self._finish_table(lane, [notice])
+        if answer.max_key is None:
+            data = {"data_collection": job.table, "status": "EMPTY", "total_rows_scanned": 0}
+            notice = Notice(N.TABLE_SCAN_COMPLETED, job.signal_id, job.kind, job.table, data)
+            return self._finish_table(lane, [notice])
+        assert answer.info is not None
+        info = answer.info
+        lane.current = job.start(info.schema, info.table, info.key, answer.max_key)
+        data = {
+            "data_collection": job.table,
+            "key_columns": list(info.key),
+            "maximum_key": list(answer.max_key),
+            "condition": job.condition,
+        }
+        return [Notice(N.TABLE_SCAN_STARTED, job.signal_id, job.kind, job.table, data)]
+
+    def _chunk_done(self, lane: Lane, request: ChunkRequest, result: WindowResult) -> list[Notice]:
+        job = lane.current
+        if job is None or job.table != request.table or not result.conclusive:
+            return []
+        job = job.advance(result.last_key, len(result.rows))
+        lane.current = job
+        self._totals.chunks += 1
+        self._totals.rows += len(result.rows)
+        if job.reached_end(result.read, request.limit, result.last_key):
+            data = {
+                "data_collection": job.table,
+                "status": "SUCCEEDED",
+                "total_rows_scanned": job.rows,
+                "chunks": job.chunks,
+            }
+            notice = Notice(N.TABLE_SCAN_COMPLETED, job.signal_id, job.kind, job.table, data)
+            return self._finish_table(lane, [notice])
+        data = {
+            "data_collections": lane.tables(),
+            "current_collection_in_progress": job.table,
+            "maximum_key": _json_key(job.max_key),
+            "last_processed_key": _json_key(job.last_key),
+            "rows_scanned": job.rows,
+            "chunks": job.chunks,
+            "percent": self._percent(),
+        }
+        return [Notice(N.IN_PROGRESS, job.signal_id, job.kind, job.table, data)]
+
+    def _finish_table(self, lane: Lane, notices: list[Notice]) -> list[Notice]:
+        """The lane's current table is done (read, empty, rejected): move on; when the
+        lane is empty, add COMPLETED."""
+        job = lane.current
+        lane.current = None
+        self._totals.tables_done += 1
+        if lane or job is None:
+            return notices
+        data = {
+            "tables": self._totals.tables,
+            "rows": self._totals.rows,
+            "chunks": self._totals.chunks,
+        }
+        done = Notice(N.COMPLETED, job.signal_id, job.kind, "", data)
+        self._settle()
+        return [*notices, done]
+
+    def _blocking_rows(
+        self, request: ChunkRequest, rows: list[dict[str, Any]]
+    ) -> list[ChangeEvent]:
+        """A blocking chunk: no window, every row is emitted right away."""
+        job, cursor = self._block.current, self._anchor
+        last = _last_key(rows, request.key_columns)
+        if job is None or cursor is None or (rows and last is None):
+            return []
+        result = WindowResult(rows, len(rows), last, True)
+        events = self._rows(job, rows, cursor)
+        return self._emit_blocking(events, self._chunk_done(self._block, request, result))
+
+    def _rows(
+        self, job: TableJob, rows: list[dict[str, Any]], cursor: PositionCursor
+    ) -> list[ChangeEvent]:
+        """Snapshot rows as ``op: r`` events at the cursor's next positions."""
+        if not rows:
+            return []
+        assert job.key_columns is not None
+        events = [
+            ChangeEvent(
+                op=Op.READ,
+                schema=job.schema_name,
+                table=job.table_name,
+                position=cursor.next(),
+                ts_ms=cursor.ts_ms,
+                key={c: row[c] for c in job.key_columns},
+                after=row,
+                snapshot=job.kind,
+            )
+            for row in rows
+        ]
+        self._horizon = events[-1].position
+        return events
+
+    def _settle(self) -> None:
+        """Reset run counters and flags once nothing is left to do."""
+        if not self._incr:
+            self._paused = False
+        if not self.active:
+            self._totals = _Totals()
+
+    def _drop_pending(self) -> None:
+        self._pending = None
+        self._window = None
+
+    def _advance(self, position: Position) -> None:
+        if self._horizon is None or self._horizon < position:
+            self._horizon = position
+
+    # -- state ---------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any] | None:
+        """JSON-serializable progress, to persist with the checkpoint (None when idle).
+        In-flight work is not included: after a restart it is planned again."""
+        if not self.active and not self._notices:
+            return None
+        return {
+            "version": STATE_VERSION,
+            "paused": self._paused,
+            "chunk_size": self._chunk_size,
+            "incremental": self._incr.to_json(),
+            "blocking": self._block.to_json(),
+            "totals": {
+                "tables": self._totals.tables,
+                "tables_done": self._totals.tables_done,
+                "chunks": self._totals.chunks,
+                "rows": self._totals.rows,
+            },
+            "notices": [n.to_json() for n in self._notices],
+            "horizon": None if self._horizon is None else encode_position(self._horizon),
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        version = state.get("version")
+        if version != STATE_VERSION:
+            raise ValueError(f"snapshot state version {version!r} is not {STATE_VERSION}")
+        self._paused = bool(state.get("paused", False))
+        self._chunk_size = self._settings.clamp(int(state.get("chunk_size", self._chunk_size)))
+        self._incr = Lane.from_json(state.get("incremental"))
+        self._block = Lane.from_json(state.get("blocking"))
+        totals = state.get("totals") or {}
+        self._totals = _Totals(**{k: int(v) for k, v in totals.items()})
+        self._notices = [Notice.from_json(n) for n in state.get("notices", [])]
+        horizon = state.get("horizon")
+        self._horizon = None if horizon is None else decode_position(horizon)
+
+    def status(self) -> dict[str, Any]:
+        """Progress for ``dblog status``: tables queued, current table, chunks, rows,
+        percent (an estimate, see ``_percent``), paused, blocking."""
+        current = self._block.current or self._incr.current
+        return {
+            "active": self.active,
+            "paused": self._paused,
+            "blocking": self.blocking,
+            "current": None if current is None else _job_status(current),
+            "queued": [j.table for j in self._block.queue] + [j.table for j in self._incr.queue],
+            "tables_total": self._totals.tables,
+            "tables_done": self._totals.tables_done,
+            "chunks_done": self._totals.chunks,
+            "rows": self._totals.rows,
+            "percent": self._percent(),
+            "chunk_size": self._chunk_size,
+        }
+
+    def _brief(self) -> dict[str, Any]:
+        return {"data_collections": self._incr.tables(), "percent": self._percent()}
+
+    def _percent(self) -> float:
+        """``(tables done + share of the current table) / tables``, the share being
+        ``last_key / max_key`` for a single numeric key, else 0."""
+        total = self._totals.tables
+        if total <= 0:
+            return 0.0
+        current = self._block.current or self._incr.current
+        share = current.fraction() if current is not None else 0.0
+        return round(100.0 * min(1.0, (self._totals.tables_done + share) / total), 1)
+
+
+def _start_problem(job: TableJob, answer: _StartAnswer) -> str | None:
+    if answer.error is not None:
+        return answer.error
+    if answer.info is None:
+        return f"table {job.table} does not exist (any more)"
+    if not answer.info.key:
+        return (
+            f"table {job.table} has no primary key; "
+            'give a "surrogate-key" column in the execute-snapshot signal'
+        )
+    return None
+
+
+def _last_key(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> RawKey | None:
+    if not rows:
+        return None
+    try:
+        return tuple(rows[-1][c] for c in columns)
+    except KeyError:
+        return None
+
+
+def _json_key(key: RawKey | None) -> list[Any] | None:
+    return None if key is None else list(key)
+
+
+def _job_status(job: TableJob) -> dict[str, Any]:
+    return {
+        "table": job.table,
+        "kind": job.kind.value,
+        "signal_id": job.signal_id,
+        "started": job.started,
+        "last_key": _json_key(job.last_key),
+        "max_key": _json_key(job.max_key),
+        "chunks": job.chunks,
+        "rows": job.rows,
+    }

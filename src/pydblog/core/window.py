@@ -1,0 +1,101 @@
+"""The DBLog window of one chunk: which chunk rows are still newer than the log at H.
+
+Timeline of one chunk (L and H are watermarks, T the moment the SELECT's snapshot was
+taken; the worker commits L, runs the SELECT, hands the rows over, then commits H)::
+
+    stream:   ... e1 ... [L] ... e2 ... (T) ... e3 ... [H] ... e4 ...
+    chunk:                              rows as of T
+
+- e1 (before L) is older than T: the chunk row already includes it.
+- e2 and e3 (between L and H) may be older or newer than T; either way the log event
+  is at least as new as the row, so the row's key is dropped from the chunk.
+- e4 (after H) is newer than T and is placed after the rows, which are emitted at H.
+
+So the rows emitted at H are ``rows - {keys of table events between L and H}`` (all of
+them dropped after a truncate of the table between L and H). Events may arrive before
+or after the rows (the SELECT runs concurrently with the stream); both orders give the
+same answer because drops are remembered as a set of keys until the window closes.
+Memory: the rows (at most one chunk) plus one key per table event in the window.
+
+If a table event's chunk key cannot be determined (see ``keys.event_keys``) the window
+is *inconclusive*: nothing is emitted at H and the same chunk is read again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydblog.core.keys import MatchKey, RawKey, event_keys, match_key, row_key
+from pydblog.events import ChangeEvent, Op
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    """What a window yields at H.
+
+    ``rows``: the chunk rows to emit, in key order. ``read``: how many rows the SELECT
+    returned. ``last_key``: the raw key of the last row *read* (progress moves there even
+    if that row was dropped), None for an empty chunk. ``conclusive``: False when the
+    window could not decide (nothing may be emitted and progress must not move).
+    """
+
+    rows: list[Row]
+    read: int
+    last_key: RawKey | None
+    conclusive: bool
+
+
+class ChunkWindow:
+    """Window state for one chunk of one table (mutable; owned by the core)."""
+
+    __slots__ = ("_dropped", "_inconclusive", "_rows", "_truncated", "columns", "schema", "table")
+
+    def __init__(self, schema: str, table: str, columns: Sequence[str]) -> None:
+        self.schema = schema
+        self.table = table
+        self.columns = tuple(columns)
+        self._rows: list[Row] | None = None
+        self._dropped: set[MatchKey] = set()
+        self._truncated = False
+        self._inconclusive = False
+
+    @property
+    def has_rows(self) -> bool:
+        return self._rows is not None
+
+    def set_rows(self, rows: list[Row]) -> None:
+        """The chunk as the SELECT returned it (key order)."""
+        self._rows = rows
+
+    def observe(self, event: ChangeEvent) -> None:
+        """A stream event between L and H. The caller has checked it is of this table."""
+        if event.op is Op.TRUNCATE:
+            self._truncated = True
+            return
+        keys = event_keys(event, self.columns)
+        if keys is None:
+            self._inconclusive = True
+            return
+        self._dropped.update(keys)
+
+    def close(self) -> WindowResult:
+        """The outcome at H; call once, after ``set_rows``."""
+        rows = self._rows
+        if rows is None or self._inconclusive:
+            return WindowResult([], 0 if rows is None else len(rows), None, False)
+        last = row_key(rows[-1], self.columns) if rows else None
+        if rows and last is None:
+            return WindowResult([], len(rows), None, False)
+        if self._truncated:
+            return WindowResult([], len(rows), last, True)
+        kept = [r for r in rows if _key(r, self.columns) not in self._dropped]
+        return WindowResult(kept, len(rows), last, True)
+
+
+def _key(row: Row, columns: tuple[str, ...]) -> MatchKey | None:
+    raw = row_key(row, columns)
+    return None if raw is None else match_key(raw)
