@@ -14,6 +14,8 @@ class CoreSettings:
     ``time_budget_ms``, halve it if it took more than ``time_budget_ms``, else keep it;
     always clamped to ``[min_chunk, max_chunk]``. A retriable read failure (e.g. a
     statement timeout) also halves it when adaptive.
+    ``max_attempts``: consecutive failures of one table's requests (of unknown kind)
+    before the table is dropped with a REJECTED notification.
     """
 
     chunk_size: int = 1024
@@ -21,6 +23,7 @@ class CoreSettings:
     time_budget_ms: float = 75.0
     min_chunk: int = 64
     max_chunk: int = 65536
+    max_attempts: int = 3
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
@@ -29,6 +32,8 @@ class CoreSettings:
             raise ValueError(
                 f"need 1 <= min_chunk <= max_chunk, got {self.min_chunk}, {self.max_chunk}"
             )
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, not {self.max_attempts}")
         if self.time_budget_ms <= 0:
             raise ValueError(f"time_budget_ms must be > 0, not {self.time_budget_ms}")
 

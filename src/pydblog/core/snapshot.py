@@ -114,6 +114,8 @@ class SnapshotCore:
         self._pending: _Pending | None = None
         self._window: ChunkWindow | None = None
         self._busy: str | None = None
+        self._mark: MarkRequest | None = None
+        self._failures = 0
         self._blocking_request: Request | None = None
         self._anchor: PositionCursor | None = None
         if state:
@@ -160,17 +162,27 @@ class SnapshotCore:
         notice = Notice(N.REJECTED, signal_id, SnapshotKind.INCREMENTAL, "", {"reason": error})
         return [notice.event(position, ts_ms)]
 
-    def start_initial(self, captured_tables: Sequence[str]) -> None:
-        """Snapshot mode "initial": queue every captured table (incremental). The STARTED
-        notification is logged at the first watermark."""
+    def start_initial(
+        self,
+        captured_tables: Sequence[str],
+        position: Position | None = None,
+        ts_ms: int | None = None,
+    ) -> list[ChangeEvent]:
+        """Snapshot mode "initial": queue every captured table (incremental).
+
+        Returns [] always: the STARTED notification waits for the first watermark (no
+        position the runner has is free). ``position`` only raises the core's horizon;
+        ``ts_ms`` is unused (kept so callers may pass it)."""
+        if position is not None:
+            self._advance(position)
         new = self._enqueue(
             [TableJob(t, INITIAL_SIGNAL_ID) for t in captured_tables if t not in self._queued()]
         )
         if new:
             data = {"data_collections": new, "snapshot_type": SnapshotKind.INCREMENTAL.value}
-            self._notices.append(
-                Notice(N.STARTED, INITIAL_SIGNAL_ID, SnapshotKind.INCREMENTAL, "", data)
-            )
+            kind = SnapshotKind.INCREMENTAL
+            self._notices.append(Notice(N.STARTED, INITIAL_SIGNAL_ID, kind, "", data))
+        return []
 
     def _execute(self, signal: Signal, captured: Sequence[str]) -> Notice:
         matched, unknown = match_tables(signal.data_collections, captured)
@@ -258,6 +270,7 @@ class SnapshotCore:
         job = None if self._paused else self._incr.head()
         if job is None:
             return self._next_mark()
+        self._mark = None
         request = self._plan(job, blocking=False)
         self._pending = _Pending(request)
         if isinstance(request, ChunkRequest):
@@ -275,12 +288,13 @@ class SnapshotCore:
         return request
 
     def _next_mark(self) -> MarkRequest | None:
-        if not self._notices:
+        """A watermark for notices waiting for a position, once (a mark the runner never
+        writes is superseded by the next request's watermarks, which place them too)."""
+        if not self._notices or self._mark is not None:
             return None
         rid = self._new_id("m")
-        request = MarkRequest(rid, f"{rid}:mark")
-        self._pending = _Pending(request)
-        return request
+        self._mark = MarkRequest(rid, f"{rid}:mark")
+        return self._mark
 
     def _plan(self, job: TableJob, *, blocking: bool) -> Request:
         rid = self._new_id("blk" if blocking else "inc")
@@ -357,17 +371,34 @@ class SnapshotCore:
         return []
 
     def on_request_failed(
-        self, request_id: str, error: str, retriable: bool = True
+        self,
+        request_id: str,
+        error: str,
+        position: Position | None = None,
+        ts_ms: int | None = None,
+        *,
+        retriable: bool | None = None,
     ) -> list[ChangeEvent]:
-        """A request failed. Retriable: it is planned again (a chunk with half the size
-        when adaptive). Not retriable: the table is dropped with a REJECTED notification
-        (placed at the next watermark; blocking: returned now)."""
+        """A request failed (at any step, also when its final watermark could not be
+        written after the answer was given).
+
+        ``retriable`` True: plan it again; False: drop the table with a REJECTED
+        notification; None (unknown): retry until ``settings.max_attempts`` consecutive
+        failures, then drop the table. A retried chunk is halved when adaptive.
+        Incremental: the REJECTED notification is placed at the next watermark (returns
+        []). Blocking: returned now. ``position``/``ts_ms`` only raise the horizon (no
+        position the runner has is free for a notification)."""
+        if position is not None:
+            self._advance(position)
         if self._busy == request_id:
             self._busy = None
+        if self._mark is not None and self._mark.id == request_id:
+            self._mark = None
+            return []
         pending = self._pending
         if pending is not None and pending.request.id == request_id:
             self._drop_pending()
-            self._after_failure(self._incr, pending.request, error, retriable)
+            self._notices.extend(self._after_failure(self._incr, pending.request, error, retriable))
             return []
         if self._blocking_request is not None and self._blocking_request.id == request_id:
             request, self._blocking_request = self._blocking_request, None
@@ -376,19 +407,18 @@ class SnapshotCore:
         return []
 
     def _after_failure(
-        self, lane: Lane, request: Request, error: str, retriable: bool
+        self, lane: Lane, request: Request, error: str, retriable: bool | None
     ) -> list[Notice]:
-        if isinstance(request, ChunkRequest) and retriable:
+        self._failures += 1
+        if isinstance(request, ChunkRequest):
             self._chunk_size = shrink(self._settings, self._chunk_size)
-        if retriable or isinstance(request, MarkRequest) or lane.current is None:
+        give_up = self._failures >= self._settings.max_attempts
+        if retriable or (retriable is None and not give_up) or lane.current is None:
             return []
         job = lane.current
-        notice = Notice(N.REJECTED, job.signal_id, job.kind, job.table, {"reason": error})
-        finished = self._finish_table(lane, [notice])
-        if lane is self._incr:
-            self._notices.extend(finished)
-            return []
-        return finished
+        data = {"reason": error, "attempts": self._failures}
+        notice = Notice(N.REJECTED, job.signal_id, job.kind, job.table, data)
+        return self._finish_table(lane, [notice])
 
     def _answer(self, request_id: str) -> bool:
         """Clear the busy flag; False for an answer nobody waits for any more."""
@@ -419,6 +449,10 @@ class SnapshotCore:
         """A watermark came back through the stream. Returns what lands there: chunk rows
         (at H), then notifications. Unknown ids return []."""
         self._advance(position)
+        mark = self._mark
+        if mark is not None and watermark_id == mark.watermark:
+            self._mark = None
+            return self._place(PositionCursor(position, ts_ms), [])
         pending = self._pending
         if pending is None:
             return []
@@ -432,9 +466,6 @@ class SnapshotCore:
             return self._close_window(pending, request, cursor)
         if isinstance(request, TableStartRequest) and watermark_id == request.watermark:
             return self._apply_start(pending, cursor)
-        if isinstance(request, MarkRequest) and watermark_id == request.watermark:
-            self._pending = None
-            return self._place(cursor, [])
         return []
 
     def on_stream_paused(self, position: Position | None, ts_ms: int) -> None:
@@ -517,6 +548,7 @@ class SnapshotCore:
         job = lane.current
         if job is None or job.table != request.table or not result.conclusive:
             return []
+        self._failures = 0
         job = job.advance(result.last_key, len(result.rows))
         lane.current = job
         self._totals.chunks += 1
@@ -544,6 +576,7 @@ class SnapshotCore:
     def _finish_table(self, lane: Lane, notices: list[Notice]) -> list[Notice]:
         """The lane's current table is done (read, empty, rejected): move on; when the
         lane is empty, add COMPLETED."""
+        self._failures = 0
         job = lane.current
         lane.current = None
         self._totals.tables_done += 1
@@ -597,6 +630,8 @@ class SnapshotCore:
         """Reset run counters and flags once nothing is left to do."""
         if not self._incr:
             self._paused = False
+        if not self._block:
+            self._anchor = None
         if not self.active:
             self._totals = _Totals()
 
