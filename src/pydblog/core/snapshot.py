@@ -225,6 +225,8 @@ class SnapshotCore:
             self._blocking_request = None
         tables = [j.table for j in dropped]
         self._totals.tables_done += len(tables)
+        if not self._block:
+            self._anchor = None
         self._settle()
         kind = signal.snapshot_type
         if not tables:
@@ -630,8 +632,6 @@ class SnapshotCore:
         """Reset run counters and flags once nothing is left to do."""
         if not self._incr:
             self._paused = False
-        if not self._block:
-            self._anchor = None
         if not self.active:
             self._totals = _Totals()
 
