@@ -1,0 +1,571 @@
+"""The MySQL/MariaDB ``LogSource``: row events from the binlog, in commit order.
+
+Invariants:
+- Transactions arrive whole and in commit order (the binlog is written at commit). Each
+  captured row gets ``BinlogPosition(file, tx_start, index)``; the transaction's ``Commit``
+  is at ``index = number of captured rows`` (see ``position.py``).
+- ``open(checkpoint)`` restarts the dump at the start of the checkpoint's transaction and
+  this source drops every item at or below ``checkpoint.position``: nothing logged is
+  yielded again (the runner's own filter is then a no-op).
+- The library never reconnects on its own: a lost connection surfaces here and the dump is
+  restarted at the start of the open transaction, dropping what was already yielded.
+- ``stream()`` never blocks for long: the server sends a heartbeat every ``idle_s`` when it
+  has nothing to send (``Idle`` is yielded then), and ``Idle`` is also yielded when only
+  uncaptured events went by for ``idle_s``.
+- Transactions without captured rows produce no ``Commit``; their position is offered as a
+  ``Heartbeat`` at most every ``heartbeat_interval_s`` and when the server goes idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
+
+from pydblog.config import TableMatcher
+from pydblog.errors import SourceError, SourceUnavailable
+from pydblog.events import ChangeEvent, Op
+from pydblog.ports import (
+    Checkpoint,
+    ColumnSchema,
+    Commit,
+    Heartbeat,
+    Idle,
+    SchemaChanged,
+    TableSchema,
+)
+from pydblog.positions import Position
+from pydblog.sources.mysql import schema as schema_mod
+from pydblog.sources.mysql.connect import (
+    ER_MASTER_FATAL_READING_BINLOG,
+    UNAVAILABLE,
+    MySqlDsn,
+    classify,
+    connect,
+    errno,
+    is_mariadb,
+)
+from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
+from pydblog.sources.mysql.position import BinlogPosition, file_sequence
+from pydblog.sources.mysql.setup import (
+    OwnTables,
+    check_source,
+    ensure_own_tables,
+    tables_without_key,
+)
+from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
+
+log = logging.getLogger(__name__)
+
+MAX_RECONNECT_S = 30.0
+
+
+class _Reconnect(Exception):
+    """The library tried to reconnect by itself (from a position we do not trust)."""
+
+
+class _OneConnection:
+    """``pymysql_wrapper`` for one ``BinLogStreamReader``: one stream and one control
+    connection, never a silent second one."""
+
+    def __init__(self) -> None:
+        self.opened: set[str] = set()
+
+    def __call__(self, **kwargs: Any) -> Any:
+        role = "ctl" if kwargs.get("db") == "information_schema" else "stream"
+        if role in self.opened:
+            raise _Reconnect(role)
+        self.opened.add(role)
+        return pymysql.connect(**kwargs)
+
+
+@dataclass(slots=True)
+class _Tx:
+    """The transaction being read."""
+
+    file: str
+    start: int
+    gtid: str | None
+    explicit: bool  # inside BEGIN..COMMIT (or a MariaDB non-standalone GTID group)
+    ts_ms: int
+    count: int = 0
+    ddl_tables: list[tuple[str, str]] = field(default_factory=list)
+
+    def position(self, index: int) -> BinlogPosition:
+        return BinlogPosition(self.file, self.start, index, self.gtid)
+
+
+@dataclass(slots=True)
+class _Mapper:
+    table: Any  # the library's Table of the TABLE_MAP this mapper was built for
+    rows: BinlogRowMapper
+    key: tuple[str, ...]
+    kind: str  # "captured" | "own" | "skip"
+    label: tuple[str, str]  # (schema, table) put on the events
+    table_schema: TableSchema | None
+
+
+class MySqlLogSource:
+    """Reads one server's binlog for one database (see the module docstring)."""
+
+    connector = "mysql"
+
+    def __init__(
+        self,
+        dsn: MySqlDsn,
+        *,
+        server_id: int,
+        matcher: TableMatcher,
+        own: OwnTables,
+        heartbeat_interval_s: float = 10.0,
+        connect_timeout_s: float = 10.0,
+        idle_s: float = 0.2,
+    ) -> None:
+        self.dsn = dsn
+        self.db = dsn.database
+        self.server_id = server_id
+        self.matcher = matcher
+        self.own = own
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.connect_timeout_s = connect_timeout_s
+        self.idle_s = idle_s
+        self.mariadb = False
+        self._ctl: Any = None
+        self._ctl_lock = threading.Lock()
+        self._reader: Any = None
+        self._file = ""
+        self._last_end = 4
+        self._tx: _Tx | None = None
+        self._skip_upto: BinlogPosition | None = None
+        self._last_yielded: BinlogPosition | None = None
+        self._last_done: BinlogPosition | None = None  # the last finished transaction
+        self._last_hb: BinlogPosition | None = None
+        self._last_hb_time = 0.0
+        self._mappers: dict[int, _Mapper] = {}
+        self._json_cols: dict[tuple[str, str], frozenset[str]] = {}
+        self._nullable: dict[int, bytes] = {}
+        self._schemas: dict[tuple[str, str], TableSchema] = {}  # as last yielded
+
+    # -- LogSource ---------------------------------------------------------------------
+    def open(self, checkpoint: Checkpoint | None) -> None:
+        self._ctl = connect(self.dsn, timeout_s=self.connect_timeout_s)
+        self.mariadb = is_mariadb(self._ctl)
+        check_source(self._ctl, self.dsn)
+        ensure_own_tables(self._ctl, self.dsn, self.own)
+        self._warn_keyless()
+        pos = checkpoint.position if checkpoint is not None else None
+        if pos is not None and not isinstance(pos, BinlogPosition):
+            raise SourceError(
+                f"the change log's position {pos!r} is not a MySQL binlog position",
+                hint="this log directory was written by another source type; use a fresh [log] path",
+            )
+        if pos is None:
+            file, offset = self._master_status()
+        else:
+            self._require_file(pos)
+            file, offset = pos.file, max(pos.pos, 4)
+            self._skip_upto = pos
+            self._last_done = pos
+        self._start_dump(file, offset)
+
+    def stream(self) -> Iterator[Any]:
+        last_yield = time.monotonic()
+        while True:
+            event = self._fetch()
+            for item in self._handle(event):
+                if self._drop(item):
+                    continue
+                last_yield = time.monotonic()
+                yield item
+            if time.monotonic() - last_yield >= self.idle_s:
+                last_yield = time.monotonic()
+                yield Idle()
+
+    def ack(self, position: Position) -> None:
+        """MySQL has no server-side acknowledgement: the runner's state store keeps the
+        position, and a restart resumes from it."""
+
+    def lag_bytes(self) -> int | None:
+        """Bytes of binlog written after the last event read (summed over files)."""
+        if self._ctl is None or not self._file:
+            return None
+        try:
+            with self._ctl_lock, self._ctl.cursor() as cur:
+                cur.execute("SHOW BINARY LOGS")
+                logs = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
+        except pymysql.Error:
+            return None
+        here = file_sequence(self._file)
+        lag = 0
+        for name, size in logs:
+            seq = file_sequence(name)
+            if seq == here:
+                lag += max(0, size - self._last_end)
+            elif seq > here:
+                lag += size
+        return lag
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._ctl is not None:
+            with contextlib.suppress(pymysql.Error):
+                self._ctl.close()
+            self._ctl = None
+
+    # -- extras for the runner -----------------------------------------------------------
+    def table_schema(self, schema: str, table: str) -> TableSchema | None:
+        """The table's current columns and key (for the change log's schema records)."""
+        with self._ctl_lock, self._ctl.cursor() as cur:
+            return schema_mod.table_schema(cur, schema, table, self.mariadb)
+
+    # -- connection ----------------------------------------------------------------------
+    def _master_status(self) -> tuple[str, int]:
+        with self._ctl_lock, self._ctl.cursor() as cur:
+            cur.execute("SHOW MASTER STATUS")
+            row = cur.fetchone()
+        if row is None:
+            raise SourceError(
+                f"MySQL at {self.dsn.redacted} has no binary log",
+                hint="start the server with --log-bin",
+            )
+        return str(row[0]), int(row[1])
+
+    def _require_file(self, pos: BinlogPosition) -> None:
+        with self._ctl_lock, self._ctl.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            names = {str(r[0]) for r in cur.fetchall()}
+        if pos.file not in names:
+            gtid = f" (GTID {pos.gtid})" if pos.gtid else ""
+            raise SourceError(
+                f"binlog file {pos.file} holding the last logged position {pos}{gtid} is no "
+                f"longer on the server at {self.dsn.redacted}: changes after it are lost",
+                hint="keep binlogs longer (binlog_expire_logs_seconds / expire_logs_days); "
+                "start with a fresh [log] path and snapshot the tables again",
+            )
+
+    def _start_dump(self, file: str, offset: int) -> None:
+        settings = self.dsn.settings(timeout_s=self.connect_timeout_s, database=False)
+        # A silent connection must not hang us: heartbeats come every idle_s.
+        settings["read_timeout"] = max(30, int(self.idle_s * 20))
+        self._reader = BinLogStreamReader(
+            connection_settings=settings,
+            server_id=self.server_id,
+            blocking=True,
+            resume_stream=True,
+            log_file=file,
+            log_pos=offset,
+            slave_heartbeat=self.idle_s,
+            filter_non_implemented_events=False,
+            pymysql_wrapper=_OneConnection(),
+            enable_logging=False,
+        )
+        self._file = file
+        self._last_end = offset
+        self._tx = None
+        self._mappers.clear()
+
+    def _fetch(self) -> Any:
+        deadline = time.monotonic() + MAX_RECONNECT_S
+        while True:
+            try:
+                event = self._reader.fetchone()
+                if event is not None:
+                    return event
+                problem: BaseException = SourceUnavailable("the server ended the binlog dump")
+            except _Reconnect as exc:
+                problem = exc
+            except pymysql.Error as exc:
+                if errno(exc) not in UNAVAILABLE and errno(exc) is not None:
+                    raise self._dump_error(exc) from None
+                problem = exc
+            if time.monotonic() > deadline:
+                raise SourceUnavailable(
+                    f"lost the binlog stream from MySQL at {self.dsn.redacted}: {problem}"
+                )
+            log.warning("binlog stream interrupted (%s); resuming", problem)
+            time.sleep(0.5)
+            self._restart()
+
+    def _dump_error(self, exc: pymysql.Error) -> SourceError:
+        if errno(exc) == ER_MASTER_FATAL_READING_BINLOG:
+            return SourceError(
+                f"MySQL at {self.dsn.redacted} cannot send the binlog from "
+                f"{self._file}:{self._last_end}: {exc.args[1] if len(exc.args) > 1 else exc}",
+                hint="the binlog may have been purged; start with a fresh [log] path and "
+                "snapshot the tables again",
+            )
+        return classify(exc, self.dsn, "reading the binlog")
+
+    def _restart(self) -> None:
+        """Reopen the dump at the start of the open transaction (or after the last one)."""
+        if self._reader is not None:
+            with contextlib.suppress(pymysql.Error):
+                self._reader.close()
+        if self._tx is not None:
+            file, offset = self._tx.file, self._tx.start
+        else:
+            file, offset = self._file, self._last_end
+        self._skip_upto = self._last_yielded
+        try:
+            self._start_dump(file, offset)
+        except pymysql.Error as exc:
+            log.warning("reconnect failed: %s", exc)
+
+    # -- events --------------------------------------------------------------------------
+    def _drop(self, item: Any) -> bool:
+        pos = getattr(item, "position", None)
+        if pos is None:
+            return False
+        if self._skip_upto is not None:
+            if pos <= self._skip_upto:
+                return True
+            self._skip_upto = None
+        if isinstance(pos, BinlogPosition):
+            self._last_yielded = pos
+        return False
+
+    def _handle(self, event: Any) -> Iterator[Any]:
+        end = int(getattr(event.packet, "log_pos", 0) or 0) if hasattr(event, "packet") else 0
+        start = self._last_end
+        if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+            yield from self._rows(event, start)
+        elif isinstance(event, MariadbGtidEvent):
+            standalone = bool(event.flags & 1)
+            self._tx = _Tx(self._file, start, event.gtid, not standalone, event.timestamp * 1000)
+        elif isinstance(event, GtidEvent):
+            self._tx = _Tx(self._file, start, event.gtid, False, event.timestamp * 1000)
+        elif isinstance(event, XidEvent):
+            yield from self._end_tx(event.timestamp * 1000)
+        elif isinstance(event, QueryEvent):
+            yield from self._query(event, start)
+        elif isinstance(event, RotateEvent):
+            self._file = event.next_binlog
+            self._last_end = event.position
+            self._mappers.clear()
+            return
+        elif isinstance(event, TableMapEvent):
+            self._nullable[event.table_id] = bytes(event.null_bitmask)
+        elif isinstance(event, HeartbeatLogEvent):
+            if self._tx is None:
+                yield from self._heartbeat(force=True)
+            yield Idle()
+        if end > 0 and not isinstance(event, HeartbeatLogEvent):
+            self._last_end = end
+
+    def _begin_if_needed(self, start: int, ts_ms: int) -> _Tx:
+        if self._tx is None:
+            self._tx = _Tx(self._file, start, None, False, ts_ms)
+        return self._tx
+
+    def _query(self, event: Any, start: int) -> Iterator[Any]:
+        query = str(event.query).strip()
+        head = query[:10].upper()
+        ts_ms = event.timestamp * 1000
+        if head.startswith("BEGIN") or head.startswith("XA START"):
+            self._begin_if_needed(start, ts_ms).explicit = True
+            return
+        if head.startswith("COMMIT") or head.startswith("ROLLBACK") or head.startswith("XA END"):
+            yield from self._end_tx(ts_ms)
+            return
+        tx = self._begin_if_needed(start, ts_ms)
+        default_db = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
+        ddl = parse_ddl(query, default_db)
+        if ddl is not None:
+            yield from self._ddl(tx, ddl.kind, ddl.tables, ts_ms)
+        if not tx.explicit:
+            yield from self._end_tx(ts_ms)
+
+    def _ddl(
+        self, tx: _Tx, kind: DdlKind, tables: tuple[tuple[str, str], ...], ts_ms: int
+    ) -> Iterator[Any]:
+        for db, table in tables:
+            self._json_cols.pop((db, table), None)
+            if not self._captured(db, table):
+                continue
+            if kind == DdlKind.TRUNCATE:
+                yield ChangeEvent(Op.TRUNCATE, db, table, tx.position(tx.count), ts_ms)
+                tx.count += 1
+        # The next TABLE_MAP of a changed table carries its new columns; SchemaChanged
+        # is yielded then, before its first row event.
+        self._mappers.clear()
+
+    def _end_tx(self, ts_ms: int) -> Iterator[Any]:
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return
+        done = tx.position(tx.count)
+        self._last_done = done
+        if tx.count:
+            yield Commit(done, ts_ms)
+            self._last_hb = done
+            self._last_hb_time = time.monotonic()
+        else:
+            yield from self._heartbeat(force=False)
+
+    def _heartbeat(self, *, force: bool) -> Iterator[Any]:
+        done = self._last_done
+        if done is None or (self._last_hb is not None and done <= self._last_hb):
+            return
+        now = time.monotonic()
+        if force or now - self._last_hb_time >= self.heartbeat_interval_s:
+            self._last_hb = done
+            self._last_hb_time = now
+            yield Heartbeat(done)
+
+    # -- rows ----------------------------------------------------------------------------
+    def _captured(self, db: str, table: str) -> bool:
+        qualified = f"{db}.{table}"
+        return db == self.db and qualified not in self.own.qualified and self.matcher(qualified)
+
+    def _mapper(self, event: Any) -> _Mapper:
+        table = event.table_map[event.table_id]
+        cached = self._mappers.get(event.table_id)
+        if cached is not None and cached.table is table:
+            return cached
+        db, name = event.schema, event.table
+        label = (db, name)
+        if db != self.db:
+            kind = "skip"
+        elif (db, name) == self.own.signal:
+            kind, label = "own", self.own.signal_label
+        elif (db, name) == self.own.watermark:
+            kind, label = "own", self.own.watermark_label
+        else:
+            kind = "captured" if self.matcher(f"{db}.{name}") else "skip"
+        json_cols: frozenset[str] = frozenset()
+        if kind != "skip" and self.mariadb:
+            json_cols = self._json_columns(db, name)
+        pk = table.primary_key
+        key = (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
+        ts = None
+        if kind == "captured":
+            ts = self._binlog_schema(event.table_id, db, name, table.columns, json_cols, key)
+        mapper = _Mapper(
+            table, BinlogRowMapper.build(table.columns, json_cols), key, kind, label, ts
+        )
+        self._mappers[event.table_id] = mapper
+        return mapper
+
+    def _binlog_schema(
+        self,
+        table_id: int,
+        db: str,
+        name: str,
+        columns: list[Any],
+        json_cols: frozenset[str],
+        key: tuple[str, ...],
+    ) -> TableSchema:
+        nulls = self._nullable.get(table_id, b"")
+        cols = []
+        for i, col in enumerate(columns):
+            sql_type, logical = binlog_column_type(col, col.name in json_cols)
+            nullable = bool(nulls[i // 8] & (1 << (i % 8))) if i // 8 < len(nulls) else True
+            cols.append(ColumnSchema(col.name, sql_type, logical, nullable))
+        return TableSchema(db, name, tuple(cols), key)
+
+    def _json_columns(self, db: str, table: str) -> frozenset[str]:
+        found = self._json_cols.get((db, table))
+        if found is None:
+            with self._ctl_lock, self._ctl.cursor() as cur:
+                found = schema_mod.json_columns(cur, db, table, self.mariadb)
+            self._json_cols[(db, table)] = found
+        return found
+
+    def _rows(self, event: Any, start: int) -> Iterator[Any]:
+        if event.table_id not in event.table_map:
+            return
+        mapper = self._mapper(event)
+        if mapper.kind == "skip":
+            return
+        ts = mapper.table_schema
+        if ts is not None and self._schemas.get(mapper.label) != ts:
+            self._schemas[mapper.label] = ts
+            yield SchemaChanged(ts)
+        tx = self._begin_if_needed(start, event.timestamp * 1000)
+        ts_ms = event.timestamp * 1000
+        (db, name), key = mapper.label, mapper.key
+        rows = mapper.rows
+        if isinstance(event, WriteRowsEvent):
+            for r in event.rows:
+                after = rows.map(r["values"], r["none_sources"])
+                yield ChangeEvent(
+                    Op.CREATE,
+                    db,
+                    name,
+                    tx.position(tx.count),
+                    ts_ms,
+                    {k: after[k] for k in key} if key else None,
+                    None,
+                    after,
+                )
+                tx.count += 1
+        elif isinstance(event, DeleteRowsEvent):
+            for r in event.rows:
+                before = rows.map(r["values"], r["none_sources"])
+                yield ChangeEvent(
+                    Op.DELETE,
+                    db,
+                    name,
+                    tx.position(tx.count),
+                    ts_ms,
+                    {k: before[k] for k in key} if key else None,
+                    before,
+                    None,
+                )
+                tx.count += 1
+        else:
+            for r in event.rows:
+                before = rows.map(r["before_values"], r["before_none_sources"])
+                after = rows.map(r["after_values"], r["after_none_sources"])
+                new_key = {k: after[k] for k in key} if key else None
+                old_key = {k: before[k] for k in key} if key else None
+                if old_key != new_key:
+                    # A key change is a delete of the old key and a create of the new one.
+                    yield ChangeEvent(
+                        Op.DELETE, db, name, tx.position(tx.count), ts_ms, old_key, before, None
+                    )
+                    tx.count += 1
+                    yield ChangeEvent(
+                        Op.CREATE, db, name, tx.position(tx.count), ts_ms, new_key, None, after
+                    )
+                else:
+                    yield ChangeEvent(
+                        Op.UPDATE, db, name, tx.position(tx.count), ts_ms, new_key, before, after
+                    )
+                tx.count += 1
+
+    def _warn_keyless(self) -> None:
+        with self._ctl_lock, self._ctl.cursor() as cur:
+            names = [
+                t for t in schema_mod.list_tables(cur, self.db) if self.matcher(f"{self.db}.{t}")
+            ]
+        for t in tables_without_key(self._ctl, self.db, names):
+            log.warning(
+                "table %s.%s has no primary key: its events carry key=null and a snapshot "
+                "needs a surrogate key; add a primary key to capture it fully",
+                self.db,
+                t,
+            )

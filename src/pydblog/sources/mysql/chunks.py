@@ -1,0 +1,357 @@
+"""The MySQL/MariaDB ``SnapshotReader``: keyset chunks and watermark writes.
+
+Invariants:
+- Every SELECT runs in ``START TRANSACTION READ ONLY`` with a statement timeout (MariaDB
+  ``SET STATEMENT max_statement_time=… FOR``, MySQL ``MAX_EXECUTION_TIME`` hint); filters
+  are applied inside that transaction, so they cannot write.
+- Chunk rows are mapped exactly as the binlog path maps them (``types.SelectMapper``), and
+  key values handed back as bounds are mapped back to SQL parameters (``types.key_param``).
+- Keyset order is the index order with NULLs first (MySQL's). Rows whose (single-column,
+  surrogate) key is NULL are all returned by the first chunk (``after is None``), whatever
+  ``limit`` says: a keyset cannot page inside a run of equal NULL keys.
+- ``write_watermark`` commits on its own (autocommit) and arrives in the binlog as an
+  UPDATE of the watermark table's one row (``id = 1``), new value in ``after["value"]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import pymysql
+
+from pydblog.config import TableMatcher
+from pydblog.errors import SignalError, SourceUnavailable
+from pydblog.ports import TableInfo, TableSchema
+from pydblog.sources.mysql import schema as schema_mod
+from pydblog.sources.mysql.connect import (
+    ER_BAD_FIELD,
+    ER_PARSE_ERROR,
+    ER_QUERY_TIMEOUT_MYSQL,
+    ER_READ_ONLY_TRANSACTION,
+    ER_STATEMENT_TIMEOUT_MARIADB,
+    UNAVAILABLE,
+    MySqlDsn,
+    classify,
+    connect,
+    detail,
+    errno,
+    is_mariadb,
+)
+from pydblog.sources.mysql.setup import OwnTables
+from pydblog.sources.mysql.types import ColumnType, SelectMapper, key_param, quote_ident
+
+TIMEOUTS = {ER_STATEMENT_TIMEOUT_MARIADB, ER_QUERY_TIMEOUT_MYSQL}
+
+
+class _Table:
+    """A table's SELECT mapping and its key columns' types (cached per table and key)."""
+
+    def __init__(self, info: TableInfo, cols: Sequence[ColumnType]) -> None:
+        by_name = {c.name: c for c in cols}
+        self.info = info
+        self.mapper = SelectMapper.build(cols)
+        self.key_cols = [by_name[k] for k in info.key]
+        self.name = f"{quote_ident(info.schema)}.{quote_ident(info.table)}"
+
+
+class MySqlSnapshotReader:
+    """Chunk reads and watermark writes on their own connection (see module docstring)."""
+
+    def __init__(
+        self,
+        dsn: MySqlDsn,
+        *,
+        matcher: TableMatcher,
+        own: OwnTables,
+        statement_timeout_ms: int = 60_000,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self.dsn = dsn
+        self.db = dsn.database
+        self.matcher = matcher
+        self.own = own
+        self.statement_timeout_ms = statement_timeout_ms
+        self.connect_timeout_s = connect_timeout_s
+        self._conn: Any = None
+        self._mariadb = True
+        self._lock = threading.Lock()
+        self._tables: dict[tuple[str, tuple[str, ...]], _Table] = {}
+
+    # -- connection ------------------------------------------------------------------------
+    def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = connect(self.dsn, timeout_s=self.connect_timeout_s)
+            self._mariadb = is_mariadb(self._conn)
+        return self._conn
+
+    def _reset(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(pymysql.Error):
+                self._conn.close()
+        self._conn = None
+
+    def _timed(self, sql: str) -> str:
+        if self._mariadb:
+            return (
+                f"SET STATEMENT max_statement_time={self.statement_timeout_ms / 1000:.3f} FOR {sql}"
+            )
+        return sql.replace(
+            "SELECT ", f"SELECT /*+ MAX_EXECUTION_TIME({self.statement_timeout_ms}) */ ", 1
+        )
+
+    def _read_only(self, sql: str, params: Sequence[Any], *, doing: str) -> list[tuple[Any, ...]]:
+        """Run one SELECT in a READ ONLY transaction with the statement timeout."""
+        for attempt in (1, 2):
+            with self._lock:
+                conn = self._connection()
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute("START TRANSACTION READ ONLY")
+                        try:
+                            cur.execute(self._timed(sql), tuple(params))
+                            rows = list(cur.fetchall())
+                        finally:
+                            conn.rollback()
+                    return rows
+                except pymysql.Error as exc:
+                    code = errno(exc)
+                    if code in UNAVAILABLE and attempt == 1:
+                        self._reset()
+                        continue
+                    if code in UNAVAILABLE:
+                        self._reset()
+                    raise self._error(exc, doing) from None
+        raise AssertionError("unreachable")
+
+    def _error(self, exc: pymysql.Error, doing: str) -> Exception:
+        code = errno(exc)
+        if code in TIMEOUTS:
+            return SourceUnavailable(
+                f"{doing} exceeded the statement timeout ({self.statement_timeout_ms} ms)",
+                hint="raise [snapshot] statement_timeout_ms or lower chunk_size",
+            )
+        return classify(exc, self.dsn, doing)
+
+    # -- SnapshotReader ----------------------------------------------------------------------
+    def captured_tables(self) -> list[str]:
+        with self._lock, self._connection().cursor() as cur:
+            names = schema_mod.list_tables(cur, self.db)
+        return [
+            f"{self.db}.{t}"
+            for t in names
+            if self.matcher(f"{self.db}.{t}") and f"{self.db}.{t}" not in self.own.qualified
+        ]
+
+    def table_info(self, qualified: str, surrogate_key: str | None = None) -> TableInfo | None:
+        """Columns, types and key of ``database.table`` (None if it does not exist).
+
+        ``key`` is the primary key, or ``(surrogate_key,)`` when given (``SignalError`` if
+        that is not a column); ``()`` for a table without either."""
+        db, _, table = qualified.rpartition(".")
+        db = db or self.db
+        with self._lock:
+            try:
+                with self._connection().cursor() as cur:
+                    cols = schema_mod.table_columns(cur, db, table, self._mariadb)
+                    pk = schema_mod.primary_key(cur, db, table) if cols else ()
+            except pymysql.Error as exc:
+                raise self._error(exc, f"reading the definition of {qualified}") from None
+        if not cols:
+            return None
+        names = tuple(c.name for c in cols)
+        if surrogate_key is not None:
+            if surrogate_key not in names:
+                raise SignalError(
+                    f"surrogate-key {surrogate_key!r} is not a column of {qualified} "
+                    f"(columns: {', '.join(names)})"
+                )
+            pk = (surrogate_key,)
+        info = TableInfo(db, table, names, tuple(c.column_type for c in cols), pk)
+        self._tables[(info.qualified, info.key)] = _Table(info, cols)
+        return info
+
+    def table_schema(self, qualified: str) -> TableSchema | None:
+        db, _, table = qualified.rpartition(".")
+        with self._lock, self._connection().cursor() as cur:
+            return schema_mod.table_schema(cur, db or self.db, table, self._mariadb)
+
+    def _table(self, info: TableInfo) -> _Table:
+        """The cached mapping for ``info`` (reloaded when the table's columns changed)."""
+        cached = self._tables.get((info.qualified, info.key))
+        if cached is not None and cached.info == info:
+            return cached
+        with self._lock:
+            try:
+                with self._connection().cursor() as cur:
+                    cols = schema_mod.table_columns(cur, info.schema, info.table, self._mariadb)
+            except pymysql.Error as exc:
+                raise self._error(exc, f"reading the definition of {info.qualified}") from None
+        names = {c.name for c in cols}
+        if not cols or any(k not in names for k in info.key):
+            raise SignalError(f"table {info.qualified} or its key columns no longer exist")
+        table = _Table(info, cols)
+        self._tables[(info.qualified, info.key)] = table
+        return table
+
+    def check_filter(self, info: TableInfo, condition: str) -> None:
+        """Validate ``condition`` with EXPLAIN in a read-only transaction."""
+        t = self._table(info)
+        sql = f"EXPLAIN SELECT 1 FROM {t.name} WHERE ({condition})"
+        try:
+            with self._lock:
+                conn = self._connection()
+                with conn.cursor() as cur:
+                    cur.execute("START TRANSACTION READ ONLY")
+                    try:
+                        cur.execute(sql)
+                        cur.fetchall()
+                    finally:
+                        conn.rollback()
+        except pymysql.Error as exc:
+            code = errno(exc)
+            if code in UNAVAILABLE:
+                self._reset()
+                raise self._error(exc, "checking a snapshot filter") from None
+            what = {
+                ER_PARSE_ERROR: "does not parse",
+                ER_BAD_FIELD: "names an unknown column",
+                ER_READ_ONLY_TRANSACTION: "tries to write",
+            }.get(code or 0, "is rejected by the server")
+            raise SignalError(
+                f"filter {condition!r} on {info.qualified} {what}: {detail(exc)}"
+            ) from None
+
+    def max_key(self, info: TableInfo, condition: str | None) -> tuple[Any, ...] | None:
+        t = self._table(info)
+        if not t.key_cols:
+            raise SignalError(f"table {info.qualified} has no primary key: give a surrogate-key")
+        keys = ", ".join(t.mapper.exprs[t.mapper.columns.index(k)] for k in info.key)
+        order = ", ".join(f"{quote_ident(k)} DESC" for k in info.key)
+        where = f" WHERE ({condition})" if condition else ""
+        sql = f"SELECT {keys} FROM {t.name}{where} ORDER BY {order} LIMIT 1"
+        rows = self._read_only(sql, (), doing=f"reading the max key of {info.qualified}")
+        if not rows:
+            return None
+        mapped = SelectMapper(
+            tuple(info.key),
+            tuple(t.mapper.exprs[t.mapper.columns.index(k)] for k in info.key),
+            tuple(t.mapper.convs[t.mapper.columns.index(k)] for k in info.key),
+        ).map(rows[0])
+        return tuple(mapped[k] for k in info.key)
+
+    def read_chunk(
+        self,
+        info: TableInfo,
+        after: tuple[Any, ...] | None,
+        max_key: tuple[Any, ...],
+        limit: int,
+        condition: str | None,
+    ) -> list[dict[str, Any]]:
+        t = self._table(info)
+        if not t.key_cols:
+            raise SignalError(f"table {info.qualified} has no primary key: give a surrogate-key")
+        params: list[Any] = []
+        where: list[str] = []
+        if after is None and len(t.key_cols) == 1 and t.key_cols[0].nullable:
+            nulls = self._select(
+                t, f"{quote_ident(t.key_cols[0].name)} IS NULL", [], condition, None, info
+            )
+            if nulls:
+                return nulls
+        if after is not None:
+            where.append(_compare(t.key_cols, after, strict=True, greater=True, params=params))
+        where.append(_compare(t.key_cols, max_key, strict=False, greater=False, params=params))
+        return self._select(t, " AND ".join(where), params, condition, limit, info)
+
+    def _select(
+        self,
+        t: _Table,
+        where: str,
+        params: list[Any],
+        condition: str | None,
+        limit: int | None,
+        info: TableInfo,
+    ) -> list[dict[str, Any]]:
+        if condition:
+            where = f"({where}) AND ({condition})"
+        order = ", ".join(quote_ident(k) for k in info.key)
+        sql = f"SELECT {t.mapper.select_list} FROM {t.name} WHERE {where} ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        rows = self._read_only(sql, params, doing=f"reading a chunk of {info.qualified}")
+        return [t.mapper.map(r) for r in rows]
+
+    def write_watermark(self, watermark_id: str) -> None:
+        db, table = self.own.watermark
+        sql = f"UPDATE {quote_ident(db)}.{quote_ident(table)} SET value = %s WHERE id = 1"
+        for attempt in (1, 2):
+            with self._lock:
+                try:
+                    conn = self._connection()
+                    with conn.cursor() as cur:
+                        cur.execute(sql, (watermark_id,))
+                        if cur.rowcount == 0:
+                            cur.execute(
+                                f"INSERT INTO {quote_ident(db)}.{quote_ident(table)} (id, value) "
+                                "VALUES (1, %s) ON DUPLICATE KEY UPDATE value = VALUES(value)",
+                                (watermark_id,),
+                            )
+                    conn.commit()
+                    return
+                except pymysql.Error as exc:
+                    if errno(exc) in UNAVAILABLE and attempt == 1:
+                        self._reset()
+                        continue
+                    raise self._error(exc, "writing a watermark") from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()
+
+
+def _compare(
+    cols: Sequence[ColumnType],
+    values: Sequence[Any],
+    *,
+    strict: bool,
+    greater: bool,
+    params: list[Any],
+) -> str:
+    """Row comparison ``(k1, k2, …) > / <= (v1, v2, …)`` expanded into ORs of equalities
+    (index friendly on MariaDB too), with NULL ordered before every value."""
+    disjuncts: list[str] = []
+    for i, col in enumerate(cols):
+        parts: list[str] = []
+        for c, v in zip(cols[:i], values[:i], strict=True):
+            parts.append(_eq(c, v, params))
+        last = i == len(cols) - 1
+        op_strict = strict or not last
+        parts.append(_order(col, values[i], greater=greater, strict=op_strict, params=params))
+        disjuncts.append("(" + " AND ".join(parts) + ")")
+    return "(" + " OR ".join(disjuncts) + ")"
+
+
+def _eq(col: ColumnType, value: Any, params: list[Any]) -> str:
+    q = quote_ident(col.name)
+    if value is None:
+        return f"{q} IS NULL"
+    ph, p = key_param(col, value)
+    params.append(p)
+    return f"{q} = {ph}"
+
+
+def _order(col: ColumnType, value: Any, *, greater: bool, strict: bool, params: list[Any]) -> str:
+    q = quote_ident(col.name)
+    if value is None:  # NULL sorts first
+        if greater:
+            return f"{q} IS NOT NULL" if strict else "TRUE"
+        return "FALSE" if strict else f"{q} IS NULL"
+    ph, p = key_param(col, value)
+    params.append(p)
+    if greater:
+        return f"{q} {'>' if strict else '>='} {ph}"
+    cmp = f"{q} {'<' if strict else '<='} {ph}"
+    return f"({q} IS NULL OR {cmp})" if col.nullable else cmp

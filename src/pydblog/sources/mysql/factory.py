@@ -1,0 +1,46 @@
+"""``create(cfg)``: the MySQL/MariaDB source's ``LogSource`` and ``SnapshotReader``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydblog.sources.mysql.binlog import MySqlLogSource
+from pydblog.sources.mysql.chunks import MySqlSnapshotReader
+from pydblog.sources.mysql.connect import MySqlDsn
+from pydblog.sources.mysql.setup import own_tables
+
+if TYPE_CHECKING:
+    from pydblog.config import Config
+    from pydblog.ports import LogSource, SnapshotReader
+
+    # Static checks that the implementations satisfy the protocols.
+    _source_check: type[LogSource] = MySqlLogSource
+    _reader_check: type[SnapshotReader] = MySqlSnapshotReader
+
+
+def create(cfg: Config) -> tuple[LogSource, SnapshotReader]:
+    """Build (without connecting) the binlog reader and the chunk reader for ``cfg``.
+
+    The captured database is the DSN's path; ``[snapshot] signal_table`` and
+    ``watermark_table`` default to ``dblog_signal`` / ``dblog_watermark`` in it (a
+    ``public.`` prefix, PostgreSQL's default schema, means the captured database).
+    """
+    dsn = MySqlDsn.parse(cfg.source.dsn)
+    own = own_tables(cfg.snapshot, dsn.database)
+    matcher = cfg.source.table_matcher()
+    source = MySqlLogSource(
+        dsn,
+        server_id=cfg.source.server_id,
+        matcher=matcher,
+        own=own,
+        heartbeat_interval_s=cfg.source.heartbeat_interval_s,
+        connect_timeout_s=cfg.source.connect_timeout_s,
+    )
+    reader = MySqlSnapshotReader(
+        dsn,
+        matcher=matcher,
+        own=own,
+        statement_timeout_ms=cfg.snapshot.statement_timeout_ms,
+        connect_timeout_s=cfg.source.connect_timeout_s,
+    )
+    return source, reader

@@ -1,0 +1,190 @@
+"""Start-up checks of the source server and pydblog's own tables in it.
+
+Every problem found is named with the setting or grant and how to fix it; all of them are
+reported together in one ``SourceError``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+
+from pydblog.config import SnapshotConfig
+from pydblog.errors import SourceError
+from pydblog.sources.mysql.connect import MySqlDsn, classify
+from pydblog.sources.mysql.types import quote_ident
+
+log = logging.getLogger(__name__)
+
+PG_DEFAULT_SCHEMA = "public"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnTables:
+    """pydblog's signal and watermark tables, as ``(database, table)``, and the
+    ``(schema, table)`` their events carry: the names as configured, which is how the
+    runner recognises them (``public.dblog_signal`` by default, whatever the database).
+    These events never reach the change log."""
+
+    signal: tuple[str, str]
+    watermark: tuple[str, str]
+    signal_label: tuple[str, str]
+    watermark_label: tuple[str, str]
+
+    @property
+    def qualified(self) -> frozenset[str]:
+        return frozenset(f"{d}.{t}" for d, t in (self.signal, self.watermark))
+
+
+def resolve_table(configured: str, database: str) -> tuple[str, str]:
+    """``[snapshot] signal_table`` / ``watermark_table`` for MySQL: ``db.table``; a bare
+    name or PostgreSQL's ``public.`` prefix means the captured database."""
+    schema, _, table = configured.rpartition(".")
+    if not schema or schema == PG_DEFAULT_SCHEMA:
+        schema = database
+    return schema, table
+
+
+def own_tables(snapshot: SnapshotConfig, database: str) -> OwnTables:
+    return OwnTables(
+        resolve_table(snapshot.signal_table, database),
+        resolve_table(snapshot.watermark_table, database),
+        _label(snapshot.signal_table, database),
+        _label(snapshot.watermark_table, database),
+    )
+
+
+def _label(configured: str, database: str) -> tuple[str, str]:
+    schema, _, table = configured.rpartition(".")
+    return (schema or database, table)
+
+
+def _variables(cur: Any) -> dict[str, str]:
+    cur.execute(
+        "SHOW GLOBAL VARIABLES WHERE Variable_name IN "
+        "('log_bin', 'binlog_format', 'binlog_row_image', 'binlog_row_metadata', 'server_id')"
+    )
+    return {str(k).lower(): str(v) for k, v in cur.fetchall()}
+
+
+def binlog_problems(cur: Any) -> list[str]:
+    """Missing binlog settings, each with its fix."""
+    v = _variables(cur)
+    problems = []
+    if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
+        problems.append("the binary log is off (log_bin): start the server with --log-bin")
+    wanted = {"binlog_format": "ROW", "binlog_row_image": "FULL"}
+    for name, value in wanted.items():
+        got = v.get(name, "")
+        if got.upper() != value:
+            problems.append(
+                f"{name} is {got or 'unset'}, must be {value}: "
+                f"SET GLOBAL {name} = '{value}' and put {name}={value} in the server's config"
+            )
+    meta = v.get("binlog_row_metadata")
+    if meta is None:
+        problems.append(
+            "binlog_row_metadata is not supported by this server: "
+            "pydblog needs MySQL 8.0.14+ or MariaDB 10.5+"
+        )
+    elif meta.upper() != "FULL":
+        problems.append(
+            f"binlog_row_metadata is {meta}, must be FULL: SET GLOBAL binlog_row_metadata = "
+            "'FULL' and put binlog_row_metadata=FULL in the server's config"
+        )
+    return problems
+
+
+def _current_grantee(cur: Any) -> str:
+    cur.execute("SELECT CURRENT_USER()")
+    user, _, host = str(cur.fetchone()[0]).rpartition("@")
+    return f"'{user}'@'{host}'"
+
+
+def privilege_problems(cur: Any, dsn: MySqlDsn) -> list[str]:
+    """Missing grants (REPLICATION SLAVE, REPLICATION CLIENT, SELECT), each with its fix."""
+    grantee = _current_grantee(cur)
+    cur.execute(
+        "SELECT PRIVILEGE_TYPE FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = %s",
+        (grantee,),
+    )
+    glob = {str(r[0]).upper() for r in cur.fetchall()}
+    cur.execute(
+        "SELECT PRIVILEGE_TYPE FROM information_schema.SCHEMA_PRIVILEGES "
+        "WHERE GRANTEE = %s AND %s LIKE TABLE_SCHEMA",
+        (grantee, dsn.database),
+    )
+    schema = {str(r[0]).upper() for r in cur.fetchall()}
+    who = grantee.replace("'", "")
+    problems = []
+    if "REPLICATION SLAVE" not in glob:
+        problems.append(
+            f"{who} lacks REPLICATION SLAVE (to read the binlog): "
+            f"GRANT REPLICATION SLAVE ON *.* TO {grantee}"
+        )
+    # MariaDB 10.5+ splits REPLICATION CLIENT into BINLOG MONITOR (and SLAVE MONITOR).
+    if not glob & {"REPLICATION CLIENT", "BINLOG MONITOR", "SUPER"}:
+        problems.append(
+            f"{who} lacks REPLICATION CLIENT (to see the binlog position): "
+            f"GRANT REPLICATION CLIENT ON *.* TO {grantee}"
+        )
+    if "SELECT" not in glob and "SELECT" not in schema:
+        problems.append(
+            f"{who} lacks SELECT on {dsn.database} (for snapshots): "
+            f"GRANT SELECT ON {quote_ident(dsn.database)}.* TO {grantee}"
+        )
+    return problems
+
+
+def check_source(conn: Any, dsn: MySqlDsn) -> None:
+    """Raise one ``SourceError`` naming every missing setting and grant."""
+    try:
+        with conn.cursor() as cur:
+            problems = binlog_problems(cur) + privilege_problems(cur, dsn)
+    except pymysql.Error as exc:
+        raise classify(exc, dsn, "the setup checks") from None
+    if problems:
+        raise SourceError(
+            f"MySQL at {dsn.redacted} is not ready for capture:\n  - " + "\n  - ".join(problems),
+            hint="see docs/mysql.md, 'Server setup'",
+        )
+
+
+def ensure_own_tables(conn: Any, dsn: MySqlDsn, tables: OwnTables) -> None:
+    """Create the signal table and the one-row watermark table if missing."""
+    sig = ".".join(quote_ident(p) for p in tables.signal)
+    wm = ".".join(quote_ident(p) for p in tables.watermark)
+    statements = [
+        f"CREATE TABLE IF NOT EXISTS {sig} (id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) "
+        "NOT NULL, data TEXT NULL) CHARACTER SET utf8mb4",
+        f"CREATE TABLE IF NOT EXISTS {wm} (id INT PRIMARY KEY, value VARCHAR(64) NULL) "
+        "CHARACTER SET utf8mb4",
+        f"INSERT IGNORE INTO {wm} (id, value) VALUES (1, NULL)",
+    ]
+    try:
+        with conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+    except pymysql.Error as exc:
+        err = classify(exc, dsn, "creating pydblog's signal/watermark tables")
+        raise SourceError(
+            err.message,
+            hint=f"create them yourself (docs/mysql.md) or GRANT CREATE, INSERT, UPDATE ON "
+            f"{quote_ident(dsn.database)}.* TO the capture user",
+        ) from None
+
+
+def tables_without_key(conn: Any, database: str, names: list[str]) -> list[str]:
+    if not names:
+        return []
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT DISTINCT TABLE_NAME FROM information_schema.KEY_COLUMN_USAGE "
+            "WHERE TABLE_SCHEMA = %s AND CONSTRAINT_NAME = 'PRIMARY'",
+            (database,),
+        )
+        keyed = {str(r[0]) for r in cur.fetchall()}
+    return [n for n in names if n not in keyed]
