@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pydblog.errors import ConfigError
 
@@ -103,19 +110,85 @@ class SnapshotConfig(_Model):
 
 
 class SinkConfig(_Model):
+    """One ``[[sync.sinks]]`` entry (see docs/sync.md).
+
+    - ``type = "delta"``: ``path`` is the root of the mirror tables (``<path>/<schema>/<table>``);
+    - ``type = "postgres"``: ``dsn`` of the downstream database, ``schema`` to create the
+      tables in (default ``public``), ``parallelism`` = key partitions applied in parallel;
+    - ``type = "history"``: ``path`` of the append-only change-history Delta table.
+    """
+
     type: Literal["delta", "postgres", "history"]
     path: str | None = None
     dsn: str | None = None
     schema_: str | None = Field(default=None, alias="schema")
-    parallelism: int = Field(default=2, ge=1)
+    parallelism: int = Field(default=2, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _needs(self) -> SinkConfig:
+        if self.type in ("delta", "history"):
+            if not self.path:
+                raise ValueError(f'a "{self.type}" sink needs path (a directory)')
+            if self.dsn is not None:
+                raise ValueError(f'a "{self.type}" sink takes path, not dsn')
+        else:
+            if not self.dsn:
+                raise ValueError('a "postgres" sink needs dsn (the downstream database)')
+            if self.path is not None:
+                raise ValueError('a "postgres" sink takes dsn, not path')
+            if self.schema_ is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]{0,62}", self.schema_):
+                raise ValueError(f"{self.schema_!r} is not a valid schema name")
+        return self
+
+    def __repr__(self) -> str:
+        dsn = redact_dsn(self.dsn) if self.dsn is not None else None
+        return f"SinkConfig(type={self.type!r}, path={self.path!r}, dsn={dsn!r}, schema={self.schema_!r})"
+
+
+_TRIGGER = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?)\s*$"
+)
 
 
 class SyncConfig(_Model):
+    """``[sync]``: the Spark job of ``dblog sync``.
+
+    ``checkpoint`` is Spark's checkpoint directory (default ``<log path>/sync-checkpoint``);
+    ``trigger`` is a processing-time interval (``"1 second"``, ``"500 ms"``) or
+    ``"available-now"`` (drain what is in the change log, then exit); ``master`` the Spark
+    master URL; ``max_events_per_trigger`` bounds a micro-batch; a failing sink is retried
+    ``sink_retries`` times with exponential backoff from ``sink_retry_backoff_s``.
+    """
+
     checkpoint: str | None = None
     trigger: str = "1 second"
     master: str = "local[*]"
     max_events_per_trigger: int = Field(default=500_000, ge=1)
+    sink_retries: int = Field(default=5, ge=0)
+    sink_retry_backoff_s: float = Field(default=1.0, ge=0)
     sinks: list[SinkConfig] = Field(default_factory=list)
+
+    @field_validator("trigger")
+    @classmethod
+    def _trigger(cls, value: str) -> str:
+        if value != "available-now" and not _TRIGGER.match(value):
+            raise ValueError(
+                f"{value!r} is not a trigger: use an interval like \"1 second\" or \"500 ms\", "
+                "or \"available-now\""
+            )
+        return value
+
+    def trigger_interval(self) -> str | None:
+        """The processing-time interval for Spark (``None`` for available-now)."""
+        m = _TRIGGER.match(self.trigger)
+        if m is None:
+            return None
+        amount, unit = m.group(1), m.group(2)
+        if unit.startswith("m") and unit not in ("m", "min", "mins", "minute", "minutes"):
+            return f"{amount} milliseconds"
+        if unit.startswith("m"):
+            return f"{amount} minutes"
+        return f"{amount} seconds"
 
 
 class HttpConfig(_Model):

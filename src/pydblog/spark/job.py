@@ -1,0 +1,234 @@
+"""The ``dblog sync`` job: the change log -> Spark Structured Streaming -> sinks.
+
+Per micro-batch (``foreachBatch``): collect the batch's events (offsets
+``[start, end)``) as Arrow, reduce them to the net change per ``(table, key)`` and apply
+that to every sink in turn; Spark records the batch in its checkpoint's commit log only
+after ``foreachBatch`` returned.
+
+Exactly once (the argument; docs/sync.md has the long form):
+1. Spark's offset log fixes a batch's range before it runs, and the ``dblog`` source
+   re-reads a range exactly (dense offsets, checked), so a replayed batch is the same
+   batch;
+2. a batch whose commit Spark did not record is replayed at restart: every event
+   reaches every sink *at least once*;
+3. every sink stores which part of the log it applied in the same atomic commit as the
+   data (Delta application transactions, the PostgreSQL progress table) and skips it on
+   replay: *at most once*.
+A crash anywhere (``kill -9`` between a sink's write and Spark's commit included) thus
+leaves every target equal to the materialization of the log up to some batch boundary,
+and the next run converges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
+from pydblog.config import Config, load_config
+from pydblog.errors import ChangeLogError, ConfigError, DblogError, SinkError
+from pydblog.spark.batch import Batch
+from pydblog.spark.sinks import Sink, apply_with_retry, build_sink
+from pydblog.spark.source import NAME, DblogDataSource
+
+log = logging.getLogger("pydblog.sync")
+
+FAULT_ENV = "DBLOG_SYNC_FAULT"
+"""Fault injection for tests: ``after-sinks:N`` kills the job's process group with
+SIGKILL once the sinks applied batch N and before Spark commits it;
+``after-sink:N:I`` after the I-th sink (0-based) of batch N."""
+
+
+def spark_session(master: str) -> Any:
+    """A SparkSession for the sync (reuses the active one, e.g. in tests)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    # Python workers must run this interpreter (the one that has pydblog installed).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("dblog-sync")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.memory", os.environ.get("DBLOG_SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _fault(batch_id: int, after_sink: int | None) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    parts = spec.split(":")
+    want_sink = int(parts[2]) if parts[0] == "after-sink" and len(parts) > 2 else None
+    if int(parts[1]) != batch_id or want_sink != after_sink:
+        return
+    log.warning("fault injection: killing the sync job after batch %d", batch_id)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+class BatchApplier:
+    """The ``foreachBatch`` function. Runs in the driver; keeps the sinks (and their
+    connections) across batches; remembers the first sink error for ``run_sync``."""
+
+    def __init__(self, log_dir: str, sinks: list[Sink], retries: int, backoff_s: float) -> None:
+        self.log_dir = log_dir
+        self.sinks = sinks
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.error: DblogError | None = None
+        self.batches = 0
+        self.events = 0
+        self.last_end: int | None = None
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        try:
+            self.apply(df.toArrow(), batch_id)
+        except DblogError as exc:
+            self.error = exc
+            raise
+
+    def apply(self, events: Any, batch_id: int) -> None:
+        t0 = time.monotonic()
+        reader = SqliteChangeLogReader(self.log_dir)
+        try:
+            schemas = reader.schemas()
+        finally:
+            reader.close()
+        batch = Batch.of(batch_id, events, schemas)
+        if batch is None:
+            return
+        for i, sink in enumerate(self.sinks):
+            apply_with_retry(sink, batch, retries=self.retries, backoff_s=self.backoff_s)
+            _fault(batch_id, i)
+        _fault(batch_id, None)
+        self.batches += 1
+        self.events += events.num_rows
+        self.last_end = batch.end
+        log.info(
+            "batch %d: offsets %d..%d, %d events, %d tables, %.2fs",
+            batch_id,
+            batch.start,
+            batch.end - 1,
+            events.num_rows,
+            len(batch.changes()),
+            time.monotonic() - t0,
+        )
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def checkpoint_dir(cfg: Config) -> str:
+    return cfg.sync.checkpoint or str(Path(cfg.log.path) / "sync-checkpoint")
+
+
+def _check(cfg: Config) -> None:
+    if not cfg.sync.sinks:
+        raise ConfigError(
+            "[sync] has no sinks",
+            hint='add at least one [[sync.sinks]] with type = "delta", "postgres" or "history"',
+        )
+    if not log_path(cfg.log.path).exists():
+        raise ChangeLogError(
+            f"no change log at {cfg.log.path}",
+            hint="start `dblog run` first, or check [log] path in the config",
+        )
+
+
+def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now: bool) -> Any:
+    spark.dataSource.register(DblogDataSource)
+    stream = (
+        spark.readStream.format(NAME)
+        .option("path", cfg.log.path)
+        .option("maxEventsPerTrigger", str(cfg.sync.max_events_per_trigger))
+        .load()
+    )
+    writer = (
+        stream.writeStream.queryName("dblog_sync")
+        .foreachBatch(applier)
+        .option("checkpointLocation", checkpoint_dir(cfg))
+    )
+    interval = cfg.sync.trigger_interval()
+    if available_now or interval is None:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=interval)
+    return writer.start()
+
+
+def _query_error(query: Any, applier: BatchApplier) -> DblogError | None:
+    if applier.error is not None:
+        return applier.error
+    exc = query.exception()
+    if exc is None:
+        return None
+    text = str(exc)
+    first = next((ln for ln in text.splitlines() if "Error" in ln), text.splitlines()[0])
+    return SinkError(f"the sync query failed: {first.strip()}", hint="see the log above")
+
+
+def run_sync(
+    cfg: Config, *, available_now: bool = False, stop_event: threading.Event | None = None
+) -> int:
+    """Run ``dblog sync`` until ``stop_event`` is set (or, with ``available_now`` /
+    ``trigger = "available-now"``, until the change log as it was at start is applied).
+    Returns 0; raises ``ConfigError``/``ChangeLogError``/``SinkError`` on bad input or
+    a sink that keeps failing."""
+    _check(cfg)
+    sinks = [build_sink(s) for s in cfg.sync.sinks]
+    applier = BatchApplier(
+        cfg.log.path, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s
+    )
+    spark = spark_session(cfg.sync.master)
+    try:
+        query = start_query(spark, cfg, applier, available_now=available_now)
+        try:
+            while query.isActive:
+                if stop_event is not None and stop_event.is_set():
+                    query.stop()
+                    break
+                query.awaitTermination(0.5)
+        except Exception:
+            pass
+        err = _query_error(query, applier)
+        if err is not None:
+            raise err
+        log.info("sync stopped: %d batches, %d events", applier.batches, applier.events)
+        return 0
+    finally:
+        applier.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pydblog.spark.job --config F [--available-now]`` (tests, benchmarks)."""
+    ap = argparse.ArgumentParser(prog="python -m pydblog.spark.job")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--available-now", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        return run_sync(load_config(args.config), available_now=args.available_now, stop_event=stop)
+    except DblogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

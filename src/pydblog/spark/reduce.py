@@ -1,0 +1,166 @@
+"""One micro-batch reduced to the net change per ``(table, key)``. IO-free.
+
+Rules (the batch is taken in offset order, which per key is source commit order):
+- the last event of a key wins: ``c``/``u``/``r`` make it an upsert of that event's
+  ``after``, ``d`` a delete (also of keys the target never had);
+- ``t`` (truncate) empties the table: every earlier event of that table in the batch
+  is dropped and the sink must empty the target before applying the rest;
+- ``n`` (notifications) and anything else are ignored;
+- a column the source did not send (``unchanged``, unchanged TOAST) takes the value of
+  the key's latest earlier event in the batch that had it; if there is none, it stays in
+  ``unchanged`` and the sink keeps the target's current value.
+
+After the reduce the keys of a table are distinct, so sinks may apply them in any order
+and in parallel by key partition.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pydblog.events import UNCHANGED_TOAST
+
+ROW_OPS = ("c", "u", "d", "r")
+UPSERT = "u"
+DELETE = "d"
+
+
+@dataclass
+class TableChanges:
+    """The net change of one table in one batch. Row ``i`` is ``ops[i]`` (``u``
+    upsert or ``d`` delete) of ``rows[i]`` (the full row for an upsert, the key columns
+    for a delete), from the event at ``offsets[i]``; ``unchanged[i]`` lists columns whose
+    target value must be kept."""
+
+    schema: str
+    table: str
+    truncated: bool = False
+    keys: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    unchanged: list[list[str]] = field(default_factory=list)
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def has_unchanged(self) -> bool:
+        return any(self.unchanged)
+
+    def partition_of(self, i: int, parts: int) -> int:
+        """A stable key partition (same on every run and machine)."""
+        return zlib.crc32(self.keys[i].encode()) % parts
+
+
+def _qualified(events: pa.Table) -> pa.Array:
+    return pc.binary_join_element_wise(events["schema"], events["table"], ".")
+
+
+def _drop_truncated(ev: pa.Table) -> tuple[pa.Table, set[str]]:
+    """Events after the last truncate of their table; the truncated tables."""
+    is_t = pc.equal(ev["op"], "t")
+    if not pc.any(is_t).as_py():
+        return ev, set()
+    cut: dict[str, int] = {}
+    trunc = ev.filter(is_t)
+    for q, off in zip(trunc["_q"].to_pylist(), trunc["offset"].to_pylist(), strict=True):
+        cut[q] = max(cut.get(q, -1), off)
+    limits = pa.array([cut.get(q, -1) for q in ev["_q"].to_pylist()], type=pa.int64())
+    keep = pc.and_(pc.greater(ev["offset"], limits), pc.invert(is_t))
+    return ev.filter(keep), set(cut)
+
+
+def _fill_unchanged(
+    rows: pa.Table, pending: dict[tuple[str, str], tuple[dict[str, Any], list[str]]]
+) -> None:
+    """Fill ``pending[(table, key)]``'s unchanged columns from earlier events of that key
+    (``rows`` in offset order); what no earlier event has stays unchanged."""
+    qk = pc.binary_join_element_wise(rows["_q"], rows["key"], "\x00")
+    wanted = pa.array(["\x00".join(k) for k in pending], type=pa.string())
+    earlier = rows.filter(pc.is_in(qk, value_set=wanted))
+    history: dict[tuple[str, str], list[tuple[str, str | None, list[str] | None]]] = {}
+    for q, k, op, after, unch in zip(
+        earlier["_q"].to_pylist(),
+        earlier["key"].to_pylist(),
+        earlier["op"].to_pylist(),
+        earlier["after"].to_pylist(),
+        earlier["unchanged"].to_pylist(),
+        strict=True,
+    ):
+        history.setdefault((q, k), []).append((op, after, unch))
+    for qk_, (row, missing) in pending.items():
+        # The last entry is the event being filled itself.
+        for op, after, unch in reversed(history.get(qk_, [])[:-1]):
+            if op == "d" or not missing:
+                break
+            if after is None:
+                continue
+            prev = orjson.loads(after)
+            for col in list(missing):
+                if col not in (unch or ()) and col in prev and prev[col] != UNCHANGED_TOAST:
+                    row[col] = prev[col]
+                    missing.remove(col)
+
+
+def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
+    """Reduce ``events`` (columns ``offset, op, schema, table, key, after, unchanged``
+    of the ``dblog`` source, any order) to the net change per table and key."""
+    ev = events.filter(pc.is_in(events["op"], value_set=pa.array([*ROW_OPS, "t"])))
+    if ev.num_rows == 0:
+        return {}
+    ev = ev.sort_by("offset")
+    ev = ev.append_column("_q", _qualified(ev))
+    ev, truncated = _drop_truncated(ev)
+    out: dict[str, TableChanges] = {}
+    for q in truncated:
+        schema, _, table = q.partition(".")
+        out[q] = TableChanges(schema, table, truncated=True)
+    if ev.num_rows == 0:
+        return out
+    last_offsets = ev.group_by(["_q", "key"], use_threads=False).aggregate([("offset", "max")])
+    last = ev.filter(pc.is_in(ev["offset"], value_set=last_offsets["offset_max"]))
+    pending: dict[tuple[str, str], tuple[dict[str, Any], list[str]]] = {}
+    loads = orjson.loads
+    for q, schema, table, key, op, off, after, unch in zip(
+        last["_q"].to_pylist(),
+        last["schema"].to_pylist(),
+        last["table"].to_pylist(),
+        last["key"].to_pylist(),
+        last["op"].to_pylist(),
+        last["offset"].to_pylist(),
+        last["after"].to_pylist(),
+        last["unchanged"].to_pylist(),
+        strict=True,
+    ):
+        tc = out.get(q)
+        if tc is None:
+            tc = out[q] = TableChanges(schema, table)
+        tc.keys.append(key)
+        tc.offsets.append(off)
+        if op == DELETE or after is None:
+            tc.ops.append(DELETE)
+            tc.rows.append(loads(key) if key is not None else {})
+            tc.unchanged.append([])
+            continue
+        row = loads(after)
+        tc.ops.append(UPSERT)
+        tc.rows.append(row)
+        missing = [c for c in (unch or ()) if c in row]
+        for c in missing:
+            row[c] = None
+        tc.unchanged.append(missing)
+        if missing:
+            pending[(q, key)] = (row, missing)
+    if pending:
+        _fill_unchanged(ev, pending)
+    return out

@@ -1,0 +1,298 @@
+"""A downstream PostgreSQL database: one table per source table, same name, in the
+configured schema, created on first sight (columns with the source SQL types, the
+source key as primary key); added source columns are added with ALTER TABLE.
+
+Exactly once, through the progress table ``<schema>.dblog_sync_progress`` in the
+target. A batch is identified by its offsets ``(start, end)`` (see ``batch.Batch``) and
+applied in two steps, each recorded by a progress row *in the same transaction as its
+writes*:
+
+1. ``part = -1`` (one transaction): create/alter tables, TRUNCATE the tables the batch
+   truncates, forget progress rows of earlier batches (Spark only starts a batch once the
+   previous one is committed, so they can never be needed again);
+2. ``part = 0..n-1`` (``n`` = parallelism, one thread and connection each, in
+   parallel): the upserts and deletes of the keys whose hash falls in the partition.
+
+A step whose row exists is skipped, so a replayed batch (crash before Spark's commit)
+redoes only the steps that did not commit, and nothing is applied twice. Keys of a
+reduced batch are distinct, so partitions never touch the same row and cannot conflict.
+If ``parallelism`` changes between a crash and the replay, the rows carry the old ``n``
+and the batch is redone from step 1: the net change of a batch is idempotent, so the
+result is still exact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from pydblog.config import redact_dsn
+from pydblog.errors import SinkError
+from pydblog.ports import TableSchema
+from pydblog.spark.batch import Batch
+from pydblog.spark.reduce import DELETE, TableChanges
+
+PROGRESS_TABLE = "dblog_sync_progress"
+
+
+def _is_json(sql_type: str) -> bool:
+    return sql_type.lower() in ("json", "jsonb")
+
+
+def _copy_value(value: Any, sql_type: str) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list) and sql_type.endswith("[]") and not _is_json(sql_type):
+        return value
+    return orjson.dumps(value).decode()
+
+
+class PostgresSink:
+    def __init__(self, dsn: str, schema: str = "public", parallelism: int = 2) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.parts = parallelism
+        self.name = f"postgres:{redact_dsn(dsn)} schema {schema}"
+        self._conns: dict[int, psycopg.Connection[Any]] = {}
+        self._columns: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="pg-sink")
+
+    # -- connections -------------------------------------------------------------------
+    @contextmanager
+    def _tx(self, slot: int) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction on the connection of ``slot``; a broken connection is dropped
+        and reopened on the next use."""
+        conn = self._conns.get(slot)
+        if conn is None or conn.closed:
+            try:
+                conn = psycopg.connect(self.dsn, connect_timeout=10)
+            except psycopg.Error as exc:
+                raise SinkError(f"{self.name}: cannot connect: {exc}") from exc
+            self._conns[slot] = conn
+        try:
+            with conn.transaction():
+                yield conn
+        except BaseException:
+            if conn.broken or conn.closed:
+                self._conns.pop(slot, None)
+            raise
+
+    def _done(self, conn: psycopg.Connection[Any], batch: Batch, part: int) -> bool:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT 1 FROM {} WHERE batch_start = %s AND batch_end = %s "
+                "AND part = %s AND nparts = %s"
+            ).format(sql.Identifier(self.schema, PROGRESS_TABLE)),
+            (batch.start, batch.end, part, self.parts),
+        ).fetchone()
+        return row is not None
+
+    def _record(self, conn: psycopg.Connection[Any], batch: Batch, part: int) -> None:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (batch_start, batch_end, part, nparts, batch_id) "
+                "VALUES (%s, %s, %s, %s, %s)"
+            ).format(sql.Identifier(self.schema, PROGRESS_TABLE)),
+            (batch.start, batch.end, part, self.parts, batch.batch_id),
+        )
+
+    # -- apply -------------------------------------------------------------------------
+    def apply(self, batch: Batch) -> None:
+        changes = batch.changes()
+        if not changes:
+            return
+        schemas = {q: batch.schema_for(c) for q, c in changes.items()}
+        try:
+            self._prepare(batch, changes, schemas)
+            futures = [
+                self._pool.submit(self._apply_part, batch, p, changes, schemas)
+                for p in range(self.parts)
+            ]
+            errors = [f.exception() for f in futures]
+        except psycopg.Error as exc:
+            raise SinkError(f"{self.name}: {exc}") from exc
+        for err in errors:
+            if err is not None:
+                raise err
+
+    def _prepare(
+        self, batch: Batch, changes: dict[str, TableChanges], schemas: dict[str, TableSchema]
+    ) -> None:
+        with self._tx(0) as conn:
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (batch_start bigint NOT NULL, "
+                    "batch_end bigint NOT NULL, part int NOT NULL, nparts int NOT NULL, "
+                    "batch_id bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), "
+                    "PRIMARY KEY (batch_start, batch_end, part, nparts))"
+                ).format(sql.Identifier(self.schema, PROGRESS_TABLE))
+            )
+            if self._done(conn, batch, -1):
+                return
+            for q, ch in sorted(changes.items()):
+                try:
+                    self._ensure_table(conn, schemas[q])
+                    if ch.truncated:
+                        conn.execute(
+                            sql.SQL("TRUNCATE {}").format(sql.Identifier(self.schema, ch.table))
+                        )
+                except psycopg.Error as exc:
+                    raise SinkError(f"{self.name} table {self.schema}.{ch.table}: {exc}") from exc
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE batch_end <= %s").format(
+                    sql.Identifier(self.schema, PROGRESS_TABLE)
+                ),
+                (batch.start,),
+            )
+            self._record(conn, batch, -1)
+
+    def _ensure_table(self, conn: psycopg.Connection[Any], schema: TableSchema) -> None:
+        ident = sql.Identifier(self.schema, schema.table)
+        have = self._columns.get(schema.table)
+        if have is not None and all(c.name in have for c in schema.columns):
+            return
+        cols = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in schema.columns
+        )
+        key = sql.SQL(", ").join(sql.Identifier(k) for k in schema.key)
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+        conn.execute(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(ident, cols, key)
+        )
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s",
+            (self.schema, schema.table),
+        ).fetchall()
+        have = {r[0] for r in rows}
+        for c in schema.columns:
+            if c.name not in have:
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+                        ident, sql.Identifier(c.name), sql.SQL(c.type)
+                    )
+                )
+                have.add(c.name)
+        self._columns[schema.table] = have
+
+    def _apply_part(
+        self,
+        batch: Batch,
+        part: int,
+        changes: dict[str, TableChanges],
+        schemas: dict[str, TableSchema],
+    ) -> None:
+        slot = part + 1
+        with self._tx(slot) as conn:
+            if self._done(conn, batch, part):
+                return
+            for q, ch in sorted(changes.items()):
+                idx = [i for i in range(len(ch)) if ch.partition_of(i, self.parts) == part]
+                if not idx:
+                    continue
+                try:
+                    self._apply_rows(conn, ch, schemas[q], idx)
+                except psycopg.Error as exc:
+                    raise SinkError(
+                        f"{self.name} table {self.schema}.{ch.table} (batch {batch.batch_id}, "
+                        f"partition {part}): {exc}",
+                        hint="a type mismatch or constraint on the target refused the rows",
+                    ) from exc
+            self._record(conn, batch, part)
+
+    def _apply_rows(
+        self,
+        conn: psycopg.Connection[Any],
+        ch: TableChanges,
+        schema: TableSchema,
+        idx: Sequence[int],
+    ) -> None:
+        target = sql.Identifier(self.schema, ch.table)
+        stage = sql.Identifier(f"_dblog_stage_{ch.table}"[:63])
+        cols = [c.name for c in schema.columns]
+        types = [c.type for c in schema.columns]
+        key = list(schema.key) or cols
+        conn.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE {} ({}, _dblog_op text, _dblog_unchanged text[]) ON COMMIT DROP"
+            ).format(
+                stage,
+                sql.SQL(", ").join(
+                    sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t))
+                    for n, t in zip(cols, types, strict=True)
+                ),
+            )
+        )
+        col_list = sql.SQL(", ").join(sql.Identifier(n) for n in cols)
+        copy_sql = sql.SQL("COPY {} ({}, _dblog_op, _dblog_unchanged) FROM STDIN").format(
+            stage, col_list
+        )
+        any_unchanged = False
+        with conn.cursor().copy(copy_sql) as copy:
+            for i in idx:
+                row = ch.rows[i]
+                unch = ch.unchanged[i] or None
+                any_unchanged = any_unchanged or unch is not None
+                copy.write_row(
+                    [
+                        *(_copy_value(row.get(n), t) for n, t in zip(cols, types, strict=True)),
+                        ch.ops[i],
+                        unch,
+                    ]
+                )
+        match = sql.SQL(" AND ").join(
+            sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k)) for k in key
+        )
+        conn.execute(
+            sql.SQL("DELETE FROM {} t USING {} s WHERE {} AND s._dblog_op = {}").format(
+                target, stage, match, sql.Literal(DELETE)
+            )
+        )
+        non_key = [n for n in cols if n not in key]
+        set_excluded = sql.SQL(", ").join(
+            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(n)) for n in non_key
+        )
+        conflict = (
+            sql.SQL("DO UPDATE SET {}").format(set_excluded) if non_key else sql.SQL("DO NOTHING")
+        )
+        key_list = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+        where_full = sql.SQL("s._dblog_op = 'u'")
+        if any_unchanged and non_key:
+            set_keep = sql.SQL(", ").join(
+                sql.SQL(
+                    "{c} = CASE WHEN {name} = ANY(s._dblog_unchanged) THEN t.{c} ELSE s.{c} END"
+                ).format(c=sql.Identifier(n), name=sql.Literal(n))
+                for n in non_key
+            )
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} t SET {} FROM {} s WHERE {} AND s._dblog_op = 'u' "
+                    "AND s._dblog_unchanged IS NOT NULL"
+                ).format(target, set_keep, stage, match)
+            )
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} ({}) SELECT {} FROM {} s WHERE s._dblog_op = 'u' "
+                    "AND s._dblog_unchanged IS NOT NULL ON CONFLICT ({}) DO NOTHING"
+                ).format(target, col_list, col_list, stage, key_list)
+            )
+            where_full = sql.SQL("s._dblog_op = 'u' AND s._dblog_unchanged IS NULL")
+        conn.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} s WHERE {} ON CONFLICT ({}) {}").format(
+                target, col_list, col_list, stage, where_full, key_list, conflict
+            )
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()

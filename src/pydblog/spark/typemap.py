@@ -1,0 +1,179 @@
+"""Column types of the targets, derived from the change log's recorded ``TableSchema``.
+
+- Delta: each column's *logical* type (docs/types.md) maps to an Arrow type; JSON
+  values (as the envelope carries them) convert to that type. Types without an exact
+  Arrow counterpart (json, arrays, intervals, bytea, ranges, unknown) are kept as the
+  envelope's value: text as is, anything else as JSON text, so nothing is lost.
+- PostgreSQL: the source's SQL type is used verbatim (``numeric(12,2)``, ``text[]``).
+
+When a table has no recorded schema (a change log written without one), the schema is
+inferred from the events' JSON values and the envelope key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import date, datetime
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pydblog.errors import SinkError
+from pydblog.ports import ColumnSchema, TableSchema
+
+_SIMPLE: dict[str, pa.DataType] = {
+    "bool": pa.bool_(),
+    "boolean": pa.bool_(),
+    "int16": pa.int16(),
+    "int2": pa.int16(),
+    "smallint": pa.int16(),
+    "int32": pa.int32(),
+    "int4": pa.int32(),
+    "int": pa.int32(),
+    "integer": pa.int32(),
+    "int64": pa.int64(),
+    "int8": pa.int64(),
+    "bigint": pa.int64(),
+    "long": pa.int64(),
+    "float32": pa.float32(),
+    "float4": pa.float32(),
+    "real": pa.float32(),
+    "float64": pa.float64(),
+    "float8": pa.float64(),
+    "double": pa.float64(),
+    "string": pa.string(),
+    "text": pa.string(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+}
+
+_NUMERIC = re.compile(r"^\s*(?:numeric|decimal)\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)\s*$", re.I)
+
+META_COLUMNS = ("_dblog_op", "_dblog_offset", "_dblog_unchanged")
+"""Columns a reduced batch carries besides the table's own (never written to targets
+except where a sink says so)."""
+
+
+def arrow_type(col: ColumnSchema) -> pa.DataType:
+    logical = col.logical.lower().strip()
+    if logical in ("decimal", "numeric"):
+        m = _NUMERIC.match(col.type)
+        if m and int(m.group(1)) <= 38:
+            return pa.decimal128(int(m.group(1)), int(m.group(2) or 0))
+        return pa.string()
+    return _SIMPLE.get(logical, pa.string())
+
+
+def arrow_schema(schema: TableSchema) -> pa.Schema:
+    return pa.schema(
+        [pa.field(c.name, arrow_type(c), nullable=c.name not in schema.key) for c in schema.columns]
+    )
+
+
+def _to_text(v: Any) -> Any:
+    if v is None or isinstance(v, str):
+        return v
+    return orjson.dumps(v).decode()
+
+
+def _to_temporal(values: list[Any], typ: pa.DataType) -> pa.Array:
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, str):
+            if pa.types.is_date(typ):
+                out.append(date.fromisoformat(v))
+            else:
+                dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
+                if typ.tz is None and dt.tzinfo is not None:
+                    dt = dt.replace(tzinfo=None)
+                out.append(dt)
+        else:
+            out.append(v)
+    return pa.array(out, type=typ)
+
+
+def column_array(values: list[Any], typ: pa.DataType) -> pa.Array:
+    """``values`` (decoded JSON) as an Arrow array of ``typ``; raises ValueError/
+    ArrowException when a value does not fit."""
+    if pa.types.is_string(typ):
+        return pa.array([_to_text(v) for v in values], type=typ)
+    if pa.types.is_decimal(typ):
+        return pc.cast(pa.array([_to_text(v) for v in values], type=pa.string()), typ)
+    if pa.types.is_timestamp(typ) or pa.types.is_date(typ):
+        return _to_temporal(values, typ)
+    if pa.types.is_floating(typ):
+        return pa.array([float(v) if isinstance(v, int | str) else v for v in values], type=typ)
+    return pa.array(values, type=typ)
+
+
+def rows_to_arrow(table: str, rows: Sequence[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows (dicts of JSON values) as an Arrow table of ``schema``; a value that does
+    not fit its column raises ``SinkError`` naming the table and column."""
+    arrays = []
+    for f in schema:
+        name = f.name
+        values = [r.get(name) for r in rows]
+        try:
+            arrays.append(column_array(values, f.type))
+        except (ValueError, TypeError, pa.ArrowException) as exc:
+            raise SinkError(
+                f"table {table}: column {name!r} holds a value that does not fit {f.type}: {exc}",
+                hint="the source type and the recorded schema disagree; see docs/sync.md",
+            ) from exc
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _infer_logical(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64"
+    if isinstance(value, float):
+        return "float64"
+    if isinstance(value, str):
+        return "text"
+    return "json"
+
+
+_PG_FROM_LOGICAL = {
+    "bool": "boolean",
+    "int64": "bigint",
+    "float64": "double precision",
+    "text": "text",
+    "json": "jsonb",
+}
+
+
+def infer_schema(
+    schema: str, table: str, rows: Sequence[dict[str, Any]], key: Sequence[str]
+) -> TableSchema:
+    """A schema for a table the change log recorded none for: columns in first-seen
+    order, types from the first non-null value (text when all are null)."""
+    names: dict[str, str] = {}
+    for row in rows:
+        for name, value in row.items():
+            if value is not None and names.get(name) in (None, "null"):
+                names[name] = _infer_logical(value)
+            else:
+                names.setdefault(name, "null")
+    for k in key:
+        names.setdefault(k, "text")
+    cols = []
+    for name, logical in names.items():
+        lg = "text" if logical == "null" else logical
+        cols.append(ColumnSchema(name, _PG_FROM_LOGICAL[lg], lg, name not in key))
+    return TableSchema(schema, table, tuple(cols), tuple(key))
+
+
+def merge_schemas(old: TableSchema | None, new: TableSchema) -> TableSchema:
+    """``new`` plus the columns only ``old`` has (a dropped source column stays in the
+    target, null from then on): targets only ever gain columns."""
+    if old is None:
+        return new
+    names = {c.name for c in new.columns}
+    extra = tuple(c for c in old.columns if c.name not in names)
+    return TableSchema(new.schema, new.table, new.columns + extra, new.key or old.key)
