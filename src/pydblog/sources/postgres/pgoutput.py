@@ -100,7 +100,8 @@ class Commit:
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """A column of a ``Relation``; ``is_key`` marks replica identity columns."""
+    """A column of a ``Relation``; ``is_key`` marks replica identity columns: with
+    identity FULL that is *every* column, so it is not the primary key."""
 
     is_key: bool
     name: str
@@ -221,27 +222,36 @@ def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     return buf[pos:end].decode(), end + 1
 
 
-def _tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
+def _tuple(
+    buf: bytes,
+    pos: int,
+    u16: Callable[[bytes, int], tuple[int]] = _U16.unpack_from,
+    u32: Callable[[bytes, int], tuple[int]] = _U32.unpack_from,
+    text: int = _VALUE_TEXT,
+    null: int = _VALUE_NULL,
+    unchanged_kind: int = _VALUE_UNCHANGED,
+    unchanged: Unchanged = UNCHANGED,
+) -> tuple[TupleData, int]:
     """TupleData at ``pos``: Int16 count, then per column a kind byte ('t' + Int32
-    length + text, 'n' NULL, 'u' unchanged TOAST). Returns it and the end position."""
-    (count,) = _U16.unpack_from(buf, pos)
+    length + text, 'n' NULL, 'u' unchanged TOAST). Returns it and the end position.
+
+    The keyword defaults only bind constants as locals (the hot loop of capture).
+    """
+    (count,) = u16(buf, pos)
     pos += 2
-    values: list[str | Unchanged | None] = []
-    append = values.append
-    u32 = _U32.unpack_from
-    for _ in range(count):
+    values: list[str | Unchanged | None] = [None] * count
+    for i in range(count):
         kind = buf[pos]
-        if kind == _VALUE_TEXT:
+        if kind == text:
             (size,) = u32(buf, pos + 1)
             pos += 5
             end = pos + size
-            append(buf[pos:end].decode())
+            values[i] = buf[pos:end].decode()
             pos = end
-        elif kind == _VALUE_NULL:
-            append(None)
+        elif kind == null:
             pos += 1
-        elif kind == _VALUE_UNCHANGED:
-            append(UNCHANGED)
+        elif kind == unchanged_kind:
+            values[i] = unchanged
             pos += 1
         else:
             raise ValueError(f"unknown tuple value kind {kind:#04x} at byte {pos}")
@@ -387,6 +397,11 @@ def decode(buf: bytes) -> PgOutputMessage:
         msg, end = decoder(buf)
     except (struct.error, IndexError):
         raise ValueError(_truncated(buf)) from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"invalid UTF-8 in pgoutput {chr(buf[0])!r} message ({len(buf)} bytes; "
+            f"truncated?): {exc.reason}"
+        ) from None
     if end != len(buf):
         raise ValueError(
             _truncated(buf)

@@ -3,10 +3,11 @@ by both the stream (pgoutput sends text) and snapshots (chunk reads select text)
 
 Invariants:
 
-- Both paths see the same text only if both connections run with ``SESSION_SETTINGS``
-  and snapshots select ``TypeRegistry.text_expr(...)`` (not always ``col::text``: for
-  bool, char(n), inet and cidr the cast to text differs from the output function that
-  pgoutput uses). Then a value maps to the same JSON value on both paths.
+- Both paths map a value to the same JSON value when both connections run with
+  ``SESSION_SETTINGS``. Snapshots may select ``col::text``: where that cast differs
+  from the output function pgoutput uses (bool 'true' vs 't', char(n) without its
+  padding, inet with '/32'), the converters accept both spellings and agree.
+  ``TypeRegistry.text_expr`` gives the output function's exact text if ever needed.
 - A converter never receives NULL (the caller maps NULL to ``None``) and never the
   pgoutput ``UNCHANGED`` marker.
 - A converter is a pure function of the text; the registry caches one per type OID.
@@ -90,6 +91,22 @@ _FLOAT_SPECIAL: Final = frozenset({"NaN", "Infinity", "-Infinity"})
 def _float(text: str) -> float | str:
     """Finite floats as ``float``; NaN and the infinities stay strings (JSON has none)."""
     return text if text in _FLOAT_SPECIAL else float(text)
+
+
+def _bpchar(text: str) -> str:
+    """char(n) without its padding: PostgreSQL treats trailing spaces of char(n) as
+    insignificant, and ``col::text`` drops them while pgoutput sends them."""
+    return text.rstrip(" ")
+
+
+def _inet(text: str) -> str:
+    """inet as its output function prints it: no netmask for a single host (``::text``
+    says ``10.0.0.1/32`` where pgoutput says ``10.0.0.1``)."""
+    if text.endswith("/32") and ":" not in text:
+        return text[:-3]
+    if text.endswith("/128"):
+        return text[:-4]
+    return text
 
 
 def _bytea(text: str) -> str:
@@ -241,8 +258,9 @@ _BUILTIN: Final[dict[int, tuple[str, Converter]]] = {
     BOOL: ("bool", _BOOL.__getitem__),
     TEXT: ("string", str),
     VARCHAR: ("string", str),
-    BPCHAR: ("string", str),
+    BPCHAR: ("string", _bpchar),
     CHAR: ("string", str),
+    INET: ("string", _inet),
     NAME: ("string", str),
     BYTEA: ("bytes", _bytea),
     UUID: ("uuid", str),
@@ -349,6 +367,10 @@ class TypeRegistry:
                 types[oid] = replace(info, name=elem.name + "[]")
 
     def __contains__(self, oid: int) -> bool:
+        return oid in self._types
+
+    def known(self, oid: int) -> bool:
+        """Whether ``oid`` was loaded (if not, ``refresh`` it before mapping its values)."""
         return oid in self._types
 
     def info(self, oid: int) -> PgTypeInfo | None:
