@@ -193,8 +193,8 @@ def parse_array(text: str, convert: Converter = str, delimiter: str = ",") -> li
         text = text[text.index("=") + 1 :]
     if text[0] != "{":
         raise ValueError(f"not an array literal: {text[:40]!r}")
-    if '"' not in text and text.find("{", 1) < 0:
-        inner = text[1:-1]
+    inner = text[1:-1]
+    if text[-1] == "}" and '"' not in inner and "{" not in inner and "}" not in inner:
         if not inner:
             return []
         return [None if e == "NULL" else convert(e) for e in inner.split(delimiter)]
