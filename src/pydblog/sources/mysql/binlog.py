@@ -93,7 +93,11 @@ class _OneConnection:
         self.opened: set[str] = set()
 
     def __call__(self, **kwargs: Any) -> Any:
-        role = "ctl" if kwargs.get("db") == "information_schema" else "stream"
+        # The library names some arguments the old way; pymysql warns about those.
+        for old, new in (("db", "database"), ("passwd", "password")):
+            if old in kwargs:
+                kwargs[new] = kwargs.pop(old)
+        role = "ctl" if kwargs.get("database") == "information_schema" else "stream"
         if role in self.opened:
             raise _Reconnect(role)
         self.opened.add(role)
@@ -349,7 +353,9 @@ class MySqlLogSource:
 
     def _handle(self, event: Any) -> Iterator[Any]:
         end = int(getattr(event.packet, "log_pos", 0) or 0) if hasattr(event, "packet") else 0
-        start = self._last_end
+        start = self._last_end  # where this event begins: a transaction's resume point
+        if end > 0 and not isinstance(event, HeartbeatLogEvent | RotateEvent):
+            self._last_end = end  # before yielding: the consumer may stop at any item
         if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
             yield from self._rows(event, start)
         elif isinstance(event, MariadbGtidEvent):
@@ -372,8 +378,6 @@ class MySqlLogSource:
             if self._tx is None:
                 yield from self._heartbeat(force=True)
             yield Idle()
-        if end > 0 and not isinstance(event, HeartbeatLogEvent):
-            self._last_end = end
 
     def _begin_if_needed(self, start: int, ts_ms: int) -> _Tx:
         if self._tx is None:

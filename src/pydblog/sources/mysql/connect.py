@@ -92,12 +92,12 @@ class MySqlDsn:
             "host": self.host,
             "port": self.port,
             "user": self.user,
-            "passwd": self.password,
+            "password": self.password,
             "connect_timeout": max(1, int(timeout_s)),
             "charset": "utf8mb4",
         }
         if database:
-            out["db"] = self.database
+            out["database"] = self.database
         return out
 
 
