@@ -299,6 +299,7 @@ CASES: tuple[Case, ...] = (
     Case("enum_array", "mood[]", (("'{sad,ok}'", ["sad", "ok"]),), "array<enum>", "public.mood[]"),
     Case("domain_int", "posint", (("5", 5),), "int32", "integer"),
     Case("domain_numeric", "price", (("1.5", "1.50"),), "decimal", "numeric(8,2)"),
+    Case("domain_elem_array", "posint[]", (("'{1,2}'", [1, 2]),), "array<int32>", "integer[]"),
     Case("domain_array", "tags", (("'{a,\"b c\"}'", ["a", "b c"]),), "array<string>", "text[]"),
     Case("composite", "pair", (("ROW(1, 'x y')", '(1,"x y")'),), "string", "public.pair"),
     Case("money", "money", (("12.34", "$12.34"),), "string"),

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import orjson
 import psycopg
+from psycopg.rows import tuple_row
 
 __all__ = [
     "SESSION_SETTINGS",
@@ -342,17 +343,19 @@ class TypeRegistry:
     @classmethod
     def load(cls, conn: psycopg.Connection[Any]) -> TypeRegistry:
         """Every type of the database, in one query."""
-        rows = conn.execute(_LOAD_SQL).fetchall()
-        return cls(_info(tuple(r)) for r in rows)
+        with conn.cursor(row_factory=tuple_row) as cur:
+            rows = cur.execute(_LOAD_SQL).fetchall()
+        return cls(_info(r) for r in rows)
 
     def refresh(self, conn: psycopg.Connection[Any], oids: Iterable[int]) -> None:
         """(Re)load ``oids`` with their array types, element types and domain bases."""
         wanted = set(oids)
         fresh: dict[int, PgTypeInfo] = {}
         while wanted:
-            rows = conn.execute(_LOAD_SQL + " WHERE t.oid = ANY(%s)", (list(wanted),)).fetchall()
+            with conn.cursor(row_factory=tuple_row) as cur:
+                rows = cur.execute(_LOAD_SQL + " WHERE t.oid = ANY(%s)", (list(wanted),)).fetchall()
             for row in rows:
-                info = _info(tuple(row))
+                info = _info(row)
                 fresh[info.oid] = info
             linked = {o for t in fresh.values() for o in (t.elem_oid, t.base_oid, t.array_oid)}
             wanted = {o for o in linked if o and o not in fresh and o not in self._types}
