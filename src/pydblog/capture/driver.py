@@ -1,10 +1,11 @@
 """Drives the IO-free snapshot core: runs its requests on a worker thread, feeds the
-results back, and routes signals and watermarks to it.
+answers back, and routes signals and watermarks to it.
 
 The non-stalling window: for a chunk the worker writes the low watermark L, runs the
 chunk SELECT on its own connection and queues the rows, and only then writes the high
-watermark H. The capture loop drains the queue before it hands any watermark to the
-core, so the rows are there when H arrives, and the stream never waits for a SELECT.
+watermark H. The capture loop drains the answer queue before it hands any watermark
+to the core, so the rows are there when H arrives, and the stream never waits for a
+SELECT. Blocking snapshots run their requests inline while the stream is paused.
 """
 
 from __future__ import annotations
@@ -17,16 +18,22 @@ from collections.abc import Callable
 from typing import Any
 
 from pydblog.config import Config
+from pydblog.core.requests import ChunkRequest, MarkRequest, Request, TableStartRequest
 from pydblog.core.signals import parse_signal
-from pydblog.core.snapshot import ChunkRequest, CoreSettings, SnapshotCore, TableStartRequest
+from pydblog.core.sizing import CoreSettings
+from pydblog.core.snapshot import SnapshotCore
 from pydblog.errors import DblogError, SignalError
 from pydblog.events import ChangeEvent, Op
-from pydblog.ports import LogSource, SnapshotReader
+from pydblog.ports import SnapshotReader, TableInfo
 from pydblog.positions import Position
 
 log = logging.getLogger(__name__)
 
-Result = Callable[[], list[ChangeEvent]]
+Answer = Callable[[], list[ChangeEvent]]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class SnapshotDriver:
@@ -43,152 +50,158 @@ class SnapshotDriver:
             ),
             state,
         )
-        self._results: queue.Queue[Result] = queue.Queue()
+        self._answers: queue.Queue[Answer] = queue.Queue()
+        self._requests: queue.Queue[Request] = queue.Queue()
         self._inflight = False
         self._worker: threading.Thread | None = None
-        self._requests: queue.Queue[Any] = queue.Queue()
-        self._last_position: Position | None = None
+        self._out: list[ChangeEvent] = []
+        self._paused_stream = False
 
     # -- routing ----------------------------------------------------------------------
     @property
-    def window_open(self) -> bool:
+    def active(self) -> bool:
         return self.core.active
 
     @property
     def blocking(self) -> bool:
-        return bool(getattr(self.core, "blocking", False))
+        return self.core.blocking
 
     def on_event(self, event: ChangeEvent) -> None:
         self.core.on_event(event)
 
-    def on_signal_event(self, event: ChangeEvent, source: LogSource) -> list[ChangeEvent]:
+    def on_signal_event(self, event: ChangeEvent, captured: list[str]) -> list[ChangeEvent]:
+        """A row event of the signal table; only inserts are signals."""
         if event.op is not Op.CREATE or event.after is None:
             return []
         row = event.after
-        self._drain()
+        signal_id = str(row.get("id"))
         try:
-            signal = parse_signal(str(row.get("id")), str(row.get("type")), row.get("data"))
+            signal = parse_signal(signal_id, str(row.get("type")), row.get("data"))
         except SignalError as exc:
-            log.warning("rejected signal %s: %s", row.get("id"), exc)
-            return [self._rejected(event, str(exc))]
-        captured = list(getattr(source, "captured_tables", []) or self.reader.captured_tables())
-        log.info("signal %s: %s %s", signal.id, signal.type.value, ", ".join(signal.data_collections))
-        return self.core.on_signal(signal, captured, event.position, event.ts_ms)
-
-    def _rejected(self, event: ChangeEvent, reason: str) -> ChangeEvent:
-        row = event.after or {}
-        return ChangeEvent(
-            Op.NOTIFICATION, "", "", event.position, event.ts_ms,
-            notification={
-                "aggregate_type": "Incremental Snapshot",
-                "type": "REJECTED",
-                "signal_id": row.get("id"),
-                "additional_data": {"reason": reason, "signal_type": row.get("type")},
-            },
-        )
+            log.warning("rejected signal %s: %s", signal_id, exc)
+            return self.take() + self.core.on_signal_error(signal_id, str(exc), event.position, event.ts_ms)
+        log.info("signal %s: %s %s", signal.id, signal.type.value, " ".join(signal.data_collections))
+        return self.take() + self.core.on_signal(signal, captured, event.position, event.ts_ms)
 
     def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[ChangeEvent]:
-        self._drain()
-        return self.core.on_watermark(watermark_id, position, ts_ms)
+        out = self.take()
+        return out + self.core.on_watermark(watermark_id, position, ts_ms or _now_ms())
 
-    def on_schema_changed(self, qualified: str) -> None:
-        """The core reads columns from rows, so nothing is cached to invalidate."""
-
-    def start_initial(self, source: LogSource, position: Position) -> list[ChangeEvent]:
-        captured = list(getattr(source, "captured_tables", []) or self.reader.captured_tables())
+    def start_initial(self, captured: list[str]) -> None:
         log.info("initial snapshot of %d tables", len(captured))
-        return self.core.start_initial(captured, position, int(time.time() * 1000))
+        self.core.start_initial(captured)
 
-    # -- requests -----------------------------------------------------------------------
+    def take(self) -> list[ChangeEvent]:
+        """Apply the worker's answers; returns the events they produced."""
+        while True:
+            try:
+                answer = self._answers.get_nowait()
+            except queue.Empty:
+                break
+            self._inflight = False
+            self._out.extend(answer())
+        out, self._out = self._out, []
+        return out
+
+    # -- incremental requests on the worker ----------------------------------------------
     def submit_next(self) -> None:
-        self._drain()
-        if self._inflight:
+        self._out.extend(self.take())
+        if self._inflight or self.core.blocking:
             return
         request = self.core.next_request()
         if request is None:
             return
         self._inflight = True
-        self._ensure_worker()
-        self._requests.put(request)
-
-    def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._work, name="dblog-chunks", daemon=True)
             self._worker.start()
+        self._requests.put(request)
 
     def _work(self) -> None:
         while True:
             request = self._requests.get()
-            try:
-                if isinstance(request, TableStartRequest):
-                    self._start_table(request)
-                elif isinstance(request, ChunkRequest):
-                    self._read_chunk(request)
-            except Exception as exc:  # reported to the core, capture goes on
-                msg = str(exc) if isinstance(exc, DblogError) else f"{type(exc).__name__}: {exc}"
-                log.warning("snapshot request failed: %s", msg)
-                rid = request.id
-                self._results.put(lambda rid=rid, msg=msg: self._failed(rid, msg))
+            self._execute(request, self._answers.put)
 
-    def _failed(self, request_id: str, msg: str) -> list[ChangeEvent]:
-        pos = self._last_position
-        if pos is None:
-            return []
-        return self.core.on_request_failed(request_id, msg, pos, int(time.time() * 1000))
+    def _execute(self, request: Request, answer: Callable[[Answer], None]) -> None:
+        """Runs one request (see ``core.requests`` for each kind's duty, in order)."""
+        core = self.core
+        try:
+            if isinstance(request, MarkRequest):
+                self.reader.write_watermark(request.watermark)
+                answer(lambda: [])
+            elif isinstance(request, TableStartRequest):
+                info, max_key, error = self._start_table(request)
+                answer(lambda: core.on_table_started(request.id, info, max_key, error))
+                if request.watermark is not None and error is None:
+                    self.reader.write_watermark(request.watermark)
+            else:
+                if request.low_watermark is not None:
+                    self.reader.write_watermark(request.low_watermark)
+                info = self.reader.table_info(request.table, request.surrogate_key)
+                if info is None:
+                    raise SignalError(f"table {request.table} no longer exists")
+                t0 = time.perf_counter()
+                rows = self.reader.read_chunk(
+                    _keyed(info, request), request.after_key, request.max_key,
+                    request.limit, request.condition,
+                )
+                elapsed = (time.perf_counter() - t0) * 1000
+                answer(lambda: core.on_chunk_read(request.id, rows, elapsed))
+                if request.high_watermark is not None:
+                    self.reader.write_watermark(request.high_watermark)
+        except Exception as exc:  # reported to the core; capture goes on
+            retriable = not isinstance(exc, DblogError) or exc.retriable
+            msg = str(exc) if isinstance(exc, DblogError) else f"{type(exc).__name__}: {exc}"
+            log.warning("snapshot request for %s failed: %s", getattr(request, "table", "?"), msg)
+            answer(lambda: core.on_request_failed(request.id, msg, retriable))
 
-    def _start_table(self, req: TableStartRequest) -> None:
-        info = self.reader.table_info(req.table, req.surrogate_key)
-        max_key = None
-        error = None
-        if info is None:
-            error = f"table {req.table} does not exist"
-        elif not info.key:
-            error = (f"table {req.table} has no primary key: name a column with "
-                     "surrogate-key (CLI: --surrogate-key COL)")
-        else:
+    def _start_table(self, req: TableStartRequest) -> tuple[TableInfo | None, Any, str | None]:
+        try:
+            info = self.reader.table_info(req.table, req.surrogate_key)
+            if info is None:
+                return None, None, f"table {req.table} does not exist"
+            if not info.key:
+                return info, None, (
+                    f"table {req.table} has no primary key: name a column to chunk by with "
+                    "surrogate-key (CLI: --surrogate-key COL)"
+                )
             if req.condition:
                 self.reader.check_filter(info, req.condition)
-            max_key = self.reader.max_key(info, req.condition)
-        self._results.put(lambda: self._table_started(req, info, max_key, error))
+            return info, self.reader.max_key(info, req.condition), None
+        except SignalError as exc:
+            return None, None, str(exc)
 
-    def _table_started(self, req: TableStartRequest, info: Any, max_key: Any, error: str | None) -> list[ChangeEvent]:
-        self.core.on_table_started(req.id, info, max_key, error)
-        return []
-
-    def _read_chunk(self, req: ChunkRequest) -> None:
-        if req.low_watermark is not None:
-            self.reader.write_watermark(req.low_watermark)
-        t0 = time.perf_counter()
-        rows = self.reader.read_chunk(req.info, req.after_key, req.max_key, req.limit, req.condition)
-        elapsed = (time.perf_counter() - t0) * 1000
-        self._results.put(lambda: self._chunk_read(req, rows, elapsed))
-        if req.high_watermark is not None:
-            self.reader.write_watermark(req.high_watermark)
-
-    def _chunk_read(self, req: ChunkRequest, rows: list[dict[str, Any]], elapsed: float) -> list[ChangeEvent]:
-        self.core.on_chunk_read(req.id, rows, elapsed)
-        return []
-
-    def _drain(self) -> list[ChangeEvent]:
-        out: list[ChangeEvent] = []
-        while True:
-            try:
-                result = self._results.get_nowait()
-            except queue.Empty:
-                return out
-            self._inflight = False
-            out.extend(result())
-
-    # -- blocking snapshots ---------------------------------------------------------------
-    def run_blocking_step(self, position: Position) -> list[ChangeEvent]:
-        step = getattr(self.core, "blocking_step", None)
-        if step is None:
-            return []
-        events: list[ChangeEvent] = step(self.reader, position)
-        return events
+    # -- blocking snapshots ------------------------------------------------------------------
+    def run_blocking(self, position: Position, stop: threading.Event,
+                     emit: Callable[[list[ChangeEvent]], None], keepalive: Callable[[], None]) -> None:
+        """The stream is paused at a transaction boundary at ``position``: read the
+        blocking snapshot's tables inline, emitting rows as they come."""
+        while self._inflight:  # let an incremental request in flight finish first
+            emit(self.take())
+            time.sleep(0.01)
+        self.core.on_stream_paused(position, _now_ms())
+        results: list[Answer] = []
+        while self.core.blocking and not stop.is_set():
+            keepalive()
+            request = self.core.next_request()
+            if request is None:
+                emit(self.take())
+                time.sleep(0.01)
+                continue
+            self._execute(request, results.append)
+            for result in results:
+                emit(result())
+            results.clear()
 
     def state(self) -> dict[str, Any] | None:
         return self.core.state()
 
     def status(self) -> dict[str, Any]:
         return self.core.status()
+
+
+def _keyed(info: TableInfo, request: ChunkRequest) -> TableInfo:
+    """The chunk's key columns are the ones fixed when the table's snapshot started."""
+    if info.key == request.key_columns:
+        return info
+    return TableInfo(info.schema, info.table, info.columns, info.types, request.key_columns)

@@ -70,6 +70,8 @@ class Runner:
         self._extra: dict[str, Any] = {}
         self.status = StatusWriter(cfg.log_dir)
         self.driver: SnapshotDriver | None = None
+        self.opened = False
+        self._in_tx = False
         # Fault injection for crash tests: DBLOG_CRASH_AT=after-log|after-state.
         self._crash_at = os.environ.get("DBLOG_CRASH_AT")
 
@@ -91,12 +93,15 @@ class Runner:
     def run(self, stop: threading.Event) -> None:
         checkpoint = self.recover()
         self.source.open(checkpoint)
+        self.opened = True
         connector, db = self.source.connector, self.source.db
         self.driver = SnapshotDriver(
             self.cfg, self.reader, checkpoint.snapshot if checkpoint else None
         )
         skip = checkpoint.position if checkpoint else None
-        want_initial = self.cfg.snapshot.mode == "initial" and not self._extra.get("initial_started")
+        if self.cfg.snapshot.mode == "initial" and not self._extra.get("initial_started"):
+            self._extra["initial_started"] = True
+            self.driver.start_initial(self.reader.captured_tables())
         signal_table = self.cfg.snapshot.signal_table
         watermark_table = self.cfg.snapshot.watermark_table
         driver = self.driver
@@ -114,13 +119,14 @@ class Runner:
                         continue
                     skip = None
                 qualified = ev.qualified_table
+                self._in_tx = True
                 if qualified == signal_table:
-                    self._emit(driver.on_signal_event(ev, self.source), connector, db)
+                    self._emit(driver.on_signal_event(ev, self.reader.captured_tables()), connector, db)
                 elif qualified == watermark_table:
                     if ev.after is not None:
                         self._emit(driver.on_watermark(str(ev.after.get("value")), ev.position, ev.ts_ms), connector, db)
                 else:
-                    if driver.window_open:
+                    if driver.active:
                         driver.on_event(ev)
                     if not pending:
                         self._pending_since = time.monotonic()
@@ -133,15 +139,12 @@ class Runner:
                     continue
                 self._position = item.position
                 self._ack = item.position
+                self._in_tx = False
                 if pending and time.monotonic() - self._pending_since >= max_age:
                     self.flush()
             elif kind is Idle:
                 self.flush()
                 self._tick(stop, connector, db)
-                if want_initial and self._position is not None:
-                    want_initial = False
-                    self._extra["initial_started"] = True
-                    self._emit(driver.start_initial(self.source, self._position), connector, db)
                 if stop.is_set():
                     break
                 now = time.monotonic()
@@ -154,6 +157,7 @@ class Runner:
                 if self._position is None or not item.position <= self._position:
                     self._position = item.position
                 self._ack = item.position
+                self._in_tx = False
                 self.flush(force=True)
                 refresh = getattr(self.source, "refresh_tables", None)
                 if refresh is not None:
@@ -162,12 +166,19 @@ class Runner:
                 if skip is not None and item.position <= skip:
                     continue
                 self._emit(driver.on_watermark(item.id, item.position, 0), connector, db)
+                self._position = item.position if self._position is None or self._position < item.position else self._position
             elif kind is SchemaChanged:
                 ts: TableSchema = item.table_schema
                 if self._known_schemas.get(ts.qualified) != ts:
+                    # A schema applies from the next offset on: flush what came before
+                    # (schema changes are rare; this may split a transaction, which the
+                    # checkpoint handles like any other mid-transaction flush).
+                    if pending:
+                        self.flush()
                     self._known_schemas[ts.qualified] = ts
+                    self._schemas = [s for s in self._schemas if s.qualified != ts.qualified]
                     self._schemas.append(ts)
-                    driver.on_schema_changed(ts.qualified)
+
             if stop.is_set() and kind is not ChangeEvent:
                 self.flush()
                 break
@@ -189,16 +200,17 @@ class Runner:
         driver = self.driver
         assert driver is not None
         driver.submit_next()
-        if driver.blocking:
+        self._emit(driver.take(), connector, db)
+        if driver.blocking and not self._in_tx and self._position is not None:
             self.flush()
-            while driver.blocking and not stop.is_set():
-                keepalive = getattr(self.source, "keepalive", None)
-                if keepalive is not None:
-                    keepalive()
-                assert self._position is not None
-                events = driver.run_blocking_step(self._position)
+
+            def emit(events: list[ChangeEvent]) -> None:
                 self._emit(events, connector, db)
                 self.flush()
+
+            keepalive = getattr(self.source, "keepalive", None) or (lambda: None)
+            driver.run_blocking(self._position, stop, emit, keepalive)
+            self.flush(force=True)
         self.status.maybe_write(self)
 
     def flush(self, force: bool = False) -> None:

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 def run_capture(cfg: Config, stop: threading.Event) -> None:
     """Run until ``stop`` is set; flushes, acknowledges and closes on the way out.
 
-    Retriable source errors (server restarting, slot briefly held by a dying process)
-    are retried with backoff; fatal ones are raised with their message.
+    Errors before the stream first opens are raised (the CLI prints them and exits
+    with their code: bad DSN, server down, slot in use, setup missing). Once capture
+    ran, retriable errors (the server restarting) are retried with backoff.
     """
     delay = 1.0
     while not stop.is_set():
@@ -34,7 +35,7 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
             runner.run(stop)
             return
         except DblogError as exc:
-            if not exc.retriable or _seen_progress(runner) is False and delay > 30:
+            if not exc.retriable or not runner.opened:
                 raise
             log.warning("%s; retrying in %.0f s", exc, delay)
         finally:
@@ -45,10 +46,6 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
                 changelog.close()
         stop.wait(delay)
         delay = min(delay * 2, 30.0)
-
-
-def _seen_progress(runner: Runner) -> bool:
-    return runner._saved_position is not None
 
 
 def collect_status(cfg: Config) -> dict[str, Any]:

@@ -17,10 +17,10 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pydblog.errors import ChangeLogError
-from pydblog.events import EncodedEvent
 import orjson
 
+from pydblog.errors import ChangeLogError
+from pydblog.events import EncodedEvent
 from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
 
 LOG_FILE = "changelog.sqlite"
@@ -194,10 +194,22 @@ class SqliteChangeLogReader(ChangeLogReader):
     def __init__(self, directory: str | Path) -> None:
         self.path = log_path(directory)
         self._conn = _connect(self.path, readonly=True)
+        self._ready = False
+
+    def ready(self) -> bool:
+        """False while the writer has created the file but not yet its tables."""
+        if not self._ready:
+            (n,) = self._conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE name IN ('events', 'checkpoint', 'schemas')"
+            ).fetchone()
+            self._ready = n == 3
+        return self._ready
 
     def read(
         self, from_offset: int, limit: int, tables: Sequence[str] | None = None
     ) -> list[LogRecord]:
+        if not self.ready():
+            return []
         if tables:
             marks = ",".join("?" * len(tables))
             sql = (
@@ -215,6 +227,8 @@ class SqliteChangeLogReader(ChangeLogReader):
 
     def read_range(self, start: int, end: int) -> list[LogRecord]:
         """Records with ``start <= offset < end`` (a deterministic re-read)."""
+        if not self.ready():
+            return []
         return [
             LogRecord(*r)
             for r in self._conn.execute(
@@ -225,17 +239,23 @@ class SqliteChangeLogReader(ChangeLogReader):
         ]
 
     def schemas(self, table: str | None = None) -> list[tuple[int, TableSchema]]:
-        return _schemas(self._conn, table)
+        return _schemas(self._conn, table) if self.ready() else []
 
     def first_offset(self) -> int:
+        if not self.ready():
+            return 0
         (first,) = self._conn.execute('SELECT min("offset") FROM events').fetchone()
         return int(first) if first is not None else self.next_offset()
 
     def next_offset(self) -> int:
+        if not self.ready():
+            return 0
         row = self._conn.execute("SELECT next_offset FROM checkpoint WHERE id = 1").fetchone()
         return int(row[0]) if row else 0
 
     def last_checkpoint(self) -> Checkpoint | None:
+        if not self.ready():
+            return None
         row = self._conn.execute("SELECT state FROM checkpoint WHERE id = 1").fetchone()
         return Checkpoint.from_bytes(row[0]) if row else None
 

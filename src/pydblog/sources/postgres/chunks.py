@@ -14,7 +14,6 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
 import logging
 from typing import Any
 
@@ -200,7 +199,6 @@ class PgSnapshotReader:
         limit: int,
         condition: str | None,
     ) -> list[dict[str, Any]]:
-        conn = self.conn
         assert self._types is not None
         if info.qualified not in self._oids:
             self.table_info(info.qualified)

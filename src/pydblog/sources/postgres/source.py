@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import select
 import time
@@ -146,10 +147,8 @@ class PgLogSource:
                     self._heartbeat()
                     self._last_hb = now
                 yield IDLE
-                try:
+                with contextlib.suppress(InterruptedError):
                     select.select([fileno], [], [], min(0.05, interval))
-                except InterruptedError:
-                    pass
                 continue
             m = po.decode(msg.payload)
             kind = type(m)
@@ -328,16 +327,23 @@ class PgLogSource:
             raise replication_error(exc, self.src.slot) from None
         self._acked = lsn
 
+    def keepalive(self) -> None:
+        """Tell the server we are alive while the stream is paused (blocking snapshot),
+        so wal_sender_timeout does not end the connection."""
+        if self._cur is not None:
+            try:
+                self._cur.send_feedback(force=True)
+            except psycopg2.Error as exc:
+                raise replication_error(exc, self.src.slot) from None
+
     def lag_bytes(self) -> int | None:
         return slot_lag(self._meta, self.src.slot) if self._meta is not None else None
 
     def close(self) -> None:
         for c in (self._repl, self._meta):
             if c is not None:
-                try:
+                with contextlib.suppress(Exception):
                     c.close()
-                except Exception:
-                    pass
         self._repl = None
         self._meta = None
 

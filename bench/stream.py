@@ -1,0 +1,187 @@
+"""Benchmark: the slot's raw receive rate vs `dblog run` end to end into the change log.
+
+In one run, on one machine, against one throwaway PostgreSQL:
+ (a) raw: a bare psycopg2 loop that reads every pgoutput message of the load from a
+     slot and discards it;
+ (b) dblog: `dblog run` (a real process) draining the same load from its own slot
+     into the durable change log (fsync'd SQLite commits);
+ (c) commit -> change-log latency p50/p99 at a steady ~5k events/s;
+ (d) peak RSS of the `dblog run` process.
+
+Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import psycopg2
+import psycopg2.extras
+
+from pydblog.changelog.sqlite import SqliteChangeLogReader
+from pydblog.devtools.pgcluster import PgCluster
+
+
+def load(dsn: str, rows: int, txs: int) -> None:
+    per = rows // txs
+    with psycopg.connect(dsn) as conn:
+        for t in range(txs):
+            conn.execute(
+                "INSERT INTO bench SELECT g, g % 1000, 'text-' || g, g * 1.5, now() "
+                "FROM generate_series(%s, %s) g",
+                (t * per, (t + 1) * per - 1),
+            )
+            conn.commit()
+
+
+def raw_rate(dsn: str, slot: str, rows: int) -> float:
+    conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    cur = conn.cursor()
+    cur.start_replication(
+        slot_name=slot, decode=False,
+        options={"proto_version": "1", "publication_names": "benchpub", "messages": "true"},
+    )
+    import select
+
+    seen = 0
+    t0 = time.perf_counter()
+    while seen < rows:
+        msg = cur.read_message()
+        if msg is None:
+            select.select([conn.fileno()], [], [], 0.1)
+            continue
+        if msg.payload[:1] == b"I":
+            seen += 1
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return rows / elapsed
+
+
+def peak_rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def write_config(directory: Path, dsn: str) -> Path:
+    path = directory / "dblog.toml"
+    path.write_text(
+        f'[source]\ndsn = "{dsn}"\ntables = ["public\\\\.bench", "public\\\\.steady"]\n'
+        f'slot = "dblogbench"\npublication = "dblogpub"\n'
+        f'[log]\npath = "{directory / "data"}"\n'
+    )
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--tx", type=int, default=10)
+    ap.add_argument("--steady-seconds", type=float, default=20.0)
+    ap.add_argument("--steady-rate", type=int, default=5000)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
+    with PgCluster() as cluster:
+        dsn = cluster.create_database("bench")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, a int, b text, c numeric, d timestamptz)")
+            conn.execute("CREATE TABLE steady (id bigint PRIMARY KEY, v int)")
+            conn.execute("CREATE PUBLICATION benchpub FOR TABLE bench")
+            conn.execute("SELECT pg_create_logical_replication_slot('rawbench', 'pgoutput')")
+        config = write_config(work, dsn)
+        # Start dblog once so that it creates its slot and publication, then stop it.
+        proc = subprocess.Popen([sys.executable, "-m", "pydblog", "run", "--config", str(config)],
+                                stderr=subprocess.DEVNULL)
+        time.sleep(3)
+        proc.terminate()
+        proc.wait()
+        t0 = time.perf_counter()
+        load(dsn, args.rows, args.tx)
+        print(f"loaded {args.rows} rows in {args.tx} transactions in {time.perf_counter() - t0:.1f}s")
+
+        raw = raw_rate(dsn, "rawbench", args.rows)
+        print(f"(a) raw slot receive: {raw:,.0f} events/s")
+
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "pydblog", "run", "--config", str(config)],
+                                stderr=subprocess.DEVNULL)
+        reader = None
+        while True:
+            time.sleep(0.05)
+            if reader is None and (work / "data" / "changelog.sqlite").exists():
+                reader = SqliteChangeLogReader(work / "data")
+            if reader is not None and reader.next_offset() >= args.rows:
+                break
+        elapsed = time.perf_counter() - t0
+        rss_bulk = peak_rss_kb(proc.pid)
+        e2e = args.rows / elapsed
+        print(f"(b) dblog run end to end: {e2e:,.0f} events/s (incl. process start), ratio {e2e / raw:.2f}")
+
+        # (c) steady load latency
+        assert reader is not None
+        start_offset = reader.next_offset()
+        stop = threading.Event()
+        latencies: list[float] = []
+
+        def follow() -> None:
+            offset = start_offset
+            while not stop.is_set():
+                recs = reader.read(offset, 10_000)
+                now_ms = time.time() * 1000
+                for r in recs:
+                    latencies.append(now_ms - r.ts_ms)
+                if recs:
+                    offset = recs[-1].offset + 1
+                else:
+                    time.sleep(0.001)
+
+        th = threading.Thread(target=follow)
+        th.start()
+        per_tx = 10
+        interval = per_tx / args.steady_rate
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            i = 0
+            t_end = time.monotonic() + args.steady_seconds
+            nxt = time.monotonic()
+            while time.monotonic() < t_end:
+                with conn.transaction():
+                    conn.execute(
+                        "INSERT INTO steady SELECT g, 1 FROM generate_series(%s, %s) g",
+                        (i, i + per_tx - 1),
+                    )
+                i += per_tx
+                nxt += interval
+                delay = nxt - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        time.sleep(1.0)
+        stop.set()
+        th.join()
+        rss = peak_rss_kb(proc.pid)
+        proc.terminate()
+        proc.wait()
+        lat = sorted(latencies)
+        p50 = statistics.median(lat)
+        p99 = lat[int(len(lat) * 0.99)]
+        rate = i / args.steady_seconds
+        print(f"(c) commit->change log latency at {rate:,.0f} events/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
+              f"({len(lat)} events)")
+        print(f"(d) dblog run peak RSS: {rss / 1024:.0f} MB (after bulk drain: {rss_bulk / 1024:.0f} MB)")
+    os.system(f"rm -rf {work}")
+
+
+if __name__ == "__main__":
+    main()

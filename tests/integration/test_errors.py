@@ -1,0 +1,108 @@
+"""Bad input gets a clear message and exit code, never a traceback or a password."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psycopg
+
+from pydblog.devtools.pgcluster import PgCluster, free_port
+from tests.helpers import dblog, start_run, stop_run, write_config
+
+
+def run_once(config: Path) -> tuple[int, str]:
+    res = dblog("run", "--config", str(config), check=False, timeout=60)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, res.stderr
+
+
+def test_unreachable_server(tmp_path: Path) -> None:
+    dsn = f"postgresql://u:s3cret@127.0.0.1:{free_port()}/app"
+    config = write_config(tmp_path, dsn, source_extra="connect_timeout_s = 1")
+    code, err = run_once(config)
+    assert code == 4
+    assert "cannot connect to PostgreSQL" in err
+    assert "s3cret" not in err and "Traceback" not in err
+
+
+def test_wrong_password(pg_cluster: PgCluster, tmp_path: Path) -> None:
+    config = write_config(tmp_path, pg_cluster.dsn(password="wrong-pw"))
+    code, err = run_once(config)
+    assert code == 3
+    assert "refused the login" in err and "password" in err
+    assert "wrong-pw" not in err
+
+
+def test_missing_replication_privilege(pg_db: str, pg_cluster: PgCluster, tmp_path: Path) -> None:
+    dbname = pg_db.rsplit("/", 1)[1]
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS plain")
+        conn.execute("CREATE ROLE plain LOGIN PASSWORD 'pw'")
+    config = write_config(tmp_path, pg_cluster.dsn(dbname, user="plain", password="pw"))
+    code, err = run_once(config)
+    assert code == 3
+    assert "may not use replication" in err and "ALTER ROLE plain REPLICATION" in err
+
+
+def test_wal_level_not_logical(tmp_path: Path) -> None:
+    with PgCluster(settings={"wal_level": "replica"}) as cluster:
+        config = write_config(tmp_path, cluster.dsn())
+        code, err = run_once(config)
+    assert code == 3
+    assert "wal_level" in err and "logical" in err
+
+
+def test_slot_in_use(pg_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    config = write_config(tmp_path / "one", pg_db)
+    other = write_config(tmp_path / "two", pg_db)
+    proc = start_run(config)
+    try:
+        time.sleep(3)
+        code2, err2 = run_once(other)
+    finally:
+        code, err = stop_run(proc)
+    assert code == 0, err
+    assert code2 == 5 and "in use by another process" in err2
+
+
+def test_table_without_key_is_warned_not_captured(pg_db: str, tmp_path: Path) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE nokey (x int)")
+        conn.execute("CREATE TABLE fullkey (x int)")
+        conn.execute("ALTER TABLE fullkey REPLICA IDENTITY FULL")
+    config = write_config(tmp_path, pg_db)
+    proc = start_run(config)
+    time.sleep(3)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO nokey VALUES (1)")
+        conn.execute("UPDATE nokey SET x = 2")  # must still work on the source
+        conn.execute("INSERT INTO fullkey VALUES (1)")
+        conn.execute("UPDATE fullkey SET x = 2")
+    from tests.helpers import wait_for_marker
+
+    events = wait_for_marker(config, pg_db)
+    _code, err = stop_run(proc)
+    assert "public.nokey has no primary key" in err and "REPLICA IDENTITY FULL" in err
+    tables = {e["source"]["table"] for e in events}
+    assert "nokey" not in tables and "fullkey" in tables
+    upd = [e for e in events if e["source"]["table"] == "fullkey" and e["op"] == "u"]
+    assert upd[0]["before"] == {"x": 1} and upd[0]["after"] == {"x": 2}
+
+
+def test_malformed_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[source]\ndsn = "postgresql://u:topsecret@h/db"\nslots = "x"\n[log]\nbatch_max_events = "many"\n')
+    res = dblog("run", "--config", str(bad), check=False)
+    assert res.returncode == 2
+    assert "source.slots: unknown key" in res.stderr
+    assert "log.batch_max_events" in res.stderr
+    assert "topsecret" not in res.stderr and "Traceback" not in res.stderr
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[source\n")
+    res = dblog("tail", "--config", str(broken), check=False)
+    assert res.returncode == 2 and "not valid TOML" in res.stderr
+    res = dblog("status", "--config", str(tmp_path / "missing.toml"), check=False)
+    assert res.returncode == 2 and "not found" in res.stderr
