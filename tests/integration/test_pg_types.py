@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydblog.devtools.pgcluster import PgCluster
@@ -521,3 +521,24 @@ arrays = st.recursive(
 @given(arrays)
 def test_parse_array_round_trip(value: list[Any]) -> None:
     assert parse_array(_literal(value)) == value
+
+
+pg_text = st.text(st.characters(exclude_characters="\x00"), max_size=6)
+pg_elements = st.one_of(st.none(), pg_text)
+pg_arrays = st.one_of(
+    st.lists(pg_elements, min_size=1, max_size=5),
+    st.integers(1, 3).flatmap(
+        lambda width: st.lists(
+            st.lists(pg_elements, min_size=width, max_size=width), min_size=1, max_size=3
+        )
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pg_arrays)
+def test_parse_array_reads_what_postgresql_prints(pg_cluster: PgCluster, value: list[Any]) -> None:
+    with _session_conn(pg_cluster.dsn()) as conn:
+        row = conn.execute("SELECT %s::text[]::text", (value,)).fetchone()
+    assert row is not None
+    assert parse_array(row[0]) == value
