@@ -13,6 +13,7 @@ from pydblog.ports import Checkpoint, Commit
 from pydblog.sources.mysql.binlog import MySqlLogSource
 from pydblog.sources.mysql.chunks import MySqlSnapshotReader
 from pydblog.sources.mysql.factory import create
+from pydblog.sources.mysql.position import BinlogPosition
 
 
 def config(server: MariaDB, db: str, **source: Any) -> Config:
@@ -70,3 +71,8 @@ def run_sql(server: MariaDB, db: str, *statements: str) -> None:
         conn.commit()
     finally:
         conn.close()
+
+
+def bpos(position: object) -> BinlogPosition:
+    assert isinstance(position, BinlogPosition)
+    return position

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from pydblog.devtools.mariadb import MariaDB
@@ -9,7 +10,7 @@ from pydblog.events import Op
 from pydblog.ports import Checkpoint, Commit, Heartbeat, Idle, SchemaChanged
 from pydblog.positions import decode_position, encode_position
 from pydblog.sources.mysql.position import BinlogPosition
-from tests.mysql.helpers import changes, commits, opened, read_until, run_sql
+from tests.mysql.helpers import bpos, changes, commits, opened, read_until, run_sql
 
 
 def test_inserts_updates_deletes_and_transactions(mariadb: MariaDB, my_db: str) -> None:
@@ -46,20 +47,21 @@ def test_inserts_updates_deletes_and_transactions(mariadb: MariaDB, my_db: str) 
     assert evs[3].before == {"id": 2, "v": "b", "n": 0} and evs[3].after is None
     assert evs[4].after == {"id": 3, "v": None, "n": 5}
     # Positions: strictly increasing; a transaction shares (file, pos); Commit above its events.
-    positioned = [i for i in items if isinstance(i, type(evs[0])) or isinstance(i, Commit)]
+    positioned = [i for i in items if isinstance(i, (type(evs[0]), Commit))]
     pos = [i.position for i in positioned]
-    assert all(a < b for a, b in zip(pos, pos[1:], strict=False))
-    tx2 = [e.position for e in evs[2:5]]
+    assert all(a < b for a, b in itertools.pairwise(pos))
+    tx2 = [bpos(e.position) for e in evs[2:5]]
     assert {(p.file, p.pos) for p in tx2} == {(tx2[0].file, tx2[0].pos)}
     assert [p.index for p in tx2] == [0, 1, 2]
     commit2 = [i for i in items if isinstance(i, Commit)][1]
-    assert commit2.position.index == 3 and commit2.position.gtid is not None
-    assert commit2.position.gtid.startswith("0-1-")
-    first = [i for i in items if not isinstance(i, Idle)][0]
+    gtid = bpos(commit2.position).gtid
+    assert bpos(commit2.position).index == 3 and gtid is not None
+    assert gtid.startswith("0-1-")
+    first = next(i for i in items if not isinstance(i, Idle))
     assert isinstance(first, SchemaChanged) and first.table_schema.key == ("id",)
     p = evs[0].position
     assert decode_position(encode_position(p)) == p
-    assert p.source_fields()["gtid"] == p.gtid
+    assert p.source_fields()["gtid"] == bpos(p).gtid
 
 
 def test_own_tables_truncate_and_schema(mariadb: MariaDB, my_db: str) -> None:
@@ -137,19 +139,17 @@ def test_resume_after_checkpoint(mariadb: MariaDB, my_db: str) -> None:
         src.close()
     evs = changes(first)
     assert [e.after for e in evs] == [{"id": i} for i in range(1, 6)]
-    assert evs[3].position.file != evs[0].position.file and evs[0].position < evs[3].position
+    assert (
+        bpos(evs[3].position).file != bpos(evs[0].position).file
+        and evs[0].position < evs[3].position
+    )
     # Mid-transaction checkpoint: the rest of that transaction and what follows, once.
     for cut, expected_ids in ((1, [3, 4, 5]), (2, [4, 5]), (4, [])):
         src, stream = opened(mariadb, my_db, Checkpoint(evs[cut].position))
         try:
             run_sql(mariadb, my_db, f"INSERT INTO t VALUES ({100 + cut})")
-            again = read_until(
-                stream,
-                lambda items: any(
-                    e.after == {"id": 100 + cut}
-                    for e in changes(items)  # noqa: B023
-                ),
-            )
+            want = {"id": 100 + cut}
+            again = read_until(stream, lambda items: any(e.after == want for e in changes(items)))  # noqa: B023
         finally:
             src.close()
         got = [e.after["id"] for e in changes(again) if e.after]
@@ -157,7 +157,7 @@ def test_resume_after_checkpoint(mariadb: MariaDB, my_db: str) -> None:
         assert got[-1] == 100 + cut and len(got) == len(set(got))
         assert all(e.position > evs[cut].position for e in changes(again))
     # Resuming at a Commit position re-yields nothing of that transaction.
-    commit = [i for i in first if isinstance(i, Commit)][0]
+    commit = next(i for i in first if isinstance(i, Commit))
     src, stream = opened(mariadb, my_db, Checkpoint(commit.position))
     try:
         again = read_until(stream, commits(1))

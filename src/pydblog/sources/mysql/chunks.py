@@ -46,6 +46,12 @@ from pydblog.sources.mysql.types import ColumnType, SelectMapper, key_param, quo
 TIMEOUTS = {ER_STATEMENT_TIMEOUT_MARIADB, ER_QUERY_TIMEOUT_MYSQL}
 
 
+class _FilterRejected(Exception):
+    def __init__(self, cause: pymysql.Error) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class _Table:
     """A table's SELECT mapping and its key columns' types (cached per table and key)."""
 
@@ -102,8 +108,13 @@ class MySqlSnapshotReader:
             "SELECT ", f"SELECT /*+ MAX_EXECUTION_TIME({self.statement_timeout_ms}) */ ", 1
         )
 
-    def _read_only(self, sql: str, params: Sequence[Any], *, doing: str) -> list[tuple[Any, ...]]:
-        """Run one SELECT in a READ ONLY transaction with the statement timeout."""
+    def _read_only(
+        self, sql: str, params: Sequence[Any], *, doing: str, raw: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Run one SELECT in a READ ONLY transaction with the statement timeout.
+
+        ``raw``: server-side refusals (not connection losses or timeouts) are raised as
+        ``_FilterRejected`` for the caller to word."""
         for attempt in (1, 2):
             with self._lock:
                 conn = self._connection()
@@ -111,7 +122,7 @@ class MySqlSnapshotReader:
                     with conn.cursor() as cur:
                         cur.execute("START TRANSACTION READ ONLY")
                         try:
-                            cur.execute(self._timed(sql), tuple(params))
+                            cur.execute(self._timed(sql), tuple(params) if params else None)
                             rows = list(cur.fetchall())
                         finally:
                             conn.rollback()
@@ -123,6 +134,8 @@ class MySqlSnapshotReader:
                         continue
                     if code in UNAVAILABLE:
                         self._reset()
+                    elif raw and code not in TIMEOUTS:
+                        raise _FilterRejected(exc) from None
                     raise self._error(exc, doing) from None
         raise AssertionError("unreachable")
 
@@ -197,31 +210,31 @@ class MySqlSnapshotReader:
         return table
 
     def check_filter(self, info: TableInfo, condition: str) -> None:
-        """Validate ``condition`` with EXPLAIN in a read-only transaction."""
+        """Validate ``condition``: EXPLAIN it, then evaluate it on one row, both inside a
+        READ ONLY transaction (a function that writes fails there)."""
         t = self._table(info)
-        sql = f"EXPLAIN SELECT 1 FROM {t.name} WHERE ({condition})"
         try:
-            with self._lock:
-                conn = self._connection()
-                with conn.cursor() as cur:
-                    cur.execute("START TRANSACTION READ ONLY")
-                    try:
-                        cur.execute(sql)
-                        cur.fetchall()
-                    finally:
-                        conn.rollback()
-        except pymysql.Error as exc:
-            code = errno(exc)
-            if code in UNAVAILABLE:
-                self._reset()
-                raise self._error(exc, "checking a snapshot filter") from None
+            self._read_only(
+                f"EXPLAIN SELECT 1 FROM {t.name} WHERE ({condition})",
+                (),
+                doing="checking a snapshot filter",
+                raw=True,
+            )
+            self._read_only(
+                f"SELECT 1 FROM {t.name} WHERE ({condition}) LIMIT 1",
+                (),
+                doing="checking a snapshot filter",
+                raw=True,
+            )
+        except _FilterRejected as exc:
+            code = errno(exc.cause)
             what = {
                 ER_PARSE_ERROR: "does not parse",
                 ER_BAD_FIELD: "names an unknown column",
                 ER_READ_ONLY_TRANSACTION: "tries to write",
             }.get(code or 0, "is rejected by the server")
             raise SignalError(
-                f"filter {condition!r} on {info.qualified} {what}: {detail(exc)}"
+                f"filter {condition!r} on {info.qualified} {what}: {detail(exc.cause)}"
             ) from None
 
     def max_key(self, info: TableInfo, condition: str | None) -> tuple[Any, ...] | None:
@@ -276,7 +289,9 @@ class MySqlSnapshotReader:
         info: TableInfo,
     ) -> list[dict[str, Any]]:
         if condition:
-            where = f"({where}) AND ({condition})"
+            # pymysql formats the query with %-placeholders when there are parameters.
+            cond = condition.replace("%", "%%") if params else condition
+            where = f"({where}) AND ({cond})"
         order = ", ".join(quote_ident(k) for k in info.key)
         sql = f"SELECT {t.mapper.select_list} FROM {t.name} WHERE {where} ORDER BY {order}"
         if limit is not None:

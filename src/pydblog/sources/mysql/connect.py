@@ -131,8 +131,8 @@ def classify(exc: BaseException, dsn: MySqlDsn, doing: str) -> SourceError:
     if code in DENIED:
         return SourceError(
             f"MySQL at {where} denied {doing}: {msg}",
-            hint=f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {dsn.user}; "
-            f"GRANT SELECT, INSERT, UPDATE, CREATE ON {dsn.database}.* TO {dsn.user}",
+            hint=f"the capture user needs GRANT SELECT, INSERT, UPDATE, CREATE ON "
+            f"`{dsn.database}`.* and GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.*",
         )
     if code in UNAVAILABLE or code is None:
         return SourceUnavailable(

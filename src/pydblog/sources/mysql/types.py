@@ -159,15 +159,20 @@ _STRINGS = {
 }
 
 
+def _is_binary(column: Any) -> bool:
+    """BINARY/VARBINARY/BLOB: the binlog metadata's charset is ``binary`` (or absent)."""
+    return getattr(column, "character_set_name", None) in (None, "binary")
+
+
 def _str_or_b64(value: Any) -> Any:
     return b64(value) if isinstance(value, bytes) else value
 
 
 def _padded_b64(length: int) -> Conv:
     def conv(value: Any) -> Any:
-        if isinstance(value, bytes):
-            return b64(value.ljust(length, b"\0"))
-        return value
+        if isinstance(value, str):  # the library hands an all-zero BINARY(n) over as ""
+            value = value.encode()
+        return b64(value.ljust(length, b"\0"))
 
     return conv
 
@@ -204,7 +209,7 @@ def binlog_converter(column: Any, is_json: bool) -> Conv | None:
         return time_text
     if t == FIELD_TYPE.SET:
         return _set_list(column.set_values or ())
-    if t == FIELD_TYPE.STRING and getattr(column, "character_set_name", None) is None:
+    if t == FIELD_TYPE.STRING and _is_binary(column):
         # BINARY(n): the binlog strips trailing zero bytes, SELECT does not.
         length = int(getattr(column, "max_length", 0) or 0)
         return _padded_b64(length) if length else _str_or_b64
@@ -447,7 +452,7 @@ def binlog_column_type(column: Any, is_json: bool) -> tuple[str, str]:
         )
     if t == FIELD_TYPE.SET:
         return f"set({_quoted_list(column.set_values or [])})", "array<string>"
-    binary = getattr(column, "character_set_name", None) is None
+    binary = _is_binary(column)
     if t == FIELD_TYPE.BLOB:
         return ("blob", "bytes") if binary else ("text", "string")
     length = getattr(column, "max_length", None)
