@@ -71,8 +71,8 @@ def test_crash_between_log_state_and_ack(pg_db: str, tmp_path: Path) -> None:
                     "INSERT INTO w VALUES (%s, 'a', 0) ON CONFLICT (id) DO UPDATE SET n = w.n + 1", (i,)
                 )
         proc = start_run(config, env={"DBLOG_CRASH_AT": step}, wait=False)
-        proc.wait(timeout=60)
-        assert proc.returncode == 137
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 137, err.decode()
     proc = start_run(config)
     try:
         events = wait_for_marker(config, pg_db)

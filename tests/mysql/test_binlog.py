@@ -57,7 +57,10 @@ def test_inserts_updates_deletes_and_transactions(mariadb: MariaDB, my_db: str) 
     gtid = bpos(commit2.position).gtid
     assert bpos(commit2.position).index == 3 and gtid is not None
     assert gtid.startswith("0-1-")
-    first = next(i for i in items if not isinstance(i, Idle))
+    # A fresh start first offers its start position (index -1, below everything after).
+    start, first = [i for i in items if not isinstance(i, Idle)][:2]
+    assert isinstance(start, Heartbeat) and bpos(start.position).index == -1
+    assert start.position < evs[0].position
     assert isinstance(first, SchemaChanged) and first.table_schema.key == ("id",)
     p = evs[0].position
     assert decode_position(encode_position(p)) == p

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import socket
+
 import psycopg
 import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
+
+from psycopg.conninfo import conninfo_to_dict
 
 from pydblog.config import redact_dsn
 from pydblog.errors import SlotInUse, SourceError, SourceUnavailable
@@ -28,9 +32,33 @@ def _options() -> str:
     return " ".join(f"-c {k}={v}" for k, v in SESSION_SETTINGS.items())
 
 
+def _reachable(dsn: str) -> bool:
+    """Whether something accepts TCP connections at the DSN's host and port (libpq
+    reports connection-time errors without a SQLSTATE: this tells "the server refused
+    us" from "no server there" without reading the message text)."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return False
+    host = str(params.get("host") or "")
+    if not host or host.startswith("/"):
+        return True  # a Unix socket: the file exists or libpq says so
+    try:
+        with socket.create_connection((host.split(",")[0], int(params.get("port") or 5432)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def _connect_error(dsn: str, exc: Exception, sqlstate: str | None) -> SourceError:
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    detail = detail.removeprefix("connection failed: ")
     where = redact_dsn(dsn)
+    if sqlstate is None and _reachable(dsn):
+        return SourceError(
+            f"PostgreSQL at {where} refused the connection: {detail}",
+            hint="check the user, password and database name in [source] dsn, and pg_hba.conf",
+        )
     if sqlstate in INVALID_AUTHORIZATION:
         return SourceError(
             f"PostgreSQL at {where} refused the login: {detail}",
