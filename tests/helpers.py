@@ -204,7 +204,7 @@ def source_rows(dsn: str, table: str, key: list[str]) -> dict[Key, dict[str, Any
         convs = [types.converter(oid) for _, oid in cols]
         out: dict[Key, dict[str, Any]] = {}
         query = f"SELECT {exprs} FROM {sql.Identifier(schema, name).as_string(conn)}"
-        for r in conn.execute(query):  # type: ignore[call-overload]
+        for r in conn.execute(query):
             row = {c: (f(v) if v is not None else None) for (c, _), f, v in zip(cols, convs, r, strict=True)}
             out[tuple(_hashable(row[k]) for k in key)] = row
         return out

@@ -150,10 +150,10 @@ class SnapshotDriver:
                 if request.high_watermark is not None:
                     self.reader.write_watermark(request.high_watermark)
         except Exception as exc:  # reported to the core; capture goes on
-            retriable = not isinstance(exc, DblogError) or exc.retriable
+            retriable = exc.retriable if isinstance(exc, DblogError) else None
             msg = str(exc) if isinstance(exc, DblogError) else f"{type(exc).__name__}: {exc}"
             log.warning("snapshot request for %s failed: %s", getattr(request, "table", "?"), msg)
-            answer(lambda: core.on_request_failed(request.id, msg, retriable))
+            answer(lambda: core.on_request_failed(request.id, msg, retriable=retriable))
 
     def _start_table(self, req: TableStartRequest) -> tuple[TableInfo | None, Any, str | None]:
         try:

@@ -173,6 +173,11 @@ def plan_partitions(path: str, start: int, end: int) -> list[OffsetRange]:
     ]
 
 
+def _lower(options: Any) -> dict[str, str]:
+    """Spark option names are case-insensitive: readers see them lower-cased."""
+    return {str(k).lower(): str(v) for k, v in dict(options).items()}
+
+
 def _path(options: dict[str, str]) -> str:
     path = options.get("path")
     if not path:
@@ -184,7 +189,7 @@ def _path(options: dict[str, str]) -> str:
 
 
 def _max_events(options: dict[str, str]) -> int:
-    raw = options.get("maxEventsPerTrigger") or options.get("maxeventspertrigger")
+    raw = options.get("maxeventspertrigger")
     if raw is None:
         return DEFAULT_MAX_EVENTS
     try:
@@ -208,10 +213,10 @@ class DblogDataSource(DataSource):
         return EVENT_SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return DblogBatchReader(dict(self.options))
+        return DblogBatchReader(_lower(self.options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return DblogStreamReader(dict(self.options))
+        return DblogStreamReader(_lower(self.options))
 
 
 class DblogBatchReader(DataSourceReader):
@@ -219,14 +224,15 @@ class DblogBatchReader(DataSourceReader):
     options narrow it)."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        options = _lower(options)
         self.path = _path(options)
         reader = SqliteChangeLogReader(self.path)
         try:
             first, nxt = reader.first_offset(), reader.next_offset()
         finally:
             reader.close()
-        self.start = int(options.get("startOffset", first))
-        self.end = int(options.get("endOffset", nxt))
+        self.start = int(options.get("startoffset", first))
+        self.end = int(options.get("endoffset", nxt))
 
     def partitions(self) -> Sequence[InputPartition]:
         return plan_partitions(self.path, self.start, self.end)
@@ -238,9 +244,10 @@ class DblogBatchReader(DataSourceReader):
 
 class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
+        options = _lower(options)
         self.path = _path(options)
         self.max_events = _max_events(options)
-        self.starting = options.get("startingOffset", "earliest")
+        self.starting = options.get("startingoffset", "earliest")
         self.target: int | None = None
 
     def _bounds(self) -> tuple[int, int]:

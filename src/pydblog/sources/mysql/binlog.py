@@ -186,6 +186,10 @@ class MySqlLogSource:
             )
         if pos is None:
             file, offset = self._master_status()
+            # Where capture begins, offered at once as a Heartbeat so that the runner
+            # checkpoints it: a restart before the first transaction resumes here.
+            # Index -1 sorts below every event of a transaction starting at ``offset``.
+            self._last_done = BinlogPosition(file, offset, -1)
         else:
             self._require_file(pos)
             file, offset = pos.file, max(pos.pos, 4)
@@ -195,6 +199,9 @@ class MySqlLogSource:
 
     def stream(self) -> Iterator[Any]:
         last_yield = time.monotonic()
+        for item in self._heartbeat(force=True):
+            if not self._drop(item):
+                yield item
         while True:
             event = self._fetch()
             for item in self._handle(event):

@@ -8,6 +8,8 @@ Invariants:
 - The ``Commit`` of a transaction with ``n`` captured events is at index ``n``: above all of
   its events, below every event of the next transaction (which starts at a larger offset
   or in a later file).
+- Index ``-1`` marks "before anything at this offset": the position where a fresh capture
+  begins (a ``Heartbeat``), below every event of a transaction starting there.
 - Resuming "after position p" means: restart the binlog dump at ``(p.file, p.pos)`` (the
   start of p's transaction) and drop every item at or below ``p``.
 - ``gtid`` is the transaction's GTID as the server prints it (MariaDB ``domain-server-seq``,

@@ -93,14 +93,15 @@ class PgSnapshotReader:
         return TableInfo(schema, table, names, tuple(r[1] for r in rows), key)
 
     # -- read-only queries ----------------------------------------------------------
-    def _read_only(self, query: sql.Composable, params: list[Any]) -> list[tuple[Any, ...]]:
+    def _read_only(self, query: sql.Composed | sql.SQL, params: list[Any]) -> list[tuple[Any, ...]]:
         conn = self.conn
         timeout = self.cfg.snapshot.statement_timeout_ms
         try:
             with conn.transaction():
                 conn.execute("SET TRANSACTION READ ONLY")
                 conn.execute(f"SET LOCAL statement_timeout = {int(timeout)}")
-                return conn.execute(query, params).fetchall()
+                rows: list[tuple[Any, ...]] = conn.execute(query, params).fetchall()
+                return rows
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             raise SignalError(f"a snapshot filter tried to write: {str(exc).strip()}") from None
         except (psycopg.errors.SyntaxError, psycopg.errors.UndefinedColumn,
@@ -116,7 +117,7 @@ class PgSnapshotReader:
     def check_filter(self, info: TableInfo, condition: str) -> None:
         self._read_only(
             sql.SQL("SELECT 1 FROM {} WHERE ({}) LIMIT 0").format(
-                sql.Identifier(info.schema, info.table), sql.SQL(condition)  # type: ignore[arg-type]
+                sql.Identifier(info.schema, info.table), sql.SQL(condition)
             ),
             [],
         )
@@ -133,7 +134,7 @@ class PgSnapshotReader:
             text = orjson.dumps(value).decode()
         else:
             text = str(value)
-        return sql.SQL("{}::{}").format(sql.Literal(text), sql.SQL(typ))  # type: ignore[arg-type]
+        return sql.SQL("{}::{}").format(sql.Literal(text), sql.SQL(typ))
 
     def _tuple(self, info: TableInfo, key: tuple[Any, ...]) -> sql.Composable:
         return sql.SQL("({})").format(
@@ -157,7 +158,7 @@ class PgSnapshotReader:
     def max_key(self, info: TableInfo, condition: str | None) -> tuple[Any, ...] | None:
         if info.qualified not in self._oids:
             self.table_info(info.qualified)
-        where = sql.SQL(condition) if condition else sql.SQL("true")  # type: ignore[arg-type]
+        where = sql.SQL(condition) if condition else sql.SQL("true")
         query = sql.SQL("SELECT {} FROM {} WHERE ({}) ORDER BY {} LIMIT 1").format(
             self._select_list(info, info.key),
             sql.Identifier(info.schema, info.table),
@@ -174,7 +175,7 @@ class PgSnapshotReader:
         oids = self._oids[info.qualified]
         conn = self.conn
         return sql.SQL(", ").join(
-            sql.SQL(  # type: ignore[arg-type]
+            sql.SQL(
                 self._types.text_expr(
                     sql.Identifier(c).as_string(conn), oids[info.columns.index(c)]
                 )
@@ -210,7 +211,7 @@ class PgSnapshotReader:
         )
         where = sql.SQL("{} AND {} AND ({})").format(
             self._after(info, after), upper,
-            sql.SQL(condition) if condition else sql.SQL("true"),  # type: ignore[arg-type]
+            sql.SQL(condition) if condition else sql.SQL("true"),
         )
         cols = self._select_list(info, info.columns)
         base = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table, where)
@@ -226,7 +227,7 @@ class PgSnapshotReader:
                 sql.SQL("{} IS NULL").format(sql.Identifier(k))
                 if last is None
                 else sql.SQL("({} IS NULL OR {} <= {}::{})").format(
-                    sql.Identifier(k), sql.Identifier(k), sql.Literal(last), sql.SQL(typ)  # type: ignore[arg-type]
+                    sql.Identifier(k), sql.Identifier(k), sql.Literal(last), sql.SQL(typ)
                 )
             )
             rows = self._read_only(

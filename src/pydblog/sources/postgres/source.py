@@ -222,8 +222,7 @@ class PgLogSource:
         old_key = key
         if old is not None:
             if m.old_is_key_only:
-                before = {rel.names[i]: (rel.converters[i](old[i]) if isinstance(old[i], str) else old[i])
-                          for i in rel.key_idx}
+                before = _key_row(rel, old)
                 old_key = before
             else:
                 before = self._row(rel, old)
@@ -244,8 +243,7 @@ class PgLogSource:
             return []
         old = m.old
         if m.old_is_key_only:
-            before = {rel.names[i]: (rel.converters[i](old[i]) if isinstance(old[i], str) else old[i])
-                      for i in rel.key_idx}
+            before = _key_row(rel, old)
             key = before
         else:
             before = self._row(rel, old)
@@ -346,6 +344,15 @@ class PgLogSource:
                     c.close()
         self._repl = None
         self._meta = None
+
+
+def _key_row(rel: RelationState, old: po.TupleData) -> dict[str, Any]:
+    """The key columns of a key-only old tuple ('K': the other columns are NULL)."""
+    out: dict[str, Any] = {}
+    for i in rel.key_idx:
+        v = old[i]
+        out[rel.names[i]] = rel.converters[i](v) if isinstance(v, str) else None
+    return out
 
 
 def slot_lag(conn: psycopg.Connection[Any], slot: str) -> int | None:

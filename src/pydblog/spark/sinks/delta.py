@@ -112,9 +112,9 @@ class DeltaSink:
             else:
                 self._merge(dt, source, schema, txn)
         except SinkError as exc:
-            raise SinkError(f"{self.name} table {qualified}: {exc.message}", hint=exc.hint) from exc
+            raise SinkError(f"table {qualified}: {exc.message}", hint=exc.hint) from exc
         except (DeltaError, OSError, pa.ArrowException, ValueError) as exc:
-            raise SinkError(f"{self.name} table {qualified} ({path}): {exc}") from exc
+            raise SinkError(f"table {qualified} ({path}): {exc}") from exc
 
     @staticmethod
     def _overwrite(

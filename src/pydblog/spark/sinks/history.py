@@ -47,7 +47,7 @@ class HistorySink:
                 ),
             )
         except (DeltaError, OSError, pa.ArrowException, ValueError) as exc:
-            raise SinkError(f"{self.name}: {exc}") from exc
+            raise SinkError(f"{self.path}: {exc}") from exc
 
     def close(self) -> None:
         pass

@@ -3,22 +3,22 @@ configured schema, created on first sight (columns with the source SQL types, th
 source key as primary key); added source columns are added with ALTER TABLE.
 
 Exactly once, through the progress table ``<schema>.dblog_sync_progress`` in the
-target. A batch is identified by its offsets ``(start, end)`` (see ``batch.Batch``) and
-applied in two steps, each recorded by a progress row *in the same transaction as its
-writes*:
+target: one row per step ``(part, nparts)`` holding ``applied_end``, one past the last
+change-log offset that step has applied (and the Spark batch id that did it). A batch
+``[start, end)`` (see ``batch.Batch``) is applied in steps, each in one transaction that
+also moves its progress row to ``end``:
 
-1. ``part = -1`` (one transaction): create/alter tables, TRUNCATE the tables the batch
-   truncates, forget progress rows of earlier batches (Spark only starts a batch once the
-   previous one is committed, so they can never be needed again);
-2. ``part = 0..n-1`` (``n`` = parallelism, one thread and connection each, in
+1. ``part = -1``: create/alter tables, TRUNCATE the tables the batch truncates;
+2. ``part = 0..n-1`` (``n`` = parallelism; one thread and connection each, in
    parallel): the upserts and deletes of the keys whose hash falls in the partition.
 
-A step whose row exists is skipped, so a replayed batch (crash before Spark's commit)
-redoes only the steps that did not commit, and nothing is applied twice. Keys of a
+A step reads its row first (``FOR UPDATE``): with ``applied_end >= end`` it does nothing,
+otherwise it reduces only the events ``>= applied_end``. So a replayed batch (a crash
+before Spark's commit) redoes only the steps that did not commit, and nothing is applied
+twice, even when a reset Spark checkpoint re-batches the log differently. Keys of a
 reduced batch are distinct, so partitions never touch the same row and cannot conflict.
-If ``parallelism`` changes between a crash and the replay, the rows carry the old ``n``
-and the batch is redone from step 1: the net change of a batch is idempotent, so the
-result is still exact.
+Changing ``parallelism`` starts new rows: the next batch is then applied whole, which is
+still exact because a batch's net change is idempotent.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class PostgresSink:
             try:
                 conn = psycopg.connect(self.dsn, connect_timeout=10)
             except psycopg.Error as exc:
-                raise SinkError(f"{self.name}: cannot connect: {exc}") from exc
+                raise SinkError(f"cannot connect: {exc}") from exc
             self._conns[slot] = conn
         try:
             with conn.transaction():
@@ -85,23 +85,23 @@ class PostgresSink:
                 self._conns.pop(slot, None)
             raise
 
-    def _done(self, conn: psycopg.Connection[Any], batch: Batch, part: int) -> bool:
+    def _applied(self, conn: psycopg.Connection[Any], part: int) -> int | None:
         row = conn.execute(
             sql.SQL(
-                "SELECT 1 FROM {} WHERE batch_start = %s AND batch_end = %s "
-                "AND part = %s AND nparts = %s"
+                "SELECT applied_end FROM {} WHERE part = %s AND nparts = %s FOR UPDATE"
             ).format(sql.Identifier(self.schema, PROGRESS_TABLE)),
-            (batch.start, batch.end, part, self.parts),
+            (part, self.parts),
         ).fetchone()
-        return row is not None
+        return None if row is None else int(row[0])
 
     def _record(self, conn: psycopg.Connection[Any], batch: Batch, part: int) -> None:
         conn.execute(
             sql.SQL(
-                "INSERT INTO {} (batch_start, batch_end, part, nparts, batch_id) "
-                "VALUES (%s, %s, %s, %s, %s)"
+                "INSERT INTO {} (part, nparts, applied_end, batch_id) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (part, nparts) DO UPDATE SET applied_end = EXCLUDED.applied_end, "
+                "batch_id = EXCLUDED.batch_id, applied_at = now()"
             ).format(sql.Identifier(self.schema, PROGRESS_TABLE)),
-            (batch.start, batch.end, part, self.parts, batch.batch_id),
+            (part, self.parts, batch.end, batch.batch_id),
         )
 
     # -- apply -------------------------------------------------------------------------
@@ -118,7 +118,7 @@ class PostgresSink:
             ]
             errors = [f.exception() for f in futures]
         except psycopg.Error as exc:
-            raise SinkError(f"{self.name}: {exc}") from exc
+            raise SinkError(str(exc)) from exc
         for err in errors:
             if err is not None:
                 raise err
@@ -128,16 +128,19 @@ class PostgresSink:
     ) -> None:
         with self._tx(0) as conn:
             conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+            )
+            conn.execute(
                 sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (batch_start bigint NOT NULL, "
-                    "batch_end bigint NOT NULL, part int NOT NULL, nparts int NOT NULL, "
-                    "batch_id bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), "
-                    "PRIMARY KEY (batch_start, batch_end, part, nparts))"
+                    "CREATE TABLE IF NOT EXISTS {} (part int NOT NULL, nparts int NOT NULL, "
+                    "applied_end bigint NOT NULL, batch_id bigint NOT NULL, "
+                    "applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (part, nparts))"
                 ).format(sql.Identifier(self.schema, PROGRESS_TABLE))
             )
-            if self._done(conn, batch, -1):
+            done = self._applied(conn, -1)
+            if done is not None and done >= batch.end:
                 return
-            for q, ch in sorted(changes.items()):
+            for q, ch in sorted(batch.changes(done).items()):
                 try:
                     self._ensure_table(conn, schemas[q])
                     if ch.truncated:
@@ -145,13 +148,7 @@ class PostgresSink:
                             sql.SQL("TRUNCATE {}").format(sql.Identifier(self.schema, ch.table))
                         )
                 except psycopg.Error as exc:
-                    raise SinkError(f"{self.name} table {self.schema}.{ch.table}: {exc}") from exc
-            conn.execute(
-                sql.SQL("DELETE FROM {} WHERE batch_end <= %s").format(
-                    sql.Identifier(self.schema, PROGRESS_TABLE)
-                ),
-                (batch.start,),
-            )
+                    raise SinkError(f"table {self.schema}.{ch.table}: {exc}") from exc
             self._record(conn, batch, -1)
 
     def _ensure_table(self, conn: psycopg.Connection[Any], schema: TableSchema) -> None:
@@ -192,8 +189,11 @@ class PostgresSink:
     ) -> None:
         slot = part + 1
         with self._tx(slot) as conn:
-            if self._done(conn, batch, part):
+            done = self._applied(conn, part)
+            if done is not None and done >= batch.end:
                 return
+            if done is not None and done > batch.start:
+                changes = batch.changes(done)
             for q, ch in sorted(changes.items()):
                 idx = [i for i in range(len(ch)) if ch.partition_of(i, self.parts) == part]
                 if not idx:
@@ -202,7 +202,7 @@ class PostgresSink:
                     self._apply_rows(conn, ch, schemas[q], idx)
                 except psycopg.Error as exc:
                     raise SinkError(
-                        f"{self.name} table {self.schema}.{ch.table} (batch {batch.batch_id}, "
+                        f"table {self.schema}.{ch.table} (batch {batch.batch_id}, "
                         f"partition {part}): {exc}",
                         hint="a type mismatch or constraint on the target refused the rows",
                     ) from exc
