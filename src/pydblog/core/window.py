@@ -80,7 +80,7 @@ class ChunkWindow:
         if keys is None:
             self._inconclusive = True
             return
-        pass  # MUTANT
+        self._dropped.update(keys)
 
     def close(self) -> WindowResult:
         """The outcome at H; call once, after ``set_rows``."""
