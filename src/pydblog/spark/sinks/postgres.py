@@ -87,9 +87,9 @@ class PostgresSink:
 
     def _applied(self, conn: psycopg.Connection[Any], part: int) -> int | None:
         row = conn.execute(
-            sql.SQL(
-                "SELECT applied_end FROM {} WHERE part = %s AND nparts = %s FOR UPDATE"
-            ).format(sql.Identifier(self.schema, PROGRESS_TABLE)),
+            sql.SQL("SELECT applied_end FROM {} WHERE part = %s AND nparts = %s FOR UPDATE").format(
+                sql.Identifier(self.schema, PROGRESS_TABLE)
+            ),
             (part, self.parts),
         ).fetchone()
         return None if row is None else int(row[0])

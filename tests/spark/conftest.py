@@ -1,0 +1,48 @@
+"""Spark tests: one SparkSession (local[2]) shared by the whole session."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("deltalake")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # pyspark warns that it does not fully support pandas 3 (we do not use pandas).
+    for item in items:
+        if "tests/spark/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.filterwarnings("ignore::FutureWarning"))
+            item.add_marker(pytest.mark.filterwarnings("ignore::ResourceWarning"))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pyspark.sql import SparkSession
+
+        from pydblog.spark.source import DblogDataSource
+
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("pydblog-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.default.parallelism", "2")
+            .config("spark.driver.memory", "1g")
+            .getOrCreate()
+        )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(DblogDataSource)
+    try:
+        yield session
+    finally:
+        session.stop()

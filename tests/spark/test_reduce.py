@@ -1,0 +1,110 @@
+"""The per-batch reduce (IO-free): last event per key wins, deletes, truncates,
+unchanged TOAST columns, notifications ignored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op, encode_event
+from pydblog.ports import LogRecord
+from pydblog.positions import Lsn, PgPosition
+from pydblog.spark.reduce import reduce_events
+from pydblog.spark.source import records_to_arrow
+
+
+def ev(
+    op: Op,
+    key: int | None,
+    after: dict[str, Any] | None = None,
+    *,
+    table: str = "t",
+    unchanged: tuple[str, ...] = (),
+) -> ChangeEvent:
+    return ChangeEvent(
+        op,
+        "public",
+        table,
+        PgPosition(Lsn(1)),
+        0,
+        key={"id": key} if key is not None else None,
+        after=after,
+        unchanged=unchanged,
+        notification={"x": 1} if op is Op.NOTIFICATION else None,
+    )
+
+
+def batch(*events: ChangeEvent) -> pa.Table:
+    recs = []
+    for i, e in enumerate(events):
+        enc = encode_event(e, "postgresql", "db", 0)
+        recs.append(LogRecord(100 + i, enc.table, enc.op, enc.ts_ms, enc.body))
+    return pa.Table.from_batches([records_to_arrow(recs)])
+
+
+def net(tbl: pa.Table, q: str = "public.t") -> dict[Any, tuple[str, dict[str, Any], list[str]]]:
+    ch = reduce_events(tbl)[q]
+    return {r["id"]: (op, r, u) for op, r, u in zip(ch.ops, ch.rows, ch.unchanged, strict=True)}
+
+
+def test_last_event_per_key_wins() -> None:
+    t = batch(
+        ev(Op.CREATE, 1, {"id": 1, "v": "a"}),
+        ev(Op.UPDATE, 1, {"id": 1, "v": "b"}),
+        ev(Op.CREATE, 2, {"id": 2, "v": "x"}),
+        ev(Op.DELETE, 2),
+        ev(Op.READ, 3, {"id": 3, "v": "snap"}),
+        ev(Op.DELETE, 4),
+        ev(Op.CREATE, 5, {"id": 5, "v": "y"}, table="other"),
+    )
+    out = net(t)
+    assert out == {
+        1: ("u", {"id": 1, "v": "b"}, []),
+        2: ("d", {"id": 2}, []),
+        3: ("u", {"id": 3, "v": "snap"}, []),
+        4: ("d", {"id": 4}, []),
+    }
+    ch = reduce_events(t)["public.t"]
+    assert ch.offsets == sorted(ch.offsets) and not ch.truncated
+    assert net(t, "public.other") == {5: ("u", {"id": 5, "v": "y"}, [])}
+
+
+def test_delete_then_insert_is_an_upsert() -> None:
+    out = net(batch(ev(Op.DELETE, 1), ev(Op.CREATE, 1, {"id": 1, "v": "new"})))
+    assert out == {1: ("u", {"id": 1, "v": "new"}, [])}
+
+
+def test_truncate_drops_earlier_events_of_its_table_only() -> None:
+    t = batch(
+        ev(Op.CREATE, 1, {"id": 1}),
+        ev(Op.CREATE, 9, {"id": 9}, table="other"),
+        ev(Op.TRUNCATE, None),
+        ev(Op.CREATE, 2, {"id": 2}),
+    )
+    red = reduce_events(t)
+    assert red["public.t"].truncated
+    assert net(t) == {2: ("u", {"id": 2}, [])}
+    assert not red["public.other"].truncated and len(red["public.other"]) == 1
+
+
+def test_truncate_alone_still_empties() -> None:
+    red = reduce_events(batch(ev(Op.CREATE, 1, {"id": 1}), ev(Op.TRUNCATE, None)))
+    assert red["public.t"].truncated and len(red["public.t"]) == 0
+
+
+def test_notifications_are_ignored() -> None:
+    assert reduce_events(batch(ev(Op.NOTIFICATION, None))) == {}
+
+
+def test_unchanged_toast_taken_from_earlier_event_or_kept() -> None:
+    t = batch(
+        ev(Op.CREATE, 1, {"id": 1, "big": "B1", "v": 0}),
+        ev(Op.UPDATE, 1, {"id": 1, "big": UNCHANGED_TOAST, "v": 1}, unchanged=("big",)),
+        ev(Op.UPDATE, 1, {"id": 1, "big": UNCHANGED_TOAST, "v": 2}, unchanged=("big",)),
+        ev(Op.UPDATE, 2, {"id": 2, "big": UNCHANGED_TOAST, "v": 3}, unchanged=("big",)),
+    )
+    out = net(t)
+    assert out[1] == ("u", {"id": 1, "big": "B1", "v": 2}, [])
+    assert out[2] == ("u", {"id": 2, "big": None, "v": 3}, ["big"])
+    assert reduce_events(t)["public.t"].has_unchanged()

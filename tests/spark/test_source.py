@@ -1,0 +1,156 @@
+"""The ``dblog`` Spark data source: offsets, read limits, availableNow, exact re-reads,
+reading while another process appends."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from pydblog.changelog.sqlite import SqliteChangeLog
+from pydblog.errors import ChangeLogError
+from pydblog.spark.source import DblogStreamReader, OffsetRange, read_range
+from pydblog.spark.synth import SyntheticLoad, write_load
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    write_load(tmp_path / "log", SyntheticLoad(seed=7), 2_500, chunk=1_000)
+    return tmp_path / "log"
+
+
+def test_batch_read_typed_columns(spark: Any, log_dir: Path) -> None:
+    df = spark.read.format("dblog").option("path", str(log_dir)).load()
+    types = dict(df.dtypes)
+    assert types["offset"] == "bigint" and types["lsn"] == "bigint"
+    assert types["unchanged"] == "array<string>" and types["after"] == "string"
+    rows = df.orderBy("offset").collect()
+    assert [r["offset"] for r in rows] == list(range(2_500))
+    first = rows[0]
+    assert first["op"] == "c" and first["schema"] in ("public", "shop")
+    assert first["connector"] == "postgresql" and first["db"] == "app"
+    assert first["key"].startswith("{") and first["lsn"] > 0
+    assert first["snapshot"] == "false" and '"lsn"' in first["position"]
+    narrowed = (
+        spark.read.format("dblog")
+        .option("path", str(log_dir))
+        .option("startOffset", "100")
+        .option("endOffset", "250")
+        .load()
+    )
+    assert narrowed.count() == 150
+
+
+def test_stream_reader_offsets_and_limits(log_dir: Path) -> None:
+    r = DblogStreamReader({"path": str(log_dir), "maxEventsPerTrigger": "1000"})
+    start = r.initialOffset()
+    assert start == {"offset": 0}
+    assert r.getDefaultReadLimit() == ReadMaxRows(1000)
+    assert r.latestOffset(start, ReadMaxRows(1000)) == {"offset": 1000}
+    assert r.latestOffset({"offset": 2000}, ReadMaxRows(1000)) == {"offset": 2500}
+    assert r.latestOffset(start, ReadAllAvailable()) == {"offset": 2500}
+    assert r.latestOffset({"offset": 2500}, ReadMaxRows(1000)) == {"offset": 2500}
+    latest = DblogStreamReader({"path": str(log_dir), "startingOffset": "latest"})
+    assert latest.initialOffset() == {"offset": 2500}
+    parts = r.partitions({"offset": 10}, {"offset": 2500})
+    assert [(p.start, p.end) for p in parts if isinstance(p, OffsetRange)] == [(10, 2500)]
+    assert len(parts) == 1
+    assert r.partitions({"offset": 5}, {"offset": 5}) == []
+
+
+def test_available_now_target_is_fixed_at_prepare(log_dir: Path) -> None:
+    r = DblogStreamReader({"path": str(log_dir), "maxEventsPerTrigger": "1000"})
+    r.prepareForTriggerAvailableNow()
+    write_load(log_dir, SyntheticLoad(seed=8), 100, first=False)
+    assert r.latestOffset({"offset": 2000}, ReadMaxRows(1000)) == {"offset": 2500}
+    assert r.latestOffset({"offset": 2500}, ReadMaxRows(1000)) == {"offset": 2500}
+
+
+def test_re_read_is_exact_and_missing_offsets_fail(log_dir: Path) -> None:
+    part = OffsetRange(str(log_dir), 100, 1_700)
+    first = [b.to_pylist() for b in read_range(part)]
+    again = [b.to_pylist() for b in read_range(part)]
+    assert first == again
+    assert [r["offset"] for b in first for r in b] == list(range(100, 1_700))
+    with pytest.raises(ChangeLogError, match="no longer holds offsets"):
+        list(read_range(OffsetRange(str(log_dir), 2_400, 2_600)))
+    log = SqliteChangeLog(log_dir)
+    log._conn.execute('DELETE FROM events WHERE "offset" < 50')
+    log.close()
+    with pytest.raises(ChangeLogError, match="retention"):
+        list(read_range(OffsetRange(str(log_dir), 0, 100)))
+
+
+def _collect_stream(spark: Any, log_dir: Path, cp: Path, **trigger: Any) -> tuple[Any, list[Any]]:
+    seen: list[tuple[int, int, int, int]] = []
+
+    def on_batch(df: Any, batch_id: int) -> None:
+        offs = df.select("offset").toArrow()["offset"].to_pylist()
+        if offs:
+            seen.append((batch_id, min(offs), max(offs), len(offs)))
+            assert len(set(offs)) == len(offs)
+
+    q = (
+        spark.readStream.format("dblog")
+        .option("path", str(log_dir))
+        .option("maxEventsPerTrigger", "1000")
+        .load()
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(cp))
+        .trigger(**trigger)
+        .start()
+    )
+    return q, seen
+
+
+def test_stream_available_now_honours_max_events(spark: Any, log_dir: Path, tmp_path: Path) -> None:
+    q, seen = _collect_stream(spark, log_dir, tmp_path / "cp", availableNow=True)
+    q.awaitTermination(120)
+    assert not q.isActive
+    assert [(lo, hi, n) for _, lo, hi, n in seen] == [
+        (0, 999, 1000),
+        (1000, 1999, 1000),
+        (2000, 2499, 500),
+    ]
+    # A restart resumes after the committed batches: nothing new, nothing repeated.
+    write_load(log_dir, SyntheticLoad(seed=9), 300, first=False)
+    q2, seen2 = _collect_stream(spark, log_dir, tmp_path / "cp", availableNow=True)
+    q2.awaitTermination(120)
+    assert [(lo, hi) for _, lo, hi, _ in seen2] == [(2500, 2799)]
+
+
+WRITER = """
+import sys, time
+from pydblog.spark.synth import SyntheticLoad, write_load
+load = SyntheticLoad(seed=11)
+for i in range(12):
+    write_load(sys.argv[1], load, 250, chunk=250, first=False)
+    time.sleep(0.15)
+"""
+
+
+def test_stream_while_another_process_appends(spark: Any, log_dir: Path, tmp_path: Path) -> None:
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(log_dir)])
+    q, seen = _collect_stream(spark, log_dir, tmp_path / "cp", processingTime="300 milliseconds")
+    try:
+        assert writer.wait(timeout=120) == 0
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if seen and seen[-1][2] == 2_500 + 12 * 250 - 1:
+                break
+            time.sleep(0.3)
+    finally:
+        q.stop()
+        threading.Thread(target=writer.kill).start()
+    ranges = [(lo, hi) for _, lo, hi, _ in seen]
+    assert ranges[0][0] == 0 and ranges[-1][1] == 5_499
+    for (_, hi), (lo, _) in itertools.pairwise(ranges):
+        assert lo == hi + 1
+    assert all(n <= 1000 for *_, n in seen)
