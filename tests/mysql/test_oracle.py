@@ -1,0 +1,197 @@
+"""`dblog run` against MariaDB: random load, snapshot, kill -9; the change log rebuilds
+the tables (materialize `dblog tail --no-follow`, compare with the source)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pydblog.devtools.mariadb import MariaDB
+from tests.helpers import kill9, start_run, stop_run, tail, wait_for
+from tests.mysql.helpers import make
+
+TABLES = {
+    "w": "CREATE TABLE w (id INT PRIMARY KEY, v VARCHAR(40), n INT, d DECIMAL(12,3), "
+    "t DATETIME(6), j JSON)",
+    "wc": "CREATE TABLE wc (a INT, b VARCHAR(8), n INT, PRIMARY KEY (a, b))",
+}
+KEYS = {"w": ("id",), "wc": ("a", "b")}
+
+
+def write_config(tmp: Path, mariadb: MariaDB, db: str, extra: str = "") -> Path:
+    path = tmp / "dblog.toml"
+    path.write_text(
+        f'[source]\ntype = "mysql"\ndsn = "{mariadb.dsn(db)}"\nserver_id = 777\n'
+        f'tables = ["{db}\\\\.w.*", "{db}\\\\.marker"]\nheartbeat_interval_s = 0.5\n'
+        f'[log]\npath = "{tmp / "data"}"\n{extra}\n'
+    )
+    return path
+
+
+def writer(mariadb: MariaDB, db: str, stop: threading.Event, seed: int) -> None:
+    rng = random.Random(seed)
+    conn = mariadb.connect(db)
+    conn.autocommit(False)
+    try:
+        with conn.cursor() as cur:
+            while not stop.is_set():
+                for _ in range(rng.randrange(1, 15)):
+                    i, r = rng.randrange(300), rng.random()
+                    if r < 0.45:
+                        cur.execute(
+                            "INSERT INTO w VALUES (%s, %s, 1, %s, NOW(6), %s) ON DUPLICATE KEY "
+                            "UPDATE v = VALUES(v), n = n + 1, d = VALUES(d)",
+                            (
+                                i,
+                                f"x{rng.random()}",
+                                f"{rng.uniform(-1e6, 1e6):.3f}",
+                                orjson.dumps({"k": i, "l": [rng.random()]}).decode(),
+                            ),
+                        )
+                    elif r < 0.6:
+                        cur.execute(
+                            "INSERT INTO wc VALUES (%s, %s, 0) ON DUPLICATE KEY UPDATE n = n + 1",
+                            (i % 30, rng.choice("abc")),
+                        )
+                    elif r < 0.8:
+                        cur.execute("UPDATE w SET n = n + 1, t = NOW(6) WHERE id = %s", (i,))
+                    elif r < 0.9:
+                        cur.execute("DELETE FROM wc WHERE a = %s", (i % 30,))
+                    else:
+                        cur.execute("DELETE FROM w WHERE id = %s", (i,))
+                conn.commit()
+    finally:
+        conn.close()
+
+
+def materialize(events: list[dict[str, Any]]) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
+    tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
+    for e in events:
+        table = e["source"]["table"]
+        rows = tables.setdefault(table, {})
+        if e["op"] == "t":
+            rows.clear()
+        elif e["op"] in ("c", "u", "r"):
+            rows[tuple(e["key"][k] for k in KEYS.get(table, ("id",)))] = e["after"]
+        elif e["op"] == "d":
+            rows.pop(tuple(e["key"][k] for k in KEYS.get(table, ("id",))), None)
+    return tables
+
+
+def source_rows(mariadb: MariaDB, db: str, table: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The table as the chunk reader maps it (the mapping the binlog path must match)."""
+    _, reader = make(mariadb, db)
+    try:
+        info = reader.table_info(f"{db}.{table}")
+        assert info is not None
+        top = reader.max_key(info, None)
+        rows = reader.read_chunk(info, None, top, 10**9, None) if top is not None else []
+    finally:
+        reader.close()
+    return {tuple(r[k] for k in KEYS[table]): r for r in rows}
+
+
+def catch_up(config: Path, mariadb: MariaDB, db: str) -> list[dict[str, Any]]:
+    token = uuid.uuid4().hex
+    mariadb.execute(f"INSERT INTO marker VALUES ('{token}')", db)
+    events: list[dict[str, Any]] = []
+
+    def seen() -> bool:
+        nonlocal events
+        events = tail(config)
+        return any((e.get("after") or {}).get("id") == token for e in events)
+
+    wait_for(seen, 60, "the marker row in the change log")
+    return events
+
+
+def assert_oracle(config: Path, mariadb: MariaDB, db: str) -> list[dict[str, Any]]:
+    events = catch_up(config, mariadb, db)
+    got = materialize(events)
+    for table in TABLES:
+        assert got.get(table, {}) == source_rows(mariadb, db, table), f"{table} differs"
+    logged = [e for e in events if e["source"]["snapshot"] == "false"]
+    positions = [(e["source"]["file"], e["source"]["pos"], e["source"]["index"]) for e in logged]
+    assert len(positions) == len(set(positions)), "a binlog position was logged twice"
+    assert positions == sorted(positions)
+    return events
+
+
+def setup_tables(mariadb: MariaDB, db: str) -> None:
+    for ddl in TABLES.values():
+        mariadb.execute(ddl, db)
+    mariadb.execute("CREATE TABLE marker (id VARCHAR(40) PRIMARY KEY)", db)
+
+
+def test_run_oracle_with_snapshot(mariadb: MariaDB, my_db: str, tmp_path: Path) -> None:
+    setup_tables(mariadb, my_db)
+    # Rows from before capture starts only reach the log through a snapshot.
+    mariadb.execute(
+        "INSERT INTO w VALUES (1000, 'old', 0, 1.5, '2020-01-01', '{}'), "
+        "(1001, 'old', 0, NULL, NULL, NULL)",
+        my_db,
+    )
+    config = write_config(tmp_path, mariadb, my_db, "[snapshot]\nchunk_size = 37")
+    stop = threading.Event()
+    load = threading.Thread(target=writer, args=(mariadb, my_db, stop, 1))
+    proc = start_run(config)
+    try:
+        load.start()
+        time.sleep(1.0)
+        mariadb.execute(
+            "INSERT INTO dblog_signal VALUES ('s1', 'execute-snapshot', "
+            f'\'{{"data-collections": ["{my_db}\\\\\\\\.w.*"]}}\')',
+            my_db,
+        )
+        time.sleep(3.0)
+    finally:
+        stop.set()
+        load.join()
+    try:
+        wait_for(
+            lambda: any(e["op"] == "r" and e["source"]["table"] == "wc" for e in tail(config)),
+            60,
+            "snapshot rows of wc",
+        )
+        events = assert_oracle(config, mariadb, my_db)
+    finally:
+        code, err = stop_run(proc)
+    assert code == 0, err[-3000:]
+    snap = [e for e in events if e["op"] == "r"]
+    assert {e["source"]["table"] for e in snap} == {"w", "wc"}
+    assert all(e["source"]["snapshot"] == "incremental" and e["before"] is None for e in snap)
+    assert all(
+        e["source"]["connector"] == "mysql" and e["source"]["db"] == my_db
+        for e in events
+        if e["op"] != "n"
+    )
+
+
+def test_kill9_during_load(mariadb: MariaDB, my_db: str, tmp_path: Path) -> None:
+    setup_tables(mariadb, my_db)
+    config = write_config(tmp_path, mariadb, my_db, "batch_max_events = 150")
+    stop = threading.Event()
+    load = threading.Thread(target=writer, args=(mariadb, my_db, stop, 7))
+    rng = random.Random(3)
+    proc = start_run(config)
+    load.start()
+    try:
+        for _ in range(5):
+            time.sleep(rng.uniform(0.6, 1.8))
+            kill9(proc)
+            time.sleep(rng.uniform(0.0, 0.5))  # writes while capture is down
+            proc = start_run(config)
+    finally:
+        stop.set()
+        load.join()
+    try:
+        assert_oracle(config, mariadb, my_db)
+    finally:
+        code, err = stop_run(proc)
+    assert code == 0, err[-3000:]
