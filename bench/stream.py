@@ -36,7 +36,7 @@ def load(dsn: str, rows: int, txs: int) -> None:
     with psycopg.connect(dsn) as conn:
         for t in range(txs):
             conn.execute(
-                "INSERT INTO bench SELECT g, g % 1000, 'text-' || g, g * 1.5, now() "
+                "INSERT INTO bench SELECT g, g %% 1000, 'text-' || g, g * 1.5, now() "
                 "FROM generate_series(%s, %s) g",
                 (t * per, (t + 1) * per - 1),
             )
@@ -159,7 +159,7 @@ def main() -> None:
             while time.monotonic() < t_end:
                 with conn.transaction():
                     conn.execute(
-                        "INSERT INTO steady SELECT g, 1 FROM generate_series(%s, %s) g",
+                        "INSERT INTO steady SELECT g, 1 FROM generate_series(%s::bigint, %s::bigint) g",
                         (i, i + per_tx - 1),
                     )
                 i += per_tx

@@ -15,13 +15,13 @@ the last logged event's position, the ack stays at the last complete transaction
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any
 
 from pydblog.capture.driver import SnapshotDriver
 from pydblog.capture.status import StatusWriter
+from pydblog.capture.writer import Batch, BatchWriter
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.config import Config
 from pydblog.events import ChangeEvent, EncodedEvent, encode_event
@@ -69,11 +69,11 @@ class Runner:
         self._ack: Position | None = None
         self._extra: dict[str, Any] = {}
         self.status = StatusWriter(cfg.log_dir)
+        self.writer = BatchWriter(changelog, state)
+        self._acked: Position | None = None
         self.driver: SnapshotDriver | None = None
         self.opened = False
         self._in_tx = False
-        # Fault injection for crash tests: DBLOG_CRASH_AT=after-log|after-state.
-        self._crash_at = os.environ.get("DBLOG_CRASH_AT")
 
     # -- recovery ---------------------------------------------------------------------
     def recover(self) -> Checkpoint | None:
@@ -109,6 +109,8 @@ class Runner:
         max_events = self.cfg.log.batch_max_events
         max_age = self.cfg.log.batch_max_ms / 1000.0
         last_retention = time.monotonic()
+        driver_active = driver.active
+        now_ms = int(time.time() * 1000)
         log.info("capturing from %s (%s)", db, connector)
         for item in self.source.stream():
             kind = type(item)
@@ -118,33 +120,38 @@ class Runner:
                     if ev.position <= skip:
                         continue
                     skip = None
-                qualified = ev.qualified_table
+                qualified = f"{ev.schema}.{ev.table}"
                 self._in_tx = True
                 if qualified == signal_table:
                     self._emit(driver.on_signal_event(ev, self.reader.captured_tables()), connector, db)
+                    driver_active = driver.active
                 elif qualified == watermark_table:
                     if ev.after is not None:
                         self._emit(driver.on_watermark(str(ev.after.get("value")), ev.position, ev.ts_ms), connector, db)
+                        driver_active = driver.active
                 else:
-                    if driver.active:
+                    if driver_active:
                         driver.on_event(ev)
                     if not pending:
                         self._pending_since = time.monotonic()
-                    pending.append(_encode(ev, connector, db))
+                    pending.append(encode_event(ev, connector, db, now_ms))
                 self._position = ev.position
                 if len(pending) >= max_events:
                     self.flush()
             elif kind is Commit:
                 if skip is not None and item.position <= skip:
                     continue
-                self._position = item.position
+                self._advance(item.position)
                 self._ack = item.position
                 self._in_tx = False
+                now_ms = int(time.time() * 1000)
                 if pending and time.monotonic() - self._pending_since >= max_age:
                     self.flush()
             elif kind is Idle:
                 self.flush()
                 self._tick(stop, connector, db)
+                driver_active = driver.active
+                now_ms = int(time.time() * 1000)
                 if stop.is_set():
                     break
                 now = time.monotonic()
@@ -154,8 +161,7 @@ class Runner:
             elif kind is Heartbeat:
                 if skip is not None and item.position <= skip:
                     continue
-                if self._position is None or not item.position <= self._position:
-                    self._position = item.position
+                self._advance(item.position)
                 self._ack = item.position
                 self._in_tx = False
                 self.flush(force=True)
@@ -166,7 +172,8 @@ class Runner:
                 if skip is not None and item.position <= skip:
                     continue
                 self._emit(driver.on_watermark(item.id, item.position, 0), connector, db)
-                self._position = item.position if self._position is None or self._position < item.position else self._position
+                self._advance(item.position)
+                driver_active = driver.active
             elif kind is SchemaChanged:
                 ts: TableSchema = item.table_schema
                 if self._known_schemas.get(ts.qualified) != ts:
@@ -189,10 +196,15 @@ class Runner:
             return
         if not self._pending:
             self._pending_since = time.monotonic()
-        self._pending.extend(_encode(e, connector, db) for e in events)
-        last = events[-1].position
-        if self._position is None or self._position < last:
-            self._position = last
+        now_ms = int(time.time() * 1000)
+        self._pending.extend(encode_event(e, connector, db, now_ms) for e in events)
+        self._advance(events[-1].position)
+
+    def _advance(self, position: Position) -> None:
+        """The checkpoint position only moves forward (a commit's position may sort
+        before snapshot rows placed after its watermark)."""
+        if self._position is None or self._position < position:
+            self._position = position
 
     def _tick(self, stop: threading.Event, connector: str, db: str) -> None:
         """Runs between stream reads: chunk results, the next snapshot request, blocking
@@ -214,28 +226,30 @@ class Runner:
         self.status.maybe_write(self)
 
     def flush(self, force: bool = False) -> None:
-        if not self._pending and not self._schemas:
-            if not force or self._position is None or self._position == self._saved_position:
-                if force and self._ack is not None:
-                    self.source.ack(self._ack)
-                return
-        driver = self.driver
-        checkpoint = Checkpoint(
-            self._position, driver.state() if driver is not None else None, dict(self._extra)
-        )
-        self.changelog.append(self._pending, checkpoint, self._schemas)
-        count = len(self._pending)
-        self._pending.clear()
-        self._schemas.clear()
-        if self._crash_at == "after-log":
-            os._exit(137)
-        self.state.save(checkpoint)
-        if self._crash_at == "after-state":
-            os._exit(137)
-        self._saved_position = self._position
-        self.status.count(count)
-        if self._ack is not None:
-            self.source.ack(self._ack)
+        """Hand the pending batch (with the checkpoint describing it) to the writer,
+        and acknowledge the source up to what the writer made durable.
+
+        With ``force`` a checkpoint is written even without events (heartbeats: the
+        position moved) and the call waits until everything is durable."""
+        writer = self.writer
+        if self._pending or self._schemas or (
+            force and self._position is not None and self._position != self._saved_position
+        ):
+            driver = self.driver
+            checkpoint = Checkpoint(
+                self._position, driver.state() if driver is not None else None, dict(self._extra)
+            )
+            writer.submit(Batch(list(self._pending), checkpoint, list(self._schemas), self._ack))
+            self._pending.clear()
+            self._schemas.clear()
+            self._saved_position = self._position
+        if force:
+            writer.drain()
+        ack = writer.take_ack()
+        if ack is not None and ack is not self._acked:
+            self.source.ack(ack)
+            self._acked = ack
+        self.status.count(writer.take_written())
 
     def _retention(self) -> None:
         hours = self.cfg.log.retention_hours
@@ -244,7 +258,3 @@ class Runner:
         )
         if removed:
             log.info("retention removed %d old events", removed)
-
-
-def _encode(ev: ChangeEvent, connector: str, db: str) -> EncodedEvent:
-    return encode_event(ev, connector, db, int(time.time() * 1000))

@@ -40,6 +40,7 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
             log.warning("%s; retrying in %.0f s", exc, delay)
         finally:
             try:
+                runner.writer.close()
                 source.close()
                 reader.close()
             finally:

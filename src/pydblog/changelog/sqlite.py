@@ -213,13 +213,13 @@ class SqliteChangeLogReader(ChangeLogReader):
         if tables:
             marks = ",".join("?" * len(tables))
             sql = (
-                f'SELECT "offset", tbl, op, ts_ms, body FROM events WHERE "offset" >= ? '
+                f'SELECT "offset", tbl, op, ts_ms, CAST(body AS BLOB) FROM events WHERE "offset" >= ? '
                 f'AND tbl IN ({marks}) ORDER BY "offset" LIMIT ?'
             )
             params: tuple[object, ...] = (from_offset, *tables, limit)
         else:
             sql = (
-                'SELECT "offset", tbl, op, ts_ms, body FROM events WHERE "offset" >= ? '
+                'SELECT "offset", tbl, op, ts_ms, CAST(body AS BLOB) FROM events WHERE "offset" >= ? '
                 'ORDER BY "offset" LIMIT ?'
             )
             params = (from_offset, limit)
@@ -232,7 +232,7 @@ class SqliteChangeLogReader(ChangeLogReader):
         return [
             LogRecord(*r)
             for r in self._conn.execute(
-                'SELECT "offset", tbl, op, ts_ms, body FROM events '
+                'SELECT "offset", tbl, op, ts_ms, CAST(body AS BLOB) FROM events '
                 'WHERE "offset" >= ? AND "offset" < ? ORDER BY "offset"',
                 (start, end),
             )

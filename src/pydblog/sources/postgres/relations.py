@@ -19,6 +19,25 @@ from pydblog.sources.postgres.types import TypeRegistry
 Converter = Callable[[str], Any]
 
 
+def compile_row(names: tuple[str, ...], converters: tuple[Converter, ...]) -> Callable[[Any], dict[str, Any]]:
+    """A function mapping a pgoutput tuple to a row dict, generated once per relation.
+
+    It is the innermost loop of capture: one dict display with each column's converter
+    bound as a local is about twice as fast as a comprehension over ``zip``. Values that
+    are not text (NULL, unchanged TOAST) pass through unconverted.
+    """
+    env: dict[str, Any] = {f"c{i}": c for i, c in enumerate(converters)}
+    env["_str"] = str
+    items = ", ".join(
+        f"{n!r}: (c{i}(v[{i}]) if v[{i}].__class__ is _str else v[{i}])" for i, n in enumerate(names)
+    )
+    args = ", ".join(f"c{i}=c{i}" for i in range(len(converters)))
+    src = f"def row(v, {args}{', ' if args else ''}_str=_str):\n    return {{{items}}}\n"
+    exec(compile(src, "<pydblog-row>", "exec"), env)  # names are repr()-quoted: no injection
+    fn: Callable[[Any], dict[str, Any]] = env["row"]
+    return fn
+
+
 @dataclass(frozen=True, slots=True)
 class RelationState:
     oid: int
@@ -31,6 +50,7 @@ class RelationState:
     full_identity: bool
     captured: bool
     table_schema: TableSchema
+    row: Callable[[Any], dict[str, Any]]
 
     def key_of(self, values: tuple[Any, ...]) -> dict[str, Any]:
         names = self.names
@@ -72,4 +92,5 @@ def build_relation(
         full_identity=rel.replica_identity == ReplicaIdentity.FULL,
         captured=captured,
         table_schema=schema,
+        row=compile_row(names, tuple(types.converter(c.type_oid) for c in rel.columns)),
     )

@@ -185,18 +185,18 @@ class PgLogSource:
         }
 
     def _row(self, rel: RelationState, values: po.TupleData) -> dict[str, Any]:
-        return {
-            n: (c(v) if v.__class__ is str else v)
-            for n, c, v in zip(rel.names, rel.converters, values, strict=True)
-        }
+        return rel.row(values)
 
     def _on_insert(self, m: po.Insert, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
         rel = self._relations[m.relation_oid]
         if not rel.captured:
             return []
-        after = self._row(rel, m.new)
+        new = m.new
+        after = rel.row(new)
+        names = rel.names
+        key = {names[i]: after[names[i]] for i in rel.key_idx}
         return [ChangeEvent(Op.CREATE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
-                            rel.key_of(tuple(after.values())), None, after)]
+                            key, None, after)]
 
     def _on_update(self, m: po.Update, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
         rel = self._relations[m.relation_oid]

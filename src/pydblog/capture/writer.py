@@ -1,0 +1,139 @@
+"""The batch writer: commits batches on its own thread so that decoding the stream
+overlaps with SQLite's inserts and fsyncs.
+
+In this order (``ports`` commit order): change log append (events and checkpoint
+in one commit) -> state store save -> publish the ack position. Every batch is
+appended at once (that is what makes it visible to readers: latency); the state store
+is saved at most every ``state_interval_s`` and when the writer drains, and only a
+saved batch's ack position is published. The capture thread acknowledges the source
+only with a published position, so the slot never moves past what is durable in both.
+Batches are committed in submission order; the queue is bounded, so a slow disk slows
+the stream instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydblog.changelog.sqlite import SqliteChangeLog
+from pydblog.events import EncodedEvent
+from pydblog.ports import Checkpoint, StateStore, TableSchema
+from pydblog.positions import Position
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    events: Sequence[EncodedEvent]
+    checkpoint: Checkpoint
+    schemas: Sequence[TableSchema]
+    ack: Position | None
+
+
+class BatchWriter:
+    def __init__(
+        self,
+        changelog: SqliteChangeLog,
+        state: StateStore,
+        depth: int = 2,
+        state_interval_s: float = 0.2,
+    ) -> None:
+        self._state_interval = state_interval_s
+        self._unsaved: Batch | None = None
+        self._last_save = 0.0
+        self.changelog = changelog
+        self.state = state
+        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._durable_ack: Position | None = None
+        self._written = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        # Fault injection for crash tests: DBLOG_CRASH_AT=after-log|after-state.
+        self._crash_at = os.environ.get("DBLOG_CRASH_AT")
+        self._thread = threading.Thread(target=self._run, name="dblog-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> None:
+        self.raise_error()
+        self._idle.clear()
+        self._queue.put(batch)
+
+    def take_ack(self) -> Position | None:
+        """The newest position that is durable in the change log and the state store."""
+        self.raise_error()
+        return self._durable_ack
+
+    def take_written(self) -> int:
+        with self._lock:
+            n, self._written = self._written, 0
+        return n
+
+    def drain(self) -> None:
+        """Wait until every submitted batch is committed."""
+        while not self._idle.wait(0.1):
+            self.raise_error()
+        self.raise_error()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while True:
+            try:
+                batch = self._queue.get(timeout=self._state_interval)
+            except queue.Empty:
+                batch = None
+                if self._unsaved is not None:
+                    self._guard(self._save)
+                continue
+            if batch is None:
+                self._guard(self._save)
+                return
+            if not self._guard(lambda b=batch: self._append(b)):
+                return
+            if self._queue.empty():
+                if not self._guard(self._save):
+                    return
+                self._idle.set()
+
+    def _append(self, batch: Batch) -> None:
+        self.changelog.append(batch.events, batch.checkpoint, batch.schemas)
+        if self._crash_at == "after-log":
+            os._exit(137)
+        self._unsaved = batch
+        with self._lock:
+            self._written += len(batch.events)
+        if time.monotonic() - self._last_save >= self._state_interval:
+            self._save()
+
+    def _save(self) -> None:
+        batch = self._unsaved
+        if batch is None:
+            return
+        self.state.save(batch.checkpoint)
+        if self._crash_at == "after-state":
+            os._exit(137)
+        self._last_save = time.monotonic()
+        self._unsaved = None
+        if batch.ack is not None:
+            self._durable_ack = batch.ack
+
+    def _guard(self, step: Callable[[], None]) -> bool:
+        try:
+            step()
+        except BaseException as exc:
+            self._error = exc
+            self._idle.set()
+            return False
+        return True

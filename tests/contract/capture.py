@@ -1,0 +1,111 @@
+"""A `dblog run` process driven by a contract scenario, with the oracle built in."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.contract.harness import Harness
+from tests.helpers import kill9, materialize, start_run, stop_run, tail, wait_for
+
+Event = dict[str, Any]
+
+
+class Capture:
+    def __init__(self, harness: Harness, directory: Path, extra: str = "") -> None:
+        self.h = harness
+        self.config = harness.config(directory, extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Capture:
+        self.proc = start_run(self.config)
+        return self
+
+    def stop(self) -> str:
+        assert self.proc is not None
+        code, err = stop_run(self.proc)
+        self.proc = None
+        assert code == 0, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        return err
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        kill9(self.proc)
+        self.proc = None
+
+    def __enter__(self) -> Capture:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            stop_run(self.proc)
+
+    def events(self) -> list[Event]:
+        return tail(self.config)
+
+    def notifications(self, kind: str | None = None) -> list[Event]:
+        return [
+            e for e in self.events()
+            if e["op"] == "n" and (kind is None or e["notification"]["type"] == kind)
+        ]
+
+    def wait_until(self, pred: Callable[[list[Event]], bool], timeout: float = 120,
+                   what: str = "condition") -> list[Event]:
+        box: list[list[Event]] = [[]]
+
+        def check() -> bool:
+            box[0] = self.events()
+            return pred(box[0])
+
+        wait_for(check, timeout, what)
+        return box[0]
+
+    def wait_notification(self, kind: str, count: int = 1, timeout: float = 120) -> list[Event]:
+        return self.wait_until(
+            lambda ev: sum(1 for e in ev if e["op"] == "n" and e["notification"]["type"] == kind) >= count,
+            timeout, f"{count} {kind} notification(s)",
+        )
+
+    def caught_up(self, timeout: float = 60) -> list[Event]:
+        token = f"m{time.monotonic_ns()}"
+        self.h.marker(token)
+        return self.wait_until(
+            lambda ev: any((e.get("after") or {}).get("id") == token for e in ev), timeout,
+            "the marker row",
+        )
+
+    def assert_oracle(self, tables: dict[str, list[str]]) -> list[Event]:
+        events = self.caught_up()
+        got = materialize(events)
+        for table, key in tables.items():
+            want = self.h.rows(table, key)
+            columns = list(next(iter(want.values())).keys()) if want else []
+            have = {
+                k: {c: r.get(c) for c in columns}
+                for k, r in got.get(f"{self.h.schema}.{table}", {}).items()
+            }
+            missing, extra = set(want) - set(have), set(have) - set(want)
+            diff = [k for k in set(want) & set(have) if want[k] != have[k]]
+            assert not missing and not extra and not diff, (
+                f"{table}: {len(missing)} missing, {len(extra)} extra, {len(diff)} differ: "
+                f"missing={sorted(missing, key=str)[:5]} extra={sorted(extra, key=str)[:5]} "
+                f"diff={[(want[k], have[k]) for k in diff[:2]]}"
+            )
+        assert_no_time_travel(self.h, events)
+        return events
+
+
+def assert_no_time_travel(h: Harness, events: list[Event]) -> None:
+    """Positions are unique and increase with the offset (so per key, the log follows
+    commit order and a snapshot row never lands after a newer log event)."""
+    positions = [h.position(e) for e in events]
+    assert len(positions) == len(set(positions)), "a position was logged twice"
+    assert positions == sorted(positions), "positions do not follow offsets"
+
+
+def snapshot_rows(events: list[Event], table: str) -> list[Event]:
+    return [e for e in events if e["op"] == "r" and e["source"]["table"] == table]
