@@ -37,7 +37,7 @@ def norm(logical: str, v: Any) -> Any:
         return datetime.fromisoformat(v) if isinstance(v, str) else v
     if lg == "date":
         return date.fromisoformat(v) if isinstance(v, str) else v
-    if lg == "json":
+    if lg == "json" or lg.startswith("array"):
         return orjson.loads(v) if isinstance(v, str) else v
     if lg == "bytes":
         return base64.b64decode(v) if isinstance(v, str) else bytes(v)

@@ -39,7 +39,8 @@ def batch(*events: ChangeEvent) -> pa.Table:
     recs = []
     for i, e in enumerate(events):
         enc = encode_event(e, "postgresql", "db", 0)
-        recs.append(LogRecord(100 + i, enc.table, enc.op, enc.ts_ms, enc.body))
+        body = enc.body if isinstance(enc.body, bytes) else enc.body.encode()
+        recs.append(LogRecord(100 + i, enc.table, enc.op, enc.ts_ms, body))
     return pa.Table.from_batches([records_to_arrow(recs)])
 
 

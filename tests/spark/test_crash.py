@@ -1,0 +1,108 @@
+"""``kill -9`` the sync job (a subprocess with its own JVM) during batches, including
+between a sink's write and Spark's checkpoint commit; after restarts the mirrors equal
+the oracle and the history holds every offset exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from pydblog.config import load_config
+from pydblog.spark.job import FAULT_ENV, run_sync
+from pydblog.spark.synth import SyntheticLoad
+from tests.spark.helpers import assert_mirrors, history_offsets
+from tests.spark.test_sync import build_scenario
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def write_config(tmp: Path, dsn: str, trigger: str) -> Path:
+    cfg = tmp / f"dblog-{trigger.replace(' ', '')}.toml"
+    cfg.write_text(
+        f"""
+[source]
+dsn = "postgresql://unused@127.0.0.1/x"
+[log]
+path = "{tmp / "log"}"
+[sync]
+checkpoint = "{tmp / "cp"}"
+trigger = "{trigger}"
+master = "local[1]"
+max_events_per_trigger = 1500
+sink_retries = 0
+[[sync.sinks]]
+type = "delta"
+path = "{tmp / "lake"}"
+[[sync.sinks]]
+type = "history"
+path = "{tmp / "lake" / "_changes"}"
+[[sync.sinks]]
+type = "postgres"
+dsn = "{dsn}"
+schema = "mirror"
+parallelism = 2
+"""
+    )
+    return cfg
+
+
+def start_job(cfg: Path, fault: str | None, tmp: Path, n: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "DBLOG_SPARK_DRIVER_MEMORY": "1g"}
+    env.pop(FAULT_ENV, None)
+    if fault:
+        env[FAULT_ENV] = fault
+    out = open(tmp / f"job-{n}.log", "wb")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        [sys.executable, "-m", "pydblog.spark.job", "--config", str(cfg)],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def history_version(tmp: Path) -> int | None:
+    path = str(tmp / "lake" / "_changes")
+    if not DeltaTable.is_deltatable(path):
+        return None
+    return DeltaTable(path).transaction_version("pydblog-history")
+
+
+def test_kill_9_during_batches_repeatedly(spark: Any, pg_db: str, tmp_path: Path) -> None:
+    end = build_scenario(tmp_path / "log", SyntheticLoad(seed=61))
+    drain = write_config(tmp_path, pg_db, "available-now")
+    stream = write_config(tmp_path, pg_db, "200 ms")
+
+    # 1. Killed by the job itself after every sink applied batch 1, before Spark's commit.
+    # 2. Killed after the first sink (Delta) of batch 3: the other sinks lag one batch.
+    for n, fault in enumerate(("after-sinks:1", "after-sink:3:0")):
+        job = start_job(drain, fault, tmp_path, n)
+        assert job.wait(timeout=240) == -signal.SIGKILL, (tmp_path / f"job-{n}.log").read_text()
+
+    # 3. Killed from outside at an arbitrary moment while it streams.
+    job = start_job(stream, None, tmp_path, 2)
+    before = history_version(tmp_path)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and history_version(tmp_path) == before:
+        time.sleep(0.2)
+    time.sleep(0.3)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait(timeout=30)
+    assert history_version(tmp_path) != before, (tmp_path / "job-2.log").read_text()
+
+    # 4. A clean run drains the rest (in-process, on the tests' shared SparkSession).
+    assert run_sync(load_config(drain), available_now=True) == 0
+
+    assert history_offsets(tmp_path / "lake" / "_changes") == list(range(end))
+    assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror")
+    for t in ("orders", "order_lines"):
+        dt = DeltaTable(str(tmp_path / "lake" / "public" / t))
+        assert dt.transaction_version("pydblog-sync") == end
