@@ -1,0 +1,451 @@
+"""Property-based tests of the snapshot core against a simulated database and log.
+
+The simulation plays every part but the core:
+
+- the database: a few tables of ``id -> {"id", "v"}`` where ``v`` is the version of the
+  write that produced the row (a global counter, so versions order writes in time);
+- the log: transactions appended in commit order (writes, watermarks, signals), each
+  event at ``PgPosition(lsn of its transaction, index)``;
+- the runner: delivers transactions to the core in order, logs what the core returns,
+  checkpoints ``(change log length, log cursor, core.state())`` now and then, restarts
+  from the last checkpoint (the change log is cut back to it, the log replays from it,
+  the worker's in-flight work is lost) and pauses the stream for blocking snapshots;
+- the worker: runs one request at a time in separate steps (write L / SELECT against the
+  database *as it is at that step* / write H), so writes and stream delivery interleave
+  with every phase of a chunk.
+
+Oracles, checked once everything has drained:
+
+1. materializing the change log (c/u/r upsert ``after``, d delete, t clear) gives the
+   database, table by table (every table has completed a snapshot by then);
+2. no time travel: per key, versions in change-log order never go down (blocking
+   snapshots are exempt, see docs/snapshots.md);
+3. change-log positions strictly increase.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from pydblog.core import (
+    ChunkRequest,
+    CoreSettings,
+    MarkRequest,
+    Request,
+    Signal,
+    SignalType,
+    SnapshotCore,
+    TableStartRequest,
+)
+from pydblog.events import ChangeEvent, Op, SnapshotKind
+from pydblog.ports import TableInfo
+from pydblog.positions import Lsn, PgPosition, Position
+
+TABLES = ["s.a", "s.b", "s.c"]
+KEYS = range(1, 13)
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Wm:
+    id: str
+
+
+Item = ChangeEvent | Wm | Signal
+
+
+@dataclass
+class Worker:
+    request: Request
+    phase: int = 0
+
+
+@dataclass
+class Checkpoint:
+    out_len: int
+    cursor: int
+    state: dict[str, Any] | None
+
+
+@dataclass
+class Sim:
+    data: st.DataObject
+    allow_blocking: bool
+    db: dict[str, dict[int, Row]] = field(default_factory=dict)
+    log: list[list[Item]] = field(default_factory=list)
+    cursor: int = 0
+    out: list[ChangeEvent] = field(default_factory=list)
+    version: int = 0
+    delete_version: dict[Position, int] = field(default_factory=dict)
+    worker: Worker | None = None
+    stream_paused: bool = False
+    restarts: int = 0
+    dropped: int = 0
+    chunk_sizes: dict[str, int] = field(default_factory=dict)
+    core: SnapshotCore = field(init=False)
+    saved: Checkpoint = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.core = self.new_core(None)
+        self.saved = Checkpoint(0, 0, None)
+        for table in TABLES:
+            keys = self.data.draw(st.sets(st.sampled_from(KEYS), max_size=10), label="init")
+            self.db[table] = {k: self.row(k) for k in sorted(keys)}
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def new_core(self, state: dict[str, Any] | None) -> SnapshotCore:
+        adaptive = self.data.draw(st.booleans(), label="adaptive")
+        size = self.data.draw(st.integers(1, 6), label="chunk_size")
+        cfg = CoreSettings(
+            chunk_size=size, adaptive=adaptive, time_budget_ms=50, min_chunk=1, max_chunk=8
+        )
+        return SnapshotCore(cfg, state, instance=f"i{self.restarts}")
+
+    def row(self, key: int) -> Row:
+        self.version += 1
+        return {"id": key, "v": self.version}
+
+    def append(self, items: list[Item]) -> int:
+        self.log.append(items)
+        return len(self.log)  # the transaction's lsn
+
+    def pos(self, lsn: int, index: int = 0) -> PgPosition:
+        return PgPosition(Lsn(lsn), index)
+
+    def emit(self, events: list[ChangeEvent]) -> None:
+        self.out.extend(events)
+
+    # -- the source database ---------------------------------------------------------------
+
+    def write_txn(self) -> None:
+        lsn = len(self.log) + 1
+        items: list[Item] = []
+        for _ in range(self.data.draw(st.integers(1, 4), label="ops")):
+            table, key = self.target()
+            items.append(self.write(table, key, self.pos(lsn, len(items))))
+        self.append(items)
+
+    def target(self) -> tuple[str, int]:
+        """Where to write: half the time into the chunk the worker is reading (the
+        adversarial case for the window), else anywhere."""
+        w = self.worker
+        if w is not None and isinstance(w.request, ChunkRequest) and self.data.draw(st.booleans()):
+            after = w.request.after_key[0] if w.request.after_key is not None else 0
+            key = self.data.draw(st.integers(after + 1, after + w.request.limit), label="key")
+            return w.request.table, key
+        table = self.data.draw(st.sampled_from(TABLES), label="table")
+        return table, self.data.draw(st.sampled_from(KEYS), label="key")
+
+    def write(self, table: str, key: int, at: PgPosition) -> ChangeEvent:
+        rows = self.db[table]
+        schema, name = table.split(".")
+        old = rows.get(key)
+        full_image = self.data.draw(st.booleans(), label="replica identity full")
+        if old is not None and self.data.draw(st.booleans(), label="delete"):
+            del rows[key]
+            self.version += 1
+            self.delete_version[at] = self.version
+            before = old if full_image else None
+            return ChangeEvent(Op.DELETE, schema, name, at, 0, key={"id": key}, before=before)
+        new = self.row(key)
+        rows[key] = new
+        op = Op.CREATE if old is None else Op.UPDATE
+        before = old if (full_image and old is not None) else None
+        return ChangeEvent(op, schema, name, at, 0, key={"id": key}, before=before, after=new)
+
+    def truncate(self) -> None:
+        table = self.data.draw(st.sampled_from(TABLES), label="truncate")
+        lsn = len(self.log) + 1
+        self.db[table].clear()
+        self.version += 1
+        at = self.pos(lsn)
+        self.delete_version[at] = self.version
+        schema, name = table.split(".")
+        self.append([ChangeEvent(Op.TRUNCATE, schema, name, at, 0)])
+
+    def send_signal(self) -> None:
+        kind = self.data.draw(st.sampled_from(["execute", "execute", "stop", "pause", "resume"]))
+        patterns = ["s\\.a", "s\\.b", "s\\.c", "s\\..*", "x\\.nope"]
+        colls = tuple(self.data.draw(st.lists(st.sampled_from(patterns), max_size=3)))
+        sid = f"sig{len(self.log)}"
+        if kind == "execute":
+            blocking = self.allow_blocking and self.data.draw(st.integers(0, 5)) == 0
+            snap = SnapshotKind.BLOCKING if blocking else SnapshotKind.INCREMENTAL
+            signal = Signal(sid, SignalType.EXECUTE_SNAPSHOT, colls or ("s\\..*",), snap)
+        elif kind == "stop":
+            signal = Signal(sid, SignalType.STOP_SNAPSHOT, colls)
+        elif kind == "pause":
+            signal = Signal(sid, SignalType.PAUSE_SNAPSHOT)
+        else:
+            signal = Signal(sid, SignalType.RESUME_SNAPSHOT)
+        self.append([signal])
+
+    # -- the runner ------------------------------------------------------------------------
+
+    def can_deliver(self) -> bool:
+        return self.cursor < len(self.log) and not self.stream_paused
+
+    def deliver(self) -> None:
+        """One whole transaction through the core (the runner pauses only between them)."""
+        items = self.log[self.cursor]
+        self.cursor += 1
+        lsn = self.cursor
+        for index, item in enumerate(items):
+            at = self.pos(lsn, index)
+            if isinstance(item, ChangeEvent):
+                self.core.on_event(item)
+                self.emit([item])
+            elif isinstance(item, Wm):
+                events = self.core.on_watermark(item.id, at, lsn)
+                read = self.chunk_sizes.pop(item.id, None)
+                if read is not None and sum(e.op is Op.READ for e in events) < read:
+                    self.dropped += 1
+                self.emit(events)
+            else:
+                self.emit(self.core.on_signal(item, TABLES, at, lsn))
+
+    def checkpoint(self) -> None:
+        state = self.core.state()
+        self.saved = Checkpoint(len(self.out), self.cursor, json.loads(json.dumps(state)))
+
+    def restart(self) -> None:
+        self.restarts += 1
+        del self.out[self.saved.out_len :]
+        self.cursor = self.saved.cursor
+        self.worker = None
+        self.stream_paused = False
+        self.core = self.new_core(self.saved.state)
+
+    def manage_blocking(self) -> None:
+        if self.core.blocking and not self.stream_paused:
+            self.stream_paused = True
+            self.core.on_stream_paused(self.out[-1].position if self.out else None, 0)
+        elif self.stream_paused and not self.core.blocking:
+            self.stream_paused = False
+
+    # -- the worker --------------------------------------------------------------------------
+
+    def work(self) -> bool:
+        """One step of the worker; False when there was nothing to do."""
+        if self.worker is None:
+            request = self.core.next_request()
+            if request is None:
+                return False
+            self.worker = Worker(request)
+            return True
+        w = self.worker
+        if isinstance(w.request, MarkRequest):
+            self.append([Wm(w.request.watermark)])
+            self.worker = None
+        elif isinstance(w.request, TableStartRequest):
+            self.table_start(w, w.request)
+        else:
+            self.chunk(w, w.request)
+        return True
+
+    def table_start(self, w: Worker, req: TableStartRequest) -> None:
+        if w.phase == 0:
+            keys = self.db[req.table]
+            top = (max(keys),) if keys else None
+            schema, name = req.table.split(".")
+            info = TableInfo(schema, name, ("id", "v"), ("int", "int"), ("id",))
+            self.emit(self.core.on_table_started(req.id, info, top))
+            w.phase = 1
+            if req.watermark is None:
+                self.worker = None
+        else:
+            assert req.watermark is not None
+            self.append([Wm(req.watermark)])
+            self.worker = None
+
+    def chunk(self, w: Worker, req: ChunkRequest) -> None:
+        if w.phase == 0 and req.low_watermark is not None:
+            self.append([Wm(req.low_watermark)])
+            w.phase = 1
+        elif w.phase <= 1:
+            rows = self.select(req)
+            if req.high_watermark is not None:
+                self.chunk_sizes[req.high_watermark] = len(rows)
+            elapsed = (1.0, 30.0, 80.0)[zlib.crc32(req.id.encode()) % 3]
+            self.emit(self.core.on_chunk_read(req.id, rows, elapsed))
+            w.phase = 2
+            if req.high_watermark is None:
+                self.worker = None
+        else:
+            assert req.high_watermark is not None
+            self.append([Wm(req.high_watermark)])
+            self.worker = None
+
+    def select(self, req: ChunkRequest) -> list[Row]:
+        after = req.after_key[0] if req.after_key is not None else None
+        top = req.max_key[0]
+        keys = sorted(k for k in self.db[req.table] if (after is None or k > after) and k <= top)
+        return [dict(self.db[req.table][k]) for k in keys[: req.limit]]
+
+    def fail(self) -> None:
+        if self.worker is not None and self.worker.phase == 0:
+            self.emit(self.core.on_request_failed(self.worker.request.id, "boom", retriable=True))
+            self.worker = None
+
+    # -- driving ------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        self.manage_blocking()
+        action = self.data.draw(
+            st.sampled_from(
+                ["write"] * 6
+                + ["deliver"] * 6
+                + ["work"] * 8
+                + ["checkpoint"] * 3
+                + ["signal", "restart", "fail", "truncate"]
+            ),
+            label="action",
+        )
+        if action == "write":
+            self.write_txn()
+        elif action == "deliver":
+            for _ in range(self.data.draw(st.integers(1, 3), label="txns")):
+                if self.can_deliver():
+                    self.deliver()
+        elif action == "work":
+            self.work()
+        elif action == "signal":
+            self.send_signal()
+        elif action == "checkpoint":
+            self.checkpoint()
+        elif action in ("restart", "fail", "truncate"):
+            rare = self.data.draw(st.integers(0, 3), label="rare")
+            if action == "restart" and rare < 2:
+                self.restart()
+            elif action == "fail" and rare < 2:
+                self.fail()
+            elif action == "truncate" and rare == 0:
+                self.truncate()
+
+    def drain(self) -> None:
+        """No more writes: run until the core is idle and the stream has caught up."""
+        for _ in range(100_000):
+            self.manage_blocking()
+            if self.work():
+                continue
+            if self.can_deliver():
+                self.deliver()
+                continue
+            return
+        raise AssertionError("the snapshot does not finish")
+
+    def finish(self) -> None:
+        self.append([Signal("resume-end", SignalType.RESUME_SNAPSHOT)])
+        self.drain()
+        missing = [t for t in TABLES if t not in self.completed_tables()]
+        if missing:
+            colls = tuple(t.replace(".", "\\.") for t in missing)
+            self.append([Signal("final", SignalType.EXECUTE_SNAPSHOT, colls)])
+            self.drain()
+        assert not self.core.active
+        assert set(self.completed_tables()) == set(TABLES)
+
+    def completed_tables(self) -> list[str]:
+        done = []
+        for e in self.out:
+            n = e.notification
+            if n is not None and n["type"] == "TABLE_SCAN_COMPLETED":
+                done.append(e.qualified_table)
+        return done
+
+
+# -- oracles -------------------------------------------------------------------------------
+
+
+def materialize(out: list[ChangeEvent]) -> dict[str, dict[int, Row]]:
+    tables: dict[str, dict[int, Row]] = {t: {} for t in TABLES}
+    for e in out:
+        if e.op is Op.NOTIFICATION:
+            continue
+        rows = tables[e.qualified_table]
+        if e.op is Op.TRUNCATE:
+            rows.clear()
+        elif e.op is Op.DELETE:
+            assert e.key is not None
+            rows.pop(e.key["id"], None)
+        else:
+            assert e.after is not None
+            rows[e.after["id"]] = e.after
+    return tables
+
+
+def assert_no_time_travel(sim: Sim) -> None:
+    exempt = {
+        (e.qualified_table, e.after["id"])
+        for e in sim.out
+        if e.snapshot is SnapshotKind.BLOCKING and e.after is not None
+    }
+    seen: dict[tuple[str, int], int] = {}
+    for e in sim.out:
+        if e.op is Op.NOTIFICATION:
+            continue
+        if e.op is Op.TRUNCATE:
+            v = sim.delete_version[e.position]
+            for tk in seen:
+                if tk[0] == e.qualified_table:
+                    seen[tk] = v
+            continue
+        if e.op is Op.DELETE:
+            assert e.key is not None
+            key, version = e.key["id"], sim.delete_version[e.position]
+        else:
+            assert e.after is not None
+            key, version = e.after["id"], e.after["v"]
+        tk = (e.qualified_table, key)
+        if tk not in exempt:
+            assert version >= seen.get(tk, 0), f"time travel on {tk}: {version} after {seen[tk]}"
+        seen[tk] = max(version, seen.get(tk, 0))
+
+
+def assert_positions_increase(out: list[ChangeEvent]) -> None:
+    for a, b in itertools.pairwise(out):
+        assert a.position < b.position, (a, b)
+
+
+def run(data: st.DataObject, allow_blocking: bool) -> Sim:
+    sim = Sim(data, allow_blocking)
+    first = Signal("first", SignalType.EXECUTE_SNAPSHOT, ("s\\..*",))
+    sim.append([first])
+    for _ in range(data.draw(st.integers(20, 120), label="steps")):
+        sim.step()
+    sim.finish()
+    reads = sum(1 for e in sim.out if e.op is Op.READ)
+    event(f"restarts: {min(sim.restarts, 3)}{'+' if sim.restarts > 3 else ''}")
+    event(f"snapshot rows: {'0' if not reads else '1-20' if reads <= 20 else '>20'}")
+    event(f"windows with drops: {min(sim.dropped, 2)}{'+' if sim.dropped > 2 else ''}")
+    assert materialize(sim.out) == sim.db
+    assert_positions_increase(sim.out)
+    assert_no_time_travel(sim)
+    return sim
+
+
+PROFILE = settings(
+    max_examples=250,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@PROFILE
+@given(st.data())
+def test_incremental_snapshots_materialize_without_time_travel(data: st.DataObject) -> None:
+    run(data, allow_blocking=False)
+
+
+@settings(PROFILE, max_examples=120)
+@given(st.data())
+def test_with_blocking_snapshots_materialize(data: st.DataObject) -> None:
+    run(data, allow_blocking=True)
