@@ -634,3 +634,18 @@ def test_status_percent() -> None:
     assert status["percent"] == 25.0
     assert status["current"]["table"] == "public.t"
     assert (status["chunks_done"], status["rows"], status["tables_total"]) == (1, 2, 2)
+
+
+def test_rows_without_key_columns_reject_the_table() -> None:
+    core = make(chunk=2)
+    execute(core, "public\\.t")
+    start_table(core, 10)
+    req = core.next_request()
+    assert isinstance(req, ChunkRequest)
+    assert core.on_chunk_read(req.id, [{"v": "no id"}], 1.0) == []
+    assert not core.active
+    mark = core.next_request()
+    assert isinstance(mark, MarkRequest)
+    out = core.on_watermark(mark.watermark, pos(30), 0)
+    assert kinds(out) == ["REJECTED", "COMPLETED"]
+    assert "key column" in out[0].notification["additional_data"]["reason"]  # type: ignore[index]

@@ -10,11 +10,12 @@ API (see docs/snapshots.md for the whole protocol)::
     core = SnapshotCore(CoreSettings(...), state=checkpoint.snapshot)
     core.on_signal(signal, captured_tables, position, ts_ms) -> [notification]
     core.on_signal_error(signal_id, error, position, ts_ms)  -> [REJECTED notification]
-    core.start_initial(captured_tables) -> None             # snapshot mode "initial"
+    core.start_initial(captured_tables, position=None, ts_ms=None) -> []  # mode "initial"
     core.next_request() -> TableStartRequest | ChunkRequest | MarkRequest | None
     core.on_table_started(request_id, info, max_key, error) -> [events] (blocking only)
     core.on_chunk_read(request_id, rows, elapsed_ms)         -> [events] (blocking only)
-    core.on_request_failed(request_id, error, retriable)     -> [events] (blocking only)
+    core.on_request_failed(request_id, error, position=None, ts_ms=None,
+                           *, retriable=None)                -> [events] (blocking only)
     core.on_watermark(watermark_id, position, ts_ms)          -> [r rows, notifications]
     core.on_event(event) -> None          # every captured stream event, in stream order
     core.on_stream_paused(position, ts_ms) -> None            # blocking: stream stopped
@@ -356,6 +357,9 @@ class SnapshotCore:
     ) -> list[ChangeEvent]:
         """The rows of a ChunkRequest, in key order. Incremental: buffered until H (returns
         []). Blocking: emitted now, positioned after the anchor."""
+        if self._busy == request_id and not _keyed(rows, self._request_key(request_id)):
+            error = "chunk rows lack a key column (the reader must select the key columns)"
+            return self.on_request_failed(request_id, error, retriable=False)
         if not self._answer(request_id):
             return []
         pending = self._pending
@@ -428,6 +432,12 @@ class SnapshotCore:
             return False
         self._busy = None
         return True
+
+    def _request_key(self, request_id: str) -> tuple[str, ...]:
+        for request in (self._pending and self._pending.request, self._blocking_request):
+            if isinstance(request, ChunkRequest) and request.id == request_id:
+                return request.key_columns
+        return ()
 
     def _is_blocking(self, request_id: str) -> bool:
         return self._blocking_request is not None and self._blocking_request.id == request_id
@@ -723,6 +733,11 @@ def _start_problem(job: TableJob, answer: _StartAnswer) -> str | None:
             'give a "surrogate-key" column in the execute-snapshot signal'
         )
     return None
+
+
+def _keyed(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> bool:
+    """Every row carries every key column."""
+    return all(c in row for row in rows for c in columns)
 
 
 def _last_key(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> RawKey | None:
