@@ -60,6 +60,12 @@ def signal(core: SnapshotCore, type_: str, lsn: int, **fields: Any) -> list[Chan
     return core.on_signal(parse_signal(f"s{lsn}", type_, json.dumps(body)), TABLES, pos(lsn), 9)
 
 
+def data_of(event: ChangeEvent) -> dict[str, Any]:
+    assert event.notification is not None
+    data: dict[str, Any] = event.notification["additional_data"]
+    return data
+
+
 def kinds(events: list[ChangeEvent]) -> list[str]:
     out = []
     for e in events:
@@ -364,7 +370,7 @@ def test_stop_one_table_before_and_after_it_started() -> None:
     core = make()
     execute(core, "public\\..*", "app\\.v")
     out = signal(core, "stop-snapshot", 2, data_collections=["public\\.u"])  # queued
-    assert out[0].notification["additional_data"]["data_collections"] == ["public.u"]  # type: ignore[index]
+    assert data_of(out[0])["data_collections"] == ["public.u"]
     start_table(core, 10)
     out = signal(core, "stop-snapshot", 11, data_collections=["public\\.t"])  # started
     assert kinds(out) == ["ABORTED"]

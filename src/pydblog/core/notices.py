@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pydblog.core.progress import TableJob, json_key
 from pydblog.events import ChangeEvent, Op, SnapshotKind
 from pydblog.positions import Position
 
@@ -138,3 +139,59 @@ class PositionCursor:
 
     def place(self, notices: list[Notice]) -> list[ChangeEvent]:
         return [n.event(self.next(), self.ts_ms) for n in notices]
+
+
+# -- notifications about one table's job -------------------------------------------------
+
+
+def _for(job: TableJob, type: NotificationType, data: dict[str, Any], table: str = "") -> Notice:
+    return Notice(type, job.signal_id, job.kind, table, data)
+
+
+def table_rejected(job: TableJob, reason: str, **extra: Any) -> Notice:
+    return _for(job, NotificationType.REJECTED, {"reason": reason, **extra}, job.table)
+
+
+def table_empty(job: TableJob) -> Notice:
+    data = {"data_collection": job.table, "status": "EMPTY", "total_rows_scanned": 0}
+    return _for(job, NotificationType.TABLE_SCAN_COMPLETED, data, job.table)
+
+
+def table_scan_started(job: TableJob) -> Notice:
+    """For a started job (key columns and max key known)."""
+    data = {
+        "data_collection": job.table,
+        "key_columns": list(job.key_columns or ()),
+        "maximum_key": json_key(job.max_key),
+        "condition": job.condition,
+    }
+    return _for(job, NotificationType.TABLE_SCAN_STARTED, data, job.table)
+
+
+def table_scan_completed(job: TableJob) -> Notice:
+    data = {
+        "data_collection": job.table,
+        "status": "SUCCEEDED",
+        "total_rows_scanned": job.rows,
+        "chunks": job.chunks,
+    }
+    return _for(job, NotificationType.TABLE_SCAN_COMPLETED, data, job.table)
+
+
+def in_progress(job: TableJob, tables: list[str], percent: float) -> Notice:
+    data = {
+        "data_collections": tables,
+        "current_collection_in_progress": job.table,
+        "maximum_key": json_key(job.max_key),
+        "last_processed_key": json_key(job.last_key),
+        "rows_scanned": job.rows,
+        "chunks": job.chunks,
+        "percent": percent,
+    }
+    return _for(job, NotificationType.IN_PROGRESS, data, job.table)
+
+
+def lane_completed(job: TableJob, tables: int, rows: int, chunks: int) -> Notice:
+    """The last table of a lane is done (``job`` was that table's)."""
+    data = {"tables": tables, "rows": rows, "chunks": chunks}
+    return _for(job, NotificationType.COMPLETED, data)

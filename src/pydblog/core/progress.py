@@ -75,6 +75,19 @@ class TableJob:
             return 0.0
         return float(max(0.0, min(1.0, last / top)))
 
+    def status(self) -> dict[str, Any]:
+        """For ``SnapshotCore.status()``."""
+        return {
+            "table": self.table,
+            "kind": self.kind.value,
+            "signal_id": self.signal_id,
+            "started": self.started,
+            "last_key": json_key(self.last_key),
+            "max_key": json_key(self.max_key),
+            "chunks": self.chunks,
+            "rows": self.rows,
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "table": self.table,
@@ -110,6 +123,10 @@ class TableJob:
             chunks=int(data.get("chunks", 0)),
             rows=int(data.get("rows", 0)),
         )
+
+
+def json_key(key: RawKey | None) -> list[Any] | None:
+    return None if key is None else list(key)
 
 
 def _is_number(value: Any) -> bool:

@@ -41,17 +41,34 @@ Invariants:
 
 from __future__ import annotations
 
-import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydblog.core.commands import (
+    pause_notice,
+    plan_execute,
+    plan_initial,
+    rejected_signal,
+    resume_notice,
+    stop_matcher,
+    stop_notice,
+)
 from pydblog.core.keys import RawKey
-from pydblog.core.notices import Notice, NotificationType, PositionCursor
+from pydblog.core.notices import (
+    Notice,
+    PositionCursor,
+    in_progress,
+    lane_completed,
+    table_empty,
+    table_rejected,
+    table_scan_completed,
+    table_scan_started,
+)
 from pydblog.core.progress import Lane, TableJob
 from pydblog.core.requests import ChunkRequest, MarkRequest, Request, TableStartRequest
-from pydblog.core.signals import Signal, SignalType, match_tables
+from pydblog.core.signals import Signal, SignalType
 from pydblog.core.sizing import CoreSettings, next_chunk_size, shrink
 from pydblog.core.window import ChunkWindow, WindowResult
 from pydblog.events import ChangeEvent, Op, SnapshotKind
@@ -59,8 +76,6 @@ from pydblog.ports import TableInfo
 from pydblog.positions import Position, decode_position, encode_position
 
 STATE_VERSION = 1
-INITIAL_SIGNAL_ID = "initial"
-N = NotificationType
 
 
 @dataclass(slots=True)
@@ -146,13 +161,16 @@ class SnapshotCore:
         """Apply a signal; returns exactly one notification, at the signal's position."""
         self._advance(position)
         if signal.type is SignalType.EXECUTE_SNAPSHOT:
-            notice = self._execute(signal, captured_tables)
+            jobs, notice = plan_execute(signal, captured_tables, self._queued())
+            self._enqueue(jobs)
         elif signal.type is SignalType.STOP_SNAPSHOT:
-            notice = self._stop(signal)
+            notice = stop_notice(signal, self._stop(stop_matcher(signal)))
         elif signal.type is SignalType.PAUSE_SNAPSHOT:
-            notice = self._pause(signal)
+            notice = pause_notice(signal, bool(self._incr), self._brief())
+            self._paused = bool(self._incr)
         else:
-            notice = self._resume(signal)
+            notice = resume_notice(signal, self._paused, self._brief())
+            self._paused = False
         return [notice.event(position, ts_ms)]
 
     def on_signal_error(
@@ -160,8 +178,7 @@ class SnapshotCore:
     ) -> list[ChangeEvent]:
         """The REJECTED notification for a signal that ``parse_signal`` refused."""
         self._advance(position)
-        notice = Notice(N.REJECTED, signal_id, SnapshotKind.INCREMENTAL, "", {"reason": error})
-        return [notice.event(position, ts_ms)]
+        return [rejected_signal(signal_id, error).event(position, ts_ms)]
 
     def start_initial(
         self,
@@ -176,85 +193,32 @@ class SnapshotCore:
         ``ts_ms`` is unused (kept so callers may pass it)."""
         if position is not None:
             self._advance(position)
-        new = self._enqueue(
-            [TableJob(t, INITIAL_SIGNAL_ID) for t in captured_tables if t not in self._queued()]
-        )
-        if new:
-            data = {"data_collections": new, "snapshot_type": SnapshotKind.INCREMENTAL.value}
-            kind = SnapshotKind.INCREMENTAL
-            self._notices.append(Notice(N.STARTED, INITIAL_SIGNAL_ID, kind, "", data))
+        jobs, notice = plan_initial(captured_tables, self._queued())
+        self._enqueue(jobs)
+        if notice is not None:
+            self._notices.append(notice)
         return []
 
-    def _execute(self, signal: Signal, captured: Sequence[str]) -> Notice:
-        matched, unknown = match_tables(signal.data_collections, captured)
-        queued = self._queued()
-        duplicates = [t for t in matched if t in queued]
-        jobs = [
-            TableJob(
-                t,
-                signal.id,
-                signal.snapshot_type,
-                signal.condition_for(t),
-                signal.surrogate_key,
-            )
-            for t in matched
-            if t not in queued
-        ]
-        new = self._enqueue(jobs)
-        data: dict[str, Any] = {
-            "data_collections": new,
-            "snapshot_type": signal.snapshot_type.value,
-            "unknown": unknown,
-            "already_queued": duplicates,
-        }
-        if not new:
-            data["reason"] = "no table to snapshot (unknown or already queued)"
-            return Notice(N.SKIPPED, signal.id, signal.snapshot_type, "", data)
-        return Notice(N.STARTED, signal.id, signal.snapshot_type, "", data)
-
-    def _stop(self, signal: Signal) -> Notice:
-        patterns = signal.data_collections
-
-        def matches(table: str) -> bool:
-            return not patterns or any(re.fullmatch(p, table) for p in patterns)
-
+    def _stop(self, matches: Callable[[str], bool]) -> list[str]:
+        """Remove the matching tables from both lanes (abandoning their in-flight work);
+        returns them."""
         current = self._incr.current
         dropped = self._incr.drop(matches) + self._block.drop(matches)
         if current is not None and self._incr.current is None:
             self._drop_pending()
         if self._blocking_request is not None and self._block.current is None:
             self._blocking_request = None
-        tables = [j.table for j in dropped]
-        self._totals.tables_done += len(tables)
+        self._totals.tables_done += len(dropped)
         if not self._block:
             self._anchor = None
         self._settle()
-        kind = signal.snapshot_type
-        if not tables:
-            data = {"reason": "no matching table in the snapshot", "data_collections": []}
-            return Notice(N.SKIPPED, signal.id, kind, "", data)
-        return Notice(N.ABORTED, signal.id, kind, "", {"data_collections": tables})
+        return [j.table for j in dropped]
 
-    def _pause(self, signal: Signal) -> Notice:
-        if not self._incr:
-            data = {"reason": "no incremental snapshot is running"}
-            return Notice(N.SKIPPED, signal.id, SnapshotKind.INCREMENTAL, "", data)
-        self._paused = True
-        return Notice(N.PAUSED, signal.id, SnapshotKind.INCREMENTAL, "", self._brief())
-
-    def _resume(self, signal: Signal) -> Notice:
-        if not self._paused:
-            data = {"reason": "the snapshot is not paused"}
-            return Notice(N.SKIPPED, signal.id, SnapshotKind.INCREMENTAL, "", data)
-        self._paused = False
-        return Notice(N.RESUMED, signal.id, SnapshotKind.INCREMENTAL, "", self._brief())
-
-    def _enqueue(self, jobs: list[TableJob]) -> list[str]:
+    def _enqueue(self, jobs: list[TableJob]) -> None:
         for job in jobs:
             lane = self._block if job.kind is SnapshotKind.BLOCKING else self._incr
             lane.queue.append(job)
         self._totals.tables += len(jobs)
-        return [j.table for j in jobs]
 
     def _queued(self) -> set[str]:
         return set(self._incr.tables()) | set(self._block.tables())
@@ -421,9 +385,7 @@ class SnapshotCore:
         give_up = self._failures >= self._settings.max_attempts
         if retriable or (retriable is None and not give_up) or lane.current is None:
             return []
-        job = lane.current
-        data = {"reason": error, "attempts": self._failures}
-        notice = Notice(N.REJECTED, job.signal_id, job.kind, job.table, data)
+        notice = table_rejected(lane.current, error, attempts=self._failures)
         return self._finish_table(lane, [notice])
 
     def _answer(self, request_id: str) -> bool:
@@ -539,24 +501,16 @@ class SnapshotCore:
             return []
         problem = _start_problem(job, answer)
         if problem is not None:
-            notice = Notice(N.REJECTED, job.signal_id, job.kind, job.table, {"reason": problem})
-            return self._finish_table(lane, [notice])
+            return self._finish_table(lane, [table_rejected(job, problem)])
         if answer.max_key is None:
-            data = {"data_collection": job.table, "status": "EMPTY", "total_rows_scanned": 0}
-            notice = Notice(N.TABLE_SCAN_COMPLETED, job.signal_id, job.kind, job.table, data)
-            return self._finish_table(lane, [notice])
+            return self._finish_table(lane, [table_empty(job)])
         assert answer.info is not None
         info = answer.info
         lane.current = job.start(info.schema, info.table, info.key, answer.max_key)
-        data = {
-            "data_collection": job.table,
-            "key_columns": list(info.key),
-            "maximum_key": list(answer.max_key),
-            "condition": job.condition,
-        }
-        return [Notice(N.TABLE_SCAN_STARTED, job.signal_id, job.kind, job.table, data)]
+        return [table_scan_started(lane.current)]
 
     def _chunk_done(self, lane: Lane, request: ChunkRequest, result: WindowResult) -> list[Notice]:
+        """Progress after a conclusive chunk: IN_PROGRESS, or the table's completion."""
         job = lane.current
         if job is None or job.table != request.table or not result.conclusive:
             return []
@@ -566,24 +520,8 @@ class SnapshotCore:
         self._totals.chunks += 1
         self._totals.rows += len(result.rows)
         if job.reached_end(result.read, request.limit, result.last_key):
-            data = {
-                "data_collection": job.table,
-                "status": "SUCCEEDED",
-                "total_rows_scanned": job.rows,
-                "chunks": job.chunks,
-            }
-            notice = Notice(N.TABLE_SCAN_COMPLETED, job.signal_id, job.kind, job.table, data)
-            return self._finish_table(lane, [notice])
-        data = {
-            "data_collections": lane.tables(),
-            "current_collection_in_progress": job.table,
-            "maximum_key": _json_key(job.max_key),
-            "last_processed_key": _json_key(job.last_key),
-            "rows_scanned": job.rows,
-            "chunks": job.chunks,
-            "percent": self._percent(),
-        }
-        return [Notice(N.IN_PROGRESS, job.signal_id, job.kind, job.table, data)]
+            return self._finish_table(lane, [table_scan_completed(job)])
+        return [in_progress(job, lane.tables(), self._percent())]
 
     def _finish_table(self, lane: Lane, notices: list[Notice]) -> list[Notice]:
         """The lane's current table is done (read, empty, rejected): move on; when the
@@ -594,12 +532,8 @@ class SnapshotCore:
         self._totals.tables_done += 1
         if lane or job is None:
             return notices
-        data = {
-            "tables": self._totals.tables,
-            "rows": self._totals.rows,
-            "chunks": self._totals.chunks,
-        }
-        done = Notice(N.COMPLETED, job.signal_id, job.kind, "", data)
+        t = self._totals
+        done = lane_completed(job, t.tables, t.rows, t.chunks)
         self._settle()
         return [*notices, done]
 
@@ -698,7 +632,7 @@ class SnapshotCore:
             "active": self.active,
             "paused": self._paused,
             "blocking": self.blocking,
-            "current": None if current is None else _job_status(current),
+            "current": None if current is None else current.status(),
             "queued": [j.table for j in self._block.queue] + [j.table for j in self._incr.queue],
             "tables_total": self._totals.tables,
             "tables_done": self._totals.tables_done,
@@ -747,20 +681,3 @@ def _last_key(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> RawKey | 
         return tuple(rows[-1][c] for c in columns)
     except KeyError:
         return None
-
-
-def _json_key(key: RawKey | None) -> list[Any] | None:
-    return None if key is None else list(key)
-
-
-def _job_status(job: TableJob) -> dict[str, Any]:
-    return {
-        "table": job.table,
-        "kind": job.kind.value,
-        "signal_id": job.signal_id,
-        "started": job.started,
-        "last_key": _json_key(job.last_key),
-        "max_key": _json_key(job.max_key),
-        "chunks": job.chunks,
-        "rows": job.rows,
-    }
