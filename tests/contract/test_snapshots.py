@@ -189,20 +189,21 @@ def test_regex_duplicates_and_unknown_tables(harness: Harness, tmp_path: Path) -
 
 def test_stop_pause_resume_then_new_snapshot(harness: Harness, tmp_path: Path) -> None:
     for name in ("s1", "s2", "s3"):
-        make_table(harness, name, 400)
+        make_table(harness, name, 2000)
     with Capture(harness, tmp_path, "[snapshot]\nchunk_size = 10") as cap:
         harness.signal(sid(), "execute-snapshot",
                        {"data-collections": [q(harness, "s1"), q(harness, "s2"), q(harness, "s3")]})
+        harness.signal(sid(), "pause-snapshot", {})
         # stop s3 before it started
         harness.signal(sid(), "stop-snapshot",
                        {"data-collections": [q(harness, "s3")], "type": "incremental"})
-        cap.wait_until(lambda ev: len(snapshot_rows(ev, "s1")) >= 50, what="s1 under way")
-        harness.signal(sid(), "pause-snapshot", {})
         cap.wait_notification("PAUSED")
-        time.sleep(1.5)
+        cap.wait_notification("ABORTED")
+        time.sleep(1.0)
         n_paused = len(snapshot_rows(cap.events(), "s1"))
         time.sleep(1.5)
         assert len(snapshot_rows(cap.events(), "s1")) <= n_paused + 10  # one chunk in flight
+        assert n_paused <= 20
         harness.signal(sid(), "resume-snapshot", {})
         cap.wait_notification("RESUMED")
         cap.wait_until(lambda ev: len(snapshot_rows(ev, "s2")) > 0, what="s2 started")
@@ -211,17 +212,19 @@ def test_stop_pause_resume_then_new_snapshot(harness: Harness, tmp_path: Path) -
                        {"data-collections": [q(harness, "s2")], "type": "incremental"})
         cap.wait_notification("ABORTED", count=2)
         events = cap.caught_up()
+        assert len(snapshot_rows(events, "s1")) == 2000
         assert len(snapshot_rows(events, "s3")) == 0
-        assert 0 < len(snapshot_rows(events, "s2")) < 400
-        # a whole-snapshot stop of nothing running is a no-op notification
+        assert 0 < len(snapshot_rows(events, "s2")) < 2000
+        # a whole-snapshot stop with nothing running is a no-op (SKIPPED notification)
         harness.signal(sid(), "stop-snapshot", {})
+        cap.wait_notification("SKIPPED")
         # a new snapshot afterwards completes normally
         harness.signal(sid(), "execute-snapshot",
                        {"data-collections": [q(harness, "s2"), q(harness, "s3")]})
         cap.wait_until(
-            lambda ev: len({e["key"]["id"] for e in snapshot_rows(ev, "s3")}) == 400
-            and any(e["op"] == "n" and e["notification"]["type"] == "COMPLETED" for e in ev),
-            what="the new snapshot",
+            lambda ev: len({e["key"]["id"] for e in snapshot_rows(ev, "s3")}) == 2000
+            and sum(1 for e in ev if e["op"] == "n" and e["notification"]["type"] == "COMPLETED") >= 1,
+            timeout=180, what="the new snapshot",
         )
         cap.assert_oracle({"s1": ["id"], "s2": ["id"], "s3": ["id"]})
 
@@ -241,6 +244,7 @@ def test_additional_conditions(harness: Harness, tmp_path: Path) -> None:
 
 def test_bad_signals_are_rejected_and_capture_goes_on(harness: Harness, tmp_path: Path) -> None:
     make_table(harness, "g1", 20)
+    make_table(harness, "g2", 20)
     with Capture(harness, tmp_path) as cap:
         harness.execute("INSERT INTO dblog_signal (id, type, data) VALUES ('bad1', 'execute-snapshot', '{not json')")
         harness.execute("INSERT INTO dblog_signal (id, type, data) VALUES ('bad2', 'explode', '{}')")
@@ -249,7 +253,7 @@ def test_bad_signals_are_rejected_and_capture_goes_on(harness: Harness, tmp_path
             "additional-conditions": [{"data-collection": q(harness, "g1"), "filter": "n = (((("}],
         })
         harness.signal("bad4", "execute-snapshot", {
-            "data-collections": [q(harness, "g1")], "surrogate-key": "no_such_column",
+            "data-collections": [q(harness, "g2")], "surrogate-key": "no_such_column",
         })
         events = cap.wait_notification("REJECTED", count=4)
         ids = {e["notification"]["signal_id"] for e in events

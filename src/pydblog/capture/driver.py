@@ -132,7 +132,7 @@ class SnapshotDriver:
             elif isinstance(request, TableStartRequest):
                 info, max_key, error = self._start_table(request)
                 answer(lambda: core.on_table_started(request.id, info, max_key, error))
-                if request.watermark is not None and error is None:
+                if request.watermark is not None:  # the answer (even an error) lands there
                     self.reader.write_watermark(request.watermark)
             else:
                 if request.low_watermark is not None:

@@ -174,13 +174,18 @@ class PgSnapshotReader:
         assert self._types is not None
         oids = self._oids[info.qualified]
         conn = self.conn
+        # Aliased: an output column named like the table's column would win over it in
+        # ORDER BY, which would then sort by the text form.
         return sql.SQL(", ").join(
-            sql.SQL(
-                self._types.text_expr(
-                    sql.Identifier(c).as_string(conn), oids[info.columns.index(c)]
-                )
+            sql.SQL("{} AS {}").format(
+                sql.SQL(
+                    self._types.text_expr(
+                        sql.Identifier(c).as_string(conn), oids[info.columns.index(c)]
+                    )
+                ),
+                sql.Identifier(f"_dblog_{i}"),
             )
-            for c in columns
+            for i, c in enumerate(columns)
         )
 
     def _map_key(self, info: TableInfo, raw: tuple[Any, ...]) -> tuple[Any, ...]:
