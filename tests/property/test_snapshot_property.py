@@ -44,6 +44,7 @@ from pydblog.core import (
     SnapshotCore,
     TableStartRequest,
 )
+from pydblog.core.window import ChunkWindow
 from pydblog.events import ChangeEvent, Op, SnapshotKind
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
@@ -433,7 +434,7 @@ def run(data: st.DataObject, allow_blocking: bool) -> Sim:
 
 
 PROFILE = settings(
-    max_examples=250,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -445,7 +446,55 @@ def test_incremental_snapshots_materialize_without_time_travel(data: st.DataObje
     run(data, allow_blocking=False)
 
 
-@settings(PROFILE, max_examples=120)
+@settings(PROFILE, max_examples=100)
 @given(st.data())
 def test_with_blocking_snapshots_materialize(data: st.DataObject) -> None:
     run(data, allow_blocking=True)
+
+
+# -- the window alone --------------------------------------------------------------------
+
+WINDOW_EVENT = st.tuples(
+    st.sampled_from([Op.CREATE, Op.UPDATE, Op.DELETE, Op.TRUNCATE]), st.integers(0, 15)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.sets(st.integers(0, 15)),
+    events=st.lists(WINDOW_EVENT, max_size=12),
+    rows_at=st.integers(0, 12),
+    other_table=st.lists(st.integers(0, 15), max_size=4),
+)
+def test_window_keeps_exactly_the_rows_without_newer_events(
+    keys: set[int],
+    events: list[tuple[Op, int]],
+    rows_at: int,
+    other_table: list[int],
+) -> None:
+    """Whenever the rows arrive among the window's events, H yields the rows whose key
+    had no event (none after a truncate), and progress is the last row read."""
+    rows = [{"id": k, "v": 0} for k in sorted(keys)]
+    window = ChunkWindow("s", "a", ("id",))
+    at = PgPosition(Lsn(1))
+    stream = [
+        ChangeEvent(
+            op, "s", "a", at, 0, key={"id": k}, after=None if op is Op.DELETE else {"id": k}
+        )
+        for op, k in events
+    ] + [ChangeEvent(Op.DELETE, "s", "b", at, 0, key={"id": k}) for k in other_table]
+    for i, change in enumerate(stream):
+        if i == rows_at:
+            window.set_rows(rows)
+        if change.table == "a":
+            window.observe(change)
+    if not window.has_rows:
+        window.set_rows(rows)
+    result = window.close()
+    touched = {k for op, k in events}
+    truncated = any(op is Op.TRUNCATE for op, _ in events)
+    expected = [] if truncated else [r for r in rows if r["id"] not in touched]
+    assert result.conclusive
+    assert result.rows == expected
+    assert result.read == len(rows)
+    assert result.last_key == ((rows[-1]["id"],) if rows else None)

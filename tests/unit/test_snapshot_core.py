@@ -655,3 +655,15 @@ def test_rows_without_key_columns_reject_the_table() -> None:
     out = core.on_watermark(mark.watermark, pos(30), 0)
     assert kinds(out) == ["REJECTED", "COMPLETED"]
     assert "key column" in out[0].notification["additional_data"]["reason"]  # type: ignore[index]
+
+
+def test_null_and_composite_keys_match_by_equality() -> None:
+    core = make(chunk=3)
+    execute(core, "public\\.t", surrogate_key="v")
+    start_table(core, 10, max_key=(None, 9), info=info(key=("v", "id")))
+    rows: list[dict[str, Any]] = [{"id": 1, "v": None}, {"id": 2, "v": None}, {"id": 3, "v": "a"}]
+    touched = ChangeEvent(Op.UPDATE, "public", "t", pos(15), 0, after={"id": 2, "v": None})
+    _, out = chunk(core, rows, 20, between=[touched])
+    assert [e.key for e in out if e.op is Op.READ] == [{"v": None, "id": 1}, {"v": "a", "id": 3}]
+    state = core.state()
+    assert state is not None and state["incremental"]["current"]["last_key"] == ["a", 3]
