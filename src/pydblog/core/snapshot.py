@@ -108,7 +108,21 @@ class _Totals:
 
 
 class SnapshotCore:
-    """DBLog snapshot state machine; see the module docstring for the protocol."""
+    """DBLog snapshot state machine; see the module docstring for the protocol.
+
+    State (``*`` = persisted by ``state()``; the rest is in-flight and dropped by a
+    restart, which makes the core plan that work again):
+
+    - ``_incr``*, ``_block``*: the incremental and blocking lanes of table jobs;
+    - ``_paused``*, ``_chunk_size``*, ``_totals``*: flags and counters of the run;
+    - ``_notices``*: notifications waiting for a position (placed at the next watermark);
+    - ``_horizon``*: the highest position seen or emitted (blocking anchors there);
+    - ``_busy``: the id of the one request whose answer is awaited;
+    - ``_pending``: the incremental request awaiting its final watermark, and
+      ``_window``: its chunk window once L has been seen (what ``on_event`` checks);
+    - ``_mark``: an outstanding ``MarkRequest``; ``_blocking_request``: the blocking
+      request being answered; ``_anchor``: the blocking position cursor.
+    """
 
     def __init__(
         self,
