@@ -4,6 +4,7 @@ runner and the worker)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -60,17 +61,25 @@ def signal(core: SnapshotCore, type_: str, lsn: int, **fields: Any) -> list[Chan
     return core.on_signal(parse_signal(f"s{lsn}", type_, json.dumps(body)), TABLES, pos(lsn), 9)
 
 
-def data_of(event: ChangeEvent) -> dict[str, Any]:
+def note(event: ChangeEvent) -> dict[str, Any]:
     assert event.notification is not None
-    data: dict[str, Any] = event.notification["additional_data"]
+    return event.notification
+
+
+def data_of(event: ChangeEvent) -> dict[str, Any]:
+    data: dict[str, Any] = note(event)["additional_data"]
     return data
+
+
+def read_ids(events: list[ChangeEvent]) -> list[Any]:
+    return [e.after["id"] for e in events if e.op is Op.READ and e.after is not None]
 
 
 def kinds(events: list[ChangeEvent]) -> list[str]:
     out = []
     for e in events:
         assert e.notification is not None or e.op is Op.READ
-        out.append("r" if e.op is Op.READ else str(e.notification["type"]))  # type: ignore[index]
+        out.append("r" if e.op is Op.READ else str(note(e)["type"]))
     return out
 
 
@@ -90,7 +99,7 @@ def chunk(
     core: SnapshotCore,
     rows: list[dict[str, Any]],
     lsn: int,
-    between: list[ChangeEvent] = (),  # type: ignore[assignment]
+    between: Sequence[ChangeEvent] = (),
     elapsed: float = 1.0,
 ) -> tuple[ChunkRequest, list[ChangeEvent]]:
     """Run one incremental chunk: L, the events ``between``, the rows, H at ``lsn``."""
@@ -177,7 +186,7 @@ def test_events_between_low_and_high_drop_their_keys() -> None:
     core.on_event(change(Op.DELETE, 4))  # after the rows arrived
     core.on_event(change(Op.CREATE, 5))
     out = core.on_watermark(req.high_watermark, pos(20), 0)
-    assert [e.after["id"] for e in out if e.op is Op.READ] == [1, 3]  # type: ignore[index]
+    assert read_ids(out) == [1, 3]
     core.on_event(change(Op.DELETE, 1))  # after H: rows already out
     state = core.state()
     assert state is not None and state["incremental"]["current"]["last_key"] == [5]
@@ -202,7 +211,7 @@ def test_key_change_drops_old_and_new_key() -> None:
         Op.UPDATE, "public", "t", pos(15), 0, key={"id": 3}, before=row(1), after=row(3)
     )
     _, out = chunk(core, [row(1), row(2), row(3)], 20, between=[moved])
-    assert [e.after["id"] for e in out if e.op is Op.READ] == [2]  # type: ignore[index]
+    assert read_ids(out) == [2]
 
 
 def test_undeterminable_key_makes_window_inconclusive_and_rereads() -> None:
@@ -310,11 +319,11 @@ def test_state_version_checked() -> None:
 def test_regexes_unknown_and_duplicates() -> None:
     core = make()
     out = execute(core, "public\\..*", "public\\.t", "nope\\.x")
-    data = out[0].notification["additional_data"]  # type: ignore[index]
+    data = data_of(out[0])
     assert data["data_collections"] == ["public.t", "public.u"]
     assert data["unknown"] == ["nope\\.x"]
     out = execute(core, "public\\.t", "app\\.v", lsn=2)
-    data = out[0].notification["additional_data"]  # type: ignore[index]
+    data = data_of(out[0])
     assert data["data_collections"] == ["app.v"] and data["already_queued"] == ["public.t"]
     out = execute(core, "public\\.t", "zzz", lsn=3)
     assert kinds(out) == ["SKIPPED"]
@@ -353,7 +362,7 @@ def test_stop_everything_then_new_snapshot() -> None:
     core.on_watermark(inflight.low_watermark, pos(11), 0)
     out = signal(core, "stop-snapshot", 12)
     assert kinds(out) == ["ABORTED"]
-    assert out[0].notification["additional_data"]["data_collections"] == [  # type: ignore[index]
+    assert data_of(out[0])["data_collections"] == [
         "public.t",
         "public.u",
     ]
@@ -430,7 +439,7 @@ def test_rejected_tables_are_skipped(answer: dict[str, Any], reason: str) -> Non
     core.on_table_started(req.id, answer["info"], answer["max_key"], answer.get("error"))
     out = core.on_watermark(req.watermark, pos(10), 0)
     assert kinds(out) == ["REJECTED"]
-    assert reason in out[0].notification["additional_data"]["reason"]  # type: ignore[index]
+    assert reason in data_of(out[0])["reason"]
     assert out[0].table == "t"
     nxt = core.next_request()
     assert isinstance(nxt, TableStartRequest) and nxt.table == "public.u"
@@ -441,7 +450,7 @@ def test_empty_table_is_done_at_once() -> None:
     execute(core, "public\\.t")
     out = start_table(core, 10, max_key=None)
     assert kinds(out) == ["TABLE_SCAN_COMPLETED", "COMPLETED"]
-    assert out[0].notification["additional_data"]["status"] == "EMPTY"  # type: ignore[index]
+    assert data_of(out[0])["status"] == "EMPTY"
     assert not core.active
 
 
@@ -451,7 +460,7 @@ def test_start_initial_places_started_at_first_watermark() -> None:
     out = start_table(core, 10)
     assert kinds(out) == ["STARTED", "TABLE_SCAN_STARTED"]
     assert [e.position for e in out] == [pos(10, 1), pos(10, 2)]
-    assert out[0].notification["signal_id"] == "initial"  # type: ignore[index]
+    assert note(out[0])["signal_id"] == "initial"
 
 
 # -- failures -------------------------------------------------------------------------------
@@ -559,7 +568,7 @@ def test_blocking_snapshot_emits_directly_after_the_anchor() -> None:
     core = make(chunk=2)
     out = execute(core, "public\\.t", lsn=5, type="blocking")
     assert kinds(out) == ["STARTED"]
-    assert out[0].notification["aggregate_type"] == "Blocking Snapshot"  # type: ignore[index]
+    assert note(out[0])["aggregate_type"] == "Blocking Snapshot"
     assert core.blocking
     assert core.next_request() is None  # the stream is not paused yet
     core.on_stream_paused(pos(4, 3), 777)  # the core has seen (5, 0): the anchor
@@ -654,7 +663,7 @@ def test_rows_without_key_columns_reject_the_table() -> None:
     assert isinstance(mark, MarkRequest)
     out = core.on_watermark(mark.watermark, pos(30), 0)
     assert kinds(out) == ["REJECTED", "COMPLETED"]
-    assert "key column" in out[0].notification["additional_data"]["reason"]  # type: ignore[index]
+    assert "key column" in data_of(out[0])["reason"]
 
 
 def test_null_and_composite_keys_match_by_equality() -> None:
