@@ -55,6 +55,9 @@ class SnapshotDriver:
         self._inflight = False
         self._worker: threading.Thread | None = None
         self._out: list[ChangeEvent] = []
+        # table -> identity columns (primary key; without one every column), used as
+        # the event key of snapshot rows even when a surrogate key drives the chunks.
+        self._identity: dict[str, tuple[str, ...]] = {}
         self._paused_stream = False
 
     # -- routing ----------------------------------------------------------------------
@@ -85,7 +88,20 @@ class SnapshotDriver:
 
     def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[ChangeEvent]:
         out = self.take()
-        return out + self.core.on_watermark(watermark_id, position, ts_ms or _now_ms())
+        return out + self._keyed_rows(self.core.on_watermark(watermark_id, position, ts_ms or _now_ms()))
+
+    def _keyed_rows(self, events: list[ChangeEvent]) -> list[ChangeEvent]:
+        """Snapshot rows of a table chunked by a surrogate key get the table's identity
+        as their event key, like the stream's events of that table."""
+        if not self._identity:
+            return events
+        out = []
+        for ev in events:
+            ident = self._identity.get(f"{ev.schema}.{ev.table}")
+            if ev.op is Op.READ and ident is not None and ev.after is not None:
+                ev = ev._replace(key={c: ev.after.get(c) for c in ident})
+            out.append(ev)
+        return out
 
     def start_initial(self, captured: list[str]) -> None:
         log.info("initial snapshot of %d tables", len(captured))
@@ -101,7 +117,7 @@ class SnapshotDriver:
             self._inflight = False
             self._out.extend(answer())
         out, self._out = self._out, []
-        return out
+        return self._keyed_rows(out)
 
     # -- incremental requests on the worker ----------------------------------------------
     def submit_next(self) -> None:
@@ -157,6 +173,10 @@ class SnapshotDriver:
 
     def _start_table(self, req: TableStartRequest) -> tuple[TableInfo | None, Any, str | None]:
         try:
+            if req.surrogate_key is not None:
+                plain = self.reader.table_info(req.table)
+                if plain is not None:
+                    self._identity[req.table] = plain.key or plain.columns
             info = self.reader.table_info(req.table, req.surrogate_key)
             if info is None:
                 return None, None, f"table {req.table} does not exist"
@@ -190,7 +210,7 @@ class SnapshotDriver:
                 continue
             self._execute(request, results.append)
             for result in results:
-                emit(result())
+                emit(self._keyed_rows(result()))
             results.clear()
 
     def state(self) -> dict[str, Any] | None:

@@ -209,11 +209,14 @@ class PgSnapshotReader:
         if info.qualified not in self._oids:
             self.table_info(info.qualified)
         table = sql.Identifier(info.schema, info.table)
-        upper = (
-            sql.SQL("true")
-            if any(v is None for v in max_key)
-            else sql.SQL("{} <= {}").format(self._cols(info), self._tuple(info, max_key))
-        )
+        if any(v is None for v in max_key):
+            upper: sql.Composable = sql.SQL("true")
+        elif len(info.key) == 1:  # NULLs sort first: they are below any max key
+            upper = sql.SQL("({} <= {} OR {} IS NULL)").format(
+                self._cols(info), self._tuple(info, max_key), sql.Identifier(info.key[0])
+            )
+        else:
+            upper = sql.SQL("{} <= {}").format(self._cols(info), self._tuple(info, max_key))
         where = sql.SQL("{} AND {} AND ({})").format(
             self._after(info, after), upper,
             sql.SQL(condition) if condition else sql.SQL("true"),
