@@ -46,7 +46,9 @@ def batch(*events: ChangeEvent) -> pa.Table:
 
 def net(tbl: pa.Table, q: str = "public.t") -> dict[Any, tuple[str, dict[str, Any], list[str]]]:
     ch = reduce_events(tbl)[q]
-    return {r["id"]: (op, r, u) for op, r, u in zip(ch.ops, ch.rows, ch.unchanged, strict=True)}
+    return {
+        r["id"]: (op, r, list(u)) for op, r, u in zip(ch.ops, ch.rows, ch.unchanged, strict=True)
+    }
 
 
 def test_last_event_per_key_wins() -> None:

@@ -22,6 +22,7 @@ and the next run converges.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -36,9 +37,12 @@ from pydblog.config import Config, load_config
 from pydblog.errors import ChangeLogError, ConfigError, DblogError, SinkError
 from pydblog.spark.batch import Batch
 from pydblog.spark.sinks import Sink, apply_with_retry, build_sink
+from pydblog.spark.sinks.history import HistorySink
 from pydblog.spark.source import NAME, DblogDataSource
 
 log = logging.getLogger("pydblog.sync")
+
+MIRROR_COLUMNS = ("offset", "op", "schema", "table", "key", "after", "unchanged", "ts_ms")
 
 FAULT_ENV = "DBLOG_SYNC_FAULT"
 """Fault injection for tests: ``after-sinks:N`` kills the job's process group with
@@ -59,6 +63,7 @@ def spark_session(master: str) -> Any:
         SparkSession.builder.master(master)
         .appName("dblog-sync")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", os.environ.get("DBLOG_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
@@ -87,6 +92,11 @@ class BatchApplier:
     def __init__(self, log_dir: str, sinks: list[Sink], retries: int, backoff_s: float) -> None:
         self.log_dir = log_dir
         self.sinks = sinks
+        # Mirrors need only these columns; collecting fewer is faster (the history
+        # sink needs every column).
+        self.columns: list[str] | None = (
+            None if any(isinstance(s, HistorySink) for s in sinks) else list(MIRROR_COLUMNS)
+        )
         self.retries = retries
         self.backoff_s = backoff_s
         self.error: DblogError | None = None
@@ -96,12 +106,29 @@ class BatchApplier:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         try:
-            self.apply(df.toArrow(), batch_id)
+            t0 = time.monotonic()
+            events = (df if self.columns is None else df.select(*self.columns)).toArrow()
+            log.debug(
+                "batch %d: read %d events in %.2fs",
+                batch_id,
+                events.num_rows,
+                time.monotonic() - t0,
+            )
+            self.apply(events, batch_id)
         except DblogError as exc:
             self.error = exc
             raise
 
     def apply(self, events: Any, batch_id: int) -> None:
+        # A batch allocates millions of small objects that all live until it ends:
+        # the cyclic GC would rescan them over and over (seconds per 500k events).
+        gc.disable()
+        try:
+            self._apply(events, batch_id)
+        finally:
+            gc.enable()
+
+    def _apply(self, events: Any, batch_id: int) -> None:
         t0 = time.monotonic()
         reader = SqliteChangeLogReader(self.log_dir)
         try:
@@ -111,21 +138,27 @@ class BatchApplier:
         batch = Batch.of(batch_id, events, schemas)
         if batch is None:
             return
+        t1 = time.monotonic()
+        batch.changes()
+        timings = [f"reduce {time.monotonic() - t1:.2f}s"]
         for i, sink in enumerate(self.sinks):
+            t1 = time.monotonic()
             apply_with_retry(sink, batch, retries=self.retries, backoff_s=self.backoff_s)
+            timings.append(f"{sink.name.split(':')[0]} {time.monotonic() - t1:.2f}s")
             _fault(batch_id, i)
         _fault(batch_id, None)
         self.batches += 1
         self.events += events.num_rows
         self.last_end = batch.end
         log.info(
-            "batch %d: offsets %d..%d, %d events, %d tables, %.2fs",
+            "batch %d: offsets %d..%d, %d events, %d tables, %.2fs (%s)",
             batch_id,
             batch.start,
             batch.end - 1,
             events.num_rows,
             len(batch.changes()),
             time.monotonic() - t0,
+            ", ".join(timings),
         )
 
     def close(self) -> None:
@@ -156,6 +189,7 @@ def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now
         spark.readStream.format(NAME)
         .option("path", cfg.log.path)
         .option("maxEventsPerTrigger", str(cfg.sync.max_events_per_trigger))
+        .option("numPartitions", str(spark.sparkContext.defaultParallelism))
         .load()
     )
     writer = (

@@ -17,6 +17,7 @@ and in parallel by key partition.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,7 @@ class TableChanges:
     ops: list[str] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
-    unchanged: list[list[str]] = field(default_factory=list)
+    unchanged: list[Sequence[str]] = field(default_factory=list)
 
     @property
     def qualified(self) -> str:
@@ -112,6 +113,39 @@ def _fill_unchanged(
                     missing.remove(col)
 
 
+def _collect(
+    tc: TableChanges,
+    part: pa.Table,
+    pending: dict[tuple[str, str], tuple[dict[str, Any], list[str]]],
+) -> None:
+    """Append the last events of one table (``part``) to ``tc`` as net changes."""
+    loads = orjson.loads
+    keys = part["key"].to_pylist()
+    afters = part["after"].to_pylist()
+    deleted = [
+        op == DELETE or a is None for op, a in zip(part["op"].to_pylist(), afters, strict=True)
+    ]
+    tc.keys.extend(keys)
+    tc.offsets.extend(part["offset"].to_pylist())
+    tc.ops.extend([DELETE if d else UPSERT for d in deleted])
+    rows = [
+        (loads(k) if k is not None else {}) if d else loads(a)
+        for k, a, d in zip(keys, afters, deleted, strict=True)
+    ]
+    tc.rows.extend(rows)
+    unch_col = part["unchanged"]
+    if unch_col.null_count == len(unch_col):
+        tc.unchanged.extend([()] * len(rows))
+        return
+    for key, row, d, unch in zip(keys, rows, deleted, unch_col.to_pylist(), strict=True):
+        missing = [] if d else [c for c in (unch or ()) if c in row]
+        for c in missing:
+            row[c] = None
+        tc.unchanged.append(missing or ())
+        if missing:
+            pending[(tc.qualified, key)] = (row, missing)
+
+
 def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
     """Reduce ``events`` (columns ``offset, op, schema, table, key, after, unchanged``
     of the ``dblog`` source, any order) to the net change per table and key."""
@@ -130,37 +164,13 @@ def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
     last_offsets = ev.group_by(["_q", "key"], use_threads=False).aggregate([("offset", "max")])
     last = ev.filter(pc.is_in(ev["offset"], value_set=last_offsets["offset_max"]))
     pending: dict[tuple[str, str], tuple[dict[str, Any], list[str]]] = {}
-    loads = orjson.loads
-    for q, schema, table, key, op, off, after, unch in zip(
-        last["_q"].to_pylist(),
-        last["schema"].to_pylist(),
-        last["table"].to_pylist(),
-        last["key"].to_pylist(),
-        last["op"].to_pylist(),
-        last["offset"].to_pylist(),
-        last["after"].to_pylist(),
-        last["unchanged"].to_pylist(),
-        strict=True,
-    ):
+    for q in pc.unique(last["_q"]).to_pylist():
+        part = last.filter(pc.equal(last["_q"], q))
+        first = part.slice(0, 1)
         tc = out.get(q)
         if tc is None:
-            tc = out[q] = TableChanges(schema, table)
-        tc.keys.append(key)
-        tc.offsets.append(off)
-        if op == DELETE or after is None:
-            tc.ops.append(DELETE)
-            tc.rows.append(loads(key) if key is not None else {})
-            tc.unchanged.append([])
-            continue
-        row = loads(after)
-        tc.ops.append(UPSERT)
-        tc.rows.append(row)
-        missing = [c for c in (unch or ()) if c in row]
-        for c in missing:
-            row[c] = None
-        tc.unchanged.append(missing)
-        if missing:
-            pending[(q, key)] = (row, missing)
+            tc = out[q] = TableChanges(first["schema"][0].as_py(), first["table"][0].as_py())
+        _collect(tc, part, pending)
     if pending:
         _fill_unchanged(ev, pending)
     return out

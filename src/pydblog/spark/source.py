@@ -80,8 +80,11 @@ ARROW_SCHEMA = pa.schema(
 )
 
 DEFAULT_MAX_EVENTS = 500_000
-PARTITION_EVENTS = 100_000
-"""Events per input partition (one Spark task each)."""
+MIN_PARTITION_EVENTS = 10_000
+DEFAULT_PARTITIONS = 2
+"""A batch is split into ``numPartitions`` (option) input partitions of at least
+``MIN_PARTITION_EVENTS`` events, one Spark task each; the job sets it to Spark's default
+parallelism so that every core decodes one equal share."""
 ARROW_BATCH_EVENTS = 20_000
 
 _SOURCE_NON_POSITION = frozenset({"connector", "db", "schema", "table", "ts_ms", "snapshot"})
@@ -166,11 +169,27 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
         reader.close()
 
 
-def plan_partitions(path: str, start: int, end: int) -> list[OffsetRange]:
-    return [
-        OffsetRange(path, a, min(end, a + PARTITION_EVENTS))
-        for a in range(start, end, PARTITION_EVENTS)
-    ]
+def plan_partitions(
+    path: str, start: int, end: int, parts: int = DEFAULT_PARTITIONS
+) -> list[OffsetRange]:
+    """``[start, end)`` in at most ``parts`` contiguous, nearly equal ranges."""
+    n = end - start
+    if n <= 0:
+        return []
+    parts = max(1, min(parts, -(-n // MIN_PARTITION_EVENTS)))
+    size = -(-n // parts)
+    return [OffsetRange(path, a, min(end, a + size)) for a in range(start, end, size)]
+
+
+def _partitions(options: dict[str, str]) -> int:
+    raw = options.get("numpartitions", str(DEFAULT_PARTITIONS))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ChangeLogError(f"numPartitions must be a positive integer, got {raw!r}")
+    return value
 
 
 def _lower(options: Any) -> dict[str, str]:
@@ -203,7 +222,9 @@ def _max_events(options: dict[str, str]) -> int:
 
 class DblogDataSource(DataSource):
     """Options: ``path`` (required), ``maxEventsPerTrigger`` (streaming, default
-    500000), ``startingOffset`` (``earliest`` (default), ``latest`` or a number)."""
+    500000), ``startingOffset`` (``earliest`` (default), ``latest`` or a number),
+    ``numPartitions`` (input partitions per batch, default 2), and for batch reads
+    ``startOffset``/``endOffset``."""
 
     @classmethod
     def name(cls) -> str:
@@ -226,6 +247,7 @@ class DblogBatchReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         options = _lower(options)
         self.path = _path(options)
+        self.parts = _partitions(options)
         reader = SqliteChangeLogReader(self.path)
         try:
             first, nxt = reader.first_offset(), reader.next_offset()
@@ -235,7 +257,7 @@ class DblogBatchReader(DataSourceReader):
         self.end = int(options.get("endoffset", nxt))
 
     def partitions(self) -> Sequence[InputPartition]:
-        return plan_partitions(self.path, self.start, self.end)
+        return plan_partitions(self.path, self.start, self.end, self.parts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
@@ -247,6 +269,7 @@ class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         options = _lower(options)
         self.path = _path(options)
         self.max_events = _max_events(options)
+        self.parts = _partitions(options)
         self.starting = options.get("startingoffset", "earliest")
         self.target: int | None = None
 
@@ -284,7 +307,7 @@ class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"offset": self._bounds()[1]}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        return plan_partitions(self.path, int(start["offset"]), int(end["offset"]))
+        return plan_partitions(self.path, int(start["offset"]), int(end["offset"]), self.parts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)

@@ -1,0 +1,190 @@
+"""Benchmark of `dblog sync` (see docs/sync.md, "Benchmarks").
+
+1. drain: N change events (inserts/updates/deletes over 3 tables) waiting in an embedded
+   change log, applied with ``trigger(availableNow=True)`` into Delta, then (fresh
+   checkpoint) into a throwaway PostgreSQL; reports events/s of the drain (Spark session
+   start excluded, query start included).
+2. latency: a writer appends at a steady rate (default 5k events/s) while the job runs
+   with a 1-second trigger into Delta; for every event, the time from its ``ts_ms``
+   (when it was appended to the change log) to the end of the sink commit that applied
+   it; reports p50/p99.
+
+    .venv/bin/python bench/sync.py --events 1000000 --master 'local[2]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pydblog.config import Config, parse_config
+from pydblog.devtools.pgcluster import PgCluster
+from pydblog.spark.job import BatchApplier, spark_session, start_query
+from pydblog.spark.sinks import build_sink
+from pydblog.spark.synth import SyntheticLoad, write_load
+
+
+def config(
+    work: Path, name: str, sinks: list[dict[str, Any]], trigger: str, master: str, max_events: int
+) -> Config:
+    return parse_config(
+        {
+            "source": {"dsn": "postgresql://unused@127.0.0.1/x"},
+            "log": {"path": str(work / "log")},
+            "sync": {
+                "checkpoint": str(work / f"cp-{name}"),
+                "trigger": trigger,
+                "master": master,
+                "max_events_per_trigger": max_events,
+                "sink_retries": 0,
+                "sinks": sinks,
+            },
+        }
+    )
+
+
+def drain(spark: Any, cfg: Config, events: int) -> float:
+    applier = BatchApplier(cfg.log.path, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
+    t0 = time.monotonic()
+    q = start_query(spark, cfg, applier, available_now=True)
+    q.awaitTermination()
+    elapsed = time.monotonic() - t0
+    applier.close()
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+    assert applier.events == events, (applier.events, events)
+    return elapsed
+
+
+class LatencyApplier(BatchApplier):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.latencies: list[float] = []
+
+    def apply(self, events: Any, batch_id: int) -> None:
+        super().apply(events, batch_id)
+        done = time.time() * 1000
+        self.latencies.extend(done - ts for ts in events["ts_ms"].to_pylist())
+
+
+def steady_writer(log_dir: Path, rate: int, seconds: float, stop: threading.Event) -> int:
+    load = SyntheticLoad(seed=99)
+    load.next_id = 10**8
+    tick = 0.1
+    per_tick = max(1, int(rate * tick))
+    start = time.monotonic()
+    written = 0
+    while not stop.is_set() and time.monotonic() - start < seconds:
+        write_load(log_dir, load, per_tick, chunk=per_tick, first=False)
+        written += per_tick
+        next_at = start + written / rate
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    return written
+
+
+def latency(spark: Any, work: Path, master: str, rate: int, seconds: float) -> list[float]:
+    cfg = config(
+        work,
+        "latency",
+        [{"type": "delta", "path": str(work / "lake-latency")}],
+        "1 second",
+        master,
+        500_000,
+    )
+    # Start at the end of the log: only the steady load is measured.
+    from pydblog.changelog.sqlite import SqliteChangeLogReader
+
+    reader = SqliteChangeLogReader(work / "log")
+    start = reader.next_offset()
+    reader.close()
+    applier = LatencyApplier(cfg.log.path, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
+    spark.dataSource.register(__import__("pydblog.spark.source").spark.source.DblogDataSource)
+    q = (
+        spark.readStream.format("dblog")
+        .option("path", cfg.log.path)
+        .option("startingOffset", str(start))
+        .load()
+        .writeStream.foreachBatch(applier)
+        .option("checkpointLocation", str(work / "cp-latency"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    time.sleep(8)  # let the query warm up (first batch planning, Python workers)
+    applier.latencies.clear()
+    stop = threading.Event()
+    written = steady_writer(work / "log", rate, seconds, stop)
+    deadline = time.monotonic() + 30
+    while len(applier.latencies) < written and time.monotonic() < deadline:
+        time.sleep(0.2)
+    q.stop()
+    applier.close()
+    return applier.latencies
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p * len(s)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--max-events-per-trigger", type=int, default=500_000)
+    ap.add_argument("--rate", type=int, default=5_000)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--only", choices=["delta", "postgres", "latency"], action="append")
+    ap.add_argument("--workdir")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("pydblog.sync").setLevel(logging.DEBUG)
+    only = set(args.only or ["delta", "postgres", "latency"])
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="dblog-bench-sync-"))
+    for old in ("log", "lake", "lake-latency", "cp-delta", "cp-pg", "cp-latency"):
+        shutil.rmtree(work / old, ignore_errors=True)
+    t0 = time.monotonic()
+    end = write_load(work / "log", SyntheticLoad(seed=1), args.events, chunk=50_000)
+    print(f"change log: {end} events written in {time.monotonic() - t0:.1f}s ({work})")
+    spark = spark_session(args.master)
+    if "delta" in only:
+        cfg = config(
+            work,
+            "delta",
+            [{"type": "delta", "path": str(work / "lake")}],
+            "available-now",
+            args.master,
+            args.max_events_per_trigger,
+        )
+        s = drain(spark, cfg, end)
+        print(f"drain into Delta: {end} events in {s:.1f}s = {end / s:,.0f} events/s")
+    if "postgres" in only:
+        with PgCluster() as pg:
+            cfg = config(
+                work,
+                "pg",
+                [{"type": "postgres", "dsn": pg.dsn(), "parallelism": 2}],
+                "available-now",
+                args.master,
+                args.max_events_per_trigger,
+            )
+            s = drain(spark, cfg, end)
+            print(f"drain into PostgreSQL: {end} events in {s:.1f}s = {end / s:,.0f} events/s")
+    if "latency" in only:
+        lat = latency(spark, work, args.master, args.rate, args.seconds)
+        print(
+            f"latency at {args.rate} events/s, 1 s trigger, Delta: {len(lat)} events, "
+            f"p50 {pct(lat, 0.5) / 1000:.2f}s p99 {pct(lat, 0.99) / 1000:.2f}s "
+            f"mean {statistics.fmean(lat) / 1000:.2f}s"
+        )
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
