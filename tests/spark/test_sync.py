@@ -210,3 +210,17 @@ def test_batch_of_empty_events_is_none() -> None:
 
     assert Batch.of(0, ARROW_SCHEMA.empty_table(), []) is None
     assert isinstance(pa.Table, type)
+
+
+def test_postgres_targets_and_collisions() -> None:
+    from pydblog.spark.sinks.postgres import PostgresSink
+
+    own = PostgresSink("postgresql://x@127.0.0.1/db")
+    assert own.target("shop", "t") == ("shop", "t") and own.target("public", "t") == ("public", "t")
+    one = PostgresSink("postgresql://x:secret@127.0.0.1/db", "mirror")
+    assert one.target("shop", "t") == ("mirror", "t")
+    with pytest.raises(SinkError, match=r"shop\.t and public\.t would both"):
+        one.target("public", "t")
+    assert "secret" not in one.name
+    own.close()
+    one.close()

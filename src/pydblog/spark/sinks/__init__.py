@@ -45,7 +45,7 @@ def build_sink(cfg: SinkConfig) -> Sink:
     from pydblog.spark.sinks.postgres import PostgresSink
 
     assert cfg.dsn is not None
-    return PostgresSink(cfg.dsn, cfg.schema_ or "public", cfg.parallelism)
+    return PostgresSink(cfg.dsn, cfg.schema_, cfg.parallelism)
 
 
 def apply_with_retry(

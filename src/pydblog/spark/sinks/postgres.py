@@ -1,5 +1,6 @@
 """A downstream PostgreSQL database: one table per source table, same name, in the
-configured schema, created on first sight (columns with the source SQL types, the
+configured schema (or, when none is configured, the source table's own schema), created
+on first sight (columns with the source SQL types, the
 source key as primary key); added source columns are added with ALTER TABLE.
 
 Exactly once, through the progress table ``<schema>.dblog_sync_progress`` in the
@@ -24,6 +25,7 @@ still exact because a batch's net change is idempotent.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -55,15 +57,30 @@ def _copy_value(value: Any, sql_type: str) -> Any:
 
 
 class PostgresSink:
-    def __init__(self, dsn: str, schema: str = "public", parallelism: int = 2) -> None:
+    def __init__(self, dsn: str, schema: str | None = None, parallelism: int = 2) -> None:
         self.dsn = dsn
-        self.schema = schema
+        self.target_schema = schema
+        self.schema = schema or "public"  # where the progress table lives
         self.parts = parallelism
-        self.name = f"postgres:{redact_dsn(dsn)} schema {schema}"
+        self.name = f"postgres:{redact_dsn(dsn)}" + (f" schema {schema}" if schema else "")
+        self._targets: dict[tuple[str, str], str] = {}
         self._conns: dict[int, psycopg.Connection[Any]] = {}
         self._columns: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="pg-sink")
+
+    def target(self, schema: str, table: str) -> tuple[str, str]:
+        """Where a source table goes: the configured schema (or the source's own), same
+        table name. Two source tables landing on one target table is an error."""
+        key = (self.target_schema or schema, table)
+        source = f"{schema}.{table}"
+        seen = self._targets.setdefault(key, source)
+        if seen != source:
+            raise SinkError(
+                f"source tables {seen} and {source} would both be written to {key[0]}.{key[1]}",
+                hint="leave [[sync.sinks]] schema unset to mirror each source schema",
+            )
+        return key
 
     # -- connections -------------------------------------------------------------------
     @contextmanager
@@ -145,29 +162,32 @@ class PostgresSink:
                     self._ensure_table(conn, schemas[q])
                     if ch.truncated:
                         conn.execute(
-                            sql.SQL("TRUNCATE {}").format(sql.Identifier(self.schema, ch.table))
+                            sql.SQL("TRUNCATE {}").format(
+                                sql.Identifier(*self.target(ch.schema, ch.table))
+                            )
                         )
                 except psycopg.Error as exc:
-                    raise SinkError(f"table {self.schema}.{ch.table}: {exc}") from exc
+                    raise SinkError(f"table {ch.qualified}: {exc}") from exc
             self._record(conn, batch, -1)
 
     def _ensure_table(self, conn: psycopg.Connection[Any], schema: TableSchema) -> None:
-        ident = sql.Identifier(self.schema, schema.table)
-        have = self._columns.get(schema.table)
+        tschema, tname = self.target(schema.schema, schema.table)
+        ident = sql.Identifier(tschema, tname)
+        have = self._columns.get(f"{tschema}.{tname}")
         if have is not None and all(c.name in have for c in schema.columns):
             return
         cols = sql.SQL(", ").join(
             sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in schema.columns
         )
         key = sql.SQL(", ").join(sql.Identifier(k) for k in schema.key)
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(tschema)))
         conn.execute(
             sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(ident, cols, key)
         )
         rows = conn.execute(
             "SELECT column_name FROM information_schema.columns "
             "WHERE table_schema = %s AND table_name = %s",
-            (self.schema, schema.table),
+            (tschema, tname),
         ).fetchall()
         have = {r[0] for r in rows}
         for c in schema.columns:
@@ -178,7 +198,7 @@ class PostgresSink:
                     )
                 )
                 have.add(c.name)
-        self._columns[schema.table] = have
+        self._columns[f"{tschema}.{tname}"] = have
 
     def _apply_part(
         self,
@@ -202,8 +222,7 @@ class PostgresSink:
                     self._apply_rows(conn, ch, schemas[q], idx)
                 except psycopg.Error as exc:
                     raise SinkError(
-                        f"table {self.schema}.{ch.table} (batch {batch.batch_id}, "
-                        f"partition {part}): {exc}",
+                        f"table {ch.qualified} (batch {batch.batch_id}, partition {part}): {exc}",
                         hint="a type mismatch or constraint on the target refused the rows",
                     ) from exc
             self._record(conn, batch, part)
@@ -215,8 +234,8 @@ class PostgresSink:
         schema: TableSchema,
         idx: Sequence[int],
     ) -> None:
-        target = sql.Identifier(self.schema, ch.table)
-        stage = sql.Identifier(f"_dblog_stage_{ch.table}"[:63])
+        target = sql.Identifier(*self.target(ch.schema, ch.table))
+        stage = sql.Identifier(f"_dblog_stage_{zlib.crc32(ch.qualified.encode()):08x}")
         cols = [c.name for c in schema.columns]
         types = [c.type for c in schema.columns]
         key = list(schema.key) or cols
