@@ -56,6 +56,11 @@ class Position(Protocol):
         """Fields this position contributes to an event's ``source`` block."""
         ...
 
+    def with_index(self, index: int) -> Self:
+        """The same place in the log with another index in its transaction (snapshot
+        rows are placed right after their watermark this way)."""
+        ...
+
 
 @dataclass(frozen=True, eq=False, slots=True)
 class PgPosition:
@@ -121,6 +126,9 @@ class PgPosition:
 
     def source_fields(self) -> dict[str, Any]:
         return {"lsn": self.commit_lsn.value, "txId": self.tx_id, "index": self.index}
+
+    def with_index(self, index: int) -> PgPosition:
+        return PgPosition(self.commit_lsn, index, self.end_lsn, self.tx_id)
 
     @property
     def ack_lsn(self) -> Lsn:

@@ -22,7 +22,6 @@ placed relative to a position nobody else logs:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -114,9 +113,8 @@ def position_index(position: Position) -> int:
 
 
 def at_index(position: Position, index: int) -> Position:
-    """``position`` with another index (positions are frozen dataclasses)."""
-    moved: Position = dataclasses.replace(position, index=index)  # type: ignore[type-var]
-    return moved
+    """``position`` with another index."""
+    return position.with_index(index)
 
 
 class PositionCursor:

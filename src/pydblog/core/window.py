@@ -92,6 +92,8 @@ class ChunkWindow:
             return WindowResult([], len(rows), None, False)
         if self._truncated:
             return WindowResult([], len(rows), last, True)
+        if not self._dropped:  # the common case: no event of the table in the window
+            return WindowResult(list(rows), len(rows), last, True)
         kept = [r for r in rows if _key(r, self.columns) not in self._dropped]
         return WindowResult(kept, len(rows), last, True)
 

@@ -24,6 +24,7 @@ from pydblog.config import Config
 from pydblog.errors import SignalError, SourceError
 from pydblog.ports import TableInfo
 from pydblog.sources.postgres.connect import connect
+from pydblog.sources.postgres.relations import compile_row
 from pydblog.sources.postgres.setup import split_name
 from pydblog.sources.postgres.source import WATERMARK_PREFIX, PgLogSource
 from pydblog.sources.postgres.types import TypeRegistry
@@ -39,6 +40,7 @@ class PgSnapshotReader:
         self._types: TypeRegistry | None = None
         self._oids: dict[str, tuple[int, ...]] = {}
         self._pk: dict[str, tuple[str, ...]] = {}
+        self._mappers: dict[tuple[str, tuple[str, ...], tuple[int, ...]], Callable[[Any], dict[str, Any]]] = {}
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -144,8 +146,17 @@ class PgSnapshotReader:
     def _cols(self, info: TableInfo) -> sql.Composable:
         return sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in info.key))
 
-    def _order(self, info: TableInfo) -> sql.Composable:
-        return sql.SQL(", ").join(sql.SQL("{} NULLS FIRST").format(sql.Identifier(c)) for c in info.key)
+    def _nullable(self, info: TableInfo) -> bool:
+        """A surrogate key may hold NULLs; a primary key never does. Primary keys get
+        the plain index order (a btree scan, no sort); surrogate keys NULLS FIRST."""
+        return info.key != self._pk.get(info.qualified)
+
+    def _order(self, info: TableInfo, desc: bool = False) -> sql.Composable:
+        if not self._nullable(info):
+            suffix = sql.SQL(" DESC" if desc else "")
+            return sql.SQL(", ").join(sql.SQL("{}{}").format(sql.Identifier(c), suffix) for c in info.key)
+        suffix = sql.SQL(" DESC NULLS LAST" if desc else " NULLS FIRST")
+        return sql.SQL(", ").join(sql.SQL("{}{}").format(sql.Identifier(c), suffix) for c in info.key)
 
     def _after(self, info: TableInfo, after: tuple[Any, ...] | None) -> sql.Composable:
         if after is None:
@@ -163,7 +174,7 @@ class PgSnapshotReader:
             self._select_list(info, info.key),
             sql.Identifier(info.schema, info.table),
             where,
-            sql.SQL(", ").join(sql.SQL("{} DESC NULLS LAST").format(sql.Identifier(c)) for c in info.key),
+            self._order(info, desc=True),
         )
         rows = self._read_only(query, [])
         if not rows:
@@ -211,7 +222,7 @@ class PgSnapshotReader:
         table = sql.Identifier(info.schema, info.table)
         if any(v is None for v in max_key):
             upper: sql.Composable = sql.SQL("true")
-        elif len(info.key) == 1:  # NULLs sort first: they are below any max key
+        elif self._nullable(info):  # NULLs sort first: they are below any max key
             upper = sql.SQL("({} <= {} OR {} IS NULL)").format(
                 self._cols(info), self._tuple(info, max_key), sql.Identifier(info.key[0])
             )
@@ -241,13 +252,20 @@ class PgSnapshotReader:
             rows = self._read_only(
                 sql.SQL("{} AND {} ORDER BY {}").format(base, group, self._order(info)), []
             )
+        row = self._row_mapper(info)
+        return [row(r) for r in rows]
+
+    def _row_mapper(self, info: TableInfo) -> Callable[[Any], dict[str, Any]]:
+        """The generated row mapper of the stream (``relations.compile_row``), cached per
+        column list: text values in, the same JSON values as the log out."""
+        assert self._types is not None
         oids = self._oids[info.qualified]
-        convs = [self._types.converter(o) for o in oids]
-        names = info.columns
-        return [
-            {n: (c(v) if v is not None else None) for n, c, v in zip(names, convs, r, strict=True)}
-            for r in rows
-        ]
+        cache_key = (info.qualified, info.columns, oids)
+        mapper = self._mappers.get(cache_key)
+        if mapper is None:
+            mapper = compile_row(info.columns, tuple(self._types.converter(o) for o in oids))
+            self._mappers[cache_key] = mapper
+        return mapper
 
     def write_watermark(self, watermark_id: str) -> None:
         conn = self.conn

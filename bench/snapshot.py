@@ -1,0 +1,159 @@
+"""Benchmark: incremental snapshot throughput vs a plain COPY, and stream lag during it.
+
+In one run, against one throwaway PostgreSQL with a table of --rows rows:
+ (a) `COPY (SELECT * FROM t) TO STDOUT` rows/s read from Python (psycopg 3);
+ (b) the incremental snapshot's rows/s into the durable change log (`dblog run`, a real
+     process), once with the default chunk size and once with adaptive chunks, each
+     while a background writer does ~1k updates/s on the same table;
+ (c) the stream's lag (commit -> change log) p50/p99 of those updates during (b);
+ (d) peak RSS of `dblog run`.
+
+Usage: .venv/bin/python bench/snapshot.py [--rows 5000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import psycopg
+
+from pydblog.changelog.sqlite import SqliteChangeLogReader
+from pydblog.devtools.pgcluster import PgCluster
+
+
+def peak_rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def copy_rate(dsn: str, rows: int) -> float:
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        t0 = time.perf_counter()
+        n = 0
+        with cur.copy("COPY (SELECT * FROM big) TO STDOUT") as copy:
+            for _ in copy.rows():
+                n += 1
+        elapsed = time.perf_counter() - t0
+    assert n == rows, n
+    return n / elapsed
+
+
+def updater(dsn: str, rows: int, stop: threading.Event, rate: int) -> None:
+    rng = random.Random(1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        nxt = time.monotonic()
+        while not stop.is_set():
+            conn.execute("UPDATE big SET n = n + 1 WHERE id = %s", (rng.randrange(rows),))
+            nxt += 1 / rate
+            delay = nxt - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+
+
+def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str) -> None:
+    config = work / f"{label}.toml"
+    data = work / f"{label}-data"
+    config.write_text(
+        f'[source]\ndsn = "{dsn}"\ntables = ["public\\\\.big"]\nslot = "{label}"\n'
+        f'publication = "{label}"\n[log]\npath = "{data}"\n[snapshot]\n{extra}\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pydblog", "run", "--config", str(config)], stderr=subprocess.DEVNULL
+    )
+    while not (data / "changelog.sqlite").exists():
+        time.sleep(0.1)
+    reader = SqliteChangeLogReader(data)
+    while reader.last_checkpoint() is None:
+        time.sleep(0.1)
+    stop = threading.Event()
+    upd = threading.Thread(target=updater, args=(dsn, rows, stop, 1000))
+    upd.start()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO dblog_signal VALUES (%s, 'execute-snapshot', %s)",
+            (f"bench-{label}", orjson.dumps({"data-collections": ["public\\.big"]}).decode()),
+        )
+    lags: list[float] = []
+    snap_rows = 0
+    t_first: float | None = None
+    offset = 0
+    done = False
+    rss_samples: list[int] = []
+    while not done:
+        recs = reader.read(offset, 20_000)
+        now_ms = time.time() * 1000
+        for r in recs:
+            if r.op == "r":
+                snap_rows += 1
+                if t_first is None:
+                    t_first = time.perf_counter()
+            elif r.op == "u":
+                lags.append(now_ms - r.ts_ms)
+            elif r.op == "n" and b'"COMPLETED"' in r.body:
+                done = True
+        if recs:
+            offset = recs[-1].offset + 1
+        else:
+            time.sleep(0.005)
+            rss_samples.append(peak_rss_kb(proc.pid))
+    elapsed = time.perf_counter() - (t_first or time.perf_counter())
+    stop.set()
+    upd.join()
+    rss = peak_rss_kb(proc.pid)
+    proc.terminate()
+    proc.wait()
+    lag = sorted(lags)
+    p50 = statistics.median(lag) if lag else float("nan")
+    p99 = lag[int(len(lag) * 0.99)] if lag else float("nan")
+    print(f"(b) {label}: {snap_rows:,} snapshot rows at {snap_rows / elapsed:,.0f} rows/s")
+    print(
+        f"(c) {label}: stream lag of {len(lag):,} concurrent updates p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+    )
+    print(f"(d) {label}: dblog run peak RSS {rss / 1024:.0f} MB")
+    shutil.rmtree(data, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=5_000_000)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="dblog-snapbench-"))
+    with PgCluster() as cluster:
+        dsn = cluster.create_database("bench")
+        t0 = time.perf_counter()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE big (id bigint PRIMARY KEY, a int, b text, c numeric(12,2), "
+                "d timestamptz, n int)"
+            )
+            conn.execute(
+                "INSERT INTO big SELECT g, g %% 1000, 'text-' || g, g * 1.5, now(), 0 "
+                "FROM generate_series(0, %s) g",
+                (args.rows - 1,),
+            )
+            conn.execute("VACUUM ANALYZE big")
+        print(f"loaded {args.rows:,} rows in {time.perf_counter() - t0:.0f}s")
+        copy = copy_rate(dsn, args.rows)
+        print(f"(a) COPY TO STDOUT from Python: {copy:,.0f} rows/s")
+        run_snapshot(dsn, args.rows, work, "chunk_size = 1024", "default")
+        run_snapshot(dsn, args.rows, work, "adaptive = true\nmax_chunk_size = 65536", "adaptive")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
