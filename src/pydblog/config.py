@@ -136,7 +136,9 @@ class SinkConfig(_Model):
                 raise ValueError('a "postgres" sink needs dsn (the downstream database)')
             if self.path is not None:
                 raise ValueError('a "postgres" sink takes dsn, not path')
-            if self.schema_ is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]{0,62}", self.schema_):
+            if self.schema_ is not None and not re.fullmatch(
+                r"[A-Za-z_][A-Za-z0-9_$]{0,62}", self.schema_
+            ):
                 raise ValueError(f"{self.schema_!r} is not a valid schema name")
         return self
 
@@ -173,8 +175,8 @@ class SyncConfig(_Model):
     def _trigger(cls, value: str) -> str:
         if value != "available-now" and not _TRIGGER.match(value):
             raise ValueError(
-                f"{value!r} is not a trigger: use an interval like \"1 second\" or \"500 ms\", "
-                "or \"available-now\""
+                f'{value!r} is not a trigger: use an interval like "1 second" or "500 ms", '
+                'or "available-now"'
             )
         return value
 
