@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import time
 
+import pytest
+
 from pydblog.devtools.mariadb import MariaDB
 from pydblog.events import Op
 from pydblog.ports import Checkpoint, Commit, Heartbeat, Idle, SchemaChanged
@@ -208,3 +210,25 @@ def test_idle_and_heartbeat(mariadb: MariaDB, my_db: str) -> None:
         assert src.lag_bytes() == 0
     finally:
         src.close()
+
+
+def test_lost_connection_resumes_without_loss_or_duplicates(
+    mariadb: MariaDB, my_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    mariadb.execute("CREATE TABLE t (id INT PRIMARY KEY)", my_db)
+    src, stream = opened(mariadb, my_db)
+    try:
+        run_sql(mariadb, my_db, "INSERT INTO t VALUES (1), (2)")
+        first = read_until(stream, commits(1))
+        # Kill our binlog dump on the server side (as net_write_timeout would).
+        for row in mariadb.execute("SHOW PROCESSLIST"):
+            if row[4] == "Binlog Dump":
+                mariadb.execute(f"KILL {row[0]}")
+        run_sql(mariadb, my_db, "INSERT INTO t VALUES (3), (4)")
+        run_sql(mariadb, my_db, "INSERT INTO t VALUES (5)")
+        again = read_until(stream, commits(2), timeout=30)
+    finally:
+        src.close()
+    ids = [e.after["id"] for e in changes(first + again) if e.after]
+    assert ids == [1, 2, 3, 4, 5]
+    assert "binlog stream interrupted" in caplog.text

@@ -222,7 +222,7 @@ class MySqlLogSource:
         if self._ctl is None or not self._file:
             return None
         try:
-            with self._ctl_lock, self._ctl.cursor() as cur:
+            with self._ctl_lock, self._ctl_cursor() as cur:
                 cur.execute("SHOW BINARY LOGS")
                 logs = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
         except pymysql.Error:
@@ -249,12 +249,28 @@ class MySqlLogSource:
     # -- extras for the runner -----------------------------------------------------------
     def table_schema(self, schema: str, table: str) -> TableSchema | None:
         """The table's current columns and key (for the change log's schema records)."""
-        with self._ctl_lock, self._ctl.cursor() as cur:
+        with self._ctl_lock, self._ctl_cursor() as cur:
             return schema_mod.table_schema(cur, schema, table, self.mariadb)
 
     # -- connection ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _ctl_cursor(self) -> Iterator[Any]:
+        """A cursor on the control connection, reconnected if the server dropped it (an
+        idle connection is closed after wait_timeout); errors as pydblog errors."""
+        try:
+            try:
+                self._ctl.ping(reconnect=False)
+            except pymysql.Error:
+                with contextlib.suppress(pymysql.Error):
+                    self._ctl.close()
+                self._ctl = connect(self.dsn, timeout_s=self.connect_timeout_s)
+            with self._ctl.cursor() as cur:
+                yield cur
+        except pymysql.Error as exc:
+            raise classify(exc, self.dsn, "a metadata query") from None
+
     def _master_status(self) -> tuple[str, int]:
-        with self._ctl_lock, self._ctl.cursor() as cur:
+        with self._ctl_lock, self._ctl_cursor() as cur:
             cur.execute("SHOW MASTER STATUS")
             row = cur.fetchone()
         if row is None:
@@ -265,7 +281,7 @@ class MySqlLogSource:
         return str(row[0]), int(row[1])
 
     def _require_file(self, pos: BinlogPosition) -> None:
-        with self._ctl_lock, self._ctl.cursor() as cur:
+        with self._ctl_lock, self._ctl_cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
             names = {str(r[0]) for r in cur.fetchall()}
         if pos.file not in names:
@@ -500,7 +516,7 @@ class MySqlLogSource:
     def _json_columns(self, db: str, table: str) -> frozenset[str]:
         found = self._json_cols.get((db, table))
         if found is None:
-            with self._ctl_lock, self._ctl.cursor() as cur:
+            with self._ctl_lock, self._ctl_cursor() as cur:
                 found = schema_mod.json_columns(cur, db, table, self.mariadb)
             self._json_cols[(db, table)] = found
         return found
@@ -569,7 +585,7 @@ class MySqlLogSource:
                 tx.count += 1
 
     def _warn_keyless(self) -> None:
-        with self._ctl_lock, self._ctl.cursor() as cur:
+        with self._ctl_lock, self._ctl_cursor() as cur:
             names = [
                 t for t in schema_mod.list_tables(cur, self.db) if self.matcher(f"{self.db}.{t}")
             ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ from pydblog.sources.mysql.setup import OwnTables
 from pydblog.sources.mysql.types import ColumnType, SelectMapper, key_param, quote_ident
 
 TIMEOUTS = {ER_STATEMENT_TIMEOUT_MARIADB, ER_QUERY_TIMEOUT_MYSQL}
+IDLE_PING_S = 60.0
 
 
 class _FilterRejected(Exception):
@@ -82,15 +84,25 @@ class MySqlSnapshotReader:
         self.statement_timeout_ms = statement_timeout_ms
         self.connect_timeout_s = connect_timeout_s
         self._conn: Any = None
+        self._used = 0.0
         self._mariadb = True
         self._lock = threading.Lock()
         self._tables: dict[tuple[str, tuple[str, ...]], _Table] = {}
 
     # -- connection ------------------------------------------------------------------------
     def _connection(self) -> Any:
+        """The reader's connection; after a minute unused it is pinged (and reopened if
+        the server closed it, e.g. after wait_timeout)."""
+        now = time.monotonic()
+        if self._conn is not None and now - self._used > IDLE_PING_S:
+            try:
+                self._conn.ping(reconnect=False)
+            except pymysql.Error:
+                self._reset()
         if self._conn is None:
             self._conn = connect(self.dsn, timeout_s=self.connect_timeout_s)
             self._mariadb = is_mariadb(self._conn)
+        self._used = now
         return self._conn
 
     def _reset(self) -> None:
@@ -150,8 +162,12 @@ class MySqlSnapshotReader:
 
     # -- SnapshotReader ----------------------------------------------------------------------
     def captured_tables(self) -> list[str]:
-        with self._lock, self._connection().cursor() as cur:
-            names = schema_mod.list_tables(cur, self.db)
+        try:
+            with self._lock, self._connection().cursor() as cur:
+                names = schema_mod.list_tables(cur, self.db)
+        except pymysql.Error as exc:
+            self._reset()
+            raise self._error(exc, "listing the captured tables") from None
         return [
             f"{self.db}.{t}"
             for t in names
