@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from pydblog.devtools.mariadb import MariaDB
-from tests.helpers import kill9, start_run, stop_run, tail, wait_for
+from tests.helpers import dblog, kill9, start_run, stop_run, tail, wait_for
 from tests.mysql.helpers import make
 
 TABLES = {
@@ -144,11 +144,7 @@ def test_run_oracle_with_snapshot(mariadb: MariaDB, my_db: str, tmp_path: Path) 
     try:
         load.start()
         time.sleep(1.0)
-        mariadb.execute(
-            "INSERT INTO dblog_signal VALUES ('s1', 'execute-snapshot', "
-            f'\'{{"data-collections": ["{my_db}\\\\\\\\.w.*"]}}\')',
-            my_db,
-        )
+        dblog("snapshot", "--config", str(config), rf"{my_db}\.w.*")
         time.sleep(3.0)
     finally:
         stop.set()
