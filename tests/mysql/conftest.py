@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pydblog.devtools.mariadb import MariaDB, find_binaries
+from tests.mysql.harness import MariaHarness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,3 +62,9 @@ def my_db(mariadb: MariaDB) -> Iterator[str]:
         yield name
     finally:
         mariadb.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture
+def harness(mariadb: MariaDB, my_db: str) -> Iterator[MariaHarness]:
+    """The contract suite's source harness, on MariaDB (see test_contract.py)."""
+    yield MariaHarness(mariadb, my_db)
