@@ -128,6 +128,7 @@ class Runner:
                 elif qualified == watermark_table:
                     if ev.after is not None:
                         self._emit(driver.on_watermark(str(ev.after.get("value")), ev.position, ev.ts_ms), connector, db)
+                        driver.submit_next()  # the next chunk starts now, not at the next idle
                         driver_active = driver.active
                 else:
                     if driver_active:
@@ -173,6 +174,7 @@ class Runner:
                     continue
                 self._emit(driver.on_watermark(item.id, item.position, 0), connector, db)
                 self._advance(item.position)
+                driver.submit_next()
                 driver_active = driver.active
             elif kind is SchemaChanged:
                 ts: TableSchema = item.table_schema

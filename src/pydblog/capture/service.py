@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -26,6 +27,9 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
     with their code: bad DSN, server down, slot in use, setup missing). Once capture
     ran, retriable errors (the server restarting) are retried with backoff.
     """
+    # The chunk worker thread does many short database round trips; with the default
+    # 5 ms GIL switch interval each one could wait that long behind the stream thread.
+    sys.setswitchinterval(0.001)
     delay = 1.0
     while not stop.is_set():
         changelog = SqliteChangeLog(cfg.log_dir)

@@ -37,6 +37,7 @@ class PgSnapshotReader:
         self.cfg = cfg
         self._source = source
         self._conn: psycopg.Connection[Any] | None = None
+        self._wconn: psycopg.Connection[Any] | None = None
         self._types: TypeRegistry | None = None
         self._oids: dict[str, tuple[int, ...]] = {}
         self._pk: dict[str, tuple[str, ...]] = {}
@@ -44,10 +45,22 @@ class PgSnapshotReader:
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
+        """The read-only connection of chunk and catalog reads: every transaction on it
+        begins READ ONLY, and statement_timeout is set for its whole session."""
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.cfg.source.dsn, timeout_s=self.cfg.source.connect_timeout_s)
-            self._types = TypeRegistry.load(self._conn)
+            conn = connect(self.cfg.source.dsn, timeout_s=self.cfg.source.connect_timeout_s)
+            conn.execute(f"SET statement_timeout = {int(self.cfg.snapshot.statement_timeout_ms)}")
+            conn.read_only = True
+            self._conn = conn
+            self._types = TypeRegistry.load(conn)
         return self._conn
+
+    @property
+    def writer(self) -> psycopg.Connection[Any]:
+        """The connection watermarks are written on (autocommit, one row or message)."""
+        if self._wconn is None or self._wconn.closed:
+            self._wconn = connect(self.cfg.source.dsn, timeout_s=self.cfg.source.connect_timeout_s)
+        return self._wconn
 
     def captured_tables(self) -> list[str]:
         return self._source.captured_tables
@@ -55,33 +68,25 @@ class PgSnapshotReader:
     def table_info(self, qualified: str, surrogate_key: str | None = None) -> TableInfo | None:
         schema, table = split_name(qualified)
         conn = self.conn
+        # One catalog query: columns in order, with each one's place in the primary key.
         rows = conn.execute(
             """
-            SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid
+            SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
+                   array_position(i.indkey::int2[], a.attnum)
             FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
             JOIN pg_namespace n ON n.oid = c.relnamespace
+            LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
             WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
             ORDER BY a.attnum
             """,
             (schema, table),
         ).fetchall()
+        conn.commit()
         if not rows:
             return None
         names = tuple(r[0] for r in rows)
         self._oids[qualified] = tuple(int(r[2]) for r in rows)
-        pk = tuple(
-            r[0]
-            for r in conn.execute(
-                """
-                SELECT a.attname FROM pg_index i
-                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
-                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-                JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-                WHERE n.nspname = %s AND c.relname = %s AND i.indisprimary ORDER BY k.ord
-                """,
-                (schema, table),
-            )
-        )
+        pk = tuple(r[0] for r in sorted((r for r in rows if r[3] is not None), key=lambda r: r[3]))
         self._pk[qualified] = pk
         if surrogate_key is not None:
             if surrogate_key not in names:
@@ -100,8 +105,6 @@ class PgSnapshotReader:
         timeout = self.cfg.snapshot.statement_timeout_ms
         try:
             with conn.transaction():
-                conn.execute("SET TRANSACTION READ ONLY")
-                conn.execute(f"SET LOCAL statement_timeout = {int(timeout)}")
                 rows: list[tuple[Any, ...]] = conn.execute(query, params).fetchall()
                 return rows
         except psycopg.errors.ReadOnlySqlTransaction as exc:
@@ -268,7 +271,7 @@ class PgSnapshotReader:
         return mapper
 
     def write_watermark(self, watermark_id: str) -> None:
-        conn = self.conn
+        conn = self.writer
         if self.cfg.snapshot.watermark == "message":
             conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", (WATERMARK_PREFIX, watermark_id))
         else:
@@ -279,6 +282,7 @@ class PgSnapshotReader:
             )
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        for conn in (self._conn, self._wconn):
+            if conn is not None:
+                conn.close()
+        self._conn = self._wconn = None
