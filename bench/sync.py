@@ -50,8 +50,21 @@ def config(
     )
 
 
-def drain(spark: Any, cfg: Config, events: int) -> float:
-    applier = BatchApplier(cfg.log.path, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
+class TimedApplier(BatchApplier):
+    """Records when each batch finished and how many events it had."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.ends: list[tuple[float, int]] = []
+
+    def apply(self, events: Any, batch_id: int) -> None:
+        super().apply(events, batch_id)
+        self.ends.append((time.monotonic(), events.num_rows))
+
+
+def drain(spark: Any, cfg: Config, events: int) -> tuple[float, float | None]:
+    """(seconds from query start to the end, events/s after the first batch)."""
+    applier = TimedApplier(cfg.log.path, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
     t0 = time.monotonic()
     q = start_query(spark, cfg, applier, available_now=True)
     q.awaitTermination()
@@ -60,7 +73,17 @@ def drain(spark: Any, cfg: Config, events: int) -> float:
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
     assert applier.events == events, (applier.events, events)
-    return elapsed
+    ends = applier.ends
+    steady = None
+    if len(ends) > 1:
+        steady = sum(n for _, n in ends[1:]) / (ends[-1][0] - ends[0][0])
+    return elapsed, steady
+
+
+def report(target: str, events: int, result: tuple[float, float | None]) -> None:
+    s, steady = result
+    extra = f"; after the first batch {steady:,.0f} events/s" if steady else ""
+    print(f"drain into {target}: {events} events in {s:.1f}s = {events / s:,.0f} events/s{extra}")
 
 
 class LatencyApplier(BatchApplier):
@@ -162,8 +185,7 @@ def main() -> None:
             args.master,
             args.max_events_per_trigger,
         )
-        s = drain(spark, cfg, end)
-        print(f"drain into Delta: {end} events in {s:.1f}s = {end / s:,.0f} events/s")
+        report("Delta", end, drain(spark, cfg, end))
     if "postgres" in only:
         with PgCluster() as pg:
             cfg = config(
@@ -174,8 +196,7 @@ def main() -> None:
                 args.master,
                 args.max_events_per_trigger,
             )
-            s = drain(spark, cfg, end)
-            print(f"drain into PostgreSQL: {end} events in {s:.1f}s = {end / s:,.0f} events/s")
+            report("PostgreSQL", end, drain(spark, cfg, end))
     if "latency" in only:
         lat = latency(spark, work, args.master, args.rate, args.seconds)
         print(

@@ -224,3 +224,16 @@ def test_postgres_targets_and_collisions() -> None:
     assert "secret" not in one.name
     own.close()
     one.close()
+
+
+def test_events_removed_before_applied_stop_the_job(spark: Any, tmp_path: Path) -> None:
+    load = SyntheticLoad(seed=71)
+    write_load(tmp_path / "log", load, 1_000)
+    cfg = make_config(tmp_path, None)
+    assert run_sync(cfg, available_now=True) == 0
+    write_load(tmp_path / "log", load, 2_000, chunk=1_000, first=False)
+    log = SqliteChangeLog(tmp_path / "log")
+    assert log.enforce_retention(None, 1) > 0  # only the newest block is left
+    log.close()
+    with pytest.raises(ChangeLogError, match=r"no longer holds offsets \[1000"):
+        run_sync(cfg, available_now=True)

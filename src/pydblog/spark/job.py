@@ -211,8 +211,14 @@ def _query_error(query: Any, applier: BatchApplier) -> DblogError | None:
     exc = query.exception()
     if exc is None:
         return None
-    text = str(exc)
-    first = next((ln for ln in text.splitlines() if "Error" in ln), text.splitlines()[0])
+    # Errors of the data source (executors, planner worker) reach us only as the text
+    # of a Java exception: recover our own error's class and message from it.
+    lines = str(exc).splitlines() or ["unknown error"]
+    marker = "pydblog.errors.ChangeLogError: "
+    for ln in lines:
+        if marker in ln:
+            return ChangeLogError(ln.split(marker, 1)[1].strip())
+    first = next((ln for ln in lines if "Error" in ln), lines[0])
     return SinkError(f"the sync query failed: {first.strip()}", hint="see the log above")
 
 
