@@ -1,7 +1,8 @@
 """MySQL/MariaDB source benchmark, in one run on one machine (results: docs/mysql.md).
 
 1. raw: a bare mysql-replication loop (``BinLogStreamReader``, rows decoded, nothing else)
-   over N row events already in the binlog: the ceiling of the library's decoder;
+   over N row events already in the binlog: the ceiling of the library's decoder; then
+   the same loop with pydblog's row decoder (``fastrows``) installed;
 2. source: pydblog's ``MySqlLogSource.stream()`` over the same events (decoding + value
    mapping + positions), no change log;
 3. end-to-end: ``dblog run`` reading the same backlog into the durable change log, timed
@@ -30,6 +31,7 @@ from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import parse_config
 from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB
 from pydblog.events import ChangeEvent
+from pydblog.sources.mysql import fastrows
 from pydblog.sources.mysql.binlog import MySqlLogSource
 from pydblog.sources.mysql.factory import create
 
@@ -198,6 +200,9 @@ def main() -> None:
         print(f"loaded {args.rows} rows in {load_s:.1f}s ({args.batch} rows per transaction)")
         raw = raw_rate(server, str(file), int(pos), args.rows)
         print(f"raw mysql-replication loop: {raw:,.0f} rows/s")
+        fastrows.install()
+        fast = raw_rate(server, str(file), int(pos), args.rows)
+        print(f"same loop with pydblog's row decoder: {fast:,.0f} rows/s ({fast / raw:.2f} x raw)")
         src = source_rate(server, start, args.rows)
         print(f"pydblog MySqlLogSource.stream(): {src:,.0f} rows/s ({src / raw:.2f} x raw)")
         e2e, rss = end_to_end(config, data, args.rows)

@@ -225,3 +225,49 @@ def test_float32_shortest() -> None:
     assert float32(1.100000023841858) == 1.1
     assert float32(3.4027999387901484e38) == 3.4028e38
     assert float32(0.0) == 0.0
+
+
+def test_fast_decoder_equals_the_library(mariadb: MariaDB, my_db: str) -> None:
+    """pydblog's row decoder gives the library's values and none_sources, row by row."""
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.row_event import RowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    from pydblog.sources.mysql import fastrows
+
+    mariadb.execute(f"CREATE TABLE types ({COLUMNS})", my_db)
+    file, pos = mariadb.execute("SHOW MASTER STATUS")[0][:2]
+    for values, _ in ROWS:
+        mariadb.execute(f"INSERT INTO types VALUES {values}", my_db)
+    mariadb.execute("UPDATE types SET i = i + 1, s = '', v = NULL", my_db)
+
+    def decode() -> list[Any]:
+        settings = {"host": "127.0.0.1", "port": mariadb.port, "user": "root", "password": "root"}
+        reader = BinLogStreamReader(
+            connection_settings=settings,
+            server_id=4343,
+            blocking=False,
+            resume_stream=True,
+            log_file=file,
+            log_pos=pos,
+            only_events=[WriteRowsEvent, UpdateRowsEvent],
+            only_schemas=[my_db],
+            enable_logging=False,
+        )
+        try:
+            return [row for event in reader for row in event.rows]
+        finally:
+            reader.close()
+
+    saved = RowsEvent._read_column_data
+    try:
+        RowsEvent._read_column_data = fastrows._ORIGINAL
+        library = decode()
+        RowsEvent._read_column_data = fastrows._read_column_data
+        fast = decode()
+    finally:
+        RowsEvent._read_column_data = saved
+    assert len(library) == len(ROWS) * 2
+    for f, lib in zip(fast, library, strict=True):
+        for part in lib:
+            diff = {k: (f[part].get(k), v) for k, v in lib[part].items() if f[part].get(k) != v}
+            assert not diff, (part, diff)

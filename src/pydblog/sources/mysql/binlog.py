@@ -56,6 +56,7 @@ from pydblog.ports import (
     TableSchema,
 )
 from pydblog.positions import Position
+from pydblog.sources.mysql import fastrows
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.connect import (
     ER_MASTER_FATAL_READING_BINLOG,
@@ -173,6 +174,7 @@ class MySqlLogSource:
 
     # -- LogSource ---------------------------------------------------------------------
     def open(self, checkpoint: Checkpoint | None) -> None:
+        fastrows.install()
         self._ctl = connect(self.dsn, timeout_s=self.connect_timeout_s)
         self.mariadb = is_mariadb(self._ctl)
         check_source(self._ctl, self.dsn)
