@@ -199,3 +199,33 @@ def test_tail_filters_and_offsets(pg_db: str, tmp_path: Path) -> None:
     want = [e for e in events if e["offset"] >= 5 and e["source"]["table"] == "a"]
     assert got == want
     assert tail(config) == events
+
+
+def test_status_reports_position_lag_size_and_rate(pg_db: str, tmp_path: Path) -> None:
+    import orjson
+
+    from tests.helpers import dblog
+
+    create_tables(pg_db)
+    config = write_config(tmp_path, pg_db)
+    before = orjson.loads(dblog("status", "--config", str(config), "--json").stdout)
+    assert before["capture"] == "never started"
+    proc = start_run(config)
+    try:
+        random_writes(pg_db, random.Random(5), 300)
+        wait_for_marker(config, pg_db)
+        import time
+
+        time.sleep(1.5)  # status.json is refreshed every second
+        st = orjson.loads(dblog("status", "--config", str(config), "--json").stdout)
+        text = dblog("status", "--config", str(config)).stdout
+    finally:
+        stop_run(proc)
+    assert st["capture"] == "running"
+    assert st["position"]["kind"] == "pg" and st["position"]["lsn"] > 0
+    assert isinstance(st["slot_lag_bytes"], int) and st["slot_lag_bytes"] >= 0
+    assert st["changelog"]["last_offset"] >= 100 and st["changelog"]["size_bytes"] > 0
+    assert "events_per_second" in st and "postgres@" in st["source"] and "postgres:postgres" not in text
+    assert "slot_lag_bytes:" in text
+    after = orjson.loads(dblog("status", "--config", str(config), "--json").stdout)
+    assert after["capture"] == "stopped" and after["events_per_second"] == 0.0

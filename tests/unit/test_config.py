@@ -1,0 +1,49 @@
+"""Config validation: unknown keys and wrong types name the key; secrets never shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pydblog.config import load_config, parse_config, redact_dsn
+from pydblog.errors import ConfigError
+
+
+def test_defaults_and_relative_log_path(tmp_path: Path) -> None:
+    f = tmp_path / "dblog.toml"
+    f.write_text('[source]\ndsn = "postgresql://u:pw@h/db"\n[log]\npath = "data"\n')
+    cfg = load_config(f)
+    assert cfg.source.slot == "dblog" and cfg.snapshot.chunk_size == 1024
+    assert cfg.log_dir == tmp_path / "data"
+    assert "pw" not in repr(cfg.source)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"source": {"dsn": "x", "nope": 1}}, "source.nope: unknown key"),
+        ({"source": {"dsn": "x"}, "log": {"batch_max_events": "many"}}, "log.batch_max_events"),
+        ({"source": {"dsn": "x", "slot": "Bad-Name"}}, "source.slot"),
+        ({"source": {"dsn": "x", "tables": ["("]}}, "invalid regex"),
+        ({"log": {}}, "source: required key is missing"),
+        ({"source": {"dsn": "x"}, "snapshot": {"watermark": "carrier-pigeon"}}, "snapshot.watermark"),
+    ],
+)
+def test_rejections_name_the_key(data: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert expected in str(err.value)
+
+
+def test_table_matcher_full_match_and_exclude() -> None:
+    cfg = parse_config({"source": {"dsn": "x", "tables": ["public\\.order.*"],
+                                   "exclude_tables": ["public\\.orders_tmp"]}})
+    m = cfg.source.table_matcher()
+    assert m("public.orders") and not m("public.orders_tmp") and not m("xpublic.orders")
+
+
+def test_redact_dsn() -> None:
+    assert redact_dsn("postgresql://u:secret@h:5/db") == "postgresql://u:***@h:5/db"
+    assert "secret" not in redact_dsn("host=h password=secret user=u")
+    assert redact_dsn("postgresql://u@h/db") == "postgresql://u@h/db"
