@@ -3,6 +3,7 @@ per test (random name, dropped with its replication slots at teardown)."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 
@@ -36,10 +37,8 @@ def drop_database(cluster: PgCluster, name: str) -> None:
                 break
             for slot, active in rows:
                 if not active:
-                    try:
+                    with contextlib.suppress(psycopg.Error):
                         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                    except psycopg.Error:
-                        pass
             import time
 
             time.sleep(0.1)

@@ -50,7 +50,7 @@ class PgHarness:
     def execute(self, *statements: str) -> None:
         with psycopg.connect(self.dsn) as conn:
             for st in statements:
-                conn.execute(st)  # type: ignore[arg-type]
+                conn.execute(st)
 
     def config(self, directory: Path, extra: str = "") -> Path:
         return write_config(directory, self.dsn, extra=extra)

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.events import EncodedEvent
@@ -100,7 +101,7 @@ class BatchWriter:
             if batch is None:
                 self._guard(self._save)
                 return
-            if not self._guard(lambda b=batch: self._append(b)):
+            if not self._guard(partial(self._append, batch)):
                 return
             if self._queue.empty():
                 if not self._guard(self._save):

@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import psycopg

@@ -6,15 +6,13 @@ relayed as they are: they never contain it; DSNs are shown redacted).
 
 from __future__ import annotations
 
-from typing import Any
-
 import socket
+from typing import Any
 
 import psycopg
 import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
-
 from psycopg.conninfo import conninfo_to_dict
 
 from pydblog.config import redact_dsn
