@@ -151,7 +151,7 @@ def main() -> None:
         copy = copy_rate(dsn, args.rows)
         print(f"(a) COPY TO STDOUT from Python: {copy:,.0f} rows/s")
         run_snapshot(dsn, args.rows, work, "chunk_size = 1024", "default")
-        run_snapshot(dsn, args.rows, work, "adaptive = true\nmax_chunk_size = 65536", "adaptive")
+        run_snapshot(dsn, args.rows, work, "adaptive = true", "adaptive")
     shutil.rmtree(work, ignore_errors=True)
 
 
