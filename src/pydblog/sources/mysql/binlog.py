@@ -60,6 +60,7 @@ from pydblog.sources.mysql import fastrows
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.connect import (
     ER_MASTER_FATAL_READING_BINLOG,
+    ER_PARSE_ERROR,
     UNAVAILABLE,
     MySqlDsn,
     classify,
@@ -273,7 +274,12 @@ class MySqlLogSource:
 
     def _master_status(self) -> tuple[str, int]:
         with self._ctl_lock, self._ctl_cursor() as cur:
-            cur.execute("SHOW MASTER STATUS")
+            try:
+                cur.execute("SHOW MASTER STATUS")
+            except pymysql.Error as exc:  # MySQL 8.4 renamed it
+                if errno(exc) != ER_PARSE_ERROR:
+                    raise
+                cur.execute("SHOW BINARY LOG STATUS")
             row = cur.fetchone()
         if row is None:
             raise SourceError(
