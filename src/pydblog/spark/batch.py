@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -70,7 +71,5 @@ class Batch:
         key = sorted(changes.rows[changes.ops.index("d")]) if "d" in changes.ops else []
         upserts = [r for r, op in zip(changes.rows, changes.ops, strict=True) if op == "u"]
         if not key and changes.keys and changes.keys[0]:
-            import orjson
-
             key = list(orjson.loads(changes.keys[0]))
         return infer_schema(changes.schema, changes.table, upserts, key)

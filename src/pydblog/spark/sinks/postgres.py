@@ -82,6 +82,11 @@ class PostgresSink:
             )
         return key
 
+    def _label(self, ch: TableChanges) -> str:
+        tschema, tname = self.target(ch.schema, ch.table)
+        target = f"{tschema}.{tname}"
+        return target if target == ch.qualified else f"{target} (from {ch.qualified})"
+
     # -- connections -------------------------------------------------------------------
     @contextmanager
     def _tx(self, slot: int) -> Iterator[psycopg.Connection[Any]]:
@@ -167,7 +172,7 @@ class PostgresSink:
                             )
                         )
                 except psycopg.Error as exc:
-                    raise SinkError(f"table {ch.qualified}: {exc}") from exc
+                    raise SinkError(f"table {self._label(ch)}: {exc}") from exc
             self._record(conn, batch, -1)
 
     def _ensure_table(self, conn: psycopg.Connection[Any], schema: TableSchema) -> None:
@@ -222,7 +227,7 @@ class PostgresSink:
                     self._apply_rows(conn, ch, schemas[q], idx)
                 except psycopg.Error as exc:
                     raise SinkError(
-                        f"table {ch.qualified} (batch {batch.batch_id}, partition {part}): {exc}",
+                        f"table {self._label(ch)} (batch {batch.batch_id}, partition {part}): {exc}",
                         hint="a type mismatch or constraint on the target refused the rows",
                     ) from exc
             self._record(conn, batch, part)
