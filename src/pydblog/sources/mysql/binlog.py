@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pymysql
@@ -116,7 +116,6 @@ class _Tx:
     explicit: bool  # inside BEGIN..COMMIT (or a MariaDB non-standalone GTID group)
     ts_ms: int
     count: int = 0
-    ddl_tables: list[tuple[str, str]] = field(default_factory=list)
 
     def position(self, index: int) -> BinlogPosition:
         return BinlogPosition(self.file, self.start, index, self.gtid)
