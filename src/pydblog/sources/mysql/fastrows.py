@@ -36,7 +36,8 @@ _INTS: dict[int, tuple[str, str]] = {
     FIELD_TYPE.LONGLONG: ("<q", "<Q"),
 }
 _FSP_BYTES = {0: 0, 1: 1, 2: 1, 3: 2, 4: 2, 5: 3, 6: 3}
-_utcfromtimestamp = dt.datetime.utcfromtimestamp
+_EPOCH = dt.datetime(1970, 1, 1)  # naive UTC, as utcfromtimestamp (deprecated in 3.12)
+_SECOND = dt.timedelta(seconds=1)
 
 
 def install() -> None:
@@ -131,7 +132,7 @@ def _timestamp2(fsp: int) -> Reader:
     frac = _fraction(fsp)
 
     def read(packet: Any) -> dt.datetime:
-        value = _utcfromtimestamp(int.from_bytes(packet.read(4), "big", signed=True))
+        value = _EPOCH + int.from_bytes(packet.read(4), "big", signed=True) * _SECOND
         micros = frac(packet)
         return value.replace(microsecond=micros) if micros > 0 else value
 
