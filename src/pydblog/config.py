@@ -267,11 +267,19 @@ def load_config(path: str | Path) -> Config:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p} is not valid TOML: {exc}") from None
     cfg = parse_config(data, str(p))
-    # Relative paths are relative to the config file's directory.
-    base = p.resolve().parent
-    log_path = Path(cfg.log.path)
-    if not log_path.is_absolute():
-        cfg = cfg.model_copy(
-            update={"log": cfg.log.model_copy(update={"path": str(base / log_path)})}
-        )
-    return cfg
+    return _resolve_paths(cfg, p.resolve().parent)
+
+
+def _resolve_paths(cfg: Config, base: Path) -> Config:
+    """Relative paths (log, sync checkpoint, sink paths) are relative to ``base``, the
+    config file's directory, wherever the command runs from."""
+
+    def rel(path: str | None) -> str | None:
+        if path is None or Path(path).is_absolute():
+            return path
+        return str(base / path)
+
+    log = cfg.log.model_copy(update={"path": rel(cfg.log.path)})
+    sinks = [s.model_copy(update={"path": rel(s.path)}) for s in cfg.sync.sinks]
+    sync = cfg.sync.model_copy(update={"checkpoint": rel(cfg.sync.checkpoint), "sinks": sinks})
+    return cfg.model_copy(update={"log": log, "sync": sync})

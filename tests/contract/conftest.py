@@ -7,12 +7,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.contract.harness import Harness, PgHarness
+from tests.mysql.conftest import mariadb, my_db  # noqa: F401 - fixtures
+from tests.mysql.harness import MariaHarness
 
 
-@pytest.fixture(params=["postgres"])
+@pytest.fixture(params=["postgres", "mysql"])
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     if request.param == "postgres":
-        dsn = request.getfixturevalue("pg_db")
-        yield PgHarness(dsn)
-    else:  # pragma: no cover - other sources register here
-        raise AssertionError(request.param)
+        yield PgHarness(request.getfixturevalue("pg_db"))
+    else:
+        yield MariaHarness(request.getfixturevalue("mariadb"), request.getfixturevalue("my_db"))

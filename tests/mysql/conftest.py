@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from pydblog.devtools.mariadb import MariaDB, find_binaries
-from tests.mysql.harness import MariaHarness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,15 +29,6 @@ def _ensure_mariadb() -> str | None:
         return None
     except RuntimeError:
         return f"mariadb-server is not installable here: {res.stderr.strip()[-300:]}"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # mysql-replication's decoder uses datetime.utcfromtimestamp (deprecated in 3.12).
-    for item in items:
-        if "tests/mysql" in str(item.fspath):
-            item.add_marker(
-                pytest.mark.filterwarnings("ignore::DeprecationWarning:pymysqlreplication.*")
-            )
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +53,3 @@ def my_db(mariadb: MariaDB) -> Iterator[str]:
     finally:
         mariadb.execute(f"DROP DATABASE IF EXISTS `{name}`")
 
-
-@pytest.fixture
-def harness(mariadb: MariaDB, my_db: str) -> Iterator[MariaHarness]:
-    """The contract suite's source harness, on MariaDB (see test_contract.py)."""
-    yield MariaHarness(mariadb, my_db)

@@ -12,8 +12,13 @@ from pydblog.errors import ConfigError
 
 def test_defaults_and_relative_log_path(tmp_path: Path) -> None:
     f = tmp_path / "dblog.toml"
-    f.write_text('[source]\ndsn = "postgresql://u:pw@h/db"\n[log]\npath = "data"\n')
+    f.write_text(
+        '[source]\ndsn = "postgresql://u:pw@h/db"\n[log]\npath = "data"\n'
+        '[sync]\ncheckpoint = "cp"\n[[sync.sinks]]\ntype = "delta"\npath = "lake"\n'
+    )
     cfg = load_config(f)
+    assert cfg.sync.checkpoint == str(tmp_path / "cp")
+    assert cfg.sync.sinks[0].path == str(tmp_path / "lake")
     assert cfg.source.slot == "dblog" and cfg.snapshot.chunk_size == 1024
     assert cfg.log_dir == tmp_path / "data"
     assert "pw" not in repr(cfg.source)
