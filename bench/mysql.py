@@ -30,6 +30,7 @@ from pymysqlreplication.row_event import WriteRowsEvent
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import parse_config
 from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB
+from pydblog.devtools.proc import peak_rss_kb
 from pydblog.events import ChangeEvent
 from pydblog.sources.mysql import fastrows
 from pydblog.sources.mysql.binlog import MySqlLogSource
@@ -119,7 +120,7 @@ def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int]:
                 first_t, first_n = now, n
             if n >= rows:
                 assert first_t is not None
-                return (n - first_n) / (now - first_t), _rss_kb(proc.pid)
+                return (n - first_n) / (now - first_t), peak_rss_kb(proc.pid)
             time.sleep(0.05)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -162,16 +163,6 @@ def _count(path: Path) -> int:
         return reader.next_offset()
     finally:
         reader.close()
-
-
-def _rss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def main() -> None:

@@ -29,16 +29,7 @@ import psycopg
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
-
-
-def peak_rss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except FileNotFoundError:
-        pass
-    return 0
+from pydblog.devtools.proc import peak_rss_kb
 
 
 def copy_rate(dsn: str, rows: int) -> float:

@@ -29,6 +29,7 @@ import psycopg2.extras
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
+from pydblog.devtools.proc import peak_rss_kb
 
 
 def load(dsn: str, rows: int, txs: int) -> None:
@@ -65,16 +66,6 @@ def raw_rate(dsn: str, slot: str, rows: int) -> float:
     elapsed = time.perf_counter() - t0
     conn.close()
     return rows / elapsed
-
-
-def peak_rss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except FileNotFoundError:
-        pass
-    return 0
 
 
 def write_config(directory: Path, dsn: str) -> Path:

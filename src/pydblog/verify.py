@@ -47,7 +47,7 @@ def norm(logical: str, v: Any) -> Any:
     if lg == "date":
         return date.fromisoformat(v) if isinstance(v, str) else v
     if lg == "json" or lg.startswith("array"):
-        return orjson.dumps(orjson.loads(v) if isinstance(v, str) else v, option=orjson.OPT_SORT_KEYS)
+        return orjson.loads(v) if isinstance(v, str) else v
     if lg == "bytes":
         return base64.b64decode(v) if isinstance(v, str) else bytes(v)
     return str(v) if lg == "uuid" else v

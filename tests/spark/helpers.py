@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import base64
-from datetime import UTC, date, datetime
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 from deltalake import DeltaTable
 from psycopg import sql
@@ -16,34 +12,9 @@ from psycopg import sql
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.ports import TableSchema
 from pydblog.spark.synth import key_json, materialize
+from pydblog.verify import norm
 
 Table = dict[str, tuple[Any, ...]]
-
-
-def norm(logical: str, v: Any) -> Any:
-    """One comparable value for the envelope's JSON value and what a target returns."""
-    if v is None:
-        return None
-    lg = logical.lower()
-    if lg == "decimal":
-        return Decimal(str(v))
-    if lg in ("float32", "float64"):
-        return float(v)
-    if lg == "timestamptz":
-        if isinstance(v, str):
-            v = datetime.fromisoformat(v.replace("Z", "+00:00"))
-        return v.astimezone(UTC)
-    if lg == "timestamp":
-        return datetime.fromisoformat(v) if isinstance(v, str) else v
-    if lg == "date":
-        return date.fromisoformat(v) if isinstance(v, str) else v
-    if lg == "json" or lg.startswith("array"):
-        return orjson.loads(v) if isinstance(v, str) else v
-    if lg == "bytes":
-        return base64.b64decode(v) if isinstance(v, str) else bytes(v)
-    if lg == "uuid":
-        return str(v)
-    return v
 
 
 def latest_schemas(log_dir: str | Path) -> dict[str, TableSchema]:
