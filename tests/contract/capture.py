@@ -8,8 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
+from pydblog.config import load_config
+from pydblog.events import decode_envelope
 from tests.contract.harness import Harness
-from tests.helpers import kill9, materialize, start_run, stop_run, tail, wait_for
+from tests.helpers import kill9, materialize, start_run, stop_run, wait_for
 
 Event = dict[str, Any]
 
@@ -18,6 +21,7 @@ class Capture:
     def __init__(self, harness: Harness, directory: Path, extra: str = "") -> None:
         self.h = harness
         self.config = harness.config(directory, extra)
+        self.log_dir = load_config(self.config).log_dir
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Capture:
@@ -45,7 +49,15 @@ class Capture:
             stop_run(self.proc)
 
     def events(self) -> list[Event]:
-        return tail(self.config)
+        """The change log, read in-process (`dblog tail` itself is tested elsewhere;
+        a subprocess per poll made waits slow enough to miss short-lived states)."""
+        if not log_path(self.log_dir).exists():
+            return []
+        reader = SqliteChangeLogReader(self.log_dir)
+        try:
+            return [decode_envelope(r.offset, r.body) for r in reader.read(0, 10**9)]
+        finally:
+            reader.close()
 
     def notifications(self, kind: str | None = None) -> list[Event]:
         return [

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydblog.capture.driver import SnapshotDriver
@@ -74,6 +75,12 @@ class Runner:
         self.driver: SnapshotDriver | None = None
         self.opened = False
         self._in_tx = False
+        self._skip: Position | None = None
+        self._connector = ""
+        self._db = ""
+        self._driver_active = False
+        self._now_ms = int(time.time() * 1000)
+        self._last_retention = time.monotonic()
 
     # -- recovery ---------------------------------------------------------------------
     def recover(self) -> Checkpoint | None:
@@ -94,112 +101,134 @@ class Runner:
         checkpoint = self.recover()
         self.source.open(checkpoint)
         self.opened = True
-        connector, db = self.source.connector, self.source.db
-        self.driver = SnapshotDriver(
+        self._connector, self._db = self.source.connector, self.source.db
+        driver = self.driver = SnapshotDriver(
             self.cfg, self.reader, checkpoint.snapshot if checkpoint else None
         )
-        skip = checkpoint.position if checkpoint else None
+        self._skip = checkpoint.position if checkpoint else None
         if self.cfg.snapshot.mode == "initial" and not self._extra.get("initial_started"):
             self._extra["initial_started"] = True
-            self.driver.start_initial(self.reader.captured_tables())
-        signal_table = self.cfg.snapshot.signal_table
-        watermark_table = self.cfg.snapshot.watermark_table
-        driver = self.driver
+            driver.start_initial(self.reader.captured_tables())
+        log.info("capturing from %s (%s)", self._db, self._connector)
+        own = {self.cfg.snapshot.signal_table, self.cfg.snapshot.watermark_table}
+        handlers: dict[type, Callable[[Any, threading.Event], bool | None]] = {
+            Commit: self._on_commit,
+            Idle: self._on_idle,
+            Heartbeat: self._on_heartbeat,
+            WatermarkSeen: self._on_watermark_seen,
+            SchemaChanged: self._on_schema,
+        }
         pending = self._pending
         max_events = self.cfg.log.batch_max_events
-        max_age = self.cfg.log.batch_max_ms / 1000.0
-        last_retention = time.monotonic()
-        driver_active = driver.active
-        now_ms = int(time.time() * 1000)
-        log.info("capturing from %s (%s)", db, connector)
         for item in self.source.stream():
-            kind = type(item)
-            if kind is ChangeEvent:
+            if type(item) is ChangeEvent:
+                # The hot path, kept inline: one captured row change.
                 ev: ChangeEvent = item
-                if skip is not None:
-                    if ev.position <= skip:
+                if self._skip is not None:
+                    if ev.position <= self._skip:
                         continue
-                    skip = None
-                qualified = f"{ev.schema}.{ev.table}"
+                    self._skip = None
                 self._in_tx = True
-                if qualified == signal_table:
-                    self._emit(driver.on_signal_event(ev, self.reader.captured_tables()), connector, db)
-                    driver_active = driver.active
-                elif qualified == watermark_table:
-                    if ev.after is not None:
-                        self._emit(driver.on_watermark(str(ev.after.get("value")), ev.position, ev.ts_ms), connector, db)
-                        driver.submit_next()  # the next chunk starts now, not at the next idle
-                        driver_active = driver.active
-                else:
-                    if driver_active:
-                        driver.on_event(ev)
-                    if not pending:
-                        self._pending_since = time.monotonic()
-                    pending.append(encode_event(ev, connector, db, now_ms))
                 self._position = ev.position
+                if f"{ev.schema}.{ev.table}" in own:
+                    self._route_own(ev)
+                    continue
+                if self._driver_active:
+                    driver.on_event(ev)
+                if not pending:
+                    self._pending_since = time.monotonic()
+                pending.append(encode_event(ev, self._connector, self._db, self._now_ms))
                 if len(pending) >= max_events:
                     self.flush()
-            elif kind is Commit:
-                if skip is not None and item.position <= skip:
-                    continue
-                self._advance(item.position)
-                self._ack = item.position
-                self._in_tx = False
-                now_ms = int(time.time() * 1000)
-                if pending and time.monotonic() - self._pending_since >= max_age:
-                    self.flush()
-            elif kind is Idle:
-                self.flush()
-                self._tick(stop, connector, db)
-                driver_active = driver.active
-                now_ms = int(time.time() * 1000)
-                if stop.is_set():
-                    break
-                now = time.monotonic()
-                if now - last_retention > RETENTION_EVERY_S:
-                    last_retention = now
-                    self._retention()
-            elif kind is Heartbeat:
-                if skip is not None and item.position <= skip:
-                    continue
-                self._advance(item.position)
-                self._ack = item.position
-                self._in_tx = False
-                self.flush(force=True)
-                refresh = getattr(self.source, "refresh_tables", None)
-                if refresh is not None:
-                    refresh()
-            elif kind is WatermarkSeen:
-                if skip is not None and item.position <= skip:
-                    continue
-                self._emit(driver.on_watermark(item.id, item.position, 0), connector, db)
-                self._advance(item.position)
-                driver.submit_next()
-                driver_active = driver.active
-            elif kind is SchemaChanged:
-                ts: TableSchema = item.table_schema
-                if self._known_schemas.get(ts.qualified) != ts:
-                    # A schema applies from the next offset on: flush what came before
-                    # (schema changes are rare; this may split a transaction, which the
-                    # checkpoint handles like any other mid-transaction flush).
-                    if pending:
-                        self.flush()
-                    self._known_schemas[ts.qualified] = ts
-                    self._schemas = [s for s in self._schemas if s.qualified != ts.qualified]
-                    self._schemas.append(ts)
-
-            if stop.is_set() and kind is not ChangeEvent:
+                continue
+            handler = handlers.get(type(item))
+            if handler is not None and handler(item, stop) is False:
+                break
+            if stop.is_set():
                 self.flush()
                 break
         self.flush(force=True)
 
-    def _emit(self, events: list[ChangeEvent], connector: str, db: str) -> None:
+    # -- stream items other than row changes -------------------------------------------
+    def _route_own(self, ev: ChangeEvent) -> None:
+        """A row event of the signal or the watermark table: never logged itself."""
+        driver = self.driver
+        assert driver is not None
+        if f"{ev.schema}.{ev.table}" == self.cfg.snapshot.signal_table:
+            self._emit_events(driver.on_signal_event(ev, self.reader.captured_tables()))
+        elif ev.after is not None:
+            self._emit_events(driver.on_watermark(str(ev.after.get("value")), ev.position, ev.ts_ms))
+            driver.submit_next()  # the next chunk starts now, not at the next idle moment
+        self._driver_active = driver.active
+
+    def _skipped(self, position: Position) -> bool:
+        return self._skip is not None and position <= self._skip
+
+    def _on_commit(self, item: Commit, stop: threading.Event) -> None:
+        if self._skipped(item.position):
+            return
+        self._advance(item.position)
+        self._ack = item.position
+        self._in_tx = False
+        self._now_ms = int(time.time() * 1000)
+        max_age = self.cfg.log.batch_max_ms / 1000.0
+        if self._pending and time.monotonic() - self._pending_since >= max_age:
+            self.flush()
+
+    def _on_idle(self, item: Idle, stop: threading.Event) -> bool:
+        self.flush()
+        self._tick(stop)
+        self._now_ms = int(time.time() * 1000)
+        if stop.is_set():
+            return False
+        now = time.monotonic()
+        if now - self._last_retention > RETENTION_EVERY_S:
+            self._last_retention = now
+            self._retention()
+        return True
+
+    def _on_heartbeat(self, item: Heartbeat, stop: threading.Event) -> None:
+        if self._skipped(item.position):
+            return
+        self._advance(item.position)
+        self._ack = item.position
+        self._in_tx = False
+        self.flush(force=True)
+        refresh = getattr(self.source, "refresh_tables", None)
+        if refresh is not None:
+            refresh()
+
+    def _on_watermark_seen(self, item: WatermarkSeen, stop: threading.Event) -> None:
+        if self._skipped(item.position):
+            return
+        driver = self.driver
+        assert driver is not None
+        self._emit_events(driver.on_watermark(item.id, item.position, 0))
+        self._advance(item.position)
+        driver.submit_next()
+        self._driver_active = driver.active
+
+    def _on_schema(self, item: SchemaChanged, stop: threading.Event) -> None:
+        ts: TableSchema = item.table_schema
+        if self._known_schemas.get(ts.qualified) == ts:
+            return
+        # A schema applies from the next offset on: flush what came before (schema
+        # changes are rare; this may split a transaction, which the checkpoint handles
+        # like any other mid-transaction flush).
+        if self._pending:
+            self.flush()
+        self._known_schemas[ts.qualified] = ts
+        self._schemas = [s for s in self._schemas if s.qualified != ts.qualified]
+        self._schemas.append(ts)
+
+    def _emit_events(self, events: list[ChangeEvent]) -> None:
+        """Log events the snapshot core produced (rows, notifications)."""
         if not events:
             return
         if not self._pending:
             self._pending_since = time.monotonic()
         now_ms = int(time.time() * 1000)
-        self._pending.extend(encode_event(e, connector, db, now_ms) for e in events)
+        self._pending.extend(encode_event(e, self._connector, self._db, now_ms) for e in events)
         self._advance(events[-1].position)
 
     def _advance(self, position: Position) -> None:
@@ -208,23 +237,24 @@ class Runner:
         if self._position is None or self._position < position:
             self._position = position
 
-    def _tick(self, stop: threading.Event, connector: str, db: str) -> None:
+    def _tick(self, stop: threading.Event) -> None:
         """Runs between stream reads: chunk results, the next snapshot request, blocking
         snapshots, status."""
         driver = self.driver
         assert driver is not None
         driver.submit_next()
-        self._emit(driver.take(), connector, db)
+        self._emit_events(driver.take())
         if driver.blocking and not self._in_tx and self._position is not None:
             self.flush()
 
             def emit(events: list[ChangeEvent]) -> None:
-                self._emit(events, connector, db)
+                self._emit_events(events)
                 self.flush()
 
             keepalive = getattr(self.source, "keepalive", None) or (lambda: None)
             driver.run_blocking(self._position, stop, emit, keepalive)
             self.flush(force=True)
+        self._driver_active = driver.active
         self.status.maybe_write(self)
 
     def flush(self, force: bool = False) -> None:
