@@ -229,3 +229,30 @@ def test_status_reports_position_lag_size_and_rate(pg_db: str, tmp_path: Path) -
     assert "slot_lag_bytes:" in text
     after = orjson.loads(dblog("status", "--config", str(config), "--json").stdout)
     assert after["capture"] == "stopped" and after["events_per_second"] == 0.0
+
+
+def test_retention_by_size_runs_in_capture(pg_db: str, tmp_path: Path) -> None:
+    from pydblog.changelog.sqlite import SqliteChangeLogReader
+    from tests.helpers import wait_for
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE r (id int PRIMARY KEY, pad text)")
+    config = write_config(tmp_path, pg_db)
+    proc = start_run(config)
+    try:
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("INSERT INTO r SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
+        wait_for_marker(config, pg_db)
+    finally:
+        stop_run(proc)
+    limited = write_config(tmp_path, pg_db, extra="retention_bytes = 1000000")
+    proc = start_run(limited)
+    reader = SqliteChangeLogReader(tmp_path / "data")
+    try:
+        wait_for(lambda: reader.first_offset() > 0, 30, "retention to drop old blocks")
+        events = tail(limited)
+    finally:
+        stop_run(proc)
+    assert events[0]["offset"] == reader.first_offset() > 0
+    assert events[-1]["offset"] == reader.next_offset() - 1
+    assert [e["offset"] for e in events] == list(range(events[0]["offset"], reader.next_offset()))

@@ -80,7 +80,7 @@ class Runner:
         self._db = ""
         self._driver_active = False
         self._now_ms = int(time.time() * 1000)
-        self._last_retention = time.monotonic()
+        self._last_retention = 0.0  # first idle moment applies retention
 
     # -- recovery ---------------------------------------------------------------------
     def recover(self) -> Checkpoint | None:
@@ -284,9 +284,14 @@ class Runner:
         self.status.count(writer.take_written())
 
     def _retention(self) -> None:
+        """Queued to the writer thread, which owns the change log's connection."""
         hours = self.cfg.log.retention_hours
-        removed = self.changelog.enforce_retention(
-            int(hours * 3_600_000) if hours is not None else None, self.cfg.log.retention_bytes
-        )
-        if removed:
-            log.info("retention removed %d old events", removed)
+        max_age = int(hours * 3_600_000) if hours is not None else None
+        max_bytes = self.cfg.log.retention_bytes
+
+        def task() -> None:
+            removed = self.changelog.enforce_retention(max_age, max_bytes)
+            if removed:
+                log.info("retention removed %d old events", removed)
+
+        self.writer.run_task(task)

@@ -48,7 +48,7 @@ class BatchWriter:
         self._last_save = 0.0
         self.changelog = changelog
         self.state = state
-        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[Batch | Callable[[], None] | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._durable_ack: Position | None = None
         self._written = 0
@@ -64,6 +64,14 @@ class BatchWriter:
         self.raise_error()
         self._idle.clear()
         self._queue.put(batch)
+
+    def run_task(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the writer thread between two batches (the change log's
+        connection belongs to that thread: retention runs there, never concurrently
+        with an append)."""
+        self.raise_error()
+        self._idle.clear()
+        self._queue.put(task)
 
     def take_ack(self) -> Position | None:
         """The newest position that is durable in the change log and the state store."""
@@ -101,7 +109,8 @@ class BatchWriter:
             if batch is None:
                 self._guard(self._save)
                 return
-            if not self._guard(partial(self._append, batch)):
+            step = batch if callable(batch) else partial(self._append, batch)
+            if not self._guard(step):
                 return
             if self._queue.empty():
                 if not self._guard(self._save):
