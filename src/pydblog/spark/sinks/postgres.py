@@ -24,6 +24,7 @@ still exact because a batch's net change is idempotent.
 
 from __future__ import annotations
 
+import re
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
@@ -37,7 +38,7 @@ from psycopg import sql
 
 from pydblog.config import redact_dsn
 from pydblog.errors import SinkError
-from pydblog.ports import TableSchema
+from pydblog.ports import ColumnSchema, TableSchema
 from pydblog.spark.batch import Batch
 from pydblog.spark.reduce import DELETE, TableChanges
 
@@ -46,6 +47,53 @@ PROGRESS_TABLE = "dblog_sync_progress"
 
 def _is_json(sql_type: str) -> bool:
     return sql_type.lower() in ("json", "jsonb")
+
+
+# PostgreSQL's own names (as format_type prints them) kept as they are downstream; any
+# other type (a MySQL type, an enum or domain the target lacks) maps by logical type.
+_PG_BUILTIN = re.compile(
+    r"(smallint|integer|bigint|real|double precision|boolean|text|bytea|date|uuid|json|jsonb"
+    r"|interval|numeric(\(\d+,-?\d+\))?|character varying(\(\d+\))?|character\(\d+\)"
+    r"|time(stamp)?( ?\(\d\))? with(out)? time zone)(\[\])*"
+)
+_BY_LOGICAL = {
+    "int16": "smallint",
+    "int32": "integer",
+    "int64": "bigint",
+    "float32": "real",
+    "float64": "double precision",
+    "bool": "boolean",
+    "string": "text",
+    "bytes": "bytea",
+    "date": "date",
+    "time": "time",
+    "timetz": "time with time zone",
+    "timestamp": "timestamp without time zone",
+    "timestamptz": "timestamp with time zone",
+    "interval": "interval",
+    "json": "jsonb",
+    "uuid": "uuid",
+    "enum": "text",
+}
+_DECIMAL = re.compile(r"(?:numeric|decimal)\s*\((\d+)\s*,\s*(\d+)\)", re.IGNORECASE)
+
+
+def target_type(col: ColumnSchema) -> str:
+    """The column's type in the downstream PostgreSQL: the source's own type when it is
+    a PostgreSQL built-in, else one derived from the logical type (docs/types.md), so a
+    MySQL source (``int(11)``, ``datetime(6)``) or a source enum lands on valid types."""
+    if _PG_BUILTIN.fullmatch(col.type):
+        return col.type
+    return _logical_pg(col.logical, col.type)
+
+
+def _logical_pg(logical: str, source_type: str) -> str:
+    if logical.startswith("array<") and logical.endswith(">"):
+        return _logical_pg(logical[6:-1], "") + "[]"
+    if logical == "decimal":
+        m = _DECIMAL.search(source_type)
+        return f"numeric({m.group(1)},{m.group(2)})" if m else "numeric"
+    return _BY_LOGICAL.get(logical, "text")
 
 
 def _copy_value(value: Any, sql_type: str) -> Any:
@@ -182,7 +230,8 @@ class PostgresSink:
         if have is not None and all(c.name in have for c in schema.columns):
             return
         cols = sql.SQL(", ").join(
-            sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in schema.columns
+            sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(target_type(c)))
+            for c in schema.columns
         )
         key = sql.SQL(", ").join(sql.Identifier(k) for k in schema.key)
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(tschema)))
@@ -199,7 +248,7 @@ class PostgresSink:
             if c.name not in have:
                 conn.execute(
                     sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
-                        ident, sql.Identifier(c.name), sql.SQL(c.type)
+                        ident, sql.Identifier(c.name), sql.SQL(target_type(c))
                     )
                 )
                 have.add(c.name)
@@ -242,7 +291,7 @@ class PostgresSink:
         target = sql.Identifier(*self.target(ch.schema, ch.table))
         stage = sql.Identifier(f"_dblog_stage_{zlib.crc32(ch.qualified.encode()):08x}")
         cols = [c.name for c in schema.columns]
-        types = [c.type for c in schema.columns]
+        types = [target_type(c) for c in schema.columns]
         key = list(schema.key) or cols
         conn.execute(
             sql.SQL(
