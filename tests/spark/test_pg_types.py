@@ -20,7 +20,8 @@ from pydblog.spark.sinks.postgres import target_type
         ("text[]", "array<string>", "text[]"),
         ("mood", "enum", "text"),
         ("int(11)", "int32", "integer"),
-        ("bigint(20) unsigned", "int64", "bigint"),
+        ("bigint(20) unsigned", "int64", "numeric(20,0)"),
+        ("int(10) unsigned", "int32", "bigint"),
         ("decimal(12,2)", "decimal", "numeric(12,2)"),
         ("datetime(6)", "timestamp", "timestamp without time zone"),
         ("timestamp(3)", "timestamptz", "timestamp with time zone"),
@@ -50,3 +51,13 @@ def test_every_mapped_type_is_valid_on_postgresql(pg_db: str) -> None:
     ddl = ", ".join(f"{c.name} {target_type(c)}" for c in cols)
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE mapped ({ddl})")
+
+
+def test_bytea_values_are_decoded_from_base64(pg_db: str) -> None:
+    from pydblog.spark.sinks.postgres import _copy_value
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE b (v bytea)")
+        with conn.cursor().copy("COPY b (v) FROM STDIN") as copy:
+            copy.write_row([_copy_value("AP8=", "bytea")])
+        assert conn.execute("SELECT v FROM b").fetchone() == (b"\x00\xff",)

@@ -58,8 +58,18 @@ META_COLUMNS = ("_dblog_op", "_dblog_offset", "_dblog_unchanged")
 except where a sink says so)."""
 
 
+# Delta has no unsigned integers: a MySQL unsigned column takes the next wider type.
+_UNSIGNED: dict[str, pa.DataType] = {
+    "int16": pa.int32(),
+    "int32": pa.int64(),
+    "int64": pa.decimal128(20, 0),
+}
+
+
 def arrow_type(col: ColumnSchema) -> pa.DataType:
     logical = col.logical.lower().strip()
+    if logical in _UNSIGNED and "unsigned" in col.type.lower():
+        return _UNSIGNED[logical]
     if logical in ("decimal", "numeric"):
         m = _NUMERIC.match(col.type)
         if m and int(m.group(1)) <= 38:

@@ -24,6 +24,7 @@ still exact because a batch's net change is idempotent.
 
 from __future__ import annotations
 
+import base64
 import re
 import threading
 import zlib
@@ -75,6 +76,7 @@ _BY_LOGICAL = {
     "uuid": "uuid",
     "enum": "text",
 }
+_WIDER = {"int16": "integer", "int32": "bigint", "int64": "numeric(20,0)"}
 _DECIMAL = re.compile(r"(?:numeric|decimal)\s*\((\d+)\s*,\s*(\d+)\)", re.IGNORECASE)
 
 
@@ -84,6 +86,8 @@ def target_type(col: ColumnSchema) -> str:
     MySQL source (``int(11)``, ``datetime(6)``) or a source enum lands on valid types."""
     if _PG_BUILTIN.fullmatch(col.type):
         return col.type
+    if "unsigned" in col.type.lower() and col.logical in _WIDER:
+        return _WIDER[col.logical]  # MySQL unsigned integers need the next wider type
     return _logical_pg(col.logical, col.type)
 
 
@@ -97,6 +101,8 @@ def _logical_pg(logical: str, source_type: str) -> str:
 
 
 def _copy_value(value: Any, sql_type: str) -> Any:
+    if sql_type == "bytea" and isinstance(value, str):
+        return base64.b64decode(value)  # the log carries bytes as base64 (docs/types.md)
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, list) and sql_type.endswith("[]") and not _is_json(sql_type):
