@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from tests.contract.capture import Capture
 from tests.contract.harness import Harness
@@ -69,15 +70,18 @@ def test_soak_snapshots_under_load_with_kill9(harness: Harness, tmp_path: Path) 
             w.join()
     try:
         # a last full snapshot after the load stopped, then everything must match
-        harness.signal(f"soak-final-{uuid.uuid4().hex[:6]}", "execute-snapshot",
+        final = f"soak-final-{uuid.uuid4().hex[:6]}"
+        harness.signal(final, "execute-snapshot",
                        {"data-collections": [f"{harness.schema}\\.k[123]"]})
-        cap.wait_until(
-            lambda ev: not any(
-                e["op"] == "n" and e["notification"]["type"] in ("STARTED", "IN_PROGRESS")
-                for e in ev[-5:]
-            ) and any(e["op"] == "n" and e["notification"]["type"] == "COMPLETED" for e in ev),
-            timeout=240, what="the snapshots to complete",
-        )
+
+        def final_done(events: list[dict[str, Any]]) -> bool:
+            # every table is queued once the final signal's notification is logged, so a
+            # COMPLETED after it means all of them were read
+            notes = [(i, e["notification"]) for i, e in enumerate(events) if e["op"] == "n"]
+            seen = [i for i, n in notes if n["signal_id"] == final]
+            return bool(seen) and any(i > seen[0] and n["type"] == "COMPLETED" for i, n in notes)
+
+        cap.wait_until(final_done, timeout=240, what="the final snapshot to complete")
         cap.assert_oracle({t: ["id"] for t in TABLES})
     finally:
         cap.stop()
