@@ -2,13 +2,19 @@
 
 Invariants:
 - Transactions arrive whole and in commit order (the binlog is written at commit). Each
-  captured row gets ``BinlogPosition(file, tx_start, index)``; the transaction's ``Commit``
-  is at ``index = number of captured rows`` (see ``position.py``).
-- ``open(checkpoint)`` restarts the dump at the start of the checkpoint's transaction and
-  this source drops every item at or below ``checkpoint.position``: nothing logged is
-  yielded again (the runner's own filter is then a no-op).
+  captured row gets ``BinlogPosition(file, tx_start, index, gtid, gtids, epoch)``; the
+  transaction's ``Commit`` is at ``index = number of captured rows`` (see ``position.py``).
+- Where the server has GTIDs (MariaDB always; MySQL with ``gtid_mode=ON``) every position
+  carries the GTID state before its transaction: known from the start (the state at the
+  start offset) and advanced at each GTID event.
+- ``open(checkpoint)`` resumes after the checkpoint's position as ``position.py`` says: by
+  GTID state when the position has one (any server holding those transactions: a restart
+  or a failover to a replica), else by file + offset on the same server. Either way this
+  source drops what was already logged and yields nothing at or below
+  ``checkpoint.position`` (the runner's own filter is then a no-op).
 - The library never reconnects on its own: a lost connection surfaces here and the dump is
-  restarted at the start of the open transaction, dropping what was already yielded.
+  restarted at the start of the open transaction (by GTID where known, so a server behind
+  a moved address is followed exactly), dropping what was already yielded.
 - ``stream()`` never blocks for long: the server sends a heartbeat every ``idle_s`` when it
   has nothing to send (``Idle`` is yielded then), and ``Idle`` is also yielded when only
   uncaptured events went by for ``idle_s``.
@@ -32,6 +38,7 @@ from pymysqlreplication.event import (
     GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
+    MariadbGtidListEvent,
     QueryEvent,
     RotateEvent,
     XidEvent,
@@ -65,10 +72,12 @@ from pydblog.sources.mysql.connect import (
     MySqlDsn,
     classify,
     connect,
+    detail,
     errno,
     is_mariadb,
 )
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
+from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
 from pydblog.sources.mysql.position import BinlogPosition, file_sequence
 from pydblog.sources.mysql.setup import (
     OwnTables,
@@ -115,10 +124,12 @@ class _Tx:
     gtid: str | None
     explicit: bool  # inside BEGIN..COMMIT (or a MariaDB non-standalone GTID group)
     ts_ms: int
+    gtids: GtidState | None  # the GTID state before this transaction
+    epoch: int
     count: int = 0
 
     def position(self, index: int) -> BinlogPosition:
-        return BinlogPosition(self.file, self.start, index, self.gtid)
+        return BinlogPosition(self.file, self.start, index, self.gtid, self.gtids, self.epoch)
 
 
 @dataclass(slots=True)
@@ -162,7 +173,12 @@ class MySqlLogSource:
         self._file = ""
         self._last_end = 4
         self._tx: _Tx | None = None
-        self._skip_upto: BinlogPosition | None = None
+        self._skip_upto: BinlogPosition | None = None  # file resume: drop at or below
+        self._skip_tx: tuple[str, int] | None = None  # GTID resume: (gtid, up to index)
+        self._gtid_mode = False  # the server writes GTIDs for every transaction
+        self._gtids: GtidState | None = None  # state after the last GTID event read
+        self._dump_state: GtidState | None = None  # what the current GTID dump asked for
+        self._epoch = 0
         self._last_yielded: BinlogPosition | None = None
         self._last_done: BinlogPosition | None = None  # the last finished transaction
         self._last_hb: BinlogPosition | None = None
@@ -180,6 +196,7 @@ class MySqlLogSource:
         check_source(self._ctl, self.dsn)
         ensure_own_tables(self._ctl, self.dsn, self.own)
         self._warn_keyless()
+        self._gtid_mode = self._server_has_gtids()
         pos = checkpoint.position if checkpoint is not None else None
         if pos is not None and not isinstance(pos, BinlogPosition):
             raise SourceError(
@@ -188,16 +205,29 @@ class MySqlLogSource:
             )
         if pos is None:
             file, offset = self._master_status()
+            state = self._state_at(file, offset)
             # Where capture begins, offered at once as a Heartbeat so that the runner
             # checkpoints it: a restart before the first transaction resumes here.
             # Index -1 sorts below every event of a transaction starting at ``offset``.
-            self._last_done = BinlogPosition(file, offset, -1)
-        else:
-            self._require_file(pos)
-            file, offset = pos.file, max(pos.pos, 4)
-            self._skip_upto = pos
-            self._last_done = pos
-        self._start_dump(file, offset)
+            self._last_done = BinlogPosition(file, offset, -1, None, state)
+            self._start_dump(file, offset, state)
+            return
+        state = self._own_flavour(pos.gtids) if self._gtid_mode else None
+        if state:
+            # By GTID: the server finds the transactions after ``state``, whatever its
+            # file names; the checkpoint's transaction is re-read and its logged part
+            # dropped. A new epoch: these coordinates may not compare with the old ones.
+            self._epoch = pos.epoch + 1
+            self._skip_tx = (pos.gtid, pos.index) if pos.gtid else None
+            self._start_gtid_dump(state)
+            return
+        self._require_file(pos)
+        self._epoch = pos.epoch
+        self._skip_upto = pos
+        self._last_done = pos
+        if state is None:
+            state = self._state_at(pos.file, max(pos.pos, 4))
+        self._start_dump(pos.file, max(pos.pos, 4), state)
 
     def stream(self) -> Iterator[Any]:
         last_yield = time.monotonic()
@@ -272,6 +302,11 @@ class MySqlLogSource:
             raise classify(exc, self.dsn, "a metadata query") from None
 
     def _master_status(self) -> tuple[str, int]:
+        file, offset, _ = self._master_status_row()
+        return file, offset
+
+    def _master_status_row(self) -> tuple[str, int, str]:
+        """``(file, offset, Executed_Gtid_Set)`` (MySQL's GTID set, ``""`` on MariaDB)."""
         with self._ctl_lock, self._ctl_cursor() as cur:
             try:
                 cur.execute("SHOW MASTER STATUS")
@@ -285,7 +320,56 @@ class MySqlLogSource:
                 f"MySQL at {self.dsn.redacted} has no binary log",
                 hint="start the server with --log-bin",
             )
-        return str(row[0]), int(row[1])
+        executed = str(row[4]) if len(row) > 4 and row[4] is not None else ""
+        return str(row[0]), int(row[1]), executed
+
+    def _server_has_gtids(self) -> bool:
+        """MariaDB writes a GTID for every event group; MySQL only with gtid_mode=ON."""
+        if self.mariadb:
+            return True
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.gtid_mode")
+            row = cur.fetchone()
+        return row is not None and str(row[0]).upper() == "ON"
+
+    def _empty_state(self) -> GtidState:
+        return MariaGtidPos() if self.mariadb else MySqlGtidSet()
+
+    def _own_flavour(self, state: GtidState | None) -> GtidState | None:
+        """A checkpoint's state in this server's flavour (an empty one reads back as
+        MariaDB's); a state of the other flavour is an error."""
+        if state is None:
+            return None
+        if not state:
+            return self._empty_state()
+        if state.flavour != self._empty_state().flavour:
+            raise SourceError(
+                f"the change log's GTID state {state} is a {state.flavour} state, but "
+                f"{self.dsn.redacted} is {self._empty_state().flavour}",
+                hint="point [source] dsn at the server this log was captured from (or a "
+                "replica of it), or start with a fresh [log] path and snapshot the tables",
+            )
+        return state
+
+    def _state_at(self, file: str, offset: int) -> GtidState | None:
+        """The GTID state at ``(file, offset)``, an event-group boundary (None where
+        GTIDs are off or it cannot be known). MariaDB computes it from its binlog
+        (``BINLOG_GTID_POS``); MySQL only knows it at the end of the binlog (its
+        ``Executed_Gtid_Set``), so for an older offset it stays unknown until the next
+        binlog file's start (see ``_handle``'s GTID list events)."""
+        if not self._gtid_mode:
+            return None
+        if self.mariadb:
+            with self._ctl_lock, self._ctl_cursor() as cur:
+                cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))
+                row = cur.fetchone()
+            if row is None or row[0] is None:
+                return None
+            return MariaGtidPos.parse(str(row[0]))
+        end_file, end_offset, executed = self._master_status_row()
+        if (end_file, end_offset) != (file, offset):
+            return None
+        return MySqlGtidSet.parse(executed)
 
     def _require_file(self, pos: BinlogPosition) -> None:
         with self._ctl_lock, self._ctl_cursor() as cur:
@@ -300,12 +384,16 @@ class MySqlLogSource:
                 "start with a fresh [log] path and snapshot the tables again",
             )
 
-    def _start_dump(self, file: str, offset: int) -> None:
+    def _dump_settings(self) -> dict[str, Any]:
         settings = self.dsn.settings(timeout_s=self.connect_timeout_s, database=False)
         # A silent connection must not hang us: heartbeats come every idle_s.
         settings["read_timeout"] = max(30, int(self.idle_s * 20))
+        return settings
+
+    def _start_dump(self, file: str, offset: int, state: GtidState | None) -> None:
+        """Dump from binlog coordinates; ``state`` is the GTID state there (if known)."""
         self._reader = BinLogStreamReader(
-            connection_settings=settings,
+            connection_settings=self._dump_settings(),
             server_id=self.server_id,
             blocking=True,
             resume_stream=True,
@@ -319,6 +407,30 @@ class MySqlLogSource:
         self._file = file
         self._last_end = offset
         self._tx = None
+        self._gtids = state
+        self._dump_state = None
+        self._mappers.clear()
+
+    def _start_gtid_dump(self, state: GtidState) -> None:
+        """Dump every transaction after ``state`` (MariaDB ``@slave_connect_state``,
+        MySQL COM_BINLOG_DUMP_GTID). The server starts with a Rotate to the file where
+        that is; coordinates are read from the events as usual."""
+        self._reader = BinLogStreamReader(
+            connection_settings=self._dump_settings(),
+            server_id=self.server_id,
+            blocking=True,
+            auto_position=str(state),
+            is_mariadb=self.mariadb,
+            slave_heartbeat=self.idle_s,
+            filter_non_implemented_events=False,
+            pymysql_wrapper=_OneConnection(),
+            enable_logging=False,
+        )
+        self._file = ""
+        self._last_end = 4
+        self._tx = None
+        self._gtids = state
+        self._dump_state = state
         self._mappers.clear()
 
     def _fetch(self) -> Any:
@@ -344,6 +456,8 @@ class MySqlLogSource:
             self._restart()
 
     def _dump_error(self, exc: pymysql.Error) -> SourceError:
+        if errno(exc) == ER_MASTER_FATAL_READING_BINLOG and self._dump_state is not None:
+            return self._gtid_dump_error(self._dump_state, detail(exc))
         if errno(exc) == ER_MASTER_FATAL_READING_BINLOG:
             return SourceError(
                 f"MySQL at {self.dsn.redacted} cannot send the binlog from "
@@ -353,20 +467,92 @@ class MySqlLogSource:
             )
         return classify(exc, self.dsn, "reading the binlog")
 
+    def _gtid_dump_error(self, state: GtidState, message: str) -> SourceError:
+        """The server refused to send the transactions after ``state``: say why, as far
+        as its GTID variables tell (behind us, or purged), and what to do."""
+        why = ""
+        try:
+            why = self._diagnose_state(state)
+        except (SourceError, pymysql.Error) as exc:  # the diagnosis is a bonus
+            log.debug("could not diagnose the GTID state: %s", exc)
+        return SourceError(
+            f"MySQL at {self.dsn.redacted} cannot send the binlog after GTID state {state}"
+            f"{why}: {message}",
+            hint="if this server is a replica that has not applied these transactions yet, "
+            "wait until it has caught up and start again; if the binlogs holding them were "
+            "purged (or this server never had them), changes after them are lost: start "
+            "with a fresh [log] path and snapshot the tables again",
+        )
+
+    def _diagnose_state(self, state: GtidState) -> str:
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            if isinstance(state, MariaGtidPos):
+                cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+                have = MariaGtidPos.parse(str(cur.fetchone()[0] or ""))
+                cur.execute("SHOW BINARY LOGS")
+                first = str(cur.fetchone()[0])
+                cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (first,))
+                oldest = MariaGtidPos.parse(str(cur.fetchone()[0] or ""))
+                for d, _, n in state.domains:
+                    theirs = have.seq(d)
+                    if theirs is None or theirs < n:
+                        return f" (the server is behind it: its binlog ends at {have})"
+                    start = oldest.seq(d)
+                    if start is not None and start > n:
+                        return f" (purged: the server's oldest binlog {first} starts at {oldest})"
+                return ""
+            cur.execute("SELECT @@GLOBAL.gtid_executed, @@GLOBAL.gtid_purged")
+            executed, purged = (MySqlGtidSet.parse(str(v or "")) for v in cur.fetchone())
+            if not state <= executed:
+                return f" (the server is behind it: it has executed {executed})"
+            if not purged <= state:
+                return f" (purged: the server has purged {purged})"
+            return ""
+
     def _restart(self) -> None:
-        """Reopen the dump at the start of the open transaction (or after the last one)."""
+        """Reopen the dump at the start of the open transaction (or after the last one):
+        by GTID where the state there is known (a new epoch), else by coordinates."""
         if self._reader is not None:
             with contextlib.suppress(pymysql.Error):
                 self._reader.close()
+        resume = self._gtid_resume_point()
+        if resume is not None:
+            state, skip = resume
+            self._epoch += 1
+            self._skip_tx = skip
+            self._skip_upto = None
+            try:
+                self._start_gtid_dump(state)
+            except pymysql.Error as exc:
+                log.warning("reconnect failed: %s", exc)
+            return
         if self._tx is not None:
             file, offset = self._tx.file, self._tx.start
         else:
             file, offset = self._file, self._last_end
         self._skip_upto = self._last_yielded
+        known = self._tx.gtids if self._tx is not None else self._gtids
         try:
-            self._start_dump(file, offset)
+            self._start_dump(file, offset, known)
         except pymysql.Error as exc:
             log.warning("reconnect failed: %s", exc)
+
+    def _gtid_resume_point(self) -> tuple[GtidState, tuple[str, int] | None] | None:
+        """``(state, skip)`` to resume the current stream by GTID, or None."""
+        if not self._gtid_mode:
+            return None
+        tx = self._tx
+        if tx is None:
+            state, skip = self._gtids, None
+        elif tx.gtids is not None and tx.gtid:
+            last = self._last_yielded
+            done = last.index if last is not None and last.gtid == tx.gtid else -1
+            state, skip = tx.gtids, (tx.gtid, done)
+        else:
+            return None
+        if not state:  # unknown, or empty (MySQL cannot ask for "everything")
+            return None
+        return state, skip
 
     # -- events --------------------------------------------------------------------------
     def _drop(self, item: Any) -> bool:
@@ -378,6 +564,10 @@ class MySqlLogSource:
                 return True
             self._skip_upto = None
         if isinstance(pos, BinlogPosition):
+            skip = self._skip_tx
+            # GTIDs are unique: only the resumed transaction's logged part matches.
+            if skip is not None and pos.gtid == skip[0] and pos.index <= skip[1]:
+                return True
             self._last_yielded = pos
         return False
 
@@ -390,9 +580,13 @@ class MySqlLogSource:
             yield from self._rows(event, start)
         elif isinstance(event, MariadbGtidEvent):
             standalone = bool(event.flags & 1)
-            self._tx = _Tx(self._file, start, event.gtid, not standalone, event.timestamp * 1000)
+            self._tx = self._gtid_tx(event, end, start, not standalone)
         elif isinstance(event, GtidEvent):
-            self._tx = _Tx(self._file, start, event.gtid, False, event.timestamp * 1000)
+            self._tx = self._gtid_tx(event, end, start, False)
+        elif isinstance(event, MariadbGtidListEvent):
+            # At a binlog file's start (and where a GTID dump starts): the state there.
+            if self._gtids is None and self._gtid_mode and self._tx is None:
+                self._gtids = MariaGtidPos.parse(",".join(g.gtid for g in event.gtid_list))
         elif isinstance(event, XidEvent):
             yield from self._end_tx(event.timestamp * 1000)
         elif isinstance(event, QueryEvent):
@@ -409,9 +603,20 @@ class MySqlLogSource:
                 yield from self._heartbeat(force=True)
             yield Idle()
 
+    def _gtid_tx(self, event: Any, end: int, start: int, explicit: bool) -> _Tx:
+        """A transaction opened by its GTID event; the GTID state moves past it."""
+        size = int(getattr(event.packet, "event_size", 0) or 0)
+        if end > 0 and size > 0:
+            start = end - size  # exact even where the server skipped events before it
+        before = self._gtids
+        gtid = str(event.gtid)
+        if before is not None and self._gtid_mode:
+            self._gtids = before.advance(gtid)
+        return _Tx(self._file, start, gtid, explicit, event.timestamp * 1000, before, self._epoch)
+
     def _begin_if_needed(self, start: int, ts_ms: int) -> _Tx:
         if self._tx is None:
-            self._tx = _Tx(self._file, start, None, False, ts_ms)
+            self._tx = _Tx(self._file, start, None, False, ts_ms, self._gtids, self._epoch)
         return self._tx
 
     def _query(self, event: Any, start: int) -> Iterator[Any]:

@@ -1,20 +1,48 @@
-"""Binlog positions: ``(binlog file, transaction start offset, index in transaction)``.
+"""Binlog positions: ``(epoch, binlog file, transaction start offset, index in transaction)``,
+with the GTID state that lets another server resume there.
 
-Invariants:
-- Ordering is by ``(file sequence number, pos, index)``. ``pos`` is the byte offset in
-  ``file`` where the event's *transaction* starts (its GTID event, or ``BEGIN`` where GTIDs
-  are off), so every event of one transaction shares ``(file, pos)`` and differs by
-  ``index`` (0-based, in binlog order). Within one server's binlog this is a total order.
-- The ``Commit`` of a transaction with ``n`` captured events is at index ``n``: above all of
-  its events, below every event of the next transaction (which starts at a larger offset
-  or in a later file).
+Ordering invariants:
+- Ordering is by ``(epoch, file sequence number, pos, index)``. ``pos`` is the byte offset
+  in ``file`` where the event's *transaction* starts (its GTID event, or ``BEGIN`` where
+  GTIDs are off), so every event of one transaction shares ``(file, pos)`` and differs by
+  ``index`` (0-based, in binlog order). Within one server's binlog and one epoch this is a
+  total order that follows commit order.
+- ``epoch`` counts the GTID resumes in this change log's history. Binlog coordinates mean
+  something on one server only: a replica promoted to primary has other file names and
+  offsets. So every time the source resumes *by GTID* (after a restart, a failover, or a
+  lost connection) it yields positions of the next epoch, which sort above everything
+  logged before, whatever that server's coordinates are. Within an epoch every position
+  comes from one binlog dump, so coordinates are comparable. ``epoch`` is 0 for file
+  resumes and for change logs written before GTID resume existed.
+- The ``Commit`` of a transaction with ``n`` captured events is at index ``n``: above all
+  of its events, below every event of the next transaction (which starts at a larger
+  offset or in a later file).
 - Index ``-1`` marks "before anything at this offset": the position where a fresh capture
   begins (a ``Heartbeat``), below every event of a transaction starting there.
-- Resuming "after position p" means: restart the binlog dump at ``(p.file, p.pos)`` (the
-  start of p's transaction) and drop every item at or below ``p``.
+
+GTID invariants:
 - ``gtid`` is the transaction's GTID as the server prints it (MariaDB ``domain-server-seq``,
-  MySQL ``uuid:n``), or None where GTIDs are off. It is carried for the envelope and for
-  operators; it does not take part in ordering.
+  MySQL ``uuid:n``), or None where GTIDs are off (or at a fresh start's index ``-1``).
+- ``gtids`` is the server's GTID state *before* this position's transaction (MariaDB: one
+  GTID per domain, like ``gtid_binlog_pos``; MySQL: the executed GTID set), or None where
+  it is not known (GTIDs off; a MySQL log written before GTID resume). The state *after*
+  the transaction is ``after_state()`` (= ``gtids.advance(gtid)``). It does not take part
+  in ordering.
+
+Resume invariants ("continue after position p"):
+- With ``p.gtids`` (and a server with GTIDs): ask the server for every transaction after
+  ``p.gtids`` (the server, not the coordinates, decides where that is: exact on any server
+  holding these transactions) and drop the items of transaction ``p.gtid`` at index
+  ``<= p.index`` (its already-logged part; at a ``Commit`` position that is all of it).
+  Items of other transactions are never dropped: the server sends only transactions not
+  in ``p.gtids``, and among those only ``p.gtid`` can have been logged already. Resuming
+  from the state *before* the transaction (rather than after) is what makes one rule exact
+  for a checkpoint inside a transaction, at its end, and at snapshot rows placed after a
+  watermark inside it. Everything yielded is in epoch ``p.epoch + 1``, so the runner's own
+  ``<= checkpoint`` filter drops nothing of it.
+- Without ``p.gtids``: restart the binlog dump at ``(p.file, p.pos)`` (the start of p's
+  transaction) on the same server and drop every item at or below ``p``; positions stay
+  in ``p.epoch``.
 """
 
 from __future__ import annotations
@@ -23,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from pydblog.positions import register_position
+from pydblog.sources.mysql.gtid import GtidState, parse_gtid_state
 
 
 def file_sequence(name: str) -> int:
@@ -45,9 +74,11 @@ class BinlogPosition:
     pos: int
     index: int = 0
     gtid: str | None = None
+    gtids: GtidState | None = None
+    epoch: int = 0
 
-    def _key(self) -> tuple[int, int, int]:
-        return (file_sequence(self.file), self.pos, self.index)
+    def _key(self) -> tuple[int, int, int, int]:
+        return (self.epoch, file_sequence(self.file), self.pos, self.index)
 
     def __lt__(self, other: Any) -> bool:
         if not isinstance(other, BinlogPosition):
@@ -78,7 +109,13 @@ class BinlogPosition:
         return hash(self._key())
 
     def with_index(self, index: int) -> BinlogPosition:
-        return BinlogPosition(self.file, self.pos, index, self.gtid)
+        return BinlogPosition(self.file, self.pos, index, self.gtid, self.gtids, self.epoch)
+
+    def after_state(self) -> GtidState | None:
+        """The GTID state once this position's transaction is complete."""
+        if self.gtids is None:
+            return None
+        return self.gtids.advance(self.gtid) if self.gtid else self.gtids
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -89,18 +126,33 @@ class BinlogPosition:
         }
         if self.gtid is not None:
             out["gtid"] = self.gtid
+        if self.gtids is not None:
+            out["gtids"] = str(self.gtids)
+        if self.epoch:
+            out["e"] = self.epoch
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Self:
-        return cls(str(data["file"]), int(data["pos"]), int(data.get("i", 0)), data.get("gtid"))
+        state = data.get("gtids")
+        return cls(
+            str(data["file"]),
+            int(data["pos"]),
+            int(data.get("i", 0)),
+            data.get("gtid"),
+            parse_gtid_state(str(state)) if state is not None else None,
+            int(data.get("e", 0)),
+        )
 
     def source_fields(self) -> dict[str, Any]:
         return {"file": self.file, "pos": self.pos, "gtid": self.gtid, "index": self.index}
 
     def __str__(self) -> str:
         gtid = f" gtid {self.gtid}" if self.gtid else ""
-        return f"{self.file}:{self.pos}#{self.index}{gtid}"
+        after = self.after_state()
+        state = f" (GTID state after its transaction: {after})" if after is not None else ""
+        epoch = f" epoch {self.epoch}" if self.epoch else ""
+        return f"{self.file}:{self.pos}#{self.index}{gtid}{epoch}{state}"
 
 
 register_position(BinlogPosition)
