@@ -56,7 +56,8 @@ class MariaDB:
     """Start with ``start()`` (or as a context manager); ``stop()`` removes everything.
 
     ``settings`` are extra ``--name=value`` server options (e.g.
-    ``{"binlog_format": "STATEMENT"}`` for a deliberately misconfigured server).
+    ``{"binlog_format": "STATEMENT"}`` for a deliberately misconfigured server);
+    ``binlog_name`` is the binlog files' base name (``<name>.000001``, …).
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class MariaDB:
         server_id: int = 1,
         settings: dict[str, str] | None = None,
         base_dir: str | None = None,
+        binlog_name: str = "mariadb-bin",
     ) -> None:
         self.server, self.install_db = find_binaries()
         self.port = port or free_port()
@@ -73,7 +75,7 @@ class MariaDB:
         self.datadir = self.root / "data"
         self.socket = self.root / "mysqld.sock"
         self.settings = {
-            "log_bin": str(self.root / "binlog" / "mariadb-bin"),
+            "log_bin": str(self.root / "binlog" / binlog_name),
             "binlog_format": "ROW",
             "binlog_row_image": "FULL",
             "binlog_row_metadata": "FULL",
@@ -225,6 +227,31 @@ class MariaDB:
     def create_database(self, name: str) -> str:
         self.execute(f"CREATE DATABASE `{name}`")
         return self.dsn(name)
+
+    # -- replication (failover tests) ------------------------------------------------
+    def replicate_from(self, primary: MariaDB) -> None:
+        """Become a GTID replica of ``primary`` (``MASTER_USE_GTID=slave_pos``, from the
+        start of its binlog). Keep ``log_slave_updates`` on (the default here) so that
+        this server's own binlog holds the primary's transactions, under their GTIDs."""
+        self.execute(
+            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, "
+            f"MASTER_USER='{SUPERUSER}', MASTER_PASSWORD='{PASSWORD}', "
+            "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1"
+        )
+        self.execute("START SLAVE")
+
+    def wait_caught_up(self, primary: MariaDB, timeout: float = 60.0) -> None:
+        """Until this replica has applied everything in ``primary``'s binlog so far."""
+        pos = str(primary.execute("SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
+        got = self.execute(f"SELECT MASTER_GTID_WAIT('{pos}', {timeout})")[0][0]
+        if got != 0:
+            status = self.execute("SHOW SLAVE STATUS")
+            raise RuntimeError(f"replica did not reach {pos} in {timeout} s: {status}")
+
+    def promote(self) -> None:
+        """Stop replicating and forget the primary: this server takes the writes now."""
+        self.execute("STOP SLAVE")
+        self.execute("RESET SLAVE ALL")
 
 
 class _Cursor:

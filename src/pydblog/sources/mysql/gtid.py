@@ -12,13 +12,16 @@ Two flavours, both immutable values with a text form that round-trips exactly:
   ``uuid:tag:n``) are not supported and are rejected by ``parse``.
 
 Invariants:
-- ``parse_gtid_state(str(s)) == s`` for every state ``s``; text in the server's own
+- ``parse_gtid_state(str(s)) == s`` for every non-empty state ``s`` (the empty text reads
+  as MariaDB's empty state; the source converts it to its server's flavour); text in the
+  server's own
   spelling (upper-case uuids, newlines after commas, unsorted or overlapping intervals)
   parses to the same normalised value.
 - ``s.advance(g)`` is the state once transaction ``g`` (``"d-s-n"`` or ``"uuid:n"``) has
-  been applied: it ``covers`` ``g`` and is ``>=`` ``s``. MariaDB keeps one GTID per domain,
-  so advancing domain ``d`` replaces its entry (the binlog order within a domain is the
-  order the server applied them in).
+  been applied: it ``covers`` ``g``. MySQL: it is ``s`` plus ``g``, so ``>= s``. MariaDB
+  keeps one GTID per domain, so advancing domain ``d`` replaces its entry: ``>= s`` for a
+  GTID later in its domain, which is what the binlog gives (the order within a domain is
+  the order the server applied them in).
 - ``<=`` is a *partial* order ("everything in the left state is also in the right one";
   MariaDB: per domain, a sequence number not larger). Two states of unrelated domains or
   sources are incomparable. This order is used to check a state against a server (is it

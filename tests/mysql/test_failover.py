@@ -1,0 +1,263 @@
+"""GTID resume across a failover: a primary and a GTID replica (log_slave_updates), whose
+binlog files have other names, other sequence numbers and other offsets. Capture from the
+primary, then resume from the replica with the same checkpoint: exactly the rest, once."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pydblog.changelog.sqlite import SqliteChangeLogReader
+from pydblog.devtools.mariadb import MariaDB
+from pydblog.errors import SourceError
+from pydblog.ports import Checkpoint, Commit, Heartbeat
+from tests.helpers import kill9, start_run, stop_run, wait_for
+from tests.mysql.conftest import _ensure_mariadb
+from tests.mysql.helpers import bpos, changes, commits, make, opened, read_until, run_sql
+from tests.mysql.test_oracle import (
+    KEYS,
+    TABLES,
+    catch_up,
+    materialize,
+    setup_tables,
+    write_config,
+    writer,
+)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[MariaDB, MariaDB]]:
+    """``(primary, replica)``. The primary has rotated its binlog a few times
+    (``primary-bin.000004``); the replica's files are ``replica-log.000001``…, and its own
+    writes (user setup at start) are in GTID domain 2, so its binlog has two domains."""
+    reason = _ensure_mariadb()
+    if reason is not None:
+        pytest.skip(reason)
+    primary = MariaDB(server_id=11, binlog_name="primary-bin").start()
+    replica: MariaDB | None = None
+    try:
+        for _ in range(3):
+            primary.execute("FLUSH BINARY LOGS")
+        replica = MariaDB(
+            server_id=12, binlog_name="replica-log", settings={"gtid_domain_id": "2"}
+        ).start()
+        replica.replicate_from(primary)
+        yield primary, replica
+    finally:
+        primary.stop()
+        if replica is not None:
+            replica.stop()
+
+
+def new_database(primary: MariaDB, replica: MariaDB) -> str:
+    name = f"f_{uuid.uuid4().hex[:10]}"
+    primary.execute(f"CREATE DATABASE `{name}`")
+    replica.wait_caught_up(primary)
+    return name
+
+
+def binlog_files(server: MariaDB) -> set[str]:
+    return {str(r[0]) for r in server.execute("SHOW BINARY LOGS")}
+
+
+def test_source_resumes_on_replica_by_gtid(pair: tuple[MariaDB, MariaDB]) -> None:
+    primary, replica = pair
+    db = new_database(primary, replica)
+    primary.execute("CREATE TABLE t (id INT PRIMARY KEY)", db)
+    src, stream = opened(primary, db)
+    try:
+        run_sql(primary, db, "INSERT INTO t VALUES (1), (2), (3), (4), (5)")
+        run_sql(primary, db, "INSERT INTO t VALUES (6), (7), (8)")
+        first = read_until(stream, commits(2))
+    finally:
+        src.close()
+    replica.wait_caught_up(primary)
+    evs = changes(first)
+    assert [e.after for e in evs] == [{"id": i} for i in range(1, 9)]
+    commit1 = next(i for i in first if isinstance(i, Commit)).position
+    # File + offset would be wrong on the replica: its files have other names.
+    assert bpos(evs[0].position).file.startswith("primary-bin.00000")
+    assert not binlog_files(replica) & {bpos(e.position).file for e in evs}
+    # Checkpoints inside the first transaction, at its commit, inside the second.
+    cases = [(evs[2].position, [4, 5, 6, 7, 8]), (commit1, [6, 7, 8]), (evs[6].position, [8])]
+    for n, (cut, expected) in enumerate(cases):
+        marker = 100 + n
+        src, stream = opened(replica, db, Checkpoint(cut))
+        try:
+            run_sql(primary, db, f"INSERT INTO t VALUES ({marker})")  # replicated to it
+            want = {"id": marker}
+            got = read_until(stream, lambda items: any(e.after == want for e in changes(items)))  # noqa: B023
+        finally:
+            src.close()
+        ids = [e.after["id"] for e in changes(got) if e.after]
+        assert ids == [*expected, *range(100, marker + 1)], (cut, ids)  # earlier markers too
+        positions = [bpos(i.position) for i in got if isinstance(i, Commit | Heartbeat)]
+        positions += [bpos(e.position) for e in changes(got)]
+        assert all(p > cut for p in positions)  # the runner's own filter drops nothing
+        assert all(p.epoch == bpos(cut).epoch + 1 for p in positions)
+        assert all(p.file.startswith("replica-log.") for p in positions)
+        # The replica's positions carry its own coordinates and the same GTIDs.
+        resumed = {(bpos(e.position).gtid, bpos(e.position).index) for e in changes(got)}
+        logged = {(bpos(e.position).gtid, bpos(e.position).index) for e in evs}
+        assert {(g, i) for g, i in resumed if (g, i) in logged} == {
+            (bpos(e.position).gtid, bpos(e.position).index)
+            for e in evs
+            if e.after and e.after["id"] in expected
+        }
+
+
+def test_replica_behind_the_checkpoint_is_a_clear_error(pair: tuple[MariaDB, MariaDB]) -> None:
+    primary, replica = pair
+    db = new_database(primary, replica)
+    primary.execute("CREATE TABLE t (id INT PRIMARY KEY)", db)
+    replica.execute("STOP SLAVE")  # the replica falls behind
+    try:
+        src, stream = opened(primary, db)
+        try:
+            run_sql(primary, db, "INSERT INTO t VALUES (1), (2)")
+            commit = next(i for i in read_until(stream, commits(1)) if isinstance(i, Commit))
+        finally:
+            src.close()
+        src, stream = opened(replica, db, Checkpoint(commit.position))
+        try:
+            with pytest.raises(SourceError) as err:
+                next(i for i in stream if not isinstance(i, Heartbeat))
+        finally:
+            src.close()
+    finally:
+        replica.execute("START SLAVE")
+    msg = str(err.value) + str(err.value.hint)
+    assert "the server is behind it" in msg and "wait until it has caught up" in msg
+    assert "fresh [log] path" in msg and "root:root" not in msg
+
+
+def seq_writer(server: MariaDB, db: str, stop: threading.Event, seed: int) -> None:
+    """Small transactions of inserts into ``wseq`` (AUTO_INCREMENT ids): every id must be
+    in the change log exactly once."""
+    rng = random.Random(seed)
+    conn = server.connect(db)
+    conn.autocommit(False)
+    try:
+        with conn.cursor() as cur:
+            while not stop.is_set():
+                for _ in range(rng.randrange(1, 6)):
+                    cur.execute("INSERT INTO wseq (k) VALUES (%s)", (rng.randrange(1000),))
+                conn.commit()
+    finally:
+        conn.close()
+
+
+def load(server: MariaDB, db: str, seconds: float, seed: int, during: Any = None) -> None:
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=writer, args=(server, db, stop, seed)),
+        threading.Thread(target=seq_writer, args=(server, db, stop, seed + 1)),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        if during is not None:
+            during()
+        else:
+            time.sleep(seconds)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
+def rows_of(server: MariaDB, db: str, table: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The table as the chunk reader maps it, keyed as ``materialize`` keys it."""
+    _, reader = make(server, db)
+    try:
+        info = reader.table_info(f"{db}.{table}")
+        assert info is not None
+        top = reader.max_key(info, None)
+        rows = reader.read_chunk(info, None, top, 10**9, None) if top is not None else []
+    finally:
+        reader.close()
+    return {tuple(r[k] for k in KEYS.get(table, ("id",))): r for r in rows}
+
+
+def checkpoint_of(config: Path) -> dict[str, Any]:
+    reader = SqliteChangeLogReader(config.parent / "data")
+    try:
+        cp = reader.last_checkpoint()
+    finally:
+        reader.close()
+    assert cp is not None and cp.position is not None
+    return cp.position.to_json()
+
+
+def test_run_fails_over_to_replica(pair: tuple[MariaDB, MariaDB], tmp_path: Path) -> None:
+    """`dblog run` on the primary under load, killed twice (the last checkpoint anywhere,
+    often inside a transaction); the replica catches up and is promoted; `dblog run` is
+    pointed at it and killed once more under load there. The change log equals the
+    replica's tables, every row change is in it once (by GTID and index), and every
+    AUTO_INCREMENT insert of ``wseq`` exactly once."""
+    primary, replica = pair
+    db = new_database(primary, replica)
+    setup_tables(primary, db)
+    primary.execute("CREATE TABLE wseq (id INT AUTO_INCREMENT PRIMARY KEY, k INT)", db)
+    config = write_config(tmp_path, primary, db, "batch_max_events = 40")
+    proc = start_run(config)
+
+    def on_primary() -> None:
+        nonlocal proc
+        time.sleep(1.0)
+        kill9(proc)
+        time.sleep(0.3)  # writes while capture is down
+        proc = start_run(config)
+        # The restart resumed by GTID (a new epoch) and logged some of the load.
+        wait_for(lambda: checkpoint_of(config).get("e", 0) >= 1, 30, "a GTID resume")
+        time.sleep(0.5)
+        kill9(proc)  # the primary "fails" with capture down
+
+    load(primary, db, 0, seed=21, during=on_primary)
+    before = checkpoint_of(config)
+    assert before["file"].startswith("primary-bin.") and "gtids" in before
+    replica.wait_caught_up(primary)
+    primary.stop()
+    replica.promote()
+
+    config.write_text(config.read_text().replace(primary.dsn(db), replica.dsn(db)))
+    proc = start_run(config)
+
+    def on_replica() -> None:
+        nonlocal proc
+        wait_for(lambda: checkpoint_of(config)["file"].startswith("replica-log."), 30, "failover")
+        time.sleep(0.5)
+        epoch = checkpoint_of(config)["e"]
+        kill9(proc)
+        proc = start_run(config)
+        wait_for(lambda: checkpoint_of(config)["e"] > epoch, 30, "a GTID resume on the replica")
+        time.sleep(0.5)
+
+    try:
+        load(replica, db, 0, seed=22, during=on_replica)
+        events = catch_up(config, replica, db)
+    finally:
+        code, err = stop_run(proc)
+    assert code == 0, err[-3000:]
+    after = checkpoint_of(config)
+    assert after["file"].startswith("replica-log.") and after["e"] >= before.get("e", 0) + 2
+
+    got = materialize(events)
+    for table in [*TABLES, "wseq"]:
+        assert got.get(table, {}) == rows_of(replica, db, table), f"{table} differs"
+    logged = [e for e in events if e["source"]["snapshot"] == "false"]
+    ids = [(e["source"]["gtid"], e["source"]["index"]) for e in logged]
+    assert len(ids) == len(set(ids)), "a row change was logged twice"
+    inserted = [e["key"]["id"] for e in logged if e["source"]["table"] == "wseq"]
+    assert all(e["op"] == "c" for e in logged if e["source"]["table"] == "wseq")
+    on_server = {int(r[0]) for r in replica.execute("SELECT id FROM wseq", db)}
+    assert sorted(inserted) == sorted(on_server) and len(on_server) > 50
+    files = {e["source"]["file"].split(".")[0] for e in logged}
+    assert files == {"primary-bin", "replica-log"}
