@@ -3,6 +3,8 @@ against plain-Python models with hypothesis. No server needed."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -94,7 +96,7 @@ def test_mysql_roundtrip_and_normal_form(model: set[tuple[str, int]], upper: boo
     else:
         assert not state and not parse_gtid_state(str(state))
     for _, iv in state.sources:  # sorted, disjoint, not adjacent
-        assert all(b1 + 1 < a2 for (_, b1), (a2, _) in zip(iv, iv[1:], strict=False))
+        assert all(b1 + 1 < a2 for (_, b1), (a2, _) in itertools.pairwise(iv))
         assert all(a <= b for a, b in iv)
     assert [u for u, _ in state.sources] == sorted({u for u, _ in model})
 
@@ -130,19 +132,26 @@ def test_flavours_do_not_compare() -> None:
     maria, mysql = MariaGtidPos.parse("0-1-5"), MySqlGtidSet.parse(f"{UUIDS[0]}:1-5")
     assert maria != mysql
     with pytest.raises(TypeError):
-        _ = maria <= mysql  # type: ignore[operator]
+        _ = maria <= mysql
     assert parse_gtid_state("0-1-5") == maria and parse_gtid_state(str(mysql)) == mysql
 
 
 # -- positions ----------------------------------------------------------------------------
 def test_position_json_roundtrip_and_old_format() -> None:
     maria = BinlogPosition("b.000003", 900, 2, "0-1-58", MariaGtidPos.parse("0-1-57"), 2)
-    mysql = BinlogPosition("b.000003", 900, 2, f"{UUIDS[0]}:58", MySqlGtidSet.parse(f"{UUIDS[0]}:1-57"))
+    mysql = BinlogPosition(
+        "b.000003", 900, 2, f"{UUIDS[0]}:58", MySqlGtidSet.parse(f"{UUIDS[0]}:1-57")
+    )
     for p in (maria, mysql):
         back = decode_position(encode_position(p))
         assert isinstance(back, BinlogPosition)
         assert (back.file, back.pos, back.index, back.gtid, back.gtids, back.epoch) == (
-            p.file, p.pos, p.index, p.gtid, p.gtids, p.epoch
+            p.file,
+            p.pos,
+            p.index,
+            p.gtid,
+            p.gtids,
+            p.epoch,
         )
     assert str(maria.after_state()) == "0-1-58" and str(mysql.after_state()) == f"{UUIDS[0]}:1-58"
     # A checkpoint written before GTID resume: file + offset only, epoch 0.

@@ -155,8 +155,7 @@ class MySqlGtidSet:
 
     def __str__(self) -> str:
         return ",".join(
-            u + "".join(f":{a}" if a == b else f":{a}-{b}" for a, b in iv)
-            for u, iv in self.sources
+            u + "".join(f":{a}" if a == b else f":{a}-{b}" for a, b in iv) for u, iv in self.sources
         )
 
     def __bool__(self) -> bool:
