@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from pydblog.events import EncodedEvent
+from pydblog.events import ChunkRow, EncodedEvent
 from pydblog.positions import Position, decode_position, encode_position
 
 
@@ -287,9 +287,11 @@ class SnapshotReader(Protocol):
         max_key: tuple[Any, ...],
         limit: int,
         condition: str | None,
-    ) -> list[dict[str, Any]]:
+    ) -> Sequence[ChunkRow]:
         """Rows with ``after < key <= max_key`` in key order, at most ``limit``, values
-        mapped exactly as the log stream maps them."""
+        mapped exactly as the log stream maps them: dicts of JSON values, or
+        ``EncodedRow``s whose JSON is byte for byte ``orjson.dumps`` of those dicts and
+        whose event key is the table's identity (``TableInfo.identity``)."""
         ...
 
     def write_watermark(self, watermark_id: str) -> None:

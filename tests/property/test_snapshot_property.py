@@ -28,9 +28,11 @@ from __future__ import annotations
 import itertools
 import json
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -45,7 +47,7 @@ from pydblog.core import (
     TableStartRequest,
 )
 from pydblog.core.window import ChunkWindow
-from pydblog.events import ChangeEvent, Op, SnapshotKind
+from pydblog.events import ChangeEvent, ChunkRow, Emitted, EncodedRow, Op, SnapshotKind, expand
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
 
@@ -121,8 +123,8 @@ class Sim:
     def pos(self, lsn: int, index: int = 0) -> PgPosition:
         return PgPosition(Lsn(lsn), index)
 
-    def emit(self, events: list[ChangeEvent]) -> None:
-        self.out.extend(events)
+    def emit(self, events: Sequence[Emitted]) -> None:
+        self.out.extend(expand(events))
 
     # -- the source database ---------------------------------------------------------------
 
@@ -205,7 +207,7 @@ class Sim:
                 self.core.on_event(item)
                 self.emit([item])
             elif isinstance(item, Wm):
-                events = self.core.on_watermark(item.id, at, lsn)
+                events = expand(self.core.on_watermark(item.id, at, lsn))
                 read = self.chunk_sizes.pop(item.id, None)
                 if read is not None and sum(e.op is Op.READ for e in events) < read:
                     self.dropped += 1
@@ -272,7 +274,9 @@ class Sim:
             self.append([Wm(req.low_watermark)])
             w.phase = 1
         elif w.phase <= 1:
-            rows = self.select(req)
+            rows: list[ChunkRow] = list(self.select(req))
+            if self.data.draw(st.booleans(), label="encoded rows"):  # a fast reader's rows
+                rows = [encoded(r) for r in self.select(req)]
             if req.high_watermark is not None:
                 self.chunk_sizes[req.high_watermark] = len(rows)
             elapsed = (1.0, 30.0, 80.0)[zlib.crc32(req.id.encode()) % 3]
@@ -498,3 +502,9 @@ def test_window_keeps_exactly_the_rows_without_newer_events(
     assert result.rows == expected
     assert result.read == len(rows)
     assert result.last_key == ((rows[-1]["id"],) if rows else None)
+
+
+def encoded(row: Row) -> EncodedRow:
+    return EncodedRow(
+        (row["id"],), orjson.dumps({"id": row["id"]}).decode(), orjson.dumps(row).decode()
+    )

@@ -19,7 +19,7 @@ from pydblog.core import (
 )
 from pydblog.core.keys import event_keys, hashable
 from pydblog.core.notices import PositionCursor
-from pydblog.events import ChangeEvent, Op, SnapshotKind
+from pydblog.events import ChangeEvent, Op, SnapshotKind, expand
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
 
@@ -39,6 +39,29 @@ def row(k: int, v: str = "x") -> dict[str, Any]:
     return {"id": k, "v": v}
 
 
+
+class ExpandingCore(SnapshotCore):
+    """The core with its chunk rows expanded into single events (what these tests check)."""
+
+    def on_signal(self, *a: Any, **k: Any) -> list[ChangeEvent]:  # type: ignore[override]
+        return list(expand(super().on_signal(*a, **k)))
+
+    def on_signal_error(self, *a: Any, **k: Any) -> list[ChangeEvent]:  # type: ignore[override]
+        return list(expand(super().on_signal_error(*a, **k)))
+
+    def on_table_started(self, *a: Any, **k: Any) -> list[ChangeEvent]:  # type: ignore[override]
+        return list(expand(super().on_table_started(*a, **k)))
+
+    def on_chunk_read(self, *a: Any, **k: Any) -> list[ChangeEvent]:  # type: ignore[override]
+        return list(expand(super().on_chunk_read(*a, **k)))
+
+    def on_request_failed(self, *a: Any, **k: Any) -> list[ChangeEvent]:  # type: ignore[override]
+        return list(expand(super().on_request_failed(*a, **k)))
+
+    def on_watermark(self, *a: Any, **k: Any) -> list[ChangeEvent]:  # type: ignore[override]
+        return list(expand(super().on_watermark(*a, **k)))
+
+
 def change(op: Op, k: int, table: str = "public.t", lsn: int = 50, v: str = "new") -> ChangeEvent:
     schema, name = table.split(".")
     after = None if op is Op.DELETE else row(k, v)
@@ -46,17 +69,17 @@ def change(op: Op, k: int, table: str = "public.t", lsn: int = 50, v: str = "new
     return ChangeEvent(op, schema, name, pos(lsn), 0, key={"id": k}, before=before, after=after)
 
 
-def make(chunk: int = 2, **kw: Any) -> SnapshotCore:
-    return SnapshotCore(CoreSettings(chunk_size=chunk, **kw), instance="test")
+def make(chunk: int = 2, **kw: Any) -> ExpandingCore:
+    return ExpandingCore(CoreSettings(chunk_size=chunk, **kw), instance="test")
 
 
-def execute(core: SnapshotCore, *colls: str, lsn: int = 1, **fields: Any) -> list[ChangeEvent]:
+def execute(core: ExpandingCore, *colls: str, lsn: int = 1, **fields: Any) -> list[ChangeEvent]:
     body = {"data-collections": list(colls), **{k.replace("_", "-"): v for k, v in fields.items()}}
     signal = parse_signal(f"s{lsn}", "execute-snapshot", json.dumps(body))
     return core.on_signal(signal, TABLES, pos(lsn), 1000)
 
 
-def signal(core: SnapshotCore, type_: str, lsn: int, **fields: Any) -> list[ChangeEvent]:
+def signal(core: ExpandingCore, type_: str, lsn: int, **fields: Any) -> list[ChangeEvent]:
     body = {k.replace("_", "-"): v for k, v in fields.items()}
     return core.on_signal(parse_signal(f"s{lsn}", type_, json.dumps(body)), TABLES, pos(lsn), 9)
 
@@ -84,7 +107,7 @@ def kinds(events: list[ChangeEvent]) -> list[str]:
 
 
 def start_table(
-    core: SnapshotCore, lsn: int, max_key: tuple[Any, ...] | None = (5,), **kw: Any
+    core: ExpandingCore, lsn: int, max_key: tuple[Any, ...] | None = (5,), **kw: Any
 ) -> list[ChangeEvent]:
     """Answer the TableStartRequest and deliver its watermark at ``lsn``."""
     req = core.next_request()
@@ -96,7 +119,7 @@ def start_table(
 
 
 def chunk(
-    core: SnapshotCore,
+    core: ExpandingCore,
     rows: list[dict[str, Any]],
     lsn: int,
     between: Sequence[ChangeEvent] = (),
@@ -272,7 +295,7 @@ def test_restart_resumes_after_last_completed_chunk() -> None:
     core.on_chunk_read(interrupted.id, [row(3), row(4)], 1.0)
     saved = json.loads(json.dumps(core.state()))
 
-    again = SnapshotCore(CoreSettings(chunk_size=2), saved, instance="test2")
+    again = ExpandingCore(CoreSettings(chunk_size=2), saved, instance="test2")
     assert again.active
     assert interrupted.high_watermark
     assert again.on_watermark(interrupted.high_watermark, pos(30), 0) == []
@@ -288,7 +311,7 @@ def test_restart_before_table_start_watermark_starts_again() -> None:
     req = core.next_request()
     assert isinstance(req, TableStartRequest)
     core.on_table_started(req.id, info(), (5,))
-    again = SnapshotCore(CoreSettings(chunk_size=2), core.state(), instance="b")
+    again = ExpandingCore(CoreSettings(chunk_size=2), core.state(), instance="b")
     assert req.watermark is not None
     assert again.on_watermark(req.watermark, pos(9), 0) == []
     assert isinstance(again.next_request(), TableStartRequest)
@@ -302,7 +325,7 @@ def test_state_is_json_and_round_trips() -> None:
     signal(core, "pause-snapshot", 21)
     state = core.state()
     text = json.dumps(state)
-    again = SnapshotCore(CoreSettings(chunk_size=2), json.loads(text), instance="c")
+    again = ExpandingCore(CoreSettings(chunk_size=2), json.loads(text), instance="c")
     assert again.state() == state
     assert again.paused
     assert again.status()["current"]["last_key"] == [2]
@@ -546,7 +569,7 @@ def test_adaptive_chunk_size_grows_and_shrinks_within_bounds() -> None:
 
 
 def chunk_events(
-    core: SnapshotCore, req: ChunkRequest, rows: list[dict[str, Any]], lsn: int, elapsed: float
+    core: ExpandingCore, req: ChunkRequest, rows: list[dict[str, Any]], lsn: int, elapsed: float
 ) -> list[ChangeEvent]:
     assert req.low_watermark and req.high_watermark
     core.on_watermark(req.low_watermark, pos(lsn - 1), 0)
@@ -604,7 +627,7 @@ def test_blocking_restart_anchors_at_saved_horizon() -> None:
     assert isinstance(req, ChunkRequest)
     out = core.on_chunk_read(req.id, [row(1)], 1.0)
     last = out[-1].position
-    again = SnapshotCore(CoreSettings(chunk_size=1), core.state(), instance="z")
+    again = ExpandingCore(CoreSettings(chunk_size=1), core.state(), instance="z")
     assert again.blocking
     again.on_stream_paused(pos(5, 0), 0)  # an older checkpoint position
     req = again.next_request()

@@ -23,13 +23,13 @@ from pydblog.core.signals import parse_signal
 from pydblog.core.sizing import CoreSettings
 from pydblog.core.snapshot import SnapshotCore
 from pydblog.errors import DblogError, SignalError
-from pydblog.events import ChangeEvent, Op
+from pydblog.events import ChangeEvent, Emitted, Op, SnapshotRows
 from pydblog.ports import SnapshotReader, TableInfo
 from pydblog.positions import Position
 
 log = logging.getLogger(__name__)
 
-Answer = Callable[[], list[ChangeEvent]]
+Answer = Callable[[], list[Emitted]]
 
 
 def _now_ms() -> int:
@@ -54,7 +54,7 @@ class SnapshotDriver:
         self._requests: queue.Queue[Request] = queue.Queue()
         self._inflight = False
         self._worker: threading.Thread | None = None
-        self._out: list[ChangeEvent] = []
+        self._out: list[Emitted] = []
         # table -> identity columns (primary key; without one every column), used as
         # the event key of snapshot rows even when a surrogate key drives the chunks.
         self._identity: dict[str, tuple[str, ...]] = {}
@@ -72,7 +72,7 @@ class SnapshotDriver:
     def on_event(self, event: ChangeEvent) -> None:
         self.core.on_event(event)
 
-    def on_signal_event(self, event: ChangeEvent, captured: list[str]) -> list[ChangeEvent]:
+    def on_signal_event(self, event: ChangeEvent, captured: list[str]) -> list[Emitted]:
         """A row event of the signal table; only inserts are signals."""
         if event.op is not Op.CREATE or event.after is None:
             return []
@@ -86,20 +86,22 @@ class SnapshotDriver:
         log.info("signal %s: %s %s", signal.id, signal.type.value, " ".join(signal.data_collections))
         return self.take() + self.core.on_signal(signal, captured, event.position, event.ts_ms)
 
-    def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[ChangeEvent]:
+    def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:
         out = self.take()
         return out + self._keyed_rows(self.core.on_watermark(watermark_id, position, ts_ms or _now_ms()))
 
-    def _keyed_rows(self, events: list[ChangeEvent]) -> list[ChangeEvent]:
+    def _keyed_rows(self, events: list[Emitted]) -> list[Emitted]:
         """Snapshot rows of a table chunked by a surrogate key get the table's identity
-        as their event key, like the stream's events of that table."""
+        as their event key, like the stream's events of that table (rows a reader
+        encoded carry that key already)."""
         if not self._identity:
             return events
-        out = []
+        out: list[Emitted] = []
         for ev in events:
-            ident = self._identity.get(f"{ev.schema}.{ev.table}")
-            if ev.op is Op.READ and ident is not None and ev.after is not None:
-                ev = ev._replace(key={c: ev.after.get(c) for c in ident})
+            if isinstance(ev, SnapshotRows):
+                ident = self._identity.get(f"{ev.schema}.{ev.table}")
+                if ident is not None:
+                    ev = ev._replace(identity=ident)
             out.append(ev)
         return out
 
@@ -107,7 +109,7 @@ class SnapshotDriver:
         log.info("initial snapshot of %d tables", len(captured))
         self.core.start_initial(captured)
 
-    def take(self) -> list[ChangeEvent]:
+    def take(self) -> list[Emitted]:
         """Apply the worker's answers; returns the events they produced."""
         while True:
             try:
@@ -193,7 +195,7 @@ class SnapshotDriver:
 
     # -- blocking snapshots ------------------------------------------------------------------
     def run_blocking(self, position: Position, stop: threading.Event,
-                     emit: Callable[[list[ChangeEvent]], None], keepalive: Callable[[], None]) -> None:
+                     emit: Callable[[list[Emitted]], None], keepalive: Callable[[], None]) -> None:
         """The stream is paused at a transaction boundary at ``position``: read the
         blocking snapshot's tables inline, emitting rows as they come."""
         while self._inflight:  # let an incremental request in flight finish first

@@ -25,7 +25,15 @@ from pydblog.capture.status import StatusWriter
 from pydblog.capture.writer import Batch, BatchWriter
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.config import Config
-from pydblog.events import ChangeEvent, EncodedEvent, encode_event
+from pydblog.events import (
+    ChangeEvent,
+    Emitted,
+    EncodedEvent,
+    SnapshotRows,
+    encode_event,
+    encode_snapshot_rows,
+    last_position,
+)
 from pydblog.ports import (
     Checkpoint,
     Commit,
@@ -221,15 +229,21 @@ class Runner:
         self._schemas = [s for s in self._schemas if s.qualified != ts.qualified]
         self._schemas.append(ts)
 
-    def _emit_events(self, events: list[ChangeEvent]) -> None:
-        """Log events the snapshot core produced (rows, notifications)."""
+    def _emit_events(self, events: list[Emitted]) -> None:
+        """Log what the snapshot core produced (chunk rows in bulk, notifications)."""
         if not events:
             return
         if not self._pending:
             self._pending_since = time.monotonic()
         now_ms = int(time.time() * 1000)
-        self._pending.extend(encode_event(e, self._connector, self._db, now_ms) for e in events)
-        self._advance(events[-1].position)
+        pending = self._pending
+        connector, db = self._connector, self._db
+        for item in events:
+            if isinstance(item, SnapshotRows):
+                pending.extend(encode_snapshot_rows(item, connector, db, now_ms))
+            else:
+                pending.append(encode_event(item, connector, db, now_ms))
+        self._advance(last_position(events[-1]))
 
     def _advance(self, position: Position) -> None:
         """The checkpoint position only moves forward (a commit's position may sort
@@ -247,7 +261,7 @@ class Runner:
         if driver.blocking and not self._in_tx and self._position is not None:
             self.flush()
 
-            def emit(events: list[ChangeEvent]) -> None:
+            def emit(events: list[Emitted]) -> None:
                 self._emit_events(events)
                 self.flush()
 

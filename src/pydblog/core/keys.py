@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from pydblog.events import ChangeEvent, Op
+from pydblog.events import ChangeEvent, EncodedRow, Op
 
 RawKey = tuple[Any, ...]
 MatchKey = tuple[Hashable, ...]
@@ -38,8 +38,12 @@ def match_key(raw: Sequence[Any]) -> MatchKey:
     return tuple(hashable(v) for v in raw)
 
 
-def row_key(row: Mapping[str, Any], columns: Sequence[str]) -> RawKey | None:
-    """The raw key of ``row``, or None if one of ``columns`` is missing from it."""
+def row_key(row: Mapping[str, Any] | EncodedRow, columns: Sequence[str]) -> RawKey | None:
+    """The raw key of ``row``, or None if one of ``columns`` is missing from it (an
+    ``EncodedRow`` carries its chunk key, in ``columns`` order, itself)."""
+    if type(row) is EncodedRow:
+        return row.chunk_key if len(row.chunk_key) == len(columns) else None
+    assert not isinstance(row, EncodedRow)
     try:
         return tuple(row[c] for c in columns)
     except KeyError:

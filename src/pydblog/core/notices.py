@@ -135,6 +135,12 @@ class PositionCursor:
         self.count += 1
         return at_index(self.base, position_index(self.base) + self.count)
 
+    def take(self, n: int) -> int:
+        """Reserves the next ``n`` positions; returns the index of the first."""
+        first = position_index(self.base) + self.count + 1
+        self.count += n
+        return first
+
     def place(self, notices: list[Notice]) -> list[ChangeEvent]:
         return [n.event(self.next(), self.ts_ms) for n in notices]
 

@@ -55,7 +55,7 @@ from pydblog.core.commands import (
     stop_matcher,
     stop_notice,
 )
-from pydblog.core.keys import RawKey
+from pydblog.core.keys import RawKey, row_key
 from pydblog.core.notices import (
     Notice,
     PositionCursor,
@@ -71,7 +71,7 @@ from pydblog.core.requests import ChunkRequest, MarkRequest, Request, TableStart
 from pydblog.core.signals import Signal, SignalType
 from pydblog.core.sizing import CoreSettings, next_chunk_size, shrink
 from pydblog.core.window import ChunkWindow, WindowResult
-from pydblog.events import ChangeEvent, Op, SnapshotKind
+from pydblog.events import ChangeEvent, ChunkRow, Emitted, SnapshotKind, SnapshotRows
 from pydblog.ports import TableInfo
 from pydblog.positions import Position, decode_position, encode_position
 
@@ -171,7 +171,7 @@ class SnapshotCore:
 
     def on_signal(
         self, signal: Signal, captured_tables: Sequence[str], position: Position, ts_ms: int
-    ) -> list[ChangeEvent]:
+    ) -> list[Emitted]:
         """Apply a signal; returns exactly one notification, at the signal's position."""
         self._advance(position)
         if signal.type is SignalType.EXECUTE_SNAPSHOT:
@@ -189,7 +189,7 @@ class SnapshotCore:
 
     def on_signal_error(
         self, signal_id: str, error: str, position: Position, ts_ms: int
-    ) -> list[ChangeEvent]:
+    ) -> list[Emitted]:
         """The REJECTED notification for a signal that ``parse_signal`` refused."""
         self._advance(position)
         return [rejected_signal(signal_id, error).event(position, ts_ms)]
@@ -199,7 +199,7 @@ class SnapshotCore:
         captured_tables: Sequence[str],
         position: Position | None = None,
         ts_ms: int | None = None,
-    ) -> list[ChangeEvent]:
+    ) -> list[Emitted]:
         """Snapshot mode "initial": queue every captured table (incremental).
 
         Returns [] always: the STARTED notification waits for the first watermark (no
@@ -315,7 +315,7 @@ class SnapshotCore:
         info: TableInfo | None,
         max_key: Sequence[Any] | None,
         error: str | None = None,
-    ) -> list[ChangeEvent]:
+    ) -> list[Emitted]:
         """The answer to a TableStartRequest. ``info`` None: no such table; ``max_key``
         None: the table (with its filter) is empty. Incremental: takes effect at the
         request's watermark (returns []). Blocking: takes effect now (returns events)."""
@@ -331,8 +331,8 @@ class SnapshotCore:
         return []
 
     def on_chunk_read(
-        self, request_id: str, rows: list[dict[str, Any]], elapsed_ms: float
-    ) -> list[ChangeEvent]:
+        self, request_id: str, rows: Sequence[ChunkRow], elapsed_ms: float
+    ) -> list[Emitted]:
         """The rows of a ChunkRequest, in key order. Incremental: buffered until H (returns
         []). Blocking: emitted now, positioned after the anchor."""
         if self._busy == request_id and not _keyed(rows, self._request_key(request_id)):
@@ -362,7 +362,7 @@ class SnapshotCore:
         ts_ms: int | None = None,
         *,
         retriable: bool | None = None,
-    ) -> list[ChangeEvent]:
+    ) -> list[Emitted]:
         """A request failed (at any step, also when its final watermark could not be
         written after the answer was given).
 
@@ -433,7 +433,7 @@ class SnapshotCore:
             return
         window.observe(event)
 
-    def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[ChangeEvent]:
+    def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:
         """A watermark came back through the stream. Returns what lands there: chunk rows
         (at H), then notifications. Unknown ids return []."""
         self._advance(position)
@@ -469,7 +469,7 @@ class SnapshotCore:
 
     def _close_window(
         self, pending: _Pending, request: ChunkRequest, cursor: PositionCursor
-    ) -> list[ChangeEvent]:
+    ) -> list[Emitted]:
         self._pending = None
         self._window = None
         window = pending.window
@@ -484,22 +484,23 @@ class SnapshotCore:
         events = self._rows(job, result.rows, cursor)
         return events + self._place(cursor, self._chunk_done(self._incr, request, result))
 
-    def _apply_start(self, pending: _Pending, cursor: PositionCursor) -> list[ChangeEvent]:
+    def _apply_start(self, pending: _Pending, cursor: PositionCursor) -> list[Emitted]:
         self._pending = None
         if pending.answer is None:  # watermark before the answer: plan it again
             self._busy = None
             return self._place(cursor, [])
         return self._place(cursor, self._start(self._incr, pending.answer))
 
-    def _place(self, cursor: PositionCursor, notices: list[Notice]) -> list[ChangeEvent]:
+    def _place(self, cursor: PositionCursor, notices: list[Notice]) -> list[Emitted]:
         """Pending notices, then ``notices``, at the cursor's next positions."""
         waiting, self._notices = self._notices, []
         events = cursor.place(waiting + notices)
         if events:
             self._horizon = events[-1].position
-        return events
+        out: list[Emitted] = list(events)
+        return out
 
-    def _emit_blocking(self, rows: list[ChangeEvent], notices: list[Notice]) -> list[ChangeEvent]:
+    def _emit_blocking(self, rows: list[Emitted], notices: list[Notice]) -> list[Emitted]:
         cursor = self._anchor
         assert cursor is not None
         events = rows + self._place(cursor, notices)
@@ -552,8 +553,8 @@ class SnapshotCore:
         return [*notices, done]
 
     def _blocking_rows(
-        self, request: ChunkRequest, rows: list[dict[str, Any]]
-    ) -> list[ChangeEvent]:
+        self, request: ChunkRequest, rows: Sequence[ChunkRow]
+    ) -> list[Emitted]:
         """A blocking chunk: no window, every row is emitted right away."""
         job, cursor = self._block.current, self._anchor
         last = _last_key(rows, request.key_columns)
@@ -564,27 +565,20 @@ class SnapshotCore:
         return self._emit_blocking(events, self._chunk_done(self._block, request, result))
 
     def _rows(
-        self, job: TableJob, rows: list[dict[str, Any]], cursor: PositionCursor
-    ) -> list[ChangeEvent]:
-        """Snapshot rows as ``op: r`` events at the cursor's next positions."""
+        self, job: TableJob, rows: Sequence[ChunkRow], cursor: PositionCursor
+    ) -> list[Emitted]:
+        """Snapshot rows as ``op: r`` events at the cursor's next positions (one
+        ``SnapshotRows`` for the whole chunk)."""
         if not rows:
             return []
         assert job.key_columns is not None
-        events = [
-            ChangeEvent(
-                op=Op.READ,
-                schema=job.schema_name,
-                table=job.table_name,
-                position=cursor.next(),
-                ts_ms=cursor.ts_ms,
-                key={c: row[c] for c in job.key_columns},
-                after=row,
-                snapshot=job.kind,
-            )
-            for row in rows
-        ]
-        self._horizon = events[-1].position
-        return events
+        first = cursor.take(len(rows))
+        batch = SnapshotRows(
+            job.schema_name, job.table_name, job.kind, cursor.base, first, cursor.ts_ms,
+            rows, job.key_columns,
+        )
+        self._horizon = batch.last_position
+        return [batch]
 
     def _settle(self) -> None:
         """Reset run counters and flags once nothing is left to do."""
@@ -683,15 +677,12 @@ def _start_problem(job: TableJob, answer: _StartAnswer) -> str | None:
     return None
 
 
-def _keyed(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> bool:
+def _keyed(rows: Sequence[ChunkRow], columns: tuple[str, ...]) -> bool:
     """Every row carries every key column."""
-    return all(c in row for row in rows for c in columns)
+    return all(row_key(row, columns) is not None for row in rows)
 
 
-def _last_key(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> RawKey | None:
+def _last_key(rows: Sequence[ChunkRow], columns: tuple[str, ...]) -> RawKey | None:
     if not rows:
         return None
-    try:
-        return tuple(rows[-1][c] for c in columns)
-    except KeyError:
-        return None
+    return row_key(rows[-1], columns)

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pydblog.core.keys import MatchKey, RawKey, event_keys, match_key, row_key
-from pydblog.events import ChangeEvent, Op
+from pydblog.events import ChangeEvent, ChunkRow, EncodedRow, Op
 
-Row = dict[str, Any]
+Row = ChunkRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +42,7 @@ class WindowResult:
     window could not decide (nothing may be emitted and progress must not move).
     """
 
-    rows: list[Row]
+    rows: Sequence[Row]
     read: int
     last_key: RawKey | None
     conclusive: bool
@@ -58,7 +57,7 @@ class ChunkWindow:
         self.schema = schema
         self.table = table
         self.columns = tuple(columns)
-        self._rows: list[Row] | None = None
+        self._rows: Sequence[Row] | None = None
         self._dropped: set[MatchKey] = set()
         self._truncated = False
         self._inconclusive = False
@@ -67,7 +66,7 @@ class ChunkWindow:
     def has_rows(self) -> bool:
         return self._rows is not None
 
-    def set_rows(self, rows: list[Row]) -> None:
+    def set_rows(self, rows: Sequence[Row]) -> None:
         """The chunk as the SELECT returned it (key order)."""
         self._rows = rows
 
@@ -94,7 +93,11 @@ class ChunkWindow:
             return WindowResult([], len(rows), last, True)
         if not self._dropped:  # the common case: no event of the table in the window
             return WindowResult(list(rows), len(rows), last, True)
-        kept = [r for r in rows if _key(r, self.columns) not in self._dropped]
+        dropped = self._dropped
+        if rows and type(rows[0]) is EncodedRow:  # the fast readers' rows carry their key
+            kept = [r for r in rows if match_key(r.chunk_key) not in dropped]  # type: ignore[union-attr]
+        else:
+            kept = [r for r in rows if _key(r, self.columns) not in dropped]
         return WindowResult(kept, len(rows), last, True)
 
 

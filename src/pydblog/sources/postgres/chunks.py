@@ -23,9 +23,10 @@ from psycopg import sql
 
 from pydblog.config import Config
 from pydblog.errors import SignalError, SourceError
+from pydblog.events import EncodedRow
 from pydblog.ports import TableInfo
 from pydblog.sources.postgres.connect import connect
-from pydblog.sources.postgres.relations import compile_row
+from pydblog.sources.postgres.relations import compile_encoder
 from pydblog.sources.postgres.setup import split_name
 from pydblog.sources.postgres.source import WATERMARK_PREFIX, PgLogSource
 from pydblog.sources.postgres.types import TypeRegistry
@@ -42,7 +43,10 @@ class PgSnapshotReader:
         self._types: TypeRegistry | None = None
         self._oids: dict[str, tuple[int, ...]] = {}
         self._pk: dict[str, tuple[str, ...]] = {}
-        self._mappers: dict[tuple[str, tuple[str, ...], tuple[int, ...]], Callable[[Any], dict[str, Any]]] = {}
+        self._encoders: dict[
+            tuple[str, tuple[str, ...], tuple[int, ...], tuple[str, ...]],
+            Callable[[Any], EncodedRow],
+        ] = {}
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -219,7 +223,7 @@ class PgSnapshotReader:
         max_key: tuple[Any, ...],
         limit: int,
         condition: str | None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[EncodedRow]:
         assert self._types is not None
         if info.qualified not in self._oids:
             self.table_info(info.qualified)
@@ -256,20 +260,28 @@ class PgSnapshotReader:
             rows = self._read_only(
                 sql.SQL("{} AND {} ORDER BY {}").format(base, group, self._order(info)), []
             )
-        row = self._row_mapper(info)
-        return [row(r) for r in rows]
+        encode = self._encoder(info)
+        return [encode(r) for r in rows]
 
-    def _row_mapper(self, info: TableInfo) -> Callable[[Any], dict[str, Any]]:
-        """The generated row mapper of the stream (``relations.compile_row``), cached per
-        column list: text values in, the same JSON values as the log out."""
+    def _encoder(self, info: TableInfo) -> Callable[[Any], EncodedRow]:
+        """The generated row encoder (``relations.compile_encoder``), cached per column
+        list and chunk key: text values in, the stream's JSON values out, already
+        encoded, with the table's identity (primary key, else every column) as the
+        event key, as the stream's events of the table have it."""
         assert self._types is not None
         oids = self._oids[info.qualified]
-        cache_key = (info.qualified, info.columns, oids)
-        mapper = self._mappers.get(cache_key)
-        if mapper is None:
-            mapper = compile_row(info.columns, tuple(self._types.converter(o) for o in oids))
-            self._mappers[cache_key] = mapper
-        return mapper
+        cache_key = (info.qualified, info.columns, oids, info.key)
+        encoder = self._encoders.get(cache_key)
+        if encoder is None:
+            identity = self._pk.get(info.qualified) or info.columns
+            encoder = compile_encoder(
+                info.columns,
+                tuple(self._types.fragment(o) for o in oids),
+                tuple(info.columns.index(c) for c in info.key),
+                tuple(info.columns.index(c) for c in identity),
+            )
+            self._encoders[cache_key] = encoder
+        return encoder
 
     def write_watermark(self, watermark_id: str) -> None:
         conn = self.writer

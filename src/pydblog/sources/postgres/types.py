@@ -275,6 +275,14 @@ _BUILTIN: Final[dict[int, tuple[str, Converter]]] = {
     JSONB: ("json", _json),
 }
 
+_QUOTE_SAFE: Final[frozenset[Converter]] = frozenset(
+    {_inet, _bytea, _time, _timetz, _timestamp, _timestamptz}
+)
+"""Converters whose result is a string of characters JSON never escapes."""
+
+_QUOTE_SAFE_STR_OIDS: Final = frozenset({NUMERIC, UUID, DATE, INTERVAL})
+"""Types converted by ``str`` whose text holds only characters JSON never escapes."""
+
 _TEXT_CAST_DIFFERS: Final = frozenset({"boolout", "bpcharout", "inet_out", "cidr_out"})
 """Output functions whose type has its own cast to text (``true::text`` is 'true', the
 output function says 't'); ``text_expr`` calls these functions instead of casting."""
@@ -401,6 +409,40 @@ class TypeRegistry:
             delim = elem.delimiter if elem is not None else ","
             return _array_converter(self._build(info.elem_oid, depth + 1), delim)
         return str
+
+    def fragment(self, oid: int) -> tuple[str, Converter]:
+        """How to write a value of ``oid`` as JSON text straight from its PostgreSQL
+        text, without building the Python value first (the snapshot reader's fast
+        path). Returns ``(how, convert)``:
+
+        - ``"raw"``: the text is already the JSON (integers);
+        - ``"quote"``: ``'"' + convert(text) + '"'`` (the converted string never holds
+          a character JSON escapes: numbers, dates, times, UUIDs, base64);
+        - ``"escape"``: ``encode_basestring(convert(text))`` (any string);
+        - ``"bool"``: ``true``/``false``;
+        - ``"dumps"``: ``orjson.dumps(convert(text))`` (floats, json, arrays, ...).
+
+        Invariant: each gives exactly ``orjson.dumps(self.converter(oid)(text))``.
+        """
+        conv = self.converter(oid)
+        if conv is int:
+            return "raw", conv
+        if conv == _BOOL.__getitem__:
+            return "bool", conv
+        if conv in _QUOTE_SAFE or (conv is str and self._base(oid) in _QUOTE_SAFE_STR_OIDS):
+            return "quote", conv
+        if conv is str or conv is _bpchar:
+            return "escape", conv
+        return "dumps", conv
+
+    def _base(self, oid: int) -> int:
+        """``oid`` with domains resolved to their base type."""
+        for _ in range(33):
+            info = self._types.get(oid)
+            if info is None or info.typtype != "d":
+                return oid
+            oid = info.base_oid
+        return oid
 
     def logical_type(self, oid: int) -> str:
         """pydblog's source-independent type of ``oid`` (see docs/types.md)."""
