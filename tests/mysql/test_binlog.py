@@ -8,6 +8,7 @@ import time
 import pytest
 
 from pydblog.devtools.mariadb import MariaDB
+from pydblog.errors import SourceError
 from pydblog.events import Op
 from pydblog.ports import Checkpoint, Commit, Heartbeat, Idle, SchemaChanged
 from pydblog.positions import decode_position, encode_position
@@ -161,6 +162,15 @@ def test_resume_after_checkpoint(mariadb: MariaDB, my_db: str) -> None:
         assert [i for i in got if i < 100] == expected_ids  # each once, in order
         assert got[-1] == 100 + cut and len(got) == len(set(got))
         assert all(e.position > evs[cut].position for e in changes(again))
+        # Resumed by GTID state (MariaDB always has one): a new epoch, same coordinates.
+        assert bpos(evs[cut].position).gtids is not None
+        assert all(bpos(e.position).epoch == 1 for e in changes(again))
+        same = [e for e in changes(again) if e.after and e.after["id"] < 100]
+        assert [bpos(e.position).source_fields() for e in same] == [
+            bpos(e.position).source_fields()
+            for e in evs
+            if e.after and e.after["id"] in expected_ids
+        ]
     # Resuming at a Commit position re-yields nothing of that transaction.
     commit = next(i for i in first if isinstance(i, Commit))
     src, stream = opened(mariadb, my_db, Checkpoint(commit.position))
@@ -169,6 +179,64 @@ def test_resume_after_checkpoint(mariadb: MariaDB, my_db: str) -> None:
     finally:
         src.close()
     assert [e.after["id"] for e in changes(again) if e.after] == [4, 5]
+
+
+def test_checkpoint_without_gtid_state_resumes_by_file(mariadb: MariaDB, my_db: str) -> None:
+    """A change log written before GTID resume (file + offset only) resumes as before, on
+    the same server, and from then on positions carry the GTID state."""
+    mariadb.execute("CREATE TABLE t (id INT PRIMARY KEY)", my_db)
+    src, stream = opened(mariadb, my_db)
+    try:
+        run_sql(mariadb, my_db, "INSERT INTO t VALUES (1), (2), (3)")
+        run_sql(mariadb, my_db, "INSERT INTO t VALUES (4)")
+        first = changes(read_until(stream, commits(2)))
+    finally:
+        src.close()
+    cut = bpos(first[1].position)
+    old = BinlogPosition(cut.file, cut.pos, cut.index, cut.gtid)  # no gtids, epoch 0
+    src, stream = opened(mariadb, my_db, Checkpoint(old))
+    try:
+        again = changes(read_until(stream, commits(2)))
+    finally:
+        src.close()
+    assert [e.after for e in again] == [{"id": 3}, {"id": 4}]
+    assert [bpos(e.position).epoch for e in again] == [0, 0]
+    # The state is known again (BINLOG_GTID_POS at the transaction's start), equal to
+    # what the first read tracked.
+    assert [bpos(e.position).gtids for e in again] == [bpos(e.position).gtids for e in first[2:]]
+    assert all(bpos(e.position).gtids is not None for e in again)
+
+
+def test_purged_gtid_state_is_a_clear_error(mariadb: MariaDB, my_db: str) -> None:
+    mariadb.execute("CREATE TABLE t (id INT PRIMARY KEY)", my_db)
+    src, stream = opened(mariadb, my_db)
+    try:
+        run_sql(mariadb, my_db, "INSERT INTO t VALUES (1)")
+        commit = next(i for i in read_until(stream, commits(1)) if isinstance(i, Commit))
+    finally:
+        src.close()
+    mariadb.execute("FLUSH BINARY LOGS")
+    run_sql(mariadb, my_db, "INSERT INTO t VALUES (2)")
+    mariadb.execute("FLUSH BINARY LOGS")
+    current = str(mariadb.execute("SHOW MASTER STATUS")[0][0])
+    deadline = time.monotonic() + 20
+    while True:  # a file stays until InnoDB's binlog checkpoint has passed it
+        mariadb.execute(f"PURGE BINARY LOGS TO '{current}'")
+        if str(mariadb.execute("SHOW BINARY LOGS")[0][0]) == current:
+            break
+        assert time.monotonic() < deadline, "the binlogs were not purged"
+        mariadb.execute("FLUSH ENGINE LOGS")
+        time.sleep(0.2)
+    src, stream = opened(mariadb, my_db, Checkpoint(commit.position))
+    try:
+        with pytest.raises(SourceError) as err:
+            next(iter(stream))
+    finally:
+        src.close()
+    msg = f"{err.value} {err.value.hint}"
+    assert "cannot send the binlog after GTID state" in msg
+    assert "(purged: the server's oldest binlog" in msg, msg
+    assert "fresh [log] path" in msg and "snapshot" in msg
 
 
 def test_missing_binlog_file_is_a_clear_error(mariadb: MariaDB, my_db: str) -> None:
@@ -231,4 +299,6 @@ def test_lost_connection_resumes_without_loss_or_duplicates(
         src.close()
     ids = [e.after["id"] for e in changes(first + again) if e.after]
     assert ids == [1, 2, 3, 4, 5]
+    # Reconnected by GTID state: the items after it are in the next epoch.
+    assert {bpos(e.position).epoch for e in changes(again)} == {1}
     assert "binlog stream interrupted" in caplog.text

@@ -4,6 +4,7 @@ against plain-Python models with hypothesis. No server needed."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -129,7 +130,8 @@ def test_mysql_server_spelling() -> None:
 
 
 def test_flavours_do_not_compare() -> None:
-    maria, mysql = MariaGtidPos.parse("0-1-5"), MySqlGtidSet.parse(f"{UUIDS[0]}:1-5")
+    maria: object = MariaGtidPos.parse("0-1-5")
+    mysql: Any = MySqlGtidSet.parse(f"{UUIDS[0]}:1-5")
     assert maria != mysql
     with pytest.raises(TypeError):
         _ = maria <= mysql

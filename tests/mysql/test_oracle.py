@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.mariadb import MariaDB
 from tests.helpers import dblog, kill9, start_run, stop_run, tail, wait_for
 from tests.mysql.helpers import make
@@ -191,3 +192,13 @@ def test_kill9_during_load(mariadb: MariaDB, my_db: str, tmp_path: Path) -> None
     finally:
         code, err = stop_run(proc)
     assert code == 0, err[-3000:]
+    # The restarts resumed by GTID state (a new epoch each time one logged something),
+    # not by file + offset.
+    reader = SqliteChangeLogReader(tmp_path / "data")
+    try:
+        checkpoint = reader.last_checkpoint()
+    finally:
+        reader.close()
+    assert checkpoint is not None and checkpoint.position is not None
+    position = checkpoint.position.to_json()
+    assert position["gtids"] and position["e"] >= 1, position
