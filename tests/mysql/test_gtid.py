@@ -182,3 +182,14 @@ def test_position_order_epoch_first(keys: list[tuple[int, int, int, int]]) -> No
     assert (a < b) == ((e1, f1, p1, i1) < (e2, f2, p2, i2))
     assert (a == b) == ((e1, f1, p1, i1) == (e2, f2, p2, i2))
     assert (a <= b) == ((e1, f1, p1, i1) <= (e2, f2, p2, i2))
+
+
+@given(mysql_model)
+def test_mysql_set_is_what_the_library_sends(model: set[tuple[str, int]]) -> None:
+    """mysql-replication parses our text for COM_BINLOG_DUMP_GTID (``auto_position``) into
+    the same set."""
+    from pymysqlreplication.gtid import GtidSet
+
+    state = MySqlGtidSet.parse(mysql_text(model))
+    if state:
+        assert MySqlGtidSet.parse(str(GtidSet(str(state)))) == state

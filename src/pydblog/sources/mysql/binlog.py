@@ -204,8 +204,8 @@ class MySqlLogSource:
                 hint="this log directory was written by another source type; use a fresh [log] path",
             )
         if pos is None:
-            file, offset = self._master_status()
-            state = self._state_at(file, offset)
+            file, offset, executed = self._master_status()
+            state = self._state_at(file, offset, executed)
             # Where capture begins, offered at once as a Heartbeat so that the runner
             # checkpoints it: a restart before the first transaction resumes here.
             # Index -1 sorts below every event of a transaction starting at ``offset``.
@@ -301,11 +301,7 @@ class MySqlLogSource:
         except pymysql.Error as exc:
             raise classify(exc, self.dsn, "a metadata query") from None
 
-    def _master_status(self) -> tuple[str, int]:
-        file, offset, _ = self._master_status_row()
-        return file, offset
-
-    def _master_status_row(self) -> tuple[str, int, str]:
+    def _master_status(self) -> tuple[str, int, str]:
         """``(file, offset, Executed_Gtid_Set)`` (MySQL's GTID set, ``""`` on MariaDB)."""
         with self._ctl_lock, self._ctl_cursor() as cur:
             try:
@@ -351,12 +347,12 @@ class MySqlLogSource:
             )
         return state
 
-    def _state_at(self, file: str, offset: int) -> GtidState | None:
+    def _state_at(self, file: str, offset: int, executed: str | None = None) -> GtidState | None:
         """The GTID state at ``(file, offset)``, an event-group boundary (None where
         GTIDs are off or it cannot be known). MariaDB computes it from its binlog
-        (``BINLOG_GTID_POS``); MySQL only knows it at the end of the binlog (its
-        ``Executed_Gtid_Set``), so for an older offset it stays unknown until the next
-        binlog file's start (see ``_handle``'s GTID list events)."""
+        (``BINLOG_GTID_POS``); MySQL only knows it at the end of the binlog: pass the
+        ``Executed_Gtid_Set`` read together with ``(file, offset)`` by ``SHOW MASTER
+        STATUS``; for an older offset it stays unknown."""
         if not self._gtid_mode:
             return None
         if self.mariadb:
@@ -366,10 +362,7 @@ class MySqlLogSource:
             if row is None or row[0] is None:
                 return None
             return MariaGtidPos.parse(str(row[0]))
-        end_file, end_offset, executed = self._master_status_row()
-        if (end_file, end_offset) != (file, offset):
-            return None
-        return MySqlGtidSet.parse(executed)
+        return MySqlGtidSet.parse(executed) if executed is not None else None
 
     def _require_file(self, pos: BinlogPosition) -> None:
         with self._ctl_lock, self._ctl_cursor() as cur:
