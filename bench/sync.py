@@ -156,6 +156,18 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
+def _log_events(log_dir: Path) -> int | None:
+    from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
+
+    if not log_path(log_dir).exists():
+        return None
+    reader = SqliteChangeLogReader(log_dir)
+    try:
+        return reader.next_offset() if reader.first_offset() == 0 else None
+    finally:
+        reader.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -165,16 +177,27 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--only", choices=["delta", "postgres", "latency"], action="append")
     ap.add_argument("--workdir")
+    ap.add_argument(
+        "--reuse-log",
+        action="store_true",
+        help="keep the workdir's change log if it already holds --events events",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("pydblog.sync").setLevel(logging.DEBUG)
     only = set(args.only or ["delta", "postgres", "latency"])
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dblog-bench-sync-"))
+    reuse = args.reuse_log and _log_events(work / "log") == args.events
     for old in ("log", "lake", "lake-latency", "cp-delta", "cp-pg", "cp-latency"):
-        shutil.rmtree(work / old, ignore_errors=True)
+        if not (reuse and old == "log"):
+            shutil.rmtree(work / old, ignore_errors=True)
     t0 = time.monotonic()
-    end = write_load(work / "log", SyntheticLoad(seed=1), args.events, chunk=50_000)
-    print(f"change log: {end} events written in {time.monotonic() - t0:.1f}s ({work})")
+    if reuse:
+        end = args.events
+        print(f"change log: reusing {end} events ({work})")
+    else:
+        end = write_load(work / "log", SyntheticLoad(seed=1), args.events, chunk=50_000)
+        print(f"change log: {end} events written in {time.monotonic() - t0:.1f}s ({work})")
     spark = spark_session(args.master)
     if "delta" in only:
         cfg = config(

@@ -11,13 +11,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from pydblog.changelog.sqlite import SqliteChangeLog
+from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.errors import ChangeLogError
-from pydblog.spark.source import DblogStreamReader, OffsetRange, plan_partitions, read_range
-from pydblog.spark.synth import SyntheticLoad, write_load
+from pydblog.events import ChangeEvent, Op
+from pydblog.positions import Lsn, PgPosition
+from pydblog.spark.source import (
+    ARROW_SCHEMA,
+    PACKED_SCHEMA,
+    DblogStreamReader,
+    OffsetRange,
+    plan_partitions,
+    read_packed,
+    read_range,
+    unpack,
+)
+from pydblog.spark.synth import SyntheticLoad, append_events, write_load
 
 
 @pytest.fixture
@@ -159,3 +172,127 @@ def test_stream_while_another_process_appends(spark: Any, log_dir: Path, tmp_pat
     for (_, hi), (lo, _) in itertools.pairwise(ranges):
         assert lo == hi + 1
     assert all(n <= 1000 for *_, n in seen)
+
+
+def _reference_decode(log_dir: Path, start: int, end: int) -> list[dict[str, Any]]:
+    """The plain decode every fast path must equal: one ``LogRecord`` and one full
+    parse per event, every JSON column re-serialized (key with sorted fields)."""
+    reader = SqliteChangeLogReader(log_dir)
+    try:
+        records = reader.read_range(start, end)
+    finally:
+        reader.close()
+    out = []
+    for rec in records:
+        env = orjson.loads(rec.body)
+        src = env.get("source") or {}
+
+        def dump(v: Any, sort: bool = False) -> str | None:
+            opt = orjson.OPT_SORT_KEYS if sort else 0
+            return None if v is None else orjson.dumps(v, option=opt).decode()
+
+        out.append(
+            {
+                "offset": rec.offset,
+                "op": env.get("op", rec.op),
+                "schema": src.get("schema"),
+                "table": src.get("table"),
+                "key": dump(env.get("key"), sort=True),
+                "before": dump(env.get("before")),
+                "after": dump(env.get("after")),
+                "unchanged": env.get("unchanged"),
+                "ts_ms": env.get("ts_ms", rec.ts_ms),
+                "source_ts_ms": src.get("ts_ms"),
+                "snapshot": src.get("snapshot"),
+                "connector": src.get("connector"),
+                "db": src.get("db"),
+                "lsn": src.get("lsn"),
+                "tx_id": src.get("txId"),
+                "tx_index": src.get("index"),
+                "position": dump({k: v for k, v in src.items() if k not in _NON_POSITION}),
+            }
+        )
+    return out
+
+
+_NON_POSITION = {"connector", "db", "schema", "table", "ts_ms", "snapshot"}
+
+
+def _mixed_log(path: Path) -> int:
+    """Snapshot rows, toast updates, a truncate, a notification, composite keys, and
+    blocks of uneven size (chunks of 700 and 1500 events)."""
+    load = SyntheticLoad(seed=21, toast_share=0.3)
+    log = SqliteChangeLog(path)
+    try:
+        append_events(log, [load.next_event(snapshot=True) for _ in range(700)],
+                      list(load.schemas.values()))
+        append_events(log, [*load.events(1_200), load.truncate("public.order_lines")])
+        note = ChangeEvent(Op.NOTIFICATION, "public", "orders", PgPosition(Lsn(5)), 0,
+                           notification={"kind": "x"})
+        append_events(log, [note, *load.events(1_499)])
+        return log.next_offset
+    finally:
+        log.close()
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 3_400), (5, 1_029), (1_023, 1_025), (700, 3_399)])
+def test_read_range_equals_the_plain_decode(tmp_path: Path, start: int, end: int) -> None:
+    end_all = _mixed_log(tmp_path / "log")
+    assert end_all == 3_401
+    got = pa.Table.from_batches(list(read_range(OffsetRange(str(tmp_path / "log"), start, end))))
+    assert got.schema == ARROW_SCHEMA
+    assert got.to_pylist() == _reference_decode(tmp_path / "log", start, end)
+    some = pa.schema([ARROW_SCHEMA.field(n) for n in ("key", "offset", "unchanged", "after")])
+    part = pa.Table.from_batches(
+        list(read_range(OffsetRange(str(tmp_path / "log"), start, end), some))
+    )
+    assert part.to_pylist() == got.select(some.names).to_pylist()
+
+
+def test_read_range_blocks_clips_to_the_range(tmp_path: Path) -> None:
+    _mixed_log(tmp_path / "log")
+    reader = SqliteChangeLogReader(tmp_path / "log")
+    try:
+        for start, end in [(0, 3_401), (3, 4), (1_023, 2_049), (3_000, 9_000), (50, 50)]:
+            blocks = reader.read_range_blocks(start, end)
+            offsets = [f + i for f, _, b in blocks for i in range(len(b))]
+            assert offsets == list(range(start, min(end, 3_401)))
+            recs = reader.read_range(start, end)
+            metas = [m for _, ms, _ in blocks for m in ms]
+            bodies = [b for _, _, bs in blocks for b in bs]
+            assert [f"{r.table}\x1f{r.op}\x1f{r.ts_ms}" for r in recs] == metas
+            assert [r.body.decode() for r in recs] == bodies
+    finally:
+        reader.close()
+
+
+def test_packed_read_through_spark_equals_the_rows(spark: Any, log_dir: Path) -> None:
+    cols = "offset,op,schema,table,key,after,unchanged,ts_ms"
+    packed = (
+        spark.read.format("dblog")
+        .option("path", str(log_dir))
+        .option("packed", "true")
+        .option("columns", cols)
+        .load()
+    )
+    assert [f.name for f in packed.schema.fields] == ["first_offset", "end_offset", "events"]
+    schema = pa.schema([ARROW_SCHEMA.field(n) for n in cols.split(",")])
+    events = unpack(packed.toArrow(), schema)
+    rows = spark.read.format("dblog").option("path", str(log_dir)).load()
+    expected = rows.select(*cols.split(",")).orderBy("offset").toArrow()
+    assert events.to_pylist() == expected.cast(schema).to_pylist()
+    assert unpack(PACKED_SCHEMA.empty_table(), schema).num_rows == 0
+
+
+def test_packed_rows_must_form_one_dense_range(log_dir: Path) -> None:
+    schema = pa.schema([ARROW_SCHEMA.field("offset")])
+    rows = list(read_packed(OffsetRange(str(log_dir), 0, 2_500), schema))
+    whole = pa.Table.from_batches(rows)
+    assert unpack(whole, schema)["offset"].to_pylist() == list(range(2_500))
+    assert unpack(whole.take([0]), schema).num_rows == 2_500  # one payload of <= 20k events
+    gap = pa.Table.from_batches(list(read_packed(OffsetRange(str(log_dir), 0, 10), schema)) +
+                                list(read_packed(OffsetRange(str(log_dir), 20, 30), schema)))
+    with pytest.raises(ChangeLogError, match="dense"):
+        unpack(gap, schema)
+    with pytest.raises(ChangeLogError, match="columns"):
+        DblogStreamReader({"path": str(log_dir), "packed": "true", "columns": "offset,nope"})

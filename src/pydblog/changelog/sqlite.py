@@ -283,6 +283,34 @@ class SqliteChangeLogReader(ChangeLogReader):
         """Records with ``start <= offset < end`` (a deterministic re-read)."""
         return list(self._blocks(start, end, None))
 
+    def read_range_blocks(self, start: int, end: int) -> list[tuple[int, list[str], list[str]]]:
+        """The events ``start <= offset < end`` as the stored blocks hold them, clipped to
+        the range: ``(first offset, meta entries, bodies)`` per block in offset order, the
+        i-th entry being offset ``first + i``; a meta entry is ``table US op US ts_ms``.
+        The same events as ``read_range`` without one ``LogRecord`` per event (the bulk
+        readers decode bodies themselves); a range retention removed is simply absent."""
+        if not self.ready() or end <= start:
+            return []
+        first_block = self._conn.execute(
+            "SELECT max(first_offset) FROM blocks WHERE first_offset <= ?", (start,)
+        ).fetchone()[0]
+        lower = first_block if first_block is not None else start
+        rows = self._conn.execute(
+            "SELECT first_offset, meta, body FROM blocks WHERE first_offset >= ? "
+            "AND first_offset < ? ORDER BY first_offset",
+            (lower, end),
+        ).fetchall()
+        out: list[tuple[int, list[str], list[str]]] = []
+        for first, meta, body in rows:
+            metas, bodies = meta.split(_RS), body.split("\n")
+            lo, hi = max(0, start - first), min(len(bodies), end - first)
+            if lo >= hi:
+                continue
+            if lo > 0 or hi < len(bodies):
+                metas, bodies = metas[lo:hi], bodies[lo:hi]
+            out.append((first + lo, metas, bodies))
+        return out
+
     def first_offset(self) -> int:
         if not self.ready():
             return 0
