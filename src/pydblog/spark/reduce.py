@@ -37,7 +37,10 @@ class TableChanges:
     """The net change of one table in one batch. Row ``i`` is ``ops[i]`` (``u``
     upsert or ``d`` delete) of ``rows[i]`` (the full row for an upsert, the key columns
     for a delete), from the event at ``offsets[i]``; ``unchanged[i]`` lists columns whose
-    target value must be kept."""
+    target value must be kept. ``texts[i]`` is ``rows[i]`` as JSON text (what the log
+    holds; the placeholders of kept columns replaced by null): ``rows`` is parsed from
+    ``texts`` on first use, so a sink that converts the texts in bulk never builds the
+    dicts."""
 
     schema: str
     table: str
@@ -45,8 +48,16 @@ class TableChanges:
     keys: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
     unchanged: list[Sequence[str]] = field(default_factory=list)
+    _rows: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        if self._rows is None or len(self._rows) != len(self.texts):
+            loads = orjson.loads
+            self._rows = [loads(t) for t in self.texts]
+        return self._rows
 
     @property
     def qualified(self) -> str:
@@ -81,9 +92,12 @@ def _drop_truncated(ev: pa.Table) -> tuple[pa.Table, set[str]]:
     return ev.filter(keep), set(cut)
 
 
-def _fill_unchanged(
-    rows: pa.Table, pending: dict[tuple[str, str], tuple[dict[str, Any], list[str]]]
-) -> None:
+Pending = dict[tuple[str, str], tuple[dict[str, Any], list[str], TableChanges, int]]
+"""Rows whose unchanged columns may be filled from earlier events of their key:
+``(table, key) -> (row, missing columns, its TableChanges, its index there)``."""
+
+
+def _fill_unchanged(rows: pa.Table, pending: Pending) -> None:
     """Fill ``pending[(table, key)]``'s unchanged columns from earlier events of that key
     (``rows`` in offset order); what no earlier event has stays unchanged."""
     qk = pc.binary_join_element_wise(rows["_q"], rows["key"], "\x00")
@@ -99,7 +113,7 @@ def _fill_unchanged(
         strict=True,
     ):
         history.setdefault((q, k), []).append((op, after, unch))
-    for qk_, (row, missing) in pending.items():
+    for qk_, (row, missing, tc, i) in pending.items():
         # The last entry is the event being filled itself.
         for op, after, unch in reversed(history.get(qk_, [])[:-1]):
             if op == "d" or not missing:
@@ -111,39 +125,40 @@ def _fill_unchanged(
                 if col not in (unch or ()) and col in prev and prev[col] != UNCHANGED_TOAST:
                     row[col] = prev[col]
                     missing.remove(col)
+        tc.texts[i] = orjson.dumps(row).decode()
 
 
-def _collect(
-    tc: TableChanges,
-    part: pa.Table,
-    pending: dict[tuple[str, str], tuple[dict[str, Any], list[str]]],
-) -> None:
-    """Append the last events of one table (``part``) to ``tc`` as net changes."""
-    loads = orjson.loads
+def _collect(tc: TableChanges, part: pa.Table, pending: Pending) -> None:
+    """Append the last events of one table (``part``, in offset order) to ``tc`` as
+    net changes: an upsert keeps the event's ``after`` text, a delete the key's."""
     keys = part["key"].to_pylist()
     afters = part["after"].to_pylist()
     deleted = [
         op == DELETE or a is None for op, a in zip(part["op"].to_pylist(), afters, strict=True)
     ]
+    base = len(tc.texts)
     tc.keys.extend(keys)
     tc.offsets.extend(part["offset"].to_pylist())
     tc.ops.extend([DELETE if d else UPSERT for d in deleted])
-    rows = [
-        (loads(k) if k is not None else {}) if d else loads(a)
-        for k, a, d in zip(keys, afters, deleted, strict=True)
-    ]
-    tc.rows.extend(rows)
+    tc.texts.extend(
+        [(k if k is not None else "{}") if d else a for k, a, d in zip(keys, afters, deleted, strict=True)]
+    )
     unch_col = part["unchanged"]
     if unch_col.null_count == len(unch_col):
-        tc.unchanged.extend([()] * len(rows))
+        tc.unchanged.extend([()] * len(keys))
         return
-    for key, row, d, unch in zip(keys, rows, deleted, unch_col.to_pylist(), strict=True):
-        missing = [] if d else [c for c in (unch or ()) if c in row]
+    for i, (key, d, unch) in enumerate(zip(keys, deleted, unch_col.to_pylist(), strict=True)):
+        if d or not unch:
+            tc.unchanged.append(())
+            continue
+        row = orjson.loads(tc.texts[base + i])
+        missing = [c for c in unch if c in row]
         for c in missing:
             row[c] = None
         tc.unchanged.append(missing or ())
+        tc.texts[base + i] = orjson.dumps(row).decode()
         if missing:
-            pending[(tc.qualified, key)] = (row, missing)
+            pending[(tc.qualified, key)] = (row, missing, tc, base + i)
 
 
 def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
@@ -152,7 +167,9 @@ def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
     ev = events.filter(pc.is_in(events["op"], value_set=pa.array([*ROW_OPS, "t"])))
     if ev.num_rows == 0:
         return {}
-    ev = ev.sort_by("offset")
+    offs = ev["offset"]
+    if ev.num_rows > 1 and not pc.all(pc.less(offs.slice(0, ev.num_rows - 1), offs.slice(1))).as_py():
+        ev = ev.sort_by("offset")
     ev = ev.append_column("_q", _qualified(ev))
     ev, truncated = _drop_truncated(ev)
     out: dict[str, TableChanges] = {}
@@ -161,9 +178,13 @@ def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
         out[q] = TableChanges(schema, table, truncated=True)
     if ev.num_rows == 0:
         return out
-    last_offsets = ev.group_by(["_q", "key"], use_threads=False).aggregate([("offset", "max")])
-    last = ev.filter(pc.is_in(ev["offset"], value_set=last_offsets["offset_max"]))
-    pending: dict[tuple[str, str], tuple[dict[str, Any], list[str]]] = {}
+    # The last event of each (table, key): the highest row index of its group (rows are
+    # in offset order), taken back in offset order.
+    ev = ev.append_column("_i", pa.array(range(ev.num_rows), type=pa.int64()))
+    last_rows = ev.group_by(["_q", "key"], use_threads=False).aggregate([("_i", "max")])
+    idx = last_rows["_i_max"]
+    last = ev.take(pc.take(idx, pc.sort_indices(idx)))
+    pending: Pending = {}
     for q in pc.unique(last["_q"]).to_pylist():
         part = last.filter(pc.equal(last["_q"], q))
         first = part.slice(0, 1)

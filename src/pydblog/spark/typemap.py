@@ -13,13 +13,14 @@ inferred from the events' JSON values and the envelope key.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pj
 
 from pydblog.errors import SinkError
 from pydblog.ports import ColumnSchema, TableSchema
@@ -135,6 +136,74 @@ def rows_to_arrow(table: str, rows: Sequence[dict[str, Any]], schema: pa.Schema)
                 hint="the source type and the recorded schema disagree; see docs/sync.md",
             ) from exc
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _json_parse_type(typ: pa.DataType) -> pa.DataType | None:
+    """How the bulk JSON reader reads a column of ``typ`` (``None``: not supported):
+    text-carried types as strings (then cast), the rest as themselves."""
+    if (
+        pa.types.is_string(typ)
+        or pa.types.is_decimal(typ)
+        or pa.types.is_timestamp(typ)
+        or pa.types.is_date(typ)
+    ):
+        return pa.string()
+    if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ):
+        return typ
+    return None
+
+
+def _bulk_texts_to_arrow(texts: Sequence[str], schema: pa.Schema) -> pa.Table | None:
+    """``texts`` (JSON objects) as a table of ``schema`` through Arrow's JSON reader,
+    or ``None`` whenever the reader or a cast refuses a value. The reader is strict: a
+    value of another JSON kind than its column's parse type (an object or number in a
+    text column, ``"NaN"`` in a float column, an out-of-range integer, a timestamp
+    string without the zone its column needs) is refused, never coerced, so every
+    accepted value converts as ``column_array`` would convert it."""
+    parse = []
+    for f in schema:
+        t = _json_parse_type(f.type)
+        if t is None:
+            return None
+        parse.append(pa.field(f.name, t))
+    if not texts:
+        return schema.empty_table()
+    data = "\n".join(texts).encode()
+    try:
+        raw = pj.read_json(
+            pa.BufferReader(data),
+            read_options=pj.ReadOptions(block_size=max(1 << 20, len(data) // 4 + 1)),
+            parse_options=pj.ParseOptions(
+                explicit_schema=pa.schema(parse),
+                unexpected_field_behavior="ignore",
+                newlines_in_values=False,
+            ),
+        )
+        if raw.num_rows != len(texts):
+            return None
+        cols = []
+        for f in schema:
+            col = raw[f.name]
+            cols.append(col if col.type == f.type else pc.cast(col, f.type))
+        return pa.Table.from_arrays(cols, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+        return None
+
+
+def texts_to_arrow(
+    table: str,
+    texts: Sequence[str],
+    schema: pa.Schema,
+    rows: Callable[[], Sequence[dict[str, Any]]],
+) -> pa.Table:
+    """Rows given as JSON object texts as an Arrow table of ``schema``: in bulk when
+    Arrow's JSON reader accepts every value (``_bulk_texts_to_arrow``), else
+    ``rows_to_arrow(table, rows(), schema)`` (the same values; it names the column of a
+    value that does not fit)."""
+    bulk = _bulk_texts_to_arrow(texts, schema)
+    if bulk is not None:
+        return bulk
+    return rows_to_arrow(table, rows(), schema)
 
 
 def _infer_logical(value: Any) -> str:

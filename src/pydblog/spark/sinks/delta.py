@@ -28,7 +28,7 @@ from pydblog.errors import SinkError
 from pydblog.ports import TableSchema
 from pydblog.spark.batch import Batch
 from pydblog.spark.reduce import DELETE, TableChanges
-from pydblog.spark.typemap import arrow_schema, rows_to_arrow
+from pydblog.spark.typemap import arrow_schema, texts_to_arrow
 
 APP_ID = "pydblog-sync"
 
@@ -68,7 +68,9 @@ def _source(changes: TableChanges, schema: TableSchema, target: pa.Schema) -> pa
     and, when some row keeps target values, ``_dblog_unchanged``."""
     typed = arrow_schema(schema)
     fields = [target.field(n) if n in target.names else typed.field(n) for n in typed.names]
-    data = rows_to_arrow(changes.qualified, changes.rows, pa.schema(fields))
+    data = texts_to_arrow(
+        changes.qualified, changes.texts, pa.schema(fields), lambda: changes.rows
+    )
     data = data.append_column("_dblog_op", pa.array(changes.ops, type=pa.string()))
     if changes.has_unchanged():
         data = data.append_column(
