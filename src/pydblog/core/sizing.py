@@ -16,6 +16,9 @@ class CoreSettings:
     statement timeout) also halves it when adaptive.
     ``max_attempts``: consecutive failures of one table's requests (of unknown kind)
     before the table is dropped with a REJECTED notification.
+    ``read_ahead``: plan a table's next chunk as soon as the current one's rows are read,
+    before its high watermark arrives, so the worker reads chunk n+1 while the runner
+    emits chunk n (see ``SnapshotCore`` on read-ahead).
     """
 
     chunk_size: int = 1024
@@ -24,6 +27,7 @@ class CoreSettings:
     min_chunk: int = 64
     max_chunk: int = 65536
     max_attempts: int = 3
+    read_ahead: bool = True
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:

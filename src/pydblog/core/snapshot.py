@@ -26,6 +26,12 @@ Invariants:
 
 - At most one request is outstanding: ``next_request`` returns None until the previous
   one was answered (``on_table_started`` / ``on_chunk_read`` / ``on_request_failed``).
+- Read-ahead (``CoreSettings.read_ahead``): once chunk n's rows are in, and n is not the
+  table's last, ``next_request`` already returns chunk n+1 (``after_key`` = n's last key
+  read), while n still waits for its H. The worker runs requests in order, so n+1's L
+  lands after n's H and the two windows never overlap. At n's H, n+1 is kept if n was
+  conclusive (progress then equals n+1's ``after_key``) and dropped otherwise (its
+  watermarks and answer are then unknown and ignored, and n is planned again).
   An incremental request's effect lands only at its final watermark, so ``state()``
   changes only at positions the stream has delivered, and ``state()`` taken after the
   returned events are logged is exactly what a restart needs.
@@ -41,6 +47,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,7 +62,7 @@ from pydblog.core.commands import (
     stop_matcher,
     stop_notice,
 )
-from pydblog.core.keys import RawKey, row_key
+from pydblog.core.keys import RawKey, match_key, row_key
 from pydblog.core.notices import (
     Notice,
     PositionCursor,
@@ -120,6 +127,7 @@ class SnapshotCore:
     - ``_busy``: the id of the one request whose answer is awaited;
     - ``_pending``: the incremental request awaiting its final watermark, and
       ``_window``: its chunk window once L has been seen (what ``on_event`` checks);
+    - ``_ahead``: the read-ahead chunk request planned behind ``_pending``;
     - ``_mark``: an outstanding ``MarkRequest``; ``_blocking_request``: the blocking
       request being answered; ``_anchor``: the blocking position cursor.
     """
@@ -143,6 +151,7 @@ class SnapshotCore:
         self._horizon: Position | None = None
         self._pending: _Pending | None = None
         self._window: ChunkWindow | None = None
+        self._ahead: _Pending | None = None
         self._busy: str | None = None
         self._mark: MarkRequest | None = None
         self._failures = 0
@@ -247,7 +256,7 @@ class SnapshotCore:
         if self._block:
             return self._next_blocking()
         if self._pending is not None:
-            return None
+            return self._read_ahead()
         job = None if self._paused else self._incr.head()
         if job is None:
             return self._next_mark()
@@ -258,6 +267,28 @@ class SnapshotCore:
             self._pending.window = ChunkWindow(job.schema_name, job.table_name, request.key_columns)
         self._busy = request.id
         return request
+
+    def _read_ahead(self) -> Request | None:
+        """Chunk n+1 of the current table while chunk n waits for its H (see the module
+        docstring), or None."""
+        pending = self._pending
+        if not self._settings.read_ahead or self._ahead is not None or self._paused:
+            return None
+        assert pending is not None
+        request, window = pending.request, pending.window
+        if not isinstance(request, ChunkRequest) or window is None or not window.has_rows:
+            return None
+        job = self._incr.current
+        if job is None or job.table != request.table or job.key_columns != request.key_columns:
+            return None
+        last = window.last_read_key
+        if job.reached_end(window.read_count, request.limit, last):
+            return None
+        ahead = self._plan(dataclasses.replace(job, last_key=last), blocking=False)
+        assert isinstance(ahead, ChunkRequest)
+        self._ahead = _Pending(ahead, window=ChunkWindow(job.schema_name, job.table_name, ahead.key_columns))
+        self._busy = ahead.id
+        return ahead
 
     def _next_blocking(self) -> Request | None:
         job = self._block.head()
@@ -340,12 +371,12 @@ class SnapshotCore:
             return self.on_request_failed(request_id, error, retriable=False)
         if not self._answer(request_id):
             return []
-        pending = self._pending
-        if pending is not None and pending.request.id == request_id:
-            self._resize(pending.request, len(rows), elapsed_ms)
-            if pending.window is not None:
-                pending.window.set_rows(rows)
-            return []
+        for pending in (self._pending, self._ahead):
+            if pending is not None and pending.request.id == request_id:
+                self._resize(pending.request, len(rows), elapsed_ms)
+                if pending.window is not None:
+                    pending.window.set_rows(rows)
+                return []
         if self._is_blocking(request_id):
             request = self._blocking_request
             assert isinstance(request, ChunkRequest)
@@ -379,6 +410,9 @@ class SnapshotCore:
         if self._mark is not None and self._mark.id == request_id:
             self._mark = None
             return []
+        if self._ahead is not None and self._ahead.request.id == request_id:
+            self._ahead = None  # chunk n is still pending; n+1 is planned again after it
+            return []
         pending = self._pending
         if pending is not None and pending.request.id == request_id:
             self._drop_pending()
@@ -410,7 +444,8 @@ class SnapshotCore:
         return True
 
     def _request_key(self, request_id: str) -> tuple[str, ...]:
-        for request in (self._pending and self._pending.request, self._blocking_request):
+        pendings = (self._pending, self._ahead)
+        for request in (*(p and p.request for p in pendings), self._blocking_request):
             if isinstance(request, ChunkRequest) and request.id == request_id:
                 return request.key_columns
         return ()
@@ -476,13 +511,42 @@ class SnapshotCore:
         if self._busy == request.id:  # H before the rows: the runner broke the contract
             self._busy = None
         if window is None or not pending.low_seen or not window.has_rows:
+            self._drop_ahead()
             return self._place(cursor, [])
         result = window.close()
         job = self._incr.current
         if job is None or job.table != request.table or not result.conclusive:
+            self._drop_ahead()
             return self._place(cursor, [])
         events = self._rows(job, result.rows, cursor)
-        return events + self._place(cursor, self._chunk_done(self._incr, request, result))
+        notices = self._chunk_done(self._incr, request, result)
+        self._promote_ahead()
+        return events + self._place(cursor, notices)
+
+    def _promote_ahead(self) -> None:
+        """After a conclusive chunk: the read-ahead chunk becomes the pending one if it
+        continues exactly where the table's progress now is."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        job = self._incr.current
+        request = ahead.request
+        assert isinstance(request, ChunkRequest)
+        if (
+            job is None or job.table != request.table or job.last_key is None
+            or request.after_key is None
+            or match_key(job.last_key) != match_key(request.after_key)
+        ):
+            self._ahead = ahead
+            self._drop_ahead()
+            return
+        self._pending = ahead
+
+    def _drop_ahead(self) -> None:
+        """Abandon the read-ahead chunk: its watermarks and answer become unknown."""
+        if self._ahead is not None and self._busy == self._ahead.request.id:
+            self._busy = None
+        self._ahead = None
 
     def _apply_start(self, pending: _Pending, cursor: PositionCursor) -> list[Emitted]:
         self._pending = None
@@ -590,6 +654,7 @@ class SnapshotCore:
     def _drop_pending(self) -> None:
         self._pending = None
         self._window = None
+        self._drop_ahead()
 
     def _advance(self, position: Position) -> None:
         if self._horizon is None or self._horizon < position:

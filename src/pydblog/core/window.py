@@ -66,6 +66,18 @@ class ChunkWindow:
     def has_rows(self) -> bool:
         return self._rows is not None
 
+    @property
+    def read_count(self) -> int:
+        """How many rows the SELECT returned (0 before ``set_rows``)."""
+        return 0 if self._rows is None else len(self._rows)
+
+    @property
+    def last_read_key(self) -> RawKey | None:
+        """The raw key of the last row read (None: no rows, or a row without its key)."""
+        if not self._rows:
+            return None
+        return row_key(self._rows[-1], self.columns)
+
     def set_rows(self, rows: Sequence[Row]) -> None:
         """The chunk as the SELECT returned it (key order)."""
         self._rows = rows

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -43,10 +44,8 @@ class PgSnapshotReader:
         self._types: TypeRegistry | None = None
         self._oids: dict[str, tuple[int, ...]] = {}
         self._pk: dict[str, tuple[str, ...]] = {}
-        self._encoders: dict[
-            tuple[str, tuple[str, ...], tuple[int, ...], tuple[str, ...]],
-            Callable[[Any], EncodedRow],
-        ] = {}
+        self._plans: dict[tuple[str, tuple[str, ...], tuple[int, ...], tuple[str, ...]], _ChunkPlan] = {}
+        self.fast_json = True  # PostgreSQL builds the row JSON where every type allows
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -159,12 +158,19 @@ class PgSnapshotReader:
         the plain index order (a btree scan, no sort); surrogate keys NULLS FIRST."""
         return info.key != self._pk.get(info.qualified)
 
-    def _order(self, info: TableInfo, desc: bool = False) -> sql.Composable:
+    def _order(
+        self, info: TableInfo, desc: bool = False, names: tuple[str, ...] | None = None,
+        prefix: str = "",
+    ) -> sql.Composable:
+        """ORDER BY of the chunk key (``names``: the key's columns under other names)."""
         if not self._nullable(info):
             suffix = sql.SQL(" DESC" if desc else "")
-            return sql.SQL(", ").join(sql.SQL("{}{}").format(sql.Identifier(c), suffix) for c in info.key)
-        suffix = sql.SQL(" DESC NULLS LAST" if desc else " NULLS FIRST")
-        return sql.SQL(", ").join(sql.SQL("{}{}").format(sql.Identifier(c), suffix) for c in info.key)
+        else:
+            suffix = sql.SQL(" DESC NULLS LAST" if desc else " NULLS FIRST")
+        return sql.SQL(", ").join(
+            sql.SQL("{}{}{}").format(sql.SQL(prefix), sql.Identifier(c), suffix)
+            for c in (names or info.key)
+        )
 
     def _after(self, info: TableInfo, after: tuple[Any, ...] | None) -> sql.Composable:
         if after is None:
@@ -227,7 +233,6 @@ class PgSnapshotReader:
         assert self._types is not None
         if info.qualified not in self._oids:
             self.table_info(info.qualified)
-        table = sql.Identifier(info.schema, info.table)
         if any(v is None for v in max_key):
             upper: sql.Composable = sql.SQL("true")
         elif self._nullable(info):  # NULLs sort first: they are below any max key
@@ -240,15 +245,12 @@ class PgSnapshotReader:
             self._after(info, after), upper,
             sql.SQL(condition) if condition else sql.SQL("true"),
         )
-        cols = self._select_list(info, info.columns)
-        base = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table, where)
-        rows = self._read_only(
-            sql.SQL("{} ORDER BY {} LIMIT %s").format(base, self._order(info)), [limit]
-        )
-        if len(rows) == limit and info.key != self._pk.get(info.qualified):
+        plan = self._plan(info)
+        rows = self._read_only(plan.query(where, limited=True), [limit])
+        if len(rows) == limit and self._nullable(info):
             # A surrogate key may repeat: extend the chunk to the end of the last key group.
             k = info.key[0]
-            last = rows[-1][info.columns.index(k)]
+            last = rows[-1][plan.key_text_index]
             typ = info.types[info.columns.index(k)]
             group = (
                 sql.SQL("{} IS NULL").format(sql.Identifier(k))
@@ -258,30 +260,82 @@ class PgSnapshotReader:
                 )
             )
             rows = self._read_only(
-                sql.SQL("{} AND {} ORDER BY {}").format(base, group, self._order(info)), []
+                plan.query(sql.SQL("{} AND {}").format(where, group), limited=False), []
             )
-        encode = self._encoder(info)
-        return [encode(r) for r in rows]
+        decode = plan.decode
+        return [decode(r) for r in rows]
 
-    def _encoder(self, info: TableInfo) -> Callable[[Any], EncodedRow]:
-        """The generated row encoder (``relations.compile_encoder``), cached per column
-        list and chunk key: text values in, the stream's JSON values out, already
-        encoded, with the table's identity (primary key, else every column) as the
-        event key, as the stream's events of the table have it."""
+    def _plan(self, info: TableInfo) -> _ChunkPlan:
+        """The chunk query's shape and row decoder, cached per column list and chunk key.
+
+        Where every column has a ``TypeRegistry.json_expr``, PostgreSQL builds each row's
+        JSON (``row_to_json``) and Python only converts the chunk key; otherwise every
+        column is selected as text and a generated encoder builds the JSON. Either way
+        the event key is the table's identity (primary key, else every column), as the
+        stream's events of the table have it.
+        """
         assert self._types is not None
         oids = self._oids[info.qualified]
         cache_key = (info.qualified, info.columns, oids, info.key)
-        encoder = self._encoders.get(cache_key)
-        if encoder is None:
-            identity = self._pk.get(info.qualified) or info.columns
-            encoder = compile_encoder(
-                info.columns,
-                tuple(self._types.fragment(o) for o in oids),
-                tuple(info.columns.index(c) for c in info.key),
-                tuple(info.columns.index(c) for c in identity),
+        plan = self._plans.get(cache_key)
+        if plan is None:
+            plan = self._plans[cache_key] = self._build_plan(info, oids)
+        return plan
+
+    def _build_plan(self, info: TableInfo, oids: tuple[int, ...]) -> _ChunkPlan:
+        types = self._types
+        assert types is not None
+        conn = self.conn
+        identity = self._pk.get(info.qualified) or info.columns
+        ident_idx = tuple(info.columns.index(c) for c in identity)
+        key_idx = tuple(info.columns.index(c) for c in info.key)
+        table = sql.Identifier(info.schema, info.table)
+        order = self._order(info)
+        quoted = [sql.Identifier(c).as_string(conn) for c in info.columns]
+        json_exprs = [types.json_expr(q, o) for q, o in zip(quoted, oids, strict=True)]
+        if self.fast_json and all(e is not None for e in json_exprs):
+            inner = sql.SQL(", ").join(
+                [
+                    *(sql.SQL("{} AS {}").format(
+                        sql.SQL(types.text_expr(quoted[i], oids[i])), sql.Identifier(f"_dblog_k{n}"))
+                      for n, i in enumerate(key_idx)),
+                    *(sql.SQL("{} AS {}").format(sql.Identifier(c), sql.Identifier(f"_dblog_o{n}"))
+                      for n, c in enumerate(info.key)),
+                    *(sql.SQL("{} AS {}").format(sql.SQL(str(e)), sql.Identifier(f"_dblog_c{n}"))
+                      for n, e in enumerate(json_exprs)),
+                ]
             )
-            self._encoders[cache_key] = encoder
-        return encoder
+
+            def lateral(indexes: tuple[int, ...]) -> sql.Composable:
+                return sql.SQL(", ").join(
+                    sql.SQL("q.{} AS {}").format(sql.Identifier(f"_dblog_c{i}"), sql.Identifier(info.columns[i]))
+                    for i in indexes
+                )
+
+            outer_order = self._order(
+                info, names=tuple(f"_dblog_o{n}" for n in range(len(info.key))), prefix="q."
+            )
+            head = sql.SQL(
+                "SELECT {keys}, row_to_json(_dblog_key)::text, row_to_json(_dblog_row)::text "
+                "FROM (SELECT {inner} FROM {table} WHERE "
+            ).format(
+                keys=sql.SQL(", ").join(sql.SQL("q.{}").format(sql.Identifier(f"_dblog_k{n}"))
+                                        for n in range(len(key_idx))),
+                inner=inner, table=table,
+            )
+            tail = sql.SQL(
+                ") q, LATERAL (SELECT {ident}) _dblog_key, LATERAL (SELECT {row}) _dblog_row "
+                "ORDER BY {outer}"
+            ).format(ident=lateral(ident_idx), row=lateral(tuple(range(len(info.columns)))),
+                     outer=outer_order)
+            converters = tuple(types.converter(oids[i]) for i in key_idx)
+            return _ChunkPlan(head, order, tail, 0, _json_decoder(converters))
+        select = self._select_list(info, info.columns)
+        head = sql.SQL("SELECT {} FROM {} WHERE ").format(select, table)
+        encoder = compile_encoder(
+            info.columns, tuple(types.fragment(o) for o in oids), key_idx, ident_idx
+        )
+        return _ChunkPlan(head, order, sql.SQL(""), key_idx[0] if key_idx else 0, encoder)
 
     def write_watermark(self, watermark_id: str) -> None:
         conn = self.writer
@@ -299,3 +353,40 @@ class PgSnapshotReader:
             if conn is not None:
                 conn.close()
         self._conn = self._wconn = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ChunkPlan:
+    """A table's chunk query, ``head WHERE-clause ORDER BY order [LIMIT %s] tail``, and
+    the decoder of its rows. ``key_text_index``: where the first key column's text is
+    in a result row (for extending a chunk to the end of a surrogate key's group)."""
+
+    head: sql.Composable
+    order: sql.Composable
+    tail: sql.Composable
+    key_text_index: int
+    decode: Callable[[Any], EncodedRow]
+
+    def query(self, where: sql.Composable, *, limited: bool) -> sql.Composed:
+        limit = sql.SQL(" LIMIT %s") if limited else sql.SQL("")
+        return sql.SQL("{}{} ORDER BY {}{}{}").format(self.head, where, self.order, limit, self.tail)
+
+
+def _json_decoder(converters: tuple[Callable[[str], Any], ...]) -> Callable[[Any], EncodedRow]:
+    """Rows ``(key text..., identity JSON, row JSON)`` of the JSON plan to EncodedRows."""
+    new = tuple.__new__
+    if len(converters) == 1:
+        (conv,) = converters
+
+        def one(r: Any) -> EncodedRow:
+            k = r[0]
+            return new(EncodedRow, ((None if k is None else conv(k),), r[1], r[2]))
+
+        return one
+    n = len(converters)
+
+    def many(r: Any) -> EncodedRow:
+        key = tuple(None if v is None else c(v) for c, v in zip(converters, r[:n], strict=True))
+        return new(EncodedRow, (key, r[n], r[n + 1]))
+
+    return many
