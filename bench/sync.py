@@ -69,6 +69,13 @@ def drain(spark: Any, cfg: Config, events: int) -> tuple[float, float | None]:
     q = start_query(spark, cfg, applier, available_now=True)
     q.awaitTermination()
     elapsed = time.monotonic() - t0
+    for p in q.recentProgress:
+        d = p.durationMs
+        print(
+            f"  batch {p.batchId}: trigger {d.get('triggerExecution', 0) / 1000:.1f}s "
+            f"(latestOffset {d.get('latestOffset', 0) / 1000:.1f}s, planning "
+            f"{d.get('queryPlanning', 0) / 1000:.1f}s, addBatch {d.get('addBatch', 0) / 1000:.1f}s)"
+        )
     applier.close()
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
@@ -133,6 +140,8 @@ def latency(spark: Any, work: Path, master: str, rate: int, seconds: float) -> l
         spark.readStream.format("dblog")
         .option("path", cfg.log.path)
         .option("startingOffset", str(start))
+        .option("packed", "true")
+        .option("columns", ",".join(applier.columns))
         .load()
         .writeStream.foreachBatch(applier)
         .option("checkpointLocation", str(work / "cp-latency"))

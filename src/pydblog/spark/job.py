@@ -112,9 +112,12 @@ class BatchApplier:
     def __call__(self, df: Any, batch_id: int) -> None:
         try:
             t0 = time.monotonic()
-            # The query reads the source with packed = true: a few rows, each an Arrow
-            # IPC payload of ~20k events (``source.read_packed``).
-            events = unpack(df.toArrow(), self.schema)
+            if "first_offset" in df.columns:
+                # ``start_query`` reads the source with packed = true: a few rows, each
+                # an Arrow IPC payload of ~20k events (``source.read_packed``).
+                events = unpack(df.toArrow(), self.schema)
+            else:  # a stream of the source's plain rows
+                events = df.select(*self.columns).toArrow()
             log.debug(
                 "batch %d: read %d events in %.2fs",
                 batch_id,
