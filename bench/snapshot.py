@@ -29,19 +29,20 @@ import psycopg
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
-from pydblog.devtools.proc import peak_rss_kb
+from pydblog.devtools.proc import cpu_seconds, peak_rss_kb
 
 
-def copy_rate(dsn: str, rows: int) -> float:
+def copy_rate(dsn: str, rows: int) -> tuple[float, float]:
+    """Rows/s and the reading thread's CPU per row (us)."""
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         n = 0
         with cur.copy("COPY (SELECT * FROM big) TO STDOUT") as copy:
             for _ in copy.rows():
                 n += 1
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
     assert n == rows, n
-    return n / elapsed
+    return n / elapsed, cpu * 1e6 / n
 
 
 def updater(dsn: str, rows: int, stop: threading.Event, rate: int) -> None:
@@ -56,7 +57,7 @@ def updater(dsn: str, rows: int, stop: threading.Event, rate: int) -> None:
                 time.sleep(delay)
 
 
-def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str) -> None:
+def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str, copy: float) -> None:
     config = work / f"{label}.toml"
     data = work / f"{label}-data"
     config.write_text(
@@ -82,6 +83,7 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str) -> Non
     lags: list[float] = []
     snap_rows = 0
     t_first: float | None = None
+    cpu_first = 0.0
     offset = 0
     done = False
     rss_samples: list[int] = []
@@ -93,6 +95,7 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str) -> Non
                 snap_rows += 1
                 if t_first is None:
                     t_first = time.perf_counter()
+                    cpu_first = cpu_seconds(proc.pid)
             elif r.op == "u":
                 lags.append(now_ms - r.ts_ms)
             elif r.op == "n" and b'"COMPLETED"' in r.body:
@@ -103,6 +106,7 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str) -> Non
             time.sleep(0.005)
             rss_samples.append(peak_rss_kb(proc.pid))
     elapsed = time.perf_counter() - (t_first or time.perf_counter())
+    cpu = cpu_seconds(proc.pid) - cpu_first
     stop.set()
     upd.join()
     rss = peak_rss_kb(proc.pid)
@@ -111,7 +115,11 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str) -> Non
     lag = sorted(lags)
     p50 = statistics.median(lag) if lag else float("nan")
     p99 = lag[int(len(lag) * 0.99)] if lag else float("nan")
-    print(f"(b) {label}: {snap_rows:,} snapshot rows at {snap_rows / elapsed:,.0f} rows/s")
+    print(
+        f"(b) {label}: {snap_rows:,} snapshot rows at {snap_rows / elapsed:,.0f} rows/s "
+        f"= {snap_rows / elapsed / copy:.2f} x (a) "
+        f"(dblog run CPU {cpu * 1e6 / max(snap_rows, 1):.1f} us/row, a load-independent figure)"
+    )
     print(
         f"(c) {label}: stream lag of {len(lag):,} concurrent updates p50 {p50:.1f} ms, p99 {p99:.1f} ms"
     )
@@ -139,10 +147,10 @@ def main() -> None:
             )
             conn.execute("VACUUM ANALYZE big")
         print(f"loaded {args.rows:,} rows in {time.perf_counter() - t0:.0f}s")
-        copy = copy_rate(dsn, args.rows)
-        print(f"(a) COPY TO STDOUT from Python: {copy:,.0f} rows/s")
-        run_snapshot(dsn, args.rows, work, "chunk_size = 1024", "default")
-        run_snapshot(dsn, args.rows, work, "adaptive = true", "adaptive")
+        copy, copy_cpu = copy_rate(dsn, args.rows)
+        print(f"(a) COPY TO STDOUT from Python: {copy:,.0f} rows/s (Python CPU {copy_cpu:.1f} us/row)")
+        run_snapshot(dsn, args.rows, work, "chunk_size = 1024", "default", copy)
+        run_snapshot(dsn, args.rows, work, "adaptive = true", "adaptive", copy)
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -59,6 +59,9 @@ class SnapshotDriver:
         # the event key of snapshot rows even when a surrogate key drives the chunks.
         self._identity: dict[str, tuple[str, ...]] = {}
         self._paused_stream = False
+        # Called (from the worker thread) when an answer is queued: wakes the runner
+        # so it takes the answer and submits the next (read-ahead) request at once.
+        self.wakeup: Callable[[], None] = lambda: None
 
     # -- routing ----------------------------------------------------------------------
     @property
@@ -136,9 +139,13 @@ class SnapshotDriver:
         self._requests.put(request)
 
     def _work(self) -> None:
+        def answer(result: Answer) -> None:
+            self._answers.put(result)
+            self.wakeup()
+
         while True:
             request = self._requests.get()
-            self._execute(request, self._answers.put)
+            self._execute(request, answer)
 
     def _execute(self, request: Request, answer: Callable[[Answer], None]) -> None:
         """Runs one request (see ``core.requests`` for each kind's duty, in order)."""

@@ -113,6 +113,9 @@ class Runner:
         driver = self.driver = SnapshotDriver(
             self.cfg, self.reader, checkpoint.snapshot if checkpoint else None
         )
+        wakeup = getattr(self.source, "wakeup", None)
+        if wakeup is not None:
+            driver.wakeup = wakeup
         self._skip = checkpoint.position if checkpoint else None
         if self.cfg.snapshot.mode == "initial" and not self._extra.get("initial_started"):
             self._extra["initial_started"] = True

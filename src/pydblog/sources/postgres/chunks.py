@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 import psycopg
@@ -45,7 +46,7 @@ class PgSnapshotReader:
         self._oids: dict[str, tuple[int, ...]] = {}
         self._pk: dict[str, tuple[str, ...]] = {}
         self._plans: dict[tuple[str, tuple[str, ...], tuple[int, ...], tuple[str, ...]], _ChunkPlan] = {}
-        self.fast_json = True  # PostgreSQL builds the row JSON where every type allows
+        self.fast_json = True  # PostgreSQL writes the row JSON where every type allows
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -109,7 +110,9 @@ class PgSnapshotReader:
         timeout = self.cfg.snapshot.statement_timeout_ms
         try:
             with conn.transaction():
-                rows: list[tuple[Any, ...]] = conn.execute(query, params).fetchall()
+                # No parameters: psycopg then sends the text as is, so a '%' in a column
+                # name or a filter (LIKE 'a%') is not taken for a placeholder.
+                rows: list[tuple[Any, ...]] = conn.execute(query, params or None).fetchall()
                 return rows
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             raise SignalError(f"a snapshot filter tried to write: {str(exc).strip()}") from None
@@ -246,7 +249,7 @@ class PgSnapshotReader:
             sql.SQL(condition) if condition else sql.SQL("true"),
         )
         plan = self._plan(info)
-        rows = self._read_only(plan.query(where, limited=True), [limit])
+        rows = self._read_only(plan.query(where, limit=limit), [])
         if len(rows) == limit and self._nullable(info):
             # A surrogate key may repeat: extend the chunk to the end of the last key group.
             k = info.key[0]
@@ -260,7 +263,7 @@ class PgSnapshotReader:
                 )
             )
             rows = self._read_only(
-                plan.query(sql.SQL("{} AND {}").format(where, group), limited=False), []
+                plan.query(sql.SQL("{} AND {}").format(where, group)), []
             )
         decode = plan.decode
         return [decode(r) for r in rows]
@@ -268,8 +271,8 @@ class PgSnapshotReader:
     def _plan(self, info: TableInfo) -> _ChunkPlan:
         """The chunk query's shape and row decoder, cached per column list and chunk key.
 
-        Where every column has a ``TypeRegistry.json_expr``, PostgreSQL builds each row's
-        JSON (``row_to_json``) and Python only converts the chunk key; otherwise every
+        Where every column has a ``TypeRegistry.json_text_expr``, PostgreSQL writes each
+        row's JSON text (and the key's) and Python only converts the chunk key; otherwise every
         column is selected as text and a generated encoder builds the JSON. Either way
         the event key is the table's identity (primary key, else every column), as the
         stream's events of the table have it.
@@ -292,44 +295,32 @@ class PgSnapshotReader:
         table = sql.Identifier(info.schema, info.table)
         order = self._order(info)
         quoted = [sql.Identifier(c).as_string(conn) for c in info.columns]
-        json_exprs = [types.json_expr(q, o) for q, o in zip(quoted, oids, strict=True)]
+        json_exprs = [types.json_text_expr(q, o) for q, o in zip(quoted, oids, strict=True)]
         if self.fast_json and all(e is not None for e in json_exprs):
-            inner = sql.SQL(", ").join(
+
+            def obj(indexes: tuple[int, ...]) -> sql.Composable:
+                """The JSON object text of these columns, concatenated by PostgreSQL."""
+                if not indexes:
+                    return sql.Literal("{}")
+                parts: list[sql.Composable] = []
+                for n, i in enumerate(indexes):
+                    name = ("{" if n == 0 else ",") + encode_basestring(info.columns[i]) + ":"
+                    parts.append(sql.SQL("{} || coalesce({}, 'null')").format(
+                        sql.Literal(name), sql.SQL(str(json_exprs[i]))))
+                return sql.SQL("({} || '}}')").format(sql.SQL(" || ").join(parts))
+
+            json_select = sql.SQL(", ").join(
                 [
                     *(sql.SQL("{} AS {}").format(
                         sql.SQL(types.text_expr(quoted[i], oids[i])), sql.Identifier(f"_dblog_k{n}"))
                       for n, i in enumerate(key_idx)),
-                    *(sql.SQL("{} AS {}").format(sql.Identifier(c), sql.Identifier(f"_dblog_o{n}"))
-                      for n, c in enumerate(info.key)),
-                    *(sql.SQL("{} AS {}").format(sql.SQL(str(e)), sql.Identifier(f"_dblog_c{n}"))
-                      for n, e in enumerate(json_exprs)),
+                    sql.SQL("{} AS _dblog_key").format(obj(ident_idx)),
+                    sql.SQL("{} AS _dblog_row").format(obj(tuple(range(len(info.columns))))),
                 ]
             )
-
-            def lateral(indexes: tuple[int, ...]) -> sql.Composable:
-                return sql.SQL(", ").join(
-                    sql.SQL("q.{} AS {}").format(sql.Identifier(f"_dblog_c{i}"), sql.Identifier(info.columns[i]))
-                    for i in indexes
-                )
-
-            outer_order = self._order(
-                info, names=tuple(f"_dblog_o{n}" for n in range(len(info.key))), prefix="q."
-            )
-            head = sql.SQL(
-                "SELECT {keys}, row_to_json(_dblog_key)::text, row_to_json(_dblog_row)::text "
-                "FROM (SELECT {inner} FROM {table} WHERE "
-            ).format(
-                keys=sql.SQL(", ").join(sql.SQL("q.{}").format(sql.Identifier(f"_dblog_k{n}"))
-                                        for n in range(len(key_idx))),
-                inner=inner, table=table,
-            )
-            tail = sql.SQL(
-                ") q, LATERAL (SELECT {ident}) _dblog_key, LATERAL (SELECT {row}) _dblog_row "
-                "ORDER BY {outer}"
-            ).format(ident=lateral(ident_idx), row=lateral(tuple(range(len(info.columns)))),
-                     outer=outer_order)
+            head = sql.SQL("SELECT {} FROM {} WHERE ").format(json_select, table)
             converters = tuple(types.converter(oids[i]) for i in key_idx)
-            return _ChunkPlan(head, order, tail, 0, _json_decoder(converters))
+            return _ChunkPlan(head, order, sql.SQL(""), 0, _json_decoder(converters))
         select = self._select_list(info, info.columns)
         head = sql.SQL("SELECT {} FROM {} WHERE ").format(select, table)
         encoder = compile_encoder(
@@ -357,7 +348,7 @@ class PgSnapshotReader:
 
 @dataclass(frozen=True, slots=True)
 class _ChunkPlan:
-    """A table's chunk query, ``head WHERE-clause ORDER BY order [LIMIT %s] tail``, and
+    """A table's chunk query, ``head WHERE-clause ORDER BY order [LIMIT n] tail``, and
     the decoder of its rows. ``key_text_index``: where the first key column's text is
     in a result row (for extending a chunk to the end of a surrogate key's group)."""
 
@@ -367,9 +358,9 @@ class _ChunkPlan:
     key_text_index: int
     decode: Callable[[Any], EncodedRow]
 
-    def query(self, where: sql.Composable, *, limited: bool) -> sql.Composed:
-        limit = sql.SQL(" LIMIT %s") if limited else sql.SQL("")
-        return sql.SQL("{}{} ORDER BY {}{}{}").format(self.head, where, self.order, limit, self.tail)
+    def query(self, where: sql.Composable, *, limit: int | None = None) -> sql.Composed:
+        cap = sql.SQL(" LIMIT {}").format(sql.Literal(limit)) if limit is not None else sql.SQL("")
+        return sql.SQL("{}{} ORDER BY {}{}{}").format(self.head, where, self.order, cap, self.tail)
 
 
 def _json_decoder(converters: tuple[Callable[[str], Any], ...]) -> Callable[[Any], EncodedRow]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import select
 import time
 from collections.abc import Iterator
@@ -70,6 +71,7 @@ class PgLogSource:
         self._captured: list[str] = []
         self._acked: int = 0
         self._last_hb = 0.0
+        self._wake: tuple[int, int] | None = None  # self-pipe: wakeup() -> stream yields Idle
         self._warned: set[str] = set()
 
     # -- setup --------------------------------------------------------------------
@@ -105,6 +107,11 @@ class PgLogSource:
             raise replication_error(exc, self.src.slot) from None
         self._cur = cur
         self._last_hb = 0.0  # first idle moment sends a heartbeat: a position to start from
+        if self._wake is None:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake = (r, w)
 
     def _refresh_publication(self) -> None:
         assert self._meta is not None
@@ -147,8 +154,13 @@ class PgLogSource:
                     self._heartbeat()
                     self._last_hb = now
                 yield IDLE
+                wake = self._wake[0] if self._wake is not None else fileno
                 with contextlib.suppress(InterruptedError):
-                    select.select([fileno], [], [], min(0.05, interval))
+                    ready, _, _ = select.select([fileno, wake], [], [], min(0.05, interval))
+                    if wake in ready and wake != fileno:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(wake, 4096)
+                        yield IDLE  # someone has work for the runner between stream reads
                 continue
             m = po.decode(msg.payload)
             kind = type(m)
@@ -337,6 +349,14 @@ class PgLogSource:
     def lag_bytes(self) -> int | None:
         return slot_lag(self._meta, self.src.slot) if self._meta is not None else None
 
+    def wakeup(self) -> None:
+        """Make a ``stream()`` waiting for the server yield ``Idle`` now (thread-safe:
+        the snapshot worker calls it when a chunk is read, so the runner can hand it the
+        next request at once instead of at the next message or after 50 ms)."""
+        if self._wake is not None:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wake[1], b"w")
+
     def close(self) -> None:
         for c in (self._repl, self._meta):
             if c is not None:
@@ -344,6 +364,11 @@ class PgLogSource:
                     c.close()
         self._repl = None
         self._meta = None
+        if self._wake is not None:
+            for fd in self._wake:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._wake = None
 
 
 def _key_row(rel: RelationState, old: po.TupleData) -> dict[str, Any]:

@@ -435,16 +435,16 @@ class TypeRegistry:
             return "escape", conv
         return "dumps", conv
 
-    def json_expr(self, column_sql: str, oid: int) -> str | None:
-        """A SELECT expression whose value, rendered by ``row_to_json``, is the JSON
-        value ``self.converter(oid)`` gives for the column's text, so PostgreSQL can
-        build a snapshot row's JSON itself (the fast chunk path); None for types it
-        cannot render that way (arrays, ``timetz``), whose tables take the Python path.
+    def json_text_expr(self, column_sql: str, oid: int) -> str | None:
+        """A SELECT expression giving the JSON text of the column's value as
+        ``self.converter(oid)`` maps it (NULL for NULL), so PostgreSQL can write a
+        snapshot row's JSON itself (the fast chunk path); None for types it cannot
+        write that way (arrays, ``timetz``), whose tables take the Python path.
 
         Invariant (checked against real PostgreSQL by tests/integration/test_pg_types):
-        ``orjson.loads`` of the rendered value equals the converter's value, for every
-        value, under ``SESSION_SETTINGS``. Equal values, not equal bytes: ``row_to_json``
-        may print a float or escape a character differently than ``orjson``.
+        ``orjson.loads`` of the text equals the converter's value, for every value, under
+        ``SESSION_SETTINGS``. Equal values, not always equal bytes: PostgreSQL may print
+        a float or escape a character differently than ``orjson``.
         """
         base = self._base(oid)
         conv = self.converter(oid)
@@ -452,34 +452,42 @@ class TypeRegistry:
         info = self._types.get(base)
         if info is not None and info.elem_oid:
             return None
-        if conv is int:  # row_to_json prints int2/4/8 as numbers, oid as a string
-            return c if base in (INT2, INT4, INT8) else f"{c}::bigint"
-        if conv == _BOOL.__getitem__ or conv is _float or conv is _json:
-            return c  # booleans, floats (NaN and infinities as strings) and json as such
+        if conv is int or conv is _json:
+            return f"{c}::text"  # integers (and oid) print as JSON numbers, json as JSON
+        if conv == _BOOL.__getitem__:
+            return f"CASE WHEN {c} THEN 'true' WHEN NOT {c} THEN 'false' END"
+        if conv is _float:
+            return f"to_json({c})::text"  # NaN and the infinities become strings
+        quoted: str | None = None  # an expression whose text JSON never escapes
         if conv is _bytea:
-            return f"translate(encode({c}, 'base64'), E'\\n', '')"
-        if conv is _timestamptz:
-            return (
+            quoted = f"translate(encode({c}, 'base64'), E'\\n', '')"
+        elif conv is _timestamptz:
+            quoted = (
                 f"CASE WHEN isfinite({c}) AND {c} >= '0001-01-01 00:00:00+00' THEN "
                 f"to_char({c} AT TIME ZONE 'UTC', CASE WHEN mod(extract(microseconds FROM {c})::int, "
                 f"1000000) = 0 THEN 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"' "
                 f"ELSE 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"' END) ELSE {c}::text END"
             )
-        if conv is _timestamp:
-            return (
+        elif conv is _timestamp:
+            quoted = (
                 f"CASE WHEN isfinite({c}) AND {c} >= '0001-01-01 00:00:00' THEN "
                 f"to_char({c}, CASE WHEN mod(extract(microseconds FROM {c})::int, 1000000) = 0 "
                 f"THEN 'YYYY-MM-DD\"T\"HH24:MI:SS' ELSE 'YYYY-MM-DD\"T\"HH24:MI:SS.US' END) "
                 f"ELSE {c}::text END"
             )
-        if conv is _time:
-            return (
+        elif conv is _time:
+            quoted = (
                 f"CASE WHEN strpos({c}::text, '.') > 0 "
                 f"THEN rpad({c}::text, strpos({c}::text, '.') + 6, '0') ELSE {c}::text END"
             )
-        if conv is str or conv is _bpchar or conv is _inet:
-            # the output function's text (inet without /32, char(n) without padding)
-            return self.text_expr(c, base) if conv is _inet else f"{c}::text"
+        elif conv is str and base in _QUOTE_SAFE_STR_OIDS:
+            quoted = f"{c}::text"
+        if quoted is not None:
+            return f"('\"' || {quoted} || '\"')"
+        if conv is _inet:  # the output function's text: no /32 for a host
+            return f"to_json({self.text_expr(c, base)})::text"
+        if conv is str or conv is _bpchar:  # ::text drops char(n)'s padding
+            return f"to_json({c}::text)::text"
         return None
 
     def _base(self, oid: int) -> int:
