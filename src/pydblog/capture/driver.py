@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 Answer = Callable[[], list[Emitted]]
 
+MAX_HOLD_S = 1.0
+"""Longest a chunk request waits for the change log writer's backlog to clear."""
+
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -62,6 +65,9 @@ class SnapshotDriver:
         # Called (from the worker thread) when an answer is queued: wakes the runner
         # so it takes the answer and submits the next (read-ahead) request at once.
         self.wakeup: Callable[[], None] = lambda: None
+        # True while new chunk requests should wait (the runner: the writer's queue is full).
+        self.hold: Callable[[], bool] = lambda: False
+        self._held_since: float | None = None
 
     # -- routing ----------------------------------------------------------------------
     @property
@@ -129,6 +135,16 @@ class SnapshotDriver:
         self._out.extend(self.take())
         if self._inflight or self.core.blocking:
             return
+        if self.hold():
+            # The stream comes first: while the change log writer's queue is full, a new
+            # chunk would only queue more rows in front of the stream's next events.
+            # Held at most MAX_HOLD_S at a time, so a busy stream cannot starve it.
+            now = time.monotonic()
+            if self._held_since is None:
+                self._held_since = now
+            if now - self._held_since < MAX_HOLD_S:
+                return
+        self._held_since = None
         request = self.core.next_request()
         if request is None:
             return

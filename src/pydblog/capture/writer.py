@@ -78,6 +78,10 @@ class BatchWriter:
         self.raise_error()
         return self._durable_ack
 
+    def full(self) -> bool:
+        """True when the next ``submit`` would wait for the writer (the queue is full)."""
+        return self._queue.full()
+
     def take_written(self) -> int:
         with self._lock:
             n, self._written = self._written, 0
