@@ -19,7 +19,7 @@ from pydblog.core import (
 )
 from pydblog.core.keys import event_keys, hashable
 from pydblog.core.notices import PositionCursor
-from pydblog.events import ChangeEvent, Op, SnapshotKind, expand
+from pydblog.events import ChangeEvent, EncodedRow, Op, SnapshotKind, expand
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
 
@@ -237,17 +237,48 @@ def test_key_change_drops_old_and_new_key() -> None:
     assert read_ids(out) == [2]
 
 
-def test_undeterminable_key_makes_window_inconclusive_and_rereads() -> None:
-    core = make(chunk=2)
+def _surrogate_chunking(core: ExpandingCore) -> None:
     execute(core, "public\\.t", surrogate_key="v")
     req0 = core.next_request()
     assert isinstance(req0, TableStartRequest) and req0.surrogate_key == "v"
     core.on_table_started(req0.id, info(key=("v",)), ("z",))
     assert req0.watermark is not None
     core.on_watermark(req0.watermark, pos(10), 0)
+
+
+def test_surrogate_chunks_drop_rows_by_identity() -> None:
+    """Rows sharing a surrogate value are told apart by their event key: a key-only
+    delete (REPLICA IDENTITY DEFAULT, no "v") drops exactly its row."""
+    core = make(chunk=3)
+    _surrogate_chunking(core)
     delete = ChangeEvent(Op.DELETE, "public", "t", pos(15), 0, key={"id": 1})  # no "v"
-    req, out = chunk(core, [row(1, "a"), row(2, "b")], 20, between=[delete])
+    req, out = chunk(core, [row(1, "a"), row(2, "a"), row(3, "b")], 20, between=[delete])
     assert req.key_columns == ("v",)
+    assert read_ids(out) == [2, 3]
+
+
+def test_surrogate_chunks_identity_of_encoded_rows() -> None:
+    """The same with rows as a fast reader encodes them (identity in key_json), and an
+    update whose before image holds the old identity."""
+    core = make(chunk=3)
+    _surrogate_chunking(core)
+    rows = [EncodedRow(("a",), f'{{"id":{i}}}', f'{{"id":{i},"v":"a"}}') for i in (1, 2, 3)]
+    update = ChangeEvent(Op.UPDATE, "public", "t", pos(15), 0, key={"id": 9},
+                         before={"id": 2, "v": "a"}, after={"id": 9, "v": "a"})
+    req = core.next_request()
+    assert isinstance(req, ChunkRequest) and req.low_watermark and req.high_watermark
+    core.on_watermark(req.low_watermark, pos(19), 0)
+    core.on_event(update)
+    core.on_chunk_read(req.id, rows, 1.0)
+    out = core.on_watermark(req.high_watermark, pos(20), 0)
+    assert read_ids(out) == [1, 3]
+
+
+def test_event_without_key_makes_surrogate_window_inconclusive_and_rereads() -> None:
+    core = make(chunk=2)
+    _surrogate_chunking(core)
+    keyless = ChangeEvent(Op.DELETE, "public", "t", pos(15), 0)  # no key at all
+    req, out = chunk(core, [row(1, "a"), row(2, "b")], 20, between=[keyless])
     assert out == []
     again = core.next_request()
     assert isinstance(again, ChunkRequest) and again.after_key is None
@@ -694,7 +725,7 @@ def test_null_and_composite_keys_match_by_equality() -> None:
     execute(core, "public\\.t", surrogate_key="v")
     start_table(core, 10, max_key=(None, 9), info=info(key=("v", "id")))
     rows: list[dict[str, Any]] = [{"id": 1, "v": None}, {"id": 2, "v": None}, {"id": 3, "v": "a"}]
-    touched = ChangeEvent(Op.UPDATE, "public", "t", pos(15), 0, after={"id": 2, "v": None})
+    touched = ChangeEvent(Op.UPDATE, "public", "t", pos(15), 0, key={"id": 2}, after={"id": 2, "v": None})
     _, out = chunk(core, rows, 20, between=[touched])
     assert [e.key for e in out if e.op is Op.READ] == [{"v": None, "id": 1}, {"v": "a", "id": 3}]
     state = core.state()

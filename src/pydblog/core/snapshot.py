@@ -264,7 +264,7 @@ class SnapshotCore:
         request = self._plan(job, blocking=False)
         self._pending = _Pending(request)
         if isinstance(request, ChunkRequest):
-            self._pending.window = ChunkWindow(job.schema_name, job.table_name, request.key_columns)
+            self._pending.window = _window(job, request)
         self._busy = request.id
         return request
 
@@ -286,7 +286,7 @@ class SnapshotCore:
             return None
         ahead = self._plan(dataclasses.replace(job, last_key=last), blocking=False)
         assert isinstance(ahead, ChunkRequest)
-        self._ahead = _Pending(ahead, window=ChunkWindow(job.schema_name, job.table_name, ahead.key_columns))
+        self._ahead = _Pending(ahead, window=_window(job, ahead))
         self._busy = ahead.id
         return ahead
 
@@ -727,6 +727,15 @@ class SnapshotCore:
         current = self._block.current or self._incr.current
         share = current.fraction() if current is not None else 0.0
         return round(100.0 * min(1.0, (self._totals.tables_done + share) / total), 1)
+
+
+def _window(job: TableJob, request: ChunkRequest) -> ChunkWindow:
+    """A chunk's window: by chunk key, or by row identity when chunked by a surrogate
+    key (whose values may repeat)."""
+    return ChunkWindow(
+        job.schema_name, job.table_name, request.key_columns,
+        by_identity=request.surrogate_key is not None,
+    )
 
 
 def _start_problem(job: TableJob, answer: _StartAnswer) -> str | None:

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from pydblog.core.keys import MatchKey, RawKey, event_keys, match_key, row_key
+import orjson
+
+from pydblog.core.keys import MatchKey, RawKey, event_keys, hashable, match_key, row_key
 from pydblog.events import ChangeEvent, ChunkRow, EncodedRow, Op
 
 Row = ChunkRow
@@ -51,14 +54,21 @@ class WindowResult:
 class ChunkWindow:
     """Window state for one chunk of one table (mutable; owned by the core)."""
 
-    __slots__ = ("_dropped", "_inconclusive", "_rows", "_truncated", "columns", "schema", "table")
+    __slots__ = (
+        "_dropped", "_ident_cols", "_inconclusive", "_rows", "_truncated", "by_identity",
+        "columns", "schema", "table",
+    )
 
-    def __init__(self, schema: str, table: str, columns: Sequence[str]) -> None:
+    def __init__(
+        self, schema: str, table: str, columns: Sequence[str], *, by_identity: bool = False
+    ) -> None:
         self.schema = schema
         self.table = table
         self.columns = tuple(columns)
+        self.by_identity = by_identity
         self._rows: Sequence[Row] | None = None
         self._dropped: set[MatchKey] = set()
+        self._ident_cols: tuple[str, ...] = ()
         self._truncated = False
         self._inconclusive = False
 
@@ -87,11 +97,30 @@ class ChunkWindow:
         if event.op is Op.TRUNCATE:
             self._truncated = True
             return
+        if self.by_identity:
+            self._observe_identity(event)
+            return
         keys = event_keys(event, self.columns)
         if keys is None:
             self._inconclusive = True
             return
         self._dropped.update(keys)
+
+    def _observe_identity(self, event: ChangeEvent) -> None:
+        """Chunks by a surrogate key: rows are told apart by their identity (the event
+        key: primary key, or every column), since surrogate values may repeat. The
+        event's key and, where complete, its before and after images' identity values
+        are dropped (a key change or a full-identity update touches both)."""
+        key = event.key
+        if not key:
+            self._inconclusive = True
+            return
+        cols = tuple(key)
+        self._ident_cols = cols
+        self._dropped.add(_ident_key(key))
+        for image in (event.before, event.after):
+            if image is not None and all(c in image for c in cols):
+                self._dropped.add(_ident_key({c: image[c] for c in cols}))
 
     def close(self) -> WindowResult:
         """The outcome at H; call once, after ``set_rows``."""
@@ -106,11 +135,29 @@ class ChunkWindow:
         if not self._dropped:  # the common case: no event of the table in the window
             return WindowResult(list(rows), len(rows), last, True)
         dropped = self._dropped
+        if self.by_identity:
+            return WindowResult([r for r in rows if self._identity(r) not in dropped], len(rows), last, True)
         if rows and type(rows[0]) is EncodedRow:  # the fast readers' rows carry their key
             kept = [r for r in rows if match_key(r.chunk_key) not in dropped]  # type: ignore[union-attr]
         else:
             kept = [r for r in rows if _key(r, self.columns) not in dropped]
         return WindowResult(kept, len(rows), last, True)
+
+
+    def _identity(self, row: Row) -> MatchKey:
+        """A row's identity in the form ``_observe_identity`` drops (an encoded row
+        carries it as its event key's JSON)."""
+        if type(row) is EncodedRow:
+            ident = orjson.loads(row.key_json)
+        else:
+            assert isinstance(row, dict)
+            ident = {c: row.get(c) for c in self._ident_cols}
+        return _ident_key(ident)
+
+
+def _ident_key(ident: dict[str, Any]) -> MatchKey:
+    """An identity (column -> value) as a hashable key, independent of column order."""
+    return tuple(sorted((str(k), hashable(v)) for k, v in ident.items()))
 
 
 def _key(row: Row, columns: tuple[str, ...]) -> MatchKey | None:

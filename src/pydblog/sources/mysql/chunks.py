@@ -88,6 +88,7 @@ class MySqlSnapshotReader:
         self._mariadb = True
         self._lock = threading.Lock()
         self._tables: dict[tuple[str, tuple[str, ...]], _Table] = {}
+        self._pks: dict[str, tuple[str, ...]] = {}  # table -> primary key (() without one)
 
     # -- connection ------------------------------------------------------------------------
     def _connection(self) -> Any:
@@ -191,6 +192,7 @@ class MySqlSnapshotReader:
         if not cols:
             return None
         names = tuple(c.name for c in cols)
+        self._pks[f"{db}.{table}"] = tuple(pk)
         if surrogate_key is not None:
             if surrogate_key not in names:
                 raise SignalError(
@@ -293,7 +295,19 @@ class MySqlSnapshotReader:
         if after is not None:
             where.append(_compare(t.key_cols, after, strict=True, greater=True, params=params))
         where.append(_compare(t.key_cols, max_key, strict=False, greater=False, params=params))
-        return self._select(t, " AND ".join(where), params, condition, limit, info)
+        rows = self._select(t, " AND ".join(where), params, condition, limit, info)
+        pk = self._pks.get(info.qualified)
+        if len(rows) == limit and len(t.key_cols) == 1 and pk is not None and info.key != pk:
+            # A surrogate key may repeat: extend the chunk to the end of its last key's
+            # group, so paging (``after < key``) neither skips nor repeats a row.
+            last = rows[-1][t.key_cols[0].name]
+            params = []
+            where = [] if after is None else [
+                _compare(t.key_cols, after, strict=True, greater=True, params=params)
+            ]
+            where.append(_compare(t.key_cols, (last,), strict=False, greater=False, params=params))
+            rows = self._select(t, " AND ".join(where), params, condition, None, info)
+        return rows
 
     def _select(
         self,
