@@ -730,3 +730,17 @@ def test_null_and_composite_keys_match_by_equality() -> None:
     assert [e.key for e in out if e.op is Op.READ] == [{"v": None, "id": 1}, {"v": "a", "id": 3}]
     state = core.state()
     assert state is not None and state["incremental"]["current"]["last_key"] == ["a", 3]
+
+
+def test_window_drops_encoded_rows_with_scalar_and_list_keys() -> None:
+    """Encoded rows are matched by their raw key when it is hashable as is, else by its
+    match key (a JSON list or object in the key)."""
+    from pydblog.core.window import ChunkWindow
+
+    for keys, touched in (([1, 2, 3], 2), ([[1], [2], [3]], [2]), ([{"a": 1}, {"a": 2}], {"a": 2})):
+        rows = [EncodedRow((k,), "{}", "{}") for k in keys]
+        w = ChunkWindow("public", "t", ("id",))
+        w.observe(change(Op.UPDATE, 0)._replace(key={"id": touched}, after={"id": touched}))
+        w.set_rows(rows)
+        kept = [r.chunk_key[0] for r in w.close().rows if isinstance(r, EncodedRow)]
+        assert kept == [k for k in keys if k != touched]

@@ -138,7 +138,10 @@ class ChunkWindow:
         if self.by_identity:
             return WindowResult([r for r in rows if self._identity(r) not in dropped], len(rows), last, True)
         if rows and type(rows[0]) is EncodedRow:  # the fast readers' rows carry their key
-            kept = [r for r in rows if match_key(r.chunk_key) not in dropped]  # type: ignore[union-attr]
+            try:  # a key of scalars is its own match key (hashable() changes nothing)
+                kept = [r for r in rows if r[0] not in dropped]  # type: ignore[index]
+            except TypeError:  # a list or an object in the key: not hashable as is
+                kept = [r for r in rows if match_key(r.chunk_key) not in dropped]  # type: ignore[union-attr]
         else:
             kept = [r for r in rows if _key(r, self.columns) not in dropped]
         return WindowResult(kept, len(rows), last, True)
