@@ -116,8 +116,7 @@ class Runner:
         wakeup = getattr(self.source, "wakeup", None)
         if wakeup is not None:
             driver.wakeup = wakeup
-        writer = self.writer
-        driver.hold = writer.full
+        driver.hold = self.writer.full
         self._skip = checkpoint.position if checkpoint else None
         if self.cfg.snapshot.mode == "initial" and not self._extra.get("initial_started"):
             self._extra["initial_started"] = True

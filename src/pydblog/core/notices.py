@@ -132,8 +132,7 @@ class PositionCursor:
         self.count = 0
 
     def next(self) -> Position:
-        self.count += 1
-        return at_index(self.base, position_index(self.base) + self.count)
+        return at_index(self.base, self.take(1))
 
     def take(self, n: int) -> int:
         """Reserves the next ``n`` positions; returns the index of the first."""

@@ -444,8 +444,8 @@ class SnapshotCore:
         return True
 
     def _request_key(self, request_id: str) -> tuple[str, ...]:
-        pendings = (self._pending, self._ahead)
-        for request in (*(p and p.request for p in pendings), self._blocking_request):
+        pendings = [p.request for p in (self._pending, self._ahead) if p is not None]
+        for request in (*pendings, self._blocking_request):
             if isinstance(request, ChunkRequest) and request.id == request_id:
                 return request.key_columns
         return ()
@@ -526,7 +526,7 @@ class SnapshotCore:
     def _promote_ahead(self) -> None:
         """After a conclusive chunk: the read-ahead chunk becomes the pending one if it
         continues exactly where the table's progress now is."""
-        ahead, self._ahead = self._ahead, None
+        ahead = self._ahead
         if ahead is None:
             return
         job = self._incr.current
@@ -537,9 +537,9 @@ class SnapshotCore:
             or request.after_key is None
             or match_key(job.last_key) != match_key(request.after_key)
         ):
-            self._ahead = ahead
             self._drop_ahead()
             return
+        self._ahead = None
         self._pending = ahead
 
     def _drop_ahead(self) -> None:

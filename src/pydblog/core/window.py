@@ -146,7 +146,6 @@ class ChunkWindow:
             kept = [r for r in rows if _key(r, self.columns) not in dropped]
         return WindowResult(kept, len(rows), last, True)
 
-
     def _identity(self, row: Row) -> MatchKey:
         """A row's identity in the form ``_observe_identity`` drops (an encoded row
         carries it as its event key's JSON)."""

@@ -320,13 +320,13 @@ class PgSnapshotReader:
             )
             head = sql.SQL("SELECT {} FROM {} WHERE ").format(json_select, table)
             converters = tuple(types.converter(oids[i]) for i in key_idx)
-            return _ChunkPlan(head, order, sql.SQL(""), 0, _json_decoder(converters))
+            return _ChunkPlan(head, order, 0, _json_decoder(converters))
         select = self._select_list(info, info.columns)
         head = sql.SQL("SELECT {} FROM {} WHERE ").format(select, table)
         encoder = compile_encoder(
             info.columns, tuple(types.fragment(o) for o in oids), key_idx, ident_idx
         )
-        return _ChunkPlan(head, order, sql.SQL(""), key_idx[0] if key_idx else 0, encoder)
+        return _ChunkPlan(head, order, key_idx[0] if key_idx else 0, encoder)
 
     def write_watermark(self, watermark_id: str) -> None:
         conn = self.writer
@@ -348,19 +348,18 @@ class PgSnapshotReader:
 
 @dataclass(frozen=True, slots=True)
 class _ChunkPlan:
-    """A table's chunk query, ``head WHERE-clause ORDER BY order [LIMIT n] tail``, and
+    """A table's chunk query, ``head WHERE-clause ORDER BY order [LIMIT n]``, and
     the decoder of its rows. ``key_text_index``: where the first key column's text is
     in a result row (for extending a chunk to the end of a surrogate key's group)."""
 
     head: sql.Composable
     order: sql.Composable
-    tail: sql.Composable
     key_text_index: int
     decode: Callable[[Any], EncodedRow]
 
     def query(self, where: sql.Composable, *, limit: int | None = None) -> sql.Composed:
         cap = sql.SQL(" LIMIT {}").format(sql.Literal(limit)) if limit is not None else sql.SQL("")
-        return sql.SQL("{}{} ORDER BY {}{}{}").format(self.head, where, self.order, cap, self.tail)
+        return sql.SQL("{}{} ORDER BY {}{}").format(self.head, where, self.order, cap)
 
 
 def _json_decoder(converters: tuple[Callable[[str], Any], ...]) -> Callable[[Any], EncodedRow]:

@@ -136,6 +136,8 @@ class PgLogSource:
         cur = self._cur
         assert cur is not None and self._repl is not None
         fileno = self._repl.fileno()
+        assert self._wake is not None  # created by open()
+        wake = self._wake[0]
         interval = self.src.heartbeat_interval_s
         handlers = self._handlers()
         begin: po.Begin | None = None
@@ -154,10 +156,9 @@ class PgLogSource:
                     self._heartbeat()
                     self._last_hb = now
                 yield IDLE
-                wake = self._wake[0] if self._wake is not None else fileno
                 with contextlib.suppress(InterruptedError):
                     ready, _, _ = select.select([fileno, wake], [], [], min(0.05, interval))
-                    if wake in ready and wake != fileno:
+                    if wake in ready:
                         with contextlib.suppress(BlockingIOError):
                             os.read(wake, 4096)
                         yield IDLE  # someone has work for the runner between stream reads
