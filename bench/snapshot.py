@@ -8,7 +8,10 @@ In one run, against one throwaway PostgreSQL with a table of --rows rows:
  (c) the stream's lag (commit -> change log) p50/p99 of those updates during (b);
  (d) peak RSS of `dblog run`.
 
-Usage: .venv/bin/python bench/snapshot.py [--rows 5000000]
+Usage: .venv/bin/python bench/snapshot.py [--rows 5000000] [--only adaptive] [--profile DIR]
+
+``--profile DIR`` records a py-spy flame profile (raw collapsed stacks, GIL holders
+only) of `dblog run` per variant into DIR; it slows the run down a little.
 """
 
 from __future__ import annotations
@@ -35,17 +38,31 @@ from pydblog.devtools.proc import cpu_seconds, peak_rss_kb
 UPDATE_TS = re.compile("\x1fu\x1f(\\d+)")  # an update's meta entry: its commit ts_ms
 
 
-def copy_rate(dsn: str, rows: int) -> tuple[float, float]:
-    """Rows/s and the reading thread's CPU per row (us)."""
+def server_cpu_seconds() -> float:
+    """CPU used so far by every PostgreSQL process of this machine (the throwaway
+    cluster's backends, walsenders and background workers)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if stat.read_text().strip() == "postgres":
+                total += cpu_seconds(int(stat.parent.name))
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue
+    return total
+
+
+def copy_rate(dsn: str, rows: int) -> tuple[float, float, float]:
+    """Rows/s, the reading thread's CPU per row and PostgreSQL's (us)."""
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0, s0 = time.perf_counter(), time.thread_time(), server_cpu_seconds()
         n = 0
         with cur.copy("COPY (SELECT * FROM big) TO STDOUT") as copy:
             for _ in copy.rows():
                 n += 1
         elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        server = server_cpu_seconds() - s0
     assert n == rows, n
-    return n / elapsed, cpu * 1e6 / n
+    return n / elapsed, cpu * 1e6 / n, server * 1e6 / n
 
 
 def updater(dsn: str, rows: int, stop: threading.Event, rate: int) -> None:
@@ -60,7 +77,10 @@ def updater(dsn: str, rows: int, stop: threading.Event, rate: int) -> None:
                 time.sleep(delay)
 
 
-def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str, copy: float) -> None:
+def run_snapshot(
+    dsn: str, rows: int, work: Path, extra: str, label: str, copy: float,
+    profile: Path | None = None,
+) -> None:
     config = work / f"{label}.toml"
     data = work / f"{label}-data"
     config.write_text(
@@ -75,6 +95,14 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str, copy: 
     reader = SqliteChangeLogReader(data)
     while reader.last_checkpoint() is None:
         time.sleep(0.1)
+    spy = None
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        spy = subprocess.Popen(
+            [str(Path(sys.executable).parent / "py-spy"), "record", "--gil", "--format", "raw", "--rate", "200", "--pid",
+             str(proc.pid), "--output", str(profile / f"{label}.txt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
     stop = threading.Event()
     upd = threading.Thread(target=updater, args=(dsn, rows, stop, 1000))
     upd.start()
@@ -86,7 +114,7 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str, copy: 
     lags: list[float] = []
     snap_rows = 0
     t_first: float | None = None
-    cpu_first = 0.0
+    cpu_first = server_first = 0.0
     offset = 0
     done = False
     rss_samples: list[int] = []
@@ -102,6 +130,7 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str, copy: 
             if n_r and t_first is None:
                 t_first = time.perf_counter()
                 cpu_first = cpu_seconds(proc.pid)
+                server_first = server_cpu_seconds()
             snap_rows += n_r
             lags.extend(now_ms - int(ts) for ts in UPDATE_TS.findall(meta))
             if "\x1fn\x1f" in meta:
@@ -115,9 +144,13 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str, copy: 
             rss_samples.append(peak_rss_kb(proc.pid))
     elapsed = time.perf_counter() - (t_first or time.perf_counter())
     cpu = cpu_seconds(proc.pid) - cpu_first
+    server = server_cpu_seconds() - server_first
     stop.set()
     upd.join()
     rss = peak_rss_kb(proc.pid)
+    if spy is not None:
+        spy.send_signal(2)
+        spy.wait()
     proc.terminate()
     proc.wait()
     lag = sorted(lags)
@@ -126,7 +159,8 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str, copy: 
     print(
         f"(b) {label}: {snap_rows:,} snapshot rows at {snap_rows / elapsed:,.0f} rows/s "
         f"= {snap_rows / elapsed / copy:.2f} x (a) "
-        f"(dblog run CPU {cpu * 1e6 / max(snap_rows, 1):.1f} us/row, a load-independent figure)"
+        f"(dblog run CPU {cpu * 1e6 / max(snap_rows, 1):.1f} us/row, a load-independent figure; "
+        f"PostgreSQL CPU {server * 1e6 / max(snap_rows, 1):.1f} us/row)"
     )
     print(
         f"(c) {label}: stream lag of {len(lag):,} concurrent updates p50 {p50:.1f} ms, p99 {p99:.1f} ms"
@@ -138,6 +172,8 @@ def run_snapshot(dsn: str, rows: int, work: Path, extra: str, label: str, copy: 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=5_000_000)
+    ap.add_argument("--only", choices=["default", "adaptive"])
+    ap.add_argument("--profile", type=Path)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-snapbench-"))
     with PgCluster() as cluster:
@@ -155,10 +191,15 @@ def main() -> None:
             )
             conn.execute("VACUUM ANALYZE big")
         print(f"loaded {args.rows:,} rows in {time.perf_counter() - t0:.0f}s")
-        copy, copy_cpu = copy_rate(dsn, args.rows)
-        print(f"(a) COPY TO STDOUT from Python: {copy:,.0f} rows/s (Python CPU {copy_cpu:.1f} us/row)")
-        run_snapshot(dsn, args.rows, work, "chunk_size = 1024", "default", copy)
-        run_snapshot(dsn, args.rows, work, "adaptive = true", "adaptive", copy)
+        copy, copy_cpu, copy_server = copy_rate(dsn, args.rows)
+        print(
+            f"(a) COPY TO STDOUT from Python: {copy:,.0f} rows/s (Python CPU {copy_cpu:.1f} us/row, "
+            f"PostgreSQL CPU {copy_server:.1f} us/row)"
+        )
+        variants = {"default": "chunk_size = 1024", "adaptive": "adaptive = true"}
+        for label, extra in variants.items():
+            if args.only in (None, label):
+                run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile)
     shutil.rmtree(work, ignore_errors=True)
 
 
