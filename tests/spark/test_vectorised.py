@@ -18,7 +18,14 @@ from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op, encode_event
 from pydblog.ports import LogRecord
 from pydblog.positions import Lsn, PgPosition
 from pydblog.spark.reduce import reduce_events
-from pydblog.spark.source import records_to_arrow
+from pydblog.spark.source import (
+    ARROW_SCHEMA,
+    FAST_COLUMNS,
+    decode_bodies,
+    decode_fast,
+    records_to_arrow,
+)
+from pydblog.spark.synth import SyntheticLoad
 from pydblog.spark.typemap import _bulk_texts_to_arrow, rows_to_arrow, texts_to_arrow
 
 Net = dict[str, tuple[bool, dict[str, tuple[str, dict[str, Any], list[str]]]]]
@@ -193,3 +200,123 @@ def test_bulk_text_conversion_takes_the_common_case() -> None:
     bulk = _bulk_texts_to_arrow([orjson.dumps(r).decode() for r in rows], SCHEMA)
     assert bulk is not None
     assert bulk["d"].to_pylist() == [Decimal("1.50")] and bulk["f"].to_pylist() == [2.0]
+
+
+# -- the fast decode of the mirror columns against the full decode ---------------------
+
+_tricky_text = st.one_of(
+    st.text(max_size=6),
+    st.sampled_from(['},"key":', ',"after":', '","before":null', ']}', '"unchanged":["a"]', "\\",
+                     '"', "{}", "[]", "é", "\u2028", "\x00", "a.b", "\U0001f600"]),
+)
+_scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), _tricky_text,
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["12345678901234567890.123", "NaN", "2026-11-26T06:06:31.029724Z",
+                     "2017-10-04", "3 days 04:05:06", "AAEC/w==", "__debezium_unavailable_value"]),
+)
+_json = st.recursive(
+    _scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(_tricky_text, inner, max_size=3)),
+    max_leaves=6,
+)
+_names = st.one_of(st.sampled_from(["id", "after", "before", "key", "unchanged", "line", "Z"]),
+                   _tricky_text)
+
+
+class _Pos:
+    """A position with arbitrary source fields (flat or nested)."""
+
+    kind = "test"
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def source_fields(self) -> dict[str, Any]:
+        return self.fields
+
+
+@st.composite
+def envelopes(draw: st.DrawFn) -> tuple[str, str]:
+    """One change-log entry (meta, body) as the capture writes it."""
+    op = draw(st.sampled_from(list(Op)))
+    schema = draw(st.one_of(st.just("public"), _tricky_text))
+    table = draw(st.one_of(st.just("orders"), _tricky_text))
+    pos: Any = draw(st.one_of(
+        st.builds(lambda lsn, i: PgPosition(Lsn(lsn), i), st.integers(0, 2**40), st.integers(0, 9)),
+        st.builds(_Pos, st.dictionaries(_names, st.one_of(_scalar, _json), max_size=3)),
+    ))
+    key: dict[str, Any] | None = None
+    before = after = None
+    unchanged: tuple[str, ...] = ()
+    notification = None
+    if op is Op.NOTIFICATION:
+        notification = draw(st.dictionaries(_tricky_text, _json, max_size=2))
+    elif op is not Op.TRUNCATE:
+        key = draw(st.one_of(
+            st.dictionaries(_names, st.one_of(_scalar, _json, st.integers(0, 9)),
+                            min_size=1, max_size=3),
+            st.dictionaries(st.sampled_from(["id", "line", "a", "Z", "é", "order_id"]),
+                            st.one_of(st.integers(-(2**63), 2**63 - 1), _tricky_text),
+                            min_size=1, max_size=2),
+        ))
+        if op is Op.DELETE or draw(st.booleans()):
+            before = draw(st.one_of(st.just(dict(key)),
+                                    st.dictionaries(_names, _json, max_size=3)))
+        if op is not Op.DELETE:
+            after = {**key, **draw(st.dictionaries(_names, _json, max_size=4))}
+            if op is Op.UPDATE and draw(st.booleans()):
+                unchanged = tuple(draw(st.lists(_names, min_size=1, max_size=2, unique=True)))
+                for c in unchanged:
+                    after[c] = UNCHANGED_TOAST
+    event = ChangeEvent(op, schema, table, pos, draw(st.integers(0, 2**41)), key=key,
+                        before=before, after=after, unchanged=unchanged,
+                        notification=notification)
+    enc = encode_event(event, draw(st.sampled_from(["postgresql", "mysql", 'a"b'])), "db",
+                       draw(st.integers(-5, 2**41)))
+    body = enc.body if isinstance(enc.body, str) else enc.body.decode()
+    return f"{enc.table}\x1f{enc.op}\x1f{enc.ts_ms}", body
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(envelopes(), max_size=12), st.integers(0, 10**6),
+       st.sampled_from(sorted(FAST_COLUMNS)))
+def test_fast_decode_equals_the_full_decode(
+    entries: list[tuple[str, str]], first: int, drop: str
+) -> None:
+    metas = [m for m, _ in entries]
+    bodies = [b for _, b in entries]
+    for names in (sorted(FAST_COLUMNS), [n for n in ARROW_SCHEMA.names if n in FAST_COLUMNS
+                                         and n != drop]):
+        schema = pa.schema([ARROW_SCHEMA.field(n) for n in names])
+        full = decode_bodies(first, metas, bodies, schema)
+        fast = decode_fast(first, metas, bodies, schema)
+        assert fast.schema == full.schema
+        assert fast.to_pylist() == full.to_pylist()
+
+
+def test_fast_decode_takes_the_common_case() -> None:
+    """The synthetic load's events (one- and two-field keys, unchanged TOAST, deletes)
+    are all cut out by the fast path, none decoded in full."""
+    from pydblog.spark import source
+
+    events = list(SyntheticLoad(seed=3).events(400))
+    encoded = [encode_event(e, "postgresql", "app", 1) for e in events]
+    metas = [f"{e.table}\x1f{e.op}\x1f{e.ts_ms}" for e in encoded]
+    bodies = [e.body if isinstance(e.body, str) else e.body.decode() for e in encoded]
+    schema = pa.schema([ARROW_SCHEMA.field(n) for n in sorted(FAST_COLUMNS)])
+    calls = []
+    real = source.decode_bodies
+
+    def spy(*args: Any) -> pa.RecordBatch:
+        calls.append(len(args[2]))
+        return real(*args)
+
+    source.decode_bodies = spy  # type: ignore[assignment]
+    try:
+        fast = decode_fast(7, metas, bodies, schema)
+    finally:
+        source.decode_bodies = real  # type: ignore[assignment]
+    assert calls == []
+    assert fast.to_pylist() == real(7, metas, bodies, schema).to_pylist()
