@@ -17,9 +17,10 @@ and consumers keep the value they have) and ``notification`` (``op: "n"`` events
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from enum import StrEnum
-from typing import Any, NamedTuple
+from itertools import chain, repeat
+from typing import Any, NamedTuple, overload
 
 import orjson
 
@@ -148,6 +149,135 @@ class EncodedRow(NamedTuple):
 ChunkRow = Row | EncodedRow
 """A chunk row: a dict of JSON values (generic readers) or an ``EncodedRow``."""
 
+TAIL_SEP = ',"before":null,"after":'
+"""Between the key and the row in an ``EncodedChunk`` row tail (and in an envelope)."""
+
+
+class EncodedChunk(Sequence[EncodedRow]):
+    """A whole chunk as a bulk reader receives it from the database: the rows' texts
+    joined into two strings, not one Python object per row.
+
+    - ``tails``: ``size`` row tails joined by newlines, in key order; a row's tail is
+      ``key_json + TAIL_SEP + after_json + "}"`` (the end of its envelope; see
+      ``EncodedRow`` for the two JSON texts). JSON text never holds a raw newline, and
+      ``TAIL_SEP`` cannot occur inside ``key_json`` (its quotes would be escaped).
+    - ``keys``: ``size`` JSON texts joined by newlines, row ``i``'s chunk key as
+      ``decode_key(orjson.loads(line))`` gives it (mapped as the stream maps keys).
+    - ``int_keys``: the key is one integer column, so Python's order of the decoded
+      keys is the database's order (the window may test a key against the chunk's
+      range before it decodes every key).
+
+    As a ``Sequence`` it yields ``EncodedRow``s, built on demand: generic code works on
+    it unchanged, and the hot paths (the window, ``encode_snapshot_rows``) never build
+    one per row.
+    """
+
+    __slots__ = ("_key_list", "_tail_list", "arity", "decode_key", "int_keys",
+                 "keys", "size", "tails")
+
+    def __init__(
+        self, size: int, tails: str, keys: str, decode_key: Callable[[Any], tuple[Any, ...]],
+        arity: int, *, int_keys: bool = False,
+    ) -> None:
+        self.size = size
+        self.tails = tails
+        self.keys = keys
+        self.decode_key = decode_key
+        self.arity = arity
+        self.int_keys = int_keys
+        self._tail_list: list[str] | None = None
+        self._key_list: list[tuple[Any, ...]] | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"EncodedChunk({self.size} rows)"
+
+    def tail_list(self) -> list[str]:
+        if self._tail_list is None:
+            self._tail_list = self.tails.split("\n") if self.size else []
+        return self._tail_list
+
+    def key_list(self) -> list[tuple[Any, ...]]:
+        """Every row's chunk key, decoded (once)."""
+        if self._key_list is None:
+            values = orjson.loads(f"[{self.keys.replace(chr(10), ',')}]") if self.size else []
+            decode = self.decode_key
+            self._key_list = [decode(v) for v in values]
+        return self._key_list
+
+    def key_at(self, i: int) -> tuple[Any, ...]:
+        """Row ``i``'s chunk key; the first and the last without decoding the rest."""
+        i = self._index(i)
+        if self._key_list is None:
+            if i == self.size - 1:
+                return self.decode_key(orjson.loads(self.keys.rpartition("\n")[2]))
+            if i == 0:
+                return self.decode_key(orjson.loads(self.keys.partition("\n")[0]))
+        return self.key_list()[i]
+
+    def _index(self, i: int) -> int:
+        if i < 0:
+            i += self.size
+        if not 0 <= i < self.size:
+            raise IndexError("chunk row index out of range")
+        return i
+
+    def _tail(self, i: int) -> str:
+        if self._tail_list is None and i == self.size - 1:
+            return self.tails.rpartition("\n")[2]
+        return self.tail_list()[i]
+
+    @overload
+    def __getitem__(self, i: int) -> EncodedRow: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[EncodedRow]: ...
+    def __getitem__(self, i: int | slice) -> EncodedRow | list[EncodedRow]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.size))]
+        i = self._index(i)
+        key_json, _, rest = self._tail(i).partition(TAIL_SEP)
+        return EncodedRow(self.key_at(i), key_json, rest[:-1])
+
+    def __iter__(self) -> Iterator[EncodedRow]:
+        return (self[i] for i in range(self.size))
+
+    def without(self, drop: Collection[int]) -> EncodedChunk:
+        """The chunk without the rows at these indexes (order kept)."""
+        if not drop:
+            return self
+        tails, keys = self.tail_list(), self.keys.split("\n")
+        keep = [i for i in range(self.size) if i not in drop]
+        out = EncodedChunk(
+            len(keep), "\n".join([tails[i] for i in keep]), "\n".join([keys[i] for i in keep]),
+            self.decode_key, self.arity, int_keys=self.int_keys,
+        )
+        if self._key_list is not None:
+            out._key_list = [self._key_list[i] for i in keep]
+        return out
+
+
+class EncodedBlock(NamedTuple):
+    """Consecutive change-log events of one table with the same op and ``ts_ms`` (a
+    chunk's snapshot rows), bodies already joined by newlines: the change log stores it
+    as one block without touching the events one by one."""
+
+    table: str
+    op: str
+    ts_ms: int
+    size: int
+    body: str
+
+
+Encoded = EncodedEvent | EncodedBlock
+"""What the change log appends: single events, or blocks of them."""
+
+
+def event_count(items: Sequence[Encoded]) -> int:
+    """How many events (offsets) ``items`` hold."""
+    return sum(e.size if type(e) is EncodedBlock else 1 for e in items)
+
 
 class SnapshotRows(NamedTuple):
     """Consecutive ``op: r`` events of one chunk, in key order.
@@ -211,16 +341,33 @@ def last_position(item: Emitted) -> Position:
     return item.position
 
 
+_INDEX_TEXT: list[str] = []
+_INDEX_TEXT_MAX = 1 << 17
+
+
+def _index_texts(first: int, n: int) -> Sequence[str]:
+    """``str(i)`` for ``first <= i < first + n``: a chunk's row indexes start near 0 at
+    every H, so their texts are cached rather than formatted per row."""
+    end = first + n
+    if first < 0 or end > _INDEX_TEXT_MAX:
+        return list(map(str, range(first, end)))
+    if end > len(_INDEX_TEXT):
+        _INDEX_TEXT.extend(map(str, range(len(_INDEX_TEXT), end)))
+    return _INDEX_TEXT[first:end]
+
+
 _INDEX_SENTINEL = -7_306_185_142_913
 _TAIL = ',"key":null,"before":null,"after":null}'
 
 
 def encode_snapshot_rows(
-    rows: SnapshotRows, connector: str, db: str, now_ms: int
-) -> list[EncodedEvent]:
+    rows: SnapshotRows, connector: str, db: str, now_ms: int, block_events: int = 1024
+) -> list[EncodedEvent] | list[EncodedBlock]:
     """The change-log form of every row, as ``encode_event`` would give it for each of
     ``rows.events()``, built from one envelope template per chunk: the per-row work is
-    a few string concatenations around the pre-encoded key and row."""
+    a few string concatenations around the pre-encoded key and row. An
+    ``EncodedChunk`` becomes ``EncodedBlock``s of at most ``block_events`` rows, built
+    by C-level joins (no Python object per row but its body's text)."""
     if not rows.rows:
         return []
     probe = ChangeEvent(Op.READ, rows.schema, rows.table, rows.base.with_index(_INDEX_SENTINEL),
@@ -232,13 +379,23 @@ def encode_snapshot_rows(
     head, _, mid = text[: -len(_TAIL)].partition(marker)
     head += '"index":'
     mid += ',"key":'
-    sep = ',"before":null,"after":'
+    sep = TAIL_SEP
     qualified = f"{rows.schema}.{rows.table}"
     op = Op.READ.value
     ts = rows.ts_ms
     ident = rows.identity or rows.key_columns
     new = tuple.__new__  # a NamedTuple's own __new__ is a Python function: 4x slower
     chunk = rows.rows
+    if type(chunk) is EncodedChunk:
+        tails, first, n = chunk.tail_list(), rows.first, chunk.size
+        blocks = []
+        for a in range(0, n, block_events):
+            b = min(n, a + block_events)
+            parts = zip(repeat(head), _index_texts(first + a, b - a), repeat(mid),
+                        tails[a:b], repeat("\n"))
+            body = "".join(chain.from_iterable(parts))[:-1]
+            blocks.append(EncodedBlock(qualified, op, ts, b - a, body))
+        return blocks
     if all(type(r) is EncodedRow for r in chunk):
         return [
             new(EncodedEvent, (qualified, op, ts, f"{head}{i}{mid}{key_json}{sep}{after_json}}}"))

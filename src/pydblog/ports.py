@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from pydblog.events import ChunkRow, EncodedEvent
+from pydblog.events import ChunkRow, Encoded
 from pydblog.positions import Position, decode_position, encode_position
 
 
@@ -124,12 +124,13 @@ class LogRecord:
 class ChangeLogWriter(Protocol):
     def append(
         self,
-        events: Sequence[EncodedEvent],
+        events: Sequence[Encoded],
         checkpoint: Checkpoint,
         schemas: Sequence[TableSchema] = (),
     ) -> int:
-        """Durably append ``events``, ``checkpoint`` and new table ``schemas`` (which
-        apply from the first of these events on) in one commit.
+        """Durably append ``events`` (single events, or ``EncodedBlock``s of several),
+        ``checkpoint`` and new table ``schemas`` (which apply from the first of these
+        events on) in one commit.
 
         Returns the next offset (one past the last written). Offsets are dense and
         assigned in the order given.

@@ -23,12 +23,12 @@ from typing import Any
 from pydblog.capture.driver import SnapshotDriver
 from pydblog.capture.status import StatusWriter
 from pydblog.capture.writer import Batch, BatchWriter
-from pydblog.changelog.sqlite import SqliteChangeLog
+from pydblog.changelog.sqlite import BLOCK_EVENTS, SqliteChangeLog
 from pydblog.config import Config
 from pydblog.events import (
     ChangeEvent,
     Emitted,
-    EncodedEvent,
+    Encoded,
     SnapshotRows,
     encode_event,
     encode_snapshot_rows,
@@ -67,7 +67,7 @@ class Runner:
         self.reader = reader
         self.changelog = changelog
         self.state = state
-        self._pending: list[EncodedEvent] = []
+        self._pending: list[Encoded] = []
         self._pending_since = 0.0
         self._schemas: list[TableSchema] = []
         self._known_schemas: dict[str, TableSchema] = {
@@ -244,7 +244,7 @@ class Runner:
         connector, db = self._connector, self._db
         for item in events:
             if isinstance(item, SnapshotRows):
-                pending.extend(encode_snapshot_rows(item, connector, db, now_ms))
+                pending.extend(encode_snapshot_rows(item, connector, db, now_ms, BLOCK_EVENTS))
             else:
                 pending.append(encode_event(item, connector, db, now_ms))
         self._advance(last_position(events[-1]))

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from functools import partial
 
 from pydblog.changelog.sqlite import SqliteChangeLog
-from pydblog.events import EncodedEvent
+from pydblog.events import Encoded, event_count
 from pydblog.ports import Checkpoint, StateStore, TableSchema
 from pydblog.positions import Position
 
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    events: Sequence[EncodedEvent]
+    events: Sequence[Encoded]
     checkpoint: Checkpoint
     schemas: Sequence[TableSchema]
     ack: Position | None
@@ -127,7 +127,7 @@ class BatchWriter:
             os._exit(137)
         self._unsaved = batch
         with self._lock:
-            self._written += len(batch.events)
+            self._written += event_count(batch.events)
         if time.monotonic() - self._last_save >= self._state_interval:
             self._save()
 

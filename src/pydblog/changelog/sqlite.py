@@ -24,16 +24,22 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
+from itertools import repeat
 from pathlib import Path
 
 import orjson
 
 from pydblog.errors import ChangeLogError
-from pydblog.events import EncodedEvent
+from pydblog.events import Encoded, EncodedBlock, EncodedEvent
 from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
 
 LOG_FILE = "changelog.sqlite"
 BLOCK_EVENTS = 1024
+PAGE_SIZE = 16384
+"""Page size of a new change log. A block of 1,024 events is ~250 KB: with 16 KiB pages
+SQLite spends ~0.5 us per event on it instead of ~0.9 with the default 4 KiB, while a
+small commit (a few events) costs about the same (0.49 vs 0.42 ms); 64 KiB pages made
+small commits 3x slower. An existing log keeps the page size it was created with."""
 _US = "\x1f"  # between a meta entry's fields
 _RS = "\x1e"  # between meta entries
 
@@ -95,6 +101,40 @@ def _block_row(first: int, events: Sequence[EncodedEvent]) -> tuple[object, ...]
     return (first, first + len(events) - 1, max(e[2] for e in events), _US.join(tables), meta, body)
 
 
+def _bulk_row(first: int, block: EncodedBlock) -> tuple[object, ...]:
+    """A pre-joined block: its meta is one entry repeated (same table, op and ts)."""
+    entry = f"{block.table}{_US}{block.op}{_US}{block.ts_ms}"
+    meta = _RS.join(repeat(entry, block.size))
+    return (first, first + block.size - 1, block.ts_ms, block.table, meta, block.body)
+
+
+def _block_rows(start: int, items: Sequence[Encoded]) -> tuple[list[tuple[object, ...]], int]:
+    """The blocks of ``items`` from offset ``start``, and the offset after them: runs of
+    single events in blocks of up to ``BLOCK_EVENTS``, each ``EncodedBlock`` as its own
+    block (the encoder keeps those within ``BLOCK_EVENTS`` too)."""
+    bulk = [i for i, e in enumerate(items) if type(e) is EncodedBlock]
+    if not bulk:
+        return [
+            _block_row(start + i, items[i : i + BLOCK_EVENTS])  # type: ignore[arg-type]
+            for i in range(0, len(items), BLOCK_EVENTS)
+        ], start + len(items)
+    rows: list[tuple[object, ...]] = []
+    offset, lo = start, 0
+    for hi in [*bulk, len(items)]:
+        run = items[lo:hi]
+        for i in range(0, len(run), BLOCK_EVENTS):
+            rows.append(_block_row(offset + i, run[i : i + BLOCK_EVENTS]))  # type: ignore[arg-type]
+        offset += len(run)
+        if hi < len(items):
+            block = items[hi]
+            assert type(block) is EncodedBlock
+            if block.size:
+                rows.append(_bulk_row(offset, block))
+                offset += block.size
+        lo = hi + 1
+    return rows, offset
+
+
 def _split(row: tuple[int, str, str]) -> Iterator[LogRecord]:
     first, meta, body = row
     for i, (m, b) in enumerate(zip(meta.split(_RS), body.split("\n"), strict=True)):
@@ -119,6 +159,7 @@ class SqliteChangeLog(ChangeLogWriter):
         self.path = log_path(directory)
         self._conn = _connect(self.path, readonly=False)
         try:
+            self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # no-op once the file exists
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(_SCHEMA)
@@ -135,16 +176,12 @@ class SqliteChangeLog(ChangeLogWriter):
 
     def append(
         self,
-        events: Sequence[EncodedEvent],
+        events: Sequence[Encoded],
         checkpoint: Checkpoint,
         schemas: Sequence[TableSchema] = (),
     ) -> int:
         start = self._next
-        blocks = [
-            _block_row(start + i, events[i : i + BLOCK_EVENTS])
-            for i in range(0, len(events), BLOCK_EVENTS)
-        ]
-        end = start + len(events)
+        blocks, end = _block_rows(start, events)
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")

@@ -78,7 +78,15 @@ from pydblog.core.requests import ChunkRequest, MarkRequest, Request, TableStart
 from pydblog.core.signals import Signal, SignalType
 from pydblog.core.sizing import CoreSettings, next_chunk_size, shrink
 from pydblog.core.window import ChunkWindow, WindowResult
-from pydblog.events import ChangeEvent, ChunkRow, Emitted, EncodedRow, SnapshotKind, SnapshotRows
+from pydblog.events import (
+    ChangeEvent,
+    ChunkRow,
+    Emitted,
+    EncodedChunk,
+    EncodedRow,
+    SnapshotKind,
+    SnapshotRows,
+)
 from pydblog.ports import TableInfo
 from pydblog.positions import Position, decode_position, encode_position
 
@@ -754,6 +762,8 @@ def _start_problem(job: TableJob, answer: _StartAnswer) -> str | None:
 def _keyed(rows: Sequence[ChunkRow], columns: tuple[str, ...]) -> bool:
     """Every row carries every key column."""
     n = len(columns)
+    if type(rows) is EncodedChunk:
+        return rows.arity == n
     if rows and type(rows[0]) is EncodedRow:  # the common, fast case
         return all(type(r) is EncodedRow and len(r[0]) == n for r in rows)
     return all(row_key(row, columns) is not None for row in rows)

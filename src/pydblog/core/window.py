@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from pydblog.core.keys import MatchKey, RawKey, event_keys, hashable, match_key, row_key
-from pydblog.events import ChangeEvent, ChunkRow, EncodedRow, Op
+from pydblog.events import ChangeEvent, ChunkRow, EncodedChunk, EncodedRow, Op
 
 Row = ChunkRow
 
@@ -133,8 +133,10 @@ class ChunkWindow:
         if self._truncated:
             return WindowResult([], len(rows), last, True)
         if not self._dropped:  # the common case: no event of the table in the window
-            return WindowResult(list(rows), len(rows), last, True)
+            return WindowResult(rows if type(rows) is EncodedChunk else list(rows), len(rows), last, True)
         dropped = self._dropped
+        if type(rows) is EncodedChunk and not self.by_identity:
+            return WindowResult(_drop_encoded(rows, dropped), len(rows), last, True)
         if self.by_identity:
             return WindowResult([r for r in rows if self._identity(r) not in dropped], len(rows), last, True)
         if rows and type(rows[0]) is EncodedRow:  # the fast readers' rows carry their key
@@ -155,6 +157,26 @@ class ChunkWindow:
             assert isinstance(row, dict)
             ident = {c: row.get(c) for c in self._ident_cols}
         return _ident_key(ident)
+
+
+def _drop_encoded(chunk: EncodedChunk, dropped: set[MatchKey]) -> EncodedChunk:
+    """``chunk`` without the rows whose key is in ``dropped``. An integer key is first
+    checked against the chunk's range, so most windows decode no key at all."""
+    if not chunk.size:
+        return chunk
+    if chunk.int_keys:
+        lo, hi = chunk.key_at(0), chunk.key_at(-1)
+        try:
+            if not any(lo <= d <= hi for d in dropped):
+                return chunk
+        except TypeError:  # a key of another type: decide key by key below
+            pass
+    keys = chunk.key_list()
+    try:  # a key of scalars is its own match key (hashable() changes nothing)
+        drop = {i for i, k in enumerate(keys) if k in dropped}
+    except TypeError:  # a list or an object in the key: not hashable as is
+        drop = {i for i, k in enumerate(keys) if match_key(k) in dropped}
+    return chunk.without(drop)
 
 
 def _ident_key(ident: dict[str, Any]) -> MatchKey:

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import sql
 
 from pydblog.config import Config
 from pydblog.errors import SignalError, SourceError
-from pydblog.events import EncodedRow
+from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow
 from pydblog.ports import TableInfo
 from pydblog.sources.postgres.connect import connect
 from pydblog.sources.postgres.relations import compile_encoder
@@ -232,7 +233,7 @@ class PgSnapshotReader:
         max_key: tuple[Any, ...],
         limit: int,
         condition: str | None,
-    ) -> list[EncodedRow]:
+    ) -> list[EncodedRow] | EncodedChunk:
         assert self._types is not None
         if info.qualified not in self._oids:
             self.table_info(info.qualified)
@@ -249,24 +250,45 @@ class PgSnapshotReader:
             sql.SQL(condition) if condition else sql.SQL("true"),
         )
         plan = self._plan(info)
+        if plan.bulk is not None:
+            return self._read_bulk(info, plan, plan.bulk, where, limit)
         rows = self._read_only(plan.query(where, limit=limit), [])
         if len(rows) == limit and self._nullable(info):
             # A surrogate key may repeat: extend the chunk to the end of the last key group.
-            k = info.key[0]
-            last = rows[-1][plan.key_text_index]
-            typ = info.types[info.columns.index(k)]
-            group = (
-                sql.SQL("{} IS NULL").format(sql.Identifier(k))
-                if last is None
-                else sql.SQL("({} IS NULL OR {} <= {}::{})").format(
-                    sql.Identifier(k), sql.Identifier(k), sql.Literal(last), sql.SQL(typ)
-                )
-            )
             rows = self._read_only(
-                plan.query(sql.SQL("{} AND {}").format(where, group)), []
+                plan.query(self._group_end(info, where, rows[-1][plan.key_text_index])), []
             )
         decode = plan.decode
+        assert decode is not None
         return [decode(r) for r in rows]
+
+    def _read_bulk(
+        self, info: TableInfo, plan: _ChunkPlan, bulk: _Bulk, where: sql.Composable, limit: int
+    ) -> EncodedChunk:
+        """The chunk as one result row: PostgreSQL joins the rows' texts itself."""
+        ((count, keys, tails),) = self._read_only(plan.query(where, limit=limit), [])
+        if count == limit and self._nullable(info):
+            last = orjson.loads(keys.rpartition("\n")[2])
+            text = None if last is None else str(last)
+            ((count, keys, tails),) = self._read_only(
+                plan.query(self._group_end(info, where, text)), []
+            )
+        if not count:
+            return EncodedChunk(0, "", "", bulk.decode_key, bulk.arity, int_keys=bulk.int_keys)
+        return EncodedChunk(count, tails, keys, bulk.decode_key, bulk.arity, int_keys=bulk.int_keys)
+
+    def _group_end(self, info: TableInfo, where: sql.Composable, last: str | None) -> sql.Composable:
+        """``where`` extended to the end of the group of the (surrogate) key text ``last``."""
+        k = info.key[0]
+        typ = info.types[info.columns.index(k)]
+        group = (
+            sql.SQL("{} IS NULL").format(sql.Identifier(k))
+            if last is None
+            else sql.SQL("({} IS NULL OR {} <= {}::{})").format(
+                sql.Identifier(k), sql.Identifier(k), sql.Literal(last), sql.SQL(typ)
+            )
+        )
+        return sql.SQL("{} AND {}").format(where, group)
 
     def _plan(self, info: TableInfo) -> _ChunkPlan:
         """The chunk query's shape and row decoder, cached per column list and chunk key.
@@ -309,24 +331,40 @@ class PgSnapshotReader:
                         sql.Literal(name), sql.SQL(str(json_exprs[i]))))
                 return sql.SQL("({} || '}}')").format(sql.SQL(" || ").join(parts))
 
-            json_select = sql.SQL(", ").join(
-                [
-                    *(sql.SQL("{} AS {}").format(
-                        sql.SQL(types.text_expr(quoted[i], oids[i])), sql.Identifier(f"_dblog_k{n}"))
-                      for n, i in enumerate(key_idx)),
-                    sql.SQL("{} AS _dblog_key").format(obj(ident_idx)),
-                    sql.SQL("{} AS _dblog_row").format(obj(tuple(range(len(info.columns))))),
-                ]
+            # One row per chunk: the keys and the row tails, each joined by newlines in
+            # key order. A plain aggregate over a sorted subquery (no join, no grouping)
+            # takes its input in the subquery's order.
+            key_json = [self._key_json(quoted[i], oids[i]) for i in key_idx]
+            if len(key_json) == 1:
+                key_expr = key_json[0]
+            else:
+                key_expr = sql.SQL("('[' || {} || ']')").format(sql.SQL(" || ',' || ").join(key_json))
+            inner = sql.SQL("{} AS _dblog_k, ({} || {} || {} || '}}') AS _dblog_t").format(
+                key_expr, obj(ident_idx), sql.Literal(TAIL_SEP), obj(tuple(range(len(info.columns))))
             )
-            head = sql.SQL("SELECT {} FROM {} WHERE ").format(json_select, table)
+            head = sql.SQL("SELECT {} FROM {} WHERE ").format(inner, table)
+            outer = sql.SQL(
+                "SELECT count(*), string_agg(_dblog_k, E'\\n'), string_agg(_dblog_t, E'\\n') "
+                "FROM ({}) _dblog_s"
+            )
             converters = tuple(types.converter(oids[i]) for i in key_idx)
-            return _ChunkPlan(head, order, 0, _json_decoder(converters))
+            return _ChunkPlan(head, order, 0, None, _bulk(converters), outer)
         select = self._select_list(info, info.columns)
         head = sql.SQL("SELECT {} FROM {} WHERE ").format(select, table)
         encoder = compile_encoder(
             info.columns, tuple(types.fragment(o) for o in oids), key_idx, ident_idx
         )
         return _ChunkPlan(head, order, key_idx[0] if key_idx else 0, encoder)
+
+    def _key_json(self, quoted: str, oid: int) -> sql.Composable:
+        """A chunk key column as JSON text: integers as numbers, anything else as the
+        JSON string of the text its converter reads; NULL as null."""
+        assert self._types is not None
+        if self._types.converter(oid) is int:
+            return sql.SQL("coalesce({}::text, 'null')").format(sql.SQL(quoted))
+        return sql.SQL("coalesce(to_json({})::text, 'null')").format(
+            sql.SQL(self._types.text_expr(quoted, oid))
+        )
 
     def write_watermark(self, watermark_id: str) -> None:
         conn = self.writer
@@ -355,28 +393,35 @@ class _ChunkPlan:
     head: sql.Composable
     order: sql.Composable
     key_text_index: int
-    decode: Callable[[Any], EncodedRow]
+    decode: Callable[[Any], EncodedRow] | None  # the text plan's row encoder
+    bulk: _Bulk | None = None
+    outer: sql.SQL | None = None  # wraps the row query: one result row per chunk
 
     def query(self, where: sql.Composable, *, limit: int | None = None) -> sql.Composed:
         cap = sql.SQL(" LIMIT {}").format(sql.Literal(limit)) if limit is not None else sql.SQL("")
-        return sql.SQL("{}{} ORDER BY {}{}").format(self.head, where, self.order, cap)
+        rows = sql.SQL("{}{} ORDER BY {}{}").format(self.head, where, self.order, cap)
+        return rows if self.outer is None else self.outer.format(rows)
 
 
-def _json_decoder(converters: tuple[Callable[[str], Any], ...]) -> Callable[[Any], EncodedRow]:
-    """Rows ``(key text..., identity JSON, row JSON)`` of the JSON plan to EncodedRows."""
-    new = tuple.__new__
+@dataclass(frozen=True, slots=True)
+class _Bulk:
+    """How an ``EncodedChunk`` of a bulk plan decodes its keys."""
+
+    decode_key: Callable[[Any], tuple[Any, ...]]
+    arity: int
+    int_keys: bool
+
+
+def _bulk(converters: tuple[Callable[[str], Any], ...]) -> _Bulk:
+    """Key lines are JSON: a number (integer columns) or the text the converter reads;
+    several columns as an array of those."""
     if len(converters) == 1:
         (conv,) = converters
+        if conv is int:
+            return _Bulk(lambda v: (v,), 1, True)
+        return _Bulk(lambda v: (None if v is None else conv(v),), 1, False)
 
-        def one(r: Any) -> EncodedRow:
-            k = r[0]
-            return new(EncodedRow, ((None if k is None else conv(k),), r[1], r[2]))
+    def many(v: list[Any]) -> tuple[Any, ...]:
+        return tuple(None if x is None else c(x) for c, x in zip(converters, v, strict=True))
 
-        return one
-    n = len(converters)
-
-    def many(r: Any) -> EncodedRow:
-        key = tuple(None if v is None else c(v) for c, v in zip(converters, r[:n], strict=True))
-        return new(EncodedRow, (key, r[n], r[n + 1]))
-
-    return many
+    return _Bulk(many, len(converters), False)

@@ -1,0 +1,153 @@
+"""``EncodedChunk``: a chunk as two joined texts must behave exactly like the list of
+``EncodedRow``s it stands for: as a sequence, in the window's drops, in the envelope
+encoding (``EncodedBlock``s) and in the change log (offsets, bodies, meta).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
+from pydblog.core.window import ChunkWindow
+from pydblog.events import (
+    TAIL_SEP,
+    ChangeEvent,
+    EncodedBlock,
+    EncodedChunk,
+    EncodedEvent,
+    EncodedRow,
+    Op,
+    SnapshotKind,
+    SnapshotRows,
+    encode_event,
+    encode_snapshot_rows,
+    event_count,
+)
+from pydblog.ports import Checkpoint
+from pydblog.positions import Lsn, PgPosition
+
+texts = st.text(st.characters(codec="utf-8"), max_size=8)
+ints = st.integers(-(2**63), 2**63 - 1)
+
+
+@st.composite
+def chunks(draw: st.DrawFn) -> tuple[EncodedChunk, list[EncodedRow]]:
+    """A chunk of rows with unique keys, as rows and as an ``EncodedChunk`` (key lines
+    as the PostgreSQL bulk reader writes them)."""
+    kind = draw(st.sampled_from(["int", "text", "pair"]))
+    if kind == "int":
+        keys: list[tuple[Any, ...]] = [(k,) for k in sorted(draw(st.sets(ints, max_size=30)))]
+    elif kind == "text":
+        keys = [(k,) for k in sorted(draw(st.sets(texts, max_size=30)))]
+    else:
+        keys = sorted(draw(st.sets(st.tuples(st.integers(0, 3), texts), max_size=30)))
+    rows = []
+    for k in keys:
+        after = {"id": list(k) if kind == "pair" else k[0], "v": draw(st.one_of(st.none(), ints, texts))}
+        rows.append(EncodedRow(k, orjson.dumps({"id": after["id"]}).decode(), orjson.dumps(after).decode()))
+    lines = [orjson.dumps(list(k) if kind == "pair" else k[0]).decode() for k in keys]
+    chunk = EncodedChunk(
+        len(rows), "\n".join(r.key_json + TAIL_SEP + r.after_json + "}" for r in rows), "\n".join(lines),
+        (lambda v: tuple(v)) if kind == "pair" else (lambda v: (v,)), 2 if kind == "pair" else 1,
+        int_keys=kind == "int",
+    )
+    return chunk, rows
+
+
+@given(chunks(), st.data())
+def test_sequence_like_the_rows(case: tuple[EncodedChunk, list[EncodedRow]], data: st.DataObject) -> None:
+    chunk, rows = case
+    assert len(chunk) == len(rows)
+    assert list(chunk) == rows
+    if rows:
+        assert chunk[-1] == rows[-1] and chunk[0] == rows[0]
+        assert chunk.key_at(-1) == rows[-1].chunk_key and chunk.key_at(0) == rows[0].chunk_key
+        i = data.draw(st.integers(0, len(rows) - 1))
+        assert chunk[i] == rows[i]
+        assert chunk[i:] == rows[i:]
+    assert chunk.key_list() == [r.chunk_key for r in rows]
+    drop = set(data.draw(st.lists(st.integers(0, max(0, len(rows) - 1)), max_size=5))) if rows else set()
+    assert list(chunk.without(drop)) == [r for i, r in enumerate(rows) if i not in drop]
+
+
+def _window(rows: Any, events: list[ChangeEvent]) -> list[Any]:
+    w = ChunkWindow("s", "t", ("id",))
+    w.set_rows(rows)
+    for e in events:
+        w.observe(e)
+    return list(w.close().rows)
+
+
+@given(chunks(), st.data())
+def test_window_drops_like_the_rows(case: tuple[EncodedChunk, list[EncodedRow]], data: st.DataObject) -> None:
+    chunk, rows = case
+    if chunk.arity != 1:
+        return
+    touched = data.draw(st.lists(st.one_of(
+        st.sampled_from([r.chunk_key[0] for r in rows]) if rows else st.nothing(),
+        ints, texts,
+    ), max_size=6))
+    events = [
+        ChangeEvent(Op.UPDATE, "s", "t", PgPosition(Lsn(9), i), 1, {"id": k}, None, {"id": k})
+        for i, k in enumerate(touched)
+    ]
+    assert _window(chunk, events) == _window(rows, events)
+
+
+@given(chunks(), st.integers(1, 7), st.integers(0, 200))
+@settings(max_examples=80)
+def test_blocks_encode_like_single_events(
+    case: tuple[EncodedChunk, list[EncodedRow]], block: int, first: int
+) -> None:
+    chunk, rows = case
+    base = PgPosition(Lsn(77), 2, tx_id=5)
+    fast = SnapshotRows("s", 't"x', SnapshotKind.INCREMENTAL, base, first, 1234, chunk, ("id",))
+    slow = fast._replace(rows=rows)
+    blocks = [b for b in encode_snapshot_rows(fast, "postgresql", "db", 99, block) if type(b) is EncodedBlock]
+    singles = encode_snapshot_rows(slow, "postgresql", "db", 99)
+    assert all(0 < b.size <= block for b in blocks)
+    assert event_count(blocks) == len(rows)
+    bodies = [body for b in blocks for body in b.body.split("\n")]
+    assert bodies == [e.body for e in singles]
+    assert singles == [encode_event(e, "postgresql", "db", 99) for e in slow.events()]
+    assert {(b.table, b.op, b.ts_ms) for b in blocks} <= {('s.t"x', "r", 1234)}
+
+
+def test_change_log_stores_blocks_like_events() -> None:
+    """Random mixes of single events and blocks: dense offsets, and the records read
+    back equal those of the same events appended one by one."""
+    rng = random.Random(7)
+    cp = Checkpoint(PgPosition(Lsn(1), 0), None, {})
+    for _ in range(20):
+        items: list[EncodedEvent | EncodedBlock] = []
+        for _ in range(rng.randrange(1, 8)):
+            if rng.random() < 0.5:
+                n = rng.randrange(0, 2500)
+                items.append(EncodedBlock("s.t", "r", 5, n, "\n".join(f'{{"i":{j}}}' for j in range(n))))
+            else:
+                items.extend(EncodedEvent("s.u", "c", 6, f'{{"e":{rng.random()}}}')
+                             for _ in range(rng.randrange(1, 1500)))
+        flat: list[EncodedEvent | EncodedBlock] = []
+        for it in items:
+            if type(it) is EncodedBlock:
+                flat.extend(EncodedEvent(it.table, it.op, it.ts_ms, b) for b in it.body.split("\n")[: it.size])
+            else:
+                flat.append(it)
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            fast, slow = SqliteChangeLog(a), SqliteChangeLog(b)
+            assert fast.append(items, cp) == slow.append(flat, cp) == len(flat)
+            fast.close()
+            slow.close()
+            ra, rb = SqliteChangeLogReader(a), SqliteChangeLogReader(b)
+            assert ra.read_range(0, len(flat)) == rb.read_range(0, len(flat))
+            assert ra.next_offset() == len(flat)
+            lo = rng.randrange(0, len(flat) + 1)
+            assert [r.offset for r in ra.read(lo, 10**6)] == list(range(lo, len(flat)))
+            ra.close()
+            rb.close()
