@@ -21,6 +21,11 @@ from pydblog.spark.reduce import TableChanges, reduce_events
 from pydblog.spark.typemap import infer_schema, merge_schemas
 
 
+def _ascending(values: pa.ChunkedArray | pa.Array) -> bool:
+    n = len(values)
+    return n < 2 or bool(pc.all(pc.less(values.slice(0, n - 1), values.slice(1))).as_py())
+
+
 @dataclass
 class Batch:
     batch_id: int
@@ -45,7 +50,9 @@ class Batch:
         for from_offset, s in schemas:
             if from_offset < end:
                 recorded[s.qualified] = merge_schemas(recorded.get(s.qualified), s)
-        return cls(batch_id, start, end, events.sort_by("offset"), recorded)
+        if not _ascending(offsets):  # the packed source delivers them in order
+            events = events.sort_by("offset")
+        return cls(batch_id, start, end, events, recorded)
 
     def changes(self, since: int | None = None) -> dict[str, TableChanges]:
         """The net change of events with ``offset >= since`` (default: the whole batch)."""

@@ -180,9 +180,15 @@ def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
         return out
     # The last event of each (table, key): the highest row index of its group (rows are
     # in offset order), taken back in offset order.
-    ev = ev.append_column("_i", pa.array(range(ev.num_rows), type=pa.int64()))
-    last_rows = ev.group_by(["_q", "key"], use_threads=False).aggregate([("_i", "max")])
-    idx = last_rows["_i_max"]
+    # (grouped on a narrow table: the few table names dictionary-encoded, no row texts)
+    groups = pa.table(
+        {
+            "q": pc.dictionary_encode(ev["_q"]),
+            "key": ev["key"],
+            "_i": pa.array(range(ev.num_rows), type=pa.int64()),
+        }
+    )
+    idx = groups.group_by(["q", "key"], use_threads=False).aggregate([("_i", "max")])["_i_max"]
     last = ev.take(pc.take(idx, pc.sort_indices(idx)))
     pending: Pending = {}
     for q in pc.unique(last["_q"]).to_pylist():
