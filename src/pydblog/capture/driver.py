@@ -65,7 +65,7 @@ class SnapshotDriver:
         # Called (from the worker thread) when an answer is queued: wakes the runner
         # so it takes the answer and submits the next (read-ahead) request at once.
         self.wakeup: Callable[[], None] = lambda: None
-        # True while new chunk requests should wait (the runner: the writer's queue is full).
+        # True while new chunk requests should wait (the runner: the writer's backlog is long).
         self.hold: Callable[[], bool] = lambda: False
         self._held_since: float | None = None
 
@@ -136,7 +136,7 @@ class SnapshotDriver:
         if self._inflight or self.core.blocking:
             return
         if self.hold():
-            # The stream comes first: while the change log writer's queue is full, a new
+            # The stream comes first: while the change log writer has a long backlog, a new
             # chunk would only queue more rows in front of the stream's next events.
             # Held at most MAX_HOLD_S at a time, so a busy stream cannot starve it.
             now = time.monotonic()

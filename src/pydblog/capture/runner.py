@@ -51,6 +51,12 @@ from pydblog.positions import Position
 log = logging.getLogger(__name__)
 
 RETENTION_EVERY_S = 60.0
+HOLD_BACKLOG_EVENTS = 16_384
+"""New snapshot chunks wait while the change log writer has this many events queued
+(about two chunks of the largest adaptive size, ~30 ms of writing): the stream's next
+events are not queued behind more snapshot rows, and chunk reads still overlap writes.
+(Holding whenever the writer's queue was full held read-ahead back behind a few small
+stream batches most of the time.)"""
 
 
 class Runner:
@@ -68,6 +74,7 @@ class Runner:
         self.changelog = changelog
         self.state = state
         self._pending: list[Encoded] = []
+        self._pending_extra = 0  # events in _pending beyond one per item (blocks)
         self._pending_since = 0.0
         self._schemas: list[TableSchema] = []
         self._known_schemas: dict[str, TableSchema] = {
@@ -116,7 +123,7 @@ class Runner:
         wakeup = getattr(self.source, "wakeup", None)
         if wakeup is not None:
             driver.wakeup = wakeup
-        driver.hold = self.writer.full
+        driver.hold = lambda: self.writer.backlog() >= HOLD_BACKLOG_EVENTS
         self._skip = checkpoint.position if checkpoint else None
         if self.cfg.snapshot.mode == "initial" and not self._extra.get("initial_started"):
             self._extra["initial_started"] = True
@@ -244,7 +251,9 @@ class Runner:
         connector, db = self._connector, self._db
         for item in events:
             if isinstance(item, SnapshotRows):
-                pending.extend(encode_snapshot_rows(item, connector, db, now_ms, BLOCK_EVENTS))
+                encoded = encode_snapshot_rows(item, connector, db, now_ms, BLOCK_EVENTS)
+                self._pending_extra += len(item.rows) - len(encoded)
+                pending.extend(encoded)
             else:
                 pending.append(encode_event(item, connector, db, now_ms))
         self._advance(last_position(events[-1]))
@@ -289,8 +298,12 @@ class Runner:
             checkpoint = Checkpoint(
                 self._position, driver.state() if driver is not None else None, dict(self._extra)
             )
-            writer.submit(Batch(list(self._pending), checkpoint, list(self._schemas), self._ack))
+            writer.submit(Batch(
+                list(self._pending), checkpoint, list(self._schemas), self._ack,
+                len(self._pending) + self._pending_extra,
+            ))
             self._pending.clear()
+            self._pending_extra = 0
             self._schemas.clear()
             self._saved_position = self._position
         if force:

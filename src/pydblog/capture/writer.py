@@ -33,6 +33,10 @@ class Batch:
     checkpoint: Checkpoint
     schemas: Sequence[TableSchema]
     ack: Position | None
+    size: int = -1  # how many events ``events`` hold (-1: count them)
+
+    def count(self) -> int:
+        return self.size if self.size >= 0 else event_count(self.events)
 
 
 class BatchWriter:
@@ -52,6 +56,7 @@ class BatchWriter:
         self._error: BaseException | None = None
         self._durable_ack: Position | None = None
         self._written = 0
+        self._queued = 0  # events submitted and not yet appended
         self._lock = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()
@@ -63,6 +68,8 @@ class BatchWriter:
     def submit(self, batch: Batch) -> None:
         self.raise_error()
         self._idle.clear()
+        with self._lock:
+            self._queued += batch.count()
         self._queue.put(batch)
 
     def run_task(self, task: Callable[[], None]) -> None:
@@ -81,6 +88,10 @@ class BatchWriter:
     def full(self) -> bool:
         """True when the next ``submit`` would wait for the writer (the queue is full)."""
         return self._queue.full()
+
+    def backlog(self) -> int:
+        """Events submitted but not yet appended to the change log."""
+        return self._queued
 
     def take_written(self) -> int:
         with self._lock:
@@ -126,8 +137,10 @@ class BatchWriter:
         if self._crash_at == "after-log":
             os._exit(137)
         self._unsaved = batch
+        n = batch.count()
         with self._lock:
-            self._written += event_count(batch.events)
+            self._written += n
+            self._queued -= n
         if time.monotonic() - self._last_save >= self._state_interval:
             self._save()
 
