@@ -10,8 +10,8 @@ In one run, against one throwaway PostgreSQL with a table of --rows rows:
 
 Usage: .venv/bin/python bench/snapshot.py [--rows 5000000] [--only adaptive] [--profile DIR]
 
-``--profile DIR`` records a py-spy flame profile (raw collapsed stacks, GIL holders
-only) of `dblog run` per variant into DIR; it slows the run down a little.
+``--profile DIR`` records a py-spy profile (raw collapsed stacks of every thread while
+it is on CPU) of `dblog run` per variant into DIR; it slows the run down a little.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def run_snapshot(
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
         spy = subprocess.Popen(
-            [str(Path(sys.executable).parent / "py-spy"), "record", "--gil", "--format", "raw", "--rate", "200", "--pid",
+            [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw", "--rate", "200", "--pid",
              str(proc.pid), "--output", str(profile / f"{label}.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -181,6 +181,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=5_000_000)
     ap.add_argument("--only", choices=["default", "adaptive"])
     ap.add_argument("--profile", type=Path)
+    ap.add_argument("--adaptive", default="adaptive = true",
+                    help="the [snapshot] settings of the adaptive variant")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-snapbench-"))
     with PgCluster() as cluster:
@@ -203,7 +205,7 @@ def main() -> None:
             f"(a) COPY TO STDOUT from Python: {copy:,.0f} rows/s (Python CPU {copy_cpu:.1f} us/row, "
             f"PostgreSQL CPU {copy_server:.1f} us/row)"
         )
-        variants = {"default": "chunk_size = 1024", "adaptive": "adaptive = true"}
+        variants = {"default": "chunk_size = 1024", "adaptive": args.adaptive.replace(";", "\n")}
         for label, extra in variants.items():
             if args.only in (None, label):
                 run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile)

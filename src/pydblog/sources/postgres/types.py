@@ -464,14 +464,14 @@ class TypeRegistry:
         elif conv is _timestamptz:
             quoted = (
                 f"CASE WHEN isfinite({c}) AND {c} >= '0001-01-01 00:00:00+00' THEN "
-                f"to_char({c} AT TIME ZONE 'UTC', CASE WHEN mod(extract(microseconds FROM {c})::int, "
-                f"1000000) = 0 THEN 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"' "
+                f"to_char({c} AT TIME ZONE 'UTC', CASE WHEN date_trunc('second', {c}) = {c} "
+                f"THEN 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"' "
                 f"ELSE 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"' END) ELSE {c}::text END"
             )
         elif conv is _timestamp:
             quoted = (
                 f"CASE WHEN isfinite({c}) AND {c} >= '0001-01-01 00:00:00' THEN "
-                f"to_char({c}, CASE WHEN mod(extract(microseconds FROM {c})::int, 1000000) = 0 "
+                f"to_char({c}, CASE WHEN date_trunc('second', {c}) = {c} "
                 f"THEN 'YYYY-MM-DD\"T\"HH24:MI:SS' ELSE 'YYYY-MM-DD\"T\"HH24:MI:SS.US' END) "
                 f"ELSE {c}::text END"
             )
