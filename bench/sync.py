@@ -56,6 +56,12 @@ class TimedApplier(BatchApplier):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.ends: list[tuple[float, int]] = []
+        self.entered: float | None = None
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        if self.entered is None:
+            self.entered = time.monotonic()
+        super().__call__(df, batch_id)
 
     def apply(self, events: Any, batch_id: int) -> None:
         super().apply(events, batch_id)
@@ -63,12 +69,20 @@ class TimedApplier(BatchApplier):
 
 
 def drain(spark: Any, cfg: Config, events: int) -> tuple[float, float | None]:
-    """(seconds from query start to the end, events/s after the first batch)."""
+    """(seconds from query start to the end, events/s after the first batch). Also
+    prints when the first batch reached ``foreachBatch`` (query start-up: the source's
+    planner processes, the first plan) and when it was read (the executors' Python
+    workers started and the first batch decoded)."""
     applier = TimedApplier(cfg.log.path, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
     t0 = time.monotonic()
     q = start_query(spark, cfg, applier, available_now=True)
     q.awaitTermination()
     elapsed = time.monotonic() - t0
+    if applier.entered is not None and applier.ends:
+        print(
+            f"  start-up: first batch in foreachBatch after {applier.entered - t0:.1f}s, "
+            f"applied after {applier.ends[0][0] - t0:.1f}s"
+        )
     for p in q.recentProgress:
         d = p.durationMs
         print(
