@@ -39,29 +39,38 @@ from pydblog.devtools.proc import cpu_seconds, peak_rss_kb
 UPDATE_TS = re.compile("\x1fu\x1f(\\d+)")  # an update's meta entry: its commit ts_ms
 
 
-def server_cpu_seconds() -> float:
-    """CPU used so far by every PostgreSQL process of this machine (the throwaway
-    cluster's backends, walsenders and background workers)."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/comm"):
+SERVER_PID = 0  # the throwaway cluster's postmaster
+
+
+def server_cpu() -> dict[int, float]:
+    """CPU used so far by each process of the throwaway cluster (the postmaster and
+    every process it started: backends, walsenders, background workers)."""
+    out = {SERVER_PID: cpu_seconds(SERVER_PID)}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if stat.read_text().strip() == "postgres":
-                total += cpu_seconds(int(stat.parent.name))
-        except (FileNotFoundError, ProcessLookupError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
-    return total
+        if int(fields[1]) == SERVER_PID:
+            out[int(stat.parent.name)] = cpu_seconds(int(stat.parent.name))
+    return out
+
+
+def server_cpu_since(start: dict[int, float]) -> float:
+    """Cluster CPU since ``start`` (processes that ended in between are not counted)."""
+    return sum(c - start.get(pid, 0.0) for pid, c in server_cpu().items())
 
 
 def copy_rate(dsn: str, rows: int) -> tuple[float, float, float]:
     """Rows/s, the reading thread's CPU per row and PostgreSQL's (us)."""
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
-        t0, c0, s0 = time.perf_counter(), time.thread_time(), server_cpu_seconds()
+        t0, c0, s0 = time.perf_counter(), time.thread_time(), server_cpu()
         n = 0
         with cur.copy("COPY (SELECT * FROM big) TO STDOUT") as copy:
             for _ in copy.rows():
                 n += 1
         elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        server = server_cpu_seconds() - s0
+        server = server_cpu_since(s0)
     assert n == rows, n
     return n / elapsed, cpu * 1e6 / n, server * 1e6 / n
 
@@ -115,7 +124,8 @@ def run_snapshot(
     lags: list[float] = []
     snap_rows = 0
     t_first: float | None = None
-    cpu_first = server_first = 0.0
+    cpu_first = 0.0
+    server_first: dict[int, float] = {}
     offset = 0
     done = False
     rss_samples: list[int] = []
@@ -135,7 +145,7 @@ def run_snapshot(
             if n_r and t_first is None:
                 t_first = time.perf_counter()
                 cpu_first = cpu_seconds(proc.pid)
-                server_first = server_cpu_seconds()
+                server_first = server_cpu()
             snap_rows += n_r
             lags.extend(now_ms - int(ts) for ts in UPDATE_TS.findall(meta))
             if "\x1fn\x1f" in meta:
@@ -151,7 +161,7 @@ def run_snapshot(
             rss_samples.append(peak_rss_kb(proc.pid))
     elapsed = time.perf_counter() - (t_first or time.perf_counter())
     cpu = cpu_seconds(proc.pid) - cpu_first
-    server = server_cpu_seconds() - server_first
+    server = server_cpu_since(server_first)
     stop.set()
     upd.join()
     rss = peak_rss_kb(proc.pid)
@@ -187,6 +197,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="dblog-snapbench-"))
     with PgCluster() as cluster:
         dsn = cluster.create_database("bench")
+        global SERVER_PID
+        SERVER_PID = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
         t0 = time.perf_counter()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
