@@ -171,18 +171,19 @@ _S = r'"(?:[^"\\\x00-\x1f]|\\.)*"'
 _FLAT = r"\{(?:[^{}\[\]\"]|" + _S + r")*\}"
 _NAME = r'"[^"\\\x00-\x1f]*"'
 _INT = r"-?(?:0|[1-9][0-9]{0,17})"
-_STRICT = (
-    r'^\{"op":"[cudrtn]","ts_ms":' + _INT + r',"source":\{"connector":(?:' + _S + r'|null),'
+_AFTER_AT = ',"after":'
+_PREFIX_STRICT = (
+    r'^\{"op":"[cudrt]","ts_ms":' + _INT + r',"source":\{"connector":(?:' + _S + r'|null),'
     r'"db":(?:' + _S + r'|null),"schema":' + _NAME + r',"table":' + _NAME
     + r'(?:[^{}\[\]"]|' + _S + r')*\},"key":(?:' + _FLAT + r'|null),"before":(?:null|'
-    + _FLAT + r'),"after":(?:\{.*\}|null)(?:,"unchanged":\[(?:' + _S + r'(?:,' + _S
-    + r')*)?\])?\}$'
+    + _FLAT + r')$'
 )
-_SPLIT = (
-    r'^\{"op":"(?P<op>[cudrtn])","ts_ms":(?P<ts>[-0-9]+),"source":\{"connector":(?:"[^"]*"|null),'
+_PREFIX_SPLIT = (
+    r'^\{"op":"(?P<op>[cudrt])","ts_ms":(?P<ts>[-0-9]+),"source":\{"connector":(?:"[^"]*"|null),'
     r'"db":(?:"[^"]*"|null),"schema":"(?P<schema>[^"]*)","table":"(?P<table>[^"]*)"[^}]*\},'
-    r'"key":(?P<key>\{[^}]*\}|null),"before":(?:null|\{[^}]*\}),"after":(?P<rest>.*)$'
+    r'"key":(?P<key>\{[^}]*\}|null),"before":(?:null|\{[^}]*\})$'
 )
+_TAIL_UNCHANGED = r'^\{.*\},"unchanged":\[(?:' + _S + r"(?:," + _S + r")*)?\]\}$"
 _KEY_NAME = r'"[^"\\\x00-\x1f]*"'
 _KEY_VALUE = r"(?:" + _INT + r'|"[^"\\\x00-\x1f]*")'
 _CANONICAL_KEY = r"^\{" + _KEY_NAME + ":" + _KEY_VALUE + r"\}$"
@@ -209,7 +210,8 @@ def decode_fast(
 ) -> pa.RecordBatch:
     """``decode_bodies(first, metas, bodies, schema)`` for ``schema`` within
     ``FAST_COLUMNS``, without a JSON parse per event: the fields are cut out of the
-    bodies by two RE2 passes in Arrow (``_STRICT`` validates, ``_SPLIT`` captures),
+    bodies in Arrow (``_split``: a cut at ``"after":``, then two RE2 passes over the
+    part before it, one validating, one capturing),
     ``after`` is kept as the stored text (orjson's compact form, which the full
     decode's re-serialization reproduces byte for byte) and only keys that are not
     already in sorted form are parsed. Bodies of any other form are decoded by
@@ -217,10 +219,7 @@ def decode_fast(
     n = len(bodies)
     if n == 0 or not set(schema.names) <= FAST_COLUMNS:
         return decode_bodies(first, metas, bodies, schema)
-    arr = pa.array(bodies, type=pa.string())
-    parts = pc.extract_regex(arr, _SPLIT)
-    ok = pc.and_kleene(pc.is_valid(parts), pc.match_substring_regex(arr, _STRICT))
-    ok = pc.fill_null(ok, False)
+    parts, ok = _split(pa.array(bodies, type=pa.string()))
     offsets = pa.array(range(first, first + n), type=pa.int64())
     if not pc.all(ok).as_py():
         slow_idx = pc.indices_nonzero(pc.invert(ok)).to_pylist()
@@ -239,6 +238,42 @@ def decode_fast(
         table = pa.Table.from_batches([fast, slow])
         return table.take(order).combine_chunks().to_batches()[0]
     return _cut(parts, offsets, schema)
+
+
+def _split(arr: pa.Array) -> tuple[pa.StructArray, pa.Array]:
+    """``_SPLIT``'s fields (``op, ts, schema, table, key`` and ``rest``: the body after
+    ``"after":``) of every body, and which bodies have the strict form. The body is cut
+    at its first ``,"after":``; the part before must match ``_PREFIX_STRICT`` up to its
+    end, which also proves that this was the envelope's own ``after`` (a key, before or
+    source field named ``after`` would end the part inside a flat object). The rest
+    must be ``null}``, ``{..}}`` or ``{..},"unchanged":[..]}``: the envelope ends with
+    ``after`` and the optional ``unchanged`` (notifications go to the full decode)."""
+    halves = pc.split_pattern(arr, _AFTER_AT, max_splits=1)
+    two = pc.equal(pc.list_value_length(halves), 2)
+    flat = pc.list_flatten(halves)
+    starts = halves.offsets.slice(0, len(arr))
+    pre = pc.take(flat, starts)
+    rest = pc.take(flat, pc.min_element_wise(pc.add(starts, 1), len(flat) - 1))
+    head = pc.extract_regex(pre, _PREFIX_SPLIT)
+    with_unchanged = pc.ends_with(rest, "]}")
+    tail_ok = pc.or_(
+        pc.and_(pc.starts_with(rest, "{"), pc.ends_with(rest, "}}")),
+        pc.equal(rest, "null}"),
+    )
+    if pc.any(with_unchanged).as_py():
+        tail_ok = pc.or_(
+            tail_ok,
+            pc.and_(with_unchanged, pc.match_substring_regex(rest, _TAIL_UNCHANGED)),
+        )
+    ok = pc.and_kleene(
+        pc.and_kleene(two, pc.is_valid(head)),
+        pc.and_kleene(tail_ok, pc.match_substring_regex(pre, _PREFIX_STRICT)),
+    )
+    fields = [pc.struct_field(head, f) for f in ("op", "ts", "schema", "table", "key")]
+    parts = pa.StructArray.from_arrays(
+        [*fields, rest], names=["op", "ts", "schema", "table", "key", "rest"]
+    )
+    return parts, pc.fill_null(ok, False)
 
 
 def _sorted_keys(key: pa.Array) -> pa.Array:
