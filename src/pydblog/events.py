@@ -173,20 +173,23 @@ class EncodedChunk(Sequence[EncodedRow]):
     one per row.
     """
 
-    __slots__ = ("_key_list", "_tail_list", "arity", "decode_key", "int_keys",
-                 "keys", "size", "tails")
+    __slots__ = ("_key_list", "_key_text", "_key_values", "_tail_list", "_tail_text", "arity",
+                 "decode_key", "int_keys", "size")
 
     def __init__(
-        self, size: int, tails: str, keys: str, decode_key: Callable[[Any], tuple[Any, ...]],
-        arity: int, *, int_keys: bool = False,
+        self, size: int, tails: str | list[str], keys: str | list[Any],
+        decode_key: Callable[[Any], tuple[Any, ...]], arity: int, *, int_keys: bool = False,
     ) -> None:
+        """``tails`` and ``keys`` as the joined texts, or as lists (tails, and the keys'
+        parsed JSON values) when a chunk is derived from another."""
         self.size = size
-        self.tails = tails
-        self.keys = keys
         self.decode_key = decode_key
         self.arity = arity
         self.int_keys = int_keys
-        self._tail_list: list[str] | None = None
+        self._tail_text: str | None = tails if isinstance(tails, str) else None
+        self._tail_list: list[str] | None = None if isinstance(tails, str) else tails
+        self._key_text: str | None = keys if isinstance(keys, str) else None
+        self._key_values: list[Any] | None = None if isinstance(keys, str) else keys
         self._key_list: list[tuple[Any, ...]] | None = None
 
     def __len__(self) -> int:
@@ -195,27 +198,48 @@ class EncodedChunk(Sequence[EncodedRow]):
     def __repr__(self) -> str:
         return f"EncodedChunk({self.size} rows)"
 
+    @property
+    def tails(self) -> str:
+        if self._tail_text is None:
+            self._tail_text = "\n".join(self.tail_list())
+        return self._tail_text
+
+    @property
+    def keys(self) -> str:
+        if self._key_text is None:
+            self._key_text = "\n".join(orjson.dumps(v).decode() for v in self.key_values())
+        return self._key_text
+
     def tail_list(self) -> list[str]:
         if self._tail_list is None:
             self._tail_list = self.tails.split("\n") if self.size else []
         return self._tail_list
 
+    def key_values(self) -> list[Any]:
+        """Every row's key line, parsed (once)."""
+        if self._key_values is None:
+            text = self.keys
+            self._key_values = orjson.loads(f"[{text.replace(chr(10), ',')}]") if self.size else []
+        return self._key_values
+
     def key_list(self) -> list[tuple[Any, ...]]:
         """Every row's chunk key, decoded (once)."""
         if self._key_list is None:
-            values = orjson.loads(f"[{self.keys.replace(chr(10), ',')}]") if self.size else []
             decode = self.decode_key
-            self._key_list = [decode(v) for v in values]
+            self._key_list = [decode(v) for v in self.key_values()]
         return self._key_list
 
     def key_at(self, i: int) -> tuple[Any, ...]:
         """Row ``i``'s chunk key; the first and the last without decoding the rest."""
         i = self._index(i)
-        if self._key_list is None:
-            if i == self.size - 1:
-                return self.decode_key(orjson.loads(self.keys.rpartition("\n")[2]))
-            if i == 0:
-                return self.decode_key(orjson.loads(self.keys.partition("\n")[0]))
+        if self._key_list is not None:
+            return self._key_list[i]
+        if self._key_values is not None:
+            return self.decode_key(self._key_values[i])
+        if i == self.size - 1:
+            return self.decode_key(orjson.loads(self.keys.rpartition("\n")[2]))
+        if i == 0:
+            return self.decode_key(orjson.loads(self.keys.partition("\n")[0]))
         return self.key_list()[i]
 
     def _index(self, i: int) -> int:
@@ -260,10 +284,9 @@ class EncodedChunk(Sequence[EncodedRow]):
             out += items[lo:]
             return out
 
-        tails, lines = keep(self.tail_list()), keep(self.keys.split("\n"))
-        chunk = EncodedChunk(len(tails), "\n".join(tails), "\n".join(lines), self.decode_key,
+        tails = keep(self.tail_list())
+        chunk = EncodedChunk(len(tails), tails, keep(self.key_values()), self.decode_key,
                              self.arity, int_keys=self.int_keys)
-        chunk._tail_list = tails
         if self._key_list is not None:
             chunk._key_list = keep(self._key_list)
         return chunk

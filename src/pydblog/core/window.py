@@ -175,9 +175,9 @@ def _drop_encoded(chunk: EncodedChunk, dropped: set[MatchKey]) -> EncodedChunk:
         else:
             if not inside:
                 return chunk
-            keys = chunk.key_list()
-            found = (bisect_left(keys, d) for d in inside)
-            return chunk.without({i for i, d in zip(found, inside, strict=True) if keys[i] == d})
+            values = chunk.key_values()  # the integers themselves: key i is (values[i],)
+            at = [(bisect_left(values, d[0]), d[0]) for d in inside]
+            return chunk.without({i for i, v in at if values[i] == v})
     keys = chunk.key_list()
     try:  # a key of scalars is its own match key (hashable() changes nothing)
         drop = {i for i, k in enumerate(keys) if k in dropped}
