@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from enum import StrEnum
-from itertools import chain, repeat
+from itertools import repeat
 from typing import Any, NamedTuple, TypeVar, overload
 
 import orjson
@@ -425,9 +425,8 @@ def encode_snapshot_rows(
         blocks = []
         for a in range(0, n, block_events):
             b = min(n, a + block_events)
-            parts = zip(repeat(head), _index_texts(first + a, b - a), repeat(mid),
-                        tails[a:b], repeat("\n"))
-            body = "".join(chain.from_iterable(parts))[:-1]
+            parts = zip(repeat(head), _index_texts(first + a, b - a), repeat(mid), tails[a:b])
+            body = "\n".join(map("".join, parts))  # measured fastest of the C-level forms
             blocks.append(EncodedBlock(qualified, op, ts, b - a, body))
         return blocks
     if all(type(r) is EncodedRow for r in chunk):
