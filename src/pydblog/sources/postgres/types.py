@@ -443,7 +443,7 @@ class TypeRegistry:
 
         Invariant (checked against real PostgreSQL by tests/integration/test_pg_types):
         ``orjson.loads`` of the text equals the converter's value, for every value, under
-        ``SESSION_SETTINGS``. Equal values, not always equal bytes: PostgreSQL may print
+        ``SESSION_SETTINGS``; the text never holds a raw newline. Equal values, not always equal bytes: PostgreSQL may print
         a float or escape a character differently than ``orjson``.
         """
         base = self._base(oid)
@@ -452,8 +452,13 @@ class TypeRegistry:
         info = self._types.get(base)
         if info is not None and info.elem_oid:
             return None
-        if conv is int or conv is _json:
-            return f"{c}::text"  # integers (and oid) print as JSON numbers, json as JSON
+        if conv is int:
+            return f"{c}::text"  # integers (and oid) print as JSON numbers
+        if conv is _json:
+            # json keeps its input text verbatim; a raw newline there can only be
+            # whitespace between tokens (JSON escapes it inside strings), and the change
+            # log separates bodies by newlines: make it a space. jsonb never prints one.
+            return f"{c}::text" if base == JSONB else f"translate({c}::text, E'\\n\\r', '  ')"
         if conv == _BOOL.__getitem__:
             return f"CASE WHEN {c} THEN 'true' WHEN NOT {c} THEN 'false' END"
         if conv is _float:
