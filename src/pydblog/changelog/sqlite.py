@@ -6,7 +6,10 @@ envelopes joined by newlines (orjson escapes newlines inside strings, so a body 
 contains one) and its meta is one ``table US op US ts_ms`` entry per event, joined by
 RS. One row insert per block instead of per event makes appends several times cheaper
 and sequential reads likewise; readers split blocks and return one ``LogRecord`` per
-event, so nothing outside this module sees blocks.
+event (or, for bulk readers, the blocks' entry and body lists). A snapshot chunk
+arrives as ``EncodedBlock``s already joined (every body of a block shares one meta
+entry) and is stored as is. A checkpointer thread copies the WAL into the database so
+that appends only write and sync the WAL.
 
 Invariants:
 - Offsets are a dense integer sequence starting at 0, assigned at append in the order
@@ -20,8 +23,10 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from itertools import repeat
@@ -32,6 +37,8 @@ import orjson
 from pydblog.errors import ChangeLogError
 from pydblog.events import Encoded, EncodedBlock, EncodedEvent
 from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
+
+log = logging.getLogger(__name__)
 
 LOG_FILE = "changelog.sqlite"
 BLOCK_EVENTS = 1024
@@ -65,6 +72,39 @@ CREATE TABLE IF NOT EXISTS checkpoint (
     updated_ms INTEGER NOT NULL
 );
 """
+
+
+CHECKPOINT_EVERY_S = 0.05
+WAL_BACKSTOP_PAGES = 16_384
+"""The writer's own automatic checkpoint, only if the checkpointer thread fell behind
+this far (256 MiB of WAL)."""
+
+
+class _Checkpointer:
+    """Copies the WAL into the database file on its own thread and connection, so an
+    append only writes and syncs the WAL. PASSIVE checkpoints never wait for readers or
+    the writer; SQLite lets one run alongside a writer. (Run by the writer after its
+    commits, a checkpoint copied ~16 MB and synced the database file in the middle of
+    the capture's critical path every few batches: the stream's lag p99 came from
+    there during large snapshots.)"""
+
+    def __init__(self, path: Path) -> None:
+        self._conn = _connect(path, readonly=False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dblog-wal-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(CHECKPOINT_EVERY_S):
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as exc:  # busy or I/O: the backstop still bounds the WAL
+                log.debug("WAL checkpoint failed: %s", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._conn.close()
 
 
 def log_path(directory: str | Path) -> Path:
@@ -162,9 +202,11 @@ class SqliteChangeLog(ChangeLogWriter):
             self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # no-op once the file exists
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES}")
             self._conn.executescript(_SCHEMA)
         except sqlite3.Error as exc:
             raise ChangeLogError(f"cannot initialise the change log at {self.path}: {exc}") from exc
+        self._checkpointer = _Checkpointer(self.path)
         row = self._conn.execute("SELECT max(last_offset) FROM blocks").fetchone()
         cp = self._conn.execute("SELECT next_offset FROM checkpoint WHERE id = 1").fetchone()
         last = row[0] if row and row[0] is not None else -1
@@ -258,6 +300,7 @@ class SqliteChangeLog(ChangeLogWriter):
         return int((pages - free) * size)
 
     def close(self) -> None:
+        self._checkpointer.close()
         self._conn.close()
 
 
