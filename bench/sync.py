@@ -235,30 +235,20 @@ def main() -> None:
         print(f"change log: {end} events written in {time.monotonic() - t0:.1f}s ({work})")
     spark = spark_session(args.master)
     if "delta" in only:
-        cfg = config(
-            work,
-            "delta",
-            [{"type": "delta", "path": str(work / "lake")}],
-            "available-now",
-            args.master,
-            args.max_events_per_trigger,
-        )
-        report(
-            "Delta (first query of the process: cold JVM paths and Python workers)",
-            end,
-            drain(spark, cfg, end),
-        )
-        # The same drain again, into a fresh lake and checkpoint, by a second query of
-        # the same Spark session: what a running job sees when a backlog builds up.
-        cfg = config(
-            work,
-            "delta2",
-            [{"type": "delta", "path": str(work / "lake2")}],
-            "available-now",
-            args.master,
-            args.max_events_per_trigger,
-        )
-        report("Delta (second query, warm session)", end, drain(spark, cfg, end))
+        # Twice, into a fresh lake and checkpoint each time: as the process's first query
+        # (cold JVM paths and Python workers), then as a second query of the same Spark
+        # session (what a running job sees when a backlog builds up).
+        for name, label in (("delta", "first query of the process: cold JVM paths and Python workers"),
+                            ("delta2", "second query, warm session")):
+            cfg = config(
+                work,
+                name,
+                [{"type": "delta", "path": str(work / name.replace("delta", "lake"))}],
+                "available-now",
+                args.master,
+                args.max_events_per_trigger,
+            )
+            report(f"Delta ({label})", end, drain(spark, cfg, end))
     if "postgres" in only:
         with PgCluster() as pg:
             cfg = config(
