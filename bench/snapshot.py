@@ -133,9 +133,9 @@ def run_snapshot(
     # blocks' meta column (bodies only of blocks with a notification): a reader that
     # decoded every event in Python would fall behind a fast snapshot on these two
     # cores and report its own delay as the stream's lag, and would take CPU from it.
-    conn = sqlite3.connect(f"file:{data / 'changelog.sqlite'}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{data / 'changelog.sqlite'}?mode=ro", uri=True)
     while not done:
-        blocks = conn.execute(
+        blocks = db.execute(
             "SELECT first_offset, last_offset, meta FROM blocks WHERE first_offset >= ? "
             "ORDER BY first_offset LIMIT 64", (offset,)
         ).fetchall()
@@ -149,16 +149,17 @@ def run_snapshot(
             snap_rows += n_r
             lags.extend(now_ms - int(ts) for ts in UPDATE_TS.findall(meta))
             if "\x1fn\x1f" in meta:
-                (body,) = conn.execute("SELECT body FROM blocks WHERE first_offset = ?", (first,)).fetchone()
-                metas, bodies = meta.split("\x1e"), body.split("\n")
+                row = db.execute("SELECT body FROM blocks WHERE first_offset = ?", (first,)).fetchone()
+                bodies = row[0].split("\n") if row is not None else []
                 done = done or any(
                     m.split("\x1f")[1] == "n" and '"COMPLETED"' in b
-                    for m, b in zip(metas, bodies, strict=True)
+                    for m, b in zip(meta.split("\x1e"), bodies, strict=False)
                 )
             offset = last + 1
         if not blocks:
             time.sleep(0.005)
             rss_samples.append(peak_rss_kb(proc.pid))
+    db.close()
     elapsed = time.perf_counter() - (t_first or time.perf_counter())
     cpu = cpu_seconds(proc.pid) - cpu_first
     server = server_cpu_since(server_first)

@@ -317,6 +317,6 @@ def test_fast_decode_takes_the_common_case() -> None:
     try:
         fast = decode_fast(7, metas, bodies, schema)
     finally:
-        source.decode_bodies = real  # type: ignore[assignment]
+        source.decode_bodies = real
     assert calls == []
     assert fast.to_pylist() == real(7, metas, bodies, schema).to_pylist()
