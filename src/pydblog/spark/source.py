@@ -212,9 +212,11 @@ def decode_fast(
     ``FAST_COLUMNS``, without a JSON parse per event: the fields are cut out of the
     bodies in Arrow (``_split``: a cut at ``"after":``, then two RE2 passes over the
     part before it, one validating, one capturing),
-    ``after`` is kept as the stored text (orjson's compact form, which the full
-    decode's re-serialization reproduces byte for byte) and only keys that are not
-    already in sorted form are parsed. Bodies of any other form are decoded by
+    ``after`` is kept as the stored text and only keys that are not already in sorted
+    form are parsed. The stored text equals the full decode's re-serialization for
+    bodies orjson wrote; a snapshot row whose JSON PostgreSQL wrote is equal in value
+    only (a float's spelling, a ``json`` column's own spacing), which is all the
+    reduce needs: it parses ``after``. Bodies of any other form are decoded by
     ``decode_bodies``. Same result, property-tested against it."""
     n = len(bodies)
     if n == 0 or not set(schema.names) <= FAST_COLUMNS:
