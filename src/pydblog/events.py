@@ -308,10 +308,6 @@ Encoded = EncodedEvent | EncodedBlock
 """What the change log appends: single events, or blocks of them."""
 
 
-def event_count(items: Sequence[Encoded]) -> int:
-    """How many events (offsets) ``items`` hold."""
-    return sum(e.size if type(e) is EncodedBlock else 1 for e in items)
-
 
 class SnapshotRows(NamedTuple):
     """Consecutive ``op: r`` events of one chunk, in key order.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from pydblog.changelog.sqlite import SqliteChangeLog
-from pydblog.events import Encoded, event_count
+from pydblog.events import Encoded
 from pydblog.ports import Checkpoint, StateStore, TableSchema
 from pydblog.positions import Position
 
@@ -33,10 +33,7 @@ class Batch:
     checkpoint: Checkpoint
     schemas: Sequence[TableSchema]
     ack: Position | None
-    size: int = -1  # how many events ``events`` hold (-1: count them)
-
-    def count(self) -> int:
-        return self.size if self.size >= 0 else event_count(self.events)
+    size: int  # how many events ``events`` hold (an ``EncodedBlock`` holds several)
 
 
 class BatchWriter:
@@ -69,7 +66,7 @@ class BatchWriter:
         self.raise_error()
         self._idle.clear()
         with self._lock:
-            self._queued += batch.count()
+            self._queued += batch.size
         self._queue.put(batch)
 
     def run_task(self, task: Callable[[], None]) -> None:
@@ -84,10 +81,6 @@ class BatchWriter:
         """The newest position that is durable in the change log and the state store."""
         self.raise_error()
         return self._durable_ack
-
-    def full(self) -> bool:
-        """True when the next ``submit`` would wait for the writer (the queue is full)."""
-        return self._queue.full()
 
     def backlog(self) -> int:
         """Events submitted but not yet appended to the change log."""
@@ -137,10 +130,9 @@ class BatchWriter:
         if self._crash_at == "after-log":
             os._exit(137)
         self._unsaved = batch
-        n = batch.count()
         with self._lock:
-            self._written += n
-            self._queued -= n
+            self._written += batch.size
+            self._queued -= batch.size
         if time.monotonic() - self._last_save >= self._state_interval:
             self._save()
 

@@ -153,11 +153,6 @@ def _block_rows(start: int, items: Sequence[Encoded]) -> tuple[list[tuple[object
     single events in blocks of up to ``BLOCK_EVENTS``, each ``EncodedBlock`` as its own
     block (the encoder keeps those within ``BLOCK_EVENTS`` too)."""
     bulk = [i for i, e in enumerate(items) if type(e) is EncodedBlock]
-    if not bulk:
-        return [
-            _block_row(start + i, items[i : i + BLOCK_EVENTS])  # type: ignore[arg-type]
-            for i in range(0, len(items), BLOCK_EVENTS)
-        ], start + len(items)
     rows: list[tuple[object, ...]] = []
     offset, lo = start, 0
     for hi in [*bulk, len(items)]:

@@ -273,9 +273,9 @@ class PgSnapshotReader:
             ((count, keys, tails),) = self._read_only(
                 plan.query(self._group_end(info, where, text)), []
             )
-        if not count:
-            return EncodedChunk(0, "", "", bulk.decode_key, bulk.arity, int_keys=bulk.int_keys)
-        return EncodedChunk(count, tails, keys, bulk.decode_key, bulk.arity, int_keys=bulk.int_keys)
+        # string_agg of no rows is NULL
+        return EncodedChunk(count, tails or "", keys or "", bulk.decode_key, bulk.arity,
+                            int_keys=bulk.int_keys)
 
     def _group_end(self, info: TableInfo, where: sql.Composable, last: str | None) -> sql.Composable:
         """``where`` extended to the end of the group of the (surrogate) key text ``last``."""
@@ -294,8 +294,9 @@ class PgSnapshotReader:
         """The chunk query's shape and row decoder, cached per column list and chunk key.
 
         Where every column has a ``TypeRegistry.json_text_expr``, PostgreSQL writes each
-        row's JSON text (and the key's) and Python only converts the chunk key; otherwise every
-        column is selected as text and a generated encoder builds the JSON. Either way
+        row's JSON text (and the key's) and joins a whole chunk into one result row (an
+        ``EncodedChunk``); otherwise every column is selected as text and a generated
+        encoder builds the JSON per row. Either way
         the event key is the table's identity (primary key, else every column), as the
         stream's events of the table have it.
         """
