@@ -141,7 +141,10 @@ def run_snapshot(
         ).fetchall()
         now_ms = time.time() * 1000
         for first, last, meta in blocks:
-            n_r = meta.count("\x1fr\x1f")
+            if meta.startswith("\x1d"):  # a template block: one entry for all its events
+                n_r = last - first + 1 if "\x1fr\x1f" in meta.split("\x1d", 2)[1] + "\x1f" else 0
+            else:
+                n_r = meta.count("\x1fr\x1f")
             if n_r and t_first is None:
                 t_first = time.perf_counter()
                 cpu_first = cpu_seconds(proc.pid)

@@ -118,7 +118,8 @@ def test_blocks_encode_like_single_events(
     singles = encode_snapshot_rows(slow, "postgresql", "db", 99)
     assert all(0 < b.size <= block for b in blocks)
     assert sum(b.size for b in blocks) == len(rows)
-    bodies = [body for b in blocks for body in b.body.split("\n")]
+    assert all(b.head and b.body.count("\n") == b.size - 1 for b in blocks)  # stored compact
+    bodies = [body for b in blocks for body in b.bodies()]
     assert bodies == [e.body for e in singles]
     assert singles == [encode_event(e, "postgresql", "db", 99) for e in slow.events()]
     assert {(b.table, b.op, b.ts_ms) for b in blocks} <= {('s.t"x', "r", 1234)}
@@ -134,14 +135,18 @@ def test_change_log_stores_blocks_like_events() -> None:
         for _ in range(rng.randrange(1, 8)):
             if rng.random() < 0.5:
                 n = rng.randrange(0, 2500)
-                items.append(EncodedBlock("s.t", "r", 5, n, "\n".join(f'{{"i":{j}}}' for j in range(n))))
+                if rng.random() < 0.5:
+                    items.append(EncodedBlock("s.t", "r", 5, n, "\n".join(f'{{"i":{j}}}' for j in range(n))))
+                else:  # a template block
+                    items.append(EncodedBlock("s.t", "r", 5, n, "\n".join(f'{j}}}' for j in range(n)),
+                                              '{"h":1,"index":', ',"k":', rng.randrange(0, 99)))
             else:
                 items.extend(EncodedEvent("s.u", "c", 6, f'{{"e":{rng.random()}}}')
                              for _ in range(rng.randrange(1, 1500)))
         flat: list[EncodedEvent | EncodedBlock] = []
         for it in items:
             if type(it) is EncodedBlock:
-                flat.extend(EncodedEvent(it.table, it.op, it.ts_ms, b) for b in it.body.split("\n")[: it.size])
+                flat.extend(EncodedEvent(it.table, it.op, it.ts_ms, b) for b in it.bodies())
             else:
                 flat.append(it)
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
@@ -154,5 +159,10 @@ def test_change_log_stores_blocks_like_events() -> None:
             assert ra.next_offset() == len(flat)
             lo = rng.randrange(0, len(flat) + 1)
             assert [r.offset for r in ra.read(lo, 10**6)] == list(range(lo, len(flat)))
+            hi = rng.randrange(lo, len(flat) + 1)
+            got = [(f + i, m, b) for f, ms, bs in ra.read_range_blocks(lo, hi)
+                   for i, (m, b) in enumerate(zip(ms, bs, strict=True))]
+            assert got == [(r.offset, f"{r.table}\x1f{r.op}\x1f{r.ts_ms}", r.body.decode())
+                           for r in rb.read_range(lo, hi)]
             ra.close()
             rb.close()
