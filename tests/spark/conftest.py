@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +23,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pydblog.spark.pyexec import worker_python
+
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python("local[2]"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from pyspark.sql import SparkSession

@@ -38,6 +38,7 @@ from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import Config, load_config
 from pydblog.errors import ChangeLogError, ConfigError, DblogError, SinkError
 from pydblog.spark.batch import Batch
+from pydblog.spark.pyexec import worker_python
 from pydblog.spark.sinks import Sink, apply_with_retry, build_sink
 from pydblog.spark.sinks.history import HistorySink
 from pydblog.spark.source import ARROW_SCHEMA, NAME, DblogDataSource, unpack
@@ -59,8 +60,9 @@ def spark_session(master: str) -> Any:
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    # Python workers must run this interpreter (the one that has pydblog installed).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Python workers must run this interpreter (the one that has pydblog installed);
+    # in local mode through a launcher that spares them compiling pyspark's zip.
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python(master))
     spark = (
         SparkSession.builder.master(master)
         .appName("dblog-sync")
