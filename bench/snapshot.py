@@ -34,7 +34,7 @@ import psycopg
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
-from pydblog.devtools.proc import cpu_seconds, peak_rss_kb
+from pydblog.devtools.proc import cpu_seconds, peak_rss_kb, thread_cpu
 
 UPDATE_TS = re.compile("\x1fu\x1f(\\d+)")  # an update's meta entry: its commit ts_ms
 
@@ -59,6 +59,19 @@ def server_cpu() -> dict[int, float]:
 def server_cpu_since(start: dict[int, float]) -> float:
     """Cluster CPU since ``start`` (processes that ended in between are not counted)."""
     return sum(c - start.get(pid, 0.0) for pid, c in server_cpu().items())
+
+
+def server_cpu_top(start: dict[int, float], n: int = 3) -> list[tuple[str, float]]:
+    """The cluster processes that used most CPU since ``start``: (process title, s)."""
+    used = sorted(((c - start.get(pid, 0.0), pid) for pid, c in server_cpu().items()), reverse=True)
+    out = []
+    for cpu, pid in used[:n]:
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            title = str(pid)
+        out.append((title, cpu))
+    return out
 
 
 def copy_rate(dsn: str, rows: int) -> tuple[float, float, float]:
@@ -126,6 +139,7 @@ def run_snapshot(
     t_first: float | None = None
     cpu_first = 0.0
     server_first: dict[int, float] = {}
+    threads_first: dict[str, float] = {}
     offset = 0
     done = False
     rss_samples: list[int] = []
@@ -148,6 +162,7 @@ def run_snapshot(
             if n_r and t_first is None:
                 t_first = time.perf_counter()
                 cpu_first = cpu_seconds(proc.pid)
+                threads_first = thread_cpu(proc.pid)
                 server_first = server_cpu()
             snap_rows += n_r
             lags.extend(now_ms - int(ts) for ts in UPDATE_TS.findall(meta))
@@ -165,7 +180,9 @@ def run_snapshot(
     db.close()
     elapsed = time.perf_counter() - (t_first or time.perf_counter())
     cpu = cpu_seconds(proc.pid) - cpu_first
+    threads = {k: v - threads_first.get(k, 0.0) for k, v in thread_cpu(proc.pid).items()}
     server = server_cpu_since(server_first)
+    top = server_cpu_top(server_first)
     stop.set()
     upd.join()
     rss = peak_rss_kb(proc.pid)
@@ -183,6 +200,11 @@ def run_snapshot(
         f"(dblog run CPU {cpu * 1e6 / max(snap_rows, 1):.1f} us/row, a load-independent figure; "
         f"PostgreSQL CPU {server * 1e6 / max(snap_rows, 1):.1f} us/row)"
     )
+    print(f"    {label}: dblog run CPU by thread: " + "; ".join(
+        f"{name} {c * 1e6 / max(snap_rows, 1):.2f} us/row"
+        for name, c in sorted(threads.items(), key=lambda t: -t[1]) if c > 0))
+    print(f"    {label}: PostgreSQL CPU by process: " + "; ".join(
+        f"{t.split(' (')[0][:60]} {c * 1e6 / max(snap_rows, 1):.2f} us/row" for t, c in top))
     print(
         f"(c) {label}: stream lag of {len(lag):,} concurrent updates p50 {p50:.1f} ms, p99 {p99:.1f} ms"
     )

@@ -26,6 +26,7 @@ from pydblog.errors import DblogError, SignalError
 from pydblog.events import ChangeEvent, Emitted, Op, SnapshotRows
 from pydblog.ports import SnapshotReader, TableInfo
 from pydblog.positions import Position
+from pydblog.threads import name_native_thread
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ class SnapshotDriver:
         self._requests.put(request)
 
     def _work(self) -> None:
+        name_native_thread()
         def answer(result: Answer) -> None:
             self._answers.put(result)
             self.wakeup()

@@ -39,6 +39,7 @@ import orjson
 from pydblog.errors import ChangeLogError
 from pydblog.events import Encoded, EncodedBlock, EncodedEvent, expand_template
 from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
+from pydblog.threads import name_native_thread
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class _Checkpointer:
         self._thread.start()
 
     def _run(self) -> None:
+        name_native_thread()
         while not self._stop.wait(CHECKPOINT_EVERY_S):
             try:
                 self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")

@@ -24,3 +24,19 @@ def cpu_seconds(pid: int) -> float:
     except (FileNotFoundError, IndexError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds used so far by the process's live threads, summed per thread name
+    (``/proc/PID/task/TID/comm``: pydblog names its threads, see ``pydblog.threads``)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+        try:
+            head, _, rest = (task / "stat").read_text().rpartition(")")
+            fields = rest.split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        name = head.partition("(")[2]
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
