@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import statistics
 import tempfile
@@ -233,7 +234,13 @@ def main() -> None:
     else:
         end = write_load(work / "log", SyntheticLoad(seed=1), args.events, chunk=50_000)
         print(f"change log: {end} events written in {time.monotonic() - t0:.1f}s ({work})")
+    t0 = time.monotonic()
     spark = spark_session(args.master)
+    print(
+        f"Spark session in {time.monotonic() - t0:.1f}s (not timed below); Python processes: "
+        f"{os.environ.get('PYSPARK_PYTHON')}; driver JVM options: "
+        f"{spark.conf.get('spark.driver.extraJavaOptions', '') or '(none)'}"
+    )
     if "delta" in only:
         # Twice, into a fresh lake and checkpoint each time: as the process's first query
         # (cold JVM paths and Python workers), then as a second query of the same Spark

@@ -30,10 +30,14 @@ def spark() -> Iterator[Any]:
         warnings.simplefilter("ignore")
         from pyspark.sql import SparkSession
 
+        from pydblog.spark.cds import driver_java_options, record_dump_context
+        from pydblog.spark.job import spark_home
         from pydblog.spark.source import DblogDataSource
 
+        cds_option, dump = driver_java_options(spark_home())
         session = (
             SparkSession.builder.master("local[2]")
+            .config("spark.driver.extraJavaOptions", cds_option)
             .appName("pydblog-tests")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
@@ -41,6 +45,8 @@ def spark() -> Iterator[Any]:
             .config("spark.driver.memory", "1g")
             .getOrCreate()
         )
+    if dump is not None:
+        record_dump_context(session, dump)
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(DblogDataSource)
     try:

@@ -38,6 +38,7 @@ from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import Config, load_config
 from pydblog.errors import ChangeLogError, ConfigError, DblogError, SinkError
 from pydblog.spark.batch import Batch
+from pydblog.spark.cds import driver_java_options, record_dump_context
 from pydblog.spark.pyexec import worker_python
 from pydblog.spark.sinks import Sink, apply_with_retry, build_sink
 from pydblog.spark.sinks.history import HistorySink
@@ -63,7 +64,7 @@ def spark_session(master: str) -> Any:
     # Python workers must run this interpreter (the one that has pydblog installed);
     # in local mode through a launcher that spares them compiling pyspark's zip.
     os.environ.setdefault("PYSPARK_PYTHON", worker_python(master))
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("dblog-sync")
         .config("spark.ui.enabled", "false")
@@ -71,10 +72,23 @@ def spark_session(master: str) -> Any:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", os.environ.get("DBLOG_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        .getOrCreate()
     )
+    # The driver JVM maps the classes of an earlier run (cds.py); these confs reach
+    # spark-submit, which starts the JVM.
+    cds_option, dump = driver_java_options(spark_home())
+    if cds_option:
+        builder = builder.config("spark.driver.extraJavaOptions", cds_option)
+    spark = builder.getOrCreate()
+    if dump is not None:
+        record_dump_context(spark, dump)
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def spark_home() -> str:
+    from pyspark.find_spark_home import _find_spark_home
+
+    return _find_spark_home()
 
 
 def _fault(batch_id: int, after_sink: int | None) -> None:
