@@ -30,14 +30,14 @@ def spark() -> Iterator[Any]:
         warnings.simplefilter("ignore")
         from pyspark.sql import SparkSession
 
-        from pydblog.spark.cds import driver_java_options, record_dump_context
-        from pydblog.spark.job import spark_home
+        from pydblog.spark.cds import record_dump_context
+        from pydblog.spark.job import driver_java_options
         from pydblog.spark.source import DblogDataSource
 
-        cds_option, dump = driver_java_options(spark_home())
+        java_options, dump = driver_java_options()
         session = (
             SparkSession.builder.master("local[2]")
-            .config("spark.driver.extraJavaOptions", cds_option)
+            .config("spark.driver.extraJavaOptions", java_options)
             .appName("pydblog-tests")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
