@@ -45,6 +45,8 @@ def test_queued_batches_commit_together(tmp_path: Path) -> None:
     log = GatedLog(tmp_path / "log")
     writer = BatchWriter(log, FileStateStore(tmp_path / "state"), depth=16)
     order: list[str] = []
+    drained: list[int] = []
+    writer.on_drained = lambda: drained.append(log.next_offset)
     schema = TableSchema("s", "t", (ColumnSchema("id", "int8", "int64", False),), ("id",))
     writer.submit(_batch(0, 2))
     assert log.entered.wait(10)  # the writer holds batch 0 in its first append
@@ -64,6 +66,7 @@ def test_queued_batches_commit_together(tmp_path: Path) -> None:
         (12, 13, 5, 0),  # after the task, which ran in its place in the queue
     ]
     assert order == ["task after 12"]
+    assert drained[-1] == 13 and 2 not in drained  # woken when the queue ran dry, only then
     assert writer.take_ack() == PgPosition(Lsn(105), 0)
     reader = SqliteChangeLogReader(tmp_path / "log")
     bodies = [r.body.decode() for r in reader.read_range(0, 13)]

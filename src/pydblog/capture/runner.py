@@ -96,6 +96,7 @@ class Runner:
         self._driver_active = False
         self._now_ms = int(time.time() * 1000)
         self._last_retention = 0.0  # first idle moment applies retention
+        self._writer_wakes = False  # the writer wakes the stream when its queue drains
 
     # -- recovery ---------------------------------------------------------------------
     def recover(self) -> Checkpoint | None:
@@ -123,6 +124,8 @@ class Runner:
         wakeup = getattr(self.source, "wakeup", None)
         if wakeup is not None:
             driver.wakeup = wakeup
+            self.writer.on_drained = wakeup
+            self._writer_wakes = True
         driver.hold = lambda: self.writer.backlog() >= HOLD_BACKLOG_EVENTS
         self._skip = checkpoint.position if checkpoint else None
         if self.cfg.snapshot.mode == "initial" and not self._extra.get("initial_started"):
@@ -195,7 +198,13 @@ class Runner:
             self.flush()
 
     def _on_idle(self, item: Idle, stop: threading.Event) -> bool:
-        self.flush()
+        # The source has nothing more right now: flush, unless the writer is still
+        # committing and will wake the stream when done (the events then go in one
+        # commit with those that arrive meanwhile, instead of one fsync per
+        # transaction; they would only have queued behind that commit anyway). A batch
+        # older than ``batch_max_ms`` goes at the next transaction end regardless.
+        if not (self._pending and self._writer_wakes and self.writer.backlog()):
+            self.flush()
         self._tick(stop)
         self._now_ms = int(time.time() * 1000)
         if stop.is_set():

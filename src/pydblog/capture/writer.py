@@ -58,6 +58,9 @@ class BatchWriter:
         self.state = state
         self._queue: queue.Queue[Batch | Callable[[], None] | None] = queue.Queue(maxsize=depth)
         self._carry: list[Batch | Callable[[], None] | None] = []  # taken, not yet run
+        # Called on the writer thread whenever it has appended everything submitted (the
+        # runner: wake the stream, which holds small batches back while a commit runs).
+        self.on_drained: Callable[[], None] = lambda: None
         self._error: BaseException | None = None
         self._durable_ack: Position | None = None
         self._written = 0
@@ -137,8 +140,10 @@ class BatchWriter:
             step = item if callable(item) else partial(self._append, self._group(item))
             if not self._guard(step):
                 return
-            if not self._carry and self._queue.empty() and self._unsaved is None:
-                self._idle.set()
+            if not self._carry and self._queue.empty():
+                self.on_drained()
+                if self._unsaved is None:
+                    self._idle.set()
 
     def _group(self, batch: Batch) -> Batch:
         """Group commit: ``batch`` and the batches queued behind it, as one append (one
