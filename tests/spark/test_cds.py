@@ -67,7 +67,8 @@ def test_first_session_dumps_next_one_checks_and_uses_it(cache: Path) -> None:
     assert cds.driver_java_options(spark_home()) == (option, None)
 
 
-def test_damaged_dump_is_never_used(cache: Path) -> None:
+def test_damaged_dump_is_never_used(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(cache.parent.parent)  # a crash report would land here
     _, tmp = cds.driver_java_options(spark_home())
     assert tmp is not None
     context = _dump(tmp)
@@ -84,6 +85,7 @@ def test_damaged_dump_is_never_used(cache: Path) -> None:
     option, again = cds.driver_java_options(spark_home())
     assert again is not None and option == f"-XX:ArchiveClassesAtExit={again}"
     assert not tmp.exists() and not tmp.with_suffix(".json").exists()
+    assert not list(cache.parent.parent.glob("hs_err*")) and not list(Path().glob("hs_err*"))
 
 
 def test_archive_is_per_java_and_jars(tmp_path: Path) -> None:

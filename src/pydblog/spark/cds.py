@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -85,6 +86,9 @@ def _validates(java: Path, candidate: Path, context: dict[str, Any]) -> bool:
         args = [a for a in context.get("jvm_args", []) if a.startswith("--add-")]
         cmd = [
             str(java),
+            # a damaged archive crashes this JVM: no crash report or core file
+            "-XX:ErrorFile=/dev/null",
+            "-XX:-CreateCoredumpOnCrash",
             "-Xshare:on",
             f"-XX:SharedArchiveFile={candidate}",
             "-cp",
@@ -92,7 +96,9 @@ def _validates(java: Path, candidate: Path, context: dict[str, Any]) -> bool:
             *args,
             "-version",
         ]
-        done = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+        done = subprocess.run(
+            cmd, capture_output=True, timeout=60, check=False, cwd=tempfile.gettempdir()
+        )
     except (OSError, KeyError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
