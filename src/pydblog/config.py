@@ -103,9 +103,9 @@ class SnapshotConfig(_Model):
     signal_table: str = "public.dblog_signal"
     watermark_table: str = "public.dblog_watermark"
     adaptive: bool = False
-    chunk_time_budget_ms: int = Field(default=100, gt=0)
+    chunk_time_budget_ms: int = Field(default=200, gt=0)
     min_chunk_size: int = Field(default=256, ge=1)
-    max_chunk_size: int = Field(default=32768, ge=1)
+    max_chunk_size: int = Field(default=65536, ge=1)
     statement_timeout_ms: int = Field(default=60_000, gt=0)
 
 
