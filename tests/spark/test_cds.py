@@ -96,3 +96,15 @@ def test_archive_is_per_java_and_jars(tmp_path: Path) -> None:
     before = cds.fingerprint(java, str(tmp_path))
     (tmp_path / "jars" / "a.jar").write_bytes(b"xy")
     assert cds.fingerprint(java, str(tmp_path)) != before
+
+
+def test_archives_of_other_builds_unused_for_long_are_pruned(tmp_path: Path) -> None:
+    now = time.time()
+    current, recent, old = (tmp_path / f"spark-{n}.jsa" for n in ("cur", "recent", "old"))
+    for f, age in ((current, 90 * 86400), (recent, 86400), (old, cds.UNUSED_S + 60)):
+        f.write_bytes(b"x")
+        os.utime(f, (now - age, now - age))
+    other = tmp_path / "spark-old.jsa.1234.tmp"  # a dump in progress is not an archive
+    other.write_bytes(b"x")
+    assert cds.prune(tmp_path, keep=current, now=now) == [old]
+    assert current.exists() and recent.exists() and other.exists() and not old.exists()

@@ -38,6 +38,9 @@ from typing import Any
 ENV_DISABLE = "DBLOG_SPARK_CDS"
 """``DBLOG_SPARK_CDS=0`` turns the archive off."""
 STALE_S = 3600.0
+UNUSED_S = 30 * 86400.0
+"""Archives of other Java/Spark builds (an upgrade, another virtualenv) not used for
+this long are removed: each is ~170 MB."""
 _DYNAMIC_MAGIC = bytes.fromhex("a8ab0bf0")  # 0xf00baba8, little-endian
 
 
@@ -137,6 +140,30 @@ def _promote(java: Path, final: Path) -> bool:
     return final.exists()
 
 
+def _mark_used(archive: Path) -> None:
+    """Its mtime says when it was last used (refreshed at most daily)."""
+    try:
+        if time.time() - archive.stat().st_mtime > 86400:
+            os.utime(archive)
+    except OSError:
+        pass
+
+
+def prune(directory: Path, keep: Path, now: float | None = None) -> list[Path]:
+    """Remove the archives in ``directory`` other than ``keep`` that were not used for
+    ``UNUSED_S``; returns them."""
+    now = time.time() if now is None else now
+    gone = []
+    for other in directory.glob("spark-*.jsa"):
+        try:
+            if other != keep and now - other.stat().st_mtime > UNUSED_S:
+                other.unlink()
+                gone.append(other)
+        except OSError:
+            pass
+    return gone
+
+
 def driver_java_options(spark_home: str) -> tuple[str, Path | None]:
     """The driver JVM option for the archive and, when this session is to write one,
     the path ``record_dump_context`` needs. ``("", None)`` when disabled or unusable."""
@@ -149,6 +176,8 @@ def driver_java_options(spark_home: str) -> tuple[str, Path | None]:
         java, final = found
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists() or _promote(java, final):
+            _mark_used(final)
+            prune(final.parent, keep=final)
             return f"-XX:SharedArchiveFile={final}", None
         if any(final.parent.glob(final.name + ".*.tmp")):
             return "", None  # another JVM's archive is being written or checked
