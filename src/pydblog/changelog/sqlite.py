@@ -10,9 +10,8 @@ event (or, for bulk readers, the blocks' entry and body lists). A snapshot chunk
 arrives as template ``EncodedBlock``s and is stored as is: one meta entry, the envelope
 parts every row shares, and the rows' tails compressed with zstd; readers expand it (a
 snapshot row then costs a few bytes in the log instead of ~330, written twice: WAL and
-database). A
-checkpointer thread copies the WAL into the database so that appends only write and
-sync the WAL.
+database). A checkpointer thread copies the WAL into the database so that appends only
+write and sync the WAL.
 
 Invariants:
 - Offsets are a dense integer sequence starting at 0, assigned at append in the order

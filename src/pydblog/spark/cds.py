@@ -35,6 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydblog.spark.pyexec import cache_dir
+
 ENV_DISABLE = "DBLOG_SPARK_CDS"
 """``DBLOG_SPARK_CDS=0`` turns the archive off."""
 STALE_S = 3600.0
@@ -45,8 +47,7 @@ _DYNAMIC_MAGIC = bytes.fromhex("a8ab0bf0")  # 0xf00baba8, little-endian
 
 
 def cds_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pydblog" / "cds"
+    return cache_dir() / "cds"
 
 
 def _java() -> Path | None:

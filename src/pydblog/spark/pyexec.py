@@ -33,7 +33,8 @@ from pathlib import Path
 LAUNCHER_PREFIX = "spark-python-"
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """pydblog's cache directory (``$XDG_CACHE_HOME/pydblog``, else ``~/.cache/pydblog``)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "pydblog"
 
@@ -94,7 +95,7 @@ def worker_python(master: str) -> str:
         return sys.executable
     text = launcher_script(sys.executable)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    target = _cache_dir() / f"{LAUNCHER_PREFIX}{digest}"
+    target = cache_dir() / f"{LAUNCHER_PREFIX}{digest}"
     try:
         if target.is_file() and os.access(target, os.X_OK) and target.read_text() == text:
             return str(target)
