@@ -194,6 +194,15 @@ def _unpack(meta: str, body: str | bytes) -> tuple[list[str], list[str]]:
     return [entry] * len(lines), expand_template(head, int(first_index), mid, lines)
 
 
+def block_parts(meta: str, body: str | bytes) -> tuple[list[str], str | list[str]]:
+    """A stored block's meta entries and its bodies: the stored text of a plain block
+    (the bodies joined by newlines, which a JSON text holds only escaped), the expanded
+    bodies of a template block. For readers that split the text themselves (in Arrow)."""
+    if meta.startswith(_GS):
+        return _unpack(meta, body)
+    return meta.split(_RS), body if isinstance(body, str) else _decompress(body)
+
+
 def _block_rows(start: int, items: Sequence[Encoded]) -> tuple[list[tuple[object, ...]], int]:
     """The blocks of ``items`` from offset ``start``, and the offset after them: runs of
     single events in blocks of up to ``BLOCK_EVENTS``, each ``EncodedBlock`` as its own
@@ -404,25 +413,31 @@ class SqliteChangeLogReader(ChangeLogReader):
         """Records with ``start <= offset < end`` (a deterministic re-read)."""
         return list(self._blocks(start, end, None))
 
-    def read_range_blocks(self, start: int, end: int) -> list[tuple[int, list[str], list[str]]]:
-        """The events ``start <= offset < end`` as the stored blocks hold them, clipped to
-        the range: ``(first offset, meta entries, bodies)`` per block in offset order, the
-        i-th entry being offset ``first + i``; a meta entry is ``table US op US ts_ms``.
-        The same events as ``read_range`` without one ``LogRecord`` per event (the bulk
-        readers decode bodies themselves); a range retention removed is simply absent."""
+    def read_range_stored(self, start: int, end: int) -> list[tuple[int, str, str | bytes]]:
+        """The stored blocks that hold events of ``start <= offset < end``, in offset
+        order and not clipped to the range: ``(first offset, meta, body)`` as stored
+        (``block_parts`` unpacks one). A range retention removed is simply absent."""
         if not self.ready() or end <= start:
             return []
         first_block = self._conn.execute(
             "SELECT max(first_offset) FROM blocks WHERE first_offset <= ?", (start,)
         ).fetchone()[0]
         lower = first_block if first_block is not None else start
-        rows = self._conn.execute(
+        rows: list[tuple[int, str, str | bytes]] = self._conn.execute(
             "SELECT first_offset, meta, body FROM blocks WHERE first_offset >= ? "
             "AND first_offset < ? ORDER BY first_offset",
             (lower, end),
         ).fetchall()
+        return rows
+
+    def read_range_blocks(self, start: int, end: int) -> list[tuple[int, list[str], list[str]]]:
+        """The events ``start <= offset < end`` as the stored blocks hold them, clipped to
+        the range: ``(first offset, meta entries, bodies)`` per block in offset order, the
+        i-th entry being offset ``first + i``; a meta entry is ``table US op US ts_ms``.
+        The same events as ``read_range`` without one ``LogRecord`` per event (the bulk
+        readers decode bodies themselves); a range retention removed is simply absent."""
         out: list[tuple[int, list[str], list[str]]] = []
-        for first, meta, body in rows:
+        for first, meta, body in self.read_range_stored(start, end):
             metas, bodies = _unpack(meta, body)
             lo, hi = max(0, start - first), min(len(bodies), end - first)
             if lo >= hi:

@@ -41,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pydblog.changelog.sqlite import SqliteChangeLogReader
+from pydblog.changelog.sqlite import SqliteChangeLogReader, block_parts
 from pydblog.errors import ChangeLogError
 from pydblog.ports import LogRecord
 
@@ -161,12 +161,15 @@ def decode_bodies(
 # -- the fast decode of the mirror columns ------------------------------------------------
 # The change log's bodies are orjson's compact envelopes: ``{"op":..,"ts_ms":..,"source":
 # {"connector":..,"db":..,"schema":..,"table":..,<flat position fields>},"key":..,
-# "before":..,"after":..[,"unchanged":[..]]}``. ``_STRICT`` accepts exactly the bodies of
-# that form whose source, key and before are flat objects (no nested object or array) and
-# whose schema/table names need no unescaping; for those, ``_SPLIT`` (a cheaper pattern)
-# captures the same fields: a string can hold a brace or ``,"key":`` only escaped, so
-# in a flat object the first unescaped ``}`` ends it. Everything else (notifications,
-# nested keys, an unknown envelope) is decoded by ``decode_bodies``.
+# "before":..,"after":..[,"unchanged":[..]]}``. ``_PREFIX_STRICT`` accepts exactly the
+# bodies of that form whose source, key and before are flat objects (no nested object or
+# array) and whose schema/table names need no unescaping; for those, anchored captures
+# and cuts at fixed substrings take the fields out (``_split``). In a valid JSON text a
+# string holds ``"`` only escaped, so no substring that contains an unescaped ``"``
+# (``,"after":``, ``},"key":``) can start or end inside a string, and in a flat object
+# the first ``}`` outside a string ends it: the first occurrence of each is the
+# envelope's own. Everything else (notifications, nested keys, an unknown envelope) is
+# decoded by ``decode_bodies``.
 _S = r'"(?:[^"\\\x00-\x1f]|\\.)*"'
 _FLAT = r"\{(?:[^{}\[\]\"]|" + _S + r")*\}"
 _NAME = r'"[^"\\\x00-\x1f]*"'
@@ -178,11 +181,13 @@ _PREFIX_STRICT = (
     + r'(?:[^{}\[\]"]|' + _S + r')*\},"key":(?:' + _FLAT + r'|null),"before":(?:null|'
     + _FLAT + r')$'
 )
-_PREFIX_SPLIT = (
-    r'^\{"op":"(?P<op>[cudrt])","ts_ms":(?P<ts>[-0-9]+),"source":\{"connector":(?:"[^"]*"|null),'
-    r'"db":(?:"[^"]*"|null),"schema":"(?P<schema>[^"]*)","table":"(?P<table>[^"]*)"[^}]*\},'
-    r'"key":(?P<key>\{[^}]*\}|null),"before":(?:null|\{[^}]*\})$'
+_HEAD = (
+    r'^\{"op":"(?P<op>[cudrt])","ts_ms":(?P<ts>-?[0-9]+),"source":\{"connector":(?:"[^"]*"|null),'
+    r'"db":(?:"[^"]*"|null),"schema":"(?P<schema>[^"]*)","table":"(?P<table>[^"]*)"'
 )
+"""The envelope's fields up to the table name (anchored: the scan stops there)."""
+_KEY = r'^(?P<key>\{[^}]*\}|null),"before":'
+"""The key, from the text after ``},"key":``."""
 _TAIL_UNCHANGED = r'^\{.*\},"unchanged":\[(?:' + _S + r"(?:," + _S + r")*)?\]\}$"
 _KEY_NAME = r'"[^"\\\x00-\x1f]*"'
 _KEY_VALUE = r"(?:" + _INT + r'|"[^"\\\x00-\x1f]*")'
@@ -206,7 +211,7 @@ def _norm_key(text: str | None) -> str | None:
 
 
 def decode_fast(
-    first: int, metas: Sequence[str], bodies: Sequence[str], schema: pa.Schema
+    first: int, metas: Sequence[str], bodies: Sequence[str] | pa.Array, schema: pa.Schema
 ) -> pa.RecordBatch:
     """``decode_bodies(first, metas, bodies, schema)`` for ``schema`` within
     ``FAST_COLUMNS``, without a JSON parse per event: the fields are cut out of the
@@ -220,13 +225,16 @@ def decode_fast(
     ``decode_bodies``. Same result, property-tested against it."""
     n = len(bodies)
     if n == 0 or not set(schema.names) <= FAST_COLUMNS:
-        return decode_bodies(first, metas, bodies, schema)
-    parts, ok = _split(pa.array(bodies, type=pa.string()))
+        texts = bodies.to_pylist() if isinstance(bodies, pa.Array) else bodies
+        return decode_bodies(first, metas, texts, schema)
+    arr = bodies if isinstance(bodies, pa.Array) else pa.array(bodies, type=pa.string())
+    parts, ok = _split(arr)
     offsets = pa.array(range(first, first + n), type=pa.int64())
     if not pc.all(ok).as_py():
         slow_idx = pc.indices_nonzero(pc.invert(ok)).to_pylist()
         fast_idx = pc.indices_nonzero(ok)
-        slow = decode_bodies(0, [metas[i] for i in slow_idx], [bodies[i] for i in slow_idx], schema)
+        slow_bodies = pc.take(arr, pa.array(slow_idx, pa.int64())).to_pylist()
+        slow = decode_bodies(0, [metas[i] for i in slow_idx], slow_bodies, schema)
         if "offset" in schema.names:
             slow = slow.set_column(
                 schema.get_field_index("offset"),
@@ -242,21 +250,36 @@ def decode_fast(
     return _cut(parts, offsets, schema)
 
 
-def _split(arr: pa.Array) -> tuple[pa.StructArray, pa.Array]:
-    """``_SPLIT``'s fields (``op, ts, schema, table, key`` and ``rest``: the body after
-    ``"after":``) of every body, and which bodies have the strict form. The body is cut
-    at its first ``,"after":``; the part before must match ``_PREFIX_STRICT`` up to its
-    end, which also proves that this was the envelope's own ``after`` (a key, before or
-    source field named ``after`` would end the part inside a flat object). The rest
-    must be ``null}``, ``{..}}`` or ``{..},"unchanged":[..]}``: the envelope ends with
-    ``after`` and the optional ``unchanged`` (notifications go to the full decode)."""
-    halves = pc.split_pattern(arr, _AFTER_AT, max_splits=1)
-    two = pc.equal(pc.list_value_length(halves), 2)
+def _cut_at(arr: pa.Array, pattern: str) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Every text cut at its first ``pattern``: (the part before, the part after, whether
+    it had one). A text without it gives itself and an arbitrary text."""
+    halves = pc.split_pattern(arr, pattern, max_splits=1)
     flat = pc.list_flatten(halves)
     starts = halves.offsets.slice(0, len(arr))
-    pre = pc.take(flat, starts)
-    rest = pc.take(flat, pc.min_element_wise(pc.add(starts, 1), len(flat) - 1))
-    head = pc.extract_regex(pre, _PREFIX_SPLIT)
+    after = pc.min_element_wise(pc.add(starts, 1), max(0, len(flat) - 1))
+    found = pc.equal(pc.list_value_length(halves), 2)
+    return pc.take(flat, starts), pc.take(flat, after), found
+
+
+def _split(arr: pa.Array) -> tuple[pa.StructArray, pa.Array]:
+    """The mirror fields (``op, ts, schema, table, key`` and ``rest``: the body after
+    ``"after":``) of every body, and which bodies have the strict form (the fields of the
+    others are meaningless). The body is cut at its first ``,"after":``; the part before
+    must match ``_PREFIX_STRICT`` up to its end, which also proves that this was the
+    envelope's own ``after`` (a key, before or source field named ``after`` would end the
+    part inside a flat object). The rest must be ``null}``, ``{..}}`` or
+    ``{..},"unchanged":[..]}``: the envelope ends with ``after`` and the optional
+    ``unchanged`` (notifications go to the full decode). The fields up to the table
+    name come from an anchored capture (``_HEAD``: the scan ends there), the key from
+    one on the text after the first ``},"key":`` (``_KEY``); a body either capture
+    misses (an escaped quote in a name, a brace in a key's string) takes the full
+    decode too."""
+    pre, rest, two = _cut_at(arr, _AFTER_AT)
+    head = pc.extract_regex(pre, _HEAD)
+    _, key_before, _ = _cut_at(pre, '},"key":')
+    key_text = pc.extract_regex(key_before, _KEY)
+    key = pc.struct_field(key_text, "key")
+    key = pc.if_else(pc.equal(key, "null"), pa.scalar(None, pa.string()), key)
     with_unchanged = pc.ends_with(rest, "]}")
     tail_ok = pc.or_(
         pc.and_(pc.starts_with(rest, "{"), pc.ends_with(rest, "}}")),
@@ -268,12 +291,12 @@ def _split(arr: pa.Array) -> tuple[pa.StructArray, pa.Array]:
             pc.and_(with_unchanged, pc.match_substring_regex(rest, _TAIL_UNCHANGED)),
         )
     ok = pc.and_kleene(
-        pc.and_kleene(two, pc.is_valid(head)),
-        pc.and_kleene(tail_ok, pc.match_substring_regex(pre, _PREFIX_STRICT)),
+        pc.and_kleene(pc.and_kleene(two, tail_ok), pc.is_valid(head)),
+        pc.and_kleene(pc.is_valid(key_text), pc.match_substring_regex(pre, _PREFIX_STRICT)),
     )
-    fields = [pc.struct_field(head, f) for f in ("op", "ts", "schema", "table", "key")]
+    fields = [pc.struct_field(head, f) for f in ("op", "ts", "schema", "table")]
     parts = pa.StructArray.from_arrays(
-        [*fields, rest], names=["op", "ts", "schema", "table", "key", "rest"]
+        [*fields, key, rest], names=["op", "ts", "schema", "table", "key", "rest"]
     )
     return parts, pc.fill_null(ok, False)
 
@@ -355,6 +378,14 @@ class OffsetRange(InputPartition):
     end: int
 
 
+def _body_array(texts: str | list[str]) -> pa.Array:
+    """A block's bodies as an Arrow string array: a plain block's stored text is split
+    in Arrow (no Python string per event)."""
+    if isinstance(texts, list):
+        return pa.array(texts, type=pa.string())
+    return pc.list_flatten(pc.split_pattern(pa.array([texts], type=pa.string()), "\n"))
+
+
 def read_range(part: OffsetRange, schema: pa.Schema = ARROW_SCHEMA) -> Iterator[pa.RecordBatch]:
     """Exactly the events of ``part``, in offset order, as Arrow batches (columns of
     ``schema``) of at most ``ARROW_BATCH_EVENTS`` events; raises ``ChangeLogError`` if
@@ -365,14 +396,24 @@ def read_range(part: OffsetRange, schema: pa.Schema = ARROW_SCHEMA) -> Iterator[
         while pos < part.end:
             stop = min(part.end, pos + ARROW_BATCH_EVENTS)
             metas: list[str] = []
-            bodies: list[str] = []
+            arrays: list[pa.Array] = []
             expect = pos
-            for first, m, b in reader.read_range_blocks(pos, stop):
-                if first != expect:
+            for first, meta, stored in reader.read_range_stored(pos, stop):
+                entries, texts = block_parts(meta, stored)
+                lo, hi = max(0, pos - first), min(len(entries), stop - first)
+                if lo >= hi:
+                    continue
+                if first + lo != expect:
                     break
-                metas.extend(m)
-                bodies.extend(b)
-                expect += len(b)
+                bodies = _body_array(texts)
+                if len(bodies) != len(entries):
+                    raise ChangeLogError(
+                        f"change log {part.path}: the block at offset {first} holds "
+                        f"{len(entries)} meta entries but {len(bodies)} bodies"
+                    )
+                metas.extend(entries[lo:hi])
+                arrays.append(bodies.slice(lo, hi - lo))
+                expect += hi - lo
             if expect != stop:
                 first_now = reader.first_offset()
                 raise ChangeLogError(
@@ -382,16 +423,24 @@ def read_range(part: OffsetRange, schema: pa.Schema = ARROW_SCHEMA) -> Iterator[
                     hint="raise [log] retention_hours/retention_bytes and re-sync the "
                     "targets from a fresh snapshot",
                 )
-            yield decode_fast(pos, metas, bodies, schema)
+            yield decode_fast(pos, metas, pa.concat_arrays(arrays), schema)
             pos = stop
     finally:
         reader.close()
 
 
+PACK_COMPRESSION = "lz4"
+"""Packed payloads are LZ4-compressed Arrow IPC: the JSON texts shrink ~4x, and the
+JVM moves every payload twice (from the Python worker into a row, from the row into
+the collected Arrow batch): a 1M-event drain spent ~1 s less JVM CPU and ~0.4 s less
+driver CPU for ~0.3 s more on the executors (docs/benchmarks.md)."""
+
+
 def pack(batch: pa.RecordBatch) -> bytes:
     """One decoded batch as an Arrow IPC stream (the payload of a packed row)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
+    options = pa.ipc.IpcWriteOptions(compression=PACK_COMPRESSION)
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
         writer.write_batch(batch)
     return bytes(sink.getvalue().to_pybytes())
 
