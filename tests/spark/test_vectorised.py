@@ -186,12 +186,18 @@ def test_bulk_text_conversion_equals_the_per_value_conversion(rows: list[dict[st
         simple = rows_to_arrow("t", rows, SCHEMA)
     except SinkError:
         assert bulk is None  # the bulk path never accepts what the simple one refuses
+        assert _bulk_texts_to_arrow(texts, SCHEMA, lambda: rows, {"s"}) is None
         with pytest.raises(SinkError):
             texts_to_arrow("t", texts, SCHEMA, lambda: rows)
         return
     if bulk is not None:
         assert same(bulk, simple), (bulk.to_pylist(), simple.to_pylist())
     assert same(texts_to_arrow("t", texts, SCHEMA, lambda: rows), simple)
+    # A text column that may hold any JSON value (json/array sources), converted per value.
+    hybrid = _bulk_texts_to_arrow(texts, SCHEMA, lambda: rows, {"s"})
+    if hybrid is not None:
+        assert same(hybrid, simple), (hybrid.to_pylist(), simple.to_pylist())
+    assert same(texts_to_arrow("t", texts, SCHEMA, lambda: rows, {"s"}), simple)
 
 
 def test_bulk_text_conversion_takes_the_common_case() -> None:

@@ -132,72 +132,102 @@ def _collect(tc: TableChanges, part: pa.Table, pending: Pending) -> None:
     """Append the last events of one table (``part``, in offset order) to ``tc`` as
     net changes: an upsert keeps the event's ``after`` text, a delete the key's."""
     keys = part["key"].to_pylist()
-    afters = part["after"].to_pylist()
-    deleted = [
-        op == DELETE or a is None for op, a in zip(part["op"].to_pylist(), afters, strict=True)
-    ]
+    deleted = pc.fill_null(
+        pc.or_(pc.equal(part["op"], DELETE), pc.is_null(part["after"])), True
+    ).combine_chunks()
     base = len(tc.texts)
     tc.keys.extend(keys)
     tc.offsets.extend(part["offset"].to_pylist())
-    tc.ops.extend([DELETE if d else UPSERT for d in deleted])
-    tc.texts.extend(
-        [(k if k is not None else "{}") if d else a for k, a, d in zip(keys, afters, deleted, strict=True)]
-    )
+    tc.ops.extend(pc.if_else(deleted, DELETE, UPSERT).to_pylist())
+    key_texts = pc.fill_null(part["key"], "{}")
+    tc.texts.extend(pc.if_else(deleted, key_texts, part["after"]).to_pylist())
+    tc.unchanged.extend([()] * len(keys))
     unch_col = part["unchanged"]
     if unch_col.null_count == len(unch_col):
-        tc.unchanged.extend([()] * len(keys))
         return
-    for i, (key, d, unch) in enumerate(zip(keys, deleted, unch_col.to_pylist(), strict=True)):
-        if d or not unch:
-            tc.unchanged.append(())
-            continue
+    some = pc.and_(
+        pc.fill_null(pc.greater(pc.list_value_length(unch_col), 0), False), pc.invert(deleted)
+    )
+    for i in pc.indices_nonzero(some).to_pylist():
+        key, unch = keys[i], unch_col[i].as_py()
         row = orjson.loads(tc.texts[base + i])
         missing = [c for c in unch if c in row]
         for c in missing:
             row[c] = None
-        tc.unchanged.append(missing or ())
+        tc.unchanged[base + i] = missing or ()
         tc.texts[base + i] = orjson.dumps(row).decode()
         if missing:
             pending[(tc.qualified, key)] = (row, missing, tc, base + i)
 
 
+def _table_codes(ev: pa.Table) -> tuple[pa.Array, list[tuple[str, str]]]:
+    """A code per row for its qualified table name (equal names, equal codes) and the
+    ``(schema, table)`` of every code, without building the names row by row: the
+    schema and table columns are dictionary-encoded and only their few distinct pairs
+    are joined."""
+    schemas = pc.dictionary_encode(ev["schema"].combine_chunks())
+    tables = pc.dictionary_encode(ev["table"].combine_chunks())
+    width = len(tables.dictionary)
+    pair = pc.add(
+        pc.multiply(pc.cast(schemas.indices, pa.int64()), width),
+        pc.cast(tables.indices, pa.int64()),
+    )
+    s_names, t_names = schemas.dictionary.to_pylist(), tables.dictionary.to_pylist()
+    code_of: dict[str, int] = {}
+    names: list[tuple[str, str]] = []
+    pair_code: list[int] = []
+    for p in range(len(s_names) * width):
+        schema, table = s_names[p // width], t_names[p % width]
+        q = f"{schema}.{table}"
+        if q not in code_of:
+            code_of[q] = len(names)
+            names.append((schema, table))
+        pair_code.append(code_of[q])
+    return pc.take(pa.array(pair_code, type=pa.int32()), pair), names
+
+
+_KEEP_OPS = pa.array([*ROW_OPS, "t"])
+
+
 def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
     """Reduce ``events`` (columns ``offset, op, schema, table, key, after, unchanged``
     of the ``dblog`` source, any order) to the net change per table and key."""
-    ev = events.filter(pc.is_in(events["op"], value_set=pa.array([*ROW_OPS, "t"])))
+    keep = pc.is_in(events["op"], value_set=_KEEP_OPS)
+    ev = events if pc.all(keep).as_py() else events.filter(keep)
     if ev.num_rows == 0:
         return {}
     offs = ev["offset"]
     if ev.num_rows > 1 and not pc.all(pc.less(offs.slice(0, ev.num_rows - 1), offs.slice(1))).as_py():
         ev = ev.sort_by("offset")
-    ev = ev.append_column("_q", _qualified(ev))
-    ev, truncated = _drop_truncated(ev)
     out: dict[str, TableChanges] = {}
-    for q in truncated:
-        schema, _, table = q.partition(".")
-        out[q] = TableChanges(schema, table, truncated=True)
-    if ev.num_rows == 0:
-        return out
+    if pc.any(pc.equal(ev["op"], "t")).as_py():
+        ev = ev.append_column("_q", _qualified(ev))
+        ev, truncated = _drop_truncated(ev)
+        for q in truncated:
+            schema, _, table = q.partition(".")
+            out[q] = TableChanges(schema, table, truncated=True)
+        ev = ev.drop_columns(["_q"])
+        if ev.num_rows == 0:
+            return out
     # The last event of each (table, key): the highest row index of its group (rows are
-    # in offset order), taken back in offset order.
-    # (grouped on a narrow table: the few table names dictionary-encoded, no row texts)
+    # in offset order), taken back in offset order, per table only the columns needed.
+    codes, names = _table_codes(ev)
     groups = pa.table(
-        {
-            "q": pc.dictionary_encode(ev["_q"]),
-            "key": ev["key"],
-            "_i": pa.array(range(ev.num_rows), type=pa.int64()),
-        }
+        {"q": codes, "key": ev["key"], "_i": pa.array(range(ev.num_rows), type=pa.int64())}
     )
     idx = groups.group_by(["q", "key"], use_threads=False).aggregate([("_i", "max")])["_i_max"]
-    last = ev.take(pc.take(idx, pc.sort_indices(idx)))
+    idx = pc.take(idx, pc.sort_indices(idx))
+    last_codes = pc.take(codes, idx)
+    needed = ev.select(["offset", "op", "key", "after", "unchanged"])
     pending: Pending = {}
-    for q in pc.unique(last["_q"]).to_pylist():
-        part = last.filter(pc.equal(last["_q"], q))
-        first = part.slice(0, 1)
+    for code in pc.unique(last_codes).to_pylist():
+        schema, table = names[code]
+        q = f"{schema}.{table}"
+        part = needed.take(pc.filter(idx, pc.equal(last_codes, code)))
         tc = out.get(q)
         if tc is None:
-            tc = out[q] = TableChanges(first["schema"][0].as_py(), first["table"][0].as_py())
+            tc = out[q] = TableChanges(schema, table)
         _collect(tc, part, pending)
     if pending:
-        _fill_unchanged(ev, pending)
+        _fill_unchanged(ev.append_column("_q", _qualified(ev)), pending)
     return out

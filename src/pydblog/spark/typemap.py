@@ -13,7 +13,7 @@ inferred from the events' JSON values and the envelope key.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import date, datetime
 from typing import Any
 
@@ -153,15 +153,24 @@ def _json_parse_type(typ: pa.DataType) -> pa.DataType | None:
     return None
 
 
-def _bulk_texts_to_arrow(texts: Sequence[str], schema: pa.Schema) -> pa.Table | None:
+def _bulk_texts_to_arrow(
+    texts: Sequence[str],
+    schema: pa.Schema,
+    rows: Callable[[], Sequence[dict[str, Any]]] | None = None,
+    any_json: Collection[str] = (),
+) -> pa.Table | None:
     """``texts`` (JSON objects) as a table of ``schema`` through Arrow's JSON reader,
     or ``None`` whenever the reader or a cast refuses a value. The reader is strict: a
     value of another JSON kind than its column's parse type (an object or number in a
     text column, ``"NaN"`` in a float column, an out-of-range integer, a timestamp
     string without the zone its column needs) is refused, never coerced, so every
-    accepted value converts as ``column_array`` would convert it."""
+    accepted value converts as ``column_array`` would convert it. Text columns named in
+    ``any_json`` (``json``/array source columns: any JSON value) are left out of the
+    reader and converted per value from ``rows()``, as ``column_array`` does."""
     parse = []
     for f in schema:
+        if f.name in any_json and rows is not None and pa.types.is_string(f.type):
+            continue
         t = _json_parse_type(f.type)
         if t is None:
             return None
@@ -183,8 +192,12 @@ def _bulk_texts_to_arrow(texts: Sequence[str], schema: pa.Schema) -> pa.Table | 
             return None
         cols = []
         for f in schema:
-            col = raw[f.name]
-            cols.append(col if col.type == f.type else pc.cast(col, f.type))
+            if f.name in raw.column_names:
+                col = raw[f.name]
+                cols.append(col if col.type == f.type else pc.cast(col, f.type))
+            else:  # an any_json column
+                assert rows is not None
+                cols.append(column_array([r.get(f.name) for r in rows()], f.type))
         return pa.Table.from_arrays(cols, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
         return None
@@ -195,12 +208,13 @@ def texts_to_arrow(
     texts: Sequence[str],
     schema: pa.Schema,
     rows: Callable[[], Sequence[dict[str, Any]]],
+    any_json: Collection[str] = (),
 ) -> pa.Table:
     """Rows given as JSON object texts as an Arrow table of ``schema``: in bulk when
-    Arrow's JSON reader accepts every value (``_bulk_texts_to_arrow``), else
-    ``rows_to_arrow(table, rows(), schema)`` (the same values; it names the column of a
-    value that does not fit)."""
-    bulk = _bulk_texts_to_arrow(texts, schema)
+    Arrow's JSON reader accepts every value (``_bulk_texts_to_arrow``; the columns in
+    ``any_json`` per value), else ``rows_to_arrow(table, rows(), schema)`` (the same
+    values; it names the column of a value that does not fit)."""
+    bulk = _bulk_texts_to_arrow(texts, schema, rows, any_json)
     if bulk is not None:
         return bulk
     return rows_to_arrow(table, rows(), schema)

@@ -68,8 +68,13 @@ def _source(changes: TableChanges, schema: TableSchema, target: pa.Schema) -> pa
     and, when some row keeps target values, ``_dblog_unchanged``."""
     typed = arrow_schema(schema)
     fields = [target.field(n) if n in target.names else typed.field(n) for n in typed.names]
+    any_json = [
+        c.name
+        for c in schema.columns
+        if c.logical.lower() == "json" or c.logical.lower().startswith("array")
+    ]
     data = texts_to_arrow(
-        changes.qualified, changes.texts, pa.schema(fields), lambda: changes.rows
+        changes.qualified, changes.texts, pa.schema(fields), lambda: changes.rows, any_json
     )
     data = data.append_column("_dblog_op", pa.array(changes.ops, type=pa.string()))
     if changes.has_unchanged():
