@@ -10,8 +10,8 @@ import pyarrow as pa
 from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op, encode_event
 from pydblog.ports import LogRecord
 from pydblog.positions import Lsn, PgPosition
+from pydblog.spark.decode import records_to_arrow
 from pydblog.spark.reduce import reduce_events
-from pydblog.spark.source import records_to_arrow
 
 
 def ev(

@@ -20,17 +20,15 @@ from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.errors import ChangeLogError
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
-from pydblog.spark.source import (
+from pydblog.spark.decode import (
     ARROW_SCHEMA,
     PACKED_SCHEMA,
-    DblogStreamReader,
-    OffsetRange,
     decode_bodies,
-    plan_partitions,
     read_packed,
     read_range,
     unpack,
 )
+from pydblog.spark.source import DblogStreamReader, OffsetRange, plan_partitions
 from pydblog.spark.synth import SyntheticLoad, append_events, write_load
 
 

@@ -17,9 +17,10 @@ from pydblog.errors import ChangeLogError, ConfigError, SinkError
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
 from pydblog.spark.batch import Batch
+from pydblog.spark.decode import read_range
 from pydblog.spark.job import BatchApplier, run_sync
 from pydblog.spark.sinks import build_sink
-from pydblog.spark.source import OffsetRange, read_range
+from pydblog.spark.source import OffsetRange
 from pydblog.spark.synth import ORDERS, SyntheticLoad, append_events, write_load
 from tests.spark.helpers import assert_mirrors, history_offsets
 
@@ -206,7 +207,7 @@ def test_bad_input_is_reported(tmp_path: Path) -> None:
 def test_batch_of_empty_events_is_none() -> None:
     import pyarrow as pa
 
-    from pydblog.spark.source import ARROW_SCHEMA
+    from pydblog.spark.decode import ARROW_SCHEMA
 
     assert Batch.of(0, ARROW_SCHEMA.empty_table(), []) is None
     assert isinstance(pa.Table, type)

@@ -17,14 +17,14 @@ from pydblog.errors import SinkError
 from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op, encode_event
 from pydblog.ports import LogRecord
 from pydblog.positions import Lsn, PgPosition
-from pydblog.spark.reduce import reduce_events
-from pydblog.spark.source import (
+from pydblog.spark.decode import (
     ARROW_SCHEMA,
     FAST_COLUMNS,
     decode_bodies,
     decode_fast,
     records_to_arrow,
 )
+from pydblog.spark.reduce import reduce_events
 from pydblog.spark.synth import SyntheticLoad
 from pydblog.spark.typemap import _bulk_texts_to_arrow, rows_to_arrow, texts_to_arrow
 
@@ -305,7 +305,7 @@ def test_fast_decode_equals_the_full_decode(
 def test_fast_decode_takes_the_common_case() -> None:
     """The synthetic load's events (one- and two-field keys, unchanged TOAST, deletes)
     are all cut out by the fast path, none decoded in full."""
-    from pydblog.spark import source
+    from pydblog.spark import decode as source
 
     events = list(SyntheticLoad(seed=3).events(400))
     encoded = [encode_event(e, "postgresql", "app", 1) for e in events]

@@ -17,7 +17,7 @@ from deltalake.exceptions import DeltaError
 
 from pydblog.errors import SinkError
 from pydblog.spark.batch import Batch
-from pydblog.spark.source import ARROW_SCHEMA
+from pydblog.spark.decode import ARROW_SCHEMA
 
 APP_ID = "pydblog-history"
 
