@@ -267,27 +267,28 @@ def _split(arr: pa.Array) -> tuple[pa.StructArray, pa.Array]:
 
 def _sorted_keys(key: pa.Array) -> pa.Array:
     """Key texts in sorted orjson form (``_norm_key``): one-field keys of plain values
-    as they are, two-field ones by swapping their fields in Arrow, the rest parsed."""
+    as they are, two-field ones by swapping their fields in Arrow, the rest parsed.
+    Only the keys that are not already in that form are worked on."""
     canon = pc.match_substring_regex(key, _CANONICAL_KEY)
     if pc.all(canon).as_py():
         return key
-    pair = pc.extract_regex(key, _PAIR_KEY)
+    todo = pc.invert(pc.fill_null(canon, True))  # null keys stay null
+    sub = key.filter(todo)
+    pair = pc.extract_regex(sub, _PAIR_KEY)
     # (a null struct's children hold empty strings: take fields with the struct's nulls)
     a, av, b, bv = (pc.struct_field(pair, f) for f in ("a", "av", "b", "bv"))
     swap = pc.greater(a, b)
     lo, hi = pc.if_else(swap, b, a), pc.if_else(swap, a, b)
     lov, hiv = pc.if_else(swap, bv, av), pc.if_else(swap, av, bv)
-    swapped = pc.binary_join_element_wise(
+    fixed = pc.binary_join_element_wise(
         "{", lo, ":", lov, ",", hi, ":", hiv, "}", "", null_handling="emit_null"
     )
-    out = pc.if_else(canon, key, swapped)
-    if out.null_count == key.null_count:  # null keys stay null; nothing left to parse
-        return out
-    texts = key.to_pylist()
-    return pa.array(
-        [o if o is not None else _norm_key(t) for t, o in zip(texts, out.to_pylist(), strict=True)],
-        type=pa.string(),
-    )
+    if fixed.null_count:  # not a pair of plain values: parsed
+        fixed = pa.array(
+            [f if f is not None else _norm_key(t) for t, f in zip(sub.to_pylist(), fixed.to_pylist(), strict=True)],
+            type=pa.string(),
+        )
+    return pc.replace_with_mask(key, todo, fixed)
 
 
 def _cut(parts: pa.StructArray, offsets: pa.Array, schema: pa.Schema) -> pa.RecordBatch:
