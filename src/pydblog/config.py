@@ -112,7 +112,8 @@ class SnapshotConfig(_Model):
 class SinkConfig(_Model):
     """One ``[[sync.sinks]]`` entry (see docs/sync.md).
 
-    - ``type = "delta"``: ``path`` is the root of the mirror tables (``<path>/<schema>/<table>``);
+    - ``type = "delta"``: ``path`` is the root of the mirror tables (``<path>/<schema>/<table>``),
+      ``parallelism`` = tables applied in parallel;
     - ``type = "postgres"``: ``dsn`` of the downstream database, ``schema`` to create the
       tables in (default ``public``), ``parallelism`` = key partitions applied in parallel;
     - ``type = "history"``: ``path`` of the append-only change-history Delta table.

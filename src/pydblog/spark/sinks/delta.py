@@ -17,6 +17,7 @@ Table creation and added columns are separate, idempotent commits before it.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -85,16 +86,34 @@ def _source(changes: TableChanges, schema: TableSchema, target: pa.Schema) -> pa
 
 
 class DeltaSink:
-    def __init__(self, root: str) -> None:
+    """Mirror tables under ``root``. The tables of a batch are applied by up to
+    ``parallelism`` threads (each table is its own Delta table with its own application
+    transaction, so their commits are independent; delta-rs runs a MERGE without the
+    GIL). ``apply`` returns or raises only after every table's apply ended, so a retry
+    never overlaps a running commit."""
+
+    def __init__(self, root: str, parallelism: int = 2) -> None:
         self.root = root
         self.name = f"delta:{root}"
+        self._pool = (
+            ThreadPoolExecutor(parallelism, thread_name_prefix="dblog-delta")
+            if parallelism > 1
+            else None
+        )
 
     def table_path(self, schema: str, table: str) -> str:
         return os.path.join(self.root, schema, table)
 
     def apply(self, batch: Batch) -> None:
-        for q in sorted(batch.changes()):
-            self._apply_table(batch, q)
+        tables = sorted(batch.changes())
+        if self._pool is None or len(tables) < 2:
+            for q in tables:
+                self._apply_table(batch, q)
+            return
+        futures = [self._pool.submit(self._apply_table, batch, q) for q in tables]
+        errors = [e for e in (f.exception() for f in futures) if e is not None]
+        if errors:
+            raise errors[0]
 
     def _apply_table(self, batch: Batch, qualified: str) -> None:
         full = batch.changes()[qualified]
@@ -174,4 +193,5 @@ class DeltaSink:
         )
 
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.shutdown()
