@@ -197,7 +197,10 @@ def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
     if ev.num_rows == 0:
         return {}
     offs = ev["offset"]
-    if ev.num_rows > 1 and not pc.all(pc.less(offs.slice(0, ev.num_rows - 1), offs.slice(1))).as_py():
+    if (
+        ev.num_rows > 1
+        and not pc.all(pc.less(offs.slice(0, ev.num_rows - 1), offs.slice(1))).as_py()
+    ):
         ev = ev.sort_by("offset")
     out: dict[str, TableChanges] = {}
     if pc.any(pc.equal(ev["op"], "t")).as_py():

@@ -84,6 +84,8 @@ DEFAULT_PARTITIONS = 2
 """A batch is split into ``numPartitions`` (option) input partitions of at least
 ``MIN_PARTITION_EVENTS`` events, one Spark task each; the job sets it to Spark's default
 parallelism so that every core decodes one equal share."""
+
+
 @dataclass(frozen=True)
 class OffsetRange(InputPartition):
     """Events ``start <= offset < end`` of the change log in ``path`` (picklable)."""
@@ -127,6 +129,11 @@ def _partitions(options: dict[str, str]) -> int:
 
 
 PACKED_SCHEMA_DDL = "first_offset BIGINT, end_offset BIGINT, events BINARY"
+"""Schema with option ``packed = true``: one row per decoded Arrow batch of at most
+~20k events, ``events`` an LZ4-compressed Arrow IPC stream of the ``columns`` option's
+columns (all by default); ``decode.unpack`` restores the rows (``decode.PACKED_SCHEMA``)."""
+
+
 def _columns(options: dict[str, str]) -> list[str]:
     raw = options.get("columns")
     if raw is None:
