@@ -233,9 +233,9 @@ def warm_up_workers(spark: Any) -> threading.Thread:
     pyspark, pandas and pyarrow, each forked worker then the decoder): a tiny
     ``mapInArrow`` job of ``pass_through`` over one row per core. It runs in the same
     kind of worker as the source's reads (the same worker factory), and workers are
-    reused, so the first batch's tasks find them ready. Same-window A/B of the first
-    query's 1M-event drain (docs/benchmarks.md): median 8.21 s against 8.59 s.
-    Best effort: a failure only costs the head start."""
+    reused, so the first batch's tasks find them ready (first query of a 1M-event
+    drain, 5 alternating runs each: median 8.21 s against 8.59 s without; docs/sync.md,
+    "Start-up"). Best effort: a failure only costs the head start."""
 
     def run() -> None:
         try:
