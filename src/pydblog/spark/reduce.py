@@ -173,17 +173,19 @@ def _table_codes(ev: pa.Table) -> tuple[pa.Array, list[tuple[str, str]]]:
         pc.cast(tables.indices, pa.int64()),
     )
     s_names, t_names = schemas.dictionary.to_pylist(), tables.dictionary.to_pylist()
+    present = pc.unique(pair)  # only the pairs that occur (not every schema x table)
     code_of: dict[str, int] = {}
     names: list[tuple[str, str]] = []
-    pair_code: list[int] = []
-    for p in range(len(s_names) * width):
+    present_code: list[int] = []
+    for p in present.to_pylist():
         schema, table = s_names[p // width], t_names[p % width]
         q = f"{schema}.{table}"
         if q not in code_of:
             code_of[q] = len(names)
             names.append((schema, table))
-        pair_code.append(code_of[q])
-    return pc.take(pa.array(pair_code, type=pa.int32()), pair), names
+        present_code.append(code_of[q])
+    where = pc.index_in(pair, value_set=present)
+    return pc.take(pa.array(present_code, type=pa.int32()), where), names
 
 
 _KEEP_OPS = pa.array([*ROW_OPS, "t"])
