@@ -280,6 +280,8 @@ def main() -> None:
             f"mean {statistics.fmean(lat) / 1000:.2f}s"
         )
     spark.stop()
+    if not args.workdir:  # a temporary workdir (~0.4 GB for 1M events) goes with the run
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
