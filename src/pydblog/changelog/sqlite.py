@@ -184,23 +184,23 @@ def _bulk_row(first: int, block: EncodedBlock) -> tuple[object, ...]:
     return (first, first + block.size - 1, block.ts_ms, block.table, meta, body)
 
 
-def _unpack(meta: str, body: str | bytes) -> tuple[list[str], list[str]]:
-    """A stored block's meta entries and bodies, one per event (a template block's
-    expanded, a compressed body decompressed)."""
-    lines = (body if isinstance(body, str) else _decompress(body)).split("\n")
+def block_parts(meta: str, body: str | bytes) -> tuple[list[str], str | list[str]]:
+    """A stored block's meta entries and its bodies: the stored text of a plain block
+    (the bodies joined by newlines, which a JSON text holds only escaped; a compressed
+    body decompressed), the expanded bodies of a template block. For readers that split
+    the text themselves (in Arrow)."""
+    text = body if isinstance(body, str) else _decompress(body)
     if not meta.startswith(_GS):
-        return meta.split(_RS), lines
+        return meta.split(_RS), text
+    lines = text.split("\n")
     _, entry, head, first_index, mid = meta.split(_GS)
     return [entry] * len(lines), expand_template(head, int(first_index), mid, lines)
 
 
-def block_parts(meta: str, body: str | bytes) -> tuple[list[str], str | list[str]]:
-    """A stored block's meta entries and its bodies: the stored text of a plain block
-    (the bodies joined by newlines, which a JSON text holds only escaped), the expanded
-    bodies of a template block. For readers that split the text themselves (in Arrow)."""
-    if meta.startswith(_GS):
-        return _unpack(meta, body)
-    return meta.split(_RS), body if isinstance(body, str) else _decompress(body)
+def _unpack(meta: str, body: str | bytes) -> tuple[list[str], list[str]]:
+    """A stored block's meta entries and bodies, one per event."""
+    metas, bodies = block_parts(meta, body)
+    return metas, bodies.split("\n") if isinstance(bodies, str) else bodies
 
 
 def _block_rows(start: int, items: Sequence[Encoded]) -> tuple[list[tuple[object, ...]], int]:

@@ -57,25 +57,7 @@ EVENT_SCHEMA_DDL = (
 time; ``lsn``/``tx_id``/``tx_index`` are PostgreSQL position fields (null for other
 sources) and ``position`` is every source position field as JSON (any connector)."""
 
-EVENT_COLUMNS = (
-    "offset",
-    "op",
-    "schema",
-    "table",
-    "key",
-    "before",
-    "after",
-    "unchanged",
-    "ts_ms",
-    "source_ts_ms",
-    "snapshot",
-    "connector",
-    "db",
-    "lsn",
-    "tx_id",
-    "tx_index",
-    "position",
-)
+EVENT_COLUMNS = tuple(c.split()[0] for c in EVENT_SCHEMA_DDL.split(", "))
 """The columns of ``EVENT_SCHEMA_DDL`` (``decode.ARROW_SCHEMA``) in order."""
 
 DEFAULT_MAX_EVENTS = 500_000
