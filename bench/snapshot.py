@@ -1,17 +1,22 @@
-"""Benchmark: incremental snapshot throughput vs a plain COPY, and stream lag during it.
+"""Benchmark: incremental snapshot throughput vs a raw COPY, and stream lag during it.
 
 In one run, against one throwaway PostgreSQL with a table of --rows rows:
- (a) `COPY (SELECT * FROM t) TO STDOUT` rows/s read from Python (psycopg 3);
+ (a) `COPY (SELECT * FROM t) TO STDOUT` received as raw bytes by the client (psycopg 3,
+     no parsing: what pg_dump pays), rows/s and CPU per row of the client and PostgreSQL;
  (b) the incremental snapshot's rows/s into the durable change log (`dblog run`, a real
-     process), once with the default chunk size and once with adaptive chunks, each
-     while a background writer does ~1k updates/s on the same table;
+     process) for each variant (by default: the default configuration, and fixed
+     1,024-row chunks), each while a background writer does ~1k updates/s on the same
+     table, with `dblog run`'s and PostgreSQL's CPU per row;
  (c) the stream's lag (commit -> change log) p50/p99 of those updates during (b);
  (d) peak RSS of `dblog run`.
 
-Usage: .venv/bin/python bench/snapshot.py [--rows 5000000] [--only adaptive] [--profile DIR]
+Usage: .venv/bin/python bench/snapshot.py [--rows 5000000] [--only default]
+           [--variant 'name:k = v; k = v' ...] [--profile DIR]
 
-``--profile DIR`` records a py-spy profile (raw collapsed stacks of every thread while
-it is on CPU) of `dblog run` per variant into DIR; it slows the run down a little.
+``--variant`` adds a variant with these ``[snapshot]`` settings (repeatable; ``--only``
+then picks among all). ``--profile DIR`` records a py-spy profile (raw collapsed stacks
+of every thread while it is on CPU) of `dblog run` per variant into DIR; it slows the
+run down a little.
 """
 
 from __future__ import annotations
@@ -76,17 +81,22 @@ def server_cpu_top(start: dict[int, float], n: int = 3) -> list[tuple[str, float
 
 
 def copy_rate(dsn: str, rows: int) -> tuple[float, float, float]:
-    """Rows/s, the reading thread's CPU per row and PostgreSQL's (us)."""
+    """Rows/s of ``COPY (SELECT * FROM big) TO STDOUT`` received as raw bytes (the
+    protocol's CopyData messages, one per row, never parsed: what pg_dump pays), the
+    client's CPU per row and PostgreSQL's (us)."""
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
         t0, c0, s0 = time.perf_counter(), time.thread_time(), server_cpu()
-        n = 0
+        size = 0
+        messages = 0
         with cur.copy("COPY (SELECT * FROM big) TO STDOUT") as copy:
-            for _ in copy.rows():
-                n += 1
+            for block in copy:
+                size += len(block)
+                messages += 1
         elapsed, cpu = time.perf_counter() - t0, time.thread_time() - c0
         server = server_cpu_since(s0)
-    assert n == rows, n
-    return n / elapsed, cpu * 1e6 / n, server * 1e6 / n
+    assert messages == rows, messages
+    print(f"    COPY: {size / 1e6:,.0f} MB in {elapsed:.2f} s")
+    return rows / elapsed, cpu * 1e6 / rows, server * 1e6 / rows
 
 
 def updater(dsn: str, rows: int, stop: threading.Event, rate: int) -> None:
@@ -105,11 +115,12 @@ def run_snapshot(
     dsn: str, rows: int, work: Path, extra: str, label: str, copy: float,
     profile: Path | None = None,
 ) -> None:
-    config = work / f"{label}.toml"
-    data = work / f"{label}-data"
+    name = re.sub(r"[^a-z0-9_]", "_", label.lower())
+    config = work / f"{name}.toml"
+    data = work / f"{name}-data"
     config.write_text(
-        f'[source]\ndsn = "{dsn}"\ntables = ["public\\\\.big"]\nslot = "{label}"\n'
-        f'publication = "{label}"\n[log]\npath = "{data}"\n[snapshot]\n{extra}\n'
+        f'[source]\ndsn = "{dsn}"\ntables = ["public\\\\.big"]\nslot = "{name}"\n'
+        f'publication = "{name}"\n[log]\npath = "{data}"\n[snapshot]\n{extra}\n'
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "pydblog", "run", "--config", str(config)], stderr=subprocess.DEVNULL
@@ -214,15 +225,27 @@ def run_snapshot(
     shutil.rmtree(data, ignore_errors=True)
 
 
+VARIANTS = {"default": "", "fixed-1024": "chunk_size = 1024"}
+"""The default configuration, and the previous default (fixed 1,024-row chunks)."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=5_000_000)
-    ap.add_argument("--only", choices=["default", "adaptive"])
+    ap.add_argument("--only", action="append", help="run only this variant (repeatable)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="'name:k = v; k = v': a variant with these [snapshot] settings")
     ap.add_argument("--profile", type=Path)
-    ap.add_argument("--adaptive", default="adaptive = true",
-                    help="the [snapshot] settings of the adaptive variant")
     args = ap.parse_args()
+    variants = dict(VARIANTS)
+    for spec in args.variant:
+        name, _, settings = spec.partition(":")
+        variants[name.strip()] = settings.replace(";", "\n")
+    unknown = set(args.only or ()) - set(variants)
+    if unknown:
+        ap.error(f"unknown variant(s) {sorted(unknown)}; known: {sorted(variants)}")
     work = Path(tempfile.mkdtemp(prefix="dblog-snapbench-"))
+    print(f"load average at start: {os.getloadavg()[0]:.1f}")
     with PgCluster() as cluster:
         dsn = cluster.create_database("bench")
         global SERVER_PID
@@ -247,13 +270,13 @@ def main() -> None:
         print(f"loaded {args.rows:,} rows in {time.perf_counter() - t0:.0f}s")
         copy, copy_cpu, copy_server = copy_rate(dsn, args.rows)
         print(
-            f"(a) COPY TO STDOUT from Python: {copy:,.0f} rows/s (Python CPU {copy_cpu:.1f} us/row, "
-            f"PostgreSQL CPU {copy_server:.1f} us/row)"
+            f"(a) COPY TO STDOUT as raw bytes: {copy:,.0f} rows/s (client CPU {copy_cpu:.2f} us/row, "
+            f"PostgreSQL CPU {copy_server:.2f} us/row)"
         )
-        variants = {"default": "chunk_size = 1024", "adaptive": args.adaptive.replace(";", "\n")}
         for label, extra in variants.items():
-            if args.only in (None, label):
+            if not args.only or label in args.only:
                 run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile)
+        print(f"load average at end: {os.getloadavg()[0]:.1f}")
     shutil.rmtree(work, ignore_errors=True)
 
 

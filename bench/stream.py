@@ -1,12 +1,18 @@
-"""Benchmark: the slot's raw receive rate vs `dblog run` end to end into the change log.
+"""Benchmark: `dblog run` against the slot's ceilings, on the same load, in one run.
 
-In one run, on one machine, against one throwaway PostgreSQL:
- (a) raw: a bare psycopg2 loop that reads every pgoutput message of the load from a
-     slot and discards it;
- (b) dblog: `dblog run` (a real process) draining the same load from its own slot
-     into the durable change log (fsync'd SQLite commits);
+In one run, on one machine, against one throwaway PostgreSQL (1M inserts by default):
+ (a) bare loop: a psycopg2 loop that reads every pgoutput message of the load from a
+     slot and discards it (the Python ceiling);
+ (a2) pg_recvlogical (C): `pg_recvlogical --start -o proto_version=1
+     -o publication_names=... -E <lsn> -f /dev/null` on its own slot (the server's ceiling:
+     the walsender's decoding bounds it);
+ (b) dblog: `dblog run` (a real process, default configuration) draining the same load
+     from its own slot into the durable change log (fsync'd SQLite commits), timed from
+     its first event in the change log to its last; CPU per row of `dblog run` and of
+     PostgreSQL (every process of the throwaway cluster) during (b);
  (c) commit -> change-log latency p50/p99 at a steady ~5k events/s;
  (d) peak RSS of the `dblog run` process.
+Each figure is printed as a ratio against (a) and (a2) of the same run.
 
 Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 10]
 """
@@ -29,7 +35,7 @@ import psycopg2.extras
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
-from pydblog.devtools.proc import peak_rss_kb
+from pydblog.devtools.proc import cpu_seconds, cpu_since, family_cpu, peak_rss_kb
 
 
 def load(dsn: str, rows: int, txs: int) -> None:
@@ -78,6 +84,27 @@ def write_config(directory: Path, dsn: str) -> Path:
     return path
 
 
+def recvlogical_rate(cluster: PgCluster, dsn: str, slot: str, rows: int) -> tuple[float, float]:
+    """Rows/s of pg_recvlogical draining the load up to the current WAL end, and its
+    own CPU per row (us)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    end_lsn = row[0]
+    cmd = [
+        str(cluster.bindir / "pg_recvlogical"), "-d", dsn, "--slot", slot, "--start",
+        "-o", "proto_version=1", "-o", "publication_names=benchpub",
+        "-E", end_lsn, "-f", "/dev/null", "--no-loop",
+    ]
+    t0 = time.perf_counter()
+    before = os.times()
+    subprocess.run(cmd, check=True)
+    elapsed = time.perf_counter() - t0
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return rows / elapsed, cpu * 1e6 / rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -95,6 +122,7 @@ def main() -> None:
             conn.execute("CREATE TABLE steady (id bigint PRIMARY KEY, v int)")
             conn.execute("CREATE PUBLICATION benchpub FOR TABLE bench")
             conn.execute("SELECT pg_create_logical_replication_slot('rawbench', 'pgoutput')")
+            conn.execute("SELECT pg_create_logical_replication_slot('recvbench', 'pgoutput')")
         config = write_config(work, dsn)
         # Start dblog once so that it creates its slot and publication, then stop it.
         proc = subprocess.Popen(
@@ -110,8 +138,11 @@ def main() -> None:
             f"loaded {args.rows} rows in {args.tx} transactions in {time.perf_counter() - t0:.1f}s"
         )
 
+        postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
         raw = raw_rate(dsn, "rawbench", args.rows)
-        print(f"(a) raw slot receive: {raw:,.0f} events/s")
+        print(f"(a) bare receive loop (Python): {raw:,.0f} events/s")
+        recv, recv_cpu = recvlogical_rate(cluster, dsn, "recvbench", args.rows)
+        print(f"(a2) pg_recvlogical (C): {recv:,.0f} events/s (its CPU {recv_cpu:.2f} us/row)")
 
         t0 = time.perf_counter()
         proc = subprocess.Popen(
@@ -119,22 +150,30 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         )
         reader = SqliteChangeLogReader(work / "data")
-        first: tuple[float, int] | None = None
+        first: tuple[float, int, float, dict[int, float]] | None = None
         while True:
-            time.sleep(0.02)
+            time.sleep(0.005)
             n = reader.next_offset()
             if first is None and n > 0:
-                first = (time.perf_counter(), n)
+                first = (time.perf_counter(), n, cpu_seconds(proc.pid), family_cpu(postmaster))
             if n >= args.rows:
                 break
         end = time.perf_counter()
+        dblog_cpu = cpu_seconds(proc.pid)
+        server_cpu = cpu_since(family_cpu(postmaster), first[3]) if first else 0.0
         rss_bulk = peak_rss_kb(proc.pid)
         assert first is not None
-        e2e = (args.rows - first[1]) / (end - first[0])
+        counted = args.rows - first[1]
+        e2e = counted / (end - first[0])
         whole = args.rows / (end - t0)
         print(
-            f"(b) dblog run end to end: {e2e:,.0f} events/s (from its first commit to the last), "
-            f"ratio {e2e / raw:.2f}; {whole:,.0f} events/s including process start"
+            f"(b) dblog run end to end: {e2e:,.0f} events/s (from its first event in the change "
+            f"log to its last) = {e2e / raw:.2f} x (a), {e2e / recv:.2f} x (a2); "
+            f"{whole:,.0f} events/s including process start"
+        )
+        print(
+            f"    CPU per row during (b): dblog run {(dblog_cpu - first[2]) * 1e6 / counted:.2f} us, "
+            f"PostgreSQL {server_cpu * 1e6 / counted:.2f} us"
         )
 
         # (c) steady load latency
@@ -190,6 +229,7 @@ def main() -> None:
         print(
             f"(d) dblog run peak RSS: {rss / 1024:.0f} MB (after bulk drain: {rss_bulk / 1024:.0f} MB)"
         )
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
     os.system(f"rm -rf {work}")
 
 

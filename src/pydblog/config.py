@@ -97,16 +97,28 @@ class LogConfig(_Model):
 
 
 class SnapshotConfig(_Model):
+    """``[snapshot]``. Chunks are adaptive by default (fast and safe: each chunk's SELECT
+    aims at ``chunk_time_budget_ms``, the stream's lag stays well under 250 ms); a
+    ``chunk_size`` given without ``adaptive`` fixes the size instead (``adaptive``
+    unset = true unless ``chunk_size`` is set; ``effective_adaptive`` is the answer)."""
+
     mode: Literal["initial", "never"] = "never"
     chunk_size: int = Field(default=1024, ge=1)
     watermark: Literal["table", "message"] = "table"
     signal_table: str = "public.dblog_signal"
     watermark_table: str = "public.dblog_watermark"
-    adaptive: bool = False
+    adaptive: bool | None = None
     chunk_time_budget_ms: int = Field(default=200, gt=0)
     min_chunk_size: int = Field(default=256, ge=1)
     max_chunk_size: int = Field(default=65536, ge=1)
     statement_timeout_ms: int = Field(default=60_000, gt=0)
+
+    @property
+    def effective_adaptive(self) -> bool:
+        """Adaptive chunk sizes: as set, else true unless a fixed ``chunk_size`` was given."""
+        if self.adaptive is not None:
+            return self.adaptive
+        return "chunk_size" not in self.model_fields_set
 
 
 class SinkConfig(_Model):

@@ -25,6 +25,20 @@ def test_defaults_and_relative_log_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("snapshot", "adaptive"),
+    [
+        ({}, True),  # the fast default
+        ({"chunk_size": 64}, False),  # a fixed chunk size stays fixed
+        ({"chunk_size": 64, "adaptive": True}, True),
+        ({"adaptive": False}, False),
+    ],
+)
+def test_adaptive_unless_a_chunk_size_is_fixed(snapshot: dict[str, object], adaptive: bool) -> None:
+    cfg = parse_config({"source": {"dsn": "x"}, "snapshot": snapshot})
+    assert cfg.snapshot.effective_adaptive is adaptive
+
+
+@pytest.mark.parametrize(
     ("data", "expected"),
     [
         ({"source": {"dsn": "x", "nope": 1}}, "source.nope: unknown key"),

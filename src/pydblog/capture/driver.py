@@ -47,7 +47,7 @@ class SnapshotDriver:
         self.core = SnapshotCore(
             CoreSettings(
                 chunk_size=s.chunk_size,
-                adaptive=s.adaptive,
+                adaptive=s.effective_adaptive,
                 time_budget_ms=s.chunk_time_budget_ms,
                 min_chunk=s.min_chunk_size,
                 max_chunk=s.max_chunk_size,

@@ -40,3 +40,24 @@ def thread_cpu(pid: int) -> dict[str, float]:
         name = head.partition("(")[2]
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
+
+
+def family_cpu(parent: int) -> dict[int, float]:
+    """CPU seconds used so far by ``parent`` and each live process it started (e.g. a
+    PostgreSQL postmaster and its backends, walsenders and background workers)."""
+    out = {parent: cpu_seconds(parent)}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[1]) == parent:
+            pid = int(stat.parent.name)
+            out[pid] = cpu_seconds(pid)
+    return out
+
+
+def cpu_since(now: dict[int, float], start: dict[int, float]) -> float:
+    """CPU used between two ``family_cpu`` readings (processes that ended in between are
+    not counted)."""
+    return sum(c - start.get(pid, 0.0) for pid, c in now.items())
