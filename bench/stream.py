@@ -44,7 +44,7 @@ def load(dsn: str, rows: int, txs: int) -> None:
         for t in range(txs):
             conn.execute(
                 "INSERT INTO bench SELECT g, g %% 1000, 'text-' || g, g * 1.5, now() "
-                "FROM generate_series(%s, %s) g",
+                "FROM generate_series(%s::bigint, %s::bigint) g",
                 (t * per, (t + 1) * per - 1),
             )
             conn.commit()
