@@ -206,6 +206,48 @@ class SyncConfig(_Model):
         return f"{amount} seconds"
 
 
+class HaConfig(_Model):
+    """``[ha]``: active/passive capture. Every ``dblog run`` with this section campaigns
+    for leadership; the leader captures, the others wait as standbys (docs/ha.md).
+
+    - ``backend = "zookeeper"``: ``hosts`` (``host:port,...``), ``path`` (the election's
+      znode; default ``/pydblog/<slot>``);
+    - ``backend = "postgres"``: an advisory lock on a dedicated connection to ``dsn``
+      (default: the source's DSN), keyed by ``path``; its epoch counter is a row of
+      ``table``.
+    ``session_timeout_s``: a leader that cannot prove it is alive for this long loses
+    leadership (ZooKeeper session timeout; PostgreSQL ``idle_session_timeout``).
+    ``name``: this member's name in logs and ``dblog status`` (default ``host:pid``).
+    """
+
+    backend: Literal["zookeeper", "postgres"]
+    hosts: str | None = None
+    path: str | None = None
+    session_timeout_s: float = Field(default=5.0, ge=1.0, le=600.0)
+    dsn: str | None = None
+    table: str = "public.dblog_ha"
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> HaConfig:
+        if self.backend == "zookeeper":
+            if not self.hosts:
+                raise ValueError('the "zookeeper" backend needs hosts ("host:port,host:port")')
+            if self.dsn is not None:
+                raise ValueError('the "zookeeper" backend takes hosts, not dsn')
+            if self.path is not None and not self.path.startswith("/"):
+                raise ValueError(f"path {self.path!r} must be an absolute znode path (start with /)")
+        elif self.hosts is not None:
+            raise ValueError('the "postgres" backend takes dsn (default: the source\'s), not hosts')
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*", self.table):
+            raise ValueError(f"table {self.table!r} must be schema.table")
+        return self
+
+    def __repr__(self) -> str:
+        dsn = redact_dsn(self.dsn) if self.dsn is not None else None
+        return f"HaConfig(backend={self.backend!r}, hosts={self.hosts!r}, path={self.path!r}, dsn={dsn!r})"
+
+
 class HttpConfig(_Model):
     listen: str | None = None
 
@@ -215,6 +257,14 @@ class Config(_Model):
     log: LogConfig = Field(default_factory=LogConfig)
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
+    ha: HaConfig | None = None
+
+    @model_validator(mode="after")
+    def _ha_dsn(self) -> Config:
+        if self.ha is not None and self.ha.backend == "postgres" and self.ha.dsn is None \
+                and self.source.type != "postgres":
+            raise ValueError('[ha] backend "postgres" needs dsn (a PostgreSQL) with a MySQL source')
+        return self
 
     @property
     def log_dir(self) -> Path:

@@ -69,3 +69,23 @@ class SinkError(DblogError):
 
     retriable = True
     exit_code = 7
+
+
+class LeadershipLost(DblogError):
+    """This process is no longer (certainly) the elected leader: it stops capturing
+    and goes back to standby (high availability, ``[ha]``)."""
+
+    retriable = True
+    exit_code = 8
+
+
+class Fenced(LeadershipLost):
+    """The change log was claimed by a leader with a newer epoch: this process's write
+    (or acknowledgement) was refused."""
+
+
+class ElectionUnavailable(DblogError):
+    """The election backend (ZooKeeper, the lock's PostgreSQL) cannot be reached now."""
+
+    retriable = True
+    exit_code = 9

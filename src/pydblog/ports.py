@@ -300,3 +300,55 @@ class SnapshotReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# -- high availability ------------------------------------------------------------------
+# One leader per capture pipeline, elected through a small port so that ZooKeeper, a
+# PostgreSQL advisory lock (and later etcd or Kubernetes leases) are interchangeable.
+# Leadership alone never makes a write safe (a leader can freeze, lose its session and
+# wake up): each term has an ``epoch`` that only grows, and the change log refuses
+# writes of any epoch but the newest that claimed it (``FencedChangeLog``).
+
+
+class Lease(Protocol):
+    """One term of leadership.
+
+    ``epoch`` is strictly greater than the epoch of every earlier term of this election
+    (it is incremented atomically with holding the leadership). ``check`` raises
+    ``LeadershipLost`` unless the backend confirmed this term within the last part of
+    the session timeout (a local, monotonic deadline: a process frozen past it fails the
+    check when it wakes, before the backend tells it anything)."""
+
+    epoch: int
+
+    def check(self) -> None: ...
+
+    def release(self) -> None:
+        """Give leadership up now (idempotent); a standby takes over at once."""
+        ...
+
+
+class Election(Protocol):
+    def campaign(self, stop: Any) -> Lease | None:
+        """Block until this member leads (its ``Lease``) or ``stop`` (a
+        ``threading.Event``) is set (``None``). Raises ``ElectionUnavailable`` only if
+        the backend cannot be reached at all; otherwise it keeps trying."""
+        ...
+
+    def leader(self) -> str | None:
+        """The current leader's member name, as far as the backend knows (status)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class FencedChangeLog(Protocol):
+    """A change log writer that takes part in fencing (the embedded log; Kafka with a
+    transactional producer whose epoch is bumped by the new leader)."""
+
+    def claim(self, epoch: int) -> None:
+        """Make ``epoch`` the log's owner from now on: every later ``append`` of an older
+        epoch fails with ``Fenced``. Raises ``Fenced`` if a newer epoch already claimed
+        it. The check that an ``append`` still owns the log is made in the same atomic
+        commit as the append."""
+        ...

@@ -39,6 +39,7 @@ from pydblog.ports import (
     Commit,
     Heartbeat,
     Idle,
+    Lease,
     LogSource,
     SchemaChanged,
     SnapshotReader,
@@ -97,13 +98,17 @@ class Runner:
         self._now_ms = int(time.time() * 1000)
         self._last_retention = 0.0  # first idle moment applies retention
         self._writer_wakes = False  # the writer wakes the stream when its queue drains
+        # High availability: the elected leader's term, checked before every source ack
+        # and at every idle tick (``None``: no [ha], a single capture process).
+        self.lease: Lease | None = None
 
     # -- recovery ---------------------------------------------------------------------
     def recover(self) -> Checkpoint | None:
         from_log = self.changelog.last_checkpoint()
         from_state = self.state.load()
         best = from_state
-        if from_log is not None and (from_state is None or from_log.is_newer_than(from_state)):
+        # The change log wins ties: its checkpoint was committed with the events.
+        if from_log is not None and (from_state is None or not from_state.is_newer_than(from_log)):
             best = from_log
             self.state.save(from_log)  # repair a crash between log commit and state save
         if best is not None:
@@ -291,6 +296,8 @@ class Runner:
             driver.run_blocking(self._position, stop, emit, keepalive)
             self.flush(force=True)
         self._driver_active = driver.active
+        if self.lease is not None:
+            self.lease.check()
         self.status.maybe_write(self)
 
     def flush(self, force: bool = False) -> None:
@@ -319,6 +326,8 @@ class Runner:
             writer.drain()
         ack = writer.take_ack()
         if ack is not None and ack is not self._acked:
+            if self.lease is not None:
+                self.lease.check()
             self.source.ack(ack)
             self._acked = ack
         self.status.count(writer.take_written())

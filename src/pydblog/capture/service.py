@@ -14,7 +14,9 @@ from pydblog.capture.runner import Runner
 from pydblog.capture.status import read_status
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader, log_path
 from pydblog.config import Config, redact_dsn
-from pydblog.errors import DblogError
+from pydblog.errors import DblogError, LeadershipLost, SlotInUse
+from pydblog.ha.role import ROLE, RoleInfo
+from pydblog.ports import Lease, StateStore
 from pydblog.sources.registry import create_source
 from pydblog.state.file import FileStateStore
 
@@ -37,18 +39,58 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
     # the collector still runs, just every 100k allocations.
     gc.set_threshold(100_000, 50, 100)
     gc.freeze()  # modules and config loaded so far: never scanned again
+    if cfg.ha is not None:
+        from pydblog.ha.member import run_member
+
+        run_member(cfg, stop, _capture)
+        return
+    ROLE.set(RoleInfo("leader"))
+    try:
+        _capture(cfg, stop, None)
+    finally:
+        ROLE.set(RoleInfo("stopped"))
+
+
+SLOT_WAIT_S = 30.0
+"""How long a new leader retries while the previous leader's connection still holds
+the replication slot (it terminates that connection first: see ``ha.takeover``)."""
+
+
+def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
+    """Capture until ``stop``; with a ``lease`` (an elected leader), own the change log
+    with its epoch first and check the lease before every acknowledgement."""
     delay = 1.0
+    slot_deadline: float | None = None
     while not stop.is_set():
         changelog = SqliteChangeLog(cfg.log_dir)
         source, reader = create_source(cfg)
-        runner = Runner(cfg, source, reader, changelog, FileStateStore(cfg.log_dir))
+        state: StateStore = FileStateStore(cfg.log_dir)
+        if lease is not None:
+            from pydblog.ha.fencing import GuardedStateStore, claim
+
+            claim(changelog, lease, stop)
+            state = GuardedStateStore(state, lease)
+        runner = Runner(cfg, source, reader, changelog, state)
+        runner.lease = lease
         try:
             runner.run(stop)
             return
         except DblogError as exc:
-            if not exc.retriable or not runner.opened:
+            if isinstance(exc, LeadershipLost) or not exc.retriable:
                 raise
-            log.warning("%s; retrying in %.0f s", exc, delay)
+            if lease is not None and isinstance(exc, SlotInUse) and not runner.opened:
+                # The previous leader's walsender may still hold the slot.
+                now = time.monotonic()
+                slot_deadline = slot_deadline or now + SLOT_WAIT_S
+                if now > slot_deadline:
+                    raise
+                from pydblog.ha.takeover import free_slot
+
+                free_slot(cfg)
+                delay = 0.2
+            elif not runner.opened:
+                raise
+            log.warning("%s; retrying in %.1f s", exc, delay)
         finally:
             try:
                 runner.writer.close()
@@ -57,6 +99,8 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
             finally:
                 changelog.close()
         stop.wait(delay)
+        if lease is not None:
+            lease.check()
         delay = min(delay * 2, 30.0)
 
 
@@ -87,6 +131,17 @@ def collect_status(cfg: Config) -> dict[str, Any]:
                 out["position"] = cp.position.to_json()
         finally:
             reader.close()
+    if cfg.ha is not None:
+        from pydblog.ha.members import read_members
+
+        members = read_members(cfg.log_dir)
+        leaders = [m for m in members if m.get("role") == "leader"]
+        out["ha"] = {
+            "backend": cfg.ha.backend,
+            "leader": leaders[0]["member"] if leaders else None,
+            "epoch": leaders[0].get("epoch") if leaders else None,
+            "standbys": [m["member"] for m in members if m.get("role") == "standby"],
+        }
     out["slot_lag_bytes"] = _lag(cfg)
     return out
 

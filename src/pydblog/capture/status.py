@@ -1,7 +1,9 @@
 """The capture process's status file (``status.json`` in the log directory).
 
-Written at most once a second by ``dblog run`` and read by ``dblog status``: pid,
-source position, events per second (over the last interval), snapshot progress.
+Written at most once a second by the capturing ``dblog run`` (with ``[ha]``: the
+leader only; standbys write member files, see ``ha.members``) and read by
+``dblog status``: pid, role, source position, events per second (over the last
+interval), snapshot progress.
 """
 
 from __future__ import annotations
@@ -49,10 +51,19 @@ class StatusWriter:
             "position": pos.to_json() if pos is not None else None,
             "events_per_second": round(self._rate, 1),
             "snapshot": runner.driver.status() if runner.driver is not None else None,
+            **_role(),
         }
         tmp = self.path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(data))
         os.replace(tmp, self.path)
+
+
+def _role() -> dict[str, Any]:
+    """``role`` (``leader``: this process captures), ``epoch`` and ``member`` ([ha])."""
+    from pydblog.ha.role import ROLE
+
+    info = ROLE.get()
+    return {"role": "leader", "epoch": info.epoch, "member": info.member}
 
 
 def read_status(directory: Path) -> dict[str, Any] | None:

@@ -21,6 +21,11 @@ Invariants:
   in one transaction with ``synchronous=FULL``: once it returns, all survive
   ``kill -9`` and power loss. Readers in other processes see whole batches or nothing.
 - Readers never block the writer (WAL mode) and see only committed batches.
+- Fencing (high availability): once ``claim(epoch)`` was called, every ``append`` checks
+  inside its own write transaction that the log's ``fence`` row still holds that epoch,
+  and commits nothing otherwise (``Fenced``). A newer leader claims the log by writing
+  its greater epoch there (``claim`` refuses a smaller one), so a frozen ex-leader that
+  wakes can append nothing: SQLite serialises the two write transactions.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from pathlib import Path
 import orjson
 import zstandard
 
-from pydblog.errors import ChangeLogError
+from pydblog.errors import ChangeLogError, Fenced
 from pydblog.events import Encoded, EncodedBlock, EncodedEvent, expand_template
 from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
 from pydblog.threads import name_native_thread
@@ -74,6 +79,11 @@ CREATE TABLE IF NOT EXISTS schemas (
     body BLOB NOT NULL,
     PRIMARY KEY (tbl, from_offset)
 );
+CREATE TABLE IF NOT EXISTS fence (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL,
+    claimed_ms INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS checkpoint (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     next_offset INTEGER NOT NULL,
@@ -83,6 +93,7 @@ CREATE TABLE IF NOT EXISTS checkpoint (
 """
 
 
+CLAIM_BUSY_MS = 200
 CHECKPOINT_EVERY_S = 0.05
 WAL_BACKSTOP_PAGES = 16_384
 """The writer's own automatic checkpoint, only if the checkpointer thread fell behind
@@ -261,6 +272,46 @@ class SqliteChangeLog(ChangeLogWriter):
         cp = self._conn.execute("SELECT next_offset FROM checkpoint WHERE id = 1").fetchone()
         last = row[0] if row and row[0] is not None else -1
         self._next = max(last + 1, cp[0] if cp else 0)
+        self._epoch: int | None = None  # set by claim(): appends are then fenced
+
+    def claim(self, epoch: int) -> None:
+        """Own the log with ``epoch`` (see the module's fencing invariant). Re-reads
+        the next offset: an earlier leader may have appended since this was opened.
+        Waits at most ``CLAIM_BUSY_MS`` for the write lock (``ChangeLogError``; the
+        caller retries and may look at who holds it)."""
+        conn = self._conn
+        try:
+            conn.execute(f"PRAGMA busy_timeout={CLAIM_BUSY_MS}")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            finally:
+                conn.execute("PRAGMA busy_timeout=10000")
+            row = conn.execute("SELECT epoch FROM fence WHERE id = 1").fetchone()
+            if row is not None and row[0] > epoch:
+                conn.execute("ROLLBACK")
+                raise Fenced(
+                    f"the change log at {self.path} was claimed by epoch {row[0]}, newer than "
+                    f"this leader's {epoch}"
+                )
+            conn.execute(
+                "INSERT INTO fence (id, epoch, claimed_ms) VALUES (1, ?, ?) ON CONFLICT (id) "
+                "DO UPDATE SET epoch = excluded.epoch, claimed_ms = excluded.claimed_ms",
+                (epoch, int(time.time() * 1000)),
+            )
+            last = conn.execute("SELECT max(last_offset) FROM blocks").fetchone()[0]
+            cp = conn.execute("SELECT next_offset FROM checkpoint WHERE id = 1").fetchone()
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise ChangeLogError(f"cannot claim the change log at {self.path}: {exc}") from exc
+        self._next = max((last if last is not None else -1) + 1, cp[0] if cp else 0)
+        self._epoch = epoch
+
+    def fence_epoch(self) -> int | None:
+        """The epoch that owns the log now (``None``: never claimed)."""
+        row = self._conn.execute("SELECT epoch FROM fence WHERE id = 1").fetchone()
+        return int(row[0]) if row else None
 
     @property
     def next_offset(self) -> int:
@@ -277,6 +328,15 @@ class SqliteChangeLog(ChangeLogWriter):
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
+            if self._epoch is not None:
+                row = conn.execute("SELECT epoch FROM fence WHERE id = 1").fetchone()
+                if row is None or row[0] != self._epoch:
+                    conn.execute("ROLLBACK")
+                    raise Fenced(
+                        f"the change log at {self.path} now belongs to epoch "
+                        f"{row[0] if row else None}; this leader's epoch {self._epoch} may not "
+                        "write to it"
+                    )
             if schemas:
                 conn.executemany(
                     "INSERT OR REPLACE INTO schemas (tbl, from_offset, body) VALUES (?,?,?)",

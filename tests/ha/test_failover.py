@@ -1,0 +1,70 @@
+"""End to end: two or three `dblog run` with one [ha] config under a write load.
+kill -9 of the leader, then SIGSTOP of the next one (which must not write once it
+wakes up): the change log materializes to the source, nothing is logged twice."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import psycopg
+import pytest
+
+from tests.ha.helpers import (
+    duplicates,
+    ha_config,
+    member_log,
+    roles,
+    start_member,
+    stop_all,
+    wait_leader,
+)
+from tests.helpers import assert_oracle, dblog, wait_for
+from tests.integration.test_crash import writer
+
+
+@pytest.mark.parametrize("backend", ["zookeeper", "postgres"])
+def test_failover_kill9_and_sigstop(backend: str, pg_db: str, tmp_path: Path,
+                                    request: pytest.FixtureRequest) -> None:
+    hosts = request.getfixturevalue("zk_server").hosts if backend == "zookeeper" else None
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE w (id int PRIMARY KEY, v text, n int)")
+    config = ha_config(tmp_path, pg_db, hosts, timeout_s=2.0, extra="batch_max_events = 200")
+    procs = [start_member(config), start_member(config)]
+    stop = threading.Event()
+    load = threading.Thread(target=writer, args=(pg_db, stop, 7))
+    try:
+        first = wait_leader(config, procs)
+        wait_for(lambda: sorted(roles(config).values()) == ["leader", "standby"], 30, "a standby")
+        status = orjson.loads(dblog("status", "--config", str(config), "--json").stdout)
+        assert status["ha"]["leader"].endswith(f":{first.pid}")
+        assert len(status["ha"]["standbys"]) == 1
+        load.start()
+        time.sleep(1.5)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        second = wait_leader(config, procs, timeout=30)
+        procs.append(start_member(config))  # a new standby
+        wait_for(lambda: sorted(roles(config).values()) == ["leader", "standby"], 30, "a standby")
+        time.sleep(1.5)
+        second.send_signal(signal.SIGSTOP)
+        third = wait_leader(config, procs, timeout=30, not_pid=second.pid)
+        time.sleep(1.5)
+        second.send_signal(signal.SIGCONT)  # wakes up as an ex-leader: must step down
+        wait_for(lambda: "stepping down" in member_log(config, second), 30, "the old leader to step down")
+        time.sleep(1.0)
+        assert roles(config).get(third.pid) == "leader"
+    finally:
+        stop.set()
+        if load.is_alive():
+            load.join()
+    try:
+        events = assert_oracle(config, pg_db, {"public.w": ["id"]})
+    finally:
+        codes = stop_all(procs)
+    assert duplicates(events) == 0
+    others = [(p, c) for p, c in zip(procs, codes, strict=True) if p is not first]
+    assert [c for _, c in others] == [0, 0], [member_log(config, p)[-2000:] for p, _ in others]
