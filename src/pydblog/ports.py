@@ -228,18 +228,43 @@ StreamItem = Any  # ChangeEvent | Commit | WatermarkSeen | Heartbeat | Idle | Sc
 
 @dataclass(frozen=True, slots=True)
 class TableInfo:
-    """What the chunk reader knows of a table. ``key`` is the primary key (or the
-    surrogate key a snapshot asked for); ``types`` are SQL type names used for casts."""
+    """What the chunk reader knows of a table; ``types`` are SQL type names used for casts.
+
+    Two different sets of columns (the row-identity model, see docs/exactness.md):
+
+    - ``identity``: the table's **row identity**, the columns that name a row in events
+      (the envelope's ``key``), in chunk windows (what a stream event drops from a chunk)
+      and in the sinks (what a MERGE or upsert matches on). Decided once per table by the
+      source: PostgreSQL ``REPLICA IDENTITY USING INDEX`` -> that index's columns (also
+      with a primary key: deletes carry only those); else the primary key; else every
+      column (``REPLICA IDENTITY FULL``, or a table that has nothing better), matched
+      null-safely. MySQL: the primary key, else every column.
+    - ``key``: the **chunk key** the keyset SELECTs page by: the primary key, else a
+      unique not-null identity index, else the surrogate key a snapshot asked for. A
+      surrogate key only orders chunks; it never replaces the identity.
+
+    Empty ``identity`` (older callers) means "the same as ``key``".
+    """
 
     schema: str
     table: str
     columns: tuple[str, ...]
     types: tuple[str, ...]
     key: tuple[str, ...]
+    identity: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            object.__setattr__(self, "identity", self.key)
 
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.table}"
+
+    def with_key(self, key: tuple[str, ...], identity: tuple[str, ...] = ()) -> TableInfo:
+        """The same table chunked by ``key`` (identity kept unless given)."""
+        return TableInfo(self.schema, self.table, self.columns, self.types, key,
+                         identity or self.identity)
 
 
 class LogSource(Protocol):

@@ -327,3 +327,27 @@ def test_initial_mode_on_first_start(harness: Harness, tmp_path: Path) -> None:
     finally:
         cap.stop()
     assert len(snapshot_rows(events, "i1")) == 150
+
+
+def test_surrogate_key_snapshot_keeps_identity_across_restart(harness: Harness, tmp_path: Path) -> None:
+    """A surrogate key only orders chunks: rows are keyed by the table's identity (the
+    primary key) before and after a kill -9 (the identity is persisted with the
+    snapshot's progress; it used to live in a driver map a restart emptied, and MySQL's
+    rows then came keyed by the surrogate column)."""
+    harness.execute("CREATE TABLE skr (id INT PRIMARY KEY, s INT, v VARCHAR(20))")
+    values = ", ".join(f"({i}, {i % 50}, 'v{i}')" for i in range(1500))
+    harness.execute(f"INSERT INTO skr (id, s, v) VALUES {values}")
+    cap = Capture(harness, tmp_path, "[snapshot]\nchunk_size = 20\nadaptive = false").start()
+    harness.signal(sid(), "execute-snapshot",
+                   {"data-collections": [q(harness, "skr")], "surrogate-key": "s"})
+    cap.wait_until(lambda ev: len(snapshot_rows(ev, "skr")) >= 200, what="200 snapshot rows")
+    cap.kill()
+    cap.start()
+    try:
+        cap.wait_notification("COMPLETED", timeout=180)
+        events = cap.assert_oracle({"skr": ["id"]})
+    finally:
+        cap.stop()
+    rows = snapshot_rows(events, "skr")
+    assert {tuple(e["key"]) for e in rows} == {("id",)}
+    assert {e["key"]["id"] for e in rows} == set(range(1500))

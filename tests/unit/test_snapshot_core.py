@@ -120,7 +120,7 @@ def start_table(
 
 def chunk(
     core: ExpandingCore,
-    rows: list[dict[str, Any]],
+    rows: Sequence[dict[str, Any] | EncodedRow],
     lsn: int,
     between: Sequence[ChangeEvent] = (),
     elapsed: float = 1.0,
@@ -744,3 +744,43 @@ def test_window_drops_encoded_rows_with_scalar_and_list_keys() -> None:
         w.set_rows(rows)
         kept = [r.chunk_key[0] for r in w.close().rows if isinstance(r, EncodedRow)]
         assert kept == [k for k in keys if k != touched]
+
+
+def test_identity_is_persisted_and_keys_rows_after_restart() -> None:
+    """The row identity is decided once, at the table's start, and kept in the state:
+    after a restart the chunk requests still name it and rows are keyed by it (never by
+    the surrogate key that orders the chunks)."""
+    core = make(chunk=2)
+    execute(core, "public\\.t", surrogate_key="v")
+    req0 = core.next_request()
+    assert isinstance(req0, TableStartRequest) and req0.watermark is not None
+    core.on_table_started(req0.id, TableInfo("public", "t", ("id", "v"), ("int", "text"),
+                                             ("v",), ("id",)), ("z",))
+    core.on_watermark(req0.watermark, pos(10), 0)
+    saved = json.loads(json.dumps(core.state()))
+    assert saved["incremental"]["current"]["identity"] == ["id"]
+    again = ExpandingCore(CoreSettings(chunk_size=2), saved, instance="r")
+    req, out = chunk(again, [row(1, "a"), row(2, "b")], 20)
+    assert req.identity == ("id",) and req.key_columns == ("v",)
+    assert [e.key for e in out if e.op is Op.READ] == [{"id": 1}, {"id": 2}]
+
+
+def test_identity_index_beside_primary_key_windows_by_identity() -> None:
+    """Chunked by the primary key ``id`` while the identity is another column ``v``
+    (REPLICA IDENTITY USING INDEX): a key-only delete naming only ``v`` drops its row
+    from the window (it used to be missed, and the deleted row was resurrected)."""
+    core = make(chunk=3)
+    execute(core, "public\\.t")
+    req0 = core.next_request()
+    assert isinstance(req0, TableStartRequest) and req0.watermark is not None
+    core.on_table_started(req0.id, TableInfo("public", "t", ("id", "v"), ("int", "text"),
+                                             ("id",), ("v",)), (9,))
+    core.on_watermark(req0.watermark, pos(10), 0)
+    delete = ChangeEvent(Op.DELETE, "public", "t", pos(15), 0, key={"v": "b"},
+                         before={"id": None, "v": "b"})
+    rows = [EncodedRow((i,), f'{{"v":"{v}"}}', f'{{"id":{i},"v":"{v}"}}')
+            for i, v in ((1, "a"), (2, "b"), (3, "c"))]
+    req, out = chunk(core, rows, 20, between=[delete])
+    assert req.identity == ("v",)
+    assert read_ids(out) == [1, 3]
+    assert [e.key for e in out if e.op is Op.READ] == [{"v": "a"}, {"v": "c"}]

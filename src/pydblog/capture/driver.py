@@ -23,7 +23,7 @@ from pydblog.core.signals import parse_signal
 from pydblog.core.sizing import CoreSettings
 from pydblog.core.snapshot import SnapshotCore
 from pydblog.errors import DblogError, SignalError
-from pydblog.events import ChangeEvent, Emitted, Op, SnapshotRows
+from pydblog.events import ChangeEvent, Emitted, Op
 from pydblog.ports import SnapshotReader, TableInfo
 from pydblog.positions import Position
 from pydblog.threads import name_native_thread
@@ -59,9 +59,6 @@ class SnapshotDriver:
         self._inflight = False
         self._worker: threading.Thread | None = None
         self._out: list[Emitted] = []
-        # table -> identity columns (primary key; without one every column), used as
-        # the event key of snapshot rows even when a surrogate key drives the chunks.
-        self._identity: dict[str, tuple[str, ...]] = {}
         self._paused_stream = False
         # Called (from the worker thread) when an answer is queued: wakes the runner
         # so it takes the answer and submits the next (read-ahead) request at once.
@@ -98,22 +95,7 @@ class SnapshotDriver:
 
     def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:
         out = self.take()
-        return out + self._keyed_rows(self.core.on_watermark(watermark_id, position, ts_ms or _now_ms()))
-
-    def _keyed_rows(self, events: list[Emitted]) -> list[Emitted]:
-        """Snapshot rows of a table chunked by a surrogate key get the table's identity
-        as their event key, like the stream's events of that table (rows a reader
-        encoded carry that key already)."""
-        if not self._identity:
-            return events
-        out: list[Emitted] = []
-        for ev in events:
-            if isinstance(ev, SnapshotRows):
-                ident = self._identity.get(f"{ev.schema}.{ev.table}")
-                if ident is not None:
-                    ev = ev._replace(identity=ident)
-            out.append(ev)
-        return out
+        return out + self.core.on_watermark(watermark_id, position, ts_ms or _now_ms())
 
     def start_initial(self, captured: list[str]) -> None:
         log.info("initial snapshot of %d tables", len(captured))
@@ -129,7 +111,7 @@ class SnapshotDriver:
             self._inflight = False
             self._out.extend(answer())
         out, self._out = self._out, []
-        return self._keyed_rows(out)
+        return out
 
     # -- incremental requests on the worker ----------------------------------------------
     def submit_next(self) -> None:
@@ -200,17 +182,14 @@ class SnapshotDriver:
 
     def _start_table(self, req: TableStartRequest) -> tuple[TableInfo | None, Any, str | None]:
         try:
-            if req.surrogate_key is not None:
-                plain = self.reader.table_info(req.table)
-                if plain is not None:
-                    self._identity[req.table] = plain.key or plain.columns
             info = self.reader.table_info(req.table, req.surrogate_key)
             if info is None:
                 return None, None, f"table {req.table} does not exist"
             if not info.key:
                 return info, None, (
-                    f"table {req.table} has no primary key: name a column to chunk by with "
-                    "surrogate-key (CLI: --surrogate-key COL)"
+                    f"table {req.table} has no primary key (nor a REPLICA IDENTITY USING "
+                    "INDEX): name a column to chunk by with surrogate-key "
+                    "(CLI: --surrogate-key COL)"
                 )
             if req.condition:
                 self.reader.check_filter(info, req.condition)
@@ -237,7 +216,7 @@ class SnapshotDriver:
                 continue
             self._execute(request, results.append)
             for result in results:
-                emit(self._keyed_rows(result()))
+                emit(result())
             results.clear()
 
     def state(self) -> dict[str, Any] | None:
@@ -248,7 +227,9 @@ class SnapshotDriver:
 
 
 def _keyed(info: TableInfo, request: ChunkRequest) -> TableInfo:
-    """The chunk's key columns are the ones fixed when the table's snapshot started."""
-    if info.key == request.key_columns:
+    """The chunk key and the row identity are the ones fixed when the table's snapshot
+    started (persisted with its progress), whatever the catalog says now."""
+    identity = request.identity or info.identity
+    if info.key == request.key_columns and info.identity == identity:
         return info
-    return TableInfo(info.schema, info.table, info.columns, info.types, request.key_columns)
+    return info.with_key(request.key_columns, identity)

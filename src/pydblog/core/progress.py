@@ -23,9 +23,12 @@ class TableJob:
     """One table's snapshot.
 
     Before the table is started (``started`` False) only the request is known: table,
-    signal, kind, filter, surrogate key. Starting it fixes ``key_columns`` and
+    signal, kind, filter, surrogate key. Starting it fixes ``key_columns`` (the chunk
+    key), ``identity`` (the row identity, ``TableInfo.identity``: the event key of the
+    rows and what the window drops by; persisted here so a restart keeps it) and
     ``max_key`` (the bound: rows with a greater key come from the stream). ``last_key``
     None means "from the first row"; chunks read ``last_key < key <= max_key``.
+    ``identity`` None (state written before it existed) means "as the reader says".
     """
 
     table: str
@@ -40,14 +43,19 @@ class TableJob:
     last_key: RawKey | None = None
     chunks: int = 0
     rows: int = 0
+    identity: tuple[str, ...] | None = None
 
     @property
     def started(self) -> bool:
         return self.key_columns is not None
 
-    def start(self, schema: str, table: str, key: tuple[str, ...], max_key: RawKey) -> TableJob:
+    def start(
+        self, schema: str, table: str, key: tuple[str, ...], max_key: RawKey,
+        identity: tuple[str, ...] | None = None,
+    ) -> TableJob:
         return dataclasses.replace(
-            self, schema_name=schema, table_name=table, key_columns=key, max_key=max_key
+            self, schema_name=schema, table_name=table, key_columns=key, max_key=max_key,
+            identity=identity,
         )
 
     def advance(self, last_key: RawKey | None, emitted: int) -> TableJob:
@@ -102,6 +110,7 @@ class TableJob:
             "last_key": None if self.last_key is None else list(self.last_key),
             "chunks": self.chunks,
             "rows": self.rows,
+            "identity": None if self.identity is None else list(self.identity),
         }
 
     @classmethod
@@ -122,6 +131,7 @@ class TableJob:
             last_key=tup(data.get("last_key")),
             chunks=int(data.get("chunks", 0)),
             rows=int(data.get("rows", 0)),
+            identity=tup(data.get("identity")),
         )
 
 

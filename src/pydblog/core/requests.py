@@ -55,7 +55,8 @@ class ChunkRequest:
     """Read one chunk: ``after_key < key <= max_key``, key order, at most ``limit`` rows.
 
     ``key_columns`` are the key columns fixed when the table started (the primary key or
-    the surrogate key); the reader re-reads the other columns' list itself.
+    the surrogate key); ``identity`` the row identity fixed then (``TableInfo.identity``;
+    empty: as the reader says); the reader re-reads the other columns' list itself.
     """
 
     id: str
@@ -69,6 +70,7 @@ class ChunkRequest:
     condition: str | None
     low_watermark: str | None
     high_watermark: str | None
+    identity: tuple[str, ...] = ()
 
     @property
     def blocking(self) -> bool:

@@ -340,6 +340,7 @@ class SnapshotCore:
             condition=job.condition,
             low_watermark=None if blocking else f"{rid}:low",
             high_watermark=None if blocking else f"{rid}:high",
+            identity=job.identity or (),
         )
 
     def _new_id(self, prefix: str) -> str:
@@ -593,7 +594,7 @@ class SnapshotCore:
             return self._finish_table(lane, [table_empty(job)])
         assert answer.info is not None
         info = answer.info
-        lane.current = job.start(info.schema, info.table, info.key, answer.max_key)
+        lane.current = job.start(info.schema, info.table, info.key, answer.max_key, info.identity)
         return [table_scan_started(lane.current)]
 
     def _chunk_done(self, lane: Lane, request: ChunkRequest, result: WindowResult) -> list[Notice]:
@@ -647,7 +648,7 @@ class SnapshotCore:
         first = cursor.take(len(rows))
         batch = SnapshotRows(
             job.schema_name, job.table_name, job.kind, cursor.base, first, cursor.ts_ms,
-            rows, job.key_columns,
+            rows, job.key_columns, job.identity or (),
         )
         self._horizon = batch.last_position
         return [batch]
@@ -738,12 +739,13 @@ class SnapshotCore:
 
 
 def _window(job: TableJob, request: ChunkRequest) -> ChunkWindow:
-    """A chunk's window: by chunk key, or by row identity when chunked by a surrogate
-    key (whose values may repeat)."""
-    return ChunkWindow(
-        job.schema_name, job.table_name, request.key_columns,
-        by_identity=request.surrogate_key is not None,
+    """A chunk's window: by chunk key when that is the row identity (the common, fast
+    case), else by row identity (a surrogate key, whose values may repeat; a primary key
+    beside a ``REPLICA IDENTITY USING INDEX``): stream events name rows by identity."""
+    by_identity = request.surrogate_key is not None or (
+        job.identity is not None and set(job.identity) != set(request.key_columns)
     )
+    return ChunkWindow(job.schema_name, job.table_name, request.key_columns, by_identity=by_identity)
 
 
 def _start_problem(job: TableJob, answer: _StartAnswer) -> str | None:

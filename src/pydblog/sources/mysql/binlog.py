@@ -692,6 +692,8 @@ class MySqlLogSource:
             json_cols = self._json_columns(db, name)
         pk = table.primary_key
         key = (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
+        if not key:  # the row identity without a primary key: every column (TableInfo)
+            key = tuple(c.name for c in table.columns if c.name is not None)
         ts = None
         if kind == "captured":
             ts = self._binlog_schema(event.table_id, db, name, table.columns, json_cols, key)
@@ -796,7 +798,8 @@ class MySqlLogSource:
             ]
         for t in tables_without_key(self._ctl, self.db, names):
             log.warning(
-                "table %s.%s has no primary key: its events carry key=null and a snapshot "
+                "table %s.%s has no primary key: its events are keyed by the whole row "
+                "(rows that are equal in every column cannot be told apart) and a snapshot "
                 "needs a surrogate key; add a primary key to capture it fully",
                 self.db,
                 t,

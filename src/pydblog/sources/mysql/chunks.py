@@ -200,7 +200,10 @@ class MySqlSnapshotReader:
                     f"(columns: {', '.join(names)})"
                 )
             pk = (surrogate_key,)
-        info = TableInfo(db, table, names, tuple(c.column_type for c in cols), pk)
+        # The row identity: the primary key, else every column (as the binlog reader
+        # keys a table's events); a surrogate key only orders the chunks.
+        identity = tuple(self._pks[f"{db}.{table}"]) or names
+        info = TableInfo(db, table, names, tuple(c.column_type for c in cols), pk, identity)
         self._tables[(info.qualified, info.key)] = _Table(info, cols)
         return info
 

@@ -29,7 +29,8 @@ from pydblog.errors import SignalError, SourceError
 from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow
 from pydblog.ports import TableInfo
 from pydblog.sources.postgres.connect import connect
-from pydblog.sources.postgres.relations import compile_encoder
+from pydblog.sources.postgres.pgoutput import ReplicaIdentity
+from pydblog.sources.postgres.relations import compile_encoder, identity_columns
 from pydblog.sources.postgres.setup import split_name
 from pydblog.sources.postgres.source import WATERMARK_PREFIX, PgLogSource
 from pydblog.sources.postgres.types import TypeRegistry
@@ -46,7 +47,9 @@ class PgSnapshotReader:
         self._types: TypeRegistry | None = None
         self._oids: dict[str, tuple[int, ...]] = {}
         self._pk: dict[str, tuple[str, ...]] = {}
-        self._plans: dict[tuple[str, tuple[str, ...], tuple[int, ...], tuple[str, ...]], _ChunkPlan] = {}
+        # table -> chunk keys that hold no NULL (primary key, replica identity index)
+        self._not_null_keys: dict[str, set[tuple[str, ...]]] = {}
+        self._plans: dict[tuple[Any, ...], _ChunkPlan] = {}
         self.fast_json = True  # PostgreSQL writes the row JSON where every type allows
 
     @property
@@ -72,16 +75,23 @@ class PgSnapshotReader:
         return self._source.captured_tables
 
     def table_info(self, qualified: str, surrogate_key: str | None = None) -> TableInfo | None:
+        """Columns, chunk key and row identity (``TableInfo``): the identity as the
+        stream decoder decides it (``relations.identity_columns``), the chunk key the
+        primary key, else the replica-identity index (unique, not null: no surrogate key
+        needed), else ``surrogate_key``."""
         schema, table = split_name(qualified)
         conn = self.conn
-        # One catalog query: columns in order, with each one's place in the primary key.
+        # One catalog query: columns in order, each one's place in the primary key and in
+        # the replica identity index, and the table's replica identity setting.
         rows = conn.execute(
             """
             SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
-                   array_position(i.indkey::int2[], a.attnum)
+                   array_position(i.indkey::int2[], a.attnum),
+                   array_position(ri.indkey::int2[], a.attnum), c.relreplident::text
             FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
             JOIN pg_namespace n ON n.oid = c.relnamespace
             LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
+            LEFT JOIN pg_index ri ON ri.indrelid = c.oid AND ri.indisreplident
             WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
             ORDER BY a.attnum
             """,
@@ -92,8 +102,17 @@ class PgSnapshotReader:
             return None
         names = tuple(r[0] for r in rows)
         self._oids[qualified] = tuple(int(r[2]) for r in rows)
-        pk = tuple(r[0] for r in sorted((r for r in rows if r[3] is not None), key=lambda r: r[3]))
+
+        def ordered(pos: int) -> tuple[str, ...]:
+            return tuple(r[0] for r in sorted((r for r in rows if r[pos] is not None), key=lambda r: r[pos]))
+
+        pk = ordered(3)
+        index = ordered(4) if rows[0][5] == ReplicaIdentity.INDEX else ()
+        # The stream knows an identity index's columns in column order (pgoutput's key
+        # flags), so the event key lists them so; the chunk key keeps the index's order.
+        identity = identity_columns(names, pk, tuple(c for c in names if c in index))
         self._pk[qualified] = pk
+        self._not_null_keys[qualified] = {k for k in (pk, index) if k}
         if surrogate_key is not None:
             if surrogate_key not in names:
                 raise SignalError(
@@ -102,8 +121,8 @@ class PgSnapshotReader:
                 )
             key: tuple[str, ...] = (surrogate_key,)
         else:
-            key = pk
-        return TableInfo(schema, table, names, tuple(r[1] for r in rows), key)
+            key = pk or index
+        return TableInfo(schema, table, names, tuple(r[1] for r in rows), key, identity)
 
     # -- read-only queries ----------------------------------------------------------
     def _read_only(self, query: sql.Composed | sql.SQL, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -158,9 +177,10 @@ class PgSnapshotReader:
         return sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in info.key))
 
     def _nullable(self, info: TableInfo) -> bool:
-        """A surrogate key may hold NULLs; a primary key never does. Primary keys get
-        the plain index order (a btree scan, no sort); surrogate keys NULLS FIRST."""
-        return info.key != self._pk.get(info.qualified)
+        """A surrogate key may hold NULLs; a primary key or a replica identity index never
+        does. Those get the plain index order (a btree scan, no sort); surrogate keys
+        NULLS FIRST."""
+        return info.key not in self._not_null_keys.get(info.qualified, ())
 
     def _order(
         self, info: TableInfo, desc: bool = False, names: tuple[str, ...] | None = None,
@@ -297,12 +317,12 @@ class PgSnapshotReader:
         row's JSON text (and the key's) and joins a whole chunk into one result row (an
         ``EncodedChunk``); otherwise every column is selected as text and a generated
         encoder builds the JSON per row. Either way
-        the event key is the table's identity (primary key, else every column), as the
+        the event key is the table's row identity (``TableInfo.identity``), as the
         stream's events of the table have it.
         """
         assert self._types is not None
         oids = self._oids[info.qualified]
-        cache_key = (info.qualified, info.columns, oids, info.key)
+        cache_key = (info.qualified, info.columns, oids, info.key, info.identity)
         plan = self._plans.get(cache_key)
         if plan is None:
             plan = self._plans[cache_key] = self._build_plan(info, oids)
@@ -312,8 +332,7 @@ class PgSnapshotReader:
         types = self._types
         assert types is not None
         conn = self.conn
-        identity = self._pk.get(info.qualified) or info.columns
-        ident_idx = tuple(info.columns.index(c) for c in identity)
+        ident_idx = tuple(info.columns.index(c) for c in info.identity or info.columns)
         key_idx = tuple(info.columns.index(c) for c in info.key)
         table = sql.Identifier(info.schema, info.table)
         order = self._order(info)

@@ -2,8 +2,8 @@
 
 Built from pgoutput Relation messages (which arrive before a relation's first change
 in a session and after every change of its columns) plus the catalog's primary key.
-The envelope ``key`` is the primary key; without one, the replica identity columns
-(for REPLICA IDENTITY FULL without primary key: every column).
+The envelope ``key`` is the table's row identity (``identity_columns``, the one
+definition the snapshot reader uses too).
 """
 
 from __future__ import annotations
@@ -100,6 +100,17 @@ def compile_encoder(
     return fn
 
 
+def identity_columns(
+    names: tuple[str, ...], pk: tuple[str, ...], index: tuple[str, ...]
+) -> tuple[str, ...]:
+    """A PostgreSQL table's row identity (see ``ports.TableInfo``): the columns of its
+    ``REPLICA IDENTITY USING INDEX`` index (``index``; also when there is a primary key,
+    since UPDATE and DELETE then carry only those); else the primary key; else every
+    column (``REPLICA IDENTITY FULL``; with ``DEFAULT`` and no primary key the log
+    carries no old values and a table has nothing better)."""
+    return index or pk or names
+
+
 @dataclass(frozen=True, slots=True)
 class RelationState:
     oid: int
@@ -123,12 +134,12 @@ def build_relation(
     rel: Relation, types: TypeRegistry, pk: list[str] | None, captured: bool
 ) -> RelationState:
     names = tuple(c.name for c in rel.columns)
-    if pk:
-        key_idx = tuple(names.index(k) for k in pk if k in names)
-    else:
-        key_idx = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
-        if not key_idx:
-            key_idx = tuple(range(len(names)))
+    index = (
+        tuple(c.name for c in rel.columns if c.is_key)
+        if rel.replica_identity == ReplicaIdentity.INDEX else ()
+    )
+    identity = identity_columns(names, tuple(k for k in pk or () if k in names), index)
+    key_idx = tuple(names.index(k) for k in identity)
     schema = TableSchema(
         rel.namespace,
         rel.name,
