@@ -11,6 +11,8 @@ import psycopg
 import pytest
 
 from pydblog.devtools.pgcluster import PgCluster
+from pydblog.devtools.zookeeper import ZkServer
+from pydblog.devtools.zookeeper import available as zookeeper_available
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +56,16 @@ def pg_db(pg_cluster: PgCluster) -> Iterator[str]:
         yield dsn
     finally:
         drop_database(pg_cluster, name)
+
+
+@pytest.fixture(scope="session")
+def zk_server() -> Iterator[ZkServer]:
+    """A ZooKeeper server (Debian's package) for the high-availability tests."""
+    if not zookeeper_available():
+        pytest.fail("ZooKeeper is not installed: apt-get install zookeeper (bash .ci/run does)")
+    pytest.importorskip("kazoo", reason="the [ha] extra: pip install -e '.[ha]'")
+    server = ZkServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

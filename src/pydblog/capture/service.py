@@ -87,10 +87,12 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
                 from pydblog.ha.takeover import free_slot
 
                 free_slot(cfg)
+                log.info("the previous leader still holds the replication slot; retrying")
                 delay = 0.2
             elif not runner.opened:
                 raise
-            log.warning("%s; retrying in %.1f s", exc, delay)
+            else:
+                log.warning("%s; retrying in %.1f s", exc, delay)
         finally:
             try:
                 runner.writer.close()

@@ -111,7 +111,14 @@ class BatchWriter:
         self.raise_error()
 
     def close(self) -> None:
-        self._queue.put(None)
+        # A writer thread that stopped on an error (e.g. fenced) no longer takes from a
+        # full queue: never block on it.
+        while self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=0.1)
+                break
+            except queue.Full:
+                continue
         self._thread.join(timeout=30)
 
     def raise_error(self) -> None:

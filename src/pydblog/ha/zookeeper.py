@@ -58,6 +58,7 @@ class ZkElection:
         self._lease: DeadlineLease | None = None
         self._renewer: threading.Thread | None = None
         self._started = False
+        self._client.add_listener(self._on_state)
 
     # -- connection --------------------------------------------------------------
     def _start(self, stop: threading.Event) -> bool:
@@ -67,7 +68,6 @@ class ZkElection:
         while not stop.is_set():
             try:
                 self._client.start(timeout=max(2.0, self.timeout))
-                self._client.add_listener(self._on_state)
                 self._started = True
                 return True
             except Exception as exc:  # kazoo raises its own timeout type
@@ -179,8 +179,20 @@ class ZkElection:
     def _safe_release(self, lock: Any) -> None:
         try:
             lock.release()
-        except Exception as exc:  # the session is gone: the node went with it
-            log.debug("releasing the ZooKeeper lock failed: %s", exc)
+        except Exception as exc:
+            # ZooKeeper unreachable: if the session survives, its node would stay first
+            # in line forever. Drop the session (it expires on the server within its
+            # timeout, and the node with it); the next campaign starts a new one.
+            log.warning("could not release the ZooKeeper lock (%s): dropping the session", exc)
+            self._drop_session()
+
+    def _drop_session(self) -> None:
+        if self._started:
+            try:
+                self._client.stop()
+            except Exception as exc:
+                log.debug("stopping the ZooKeeper client failed: %s", exc)
+            self._started = False
 
     def leader(self) -> str | None:
         try:

@@ -1,0 +1,55 @@
+"""High availability with a MariaDB source: members share one server_id; a frozen
+(SIGSTOP) leader's binlog connection is dropped by the server when the new leader
+registers with the same id, and the woken ex-leader steps down without writing."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.zookeeper import ZkServer
+from tests.ha.helpers import members
+from tests.helpers import wait_for
+from tests.mysql.test_oracle import assert_oracle, setup_tables, write_config, writer
+
+
+def test_mysql_failover_sigstop(mariadb: MariaDB, my_db: str, tmp_path: Path,
+                                zk_server: ZkServer) -> None:
+    setup_tables(mariadb, my_db)
+    config = write_config(
+        tmp_path, mariadb, my_db,
+        f'batch_max_events = 150\n[ha]\nbackend = "zookeeper"\nhosts = "{zk_server.hosts}"\n'
+        f'path = "/dblog-test/{my_db}"\nsession_timeout_s = 2.0',
+    )
+    m = members(config)
+    m.start()
+    m.start()
+    stop = threading.Event()
+    load = threading.Thread(target=writer, args=(mariadb, my_db, stop, 3))
+    try:
+        first = m.leader()
+        m.wait_checkpoint()
+        m.wait_standbys(1)
+        load.start()
+        time.sleep(1.5)
+        first.send_signal(signal.SIGSTOP)
+        second = m.leader(timeout=30, not_pid=first.pid)
+        before = m.next_offset()
+        m.wait_progress(before, timeout=30)  # the new leader captures
+        if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
+            wait_for(lambda: "stepping down" in m.log_of(first), 30, "the old leader to step down")
+        time.sleep(1.0)
+        assert m.roles().get(second.pid) == "leader"
+    finally:
+        stop.set()
+        if load.is_alive():
+            load.join()
+    try:
+        assert_oracle(config, mariadb, my_db)
+    finally:
+        codes = m.stop_all()
+    assert codes[m.procs.index(second)] == 0, m.log_of(second)[-3000:]
