@@ -320,6 +320,12 @@ class SnapshotReader(Protocol):
         whose event key is the table's identity (``TableInfo.identity``)."""
         ...
 
+    def read_keys(self, info: TableInfo, keys: Sequence[tuple[Any, ...]]) -> Sequence[ChunkRow]:
+        """The rows whose ``info.key`` (here the identity columns) equals one of ``keys``
+        (values in ``info.key`` order, JSON-mapped as events carry them), in key order,
+        mapped as ``read_chunk`` maps rows: a key-level re-read (``core.rereads``)."""
+        ...
+
     def write_watermark(self, watermark_id: str) -> None:
         """Commit a watermark that will come back through the log."""
         ...

@@ -2,8 +2,11 @@
 
 The simulation plays every part but the core:
 
-- the database: a few tables of ``id -> {"id", "v"}`` where ``v`` is the version of the
-  write that produced the row (a global counter, so versions order writes in time);
+- the database: a few tables of ``id -> {"id", "v", "t"}`` where ``v`` is the version of
+  the write that produced the row (a global counter, so versions order writes in time)
+  and ``t`` a large (TOASTed) value that partial updates leave alone: their events carry
+  the placeholder and list ``t`` in ``unchanged``, as PostgreSQL's pgoutput does;
+  key-changing updates (delete + create, the create possibly partial) too;
 - the log: transactions appended in commit order (writes, watermarks, signals), each
   event at ``PgPosition(lsn of its transaction, index)``;
 - the runner: delivers transactions to the core in order, logs what the core returns,
@@ -12,12 +15,13 @@ The simulation plays every part but the core:
   the worker's in-flight work is lost) and pauses the stream for blocking snapshots;
 - the worker: runs one request at a time in separate steps (write L / SELECT against the
   database *as it is at that step* / write H), so writes and stream delivery interleave
-  with every phase of a chunk.
+  with every phase of a chunk and of a key-level re-read (``KeyReadRequest``).
 
 Oracles, checked once everything has drained:
 
-1. materializing the change log (c/u/r upsert ``after``, d delete, t clear) gives the
-   database, table by table (every table has completed a snapshot by then);
+1. materializing the change log (c/u/r upsert ``after`` keeping the previous value of
+   every ``unchanged`` column, d delete, t clear) gives the database, table by table,
+   ``t`` included (every table has completed a snapshot by then);
 2. no time travel: per key, versions in change-log order never go down (blocking
    snapshots are exempt, see docs/snapshots.md);
 3. change-log positions strictly increase.
@@ -39,6 +43,7 @@ from hypothesis import strategies as st
 from pydblog.core import (
     ChunkRequest,
     CoreSettings,
+    KeyReadRequest,
     MarkRequest,
     Request,
     Signal,
@@ -47,7 +52,16 @@ from pydblog.core import (
     TableStartRequest,
 )
 from pydblog.core.window import ChunkWindow
-from pydblog.events import ChangeEvent, ChunkRow, Emitted, EncodedRow, Op, SnapshotKind, expand
+from pydblog.events import (
+    UNCHANGED_TOAST,
+    ChangeEvent,
+    ChunkRow,
+    Emitted,
+    EncodedRow,
+    Op,
+    SnapshotKind,
+    expand,
+)
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
 
@@ -91,6 +105,8 @@ class Sim:
     stream_paused: bool = False
     restarts: int = 0
     dropped: int = 0
+    partial: int = 0
+    rereads: int = 0
     chunk_sizes: dict[str, int] = field(default_factory=dict)
     core: SnapshotCore = field(init=False)
     saved: Checkpoint = field(init=False)
@@ -112,9 +128,9 @@ class Sim:
         )
         return SnapshotCore(cfg, state, instance=f"i{self.restarts}")
 
-    def row(self, key: int) -> Row:
+    def row(self, key: int, toast: int | None = None) -> Row:
         self.version += 1
-        return {"id": key, "v": self.version}
+        return {"id": key, "v": self.version, "t": self.version if toast is None else toast}
 
     def append(self, items: list[Item]) -> int:
         self.log.append(items)
@@ -133,13 +149,15 @@ class Sim:
         items: list[Item] = []
         for _ in range(self.data.draw(st.integers(1, 4), label="ops")):
             table, key = self.target()
-            items.append(self.write(table, key, self.pos(lsn, len(items))))
+            items.extend(self.write(table, key, lsn, len(items)))
         self.append(items)
 
     def target(self) -> tuple[str, int]:
         """Where to write: half the time into the chunk the worker is reading (the
         adversarial case for the window), else anywhere."""
         w = self.worker
+        if w is not None and isinstance(w.request, KeyReadRequest) and self.data.draw(st.booleans()):
+            return w.request.table, self.data.draw(st.sampled_from(w.request.keys))[0]
         if w is not None and isinstance(w.request, ChunkRequest) and self.data.draw(st.booleans()):
             after = w.request.after_key[0] if w.request.after_key is not None else 0
             key = self.data.draw(st.integers(after + 1, after + w.request.limit), label="key")
@@ -147,22 +165,63 @@ class Sim:
         table = self.data.draw(st.sampled_from(TABLES), label="table")
         return table, self.data.draw(st.sampled_from(KEYS), label="key")
 
-    def write(self, table: str, key: int, at: PgPosition) -> ChangeEvent:
+    def write(self, table: str, key: int, lsn: int, index: int) -> list[ChangeEvent]:
+        """One row write as the log carries it (a key change is two events)."""
         rows = self.db[table]
         schema, name = table.split(".")
+        at = self.pos(lsn, index)
         old = rows.get(key)
         full_image = self.data.draw(st.booleans(), label="replica identity full")
-        if old is not None and self.data.draw(st.booleans(), label="delete"):
+        what = "insert" if old is None else self.data.draw(
+            st.sampled_from(["delete", "update", "partial", "move"]), label="write"
+        )
+        if what == "delete":
+            assert old is not None
             del rows[key]
             self.version += 1
             self.delete_version[at] = self.version
             before = old if full_image else None
-            return ChangeEvent(Op.DELETE, schema, name, at, 0, key={"id": key}, before=before)
-        new = self.row(key)
+            return [ChangeEvent(Op.DELETE, schema, name, at, 0, key={"id": key}, before=before)]
+        if what == "move":
+            assert old is not None
+            free = [k for k in KEYS if k not in rows]
+            if free:
+                return self.move(table, old, self.data.draw(st.sampled_from(free)), lsn, index)
+            what = "partial"
+        # A partial update (REPLICA IDENTITY DEFAULT: no old image) leaves "t" alone.
+        partial = what == "partial" and not full_image
+        new = self.row(key, toast=old["t"] if partial and old is not None else None)
         rows[key] = new
         op = Op.CREATE if old is None else Op.UPDATE
         before = old if (full_image and old is not None) else None
-        return ChangeEvent(op, schema, name, at, 0, key={"id": key}, before=before, after=new)
+        if partial:
+            self.partial += 1
+            after = {**new, "t": UNCHANGED_TOAST}
+            return [ChangeEvent(op, schema, name, at, 0, key={"id": key}, before=before,
+                                after=after, unchanged=("t",))]
+        return [ChangeEvent(op, schema, name, at, 0, key={"id": key}, before=before, after=new)]
+
+    def move(self, table: str, old: Row, to: int, lsn: int, index: int) -> list[ChangeEvent]:
+        """An UPDATE of the key: delete of the old key, create of the new one whose "t"
+        is unchanged (not sent) half the time."""
+        rows = self.db[table]
+        schema, name = table.split(".")
+        del rows[old["id"]]
+        self.version += 1
+        gone = self.pos(lsn, index)
+        self.delete_version[gone] = self.version
+        partial = self.data.draw(st.booleans(), label="partial move")
+        new = self.row(to, toast=old["t"] if partial else None)
+        rows[to] = new
+        at = self.pos(lsn, index + 1)
+        delete = ChangeEvent(Op.DELETE, schema, name, gone, 0, key={"id": old["id"]})
+        if partial:
+            self.partial += 1
+            create = ChangeEvent(Op.CREATE, schema, name, at, 0, key={"id": to},
+                                 after={**new, "t": UNCHANGED_TOAST}, unchanged=("t",))
+        else:
+            create = ChangeEvent(Op.CREATE, schema, name, at, 0, key={"id": to}, after=new)
+        return [delete, create]
 
     def truncate(self) -> None:
         table = self.data.draw(st.sampled_from(TABLES), label="truncate")
@@ -250,16 +309,36 @@ class Sim:
             self.worker = None
         elif isinstance(w.request, TableStartRequest):
             self.table_start(w, w.request)
+        elif isinstance(w.request, KeyReadRequest):
+            self.reread(w, w.request)
         else:
             self.chunk(w, w.request)
         return True
+
+    def reread(self, w: Worker, req: KeyReadRequest) -> None:
+        """A key-level re-read, in three steps like a chunk: L, SELECT, H."""
+        assert req.identity == ("id",)
+        if w.phase == 0:
+            self.append([Wm(req.low_watermark)])
+            w.phase = 1
+        elif w.phase == 1:
+            rows = self.db[req.table]
+            found: list[ChunkRow] = [dict(rows[k]) for (k,) in sorted(req.keys) if k in rows]
+            if self.data.draw(st.booleans(), label="encoded rows"):
+                found = [encoded(r) for r in found]  # type: ignore[arg-type]
+            self.rereads += 1
+            self.emit(self.core.on_chunk_read(req.id, found, 1.0))
+            w.phase = 2
+        else:
+            self.append([Wm(req.high_watermark)])
+            self.worker = None
 
     def table_start(self, w: Worker, req: TableStartRequest) -> None:
         if w.phase == 0:
             keys = self.db[req.table]
             top = (max(keys),) if keys else None
             schema, name = req.table.split(".")
-            info = TableInfo(schema, name, ("id", "v"), ("int", "int"), ("id",))
+            info = TableInfo(schema, name, ("id", "v", "t"), ("int", "int", "text"), ("id",))
             self.emit(self.core.on_table_started(req.id, info, top))
             w.phase = 1
             if req.watermark is None:
@@ -269,7 +348,8 @@ class Sim:
             self.append([Wm(req.watermark)])
             self.worker = None
 
-    def chunk(self, w: Worker, req: ChunkRequest) -> None:
+    def chunk(self, w: Worker, req: ChunkRequest | KeyReadRequest) -> None:
+        assert isinstance(req, ChunkRequest)
         if w.phase == 0 and req.low_watermark is not None:
             self.append([Wm(req.low_watermark)])
             w.phase = 1
@@ -383,7 +463,13 @@ def materialize(out: list[ChangeEvent]) -> dict[str, dict[int, Row]]:
             rows.pop(e.key["id"], None)
         else:
             assert e.after is not None
-            rows[e.after["id"]] = e.after
+            after = dict(e.after)
+            old = rows.get(after["id"])
+            for col in e.unchanged:
+                assert after[col] == UNCHANGED_TOAST
+                if old is not None:  # else the placeholder stays: the oracle fails
+                    after[col] = old[col]
+            rows[after["id"]] = after
     return tables
 
 
@@ -431,6 +517,8 @@ def run(data: st.DataObject, allow_blocking: bool) -> Sim:
     event(f"restarts: {min(sim.restarts, 3)}{'+' if sim.restarts > 3 else ''}")
     event(f"snapshot rows: {'0' if not reads else '1-20' if reads <= 20 else '>20'}")
     event(f"windows with drops: {min(sim.dropped, 2)}{'+' if sim.dropped > 2 else ''}")
+    event(f"partial events: {'0' if not sim.partial else '1-5' if sim.partial <= 5 else '>5'}")
+    event(f"key re-reads: {min(sim.rereads, 2)}{'+' if sim.rereads > 2 else ''}")
     assert materialize(sim.out) == sim.db
     assert_positions_increase(sim.out)
     assert_no_time_travel(sim)

@@ -12,6 +12,7 @@ import pytest
 from pydblog.core import (
     ChunkRequest,
     CoreSettings,
+    KeyReadRequest,
     MarkRequest,
     SnapshotCore,
     TableStartRequest,
@@ -19,7 +20,7 @@ from pydblog.core import (
 )
 from pydblog.core.keys import event_keys, hashable
 from pydblog.core.notices import PositionCursor
-from pydblog.events import ChangeEvent, EncodedRow, Op, SnapshotKind, expand
+from pydblog.events import UNCHANGED_TOAST, ChangeEvent, EncodedRow, Op, SnapshotKind, expand
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
 
@@ -784,3 +785,30 @@ def test_identity_index_beside_primary_key_windows_by_identity() -> None:
     assert req.identity == ("v",)
     assert read_ids(out) == [1, 3]
     assert [e.key for e in out if e.op is Op.READ] == [{"v": "a"}, {"v": "c"}]
+
+
+def test_key_change_create_with_unchanged_columns_is_reread_until_a_full_row_lands() -> None:
+    """The create of a key change carrying unchanged (TOAST) columns queues a key
+    re-read; the queue survives a restart; a re-read whose row is dropped by another
+    partial update is queued again; the full row lands at the H of the next one."""
+    core = make()
+    partial = {"id": 7, "v": UNCHANGED_TOAST}
+    core.on_event(ChangeEvent(Op.CREATE, "public", "t", pos(5), 0, key={"id": 7},
+                              after=partial, unchanged=("v",)))
+    assert core.active and core.status()["rereads_queued"] == 1
+    again = ExpandingCore(CoreSettings(chunk_size=2), json.loads(json.dumps(core.state())),
+                          instance="k")
+    req = again.next_request()
+    assert isinstance(req, KeyReadRequest) and req.keys == ((7,),) and req.identity == ("id",)
+    again.on_watermark(req.low_watermark, pos(9), 0)
+    again.on_event(ChangeEvent(Op.UPDATE, "public", "t", pos(10), 0, key={"id": 7},
+                               after=partial, unchanged=("v",)))
+    again.on_chunk_read(req.id, [row(7, "full")], 1.0)
+    assert again.on_watermark(req.high_watermark, pos(11), 0) == []
+    req2 = again.next_request()
+    assert isinstance(req2, KeyReadRequest) and req2.keys == ((7,),)
+    again.on_watermark(req2.low_watermark, pos(19), 0)
+    again.on_chunk_read(req2.id, [row(7, "full")], 1.0)
+    out = again.on_watermark(req2.high_watermark, pos(20), 0)
+    assert [(e.op, e.key, e.after) for e in out] == [(Op.READ, {"id": 7}, row(7, "full"))]
+    assert not again.active and again.state() is None

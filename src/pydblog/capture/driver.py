@@ -18,7 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from pydblog.config import Config
-from pydblog.core.requests import ChunkRequest, MarkRequest, Request, TableStartRequest
+from pydblog.core.requests import (
+    ChunkRequest,
+    KeyReadRequest,
+    MarkRequest,
+    Request,
+    TableStartRequest,
+)
 from pydblog.core.signals import parse_signal
 from pydblog.core.sizing import CoreSettings
 from pydblog.core.snapshot import SnapshotCore
@@ -159,6 +165,8 @@ class SnapshotDriver:
                 answer(lambda: core.on_table_started(request.id, info, max_key, error))
                 if request.watermark is not None:  # the answer (even an error) lands there
                     self.reader.write_watermark(request.watermark)
+            elif isinstance(request, KeyReadRequest):
+                self._reread(request, answer)
             else:
                 if request.low_watermark is not None:
                     self.reader.write_watermark(request.low_watermark)
@@ -179,6 +187,19 @@ class SnapshotDriver:
             msg = str(exc) if isinstance(exc, DblogError) else f"{type(exc).__name__}: {exc}"
             log.warning("snapshot request for %s failed: %s", getattr(request, "table", "?"), msg)
             answer(lambda: core.on_request_failed(request.id, msg, retriable=retriable))
+
+    def _reread(self, request: KeyReadRequest, answer: Callable[[Answer], None]) -> None:
+        """A key-level re-read (``core.rereads``): L, the rows of those keys, H."""
+        core = self.core
+        self.reader.write_watermark(request.low_watermark)
+        info = self.reader.table_info(request.table)
+        if info is None:
+            raise SignalError(f"table {request.table} no longer exists")
+        t0 = time.perf_counter()
+        rows = self.reader.read_keys(info.with_key(request.identity, request.identity), request.keys)
+        elapsed = (time.perf_counter() - t0) * 1000
+        answer(lambda: core.on_chunk_read(request.id, rows, elapsed))
+        self.reader.write_watermark(request.high_watermark)
 
     def _start_table(self, req: TableStartRequest) -> tuple[TableInfo | None, Any, str | None]:
         try:

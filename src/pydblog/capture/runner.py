@@ -162,6 +162,9 @@ class Runner:
                     continue
                 if self._driver_active:
                     driver.on_event(ev)
+                elif ev.unchanged:  # may need a key re-read (core.rereads) even when idle
+                    driver.on_event(ev)
+                    self._driver_active = driver.active
                 if not pending:
                     self._pending_since = time.monotonic()
                 pending.append(encode_event(ev, self._connector, self._db, self._now_ms))

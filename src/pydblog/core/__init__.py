@@ -5,7 +5,13 @@ feeds it stream items and the chunk reader's answers and logs what it returns.
 """
 
 from pydblog.core.notices import Notice, NotificationType
-from pydblog.core.requests import ChunkRequest, MarkRequest, Request, TableStartRequest
+from pydblog.core.requests import (
+    ChunkRequest,
+    KeyReadRequest,
+    MarkRequest,
+    Request,
+    TableStartRequest,
+)
 from pydblog.core.signals import (
     AdditionalCondition,
     Signal,
@@ -21,6 +27,7 @@ __all__ = [
     "AdditionalCondition",
     "ChunkRequest",
     "CoreSettings",
+    "KeyReadRequest",
     "MarkRequest",
     "Notice",
     "NotificationType",

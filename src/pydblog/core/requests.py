@@ -21,6 +21,14 @@ they carry the core's random instance id). The worker's duty per kind, in order:
        happen before the stream delivers the high watermark
     4. incremental only: ``reader.write_watermark(high_watermark)``
 
+``KeyReadRequest`` (a key-level re-read, see ``core.rereads``; always incremental)
+    1. ``reader.write_watermark(low_watermark)``
+    2. ``info = reader.table_info(table)`` with ``identity`` as chunk key and identity,
+       ``rows = reader.read_keys(info, keys)``: the rows whose identity is one of
+       ``keys`` (in ``identity`` order), in key order
+    3. ``core.on_chunk_read(id, rows, elapsed_ms)`` before the stream delivers H
+    4. ``reader.write_watermark(high_watermark)``
+
 ``MarkRequest``
     ``reader.write_watermark(watermark)``: gives notifications that wait for a position
     (e.g. after a failed table) a place in the log. No answer is expected.
@@ -78,6 +86,19 @@ class ChunkRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyReadRequest:
+    """Re-read the rows of ``table`` whose identity is one of ``keys`` (values in
+    ``identity`` order), through a window of their own (L, SELECT, H)."""
+
+    id: str
+    table: str
+    identity: tuple[str, ...]
+    keys: tuple[tuple[Any, ...], ...]
+    low_watermark: str
+    high_watermark: str
+
+
+@dataclass(frozen=True, slots=True)
 class MarkRequest:
     """Write one watermark and nothing else."""
 
@@ -85,4 +106,4 @@ class MarkRequest:
     watermark: str
 
 
-Request = TableStartRequest | ChunkRequest | MarkRequest
+Request = TableStartRequest | ChunkRequest | KeyReadRequest | MarkRequest

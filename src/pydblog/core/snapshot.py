@@ -40,6 +40,11 @@ Invariants:
   moves to the key of the chunk's last row *read*.
 - Watermark ids the core does not expect (an interrupted chunk's, after a restart) are
   ignored; the interrupted chunk is read again with new watermarks.
+- Key-level re-reads (``core.rereads``): a create carrying unchanged (TOAST) columns
+  (a key-changing UPDATE) and a chunk row dropped by such a partial event queue the
+  row's identity; ``next_request`` returns a ``KeyReadRequest`` for queued keys before
+  any chunk (also while paused: they are repairs), and its rows land at its H under the
+  same window rules. The queue is persisted; ``active`` is True while it is not empty.
 - Blocking snapshots: while ``blocking`` is True the runner keeps the stream paused (at
   a transaction boundary) and calls ``on_stream_paused`` once; then the core issues
   requests without watermarks and returns rows directly, positioned after the anchor.
@@ -74,7 +79,14 @@ from pydblog.core.notices import (
     table_scan_started,
 )
 from pydblog.core.progress import Lane, TableJob
-from pydblog.core.requests import ChunkRequest, MarkRequest, Request, TableStartRequest
+from pydblog.core.requests import (
+    ChunkRequest,
+    KeyReadRequest,
+    MarkRequest,
+    Request,
+    TableStartRequest,
+)
+from pydblog.core.rereads import RereadQueue
 from pydblog.core.signals import Signal, SignalType
 from pydblog.core.sizing import CoreSettings, next_chunk_size, shrink
 from pydblog.core.window import ChunkWindow, WindowResult
@@ -84,6 +96,7 @@ from pydblog.events import (
     Emitted,
     EncodedChunk,
     EncodedRow,
+    Op,
     SnapshotKind,
     SnapshotRows,
 )
@@ -129,6 +142,7 @@ class SnapshotCore:
     restart, which makes the core plan that work again):
 
     - ``_incr``*, ``_block``*: the incremental and blocking lanes of table jobs;
+    - ``_rereads``*: identities waiting for a key-level re-read;
     - ``_paused``*, ``_chunk_size``*, ``_totals``*: flags and counters of the run;
     - ``_notices``*: notifications waiting for a position (placed at the next watermark);
     - ``_horizon``*: the highest position seen or emitted (blocking anchors there);
@@ -165,6 +179,7 @@ class SnapshotCore:
         self._failures = 0
         self._blocking_request: Request | None = None
         self._anchor: PositionCursor | None = None
+        self._rereads = RereadQueue()
         if state:
             self._restore(state)
 
@@ -172,8 +187,8 @@ class SnapshotCore:
 
     @property
     def active(self) -> bool:
-        """True while any table is queued or being read."""
-        return bool(self._incr) or bool(self._block)
+        """True while any table is queued or being read, or keys wait for a re-read."""
+        return bool(self._incr) or bool(self._block) or bool(self._rereads)
 
     @property
     def blocking(self) -> bool:
@@ -265,6 +280,8 @@ class SnapshotCore:
             return self._next_blocking()
         if self._pending is not None:
             return self._read_ahead()
+        if self._rereads:
+            return self._plan_reread()
         job = None if self._paused else self._incr.head()
         if job is None:
             return self._next_mark()
@@ -280,7 +297,7 @@ class SnapshotCore:
         """Chunk n+1 of the current table while chunk n waits for its H (see the module
         docstring), or None."""
         pending = self._pending
-        if not self._settings.read_ahead or self._ahead is not None or self._paused:
+        if not self._settings.read_ahead or self._ahead is not None or self._paused or self._rereads:
             return None
         assert pending is not None
         request, window = pending.request, pending.window
@@ -297,6 +314,21 @@ class SnapshotCore:
         self._ahead = _Pending(ahead, window=_window(job, ahead))
         self._busy = ahead.id
         return ahead
+
+    def _plan_reread(self) -> KeyReadRequest | None:
+        """A re-read of the first queued table's first keys (see ``core.rereads``)."""
+        batch = self._rereads.next_batch()
+        if batch is None:
+            return None
+        schema, table, identity, keys = batch
+        rid = self._new_id("key")
+        request = KeyReadRequest(
+            rid, f"{schema}.{table}", identity, keys, f"{rid}:low", f"{rid}:high"
+        )
+        window = ChunkWindow(schema, table, identity)
+        self._pending = _Pending(request, window=window)
+        self._busy = rid
+        return request
 
     def _next_blocking(self) -> Request | None:
         job = self._block.head()
@@ -425,6 +457,9 @@ class SnapshotCore:
         pending = self._pending
         if pending is not None and pending.request.id == request_id:
             self._drop_pending()
+            if isinstance(pending.request, KeyReadRequest) and pending.window is not None:
+                self._reread_failed(pending.window, pending.request, retriable)
+                return []
             self._notices.extend(self._after_failure(self._incr, pending.request, error, retriable))
             return []
         if self._blocking_request is not None and self._blocking_request.id == request_id:
@@ -445,6 +480,18 @@ class SnapshotCore:
         notice = table_rejected(lane.current, error, attempts=self._failures)
         return self._finish_table(lane, [notice])
 
+    def _reread_failed(
+        self, window: ChunkWindow, request: KeyReadRequest, retriable: bool | None
+    ) -> None:
+        """A re-read that keeps failing (e.g. its table was dropped) is given up after
+        ``max_attempts`` consecutive failures, so it cannot block snapshots forever."""
+        self._failures += 1
+        if retriable or (retriable is None and self._failures < self._settings.max_attempts):
+            return
+        self._failures = 0
+        self._rereads.done(window.schema, window.table, request.keys)
+        self._settle()
+
     def _answer(self, request_id: str) -> bool:
         """Clear the busy flag; False for an answer nobody waits for any more."""
         if self._busy != request_id:
@@ -457,6 +504,8 @@ class SnapshotCore:
         for request in (*pendings, self._blocking_request):
             if isinstance(request, ChunkRequest) and request.id == request_id:
                 return request.key_columns
+            if isinstance(request, KeyReadRequest) and request.id == request_id:
+                return request.identity
         return ()
 
     def _is_blocking(self, request_id: str) -> bool:
@@ -472,6 +521,9 @@ class SnapshotCore:
         """A captured stream event (in stream order). O(1) unless a window of its table
         is open."""
         self._horizon = event.position
+        if event.unchanged and event.op is Op.CREATE and event.key:
+            # A key change's create: no consumer has a value for its unchanged columns.
+            self._rereads.add(event.schema, event.table, event.key)
         window = self._window
         if window is None or event.table != window.table or event.schema != window.schema:
             return
@@ -489,11 +541,14 @@ class SnapshotCore:
         if pending is None:
             return []
         request = pending.request
-        if isinstance(request, ChunkRequest) and watermark_id == request.low_watermark:
+        windowed = isinstance(request, ChunkRequest | KeyReadRequest)
+        if windowed and watermark_id == request.low_watermark:  # type: ignore[union-attr]
             pending.low_seen = True
             self._window = pending.window
             return []
         cursor = PositionCursor(position, ts_ms)
+        if isinstance(request, KeyReadRequest) and watermark_id == request.high_watermark:
+            return self._close_reread(pending, request, cursor)
         if isinstance(request, ChunkRequest) and watermark_id == request.high_watermark:
             return self._close_window(pending, request, cursor)
         if isinstance(request, TableStartRequest) and watermark_id == request.watermark:
@@ -528,9 +583,41 @@ class SnapshotCore:
             self._drop_ahead()
             return self._place(cursor, [])
         events = self._rows(job, result.rows, cursor)
+        self._rereads.add_all(job.schema_name, job.table_name, result.reread)
         notices = self._chunk_done(self._incr, request, result)
         self._promote_ahead()
         return events + self._place(cursor, notices)
+
+    def _close_reread(
+        self, pending: _Pending, request: KeyReadRequest, cursor: PositionCursor
+    ) -> list[Emitted]:
+        """H of a key-level re-read: its rows not dropped land here; the keys leave the
+        queue, and rows dropped by a partial event go back into it."""
+        self._pending = None
+        self._window = None
+        if self._busy == request.id:
+            self._busy = None
+        window = pending.window
+        if window is None or not pending.low_seen or not window.has_rows:
+            return self._place(cursor, [])  # the keys stay queued: read again
+        result = window.close()
+        if not result.conclusive:
+            return self._place(cursor, [])
+        schema, table = window.schema, window.table
+        self._failures = 0
+        self._rereads.done(schema, table, request.keys)
+        self._rereads.add_all(schema, table, result.reread)
+        events: list[Emitted] = []
+        if result.rows:
+            first = cursor.take(len(result.rows))
+            batch = SnapshotRows(
+                schema, table, SnapshotKind.INCREMENTAL, cursor.base, first, cursor.ts_ms,
+                result.rows, request.identity, request.identity,
+            )
+            self._horizon = batch.last_position
+            events.append(batch)
+        self._settle()
+        return events + self._place(cursor, [])
 
     def _promote_ahead(self) -> None:
         """After a conclusive chunk: the read-ahead chunk becomes the pending one if it
@@ -690,6 +777,7 @@ class SnapshotCore:
             },
             "notices": [n.to_json() for n in self._notices],
             "horizon": None if self._horizon is None else encode_position(self._horizon),
+            "rereads": self._rereads.to_json(),
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -705,6 +793,7 @@ class SnapshotCore:
         self._notices = [Notice.from_json(n) for n in state.get("notices", [])]
         horizon = state.get("horizon")
         self._horizon = None if horizon is None else decode_position(horizon)
+        self._rereads = RereadQueue.from_json(state.get("rereads"))
 
     def status(self) -> dict[str, Any]:
         """Progress for ``dblog status``: tables queued, current table, chunks, rows,
@@ -722,6 +811,7 @@ class SnapshotCore:
             "rows": self._totals.rows,
             "percent": self._percent(),
             "chunk_size": self._chunk_size,
+            "rereads_queued": len(self._rereads),
         }
 
     def _brief(self) -> dict[str, Any]:
@@ -745,7 +835,10 @@ def _window(job: TableJob, request: ChunkRequest) -> ChunkWindow:
     by_identity = request.surrogate_key is not None or (
         job.identity is not None and set(job.identity) != set(request.key_columns)
     )
-    return ChunkWindow(job.schema_name, job.table_name, request.key_columns, by_identity=by_identity)
+    return ChunkWindow(
+        job.schema_name, job.table_name, request.key_columns, by_identity=by_identity,
+        identity=job.identity or (),
+    )
 
 
 def _start_problem(job: TableJob, answer: _StartAnswer) -> str | None:

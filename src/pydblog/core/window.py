@@ -19,10 +19,16 @@ Memory: the rows (at most one chunk) plus one key per table event in the window.
 
 If a table event's chunk key cannot be determined (see ``keys.event_keys``) the window
 is *inconclusive*: nothing is emitted at H and the same chunk is read again.
+
+Partial events (``ChangeEvent.unchanged``: PostgreSQL's unchanged TOAST values) are
+remembered by identity too: a chunk row they drop leaves its key with no full row in
+the log, so ``WindowResult.reread`` names those rows' identities for a key-level
+re-read (``core.rereads``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,32 +50,40 @@ class WindowResult:
     returned. ``last_key``: the raw key of the last row *read* (progress moves there even
     if that row was dropped), None for an empty chunk. ``conclusive``: False when the
     window could not decide (nothing may be emitted and progress must not move).
+    ``reread``: identities (column -> value) of rows read but dropped by a partial
+    event (unchanged TOAST), to be re-read.
     """
 
     rows: Sequence[Row]
     read: int
     last_key: RawKey | None
     conclusive: bool
+    reread: tuple[dict[str, Any], ...] = ()
 
 
 class ChunkWindow:
     """Window state for one chunk of one table (mutable; owned by the core)."""
 
     __slots__ = (
-        "_dropped", "_ident_cols", "_inconclusive", "_rows", "_truncated", "by_identity",
-        "columns", "schema", "table",
+        "_dropped", "_ident_cols", "_inconclusive", "_partial", "_rows", "_truncated",
+        "by_identity", "columns", "identity", "schema", "table",
     )
 
     def __init__(
-        self, schema: str, table: str, columns: Sequence[str], *, by_identity: bool = False
+        self, schema: str, table: str, columns: Sequence[str], *, by_identity: bool = False,
+        identity: Sequence[str] = (),
     ) -> None:
+        """``columns``: the chunk key; ``identity``: the row identity (the chunk key when
+        empty), which stream events' keys name."""
         self.schema = schema
         self.table = table
         self.columns = tuple(columns)
+        self.identity = tuple(identity) or self.columns
         self.by_identity = by_identity
         self._rows: Sequence[Row] | None = None
         self._dropped: set[MatchKey] = set()
-        self._ident_cols: tuple[str, ...] = ()
+        self._partial: set[MatchKey] = set()
+        self._ident_cols: tuple[str, ...] = self.identity
         self._truncated = False
         self._inconclusive = False
 
@@ -98,6 +112,8 @@ class ChunkWindow:
         if event.op is Op.TRUNCATE:
             self._truncated = True
             return
+        if event.unchanged and event.key:
+            self._partial.add(_ident_key(event.key))
         if self.by_identity:
             self._observe_identity(event)
             return
@@ -125,6 +141,24 @@ class ChunkWindow:
 
     def close(self) -> WindowResult:
         """The outcome at H; call once, after ``set_rows``."""
+        result = self._close()
+        if not self._partial or not result.conclusive or self._truncated or not self._rows:
+            return result
+        reread = []
+        for row in self._rows:
+            ident = self._identity_of(row)
+            if _ident_key(ident) in self._partial:
+                reread.append(ident)
+        return dataclasses.replace(result, reread=tuple(reread)) if reread else result
+
+    def _identity_of(self, row: Row) -> dict[str, Any]:
+        if type(row) is EncodedRow:
+            ident: dict[str, Any] = orjson.loads(row.key_json)
+            return ident
+        assert isinstance(row, dict)
+        return {c: row.get(c) for c in self.identity}
+
+    def _close(self) -> WindowResult:
         rows = self._rows
         if rows is None or self._inconclusive:
             return WindowResult([], 0 if rows is None else len(rows), None, False)

@@ -312,6 +312,18 @@ class MySqlSnapshotReader:
             rows = self._select(t, " AND ".join(where), params, condition, None, info)
         return rows
 
+    def read_keys(self, info: TableInfo, keys: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        """The rows of these identities (``info.key``), in key order (a key re-read)."""
+        t = self._table(info)
+        if not keys:
+            return []
+        params: list[Any] = []
+        where = " OR ".join(
+            "(" + " AND ".join(_eq(c, v, params) for c, v in zip(t.key_cols, k, strict=True)) + ")"
+            for k in keys
+        )
+        return self._select(t, where, params, None, None, info)
+
     def _select(
         self,
         t: _Table,

@@ -15,7 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
@@ -282,12 +282,32 @@ class PgSnapshotReader:
         assert decode is not None
         return [decode(r) for r in rows]
 
+    def read_keys(
+        self, info: TableInfo, keys: Sequence[tuple[Any, ...]]
+    ) -> list[EncodedRow] | EncodedChunk:
+        """The rows of these identities (``info.key``), in key order (a key re-read)."""
+        assert self._types is not None
+        if info.qualified not in self._oids:
+            self.table_info(info.qualified)
+        if not keys:
+            return []
+        where = sql.SQL("{} IN ({})").format(
+            self._cols(info), sql.SQL(", ").join(self._tuple(info, k) for k in keys)
+        )
+        plan = self._plan(info)
+        if plan.bulk is not None:
+            return self._read_bulk(info, plan, plan.bulk, where, None)
+        decode = plan.decode
+        assert decode is not None
+        return [decode(r) for r in self._read_only(plan.query(where), [])]
+
     def _read_bulk(
-        self, info: TableInfo, plan: _ChunkPlan, bulk: _Bulk, where: sql.Composable, limit: int
+        self, info: TableInfo, plan: _ChunkPlan, bulk: _Bulk, where: sql.Composable,
+        limit: int | None,
     ) -> EncodedChunk:
         """The chunk as one result row: PostgreSQL joins the rows' texts itself."""
         ((count, keys, tails),) = self._read_only(plan.query(where, limit=limit), [])
-        if count == limit and self._nullable(info):
+        if limit is not None and count == limit and self._nullable(info):
             last = orjson.loads(keys.rpartition("\n")[2])
             text = None if last is None else str(last)
             ((count, keys, tails),) = self._read_only(
