@@ -123,13 +123,29 @@ def ensure_own_tables(conn: psycopg.Connection[Any], signal_table: str, watermar
 
 
 def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[str]) -> None:
-    """The publication holds exactly ``tables`` (captured + signal + watermark)."""
+    """The publication holds exactly ``tables`` (captured + signal + watermark).
+
+    From PostgreSQL 13 on it publishes via the partition root: a partitioned table's
+    changes come under the parent's name (whatever leaf holds the row, also leaves
+    created or attached later), as its snapshot reads the parent; its leaves are not
+    captured separately (``list_tables`` skips them)."""
     idents = sql.SQL(", ").join(sql.Identifier(*split_name(t)) for t in tables)
-    exists = conn.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+    via_root = conn.info.server_version >= 130000
+    exists = conn.execute(
+        "SELECT puballtables, to_jsonb(p) -> 'pubviaroot' FROM pg_publication p WHERE pubname = %s",
+        (name,),
+    ).fetchone()
     try:
         if exists is None:
-            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), idents))
-        elif exists[0]:
+            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}").format(
+                sql.Identifier(name), idents,
+                sql.SQL(" WITH (publish_via_partition_root = true)" if via_root else ""),
+            ))
+            return
+        if via_root and exists[1] is not True:
+            conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)")
+                         .format(sql.Identifier(name)))
+        if exists[0]:
             log.info("publication %s is FOR ALL TABLES; table filtering happens in dblog", name)
         else:
             current = {
