@@ -31,6 +31,8 @@ Tables = dict[str, dict[Key, dict[str, Any]]]
 
 def write_config(directory: Path, dsn: str, extra: str = "", source_extra: str = "") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
+    if "[api]" not in extra:  # a free port each: tests run side by side
+        extra = f'{extra}\n[api]\nlisten = "127.0.0.1:0"\n'
     path = directory / "dblog.toml"
     path.write_text(
         f"""

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from pydblog.api.settings import ApiConfig, HealthConfig
 from pydblog.errors import ConfigError
 
 
@@ -248,16 +249,14 @@ class HaConfig(_Model):
         return f"HaConfig(backend={self.backend!r}, hosts={self.hosts!r}, path={self.path!r}, dsn={dsn!r})"
 
 
-class HttpConfig(_Model):
-    listen: str | None = None
-
-
 class Config(_Model):
     source: SourceConfig
     log: LogConfig = Field(default_factory=LogConfig)
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
     ha: HaConfig | None = None
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
 
     @model_validator(mode="after")
     def _ha_dsn(self) -> Config:
@@ -297,7 +296,9 @@ def _format_errors(exc: ValidationError, origin: str) -> str:
             lines.append(f"  - {loc}: required key is missing")
         else:
             msg = err["msg"]
-            if "password" not in msg and "://" not in msg:
+            if "token" in loc:  # a secret: never echoed
+                lines.append(f"  - {loc}: {msg}")
+            elif "password" not in msg and "://" not in msg:
                 got = err.get("input")
                 shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
                 lines.append(f"  - {loc}: {msg}{shown}")

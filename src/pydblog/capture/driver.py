@@ -30,6 +30,7 @@ from pydblog.core.sizing import CoreSettings
 from pydblog.core.snapshot import SnapshotCore
 from pydblog.errors import DblogError, SignalError
 from pydblog.events import ChangeEvent, Emitted, Op
+from pydblog.metrics import CAPTURE as METRICS
 from pydblog.ports import SnapshotReader, TableInfo
 from pydblog.positions import Position
 from pydblog.threads import name_native_thread
@@ -95,8 +96,10 @@ class SnapshotDriver:
             signal = parse_signal(signal_id, str(row.get("type")), row.get("data"))
         except SignalError as exc:
             log.warning("rejected signal %s: %s", signal_id, exc)
+            METRICS.signal_rejected()
             return self.take() + self.core.on_signal_error(signal_id, str(exc), event.position, event.ts_ms)
         log.info("signal %s: %s %s", signal.id, signal.type.value, " ".join(signal.data_collections))
+        METRICS.signal(signal.type.value)
         return self.take() + self.core.on_signal(signal, captured, event.position, event.ts_ms)
 
     def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:

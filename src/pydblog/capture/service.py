@@ -10,12 +10,15 @@ import threading
 import time
 from typing import Any
 
+from pydblog.api.capture import start_capture_api
+from pydblog.api.live import LIVE
 from pydblog.capture.runner import Runner
 from pydblog.capture.status import read_status
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader, log_path
 from pydblog.config import Config, redact_dsn
 from pydblog.errors import DblogError, LeadershipLost, SlotInUse
 from pydblog.ha.role import ROLE, RoleInfo
+from pydblog.metrics import CAPTURE as METRICS
 from pydblog.ports import Lease, StateStore
 from pydblog.sources.registry import create_source
 from pydblog.state.file import FileStateStore
@@ -39,16 +42,26 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
     # the collector still runs, just every 100k allocations.
     gc.set_threshold(100_000, 50, 100)
     gc.freeze()  # modules and config loaded so far: never scanned again
-    if cfg.ha is not None:
-        from pydblog.ha.member import run_member
-
-        run_member(cfg, stop, _capture)
-        return
-    ROLE.set(RoleInfo("leader"))
+    api = start_capture_api(cfg, LIVE)  # serves leaders and standbys alike
     try:
-        _capture(cfg, stop, None)
+        if cfg.ha is not None:
+            from pydblog.ha.member import run_member
+
+            run_member(cfg, stop, _capture)
+            return
+        ROLE.set(RoleInfo("leader"))
+        try:
+            _capture(cfg, stop, None)
+        finally:
+            ROLE.set(RoleInfo("stopped"))
+    except BaseException as exc:
+        LIVE.state, LIVE.error = "failed", str(exc)
+        raise
     finally:
-        ROLE.set(RoleInfo("stopped"))
+        if LIVE.state != "failed":
+            LIVE.state = "stopped"
+        if api is not None:
+            api.close()
 
 
 SLOT_WAIT_S = 30.0
@@ -72,6 +85,7 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
             state = GuardedStateStore(state, lease)
         runner = Runner(cfg, source, reader, changelog, state)
         runner.lease = lease
+        LIVE.runner, LIVE.state = runner, "running"
         try:
             runner.run(stop)
             return
@@ -93,6 +107,8 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
                 raise
             else:
                 log.warning("%s; retrying in %.1f s", exc, delay)
+                LIVE.state, LIVE.error = "retrying", str(exc)
+                METRICS.restart()
         finally:
             try:
                 runner.writer.close()

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from pydblog.metrics import CAPTURE as METRICS
+
 if TYPE_CHECKING:
     from pydblog.capture.runner import Runner
 
@@ -29,6 +31,8 @@ class StatusWriter:
         self._last_write = 0.0
         self._rate = 0.0
         self._started = time.time()
+        self.latest: dict[str, Any] | None = None
+        """The last status written (read by the HTTP API's threads)."""
 
     def count(self, n: int) -> None:
         self._events += n
@@ -53,6 +57,8 @@ class StatusWriter:
             "snapshot": runner.driver.status() if runner.driver is not None else None,
             **_role(),
         }
+        self.latest = data
+        METRICS.observe_status(data["snapshot"], runner.writer.backlog())
         tmp = self.path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(data))
         os.replace(tmp, self.path)

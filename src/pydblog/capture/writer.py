@@ -26,6 +26,7 @@ from functools import partial
 
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.events import Encoded
+from pydblog.metrics import CAPTURE as METRICS
 from pydblog.ports import Checkpoint, StateStore, TableSchema
 from pydblog.positions import Position
 from pydblog.threads import name_native_thread
@@ -177,7 +178,9 @@ class BatchWriter:
         )
 
     def _append(self, batch: Batch) -> None:
-        self.changelog.append(batch.events, batch.checkpoint, batch.schemas)
+        t0 = time.perf_counter()
+        end = self.changelog.append(batch.events, batch.checkpoint, batch.schemas)
+        METRICS.observe_append(batch.events, batch.size, time.perf_counter() - t0, end)
         if self._crash_at == "after-log":
             os._exit(137)
         self._unsaved = batch
@@ -191,7 +194,9 @@ class BatchWriter:
         batch = self._unsaved
         if batch is None:
             return
+        t0 = time.perf_counter()
         self.state.save(batch.checkpoint)
+        METRICS.observe_state_save(time.perf_counter() - t0)
         if self._crash_at == "after-state":
             os._exit(137)
         self._last_save = time.monotonic()

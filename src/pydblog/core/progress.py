@@ -94,6 +94,7 @@ class TableJob:
             "max_key": json_key(self.max_key),
             "chunks": self.chunks,
             "rows": self.rows,
+            "percent": round(100.0 * self.fraction(), 1),
         }
 
     def to_json(self) -> dict[str, Any]:

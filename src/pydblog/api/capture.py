@@ -1,0 +1,378 @@
+"""The HTTP API of ``dblog run`` (endpoints in docs/operations.md).
+
+``start_capture_api`` serves it from its own threads; the capture loop never waits for
+it. Snapshot signals sent here go the signal table's way (validated here first, for a
+clear 400; then written as a signal row, which the capture reads from the log, exactly
+like a row inserted by hand or by ``dblog snapshot``): the same validation, the same
+notifications, and under high availability whichever process leads picks them up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pydblog.api.health import HealthInputs, evaluate
+from pydblog.api.http import ApiServer, Request, Response, Router, error, json_response
+from pydblog.api.live import LiveCapture
+from pydblog.api.probe import SourceProbe
+from pydblog.api.settings import split_listen
+from pydblog.config import Config, redact_dsn
+from pydblog.errors import DblogError, SignalError
+from pydblog.events import with_offset
+from pydblog.metrics import CAPTURE, CaptureMetrics
+from pydblog.ports import ChangeLogReader
+
+log = logging.getLogger(__name__)
+
+API_FILE = "api.json"
+MAX_LIMIT = 10_000
+MAX_WAIT_S = 60.0
+SSE_KEEPALIVE_S = 15.0
+POLL_S = 0.1
+
+
+def open_reader(cfg: Config) -> ChangeLogReader | None:
+    """A reader of the change log, or None while it does not exist yet."""
+    from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
+
+    if not log_path(cfg.log_dir).exists():
+        return None
+    return SqliteChangeLogReader(cfg.log_dir)
+
+
+class CaptureApi:
+    def __init__(self, cfg: Config, live: LiveCapture, metrics: CaptureMetrics = CAPTURE) -> None:
+        self.cfg = cfg
+        self.live = live
+        self.metrics = metrics
+        self.probe = SourceProbe(cfg, live, metrics, cfg.health.probe_interval_s)
+        router = self.router = Router(cfg.api.token)
+        router.on_request = lambda path, code: metrics.api_requests.labels(
+            path if path in _PATHS else "other", str(code)).inc()
+        router.add("GET", "/health", self.health)
+        router.add("GET", "/metrics", self.prometheus)
+        router.add("GET", "/snapshots", self.snapshots)
+        router.add("POST", "/snapshots", self.signal, auth=True)
+        router.add("GET", "/events", self.events, auth=cfg.api.token is not None)
+        router.add("GET", "/api/status", self.page_status)
+        router.add("GET", "/", self.page)
+        metrics.scrape_hooks.append(self._scrape)
+        self.server: ApiServer | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> CaptureApi:
+        host, port = split_listen(self.cfg.api.listen)
+        self.server = ApiServer(host, port, self.router).start()
+        self.probe.start()
+        path = self.cfg.log_dir / API_FILE
+        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps({"url": self.server.url, "pid": os.getpid()}))
+        os.replace(tmp, path)
+        log.info("HTTP API on %s (status page %s/)", self.server.url, self.server.url)
+        return self
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.metrics.scrape_hooks.remove(self._scrape)
+        if self.server is not None:
+            self.server.close()
+        self.probe.close()
+        with contextlib.suppress(FileNotFoundError):
+            (self.cfg.log_dir / API_FILE).unlink()
+
+    # -- /health ----------------------------------------------------------------------------
+    def health_report(self) -> tuple[bool, dict[str, Any]]:
+        now = time.time()
+        live, probe, metrics = self.live, self.probe, self.metrics
+        status = live.status()
+        snap = (status or {}).get("snapshot") or {}
+        last = metrics.last_event_time or live.started_at
+        log_dir = self.cfg.log_dir
+        try:
+            free: int | None = shutil.disk_usage(log_dir).free
+        except OSError:
+            free = None
+        inp = HealthInputs(
+            now=now,
+            role=live.role,
+            capture_state=live.state,
+            capture_error=live.error,
+            status_age_s=None if status is None else now - float(status["updated_at"]),
+            reachable=probe.reachable,
+            probe_error=probe.error,
+            probe_age_s=None if probe.checked_at is None or not probe.reachable
+            else now - probe.checked_at,
+            probe_interval_s=probe.interval_s,
+            lag_bytes=probe.lag_bytes,
+            idle_s=now - last,
+            source_moved=probe.source_moved(),
+            writer_error=live.writer_error(),
+            log_writable=os.access(log_dir, os.W_OK),
+            free_bytes=free,
+            snapshot_running=bool(snap.get("active")),
+            snapshot_paused=bool(snap.get("paused")),
+            progress_age_s=now - metrics.progress_time,
+        )
+        ok, checks = evaluate(inp, self.cfg.health)
+        return ok, {"status": "ok" if ok else "unhealthy", "role": live.role, "checks": checks}
+
+    def health(self, req: Request) -> Response:
+        ok, report = self.health_report()
+        return json_response(200 if ok else 503, report)
+
+    # -- /metrics ---------------------------------------------------------------------------
+    def prometheus(self, req: Request) -> Response:
+        return Response(200, self.metrics.render(), content_type=CONTENT_TYPE_LATEST)
+
+    def _scrape(self) -> None:
+        m, live = self.metrics, self.live
+        m.running.set(1 if live.state == "running" else 0)
+        m.set_role(live.role)
+        m.backlog.set(live.backlog())
+        info = self._changelog_info()
+        if info is not None:
+            m.size_bytes.set(info["size_bytes"])
+            m.first_offset.set(info["first_offset"])
+            m.next_offset.set(info["next_offset"])
+
+    def _changelog_info(self) -> dict[str, int] | None:
+        from pydblog.changelog.sqlite import log_path
+
+        reader = open_reader(self.cfg)
+        if reader is None:
+            return None
+        try:
+            path = log_path(self.cfg.log_dir)
+            size = sum(
+                os.path.getsize(p) for p in (path, Path(f"{path}-wal")) if p.exists()
+            )
+            return {"size_bytes": size, "first_offset": reader.first_offset(),
+                    "next_offset": reader.next_offset()}
+        finally:
+            reader.close()
+
+    # -- /snapshots -------------------------------------------------------------------------
+    def snapshots(self, req: Request) -> Response:
+        status = self.live.status() or {}
+        return json_response(200, {"capture": self.live.state,
+                                   "snapshot": status.get("snapshot")})
+
+    def signal(self, req: Request) -> Response:
+        try:
+            signal_id, kind, data = parse_signal_body(req.body)
+        except SignalError as exc:
+            return error(400, exc.message, exc.hint)
+        from pydblog.capture.signals import send_signal
+
+        try:
+            send_signal(self.cfg, signal_id, kind, data)
+        except DblogError as exc:
+            return error(503, redact_dsn(exc.message), exc.hint)
+        log.info("API: %s signal %s accepted", kind, signal_id)
+        return json_response(202, {"id": signal_id, "type": kind, "accepted": True,
+                                   "progress": "/snapshots"})
+
+    # -- /events ----------------------------------------------------------------------------
+    def events(self, req: Request) -> Response:
+        try:
+            start = _int_arg(req, "from", None, 0)
+            limit = min(_int_arg(req, "limit", 1000, 1) or 1000, MAX_LIMIT)
+            wait = min(_float_arg(req, "wait", 0.0), MAX_WAIT_S)
+        except ValueError as exc:
+            return error(400, str(exc))
+        tables = req.query.get("table") or None
+        if "last-event-id" in req.headers:
+            try:
+                start = int(req.headers["last-event-id"]) + 1
+            except ValueError:
+                return error(400, "Last-Event-ID must be an offset (an integer)")
+        sse = "text/event-stream" in req.headers.get("accept", "") or req.arg("sse") in ("1", "true")
+        if sse:
+            return Response(200, content_type="text/event-stream",
+                            stream=self._sse(start, tables, req))
+        return self._long_poll(start, limit, wait, tables, req)
+
+    def _long_poll(self, start: int | None, limit: int, wait: float,
+                   tables: list[str] | None, req: Request) -> Response:
+        deadline = time.monotonic() + wait
+        while True:
+            body, nxt = self._read(start, limit, tables)
+            if body or time.monotonic() >= deadline or req.stopping.is_set():
+                return Response(200, body, content_type="application/x-ndjson",
+                                headers={"X-Next-Offset": str(nxt)})
+            start = nxt
+            time.sleep(POLL_S)
+
+    def _read(self, start: int | None, limit: int,
+              tables: list[str] | None) -> tuple[bytes, int]:
+        """JSON lines of up to ``limit`` events from ``start`` (None: the oldest kept),
+        and the offset to continue from."""
+        reader = open_reader(self.cfg)
+        if reader is None:
+            return b"", start or 0
+        try:
+            end = reader.next_offset()
+            first = reader.first_offset()
+            offset = first if start is None else max(start, first)
+            if offset >= end:
+                return b"", max(offset, end) if start is not None else end
+            recs = [r for r in reader.read(offset, limit, tables) if r.offset < end]
+            lines = [with_offset(r.offset, r.body) + b"\n" for r in recs]
+            nxt = recs[-1].offset + 1 if len(recs) >= limit else end
+            return b"".join(lines), nxt
+        finally:
+            reader.close()
+
+    def _sse(self, start: int | None, tables: list[str] | None,
+             req: Request) -> Iterator[bytes]:
+        yield b": pydblog change log\n\n"
+        last_write = time.monotonic()
+        while not req.stopping.is_set():
+            reader = open_reader(self.cfg)
+            if reader is None:
+                time.sleep(1.0)
+                continue
+            try:
+                while not req.stopping.is_set():
+                    end = reader.next_offset()
+                    offset = reader.first_offset() if start is None else start
+                    recs = [r for r in reader.read(offset, 1000, tables) if r.offset < end]
+                    if recs:
+                        yield b"".join(
+                            b"id: %d\ndata: %s\n\n" % (r.offset, with_offset(r.offset, r.body))
+                            for r in recs
+                        )
+                        last_write = time.monotonic()
+                        start = recs[-1].offset + 1 if len(recs) >= 1000 else end
+                        continue
+                    start = max(offset, end)
+                    if time.monotonic() - last_write > SSE_KEEPALIVE_S:
+                        yield b": keepalive\n\n"
+                        last_write = time.monotonic()
+                    time.sleep(POLL_S)
+            finally:
+                reader.close()
+
+    # -- the status page --------------------------------------------------------------------
+    def page(self, req: Request) -> Response:
+        html = resources.files("pydblog.api").joinpath("page.html").read_bytes()
+        return Response(200, html, content_type="text/html; charset=utf-8")
+
+    def page_status(self, req: Request) -> Response:
+        ok, report = self.health_report()
+        status = self.live.status() or {}
+        tables: dict[str, dict[str, float]] = {}
+        for family in self.metrics.events.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    t = tables.setdefault(sample.labels["table"], {})
+                    t[sample.labels["op"]] = sample.value
+        return json_response(200, {
+            "source": redact_dsn(self.cfg.source.dsn),
+            "connector": self.cfg.source.type,
+            "capture": self.live.state,
+            "role": self.live.role,
+            "healthy": ok,
+            "health": report["checks"],
+            "position": status.get("position"),
+            "events_per_second": status.get("events_per_second"),
+            "snapshot": status.get("snapshot"),
+            "changelog": self._changelog_info(),
+            "tables": tables,
+            "lag_bytes": self.probe.lag_bytes,
+            "history": list(self.probe.history),
+        })
+
+
+_PATHS = {"/health", "/metrics", "/snapshots", "/events", "/api/status", "/"}
+_BODY_FIELDS = {"id", "type", "data"}
+
+
+def parse_signal_body(body: bytes) -> tuple[str, str, dict[str, Any]]:
+    """``(id, type, data)`` of a ``POST /snapshots`` body, validated exactly as a signal
+    row is (``core.signals.parse_signal``); raises ``SignalError`` naming the problem."""
+    from pydblog.core.signals import parse_signal
+
+    example = ('{"type": "execute-snapshot", "data": {"data-collections": '
+               '["public\\\\.orders"]}}')
+    if not body.strip():
+        raise SignalError("the request body is empty", hint=f"send a JSON object: {example}")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise SignalError(f"the request body is not valid JSON ({exc})",
+                          hint=f"send a JSON object: {example}") from None
+    if not isinstance(doc, dict):
+        raise SignalError("the request body must be a JSON object",
+                          hint=f"for example {example}")
+    unknown = sorted(set(doc) - _BODY_FIELDS)
+    if unknown:
+        raise SignalError(f"unknown field(s) {', '.join(unknown)} in the request body",
+                          hint="the body has type, data and optionally id (Debezium's signal)")
+    kind = doc.get("type")
+    if not isinstance(kind, str):
+        raise SignalError("'type' is required: a signal type as a string",
+                          hint="execute-snapshot, stop-snapshot, pause-snapshot or resume-snapshot")
+    signal_id = doc.get("id", f"api-{uuid.uuid4()}")
+    if not isinstance(signal_id, str) or not signal_id or len(signal_id) > 200:
+        raise SignalError("'id' must be a non-empty string (at most 200 characters)")
+    data = doc.get("data")
+    if data is not None and not isinstance(data, dict):
+        raise SignalError("'data' must be a JSON object")
+    data = data or {}
+    parse_signal(signal_id, kind, orjson.dumps(data).decode())
+    return signal_id, kind, data
+
+
+def _int_arg(req: Request, name: str, default: int | None, minimum: int) -> int | None:
+    raw = req.arg(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}")
+    return value
+
+
+def _float_arg(req: Request, name: str, default: float) -> float:
+    raw = req.arg(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number (seconds)") from None
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0")
+    return value
+
+
+def start_capture_api(cfg: Config, live: LiveCapture) -> CaptureApi | None:
+    """Serve the API per ``[api] listen`` ("" turns it off). A port already taken is
+    logged as an error and capture goes on without the API (capture matters more)."""
+    if not cfg.api.listen:
+        return None
+    api = CaptureApi(cfg, live)
+    try:
+        return api.start()
+    except OSError as exc:
+        api.close()
+        log.error("HTTP API not served: cannot listen on %s (%s); set [api] listen to a "
+                  "free address, or \"\" to turn the API off", cfg.api.listen, exc.strerror)
+        return None
