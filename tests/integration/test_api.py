@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 import orjson
 import psycopg
-import pytest
 
 from tests.helpers import materialize, source_rows, start_run, stop_run, wait_for, write_config
 
@@ -55,7 +54,7 @@ class Api:
         return out
 
     def events(self, query: str) -> list[dict[str, Any]]:
-        code, headers, body = self.request("GET", f"/events?{query}", headers=AUTH)
+        code, _, body = self.request("GET", f"/events?{query}", headers=AUTH)
         assert code == 200, body
         return [orjson.loads(line) for line in body.splitlines() if line]
 
@@ -164,17 +163,17 @@ def test_api_end_to_end(pg_db: str, tmp_path: Path) -> None:
         assert m["dblog_changelog_size_bytes"] > 0
 
         # server-sent events: the same events, with ids
-        conn = http.client.HTTPConnection(api.host, api.port, timeout=10)
-        conn.request("GET", "/events?from=0&table=public.items", headers={
+        sse = http.client.HTTPConnection(api.host, api.port, timeout=10)
+        sse.request("GET", "/events?from=0&table=public.items", headers={
             "Authorization": f"Bearer {TOKEN}", "Accept": "text/event-stream"})
-        resp = conn.getresponse()
+        resp = sse.getresponse()
         assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
-        ids = []
+        ids: list[int] = []
         while len(ids) < 3:
             line = resp.fp.readline().decode()
             if line.startswith("id: "):
                 ids.append(int(line[4:]))
-        conn.close()
+        sse.close()
         assert ids == sorted(ids)
 
         # /events needs the token when one is set; nothing shows the DSN's password
@@ -189,3 +188,39 @@ def test_api_end_to_end(pg_db: str, tmp_path: Path) -> None:
         code, err = stop_run(proc)
     assert code == 0, err
 
+
+
+def test_health_idle_rule(pg_db: str, tmp_path: Path) -> None:
+    """DBLog's rule: no event for max_idle_minutes is unhealthy only when the source
+    changed meanwhile (here: writes to a table that is not captured)."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE captured (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE ignored (id int PRIMARY KEY)")
+    config = _config(tmp_path, pg_db, health="max_idle_minutes = 0.03\n",
+                     source_extra='exclude_tables = ["public\\\\.ignored"]')
+    proc = start_run(config)
+    try:
+        api = Api(config)
+
+        def idle_check() -> dict[str, Any]:
+            _, report = api.json("GET", "/health")
+            return next(c for c in report["checks"] if c["name"] == "idle")
+
+        # quiet source: past the limit and still healthy
+        time.sleep(3)
+        code, report = api.json("GET", "/health")
+        assert code == 200, report["checks"]
+        assert "has not changed" in idle_check()["detail"]
+        # the source changes, nothing is captured: unhealthy once past the limit
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("INSERT INTO ignored VALUES (1)")
+        wait_for(lambda: api.request("GET", "/health")[0] == 503, 20, "503 from /health")
+        check = idle_check()
+        assert not check["ok"] and "although the source has changed" in check["detail"]
+        # a captured event makes it healthy again
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("INSERT INTO captured VALUES (1)")
+        wait_for(lambda: api.request("GET", "/health")[0] == 200, 20, "200 from /health")
+    finally:
+        code, err = stop_run(proc)
+    assert code == 0, err

@@ -88,7 +88,10 @@ class SourceProbe:
             self.metrics.source_lag_bytes.set(lag)
         self.marker = marker
         last = self.metrics.last_event_time
-        if self._baseline is None or last != self._seen_event:
+        runner = self.live.runner
+        if runner is None or not runner.opened:
+            self._baseline = None  # the capture's own set-up (tables, publication) writes
+        elif self._baseline is None or last != self._seen_event:
             self._seen_event = last
             self._baseline = marker
         status = self.live.status() or {}

@@ -1,0 +1,115 @@
+"""The API's pure parts: [api]/[health] validation, the /health verdicts, the
+POST /snapshots body, per-batch metric counting."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from pydblog.api.capture import parse_signal_body
+from pydblog.api.health import HealthInputs, evaluate
+from pydblog.api.settings import HealthConfig, split_listen
+from pydblog.config import parse_config
+from pydblog.errors import ConfigError, SignalError
+from pydblog.events import EncodedBlock, EncodedEvent
+from pydblog.metrics import CaptureMetrics
+
+SRC = {"dsn": "postgresql://u:pw@h/db"}
+
+
+def test_api_defaults_to_loopback_8083() -> None:
+    cfg = parse_config({"source": SRC})
+    assert cfg.api.listen == "127.0.0.1:8083" and cfg.api.token is None
+    assert cfg.health.max_idle_minutes == 30
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:8083", "10.1.2.3:80", "[::]:8083", "example.com:1"])
+def test_no_listening_beyond_loopback_without_token(listen: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"source": SRC, "api": {"listen": listen}})
+    assert "no api.token is set" in str(err.value)
+    cfg = parse_config({"source": SRC, "api": {"listen": listen, "token": "x" * 20}})
+    assert cfg.api.listen == listen
+
+
+def test_token_never_echoed() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"source": SRC, "api": {"token": "short-secret"}})
+    assert "api.token" in str(err.value) and "short-secret" not in str(err.value)
+    cfg = parse_config({"source": SRC, "api": {"token": "a-long-enough-secret"}})
+    assert "a-long-enough-secret" not in repr(cfg)
+
+
+@pytest.mark.parametrize(("listen", "message"), [
+    ("8083", "not host:port"), ("127.0.0.1:http", "not a number"), ("127.0.0.1:70000", "0..65535"),
+])
+def test_bad_listen(listen: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        split_listen(listen)
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"source": SRC, "api": {"listen": listen}})
+
+
+HEALTHY = HealthInputs(
+    now=1000.0, role="leader", capture_state="running", capture_error=None, status_age_s=1.0,
+    reachable=True, probe_error=None, probe_age_s=1.0, probe_interval_s=5.0, lag_bytes=100,
+    idle_s=10.0, source_moved=False, writer_error=None, log_writable=True, free_bytes=1 << 40,
+    snapshot_running=False, snapshot_paused=False, progress_age_s=5000.0,
+)
+
+
+@pytest.mark.parametrize(("change", "failing"), [
+    ({}, None),
+    ({"capture_state": "retrying", "capture_error": "server closed"}, "capture"),
+    ({"status_age_s": 120.0}, "capture"),
+    ({"reachable": False, "probe_error": "connection refused"}, "source"),
+    ({"idle_s": 3600.0, "source_moved": True}, "idle"),
+    ({"idle_s": 3600.0, "source_moved": False}, None),
+    ({"idle_s": 3600.0, "source_moved": None}, None),
+    ({"lag_bytes": 2 << 30}, "slot_lag"),
+    ({"writer_error": "disk I/O error"}, "changelog"),
+    ({"log_writable": False}, "changelog"),
+    ({"free_bytes": 1 << 20}, "changelog"),
+    ({"snapshot_running": True, "progress_age_s": 601.0}, "snapshot"),
+    ({"snapshot_running": True, "progress_age_s": 601.0, "snapshot_paused": True}, None),
+    ({"snapshot_running": True, "progress_age_s": 30.0}, None),
+    ({"role": "standby", "capture_state": "starting", "status_age_s": None}, None),
+])
+def test_health_verdicts(change: dict[str, Any], failing: str | None) -> None:
+    ok, checks = evaluate(dataclasses.replace(HEALTHY, **change), HealthConfig())
+    bad = [c["name"] for c in checks if not c["ok"]]
+    assert ok == (failing is None)
+    assert bad == ([] if failing is None else [failing])
+    assert all(c["detail"] for c in checks)
+
+
+def test_signal_body() -> None:
+    sid, kind, data = parse_signal_body(
+        b'{"type": "execute-snapshot", "data": {"data-collections": ["public\\\\.t"]}}')
+    assert sid.startswith("api-") and kind == "execute-snapshot"
+    assert data == {"data-collections": ["public\\.t"]}
+    assert parse_signal_body(b'{"id": "mine", "type": "pause-snapshot"}')[0] == "mine"
+    for bad in [b"", b"null", b'{"type": 3}', b'{"type": "pause-snapshot", "data": []}',
+                b'{"type": "pause-snapshot", "id": ""}',
+                b'{"type": "stop-snapshot", "data": {"surrogate-key": "x"}}']:
+        with pytest.raises(SignalError):
+            parse_signal_body(bad)
+
+
+def test_metrics_count_per_batch_with_blocks() -> None:
+    m = CaptureMetrics()
+    events: list[EncodedEvent | EncodedBlock] = [
+        EncodedEvent("public.a", "c", 1, "{}"),
+        EncodedEvent("public.a", "u", 1, "{}"),
+        EncodedBlock("public.a", "r", 1, 500, ""),
+        EncodedEvent("public.b", "d", 1, "{}"),
+    ]
+    m.observe_append(events, 503, 0.002, 503)
+    text = m.render().decode()
+    assert 'dblog_events_total{op="r",table="public.a"} 500.0' in text
+    assert 'dblog_events_total{op="c",table="public.a"} 1.0' in text
+    assert 'dblog_events_total{op="d",table="public.b"} 1.0' in text
+    assert "dblog_changelog_next_offset 503.0" in text
+    assert m.last_event_time is not None
