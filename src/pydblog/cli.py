@@ -137,8 +137,14 @@ def status(config_path: str, as_json: bool) -> None:
     if as_json:
         click.echo(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode())
         return
+    from rich.console import Console
+
+    from pydblog.ui import snapshot_bars
+
     for key, value in info.items():
-        if isinstance(value, dict):
+        if key == "snapshot" and isinstance(value, dict) and value.get("tables_total"):
+            Console().print(snapshot_bars(value))
+        elif isinstance(value, dict):
             click.echo(f"{key}:")
             for k, v in value.items():
                 click.echo(f"  {k}: {v}")
@@ -152,8 +158,9 @@ def status(config_path: str, as_json: bool) -> None:
 @click.option("--filter", "filter_", default=None, help="SQL boolean condition applied to the rows read.")
 @click.option("--surrogate-key", default=None, help="Column to chunk by instead of the primary key.")
 @click.option("--blocking", is_flag=True, help="Blocking snapshot: streaming waits while the tables are read.")
+@click.option("--wait", is_flag=True, help="Follow the snapshot to its end with a progress bar (exit 1 if aborted or rejected).")
 def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
-             surrogate_key: str | None, blocking: bool) -> None:
+             surrogate_key: str | None, blocking: bool, wait: bool) -> None:
     """Ask for a snapshot of TABLE_REGEX... (or: snapshot stop|pause|resume [TABLE_REGEX...]).
 
     The request is a row in the signal table; the running `dblog run` picks it up.
@@ -180,31 +187,56 @@ def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
         if surrogate_key:
             data["surrogate-key"] = surrogate_key
     signal_id = f"cli-{uuid.uuid4()}"
+    start = _log_end(cfg) if wait else 0
     try:
         send_signal(cfg, signal_id, kind, data)
     except DblogError as exc:
         _fail(exc)
     click.echo(f"sent {kind} signal {signal_id}")
+    if wait and kind == "execute-snapshot":
+        from pydblog.ui import wait_for_snapshot
+
+        try:
+            sys.exit(wait_for_snapshot(cfg, signal_id, start))
+        except KeyboardInterrupt:
+            sys.exit(130)
+
+
+def _log_end(cfg: Config) -> int:
+    """The change log's end (notifications of a signal sent now come after it)."""
+    from pydblog.changelog.sqlite import SqliteChangeLogReader
+
+    try:
+        reader = SqliteChangeLogReader(cfg.log_dir)
+    except DblogError as exc:
+        _fail(exc)
+        raise AssertionError from exc  # unreachable
+    try:
+        return reader.next_offset()
+    finally:
+        reader.close()
 
 
 @main.command()
 @config_option
 @click.option("--available-now", is_flag=True, help="Apply everything in the change log, then exit.")
-@click.option("--verbose", "-v", is_flag=True)
+@click.option("--verbose", "-v", is_flag=True,
+              help="Debug logging, and Spark's own output (log4j, JVM) on the console.")
 def sync(config_path: str, available_now: bool, verbose: bool) -> None:
     """Apply the change log to the configured sinks with PySpark, exactly once."""
     _setup_logging(verbose)
     cfg = _load(config_path)
-    try:
-        from pydblog.spark.job import run_sync
-    except ImportError as exc:
-        _fail(DblogError(f"the Spark pipeline is not installed ({exc})",
-                         hint="pip install 'pydblog[spark]'"))
-        return
+    from pydblog.console import configure
+    from pydblog.extras import needs_extra
+
+    configure(verbose, cfg.log_dir)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        code = run_sync(cfg, available_now=available_now, stop_event=stop)
+        with needs_extra("spark", "dblog sync"):
+            from pydblog.spark.job import run_sync
+
+            code = run_sync(cfg, available_now=available_now, stop_event=stop)
     except DblogError as exc:
         _fail(exc)
         return
@@ -216,11 +248,14 @@ def sync(config_path: str, available_now: bool, verbose: bool) -> None:
               help="Where to put the demo's files (default: a temporary directory).")
 @click.option("--rows", default=2000, show_default=True, help="Rows in the demo workload.")
 @click.option("--with-sync/--no-sync", default=None, help="Also run `dblog sync` (default: when PySpark is installed).")
-def demo(workdir: str | None, rows: int, with_sync: bool | None) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="Spark's own output (log4j, JVM) on the console.")
+def demo(workdir: str | None, rows: int, with_sync: bool | None, verbose: bool) -> None:
     """Start a throwaway PostgreSQL, write a workload, capture it and show the result."""
     _setup_logging(False)
+    from pydblog.console import configure
     from pydblog.demo import run_demo
 
+    configure(verbose, None)
     try:
         code = run_demo(Path(workdir) if workdir else None, rows, with_sync)
     except DblogError as exc:

@@ -111,6 +111,9 @@ heartbeat_interval_s = 1.0
 [log]
 path = "{work / "dblog-data"}"
 
+[api]
+listen = "127.0.0.1:0"
+
 [snapshot]
 mode = "initial"
 chunk_size = 1024
@@ -127,6 +130,27 @@ def _events(work: Path) -> list[dict[str, Any]]:
         return [decode_envelope(r.offset, r.body) for r in reader.read(0, 10**9)]
     finally:
         reader.close()
+
+
+def _wait_started(work: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until the capture's slot exists (its first checkpoint is in the change log): the
+    workload's changes from then on are in the stream."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DblogError("the demo's `dblog run` exited", hint="see its messages above")
+        if log_path(work / "dblog-data").exists():
+            reader = SqliteChangeLogReader(work / "dblog-data")
+            try:
+                if reader.last_checkpoint() is not None:
+                    api = work / "dblog-data" / "api.json"
+                    if api.exists():
+                        print(f"status page: {orjson.loads(api.read_bytes())['url']}/")
+                    return
+            finally:
+                reader.close()
+        time.sleep(0.2)
+    raise DblogError("the demo capture did not start in time", hint="see the log lines above")
 
 
 def _wait_caught_up(work: Path, dsn: str, timeout: float = 180) -> list[dict[str, Any]]:
@@ -178,7 +202,7 @@ def run_demo(workdir: Path | None, rows: int, with_sync: bool | None) -> int:
         print(f"PostgreSQL {cluster.port}: app database with {rows} orders, {rows // 4} customers")
         config = _config(work, dsn, replica)
         proc = subprocess.Popen([sys.executable, "-m", "pydblog", "run", "--config", str(config)])
-        time.sleep(2)
+        _wait_started(work, proc)
         n = _workload(dsn, rows)
         print(f"workload: {n} inserts/updates/deletes while the initial snapshot ran")
         events = _wait_caught_up(work, dsn)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from pydblog.config import load_config
+from pydblog.console import SETTINGS, configure
 from pydblog.verify import compare, delta_table, postgres_table, schemas, source_table
 
 
@@ -14,6 +15,7 @@ def sync_and_verify(config: Path, dsn: str, replica: str, work: Path, tables: di
     from pydblog.spark.job import run_sync
 
     cfg = load_config(config)
+    configure(SETTINGS.verbose, cfg.log_dir)  # Spark's output into the demo's log directory
     print("dblog sync --available-now (PySpark, local[2]) ...")
     t0 = time.monotonic()
     code = run_sync(cfg, available_now=True)

@@ -16,3 +16,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert "all mirrors equal the source" in res.stdout
     assert res.stdout.count(" OK ") == 4, res.stdout
     assert "Traceback" not in res.stderr
+    # clean output: pydblog's own lines only; Spark's went to the log directory
+    for noise in ("log4j", " WARN ", "FutureWarning", "py4j", "[cds]", "incubator"):
+        assert noise not in res.stdout and noise not in res.stderr, noise
+    assert "log4j" in (tmp_path / "demo" / "dblog-data" / "spark.log").read_text()

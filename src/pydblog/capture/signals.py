@@ -9,6 +9,7 @@ import orjson
 
 from pydblog.config import Config
 from pydblog.errors import SourceError
+from pydblog.extras import needs_extra
 
 
 def send_signal(cfg: Config, signal_id: str, kind: str, data: dict[str, Any]) -> None:
@@ -37,6 +38,7 @@ def send_signal(cfg: Config, signal_id: str, kind: str, data: dict[str, Any]) ->
         finally:
             conn.close()
         return
-    from pydblog.sources.mysql.signals import send_signal as send_mysql
+    with needs_extra("mysql", 'source type "mysql"'):
+        from pydblog.sources.mysql.signals import send_signal as send_mysql
 
     send_mysql(cfg, signal_id, kind, payload)

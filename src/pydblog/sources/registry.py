@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pydblog.errors import ConfigError
+from pydblog.extras import needs_extra
 
 if TYPE_CHECKING:
     from pydblog.config import Config
@@ -25,7 +26,8 @@ def _postgres(cfg: Config) -> tuple[LogSource, SnapshotReader]:
 
 
 def _mysql(cfg: Config) -> tuple[LogSource, SnapshotReader]:
-    from pydblog.sources.mysql.factory import create
+    with needs_extra("mysql", 'source type "mysql"'):
+        from pydblog.sources.mysql.factory import create
 
     return create(cfg)
 

@@ -34,8 +34,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from pydblog.api.sync import SYNC, start_sync_api
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import Config, load_config
+from pydblog.console import jvm_output
 from pydblog.errors import ChangeLogError, ConfigError, DblogError, SinkError
 from pydblog.spark.batch import Batch
 from pydblog.spark.cds import driver_java_options as cds_java_options
@@ -45,6 +47,7 @@ from pydblog.spark.pyexec import worker_python
 from pydblog.spark.sinks import Sink, apply_with_retry, build_sink
 from pydblog.spark.sinks.history import HistorySink
 from pydblog.spark.source import NAME, DblogDataSource
+from pydblog.ui import SyncProgress
 
 log = logging.getLogger("pydblog.sync")
 
@@ -79,7 +82,8 @@ def spark_session(master: str) -> Any:
     java_options, dump = driver_java_options()
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
-    spark = builder.getOrCreate()
+    with jvm_output():
+        spark = builder.getOrCreate()
     if dump is not None:
         record_dump_context(spark, dump)
     spark.sparkContext.setLogLevel("WARN")
@@ -185,15 +189,18 @@ class BatchApplier:
         t1 = time.monotonic()
         batch.changes()
         timings = [f"reduce {time.monotonic() - t1:.2f}s"]
+        sink_s: dict[str, float] = {}
         for i, sink in enumerate(self.sinks):
             t1 = time.monotonic()
             apply_with_retry(sink, batch, retries=self.retries, backoff_s=self.backoff_s)
+            sink_s[sink.name.split(":")[0]] = time.monotonic() - t1
             timings.append(f"{sink.name.split(':')[0]} {time.monotonic() - t1:.2f}s")
             _fault(batch_id, i)
         _fault(batch_id, None)
         self.batches += 1
         self.events += events.num_rows
         self.last_end = batch.end
+        SYNC.observe_batch(events.num_rows, time.monotonic() - t0, sink_s, batch.end)
         log.info(
             "batch %d: offsets %d..%d, %d events, %d tables, %.2fs (%s)",
             batch_id,
@@ -304,24 +311,32 @@ def run_sync(
     applier = BatchApplier(
         cfg.log.path, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s
     )
+    api = start_sync_api(cfg)
     spark = spark_session(cfg.sync.master)
     try:
         query = start_query(spark, cfg, applier, available_now=available_now)
+        SYNC.state = "running"
         try:
-            while query.isActive:
-                if stop_event is not None and stop_event.is_set():
-                    query.stop()
-                    break
-                query.awaitTermination(0.5)
+            with SyncProgress(cfg, applier, enabled=available_now) as progress:
+                while query.isActive:
+                    if stop_event is not None and stop_event.is_set():
+                        query.stop()
+                        break
+                    query.awaitTermination(0.5)
+                    progress.update()
         except Exception:
             pass
         err = _query_error(query, applier)
         if err is not None:
+            SYNC.state, SYNC.error = "failed", err.message
             raise err
+        SYNC.state = "stopped"
         log.info("sync stopped: %d batches, %d events", applier.batches, applier.events)
         return 0
     finally:
         applier.close()
+        if api is not None:
+            api.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,158 @@
+"""Metrics and ``/health`` of ``dblog sync`` (served on ``[api] sync_listen``).
+
+Updated once per micro-batch by the ``foreachBatch`` function in the Spark driver
+(``observe_batch``); the change log's end is read when scraped. Health: the query
+runs, no sink has failed, and the sync is not behind the change log without moving
+for ``[health] max_idle_minutes``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from pydblog.api.capture import open_reader
+from pydblog.api.http import ApiServer, Request, Response, Router, json_response
+from pydblog.api.settings import split_listen
+from pydblog.config import Config
+from pydblog.metrics import TIMING_BUCKETS
+
+log = logging.getLogger(__name__)
+
+SYNC_API_FILE = "sync-api.json"
+BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class SyncMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.batches = Counter("dblog_sync_batches", "Micro-batches applied to every sink.",
+                               registry=r)
+        self.events = Counter("dblog_sync_events", "Change-log events applied.", registry=r)
+        self.batch_seconds = Histogram("dblog_sync_batch_seconds", "Time to apply one "
+                                       "micro-batch (read, reduce, every sink).",
+                                       buckets=BATCH_BUCKETS, registry=r)
+        self.sink_seconds = Histogram("dblog_sync_sink_apply_seconds", "Time one sink took "
+                                      "to apply a micro-batch.", ["sink"],
+                                      buckets=TIMING_BUCKETS + BATCH_BUCKETS[4:], registry=r)
+        self.applied = Gauge("dblog_sync_applied_offset", "One past the last change-log "
+                             "offset applied.", registry=r)
+        self.log_end = Gauge("dblog_sync_changelog_next_offset", "One past the last offset "
+                             "in the change log (when scraped).", registry=r)
+        self.lag = Gauge("dblog_sync_lag_events", "Change-log events not yet applied.",
+                         registry=r)
+        self.last_batch = Gauge("dblog_sync_last_batch_timestamp_seconds", "Unix time of the "
+                                "last applied micro-batch.", registry=r)
+        self.running = Gauge("dblog_sync_running", "1 while the streaming query runs.",
+                             registry=r)
+        self.state = "starting"
+        self.error: str | None = None
+        self.applied_end: int | None = None
+        self.last_batch_time: float | None = None
+        self.started_at = time.time()
+
+    def observe_batch(self, events: int, seconds: float, sinks: Mapping[str, float],
+                      end: int) -> None:
+        now = time.time()
+        self.batches.inc()
+        self.events.inc(events)
+        self.batch_seconds.observe(seconds)
+        for name, s in sinks.items():
+            self.sink_seconds.labels(name).observe(s)
+        self.applied.set(end)
+        self.applied_end = end
+        self.last_batch.set(now)
+        self.last_batch_time = now
+
+
+SYNC = SyncMetrics()
+
+
+class SyncApi:
+    def __init__(self, cfg: Config, metrics: SyncMetrics = SYNC) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        router = self.router = Router(cfg.api.token)
+        router.add("GET", "/health", self.health)
+        router.add("GET", "/metrics", self.prometheus)
+        self.server: ApiServer | None = None
+
+    def start(self) -> SyncApi:
+        host, port = split_listen(self.cfg.api.sync_listen)
+        self.server = ApiServer(host, port, self.router).start()
+        path = self.cfg.log_dir / SYNC_API_FILE
+        path.write_text(f'{{"url": "{self.server.url}", "pid": {os.getpid()}}}')
+        log.info("sync metrics and health on %s", self.server.url)
+        return self
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        (self.cfg.log_dir / SYNC_API_FILE).unlink(missing_ok=True)
+
+    def _log_end(self) -> int | None:
+        reader = open_reader(self.cfg)
+        if reader is None:
+            return None
+        try:
+            return reader.next_offset()
+        finally:
+            reader.close()
+
+    def _scrape(self) -> int | None:
+        m = self.metrics
+        m.running.set(1 if m.state == "running" else 0)
+        end = self._log_end()
+        if end is not None:
+            m.log_end.set(end)
+            if m.applied_end is not None:
+                m.lag.set(max(0, end - m.applied_end))
+        return end
+
+    def prometheus(self, req: Request) -> Response:
+        self._scrape()
+        return Response(200, generate_latest(self.metrics.registry),
+                        content_type=CONTENT_TYPE_LATEST)
+
+    def health(self, req: Request) -> Response:
+        m = self.metrics
+        end = self._scrape()
+        checks: list[dict[str, Any]] = []
+        ok_run = m.state == "running" and m.error is None
+        why = m.error or m.state
+        checks.append({"name": "sync", "ok": ok_run, "detail": "running" if ok_run else why})
+        behind = None if end is None or m.applied_end is None else end - m.applied_end
+        since = time.time() - (m.last_batch_time or m.started_at)
+        stale = behind is not None and behind > 0 and since > self.cfg.health.max_idle_minutes * 60
+        checks.append({
+            "name": "lag", "ok": not stale,
+            "detail": "unknown (no batch yet)" if behind is None else
+            f"{behind} events behind the change log, last batch {since:.0f} s ago",
+        })
+        ok = all(c["ok"] for c in checks)
+        return json_response(200 if ok else 503,
+                             {"status": "ok" if ok else "unhealthy", "checks": checks})
+
+
+def start_sync_api(cfg: Config) -> SyncApi | None:
+    if not cfg.api.sync_listen:
+        return None
+    api = SyncApi(cfg)
+    try:
+        return api.start()
+    except OSError as exc:
+        log.error("sync metrics not served: cannot listen on %s (%s); set [api] sync_listen",
+                  cfg.api.sync_listen, exc.strerror)
+        return None

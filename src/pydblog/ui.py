@@ -1,0 +1,175 @@
+"""Terminal progress for the long commands (``rich``), on stderr.
+
+- ``snapshot_bars``: ``dblog status``'s snapshot section as bars;
+- ``wait_for_snapshot``: ``dblog snapshot ... --wait`` follows its signal through the
+  change log's notifications to the end, with a bar from the capture's status;
+- ``SyncProgress``: ``dblog sync --available-now``: change-log offsets applied.
+
+On a terminal the bars move; elsewhere (pipes, CI) rich prints only the final state.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import Any, Protocol
+
+from rich.console import Console, Group, RenderableType
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+from pydblog.capture.status import read_status
+from pydblog.config import Config
+
+TERMINAL = frozenset({"COMPLETED", "ABORTED"})
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True)
+
+
+def snapshot_bars(snapshot: dict[str, Any]) -> RenderableType:
+    """The snapshot status of ``SnapshotCore.status()`` as progress bars."""
+    table = Table.grid(padding=(0, 1))
+    table.add_column(no_wrap=True)
+    table.add_column(width=32)
+    table.add_column(no_wrap=True)
+    pct = float(snapshot.get("percent") or 0.0)
+    state = "paused" if snapshot.get("paused") else ("blocking" if snapshot.get("blocking")
+                                                      else "running")
+    table.add_row(
+        "snapshot", ProgressBar(total=100, completed=pct, width=30),
+        f"{pct:5.1f} %  {snapshot.get('tables_done', 0)}/{snapshot.get('tables_total', 0)} "
+        f"tables, {snapshot.get('rows', 0)} rows, chunk {snapshot.get('chunk_size')}, {state}",
+    )
+    current = snapshot.get("current")
+    if current:
+        cp = float(current.get("percent") or 0.0)
+        table.add_row(
+            f"  {current.get('table')}", ProgressBar(total=100, completed=cp, width=30),
+            f"{cp:5.1f} %  {current.get('rows', 0)} rows, {current.get('chunks', 0)} chunks",
+        )
+    parts: list[RenderableType] = [table]
+    for name in snapshot.get("queued") or []:
+        parts.append(f"  {name} (queued)")
+    return Group(*parts)
+
+
+def wait_for_snapshot(cfg: Config, signal_id: str, start_offset: int,
+                      poll_s: float = 0.5, console: Console | None = None) -> int:
+    """Follow the notifications of ``signal_id`` from ``start_offset`` until the snapshot
+    completes (0) or is aborted / rejected (1), with a progress bar."""
+    import orjson
+
+    from pydblog.changelog.sqlite import SqliteChangeLogReader
+
+    out = console or stderr_console()
+    reader = SqliteChangeLogReader(cfg.log_dir)
+    offset = start_offset
+    started = False
+    result: int | None = None
+    message = ""
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                      TaskProgressColumn(), TimeElapsedColumn(), console=out) as bar:
+            task = bar.add_task(f"snapshot {signal_id}", total=100)
+            while result is None:
+                recs = reader.read(offset, 10_000)
+                for rec in recs:
+                    offset = rec.offset + 1
+                    if rec.op != "n":
+                        continue
+                    note = orjson.loads(rec.body).get("notification") or {}
+                    if note.get("signal_id") != signal_id:
+                        continue
+                    kind = note.get("type")
+                    if kind == "STARTED":
+                        started = True
+                    elif kind in ("REJECTED", "SKIPPED") and not started:
+                        result, message = 1, _reason(note)
+                    elif kind in TERMINAL:
+                        result = 0 if kind == "COMPLETED" else 1
+                        message = kind.lower() if kind == "COMPLETED" else _reason(note)
+                if result is None:
+                    status = read_status(cfg.log_dir) or {}
+                    snap = status.get("snapshot") or {}
+                    if started and snap.get("active"):
+                        bar.update(task, completed=float(snap.get("percent") or 0.0))
+                    if not recs:
+                        time.sleep(poll_s)
+            if result == 0:
+                bar.update(task, completed=100)
+    finally:
+        reader.close()
+    out.print(f"snapshot {signal_id}: {message}")
+    return 1 if result is None else result
+
+
+def _reason(note: dict[str, Any]) -> str:
+    data = note.get("additional_data") or {}
+    reason = data.get("reason") or data.get("message") or ""
+    kind = str(note.get("type", "")).lower()
+    return f"{kind}: {reason}" if reason else kind
+
+
+class _Applier(Protocol):
+    last_end: int | None
+
+
+class SyncProgress:
+    """``dblog sync --available-now``: a bar of change-log offsets applied (the change
+    log's end as read at start, and re-read as the capture appends)."""
+
+    def __init__(self, cfg: Config, applier: _Applier, enabled: bool) -> None:
+        self.cfg = cfg
+        self.applier = applier
+        self.enabled = enabled
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+        self._last_check = 0.0
+        self._total = 0
+
+    def __enter__(self) -> SyncProgress:
+        if self.enabled:
+            self._bar = Progress(TextColumn("[bold]sync"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("events"), TimeElapsedColumn(),
+                                 console=stderr_console())
+            self._bar.start()
+            self._task = self._bar.add_task("sync", total=self._end() or None)
+        return self
+
+    def _end(self) -> int:
+        from pydblog.api.capture import open_reader
+
+        reader = open_reader(self.cfg)
+        if reader is None:
+            return 0
+        try:
+            self._total = reader.next_offset()
+        finally:
+            reader.close()
+        return self._total
+
+    def update(self) -> None:
+        if self._bar is None or self._task is None:
+            return
+        done = self.applier.last_end or 0
+        if done >= self._total and time.monotonic() - self._last_check > 1.0:
+            self._last_check = time.monotonic()
+            self._bar.update(self._task, total=self._end() or None)
+        self._bar.update(self._task, completed=done)
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._bar is not None:
+            self.update()
+            self._bar.stop()
