@@ -16,6 +16,7 @@ from pydblog.errors import ConfigError
 EXTRAS: dict[str, frozenset[str]] = {
     "mysql": frozenset({"pymysqlreplication", "pymysql"}),
     "spark": frozenset({"pyspark", "py4j", "pyarrow", "deltalake", "pandas"}),
+    "ha": frozenset({"kazoo"}),
 }
 """Extra name -> the top-level modules it installs (see pyproject.toml)."""
 

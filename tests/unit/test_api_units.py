@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from pydblog.api.capture import parse_signal_body
 from pydblog.api.health import HealthInputs, evaluate
@@ -113,3 +114,14 @@ def test_metrics_count_per_batch_with_blocks() -> None:
     assert 'dblog_events_total{op="d",table="public.b"} 1.0' in text
     assert "dblog_changelog_next_offset 503.0" in text
     assert m.last_event_time is not None
+
+
+def test_sync_metrics() -> None:
+    from pydblog.api.sync import SyncMetrics
+
+    m = SyncMetrics()
+    m.observe_batch(1000, 0.5, {"delta": 0.2, "postgres": 0.25}, 1000)
+    text = generate_latest(m.registry).decode()
+    assert "dblog_sync_events_total 1000.0" in text
+    assert 'dblog_sync_sink_apply_seconds_count{sink="delta"} 1.0' in text
+    assert "dblog_sync_applied_offset 1000.0" in text

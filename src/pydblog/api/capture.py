@@ -73,12 +73,13 @@ class CaptureApi:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> CaptureApi:
-        host, port = split_listen(self.cfg.api.listen)
-        self.server = ApiServer(host, port, self.router).start()
+        """Serve on ``self.server`` (bound by ``start_capture_api``)."""
+        assert self.server is not None
+        self.server.start()
         self.probe.start()
         path = self.cfg.log_dir / API_FILE
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # HA members share the directory
         tmp.write_bytes(orjson.dumps({"url": self.server.url, "pid": os.getpid()}))
         os.replace(tmp, path)
         log.info("HTTP API on %s (status page %s/)", self.server.url, self.server.url)
@@ -90,8 +91,10 @@ class CaptureApi:
         if self.server is not None:
             self.server.close()
         self.probe.close()
-        with contextlib.suppress(FileNotFoundError):
-            (self.cfg.log_dir / API_FILE).unlink()
+        path = self.cfg.log_dir / API_FILE
+        with contextlib.suppress(FileNotFoundError, orjson.JSONDecodeError, KeyError):
+            if orjson.loads(path.read_bytes())["pid"] == os.getpid():  # ours, not a peer's
+                path.unlink()
 
     # -- /health ----------------------------------------------------------------------------
     def health_report(self) -> tuple[bool, dict[str, Any]]:
@@ -369,10 +372,12 @@ def start_capture_api(cfg: Config, live: LiveCapture) -> CaptureApi | None:
     if not cfg.api.listen:
         return None
     api = CaptureApi(cfg, live)
+    host, port = split_listen(cfg.api.listen)
     try:
-        return api.start()
+        api.server = ApiServer(host, port, api.router)
     except OSError as exc:
         api.close()
         log.error("HTTP API not served: cannot listen on %s (%s); set [api] listen to a "
                   "free address, or \"\" to turn the API off", cfg.api.listen, exc.strerror)
         return None
+    return api.start()

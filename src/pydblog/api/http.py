@@ -207,6 +207,7 @@ class ApiServer:
 
     def close(self) -> None:
         self.stopping.set()
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=5)
         self._server.server_close()
-        self._thread.join(timeout=5)

@@ -56,7 +56,8 @@ class SourceProbe:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self._drop()
 
     def source_moved(self) -> bool | None:

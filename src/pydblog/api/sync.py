@@ -27,12 +27,12 @@ from pydblog.api.capture import open_reader
 from pydblog.api.http import ApiServer, Request, Response, Router, json_response
 from pydblog.api.settings import split_listen
 from pydblog.config import Config
-from pydblog.metrics import TIMING_BUCKETS
 
 log = logging.getLogger(__name__)
 
 SYNC_API_FILE = "sync-api.json"
 BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+SINK_BUCKETS = (0.005, 0.01, 0.025, *BATCH_BUCKETS)
 
 
 class SyncMetrics:
@@ -46,7 +46,7 @@ class SyncMetrics:
                                        buckets=BATCH_BUCKETS, registry=r)
         self.sink_seconds = Histogram("dblog_sync_sink_apply_seconds", "Time one sink took "
                                       "to apply a micro-batch.", ["sink"],
-                                      buckets=TIMING_BUCKETS + BATCH_BUCKETS[4:], registry=r)
+                                      buckets=SINK_BUCKETS, registry=r)
         self.applied = Gauge("dblog_sync_applied_offset", "One past the last change-log "
                              "offset applied.", registry=r)
         self.log_end = Gauge("dblog_sync_changelog_next_offset", "One past the last offset "
@@ -93,7 +93,9 @@ class SyncApi:
         host, port = split_listen(self.cfg.api.sync_listen)
         self.server = ApiServer(host, port, self.router).start()
         path = self.cfg.log_dir / SYNC_API_FILE
-        path.write_text(f'{{"url": "{self.server.url}", "pid": {os.getpid()}}}')
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(f'{{"url": "{self.server.url}", "pid": {os.getpid()}}}')
+        os.replace(tmp, path)
         log.info("sync metrics and health on %s", self.server.url)
         return self
 

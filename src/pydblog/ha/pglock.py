@@ -68,6 +68,8 @@ class PgLockElection:
             conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (path text PRIMARY KEY, epoch bigint NOT NULL, "
                 "leader text, since timestamptz)").format(self.table))
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            pass  # members starting together: another one created it at the same moment
         except psycopg.Error as exc:
             conn.close()
             raise SourceError(
