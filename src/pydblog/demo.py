@@ -21,7 +21,10 @@ from typing import Any
 
 import orjson
 import psycopg
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from pydblog.capture.status import read_status
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.errors import DblogError
@@ -159,16 +162,22 @@ def _wait_caught_up(work: Path, dsn: str, timeout: float = 180) -> list[dict[str
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE customers SET email = %s WHERE id = 1", (token,))
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log_path(work / "dblog-data").exists():
-            events = _events(work)
-            done = any(
-                e["op"] == "n" and e.get("notification", {}).get("type") == "COMPLETED" for e in events
-            )
-            marker = any((e.get("after") or {}).get("email") == token for e in events)
-            if done and marker:
-                return events
-        time.sleep(0.5)
+    with Progress(TextColumn("initial snapshot"), BarColumn(), TaskProgressColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+        task = bar.add_task("snapshot", total=100)
+        while time.monotonic() < deadline:
+            if log_path(work / "dblog-data").exists():
+                events = _events(work)
+                done = any(
+                    e["op"] == "n" and e.get("notification", {}).get("type") == "COMPLETED"
+                    for e in events
+                )
+                marker = any((e.get("after") or {}).get("email") == token for e in events)
+                snap = (read_status(work / "dblog-data") or {}).get("snapshot") or {}
+                bar.update(task, completed=100 if done else float(snap.get("percent") or 0))
+                if done and marker:
+                    return events
+            time.sleep(0.5)
     raise DblogError("the demo capture did not catch up in time", hint="see the log lines above")
 
 

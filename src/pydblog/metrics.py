@@ -133,8 +133,8 @@ class CaptureMetrics:
             for e in events:
                 if type(e) is EncodedBlock:
                     tally[(e.table, e.op)] += e.size - 1
-        for (table, op), n in tally.items():
-            self.events.labels(table, op).inc(n)
+        for (table, op), n in tally.items():  # notifications of no table: table=""
+            self.events.labels("" if table == "." else table, op).inc(n)
         first, last = events[0].ts_ms, events[-1].ts_ms
         if first > 0:
             self.commit_to_log.observe(max(0.0, now - first / 1000.0))
@@ -196,12 +196,13 @@ class CaptureMetrics:
 
 
 def metric_names(registry: CollectorRegistry) -> set[str]:
-    """Every sample name the registry exposes (``_total``, ``_bucket``... included)."""
+    """Every series name the registry can expose, whether or not a labelled metric has
+    a child yet (counters as ``_total``; histograms' ``_bucket``, ``_sum``, ``_count``)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
     names: set[str] = set()
     for family in registry.collect():
-        names.add(family.name)
-        for sample in family.samples:
-            names.add(sample.name)
+        for suffix in suffixes.get(family.type, ("",)):
+            names.add(family.name + suffix)
     return names
 
 

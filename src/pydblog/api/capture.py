@@ -280,7 +280,7 @@ class CaptureApi:
         tables: dict[str, dict[str, float]] = {}
         for family in self.metrics.events.collect():
             for sample in family.samples:
-                if sample.name.endswith("_total"):
+                if sample.name.endswith("_total") and sample.labels["op"] != "n":
                     t = tables.setdefault(sample.labels["table"], {})
                     t[sample.labels["op"]] = sample.value
         return json_response(200, {
