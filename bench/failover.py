@@ -12,13 +12,14 @@ the same way, timed until a contender holds the lock: the floor the election its
 Each figure is printed as p50/p99/max, and the gap's p50 as a ratio to the baseline's.
 
 Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/failover.py [--rounds 15]
-       [--backend zookeeper|postgres]
+       [--backend zookeeper|postgres] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -116,9 +117,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15, help="faults of each kind")
     ap.add_argument("--backend", choices=["zookeeper", "postgres"], default="zookeeper")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (members' logs)")
     args = ap.parse_args()
     rng = random.Random(5)
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-failover-"))
+    try:
+        run(args, rng, work)
+    finally:
+        if args.keep:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, rng: random.Random, work: Path) -> None:
     with PgCluster() as pg, ZkServer(tick_ms=2000) as zk:
         dsn = pg.create_database("bench")
         with psycopg.connect(dsn, autocommit=True) as conn:

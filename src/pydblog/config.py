@@ -263,6 +263,13 @@ class Config(_Model):
         if self.ha is not None and self.ha.backend == "postgres" and self.ha.dsn is None \
                 and self.source.type != "postgres":
             raise ValueError('[ha] backend "postgres" needs dsn (a PostgreSQL) with a MySQL source')
+        if self.ha is not None and self.ha.backend == "postgres" and self.ha.dsn is None:
+            # The election's table lives in the source database: never capture it.
+            own = re.escape(self.ha.table)
+            if own not in self.source.exclude_tables:
+                source = self.source.model_copy(
+                    update={"exclude_tables": [*self.source.exclude_tables, own]})
+                return self.model_copy(update={"source": source})
         return self
 
     @property

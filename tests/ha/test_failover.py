@@ -64,3 +64,38 @@ def test_failover_kill9_and_sigstop(backend: str, pg_db: str, tmp_path: Path,
     assert duplicates(events) == 0
     others = [(p, c) for p, c in zip(m.procs, codes, strict=True) if p is not first]
     assert [c for _, c in others] == [0, 0], [m.log_of(p)[-2000:] for p, _ in others]
+
+
+def test_sigterm_hands_over_at_once(pg_db: str, tmp_path: Path) -> None:
+    """SIGTERM of the leader: it flushes, exits 0 and releases leadership right away, so
+    the standby leads long before the (deliberately long) session timeout could expire.
+    The PostgreSQL advisory-lock backend, so the default run covers it end to end."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE w (id int PRIMARY KEY, v text, n int)")
+    config = ha_config(tmp_path, pg_db, None, timeout_s=60.0)
+    m = members(config)
+    m.start()
+    m.start()
+    stop = threading.Event()
+    load = threading.Thread(target=writer, args=(pg_db, stop, 9))
+    try:
+        first = m.leader()
+        m.wait_checkpoint()
+        m.wait_standbys(1)
+        load.start()
+        time.sleep(1.0)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0, m.log_of(first)[-2000:]
+        assert "released" in m.log_of(first)
+        second = m.leader(timeout=30)  # far less than the 60 s session timeout
+        assert second is not first
+    finally:
+        stop.set()
+        if load.is_alive():
+            load.join()
+    try:
+        events = assert_oracle(config, pg_db, {"public.w": ["id"]})
+    finally:
+        codes = m.stop_all()
+    assert duplicates(events) == 0
+    assert codes == [0, 0]

@@ -31,7 +31,9 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
 
     Errors before the stream first opens are raised (the CLI prints them and exits
     with their code: bad DSN, server down, slot in use, setup missing). Once capture
-    ran, retriable errors (the server restarting) are retried with backoff.
+    ran, retriable errors (the server restarting) are retried with backoff. With
+    ``[ha]`` the process is a member of an election and captures only while it leads
+    (``ha.member``).
     """
     # The chunk worker thread does many short database round trips; with the default
     # 5 ms GIL switch interval each one could wait that long behind the stream thread.
@@ -76,13 +78,17 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
     slot_deadline: float | None = None
     while not stop.is_set():
         changelog = SqliteChangeLog(cfg.log_dir)
-        source, reader = create_source(cfg)
         state: StateStore = FileStateStore(cfg.log_dir)
         if lease is not None:
             from pydblog.ha.fencing import GuardedStateStore, claim
 
-            claim(changelog, lease, stop)
+            try:
+                claim(changelog, lease, stop)
+            except BaseException:
+                changelog.close()
+                raise
             state = GuardedStateStore(state, lease)
+        source, reader = create_source(cfg)
         runner = Runner(cfg, source, reader, changelog, state)
         runner.lease = lease
         LIVE.runner, LIVE.state = runner, "running"

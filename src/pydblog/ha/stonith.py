@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 WAL_WRITE_LOCK_BYTE = 120
 """SQLite's WAL-index write lock: byte 120 of the ``-shm`` file (WALINDEX_LOCK_OFFSET
 + WAL_WRITE_LOCK in SQLite's wal.c), held by fcntl for a write transaction's length."""
-GRACE_S = 1.0
+GRACE_S = 0.3
 
 
 def write_lock_holder(db_path: Path) -> int | None:

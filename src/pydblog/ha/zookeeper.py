@@ -39,6 +39,9 @@ def _kazoo() -> Any:
     return kazoo.client
 
 
+_ONCE = threading.Event()  # never set: "try to connect once"
+
+
 class ZkElection:
     def __init__(self, hosts: str, path: str, session_timeout_s: float, member: str) -> None:
         kc = _kazoo()
@@ -62,6 +65,7 @@ class ZkElection:
 
     # -- connection --------------------------------------------------------------
     def _start(self, stop: threading.Event) -> bool:
+        """Connect, retrying until ``stop``; ``_ONCE``: one attempt."""
         if self._started:
             return True
         warned = False
@@ -75,6 +79,8 @@ class ZkElection:
                     log.warning("ZooKeeper at %s unreachable (%s); retrying", self.hosts, exc)
                     warned = True
                 self._client.stop()
+                if stop is _ONCE:
+                    return False
                 stop.wait(1.0)
         return False
 
@@ -195,6 +201,8 @@ class ZkElection:
             self._started = False
 
     def leader(self) -> str | None:
+        if not self._started and not self._start(_ONCE):
+            return None
         try:
             lock = self._lock or self._client.Lock(f"{self.path}/leader", self.member)
             names = lock.contenders()

@@ -1,0 +1,101 @@
+"""A leader frozen in the middle of a change-log commit holds SQLite's write lock: the
+new leader's claim kills it if (and only if) it is a stopped process of this host."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pydblog.changelog.sqlite import SqliteChangeLog, log_path
+from pydblog.errors import ChangeLogError
+from pydblog.ha.fencing import claim
+from pydblog.ha.lease import DeadlineLease
+from pydblog.ha.stonith import write_lock_holder
+
+HOLDER = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("UPDATE checkpoint SET updated_ms = 0")
+print("locked", flush=True)
+if sys.argv[2] == "stop":
+    os.kill(os.getpid(), signal.SIGSTOP)
+sys.stdin.readline()
+"""
+
+
+def hold(tmp_path: Path, mode: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(log_path(tmp_path)), mode],
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == b"locked"
+    return proc
+
+
+def new_log(tmp_path: Path) -> SqliteChangeLog:
+    log = SqliteChangeLog(tmp_path)
+    from pydblog.ports import Checkpoint
+
+    log.append([], Checkpoint(None))
+    return log
+
+
+def test_stopped_lock_holder_is_killed(tmp_path: Path) -> None:
+    log = new_log(tmp_path)
+    proc = hold(tmp_path, "stop")
+    try:
+        assert write_lock_holder(log.path) == proc.pid
+        lease = DeadlineLease(7, 30.0, "test", lambda: None)
+        claim(log, lease, threading.Event())
+        proc.wait(10)
+        assert proc.returncode == -signal.SIGKILL
+        assert log.fence_epoch() == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        log.close()
+
+
+def test_running_lock_holder_is_waited_for(tmp_path: Path) -> None:
+    log = new_log(tmp_path)
+    proc = hold(tmp_path, "run")
+    stop = threading.Event()
+    result: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            claim(log, DeadlineLease(3, 30.0, "test", lambda: None), stop)
+            result.append(None)
+        except BaseException as exc:
+            result.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(2.0)  # past the grace period: a running holder is not killed
+    assert proc.poll() is None and not result
+    proc.communicate(b"\n", timeout=10)  # the holder ends (its transaction rolls back)
+    t.join(10)
+    assert result == [None]
+    assert log.fence_epoch() == 3
+    log.close()
+
+
+def test_stopped_claim_gives_up(tmp_path: Path) -> None:
+    log = new_log(tmp_path)
+    proc = hold(tmp_path, "run")
+    stop = threading.Event()
+    stop.set()
+    try:
+        with pytest.raises(ChangeLogError):
+            claim(log, DeadlineLease(3, 30.0, "test", lambda: None), stop)
+    finally:
+        proc.kill()
+        proc.communicate()
+        log.close()
