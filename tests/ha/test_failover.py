@@ -50,7 +50,8 @@ def test_failover_kill9_and_sigstop(backend: str, pg_db: str, tmp_path: Path,
         time.sleep(1.0)
         if second.poll() is None:  # not killed as a frozen lock holder (ha.stonith)
             second.send_signal(signal.SIGCONT)  # wakes up as an ex-leader: must step down
-            wait_for(lambda: "stepping down" in m.log_of(second), 30, "the old leader to step down")
+            wait_for(lambda: "stepping down" in m.log_of(second) or second.poll() is not None,
+                     30, "the old leader to step down")
         time.sleep(0.5)
         assert m.roles().get(third.pid) == "leader"
     finally:
@@ -62,8 +63,13 @@ def test_failover_kill9_and_sigstop(backend: str, pg_db: str, tmp_path: Path,
     finally:
         codes = m.stop_all()
     assert duplicates(events) == 0
-    others = [(p, c) for p, c in zip(m.procs, codes, strict=True) if p is not first]
-    assert [c for _, c in others] == [0, 0], [m.log_of(p)[-2000:] for p, _ in others]
+    code = {p.pid: c for p, c in zip(m.procs, codes, strict=True)}
+    assert code[third.pid] == 0, m.log_of(third)[-2000:]
+    # the frozen ex-leader stepped down and stopped cleanly, or it froze inside a commit
+    # (holding the log's write lock) and the new leader killed it (ha.stonith)
+    assert code[second.pid] == 0 or (
+        code[second.pid] == -signal.SIGKILL and "killing it" in m.log_of(third)
+    ), m.log_of(second)[-2000:]
 
 
 def test_sigterm_hands_over_at_once(pg_db: str, tmp_path: Path) -> None:
