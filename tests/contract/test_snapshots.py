@@ -62,6 +62,7 @@ def test_snapshot_only(harness: Harness, tmp_path: Path, watermark: str) -> None
     assert all(e["before"] is None and e["source"]["snapshot"] == "incremental" for e in rows)
 
 
+@pytest.mark.mysql57
 def test_writes_during_snapshot(harness: Harness, tmp_path: Path) -> None:
     make_table(harness, "t1", 2000)
     with Capture(harness, tmp_path, "[snapshot]\nchunk_size = 50") as cap:
@@ -97,6 +98,7 @@ def test_whole_table_update_in_one_transaction(harness: Harness, tmp_path: Path)
         cap.assert_oracle({"t1": ["id"]})
 
 
+@pytest.mark.mysql57
 def test_kill9_mid_snapshot_resumes(harness: Harness, tmp_path: Path) -> None:
     make_table(harness, "t1", 3000)
     cap = Capture(harness, tmp_path, "[snapshot]\nchunk_size = 20").start()
@@ -169,6 +171,7 @@ def test_surrogate_key_with_nulls_chunk_size_one(harness: Harness, tmp_path: Pat
     assert sorted(e["after"]["id"] for e in snapshot_rows(events, "sk")) == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.mysql57
 def test_repeating_surrogate_key_with_writes(harness: Harness, tmp_path: Path) -> None:
     """Rows sharing a surrogate value (and the NULL group) are told apart by their
     identity: a write to one of them in a chunk's window drops only that row."""
@@ -300,6 +303,7 @@ def test_blocking_snapshot(harness: Harness, tmp_path: Path) -> None:
     assert len(rows) == 300 and all(e["source"]["snapshot"] == "blocking" for e in rows)
 
 
+@pytest.mark.mysql57
 def test_alter_table_just_before_snapshot(harness: Harness, tmp_path: Path) -> None:
     make_table(harness, "al", 100)
     with Capture(harness, tmp_path, "[snapshot]\nchunk_size = 30") as cap:
@@ -311,6 +315,7 @@ def test_alter_table_just_before_snapshot(harness: Harness, tmp_path: Path) -> N
     assert all("extra" in e["after"] for e in snapshot_rows(events, "al"))
 
 
+@pytest.mark.mysql57
 def test_initial_mode_on_first_start(harness: Harness, tmp_path: Path) -> None:
     make_table(harness, "i1", 150)
     make_table(harness, "i2", 70)

@@ -1,4 +1,4 @@
-"""The MariaDB ``Harness`` for the shared snapshot contract suite (tests/contract)."""
+"""The TestServer ``Harness`` for the shared snapshot contract suite (tests/contract)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.mysql57 import TestServer
 from pydblog.sources.mysql.position import file_sequence
 from tests.mysql.helpers import make, run_sql
 
@@ -15,7 +15,7 @@ from tests.mysql.helpers import make, run_sql
 class MariaHarness:
     name = "mysql"
 
-    def __init__(self, server: MariaDB, database: str) -> None:
+    def __init__(self, server: TestServer, database: str) -> None:
         self.server = server
         self.schema = database
         self.execute("CREATE TABLE dblog_test_marker (id VARCHAR(64) PRIMARY KEY)")

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pydblog.config import Config, parse_config
-from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.mysql57 import TestServer
 from pydblog.events import ChangeEvent
 from pydblog.ports import Checkpoint, Commit
 from pydblog.sources.mysql.binlog import MySqlLogSource
@@ -16,21 +16,21 @@ from pydblog.sources.mysql.factory import create
 from pydblog.sources.mysql.position import BinlogPosition
 
 
-def config(server: MariaDB, db: str, **source: Any) -> Config:
+def config(server: TestServer, db: str, **source: Any) -> Config:
     data: dict[str, Any] = {
         "source": {"type": "mysql", "dsn": server.dsn(db), "server_id": 4242, **source},
     }
     return parse_config(data)
 
 
-def make(server: MariaDB, db: str, **source: Any) -> tuple[MySqlLogSource, MySqlSnapshotReader]:
+def make(server: TestServer, db: str, **source: Any) -> tuple[MySqlLogSource, MySqlSnapshotReader]:
     src, reader = create(config(server, db, **source))
     assert isinstance(src, MySqlLogSource) and isinstance(reader, MySqlSnapshotReader)
     return src, reader
 
 
 def opened(
-    server: MariaDB, db: str, checkpoint: Checkpoint | None = None, **source: Any
+    server: TestServer, db: str, checkpoint: Checkpoint | None = None, **source: Any
 ) -> tuple[MySqlLogSource, Iterator[Any]]:
     src, _ = make(server, db, **source)
     src.open(checkpoint)
@@ -60,7 +60,7 @@ def changes(items: list[Any]) -> list[ChangeEvent]:
     return [i for i in items if isinstance(i, ChangeEvent)]
 
 
-def run_sql(server: MariaDB, db: str, *statements: str) -> None:
+def run_sql(server: TestServer, db: str, *statements: str) -> None:
     """Statements in one transaction."""
     conn = server.connect(db)
     try:

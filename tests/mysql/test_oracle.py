@@ -14,6 +14,7 @@ import orjson
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.mysql57 import TestServer
 from tests.helpers import dblog, kill9, start_run, stop_run, tail, wait_for
 from tests.mysql.helpers import make
 
@@ -25,7 +26,7 @@ TABLES = {
 KEYS = {"w": ("id",), "wc": ("a", "b")}
 
 
-def write_config(tmp: Path, mariadb: MariaDB, db: str, extra: str = "") -> Path:
+def write_config(tmp: Path, mariadb: TestServer, db: str, extra: str = "") -> Path:
     path = tmp / "dblog.toml"
     path.write_text(
         f'[source]\ntype = "mysql"\ndsn = "{mariadb.dsn(db)}"\nserver_id = 777\n'
@@ -35,7 +36,7 @@ def write_config(tmp: Path, mariadb: MariaDB, db: str, extra: str = "") -> Path:
     return path
 
 
-def writer(mariadb: MariaDB, db: str, stop: threading.Event, seed: int) -> None:
+def writer(mariadb: TestServer, db: str, stop: threading.Event, seed: int) -> None:
     rng = random.Random(seed)
     conn = mariadb.connect(db)
     conn.autocommit(False)
@@ -85,7 +86,7 @@ def materialize(events: list[dict[str, Any]]) -> dict[str, dict[tuple[Any, ...],
     return tables
 
 
-def source_rows(mariadb: MariaDB, db: str, table: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+def source_rows(mariadb: TestServer, db: str, table: str) -> dict[tuple[Any, ...], dict[str, Any]]:
     """The table as the chunk reader maps it (the mapping the binlog path must match)."""
     _, reader = make(mariadb, db)
     try:
@@ -98,7 +99,7 @@ def source_rows(mariadb: MariaDB, db: str, table: str) -> dict[tuple[Any, ...], 
     return {tuple(r[k] for k in KEYS[table]): r for r in rows}
 
 
-def catch_up(config: Path, mariadb: MariaDB, db: str) -> list[dict[str, Any]]:
+def catch_up(config: Path, mariadb: TestServer, db: str) -> list[dict[str, Any]]:
     token = uuid.uuid4().hex
     mariadb.execute(f"INSERT INTO marker VALUES ('{token}')", db)
     events: list[dict[str, Any]] = []
@@ -112,7 +113,7 @@ def catch_up(config: Path, mariadb: MariaDB, db: str) -> list[dict[str, Any]]:
     return events
 
 
-def assert_oracle(config: Path, mariadb: MariaDB, db: str) -> list[dict[str, Any]]:
+def assert_oracle(config: Path, mariadb: TestServer, db: str) -> list[dict[str, Any]]:
     events = catch_up(config, mariadb, db)
     got = materialize(events)
     for table in TABLES:
@@ -124,7 +125,7 @@ def assert_oracle(config: Path, mariadb: MariaDB, db: str) -> list[dict[str, Any
     return events
 
 
-def setup_tables(mariadb: MariaDB, db: str) -> None:
+def setup_tables(mariadb: TestServer, db: str) -> None:
     for ddl in TABLES.values():
         mariadb.execute(ddl, db)
     mariadb.execute("CREATE TABLE marker (id VARCHAR(40) PRIMARY KEY)", db)

@@ -229,7 +229,7 @@ class MariaDB:
         return self.dsn(name)
 
     # -- replication (failover tests) ------------------------------------------------
-    def replicate_from(self, primary: MariaDB) -> None:
+    def replicate_from(self, primary: Any) -> None:
         """Become a GTID replica of ``primary`` (``MASTER_USE_GTID=slave_pos``, from the
         start of its binlog). Keep ``log_slave_updates`` on (the default here) so that
         this server's own binlog holds the primary's transactions, under their GTIDs."""
@@ -240,7 +240,7 @@ class MariaDB:
         )
         self.execute("START SLAVE")
 
-    def wait_caught_up(self, primary: MariaDB, timeout: float = 60.0) -> None:
+    def wait_caught_up(self, primary: Any, timeout: float = 60.0) -> None:
         """Until this replica has applied everything in ``primary``'s binlog so far."""
         pos = str(primary.execute("SELECT @@GLOBAL.gtid_binlog_pos")[0][0])
         got = self.execute(f"SELECT MASTER_GTID_WAIT('{pos}', {timeout})")[0][0]

@@ -85,9 +85,27 @@ from pydblog.sources.mysql.setup import (
     ensure_own_tables,
     tables_without_key,
 )
+from pydblog.sources.mysql.tablemap import (
+    DdlLookahead,
+    SchemaTable,
+    describe,
+    may_rename,
+    name_columns,
+    read_table,
+    type_mismatch,
+)
 from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
 
 log = logging.getLogger(__name__)
+
+
+def _not_the_version_advice(record: logging.LogRecord) -> bool:
+    """mysql-replication advises an older version of itself on servers without
+    binlog_row_metadata; this source names their columns itself (tablemap.py)."""
+    return "use python-mysql-replication version Before" not in record.getMessage()
+
+
+logging.getLogger("pymysqlreplication").addFilter(_not_the_version_advice)
 
 MAX_RECONNECT_S = 30.0
 
@@ -174,7 +192,10 @@ class MySqlLogSource:
         self._last_end = 4
         self._tx: _Tx | None = None
         self._skip_upto: BinlogPosition | None = None  # file resume: drop at or below
-        self._skip_tx: tuple[str, int] | None = None  # GTID resume: (gtid, up to index)
+        # GTID resume: gtid -> drop its items up to this index. Kept across reconnects
+        # (GTIDs are unique): a reconnect before the resumed transaction was read again
+        # must still drop its logged part.
+        self._skip_tx: dict[str, int] = {}
         self._gtid_mode = False  # the server writes GTIDs for every transaction
         self._gtids: GtidState | None = None  # state after the last GTID event read
         self._dump_state: GtidState | None = None  # what the current GTID dump asked for
@@ -187,9 +208,20 @@ class MySqlLogSource:
         self._json_cols: dict[tuple[str, str], frozenset[str]] = {}
         self._nullable: dict[int, bytes] = {}
         self._schemas: dict[tuple[str, str], TableSchema] = {}  # as last yielded
+        # Where TABLE_MAPs carry no column names (MySQL < 8.0.14): definitions read from
+        # information_schema, dropped at each DDL on their table (see tablemap.py).
+        self._defs: dict[tuple[str, str], tuple[SchemaTable, bool]] = {}
+        self._lookahead = DdlLookahead()
 
     # -- LogSource ---------------------------------------------------------------------
     def open(self, checkpoint: Checkpoint | None) -> None:
+        try:
+            self._open(checkpoint)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, checkpoint: Checkpoint | None) -> None:
         fastrows.install()
         self._ctl = connect(self.dsn, timeout_s=self.connect_timeout_s)
         self.mariadb = is_mariadb(self._ctl)
@@ -218,7 +250,8 @@ class MySqlLogSource:
             # file names; the checkpoint's transaction is re-read and its logged part
             # dropped. A new epoch: these coordinates may not compare with the old ones.
             self._epoch = pos.epoch + 1
-            self._skip_tx = (pos.gtid, pos.index) if pos.gtid else None
+            self._skip_tx = {pos.gtid: pos.index} if pos.gtid else {}
+            self._require_executed(state)
             self._start_gtid_dump(state)
             return
         self._require_file(pos)
@@ -364,6 +397,23 @@ class MySqlLogSource:
             return MariaGtidPos.parse(str(row[0]))
         return MySqlGtidSet.parse(executed) if executed is not None else None
 
+    def _require_executed(self, state: GtidState) -> None:
+        """MySQL sends "every transaction not in ``state``" even from a server that has
+        not executed all of ``state`` (a replica behind the checkpoint, or one promoted
+        without them): it would then skip whatever it applies later that ``state``
+        names, and the log would hold changes the server never had. Refuse, as MariaDB
+        does (its dump refuses a state ahead of the server's binlog)."""
+        if not isinstance(state, MySqlGtidSet):
+            return
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.gtid_executed")
+            row = cur.fetchone()
+        executed = MySqlGtidSet.parse(str(row[0] or "") if row else "")
+        if not state <= executed:
+            raise self._gtid_dump_error(
+                state, "it has not executed every transaction the change log holds"
+            )
+
     def _require_file(self, pos: BinlogPosition) -> None:
         with self._ctl_lock, self._ctl_cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
@@ -403,6 +453,8 @@ class MySqlLogSource:
         self._gtids = state
         self._dump_state = None
         self._mappers.clear()
+        self._defs.clear()
+        self._lookahead.reset()
 
     def _start_gtid_dump(self, state: GtidState) -> None:
         """Dump every transaction after ``state`` (MariaDB ``@slave_connect_state``,
@@ -425,6 +477,8 @@ class MySqlLogSource:
         self._gtids = state
         self._dump_state = state
         self._mappers.clear()
+        self._defs.clear()
+        self._lookahead.reset()
 
     def _fetch(self) -> Any:
         deadline = time.monotonic() + MAX_RECONNECT_S
@@ -509,10 +563,13 @@ class MySqlLogSource:
             with contextlib.suppress(pymysql.Error):
                 self._reader.close()
         resume = self._gtid_resume_point()
+        pending = self._skip_upto  # a file resume's skip not passed yet
         if resume is not None:
             state, skip = resume
             self._epoch += 1
-            self._skip_tx = skip
+            for s in (skip, (pending.gtid, pending.index) if pending and pending.gtid else None):
+                if s is not None:
+                    self._skip_tx[s[0]] = max(self._skip_tx.get(s[0], -1), s[1])
             self._skip_upto = None
             try:
                 self._start_gtid_dump(state)
@@ -523,7 +580,9 @@ class MySqlLogSource:
             file, offset = self._tx.file, self._tx.start
         else:
             file, offset = self._file, self._last_end
-        self._skip_upto = self._last_yielded
+        self._skip_upto = max(
+            (p for p in (pending, self._last_yielded) if p is not None), default=None
+        )
         known = self._tx.gtids if self._tx is not None else self._gtids
         try:
             self._start_dump(file, offset, known)
@@ -557,9 +616,9 @@ class MySqlLogSource:
                 return True
             self._skip_upto = None
         if isinstance(pos, BinlogPosition):
-            skip = self._skip_tx
             # GTIDs are unique: only the resumed transaction's logged part matches.
-            if skip is not None and pos.gtid == skip[0] and pos.index <= skip[1]:
+            limit = self._skip_tx.get(pos.gtid) if pos.gtid else None
+            if limit is not None and pos.index <= limit:
                 return True
             self._last_yielded = pos
         return False
@@ -591,6 +650,9 @@ class MySqlLogSource:
             return
         elif isinstance(event, TableMapEvent):
             self._nullable[event.table_id] = bytes(event.null_bitmask)
+            table = event.table_map.get(event.table_id)
+            if table is not None and any(not c.name for c in table.columns):
+                self._name_table(table, start)
         elif isinstance(event, HeartbeatLogEvent):
             if self._tx is None:
                 yield from self._heartbeat(force=True)
@@ -635,6 +697,7 @@ class MySqlLogSource:
     ) -> Iterator[Any]:
         for db, table in tables:
             self._json_cols.pop((db, table), None)
+            self._defs.pop((db, table), None)
             if not self._captured(db, table):
                 continue
             if kind == DdlKind.TRUNCATE:
@@ -668,6 +731,51 @@ class MySqlLogSource:
             yield Heartbeat(done)
 
     # -- rows ----------------------------------------------------------------------------
+    def _name_table(self, table: Any, start: int) -> None:
+        """Name a TABLE_MAP's columns from information_schema (no binlog_row_metadata):
+        only with a definition that is the rows' own (see tablemap.py), else SourceError."""
+        key = (str(table.schema), str(table.table))
+        if key[0] != self.db and key not in (self.own.signal, self.own.watermark):
+            return  # never decoded
+        where = f"{self._file}:{start}"
+        cached = self._defs.get(key)
+        if cached is not None:
+            defn, appended = cached
+        else:
+            with self._ctl_lock, self._ctl_cursor() as cur:
+                found = read_table(cur, *key)
+                ahead = self._lookahead.ahead(cur, (self._file, start), *key)
+            risky = [d for d in ahead if may_rename(*d)]
+            if found is None or risky:
+                now = "no longer exists" if found is None else "now has another definition"
+                later = f" (later in the binlog: {describe(risky)})" if risky else ""
+                raise self._stale_table(key, where, f"the table {now}{later}")
+            defn = found
+            # Harmless ALTERs ahead (ADD COLUMN, ADD INDEX, ...): columns may have been
+            # appended since these rows.
+            appended = any(kind == DdlKind.ALTER for kind, _ in ahead)
+            self._defs[key] = (defn, appended)
+        why = type_mismatch(table.columns, defn, appended)
+        if why is not None:
+            self._defs.pop(key, None)
+            raise self._stale_table(key, where, why)
+        name_columns(table.columns, defn)
+        pk = defn.primary_key
+        table.primary_key = pk[0] if len(pk) == 1 else (tuple(pk) if pk else "")
+
+    def _stale_table(self, key: tuple[str, str], where: str, why: str) -> SourceError:
+        return SourceError(
+            f"cannot decode the rows of {key[0]}.{key[1]} at {where} in the binlog of MySQL "
+            f"at {self.dsn.redacted}: this server does not write column names into the "
+            f"binlog (no binlog_row_metadata before MySQL 8.0.14), and information_schema no "
+            f"longer describes these rows: {why}",
+            hint="the table's columns were renamed, moved, dropped or changed while capture "
+            "was behind; on MySQL 5.7 change columns only while capture is caught up "
+            "(docs/mysql.md, 'MySQL 5.7'), or use MySQL 8.0.14+ with "
+            "binlog_row_metadata=FULL. To go on: start with a fresh [log] path and snapshot "
+            "the tables again",
+        )
+
     def _captured(self, db: str, table: str) -> bool:
         qualified = f"{db}.{table}"
         return db == self.db and qualified not in self.own.qualified and self.matcher(qualified)

@@ -85,12 +85,9 @@ def binlog_problems(cur: Any) -> list[str]:
                 f"SET GLOBAL {name} = '{value}' and put {name}={value} in the server's config"
             )
     meta = v.get("binlog_row_metadata")
-    if meta is None:
-        problems.append(
-            "binlog_row_metadata is not supported by this server: "
-            "pydblog needs MySQL 8.0.14+ or MariaDB 10.5+"
-        )
-    elif meta.upper() != "FULL":
+    # Servers without the setting (MySQL 5.7, 8.0 before 8.0.14) write no column names:
+    # they come from information_schema (tablemap.py). Where it exists it must be FULL.
+    if meta is not None and meta.upper() != "FULL":
         problems.append(
             f"binlog_row_metadata is {meta}, must be FULL: SET GLOBAL binlog_row_metadata = "
             "'FULL' and put binlog_row_metadata=FULL in the server's config"

@@ -1,0 +1,89 @@
+"""MySQL 5.7 writes no column names into the binlog (no binlog_row_metadata): they come
+from information_schema, which shows the table as it is *now*. These tests read the binlog
+while it lags behind schema changes: rows are named by their own table version, or the
+source stops with a clear error; never named by another version."""
+
+from __future__ import annotations
+
+import pytest
+
+from pydblog.devtools.mysql57 import MySQL57
+from pydblog.errors import SourceError
+from pydblog.ports import SchemaChanged
+from tests.mysql.helpers import changes, commits, opened, read_until, run_sql
+
+
+def test_lagging_behind_add_column_names_both_versions(mysql57: MySQL57, my57_db: str) -> None:
+    db = my57_db
+    mysql57.execute("CREATE TABLE t (id INT PRIMARY KEY, a VARCHAR(10))", db)
+    src, stream = opened(mysql57, db)
+    try:
+        # All written before capture reads any of it: the first rows' TABLE_MAP has two
+        # columns, information_schema already three.
+        run_sql(mysql57, db, "INSERT INTO t VALUES (1, 'x')")
+        mysql57.execute("ALTER TABLE t ADD COLUMN n INT UNSIGNED, ADD INDEX (a)", db)
+        run_sql(mysql57, db, "INSERT INTO t VALUES (2, 'y', 4000000000)")
+        items = read_until(stream, commits(2))
+    finally:
+        src.close()
+    assert [e.after for e in changes(items)] == [
+        {"id": 1, "a": "x"},
+        {"id": 2, "a": "y", "n": 4000000000},
+    ]
+    schemas = [i.table_schema for i in items if isinstance(i, SchemaChanged)]
+    assert [[c.name for c in s.columns] for s in schemas] == [["id", "a"], ["id", "a", "n"]]
+    assert [s.key for s in schemas] == [("id",), ("id",)]
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "ALTER TABLE t CHANGE a b VARCHAR(10)",  # same types, other name
+        "ALTER TABLE t DROP COLUMN a, ADD COLUMN b VARCHAR(10)",
+        "ALTER TABLE t MODIFY n INT UNSIGNED",  # same binlog type, other signedness
+    ],
+)
+def test_lagging_behind_a_renaming_alter_is_a_clear_error(
+    mysql57: MySQL57, my57_db: str, ddl: str
+) -> None:
+    db = my57_db
+    mysql57.execute("CREATE TABLE t (id INT PRIMARY KEY, a VARCHAR(10), n INT)", db)
+    src, stream = opened(mysql57, db)
+    try:
+        run_sql(mysql57, db, "INSERT INTO t VALUES (1, 'x', 5)")
+        mysql57.execute(ddl, db)
+        with pytest.raises(SourceError) as err:
+            read_until(stream, commits(1))
+    finally:
+        src.close()
+    msg = f"{err.value} {err.value.hint}"
+    assert f"rows of {db}.t" in msg and ddl.split(" t ")[1][:12] in msg
+    assert "binlog_row_metadata" in msg and "fresh [log] path" in msg
+    assert "root:root" not in msg
+
+
+def test_keeping_up_through_renames_and_drops(mysql57: MySQL57, my57_db: str) -> None:
+    """The same DDL is harmless while capture keeps up: each DDL read in the stream drops
+    the cached definition, and the next rows are named by the new one."""
+    db = my57_db
+    mysql57.execute("CREATE TABLE t (id INT PRIMARY KEY, a VARCHAR(10), n INT)", db)
+    src, stream = opened(mysql57, db)
+    try:
+        run_sql(mysql57, db, "INSERT INTO t VALUES (1, 'x', -5)")
+        items = read_until(stream, commits(1))
+        mysql57.execute("ALTER TABLE t CHANGE a b VARCHAR(10)", db)
+        run_sql(mysql57, db, "INSERT INTO t VALUES (2, 'y', 6)", "DELETE FROM t WHERE id = 1")
+        items += read_until(stream, commits(1))
+        mysql57.execute("ALTER TABLE t MODIFY n INT UNSIGNED", db)
+        run_sql(mysql57, db, "UPDATE t SET n = 4000000000 WHERE id = 2")
+        items += read_until(stream, commits(1))
+    finally:
+        src.close()
+    evs = changes(items)
+    assert evs[0].after == {"id": 1, "a": "x", "n": -5}
+    assert evs[1].after == {"id": 2, "b": "y", "n": 6}
+    assert evs[2].before == {"id": 1, "b": "x", "n": -5}
+    assert (evs[3].before, evs[3].after) == (
+        {"id": 2, "b": "y", "n": 6},
+        {"id": 2, "b": "y", "n": 4000000000},
+    )
