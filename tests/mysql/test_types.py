@@ -1,4 +1,6 @@
-"""Type mapping: the binlog path and the chunk reader give the same, expected values."""
+"""Type mapping: the binlog path and the chunk reader give the same, expected values, on
+MariaDB and on MySQL 5.7 (``server``/``db``: where the column names, signedness, charsets
+and ENUM/SET members come from information_schema, and JSON is a binary type)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 import pytest
 
 from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.mysql57 import TestServer
 from pydblog.ports import SchemaChanged
 from pydblog.sources.mysql.types import decode_time2, float32, time_text
 from tests.mysql.helpers import changes, commits, make, read_until
@@ -129,21 +132,21 @@ def _expected(row: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {n: row.get(n) for n in names}
 
 
-def test_binlog_and_chunks_map_every_type_the_same(mariadb: MariaDB, my_db: str) -> None:
-    mariadb.execute(f"CREATE TABLE types ({COLUMNS})", my_db)
-    names = [r[0] for r in mariadb.execute("SHOW COLUMNS FROM types", my_db)]
-    src, reader = make(mariadb, my_db)
+def test_binlog_and_chunks_map_every_type_the_same(server: TestServer, db: str) -> None:
+    server.execute(f"CREATE TABLE types ({COLUMNS})", db)
+    names = [r[0] for r in server.execute("SHOW COLUMNS FROM types", db)]
+    src, reader = make(server, db)
     src.open(None)
     try:
         stream = src.stream()
-        conn = mariadb.connect(my_db)
+        conn = server.connect(db)
         with conn.cursor() as cur:
             cur.execute("SET SESSION sql_mode = 'STRICT_ALL_TABLES'")
             for values, _ in ROWS:
                 cur.execute(f"INSERT INTO types VALUES {values}")
         conn.close()
         items = read_until(stream, commits(len(ROWS)))
-        info = reader.table_info(f"{my_db}.types")
+        info = reader.table_info(f"{db}.types")
         assert info is not None and info.key == ("id",)
         chunk = reader.read_chunk(info, None, (3,), 10, None)
     finally:
@@ -159,17 +162,17 @@ def test_binlog_and_chunks_map_every_type_the_same(mariadb: MariaDB, my_db: str)
     assert logical["bu"] == "int64" and logical["iu"] == "int64" and logical["d"] == "decimal"
     assert logical["j"] == "json" and logical["s"] == "array<string>" and logical["bl"] == "bytes"
     assert logical["ts"] == "timestamptz" and logical["dtt"] == "timestamp"
-    assert reader.table_schema(f"{my_db}.types") is not None
+    assert reader.table_schema(f"{db}.types") is not None
 
 
-def test_update_carries_full_before_image(mariadb: MariaDB, my_db: str) -> None:
-    mariadb.execute(f"CREATE TABLE types ({COLUMNS})", my_db)
-    mariadb.execute(f"INSERT INTO types VALUES {ROWS[0][0]}", my_db)
-    src, _ = make(mariadb, my_db)
+def test_update_carries_full_before_image(server: TestServer, db: str) -> None:
+    server.execute(f"CREATE TABLE types ({COLUMNS})", db)
+    server.execute(f"INSERT INTO types VALUES {ROWS[0][0]}", db)
+    src, _ = make(server, db)
     src.open(None)
     try:
         stream = src.stream()
-        mariadb.execute("UPDATE types SET i = 5, s = '' WHERE id = 1", my_db)
+        server.execute("UPDATE types SET i = 5, s = '' WHERE id = 1", db)
         items = read_until(stream, commits(1))
     finally:
         src.close()

@@ -137,6 +137,11 @@ def type_mismatch(columns: Sequence[Any], table: SchemaTable, appended: bool = F
     return None
 
 
+_BYTES = frozenset(
+    {FIELD_TYPE.STRING, FIELD_TYPE.VARCHAR, FIELD_TYPE.VAR_STRING, FIELD_TYPE.BLOB, FIELD_TYPE.GEOMETRY}
+)
+
+
 def _members(column_type: str) -> list[str]:
     """``enum('a','b''c')`` -> ``['a', "b'c"]``."""
     body = column_type[column_type.index("(") + 1 : column_type.rindex(")")]
@@ -154,6 +159,8 @@ def name_columns(columns: Sequence[Any], table: SchemaTable) -> None:
         col.is_primary = sc.name in key
         if sc.charset is not None:
             col.character_set_name = RowsEvent.charset_to_encoding(sc.charset)
+        elif col.type in _BYTES:  # BINARY/VARBINARY/BLOB: what FULL metadata says
+            col.character_set_name = "binary"
         if col.type == FIELD_TYPE.ENUM:
             col.enum_values = ["", *_members(sc.column_type)]
         elif col.type == FIELD_TYPE.SET:

@@ -17,7 +17,7 @@ The mapping (docs/mysql.md has the table):
 
 Invariant: for one stored row, ``BinlogRowMapper`` and ``SelectMapper`` produce equal dicts
 (tested for every type). The chunk reader's SELECT list casts where the wire forms differ
-(FLOAT via DOUBLE, BIT via ``+0``) and reads TIMESTAMPs in a ``+00:00`` session.
+(FLOAT via DOUBLE: ``+ 0e0``, BIT via ``+0``) and reads TIMESTAMPs in a ``+00:00`` session.
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def select_column(col: ColumnType) -> tuple[str, Conv | None]:
     if col.is_json or t == "json":
         return q, json_value
     if t == "float":
-        return f"CAST({q} AS DOUBLE)", float32
+        return f"({q} + 0e0)", float32  # MySQL 5.7 has no CAST(... AS DOUBLE)
     if t == "bit":
         return f"{q}+0", int
     if t == "decimal":
