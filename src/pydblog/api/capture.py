@@ -45,6 +45,14 @@ POLL_S = 0.1
 SSE_BATCH = 5000
 
 
+def read_api_address(log_dir: Path) -> str | None:
+    """The URL a running `dblog run` serves its API on (from ``api.json``)."""
+    try:
+        return str(orjson.loads((log_dir / API_FILE).read_bytes())["url"])
+    except (OSError, orjson.JSONDecodeError, KeyError):
+        return None
+
+
 def open_reader(cfg: Config) -> ChangeLogReader | None:
     """A reader of the change log, or None while it does not exist yet."""
     from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
