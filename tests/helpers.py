@@ -61,16 +61,17 @@ def start_run(
         env={**os.environ, **(env or {})},
     )
     if wait:
-        from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
+        from pydblog.changelog import log_exists, open_reader
+        from pydblog.config import load_config
 
-        path = log_path(config.parent / "data")
+        log_cfg = load_config(config).log
 
         def ready() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"dblog run exited: {proc.communicate()[1].decode()[-3000:]}")
-            if not path.exists():
+            if not log_exists(log_cfg):
                 return False
-            reader = SqliteChangeLogReader(path.parent)
+            reader = open_reader(log_cfg)
             try:
                 return reader.last_checkpoint() is not None
             finally:

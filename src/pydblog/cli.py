@@ -85,13 +85,13 @@ def run(config_path: str, verbose: bool) -> None:
 @click.option("--follow/--no-follow", default=True, help="Keep printing new events (default) or exit at the end.")
 @click.option("--table", "tables", multiple=True, help="Only events of this schema.table (repeatable).")
 def tail(config_path: str, from_offset: int | None, follow: bool, tables: tuple[str, ...]) -> None:
-    """Print the change log as JSON lines, in change-log order."""
+    """Print the change log as JSON lines, in change-log (offset) order."""
     cfg = _load(config_path)
-    from pydblog.changelog.sqlite import SqliteChangeLogReader
+    from pydblog.changelog import open_reader
     from pydblog.events import with_offset
 
     try:
-        reader = SqliteChangeLogReader(cfg.log_dir)
+        reader = open_reader(cfg.log)
     except DblogError as exc:
         _fail(exc)
         return

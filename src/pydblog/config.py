@@ -89,12 +89,52 @@ class SourceConfig(_Model):
         return TableMatcher(self.tables, self.exclude_tables)
 
 
+KafkaSetting = str | int | float | bool
+_SECRET_SETTING = re.compile(r"password|secret|token|key\.pem|credentials", re.I)
+
+
 class LogConfig(_Model):
+    """``[log]``. ``type = "embedded"`` (default): the SQLite log in ``path``;
+    ``type = "kafka"``: topics ``<topic_prefix>.<schema>.<table>`` on
+    ``bootstrap_servers`` (docs/kafka.md), with ``path`` still holding the local state
+    and status files. ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
+    through to every Kafka client (compression, SASL/TLS, ...)."""
+
+    type: Literal["embedded", "kafka"] = "embedded"
     path: str = "./dblog-data"
     retention_hours: float | None = Field(default=168.0, gt=0)
     retention_bytes: int | None = Field(default=None, gt=0)
     batch_max_events: int = Field(default=20_000, ge=1)
     batch_max_ms: int = Field(default=10, ge=0)
+    bootstrap_servers: str | None = None
+    topic_prefix: str | None = None
+    partitions: int = Field(default=1, ge=1, le=10_000)
+    replication_factor: int = Field(default=1, ge=1, le=32)
+    tombstones: bool = False
+    transactional_id: str | None = None
+    kafka: dict[str, KafkaSetting] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _kafka_needs(self) -> LogConfig:
+        if self.type == "kafka":
+            if not self.bootstrap_servers:
+                raise ValueError('type = "kafka" needs bootstrap_servers ("host:port,...")')
+            if not self.topic_prefix:
+                raise ValueError('type = "kafka" needs topic_prefix (topics are <prefix>.<schema>.<table>)')
+            if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", self.topic_prefix):
+                raise ValueError(
+                    f"{self.topic_prefix!r} is not a valid topic prefix "
+                    "(letters, digits, '.', '_' and '-')"
+                )
+        return self
+
+    def __repr__(self) -> str:
+        shown = {k: ("***" if _SECRET_SETTING.search(k) else v) for k, v in self.kafka.items()}
+        return (
+            f"LogConfig(type={self.type!r}, path={self.path!r}, "
+            f"bootstrap_servers={self.bootstrap_servers!r}, topic_prefix={self.topic_prefix!r}, "
+            f"kafka={shown!r}, ...)"
+        )
 
 
 class SnapshotConfig(_Model):
@@ -105,29 +145,15 @@ class SnapshotConfig(_Model):
 
     mode: Literal["initial", "never"] = "never"
     chunk_size: int = Field(default=1024, ge=1)
-    watermark: Literal["table", "message", "read-only"] = "table"
-    read_dsn: str | None = None
+    watermark: Literal["table", "message"] = "table"
     signal_table: str = "public.dblog_signal"
+    signal_topic: str | None = None
     watermark_table: str = "public.dblog_watermark"
     adaptive: bool | None = None
     chunk_time_budget_ms: int = Field(default=200, gt=0)
     min_chunk_size: int = Field(default=256, ge=1)
     max_chunk_size: int = Field(default=65536, ge=1)
     statement_timeout_ms: int = Field(default=60_000, gt=0)
-
-    @model_validator(mode="after")
-    def _read_dsn_needs_read_only(self) -> SnapshotConfig:
-        if self.read_dsn is not None and self.watermark != "read-only":
-            raise ValueError(
-                'read_dsn (chunk reads on another server, e.g. a standby) needs watermark = '
-                '"read-only": watermarks written on the primary cannot fence a read elsewhere'
-            )
-        return self
-
-    def __repr__(self) -> str:
-        fields = ", ".join(
-            f"{k}={redact_dsn(v) if k == 'read_dsn' and v else v!r}" for k, v in self)
-        return f"SnapshotConfig({fields})"
 
     @property
     def effective_adaptive(self) -> bool:

@@ -60,6 +60,13 @@ class ChangeLogError(DblogError):
     exit_code = 6
 
 
+class ChangeLogUnavailable(ChangeLogError):
+    """The change log's server (Kafka) cannot be reached or failed a commit right now
+    (retriable: capture restarts from the change log's last checkpoint)."""
+
+    retriable = True
+
+
 class SignalError(DblogError):
     """A snapshot signal is invalid; it is rejected and capture goes on."""
 

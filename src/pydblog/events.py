@@ -334,6 +334,9 @@ def expand_template(head: str, first_index: int, mid: str, tails: Sequence[str])
 Encoded = EncodedEvent | EncodedBlock
 """What the change log appends: single events, or blocks of them."""
 
+BLOCK_EVENTS = 1024
+"""At most this many events in one ``EncodedBlock`` (the embedded log's block size)."""
+
 
 
 class SnapshotRows(NamedTuple):

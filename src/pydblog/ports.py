@@ -137,7 +137,22 @@ class ChangeLogWriter(Protocol):
         """
         ...
 
-    def last_checkpoint(self) -> Checkpoint | None: ...
+    def last_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint of the last committed ``append`` (``None`` for a new log)."""
+        ...
+
+    def schemas(self, table: str | None = None) -> list[tuple[int, TableSchema]]:
+        """Recorded ``(from_offset, schema)`` pairs in offset order."""
+        ...
+
+    def claim(self, epoch: int) -> None:
+        """High availability: see ``FencedChangeLog.claim`` (both backends fence)."""
+        ...
+
+    def enforce_retention(self, max_age_ms: int | None, max_bytes: int | None) -> int:
+        """Apply the log's own retention (a backend whose storage does that itself, such
+        as Kafka, does nothing); returns how many events went."""
+        ...
 
     def close(self) -> None: ...
 
@@ -162,6 +177,12 @@ class ChangeLogReader(Protocol):
     def follow(
         self, from_offset: int, poll_s: float = 0.2, tables: Sequence[str] | None = None
     ) -> Iterator[LogRecord]: ...
+
+    def last_checkpoint(self) -> Checkpoint | None: ...
+
+    def describe(self) -> dict[str, Any]:
+        """What ``dblog status`` shows of the log (location, size, offsets, lag)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -208,15 +229,6 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamPassed:
-    """Outside a transaction: the stream has delivered every transaction that committed
-    at or before ``position`` (e.g. a PostgreSQL keepalive's WAL end). Only read-only
-    snapshots use it (``core.fence``); it is never acknowledged."""
-
-    position: Position
-
-
-@dataclass(frozen=True, slots=True)
 class Idle:
     """Nothing arrived for a short while (lets the runner flush and run timers)."""
 
@@ -232,7 +244,7 @@ class SchemaChanged:
     table_schema: TableSchema
 
 
-StreamItem = Any  # ChangeEvent | Commit | WatermarkSeen | Heartbeat | Idle | SchemaChanged | StreamPassed
+StreamItem = Any  # ChangeEvent | Commit | WatermarkSeen | Heartbeat | Idle | SchemaChanged
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,21 +403,4 @@ class FencedChangeLog(Protocol):
         epoch fails with ``Fenced``. Raises ``Fenced`` if a newer epoch already claimed
         it. The check that an ``append`` still owns the log is made in the same atomic
         commit as the append."""
-        ...
-
-
-class FencedReader(Protocol):
-    """A ``SnapshotReader`` that can read chunks for read-only snapshots (``[snapshot]
-    watermark = "read-only"``): no watermark, the read's ``core.fence.ReadFence``
-    instead."""
-
-    def read_chunk_fenced(
-        self,
-        info: TableInfo,
-        after: tuple[Any, ...] | None,
-        max_key: tuple[Any, ...],
-        limit: int,
-        condition: str | None,
-    ) -> tuple[Sequence[ChunkRow], Any]:
-        """``read_chunk``'s rows and the ``ReadFence`` of the snapshot that read them."""
         ...

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
+from pydblog.changelog import log_exists, open_reader
 from pydblog.config import load_config
 from pydblog.events import decode_envelope
+from pydblog.ports import ChangeLogReader
 from tests.contract.harness import Harness
 from tests.helpers import kill9, materialize, start_run, stop_run, wait_for
 
@@ -21,8 +22,10 @@ class Capture:
     def __init__(self, harness: Harness, directory: Path, extra: str = "") -> None:
         self.h = harness
         self.config = harness.config(directory, extra)
+        self.log_cfg = load_config(self.config).log
         self.log_dir = load_config(self.config).log_dir
         self.proc: subprocess.Popen[bytes] | None = None
+        self._reader: ChangeLogReader | None = None
 
     def start(self) -> Capture:
         self.proc = start_run(self.config)
@@ -47,17 +50,18 @@ class Capture:
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             stop_run(self.proc)
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def events(self) -> list[Event]:
         """The change log, read in-process (`dblog tail` itself is tested elsewhere;
         a subprocess per poll made waits slow enough to miss short-lived states)."""
-        if not log_path(self.log_dir).exists():
-            return []
-        reader = SqliteChangeLogReader(self.log_dir)
-        try:
-            return [decode_envelope(r.offset, r.body) for r in reader.read(0, 10**9)]
-        finally:
-            reader.close()
+        if self._reader is None:
+            if not log_exists(self.log_cfg):
+                return []
+            self._reader = open_reader(self.log_cfg)
+        return [decode_envelope(r.offset, r.body) for r in self._reader.read(0, 10**9)]
 
     def notifications(self, kind: str | None = None) -> list[Event]:
         return [

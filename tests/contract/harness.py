@@ -71,3 +71,37 @@ class PgHarness:
 
     def position(self, event: dict[str, Any]) -> tuple[Any, ...]:
         return (event["source"]["lsn"], event["source"]["index"])
+
+
+class KafkaLogHarness:
+    """A source harness whose capture writes to Kafka (a fresh topic prefix, three
+    partitions per table) instead of the embedded log."""
+
+    def __init__(self, inner: Harness, bootstrap: str) -> None:
+        import uuid
+
+        self.inner = inner
+        self.name = f"{inner.name}+kafka"
+        self.schema = inner.schema
+        self.log_keys = (
+            f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\n'
+            f'topic_prefix = "c{uuid.uuid4().hex[:10]}"\npartitions = 3\n'
+        )
+
+    def execute(self, *statements: str) -> None:
+        self.inner.execute(*statements)
+
+    def config(self, directory: Path, extra: str = "") -> Path:
+        return self.inner.config(directory, self.log_keys + extra)
+
+    def rows(self, table: str, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        return self.inner.rows(table, key)
+
+    def signal(self, signal_id: str, kind: str, data: dict[str, Any]) -> None:
+        self.inner.signal(signal_id, kind, data)
+
+    def marker(self, token: str) -> None:
+        self.inner.marker(token)
+
+    def position(self, event: dict[str, Any]) -> tuple[Any, ...]:
+        return self.inner.position(event)

@@ -10,11 +10,11 @@ import threading
 import time
 from typing import Any
 
-from pydblog.api.capture import read_api_address, start_capture_api
+from pydblog.api.capture import start_capture_api
 from pydblog.api.live import LIVE
 from pydblog.capture.runner import Runner
 from pydblog.capture.status import read_status
-from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader, log_path
+from pydblog.changelog import describe, open_writer
 from pydblog.config import Config, redact_dsn
 from pydblog.errors import DblogError, LeadershipLost, SlotInUse
 from pydblog.ha.role import ROLE, RoleInfo
@@ -77,7 +77,7 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
     delay = 1.0
     slot_deadline: float | None = None
     while not stop.is_set():
-        changelog = SqliteChangeLog(cfg.log_dir)
+        changelog = open_writer(cfg.log)
         state: StateStore = FileStateStore(cfg.log_dir)
         if lease is not None:
             from pydblog.ha.fencing import GuardedStateStore, claim
@@ -140,21 +140,14 @@ def collect_status(cfg: Config) -> dict[str, Any]:
             out["snapshot"] = st["snapshot"]
     else:
         out["capture"] = "never started"
-    if log_path(cfg.log_dir).exists():
-        reader = SqliteChangeLogReader(cfg.log_dir)
-        try:
-            nxt = reader.next_offset()
-            cp = reader.last_checkpoint()
-            out["changelog"] = {
-                "path": str(reader.path),
-                "size_bytes": reader.size_bytes(),
-                "first_offset": reader.first_offset(),
-                "last_offset": nxt - 1 if nxt > 0 else None,
-            }
-            if cp is not None and cp.position is not None and "position" not in out:
-                out["position"] = cp.position.to_json()
-        finally:
-            reader.close()
+    try:
+        info, cp = describe(cfg.log)
+    except DblogError as exc:
+        info, cp = {"error": exc.message}, None
+    if info is not None:
+        out["changelog"] = info
+    if cp is not None and cp.position is not None and "position" not in out:
+        out["position"] = cp.position.to_json()
     if cfg.ha is not None:
         from pydblog.ha.members import read_members
 
@@ -167,9 +160,6 @@ def collect_status(cfg: Config) -> dict[str, Any]:
             "standbys": [m["member"] for m in members if m.get("role") == "standby"],
         }
     out["slot_lag_bytes"] = _lag(cfg)
-    api = read_api_address(cfg.log_dir)
-    if api is not None and out.get("capture") == "running":
-        out["api"] = api
     return out
 
 

@@ -24,10 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.events import Encoded
 from pydblog.metrics import CAPTURE as METRICS
-from pydblog.ports import Checkpoint, StateStore, TableSchema
+from pydblog.ports import ChangeLogWriter, Checkpoint, StateStore, TableSchema
 from pydblog.positions import Position
 from pydblog.threads import name_native_thread
 
@@ -47,7 +46,7 @@ class Batch:
 class BatchWriter:
     def __init__(
         self,
-        changelog: SqliteChangeLog,
+        changelog: ChangeLogWriter,
         state: StateStore,
         depth: int = 8,
         state_interval_s: float = 0.2,

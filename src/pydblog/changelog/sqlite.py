@@ -43,14 +43,14 @@ import orjson
 import zstandard
 
 from pydblog.errors import ChangeLogError, Fenced
-from pydblog.events import Encoded, EncodedBlock, EncodedEvent, expand_template
+from pydblog.events import BLOCK_EVENTS, Encoded, EncodedBlock, EncodedEvent, expand_template
 from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
 from pydblog.threads import name_native_thread
 
 log = logging.getLogger(__name__)
 
 LOG_FILE = "changelog.sqlite"
-BLOCK_EVENTS = 1024
+__all__ = ["BLOCK_EVENTS", "SqliteChangeLog", "SqliteChangeLogReader", "block_parts", "log_path"]
 PAGE_SIZE = 16384
 """Page size of a new change log. A block of 1,024 events is ~250 KB: with 16 KiB pages
 SQLite spends ~0.5 us per event on it instead of ~0.9 with the default 4 KiB, while a
@@ -527,6 +527,15 @@ class SqliteChangeLogReader(ChangeLogReader):
 
     def schemas(self, table: str | None = None) -> list[tuple[int, TableSchema]]:
         return _schemas(self._conn, table) if self.ready() else []
+
+    def describe(self) -> dict[str, object]:
+        nxt = self.next_offset()
+        return {
+            "path": str(self.path),
+            "size_bytes": self.size_bytes(),
+            "first_offset": self.first_offset(),
+            "last_offset": nxt - 1 if nxt > 0 else None,
+        }
 
     def size_bytes(self) -> int:
         total = 0

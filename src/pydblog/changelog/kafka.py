@@ -1,0 +1,934 @@
+"""Kafka as the change log: Debezium-shaped topics, exactly once, checkpoint in Kafka.
+
+Topics (``P`` = ``[log] topic_prefix``; names outside ``[A-Za-z0-9._-]`` get ``_``):
+
+- ``P.<schema>.<table>``: one per captured table, created with ``[log] partitions``.
+  Message key = the event key as JSON (``{"id":7}``), partitioned by librdkafka's
+  ``murmur2_random`` (Java's default partitioner: the same key, the same partition as a
+  Java producer would choose), so each key's events stay in order. Value = the envelope
+  ``dblog tail`` prints (``offset`` first). Headers: ``dblog.source`` (the envelope's
+  ``source`` block: the source position), ``dblog.writer`` (``generation:writer-id``).
+  Truncates (``op: t``) and the table's notifications (``op: n``) go to *every*
+  partition of the table's topic (key null; the copies in partitions > 0 carry the
+  header ``dblog.fanout``): whatever a consumer of one partition reads, a truncate is
+  ordered with that partition's keys exactly as in the source. With ``tombstones``
+  a delete is followed by a null-valued message of the same key (for compaction).
+- ``P.__dblog.checkpoint`` (one partition, never compacted): one message per commit,
+  ``{"gen", "w", "a", "b", "cp", "ends", ...}``: the commit's global offsets
+  ``a <= offset < b``, the checkpoint (source position, snapshot progress), and the
+  end offset of every data partition the commit wrote (``ends``, only those).
+- ``P.__dblog.schemas``: the table schemas as they change; ``P.__dblog.notifications``:
+  notifications that belong to no table.
+
+Exactly once. Every ``append`` is one Kafka transaction of the producer whose
+``transactional.id`` is ``[log] transactional_id`` (default ``dblog-P``): data
+messages, then ``flush`` (every data message acknowledged), then the partitions' end
+offsets, then the checkpoint message, then the commit. The checkpoint message is thus
+never in Kafka unless every message it describes is; it is the commit record readers
+trust, not the broker's transaction markers (the test broker, Tansu, does not hide
+aborted records from ``read_committed`` consumers; real Kafka does, and then the same
+rules give the same answer).
+
+Readers (``KafkaChangeLogReader``, the Spark source) read the checkpoint topic in order
+and, per data partition, only offsets below the ``ends`` of a valid checkpoint, keeping
+a record only if its ``dblog.writer`` header names the writer of the first valid
+checkpoint whose end is above the record's offset. A writer session has a generation
+``gen`` (one more than any in the topic, or the HA fencing epoch if larger) and a random
+id ``w``, and opens with a begin message; a checkpoint message is valid iff its
+``(gen, w)`` is the owner: the owner changes to a message with a higher ``gen``, and
+messages of any other writer (a crashed session's aborted transaction, a fenced
+zombie) are ignored. Global offsets are dense: a new session continues at the last
+valid checkpoint's ``b``.
+
+Invariants:
+- ``append`` returns only once Kafka acknowledged the commit: the capture acknowledges
+  the source (slot, binlog) only after that.
+- The last valid checkpoint (``last_checkpoint``) can be read from Kafka alone, by any
+  host: a capture elsewhere resumes there.
+- Per partition, valid records are in global-offset order; at every valid checkpoint
+  all partitions are consistent (every event below its ``b`` is readable below ``ends``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from pydblog.errors import ChangeLogError, ChangeLogUnavailable, DblogError, Fenced
+from pydblog.events import TAIL_SEP, Encoded, EncodedBlock
+from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
+
+if TYPE_CHECKING:
+    from pydblog.config import LogConfig
+
+log = logging.getLogger(__name__)
+
+INTERNAL = "__dblog"
+HEADER_SOURCE = "dblog.source"
+HEADER_WRITER = "dblog.writer"
+HEADER_FANOUT = "dblog.fanout"
+RECOVERY_WINDOW = 2000
+"""Recovery reads this many of the checkpoint topic's last messages: the newest
+session's begin message is among them unless it committed more than that since (then
+its first message in the window is taken as the owner)."""
+TIMEOUT_S = 30.0
+_BAD_TOPIC_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _kafka() -> Any:
+    try:
+        import confluent_kafka
+        import confluent_kafka.admin
+    except ImportError:
+        raise ChangeLogError(
+            "[log] type = \"kafka\" needs the Kafka client (confluent-kafka), which is not installed",
+            hint="pip install 'pydblog[kafka]'",
+        ) from None
+    return confluent_kafka
+
+
+def data_topic(prefix: str, qualified: str) -> str:
+    """``P.<schema>.<table>`` (Debezium's naming; invalid characters become ``_``)."""
+    return _BAD_TOPIC_CHARS.sub("_", f"{prefix}.{qualified}")
+
+
+def checkpoint_topic(prefix: str) -> str:
+    return f"{prefix}.{INTERNAL}.checkpoint"
+
+
+def schemas_topic(prefix: str) -> str:
+    return f"{prefix}.{INTERNAL}.schemas"
+
+
+def notifications_topic(prefix: str) -> str:
+    return f"{prefix}.{INTERNAL}.notifications"
+
+
+def client_config(cfg: LogConfig, **extra: Any) -> dict[str, Any]:
+    """Settings for any Kafka client: bootstrap servers and ``[log.kafka]`` (security,
+    tuning); ``extra`` first so that the user's settings win."""
+    assert cfg.bootstrap_servers is not None
+    conf: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap_servers,
+                            "logger": logging.getLogger("pydblog.kafka.client"), **extra}
+    conf.update(cfg.kafka)
+    return conf
+
+
+_PRODUCER_ONLY = ("compression.", "linger.", "batch.", "queue.buffering", "acks",
+                  "enable.idempotence", "transaction", "partitioner", "message.timeout",
+                  "delivery.timeout", "retries", "retry.backoff")
+
+
+def _for_consumer(conf: dict[str, Any]) -> dict[str, Any]:
+    """Drop producer-only settings (librdkafka warns about each otherwise)."""
+    return {k: v for k, v in conf.items() if not k.startswith(_PRODUCER_ONLY)}
+
+
+def _prefix(cfg: LogConfig) -> str:
+    assert cfg.topic_prefix is not None
+    return cfg.topic_prefix
+
+
+def _unavailable(what: str, cfg: LogConfig, exc: BaseException) -> DblogError:
+    k = _kafka()
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], k.KafkaError) else None
+    if err is not None and err.code() in (
+        k.KafkaError._FENCED, k.KafkaError.PRODUCER_FENCED,
+        k.KafkaError.INVALID_PRODUCER_EPOCH,
+    ):
+        return Fenced(
+            f"another capture took over the change log on {cfg.bootstrap_servers} ({err.str()})",
+            hint="only one `dblog run` may write a topic prefix; this one stops",
+        )
+    detail = err.str() if err is not None else str(exc)
+    return ChangeLogUnavailable(f"Kafka at {cfg.bootstrap_servers}: {what} failed: {detail}")
+
+
+def checkpoint_topic_exists(cfg: LogConfig) -> bool:
+    client = _Client(cfg)
+    try:
+        return client.partitions(checkpoint_topic(_prefix(cfg))) > 0
+    finally:
+        client.close()
+
+
+# -- the checkpoint topic's messages -------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CommitRecord:
+    """One checkpoint-topic message: a writer session's commit (or its begin)."""
+
+    gen: int
+    writer: str
+    start: int  # global offsets start <= offset < end
+    end: int
+    checkpoint: Checkpoint | None
+    ends: dict[str, dict[str, int]]  # topic -> partition (text) -> end offset
+    begin: bool = False
+    epoch: int | None = None
+    kafka_offset: int = -1
+
+    @property
+    def writer_tag(self) -> str:
+        return f"{self.gen}:{self.writer}"
+
+    def to_bytes(self) -> bytes:
+        head = orjson.dumps({
+            "v": 1, "gen": self.gen, "w": self.writer, "a": self.start, "b": self.end,
+            "begin": self.begin, "epoch": self.epoch, "ends": self.ends,
+            "ts": int(time.time() * 1000),
+        })
+        cp = self.checkpoint.to_bytes() if self.checkpoint is not None else b"null"
+        return head[:-1] + b',"cp":' + cp + b"}"
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, kafka_offset: int) -> CommitRecord:
+        d = orjson.loads(raw)
+        cp = d.get("cp")
+        return cls(
+            int(d["gen"]), str(d["w"]), int(d["a"]), int(d["b"]),
+            Checkpoint.from_bytes(orjson.dumps(cp)) if cp is not None else None,
+            {t: {p: int(o) for p, o in parts.items()} for t, parts in d.get("ends", {}).items()},
+            bool(d.get("begin")), d.get("epoch"), kafka_offset,
+        )
+
+
+@dataclass
+class CommitLog:
+    """The valid commits as read so far, in checkpoint-topic order (see the module
+    docstring for the owner rule), and per data partition the segments
+    ``(end offset, writer tag)`` that decide which records are valid."""
+
+    owner: tuple[int, int, str] | None = None  # (epoch, gen, writer)
+    max_gen: int = 0
+    max_epoch: int = 0
+    read_to: int = 0  # the checkpoint topic's offset after the last message applied
+    last: CommitRecord | None = None
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)
+    segments: dict[tuple[str, int], list[tuple[int, str]]] = field(default_factory=dict)
+
+    def apply(self, rec: CommitRecord) -> bool:
+        """Take one message; True if it is valid."""
+        self.max_gen = max(self.max_gen, rec.gen)
+        self.max_epoch = max(self.max_epoch, rec.epoch or 0)
+        self.read_to = max(self.read_to, rec.kafka_offset + 1)
+        key = (rec.epoch or 0, rec.gen, rec.writer)
+        if self.owner is None or key[:2] > self.owner[:2]:
+            self.owner = key
+        elif key != self.owner:
+            return False
+        self.last = rec
+        tag = rec.writer_tag
+        for topic, parts in rec.ends.items():
+            for p, end in parts.items():
+                tp = (topic, int(p))
+                if end <= self.ends.get(tp, 0):
+                    continue
+                self.ends[tp] = end
+                segs = self.segments.setdefault(tp, [])
+                if segs and segs[-1][1] == tag:
+                    segs[-1] = (end, tag)
+                else:
+                    segs.append((end, tag))
+        return True
+
+    @property
+    def next_offset(self) -> int:
+        return self.last.end if self.last is not None else 0
+
+    def valid(self, tp: tuple[str, int], offset: int, tag: str | None) -> bool:
+        """Whether the record at ``offset`` of ``tp`` with writer ``tag`` is committed."""
+        segs = self.segments.get(tp)
+        if not segs or tag is None:
+            return False
+        for end, owner in segs:  # one segment per writer session: a short list
+            if end > offset:
+                return owner == tag
+        return False
+
+
+def _header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> bytes | None:
+    for k, v in headers or ():
+        if k == name:
+            return v
+    return None
+
+
+class _Client:
+    """The Kafka clients a log needs: an admin client and a consumer for bounded reads
+    (``read_range``), with the topic metadata cached."""
+
+    def __init__(self, cfg: LogConfig) -> None:
+        self.k = _kafka()
+        self.cfg = cfg
+        self.prefix = _prefix(cfg)
+        base = client_config(cfg)
+        self.admin = self.k.admin.AdminClient(_for_consumer(base))
+        self._consumer: Any = None
+        self._partitions: dict[str, int] = {}
+
+    def consumer(self) -> Any:
+        if self._consumer is None:
+            self._consumer = self.k.Consumer(_for_consumer(client_config(
+                self.cfg,
+                **{"group.id": f"dblog-reader-{uuid.uuid4().hex[:8]}",
+                   "enable.auto.commit": False, "isolation.level": "read_committed",
+                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 50,
+                   "enable.partition.eof": True},
+            )))
+        return self._consumer
+
+    def partitions(self, topic: str, refresh: bool = False) -> int:
+        """Partition count (0: no such topic)."""
+        if refresh or topic not in self._partitions:
+            # All topics: asking for one by name makes some brokers (Tansu) create it.
+            try:
+                md = self.admin.list_topics(timeout=TIMEOUT_S)
+            except self.k.KafkaException as exc:
+                raise _unavailable("reading metadata", self.cfg, exc) from None
+            for name, t in md.topics.items():
+                if t.error is None and t.partitions:
+                    self._partitions[name] = len(t.partitions)
+        return self._partitions.get(topic, 0)
+
+    def ensure_topics(self, topics: Iterable[str], partitions: int) -> None:
+        """Create the topics that are missing (``partitions`` each; internal topics 1)."""
+        missing = [t for t in set(topics) if t not in self._partitions and not self.partitions(t)]
+        if not missing:
+            return
+        new = [
+            self.k.admin.NewTopic(
+                t, 1 if f".{INTERNAL}." in t else partitions, self.cfg.replication_factor,
+                config={"retention.ms": "-1"} if f".{INTERNAL}." in t and not t.endswith("notifications") else {},
+            )
+            for t in missing
+        ]
+        for topic, fut in self.admin.create_topics(new, request_timeout=TIMEOUT_S).items():
+            try:
+                fut.result()
+            except self.k.KafkaException as exc:
+                if exc.args[0].code() != self.k.KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise ChangeLogError(
+                        f"cannot create topic {topic} on {self.cfg.bootstrap_servers}: {exc.args[0].str()}",
+                        hint="create it yourself or grant the capture's principal CREATE",
+                    ) from None
+        deadline = time.monotonic() + TIMEOUT_S
+        for t in missing:
+            while not self.partitions(t, refresh=True):
+                if time.monotonic() > deadline:
+                    raise ChangeLogUnavailable(f"topic {t} was created but does not show up")
+                time.sleep(0.05)
+
+    def watermarks(self, tps: Sequence[tuple[str, int]], committed: bool = False) -> dict[tuple[str, int], tuple[int, int]]:
+        """(low, high) offsets of each partition, in one request per broker."""
+        if not tps:
+            return {}
+        k = self.k
+        spec = k.admin.OffsetSpec
+        iso = k.IsolationLevel.READ_COMMITTED if committed else k.IsolationLevel.READ_UNCOMMITTED
+        try:
+            hi = self.admin.list_offsets(
+                {k.TopicPartition(t, p): spec.latest() for t, p in tps},
+                isolation_level=iso, request_timeout=TIMEOUT_S,
+            )
+            lo = self.admin.list_offsets(
+                {k.TopicPartition(t, p): spec.earliest() for t, p in tps},
+                request_timeout=TIMEOUT_S,
+            )
+            his = {(tp.topic, tp.partition): f.result().offset for tp, f in hi.items()}
+            los = {(tp.topic, tp.partition): f.result().offset for tp, f in lo.items()}
+        except k.KafkaException as exc:
+            raise _unavailable("listing offsets", self.cfg, exc) from None
+        return {tp: (max(0, los[tp]), max(0, his[tp])) for tp in his}
+
+    def read_range(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> Iterator[Any]:
+        """Every message with ``lo <= offset < hi`` of each partition (per partition in
+        offset order), as confluent-kafka ``Message``s."""
+        todo = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
+        if not todo:
+            return
+        k = self.k
+        c = self.consumer()
+        c.assign([k.TopicPartition(t, p, lo) for (t, p), (lo, _) in todo.items()])
+        deadline = time.monotonic() + TIMEOUT_S
+        try:
+            while todo:
+                msgs = c.consume(10_000, 0.2)
+                if not msgs:
+                    self._check_positions(c, todo)
+                    if todo and time.monotonic() > deadline:
+                        raise ChangeLogUnavailable(
+                            f"Kafka at {self.cfg.bootstrap_servers}: reading {sorted(todo)[:3]} timed out"
+                        )
+                    continue
+                deadline = time.monotonic() + TIMEOUT_S
+                done = []
+                for m in msgs:
+                    if m.error() is not None:
+                        if m.error().code() == k.KafkaError._PARTITION_EOF:
+                            # Caught up: what is left below ``hi`` are transaction
+                            # markers (or aborted records a read_committed consumer skips).
+                            done.append((m.topic(), m.partition()))
+                            continue
+                        raise _unavailable("reading", self.cfg, k.KafkaException(m.error()))
+                    tp = (m.topic(), m.partition())
+                    r = todo.get(tp)
+                    if r is None:
+                        continue
+                    off = m.offset()
+                    if off >= r[1]:
+                        done.append(tp)
+                        continue
+                    yield m
+                    if off + 1 >= r[1]:
+                        done.append(tp)
+                finished = [k.TopicPartition(t, p) for t, p in set(done) if (t, p) in todo]
+                for tp in finished:
+                    del todo[(tp.topic, tp.partition)]
+                if finished and todo:
+                    c.incremental_unassign(finished)
+                if not done and todo:
+                    self._check_positions(c, todo)
+        finally:
+            c.unassign()
+
+    def _check_positions(self, c: Any, todo: dict[tuple[str, int], tuple[int, int]]) -> None:
+        """A read_committed consumer skips aborted records and transaction markers: a
+        partition is done once its position reached its end, seen or not."""
+        k = self.k
+        pos = c.position([k.TopicPartition(t, p) for t, p in todo])
+        for tp in pos:
+            key = (tp.topic, tp.partition)
+            if tp.offset >= 0 and tp.offset >= todo[key][1]:
+                del todo[key]
+
+    def read_commits(self, log_: CommitLog, start: int) -> int:
+        """Apply checkpoint-topic messages from Kafka offset ``start`` to the end;
+        returns the offset after the last one read."""
+        topic = checkpoint_topic(self.prefix)
+        if not self.partitions(topic):
+            return start
+        (lo, hi) = self.watermarks([(topic, 0)])[(topic, 0)]
+        start = max(start, lo)
+        for m in self.read_range({(topic, 0): (start, hi)}):
+            if m.value() is None:
+                continue
+            log_.apply(CommitRecord.from_bytes(m.value(), m.offset()))
+        return max(start, hi)
+
+    def read_schemas(self) -> list[tuple[int, TableSchema]]:
+        topic = schemas_topic(self.prefix)
+        if not self.partitions(topic):
+            return []
+        (lo, hi) = self.watermarks([(topic, 0)])[(topic, 0)]
+        latest: dict[tuple[str, int], TableSchema] = {}
+        for m in self.read_range({(topic, 0): (lo, hi)}):
+            if m.value() is None:
+                continue
+            d = orjson.loads(m.value())
+            ts = TableSchema.from_json(d["schema"])
+            latest[(ts.qualified, int(d["from"]))] = ts
+        return sorted(((o, s) for (_, o), s in latest.items()), key=lambda x: (x[0], x[1].qualified))
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def recover_commits(client: _Client) -> CommitLog:
+    """The newest valid commit from the checkpoint topic's last ``RECOVERY_WINDOW``
+    messages (the writer's recovery: it needs the last checkpoint and ``max_gen``)."""
+    log_ = CommitLog()
+    topic = checkpoint_topic(client.prefix)
+    if not client.partitions(topic):
+        return log_
+    lo, hi = client.watermarks([(topic, 0)])[(topic, 0)]
+    for m in client.read_range({(topic, 0): (max(lo, hi - RECOVERY_WINDOW), hi)}):
+        if m.value() is not None:
+            log_.apply(CommitRecord.from_bytes(m.value(), m.offset()))
+    return log_
+
+
+# -- the writer ------------------------------------------------------------------------------
+
+
+class KafkaChangeLog(ChangeLogWriter):
+    """The capture's writer: one transactional producer, one session (``gen``, id)."""
+
+    def __init__(self, cfg: LogConfig) -> None:
+        self.cfg = cfg
+        self.client = client = _Client(cfg)
+        k = client.k
+        self.prefix = client.prefix
+        self._tombstones = cfg.tombstones
+        self._epoch: int | None = None  # set by claim(): commits are then verified
+        self._verified_to = 0
+        self._crash_at = os.environ.get("DBLOG_CRASH_AT")
+        self._commits = 0
+        conf = client_config(
+            cfg,
+            **{"transactional.id": cfg.transactional_id or f"dblog-{self.prefix}",
+               "enable.idempotence": True, "acks": "all", "linger.ms": 2,
+               "compression.type": "lz4", "partitioner": "murmur2_random",
+               "queue.buffering.max.messages": 1_000_000, "transaction.timeout.ms": 60_000,
+               "on_delivery": self._on_delivery},
+        )
+        self._delivered: dict[tuple[str, int], int] = {}
+        self._delivery_error: Any = None
+        try:
+            client.ensure_topics(
+                [checkpoint_topic(self.prefix), schemas_topic(self.prefix),
+                 notifications_topic(self.prefix)], 1)
+            self._producer = k.Producer(conf)
+            self._producer.init_transactions(TIMEOUT_S)
+        except k.KafkaException as exc:
+            raise _unavailable("starting the transactional producer", cfg, exc) from None
+        commits = recover_commits(client)
+        self._checkpoint = commits.last.checkpoint if commits.last is not None else None
+        self._next = commits.next_offset
+        self.gen = commits.max_gen + 1
+        self.writer_id = uuid.uuid4().hex[:16]
+        self._tag = f"{self.gen}:{self.writer_id}".encode()
+        self._schemas = client.read_schemas()
+        self._begin()
+        log.info("Kafka change log %s on %s: session %s, next offset %d", self.prefix,
+                 cfg.bootstrap_servers, self._tag.decode(), self._next)
+
+    def _begin(self) -> None:
+        self._commit([], CommitRecord(self.gen, self.writer_id, self._next, self._next,
+                                      self._checkpoint, {}, begin=True, epoch=self._epoch))
+
+    def claim(self, epoch: int) -> None:
+        """High availability: own the log with ``epoch`` (``ports.FencedChangeLog``).
+        Refused (``Fenced``) if a newer epoch wrote to the checkpoint topic. From now on
+        messages carry the epoch, readers order sessions by ``(epoch, gen)``, and every
+        commit is verified before it returns: if a message of a newer ``(epoch, gen)``
+        precedes this commit's checkpoint message in the topic, readers ignore the
+        commit and ``append`` raises ``Fenced`` (the source is then not acknowledged).
+        The order of the checkpoint topic decides, so the check is atomic with the
+        write even on a broker without transactional fencing."""
+        commits = recover_commits(self.client)
+        if commits.max_epoch > epoch:
+            raise Fenced(
+                f"the Kafka change log {self.prefix} was claimed by epoch {commits.max_epoch}, "
+                f"newer than this leader's {epoch}"
+            )
+        self._epoch = epoch
+        self._verified_to = commits.read_to
+        self._checkpoint = commits.last.checkpoint if commits.last is not None else None
+        self._next = commits.next_offset
+        self._begin()
+
+    def _verify(self, own_offset: int) -> None:
+        """Fenced if a newer session's message precedes ours (see ``claim``)."""
+        topic = checkpoint_topic(self.prefix)
+        mine = (self._epoch or 0, self.gen)
+        for m in self.client.read_range({(topic, 0): (self._verified_to, own_offset)}):
+            if m.value() is None:
+                continue
+            rec = CommitRecord.from_bytes(m.value(), m.offset())
+            if (rec.epoch or 0, rec.gen) > mine:
+                raise Fenced(
+                    f"the Kafka change log {self.prefix} now belongs to epoch {rec.epoch} "
+                    f"(session {rec.writer_tag}); this leader's epoch {self._epoch} may not write"
+                )
+        self._verified_to = own_offset + 1
+
+    @property
+    def next_offset(self) -> int:
+        return self._next
+
+    def last_checkpoint(self) -> Checkpoint | None:
+        return self._checkpoint
+
+    def schemas(self, table: str | None = None) -> list[tuple[int, TableSchema]]:
+        return [(o, s) for o, s in self._schemas if table is None or s.qualified == table]
+
+    def enforce_retention(self, max_age_ms: int | None, max_bytes: int | None) -> int:
+        return 0  # topics have their own retention (retention.ms / retention.bytes)
+
+    def append(
+        self,
+        events: Sequence[Encoded],
+        checkpoint: Checkpoint,
+        schemas: Sequence[TableSchema] = (),
+    ) -> int:
+        start = self._next
+        tables = {e.table for e in events}
+        topics = {t: self._topic(t) for t in tables}
+        self.client.ensure_topics(topics.values(), self.cfg.partitions)
+        end = start + sum(e.size if type(e) is EncodedBlock else 1 for e in events)
+        msgs = [(orjson.dumps({"from": start, "gen": self.gen, "w": self.writer_id,
+                               "schema": s.to_json()}), s.qualified) for s in schemas]
+        rec = CommitRecord(self.gen, self.writer_id, start, end, checkpoint, {}, epoch=self._epoch)
+        self._commit(events, rec, topics, msgs)
+        self._next = end
+        self._checkpoint = checkpoint
+        if schemas:
+            self._schemas = sorted([*self._schemas, *((start, s) for s in schemas)],
+                                   key=lambda x: (x[0], x[1].qualified))
+        return end
+
+    def _fault(self, point: str) -> None:
+        """Fault injection for crash tests: ``DBLOG_CRASH_AT=<point>:<n>`` exits the
+        process (as ``kill -9`` would) at ``point`` of the n-th commit (the begin
+        message is commit 0). Points: ``kafka-after-data`` (data acknowledged, no
+        checkpoint message yet), ``kafka-before-commit`` (checkpoint message
+        acknowledged, transaction not committed)."""
+        spec = self._crash_at
+        if spec and spec.startswith(point + ":") and int(spec.split(":")[1]) == self._commits:
+            os._exit(137)
+
+    def _topic(self, qualified: str) -> str:
+        if qualified in (".", ""):
+            return notifications_topic(self.prefix)
+        return data_topic(self.prefix, qualified)
+
+    def _commit(
+        self, events: Sequence[Encoded], rec: CommitRecord,
+        topics: dict[str, str] | None = None, schema_msgs: Sequence[tuple[bytes, str]] = (),
+    ) -> None:
+        """One transaction: data, flush, end offsets, checkpoint message, commit."""
+        k = self.client.k
+        p = self._producer
+        self._delivered.clear()
+        self._delivery_error = None
+        try:
+            p.begin_transaction()
+            self._produce(events, rec.start, topics or {})
+            for value, key in schema_msgs:
+                self._send(schemas_topic(self.prefix), value, key.encode(), None, None)
+            if p.flush(TIMEOUT_S) > 0:  # delivery reports: ``_delivered`` is complete
+                raise ChangeLogUnavailable(
+                    f"Kafka at {self.cfg.bootstrap_servers} did not acknowledge a commit in {TIMEOUT_S:.0f} s")
+            self._fault("kafka-after-data")
+            if self._delivery_error is not None:
+                raise k.KafkaException(self._delivery_error)
+            internal = (checkpoint_topic(self.prefix), schemas_topic(self.prefix))
+            for (t, i), last in self._delivered.items():
+                if t not in internal:
+                    rec.ends.setdefault(t, {})[str(i)] = last + 1
+            self._delivered.clear()
+            cp_topic = checkpoint_topic(self.prefix)
+            self._send(cp_topic, rec.to_bytes(), self.prefix.encode(), None, None)
+            if self._crash_at or self._epoch is not None:
+                p.flush(TIMEOUT_S)
+                self._fault("kafka-before-commit")
+            p.commit_transaction(TIMEOUT_S)
+            self._commits += 1
+            if self._epoch is not None:
+                self._verify(self._delivered.pop((cp_topic, 0)))
+        except (k.KafkaException, SystemError) as caught:
+            # (SystemError: a fatal producer error surfacing through a delivery callback)
+            abort_error = self._abort()
+            cause: BaseException = caught
+            if abort_error is not None and abort_error.fatal():
+                cause = k.KafkaException(abort_error)  # e.g. fenced by a newer producer
+            elif not isinstance(caught, k.KafkaException) and self._delivery_error is not None:
+                cause = k.KafkaException(self._delivery_error)
+            raise _unavailable("a commit", self.cfg, cause) from None
+        except DblogError:
+            self._abort()
+            raise
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        """Delivery report (served by ``flush``): the highest offset written per
+        partition, which becomes the commit's ``ends`` (a broker's list-offsets answer
+        is not used: Tansu's counts batches, not records)."""
+        if err is not None:
+            if self._delivery_error is None:
+                self._delivery_error = err
+            return
+        tp = (msg.topic(), msg.partition())
+        off = msg.offset()
+        if off > self._delivered.get(tp, -1):
+            self._delivered[tp] = off
+
+    def _abort(self) -> Any:
+        """Abort the open transaction; the error if that failed (a KafkaError)."""
+        try:
+            self._producer.abort_transaction(5)
+        except Exception as exc:  # the session ends anyway; readers ignore its records
+            log.debug("abort_transaction failed: %s", exc)
+            err = exc.args[0] if exc.args else None
+            return err if isinstance(err, self.client.k.KafkaError) else None
+        return None
+
+    def _send(self, topic: str, value: Any, key: Any, headers: Any, partition: int | None) -> None:
+        p = self._producer
+        while True:
+            try:
+                if partition is None:
+                    p.produce(topic, value, key, headers=headers)
+                else:
+                    p.produce(topic, value, key, partition=partition, headers=headers)
+                return
+            except BufferError:
+                p.poll(0.05)
+
+    def _produce(self, events: Sequence[Encoded], seq: int, topics: dict[str, str]) -> None:
+        """Produce every event (global offsets from ``seq``)."""
+        tag = self._tag
+        produce = self._producer.produce
+        for item in events:
+            topic = topics[item.table]
+            if type(item) is EncodedBlock:
+                if item.head:
+                    seq = self._produce_template(item, topic, seq)
+                    continue
+                bodies: list[str] = item.body.split("\n") if item.size else []
+                op = item.op
+            else:
+                body = item.body
+                bodies = [body if isinstance(body, str) else body.decode()]
+                op = item.op
+            for text in bodies:
+                src_start = text.find('"source":') + 9
+                src_end = text.find('},"key":', src_start) + 1
+                source = text[src_start:src_end]
+                value = f'{{"offset":{seq},{text[1:]}'
+                headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, source)]
+                if op in ("t", "n"):
+                    self._fan_out(topic, value, headers)
+                else:
+                    key = _key_of(text, src_end + 7)
+                    try:
+                        produce(topic, value, key, headers=headers)
+                    except BufferError:
+                        self._send(topic, value, key, headers, None)
+                    if op == "d" and self._tombstones:
+                        self._send(topic, None, key, headers, None)
+                seq += 1
+
+    def _produce_template(self, block: EncodedBlock, topic: str, seq: int) -> int:
+        """A template block's rows (see ``EncodedBlock``): key and source from the
+        template's parts, no per-row search."""
+        head, mid = block.head, block.mid
+        src_start = head.find('"source":') + 9
+        src_head = head[src_start:]
+        src_tail = mid[: mid.find('},"key":') + 1]
+        value_head = head[1:]
+        tag = self._tag
+        produce = self._producer.produce
+        for i, tail in enumerate(block.body.split("\n"), block.first_index):
+            key = tail.partition(TAIL_SEP)[0]
+            value = f'{{"offset":{seq},{value_head}{i}{mid}{tail}'
+            headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, f"{src_head}{i}{src_tail}")]
+            try:
+                produce(topic, value, key, headers=headers)
+            except BufferError:
+                self._send(topic, value, key, headers, None)
+            seq += 1
+        return seq
+
+    def _fan_out(self, topic: str, value: str, headers: list[tuple[str, Any]]) -> None:
+        """Truncates and table notifications: one copy in every partition."""
+        for part in range(self.client.partitions(topic)):
+            hs = headers if part == 0 else [*headers, (HEADER_FANOUT, b"1")]
+            self._send(topic, value, None, hs, part)
+
+    def close(self) -> None:
+        try:
+            self._producer.flush(5)
+        except Exception as exc:  # a fenced or failed producer: nothing left to deliver
+            log.debug("flush at close failed: %s", exc)
+        finally:
+            self.client.close()
+
+
+def _key_of(text: str, start: int) -> str | None:
+    """The event key's JSON text in an envelope (``start``: just after ``,"key":``).
+    The key ends at the envelope's ``,"before":``; if that text also occurs elsewhere
+    (a key column or a json value named ``before``), the envelope is parsed."""
+    end = text.find(',"before":', start)
+    if end < 0 or text.count(',"before":') != 1:
+        key = orjson.loads(text).get("key")
+        return orjson.dumps(key).decode() if key is not None else None
+    key_text = text[start:end]
+    return None if key_text == "null" else key_text
+
+
+# -- the reader ------------------------------------------------------------------------------
+
+
+def parse_value(value: bytes) -> tuple[int, bytes]:
+    """A data message's global offset and the envelope without it (as stored by the
+    embedded log: ``events.with_offset`` puts it back)."""
+    comma = value.index(b",")
+    return int(value[10:comma]), b"{" + value[comma + 1 :]
+
+
+class KafkaChangeLogReader(ChangeLogReader):
+    """Reads a Kafka change log in global-offset order: every valid checkpoint is a
+    consistent cut of all partitions, so records are merged by their offset up to the
+    last valid checkpoint's end (``next_offset``). Holds the records at or above the
+    last ``read``'s ``from_offset`` in memory (``tail`` of a large log: use
+    ``--from-offset``)."""
+
+    def __init__(self, cfg: LogConfig) -> None:
+        self.client = _Client(cfg)
+        self.prefix = self.client.prefix
+        self.cfg = cfg
+        self._reset()
+
+    def _reset(self) -> None:
+        self._commits = CommitLog()
+        self._cp_next = 0
+        self._read_to: dict[tuple[str, int], int] = {}
+        self._buf: list[LogRecord] = []
+        self._floor = 0
+
+    def _refresh(self) -> None:
+        self._cp_next = self.client.read_commits(self._commits, self._cp_next)
+
+    def _pull(self) -> None:
+        """Fetch the valid records below the newest valid checkpoint's ends."""
+        commits = self._commits
+        ranges: dict[tuple[str, int], tuple[int, int]] = {}
+        for tp, end in commits.ends.items():
+            lo = self._read_to.get(tp, 0)
+            if end > lo:
+                ranges[tp] = (lo, end)
+        if not ranges:
+            return
+        new: list[LogRecord] = []
+        for m in self.client.read_range(ranges):
+            value = m.value()
+            if value is None:
+                continue
+            headers = m.headers()
+            tag = _header(headers, HEADER_WRITER)
+            tp = (m.topic(), m.partition())
+            if not commits.valid(tp, m.offset(), tag.decode() if tag else None):
+                continue
+            if _header(headers, HEADER_FANOUT) is not None:
+                continue
+            seq, body = parse_value(value)
+            if seq < self._floor:
+                continue
+            env = orjson.loads(body)
+            src = env["source"]
+            table = f"{src['schema']}.{src['table']}"
+            new.append(LogRecord(seq, table, env["op"], int(src.get("ts_ms") or 0), body))
+        self._read_to.update({tp: r[1] for tp, r in ranges.items()})
+        if new:
+            new.sort(key=lambda r: r.offset)
+            self._buf = sorted([*self._buf, *new], key=lambda r: r.offset) if self._buf else new
+
+    def read(
+        self, from_offset: int, limit: int, tables: Sequence[str] | None = None
+    ) -> list[LogRecord]:
+        if from_offset < self._floor:
+            self._reset()
+        self._refresh()
+        self._pull()
+        if from_offset > self._floor:
+            self._floor = from_offset
+            self._buf = [r for r in self._buf if r.offset >= from_offset]
+        wanted = set(tables) if tables else None
+        out: list[LogRecord] = []
+        for r in self._buf:
+            if r.offset >= from_offset and (wanted is None or r.table in wanted):
+                out.append(r)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def first_offset(self) -> int:
+        self._refresh()
+        if not self._commits.ends:
+            return 0
+        marks = self.client.watermarks(list(self._commits.ends))
+        if all(lo == 0 for lo, _ in marks.values()):
+            return 0
+        rest = self.read(0, 1)
+        return rest[0].offset if rest else self._commits.next_offset
+
+    def next_offset(self) -> int:
+        self._refresh()
+        return self._commits.next_offset
+
+    def last_checkpoint(self) -> Checkpoint | None:
+        self._refresh()
+        return self._commits.last.checkpoint if self._commits.last is not None else None
+
+    def schemas(self, table: str | None = None) -> list[tuple[int, TableSchema]]:
+        return [(o, s) for o, s in self.client.read_schemas() if table is None or s.qualified == table]
+
+    def follow(
+        self, from_offset: int, poll_s: float = 0.2, tables: Sequence[str] | None = None
+    ) -> Iterator[LogRecord]:
+        offset = from_offset
+        while True:
+            batch = self.read(offset, 100_000, None)
+            wanted = set(tables) if tables else None
+            for r in batch:
+                if wanted is None or r.table in wanted:
+                    yield r
+            if batch:
+                offset = batch[-1].offset + 1
+            else:
+                time.sleep(poll_s)
+
+    def describe(self) -> dict[str, Any]:
+        self._refresh()
+        commits = self._commits
+        topics: dict[str, dict[str, Any]] = {}
+        marks = self.client.watermarks(sorted(commits.ends))
+        for (t, _p), (lo, hi) in sorted(marks.items()):
+            info = topics.setdefault(t, {"partitions": 0, "end_offsets": [], "messages": 0})
+            info["partitions"] += 1
+            info["end_offsets"].append(hi)
+            info["messages"] += hi - lo
+        last = commits.last
+        out: dict[str, Any] = {
+            "type": "kafka",
+            "bootstrap_servers": self.cfg.bootstrap_servers,
+            "checkpoint_topic": checkpoint_topic(self.prefix),
+            "last_offset": commits.next_offset - 1 if commits.next_offset > 0 else None,
+            "writer": last.writer_tag if last is not None else None,
+            "topics": topics,
+        }
+        lag = sync_lag(self.client, commits)
+        if lag is not None:
+            out["sync_lag_events"] = lag
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
+SYNC_GROUP = "dblog-sync.{prefix}"
+"""The consumer group ``dblog sync`` commits its applied offsets to (for monitoring:
+the sink commits are what make the sync exactly once)."""
+
+
+def sync_lag(client: _Client, commits: CommitLog) -> int | None:
+    """Events not yet applied by ``dblog sync`` (from its consumer group), or None."""
+    k = client.k
+    group = SYNC_GROUP.format(prefix=client.prefix)
+    try:
+        futs = client.admin.list_consumer_group_offsets(
+            [k.ConsumerGroupTopicPartitions(group)], request_timeout=10)
+        res = futs[group].result()
+    except k.KafkaException:
+        return None
+    parts = [tp for tp in res.topic_partitions if tp.offset >= 0]
+    if not parts:
+        return None
+    lag = 0
+    for tp in parts:
+        end = commits.ends.get((tp.topic, tp.partition))
+        if end is not None:
+            lag += max(0, end - tp.offset)
+    return lag
