@@ -7,7 +7,9 @@ stopped, then starts `dblog run` and times its drain of that backlog into the ch
  (on)  the API served, a scraper GETting /metrics every second and an /events consumer
        (server-sent events, reading every event as it is logged) attached during the
        whole drain, both in this process.
-Prints each round and the ratio of the medians (on / off); the target is >= 0.95.
+Prints each round and the ratio of the medians (on / off); the target is >= 0.95. Also
+the CPU time of the `dblog run` process per event (all threads, including the API's
+serving of the consumer): on a machine shared with other work this is the steadier figure.
 
 Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/api.py [--rows 1000000] [--rounds 4]
 """
@@ -29,6 +31,7 @@ import psycopg
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
+from pydblog.devtools.proc import cpu_seconds
 
 
 def write_config(directory: Path, dsn: str, api: bool) -> Path:
@@ -106,7 +109,7 @@ class Clients:
             t.join(timeout=5)
 
 
-def drain(config: Path, work: Path, target: int, api: bool) -> tuple[float, str]:
+def drain(config: Path, work: Path, target: int, api: bool) -> tuple[float, float, str]:
     reader = SqliteChangeLogReader(work / "data")
     start = reader.next_offset()
     api_file = work / "data" / "api.json"
@@ -114,17 +117,18 @@ def drain(config: Path, work: Path, target: int, api: bool) -> tuple[float, str]
     proc = subprocess.Popen([sys.executable, "-m", "pydblog", "run", "--config", str(config)],
                             stderr=subprocess.DEVNULL)
     clients = Clients(api_file, start) if api else None
-    first: tuple[float, int] | None = None
+    first: tuple[float, int, float] | None = None
     while True:
         time.sleep(0.005)
         n = reader.next_offset()
         if first is None and n > start:
-            first = (time.perf_counter(), n)
+            first = (time.perf_counter(), n, cpu_seconds(proc.pid))
         if n >= target:
             break
     end = time.perf_counter()
     assert first is not None
     rate = (target - first[1]) / (end - first[0])
+    cpu_us = (cpu_seconds(proc.pid) - first[2]) * 1e6 / (target - first[1])
     note = ""
     if clients is not None:
         time.sleep(0.5)  # let the consumer catch up before counting
@@ -133,7 +137,7 @@ def drain(config: Path, work: Path, target: int, api: bool) -> tuple[float, str]
     proc.terminate()
     proc.wait(timeout=60)
     reader.close()
-    return rate, note
+    return rate, cpu_us, note
 
 
 def main() -> None:
@@ -144,6 +148,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-api-"))
     rates: dict[bool, list[float]] = {False: [], True: []}
+    cpus: dict[bool, list[float]] = {False: [], True: []}
     with PgCluster() as cluster:
         dsn = cluster.create_database("bench")
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -162,14 +167,19 @@ def main() -> None:
         for i, api in enumerate(order[: args.rounds]):
             base = reader.next_offset()
             load(dsn, i * args.rows, args.rows, args.tx)
-            rate, note = drain(configs[api], work, base + args.rows, api)
+            rate, cpu_us, note = drain(configs[api], work, base + args.rows, api)
             rates[api].append(rate)
-            print(f"round {i + 1} API {'on ' if api else 'off'}: {rate:,.0f} events/s{note}",
-                  flush=True)
+            cpus[api].append(cpu_us)
+            print(f"round {i + 1} API {'on ' if api else 'off'}: {rate:,.0f} events/s, "
+                  f"dblog run CPU {cpu_us:.2f} us/event{note}", flush=True)
         reader.close()
     off, on = statistics.median(rates[False]), statistics.median(rates[True])
     print(f"median without API {off:,.0f} events/s, with scraper + SSE consumer {on:,.0f} "
           f"events/s: {on / off:.3f} x")
+    c_off, c_on = statistics.median(cpus[False]), statistics.median(cpus[True])
+    print(f"dblog run CPU per event (all its threads): {c_off:.2f} us without, {c_on:.2f} us "
+          f"with: the API costs {c_on / c_off - 1:+.1%} (throughput {c_off / c_on:.3f} x when "
+          "the capture process is the bound)")
 
 
 if __name__ == "__main__":

@@ -145,7 +145,8 @@ class SnapshotConfig(_Model):
 
     mode: Literal["initial", "never"] = "never"
     chunk_size: int = Field(default=1024, ge=1)
-    watermark: Literal["table", "message"] = "table"
+    watermark: Literal["table", "message", "read-only"] = "table"
+    read_dsn: str | None = None
     signal_table: str = "public.dblog_signal"
     signal_topic: str | None = None
     watermark_table: str = "public.dblog_watermark"
@@ -154,6 +155,20 @@ class SnapshotConfig(_Model):
     min_chunk_size: int = Field(default=256, ge=1)
     max_chunk_size: int = Field(default=65536, ge=1)
     statement_timeout_ms: int = Field(default=60_000, gt=0)
+
+    @model_validator(mode="after")
+    def _read_dsn_needs_read_only(self) -> SnapshotConfig:
+        if self.read_dsn is not None and self.watermark != "read-only":
+            raise ValueError(
+                'read_dsn (chunk reads on another server, e.g. a standby) needs watermark = '
+                '"read-only": watermarks written on the primary cannot fence a read elsewhere'
+            )
+        return self
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{k}={redact_dsn(v) if k == 'read_dsn' and v else v!r}" for k, v in self)
+        return f"SnapshotConfig({fields})"
 
     @property
     def effective_adaptive(self) -> bool:

@@ -229,6 +229,15 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamPassed:
+    """Outside a transaction: the stream has delivered every transaction that committed
+    at or before ``position`` (e.g. a PostgreSQL keepalive's WAL end). Only read-only
+    snapshots use it (``core.fence``); it is never acknowledged."""
+
+    position: Position
+
+
+@dataclass(frozen=True, slots=True)
 class Idle:
     """Nothing arrived for a short while (lets the runner flush and run timers)."""
 
@@ -244,7 +253,7 @@ class SchemaChanged:
     table_schema: TableSchema
 
 
-StreamItem = Any  # ChangeEvent | Commit | WatermarkSeen | Heartbeat | Idle | SchemaChanged
+StreamItem = Any  # ChangeEvent | Commit | WatermarkSeen | Heartbeat | Idle | SchemaChanged | StreamPassed
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,4 +412,21 @@ class FencedChangeLog(Protocol):
         epoch fails with ``Fenced``. Raises ``Fenced`` if a newer epoch already claimed
         it. The check that an ``append`` still owns the log is made in the same atomic
         commit as the append."""
+        ...
+
+
+class FencedReader(Protocol):
+    """A ``SnapshotReader`` that can read chunks for read-only snapshots (``[snapshot]
+    watermark = "read-only"``): no watermark, the read's ``core.fence.ReadFence``
+    instead."""
+
+    def read_chunk_fenced(
+        self,
+        info: TableInfo,
+        after: tuple[Any, ...] | None,
+        max_key: tuple[Any, ...],
+        limit: int,
+        condition: str | None,
+    ) -> tuple[Sequence[ChunkRow], Any]:
+        """``read_chunk``'s rows and the ``ReadFence`` of the snapshot that read them."""
         ...

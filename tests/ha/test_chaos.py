@@ -145,6 +145,8 @@ def test_chaos_failovers(pg_db: str, tmp_path: Path, zk_server: ZkServer) -> Non
     print(json.dumps({k: v for k, v in summary.items() if k != "failovers"}), flush=True)
     assert len(record) >= 20
     assert dup == 0
+    crashed = [p.pid for p in m.procs if "Traceback" in m.log_of(p)]
+    assert not crashed, f"members died of an unexpected error: {crashed} (logs in {m.logs})"
     assert sum(r["leader_changed"] for r in record) >= 15
     assert completed >= 2 and sum(r["snapshot_running"] for r in record) >= 5
     assert rows_r <= scans * (BIG_ROWS + 1000)

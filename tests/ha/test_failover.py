@@ -63,6 +63,7 @@ def test_failover_kill9_and_sigstop(backend: str, pg_db: str, tmp_path: Path,
     finally:
         codes = m.stop_all()
     assert duplicates(events) == 0
+    assert not [p.pid for p in m.procs if "Traceback" in m.log_of(p)]
     code = {p.pid: c for p, c in zip(m.procs, codes, strict=True)}
     assert code[third.pid] == 0, m.log_of(third)[-2000:]
     # the frozen ex-leader stepped down and stopped cleanly, or it froze inside a commit

@@ -24,6 +24,7 @@ def test_snapshot_wait_and_status(pg_db: str, tmp_path: Path) -> None:
         assert bad.returncode == 1 and "skipped: no table to snapshot" in bad.stderr, bad.stderr
         status = dblog("status", "--config", str(config))
         assert "capture: running" in status.stdout
+        assert "api: http://127.0.0.1:" in status.stdout
         assert "snapshot" in status.stdout and "tables" in status.stdout, status.stdout
     finally:
         code, err = stop_run(proc)

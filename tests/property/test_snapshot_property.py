@@ -17,6 +17,15 @@ The simulation plays every part but the core:
   database *as it is at that step* / write H), so writes and stream delivery interleave
   with every phase of a chunk and of a key-level re-read (``KeyReadRequest``).
 
+Read-only snapshots (``read_only``): no watermarks; each transaction gets an xid and may
+stay *invisible* after its commit is in the log (as a PostgreSQL commit does while it
+waits for a synchronous standby, or between its commit record and leaving the proc
+array), becoming visible later in any order, except that a writer of a key makes the
+key's previous writer visible first (the row lock). A SELECT sees the visible writes
+only and hands the core a ``SimFence`` (the invisible xids at that moment, and the log's
+end). The stream may deliver a transaction before it is visible; the runner calls
+``on_progress`` after each transaction and when idle.
+
 Oracles, checked once everything has drained:
 
 1. materializing the change log (c/u/r upsert ``after`` keeping the previous value of
@@ -51,6 +60,7 @@ from pydblog.core import (
     SnapshotCore,
     TableStartRequest,
 )
+from pydblog.core.fence import Lost
 from pydblog.core.window import ChunkWindow
 from pydblog.events import (
     UNCHANGED_TOAST,
@@ -82,6 +92,36 @@ Item = ChangeEvent | Wm | Signal
 class Worker:
     request: Request
     phase: int = 0
+    answer: tuple[list[ChunkRow], SimFence] | None = None
+
+
+@dataclass(frozen=True)
+class SimFence:
+    """What one read-only SELECT saw: every xid below ``next_xid`` except ``invisible``;
+    ``end``: the log's length when it ran (every visible transaction is in the log)."""
+
+    invisible: frozenset[int]
+    next_xid: int
+    end: int
+
+    def _sees(self, tx: int | None) -> bool | None:
+        if tx is None:
+            return None
+        return tx < self.next_xid and tx not in self.invisible
+
+    def visible(self, event: ChangeEvent) -> bool | None:
+        return self._sees(getattr(event.position, "tx_id", None))
+
+    def settles(self, event: ChangeEvent) -> bool:
+        return self.visible(event) is True
+
+    def settles_lost(self, lost: Lost) -> bool:
+        horizon = min(self.invisible, default=self.next_xid)
+        return lost.max_tx is not None and lost.max_tx < horizon
+
+    def passed(self, reached: Position) -> bool:
+        assert isinstance(reached, PgPosition)
+        return reached.ack_lsn.value >= self.end
 
 
 @dataclass
@@ -95,7 +135,14 @@ class Checkpoint:
 class Sim:
     data: st.DataObject
     allow_blocking: bool
+    read_only: bool = False
     db: dict[str, dict[int, Row]] = field(default_factory=dict)
+    # read-only: per key its writes (xid, row or None); xids committed but not visible
+    versions: dict[tuple[str, int], list[tuple[int, Row | None]]] = field(default_factory=dict)
+    invisible: set[int] = field(default_factory=set)
+    next_xid: int = 1
+    cur_xid: int | None = None  # the xid of the transaction being written
+    fenced_reads: int = 0
     log: list[list[Item]] = field(default_factory=list)
     cursor: int = 0
     out: list[ChangeEvent] = field(default_factory=list)
@@ -124,7 +171,8 @@ class Sim:
         adaptive = self.data.draw(st.booleans(), label="adaptive")
         size = self.data.draw(st.integers(1, 6), label="chunk_size")
         cfg = CoreSettings(
-            chunk_size=size, adaptive=adaptive, time_budget_ms=50, min_chunk=1, max_chunk=8
+            chunk_size=size, adaptive=adaptive, time_budget_ms=50, min_chunk=1, max_chunk=8,
+            read_only=self.read_only,
         )
         return SnapshotCore(cfg, state, instance=f"i{self.restarts}")
 
@@ -137,7 +185,7 @@ class Sim:
         return len(self.log)  # the transaction's lsn
 
     def pos(self, lsn: int, index: int = 0) -> PgPosition:
-        return PgPosition(Lsn(lsn), index)
+        return PgPosition(Lsn(lsn), index, None, self.cur_xid)
 
     def emit(self, events: Sequence[Emitted]) -> None:
         self.out.extend(expand(events))
@@ -146,11 +194,35 @@ class Sim:
 
     def write_txn(self) -> None:
         lsn = len(self.log) + 1
+        xid = self.next_xid
+        self.next_xid += 1
         items: list[Item] = []
         for _ in range(self.data.draw(st.integers(1, 4), label="ops")):
             table, key = self.target()
-            items.extend(self.write(table, key, lsn, len(items)))
+            self.cur_xid = xid
+            events = self.write(table, key, lsn, len(items))
+            self.cur_xid = None
+            for e in events:  # a writer of a key waits for its previous writer (row lock)
+                assert e.key is not None
+                self.lock(table, e.key["id"], xid)
+                self.versions.setdefault((table, e.key["id"]), []).append(
+                    (xid, self.db[table].get(e.key["id"]))
+                )
+            items.extend(events)
         self.append(items)
+        if self.read_only and self.data.draw(st.booleans(), label="stays invisible"):
+            self.invisible.add(xid)
+
+    def lock(self, table: str, key: int, xid: int) -> None:
+        """A writer of a key waits for the key's previous writer (made visible now)."""
+        writes = self.versions.get((table, key))
+        if writes and writes[-1][0] != xid:
+            self.invisible.discard(writes[-1][0])
+
+    def publish(self) -> None:
+        """An invisible committed transaction becomes visible (in any order)."""
+        if self.invisible:
+            self.invisible.discard(self.data.draw(st.sampled_from(sorted(self.invisible))))
 
     def target(self) -> tuple[str, int]:
         """Where to write: half the time into the chunk the worker is reading (the
@@ -172,9 +244,9 @@ class Sim:
         at = self.pos(lsn, index)
         old = rows.get(key)
         full_image = self.data.draw(st.booleans(), label="replica identity full")
-        what = "insert" if old is None else self.data.draw(
-            st.sampled_from(["delete", "update", "partial", "move"]), label="write"
-        )
+        # Read-only snapshots do no key re-reads (they need watermarks): full rows only.
+        kinds = ["delete", "update", "move"] if self.read_only else ["delete", "update", "partial", "move"]
+        what = "insert" if old is None else self.data.draw(st.sampled_from(kinds), label="write")
         if what == "delete":
             assert old is not None
             del rows[key]
@@ -210,7 +282,7 @@ class Sim:
         self.version += 1
         gone = self.pos(lsn, index)
         self.delete_version[gone] = self.version
-        partial = self.data.draw(st.booleans(), label="partial move")
+        partial = not self.read_only and self.data.draw(st.booleans(), label="partial move")
         new = self.row(to, toast=old["t"] if partial else None)
         rows[to] = new
         at = self.pos(lsn, index + 1)
@@ -226,9 +298,15 @@ class Sim:
     def truncate(self) -> None:
         table = self.data.draw(st.sampled_from(TABLES), label="truncate")
         lsn = len(self.log) + 1
+        xid = self.next_xid
+        self.next_xid += 1
+        for (t, _key), writes in self.versions.items():  # an exclusive lock on the table
+            if t == table:
+                self.invisible.discard(writes[-1][0])
+                writes.append((xid, None))
         self.db[table].clear()
         self.version += 1
-        at = self.pos(lsn)
+        at = PgPosition(Lsn(lsn), 0, None, xid)
         self.delete_version[at] = self.version
         schema, name = table.split(".")
         self.append([ChangeEvent(Op.TRUNCATE, schema, name, at, 0)])
@@ -273,6 +351,22 @@ class Sim:
                 self.emit(events)
             else:
                 self.emit(self.core.on_signal(item, TABLES, at, lsn))
+        if self.read_only:  # the transaction's commit: a boundary the stream has passed
+            commit = PgPosition(Lsn(lsn), len(items), Lsn(lsn))
+            self.emit(self.core.on_progress(commit, commit, lsn))
+
+    def idle_progress(self) -> bool:
+        """Read-only: the stream is idle and has delivered everything (a keepalive);
+        True if that changed anything."""
+        if not self.read_only or self.cursor < len(self.log) or self.stream_paused:
+            return False
+        if not self.core.waiting_for_progress and not self.core.state():
+            return False
+        waiting = self.core.waiting_for_progress
+        reached = PgPosition(Lsn(self.cursor), 0, Lsn(self.cursor))
+        events = self.core.on_progress(reached, reached, self.cursor)
+        self.emit(events)
+        return bool(events) or (waiting and not self.core.waiting_for_progress)
 
     def checkpoint(self) -> None:
         state = self.core.state()
@@ -350,6 +444,9 @@ class Sim:
 
     def chunk(self, w: Worker, req: ChunkRequest | KeyReadRequest) -> None:
         assert isinstance(req, ChunkRequest)
+        if req.fenced:
+            self.fenced_chunk(w, req)
+            return
         if w.phase == 0 and req.low_watermark is not None:
             self.append([Wm(req.low_watermark)])
             w.phase = 1
@@ -369,6 +466,44 @@ class Sim:
             self.append([Wm(req.high_watermark)])
             self.worker = None
 
+    def fenced_chunk(self, w: Worker, req: ChunkRequest) -> None:
+        """Read-only: the SELECT (what is visible now, and its fence), then, in a later
+        step, the answer."""
+        if w.answer is None:
+            fence = SimFence(frozenset(self.invisible), self.next_xid, len(self.log))
+            rows: list[ChunkRow] = list(self.select_visible(req))
+            if self.data.draw(st.booleans(), label="encoded rows"):
+                rows = [encoded(r) for r in self.select_visible(req)]
+            w.answer = (rows, fence)
+            return
+        rows, fence = w.answer
+        self.fenced_reads += 1
+        elapsed = (1.0, 30.0, 80.0)[zlib.crc32(req.id.encode()) % 3]
+        self.emit(self.core.on_chunk_read(req.id, rows, elapsed, fence=fence))
+        self.worker = None
+
+    def select_visible(self, req: ChunkRequest) -> list[Row]:
+        """The chunk as a snapshot that sees only the visible writes reads it."""
+        after = req.after_key[0] if req.after_key is not None else None
+        top = req.max_key[0]
+        rows: dict[int, Row] = {}
+        for key, row in self.db[req.table].items():
+            rows[key] = row
+        for (table, key), writes in self.versions.items():
+            if table != req.table:
+                continue
+            seen = [r for x, r in writes if x not in self.invisible]
+            if writes[-1][0] in self.invisible:
+                if seen:
+                    if seen[-1] is None:
+                        rows.pop(key, None)
+                    else:
+                        rows[key] = seen[-1]
+                else:  # the key's first write (an insert) is not visible yet
+                    rows.pop(key, None)
+        keys = sorted(k for k in rows if (after is None or k > after) and k <= top)
+        return [dict(rows[k]) for k in keys[: req.limit]]
+
     def select(self, req: ChunkRequest) -> list[Row]:
         after = req.after_key[0] if req.after_key is not None else None
         top = req.max_key[0]
@@ -376,7 +511,7 @@ class Sim:
         return [dict(self.db[req.table][k]) for k in keys[: req.limit]]
 
     def fail(self) -> None:
-        if self.worker is not None and self.worker.phase == 0:
+        if self.worker is not None and self.worker.phase == 0 and self.worker.answer is None:
             self.emit(self.core.on_request_failed(self.worker.request.id, "boom", retriable=True))
             self.worker = None
 
@@ -391,6 +526,7 @@ class Sim:
                 + ["work"] * 8
                 + ["checkpoint"] * 3
                 + ["signal", "restart", "fail", "truncate"]
+                + (["publish"] * 4 + ["progress"] * 2 if self.read_only else [])
             ),
             label="action",
         )
@@ -406,6 +542,10 @@ class Sim:
             self.send_signal()
         elif action == "checkpoint":
             self.checkpoint()
+        elif action == "publish":
+            self.publish()
+        elif action == "progress":
+            self.idle_progress()
         elif action in ("restart", "fail", "truncate"):
             rare = self.data.draw(st.integers(0, 3), label="rare")
             if action == "restart" and rare < 2:
@@ -424,10 +564,13 @@ class Sim:
             if self.can_deliver():
                 self.deliver()
                 continue
+            if self.idle_progress():
+                continue
             return
         raise AssertionError("the snapshot does not finish")
 
     def finish(self) -> None:
+        self.invisible.clear()  # every transaction becomes visible in the end
         self.append([Signal("resume-end", SignalType.RESUME_SNAPSHOT)])
         self.drain()
         missing = [t for t in TABLES if t not in self.completed_tables()]
@@ -506,8 +649,8 @@ def assert_positions_increase(out: list[ChangeEvent]) -> None:
         assert a.position < b.position, (a, b)
 
 
-def run(data: st.DataObject, allow_blocking: bool) -> Sim:
-    sim = Sim(data, allow_blocking)
+def run(data: st.DataObject, allow_blocking: bool, read_only: bool = False) -> Sim:
+    sim = Sim(data, allow_blocking, read_only)
     first = Signal("first", SignalType.EXECUTE_SNAPSHOT, ("s\\..*",))
     sim.append([first])
     for _ in range(data.draw(st.integers(20, 120), label="steps")):
@@ -519,6 +662,8 @@ def run(data: st.DataObject, allow_blocking: bool) -> Sim:
     event(f"windows with drops: {min(sim.dropped, 2)}{'+' if sim.dropped > 2 else ''}")
     event(f"partial events: {'0' if not sim.partial else '1-5' if sim.partial <= 5 else '>5'}")
     event(f"key re-reads: {min(sim.rereads, 2)}{'+' if sim.rereads > 2 else ''}")
+    if read_only:
+        event(f"read-only chunks: {'0' if not sim.fenced_reads else '1-10' if sim.fenced_reads <= 10 else '>10'}")
     assert materialize(sim.out) == sim.db
     assert_positions_increase(sim.out)
     assert_no_time_travel(sim)
@@ -542,6 +687,14 @@ def test_incremental_snapshots_materialize_without_time_travel(data: st.DataObje
 @given(st.data())
 def test_with_blocking_snapshots_materialize(data: st.DataObject) -> None:
     run(data, allow_blocking=True)
+
+
+@settings(PROFILE, max_examples=300)
+@given(st.data())
+def test_read_only_snapshots_materialize_without_time_travel(data: st.DataObject) -> None:
+    """Fences instead of watermarks, with commits that become visible late and out of
+    order, delivered before or after the chunk's read, with restarts and read-ahead."""
+    run(data, allow_blocking=False, read_only=True)
 
 
 # -- the window alone --------------------------------------------------------------------

@@ -4,18 +4,23 @@ POST /snapshots body, per-batch metric counting."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from prometheus_client import generate_latest
 
-from pydblog.api.capture import parse_signal_body
+from pydblog.api.capture import parse_signal_body, render_events
 from pydblog.api.health import HealthInputs, evaluate
 from pydblog.api.settings import HealthConfig, split_listen
+from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.config import parse_config
 from pydblog.errors import ConfigError, SignalError
 from pydblog.events import EncodedBlock, EncodedEvent
 from pydblog.metrics import CaptureMetrics
+from pydblog.ports import Checkpoint
+from pydblog.positions import Lsn, PgPosition
 
 SRC = {"dsn": "postgresql://u:pw@h/db"}
 
@@ -125,3 +130,41 @@ def test_sync_metrics() -> None:
     assert "dblog_sync_events_total 1000.0" in text
     assert 'dblog_sync_sink_apply_seconds_count{sink="delta"} 1.0' in text
     assert "dblog_sync_applied_offset 1000.0" in text
+
+
+class _SlowReader:
+    """The same reader without the block fast path (``read`` only)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def read(self, offset: int, limit: int, tables: Any = None) -> Any:
+        return self.inner.read(offset, limit, tables)
+
+
+@pytest.mark.parametrize("sse", [False, True])
+@pytest.mark.parametrize(("start", "limit"), [(0, 10_000), (3, 7), (1500, 2000), (2999, 5)])
+def test_events_fast_path_equals_read(tmp_path: Path, sse: bool, start: int, limit: int) -> None:
+    """/events renders stored blocks directly; it must equal rendering ``read``."""
+    log = SqliteChangeLog(tmp_path)
+    body = orjson.dumps({"op": "c", "text": "line\nbreak", "u": "é"}).decode()
+    events: list[EncodedEvent | EncodedBlock] = [
+        EncodedEvent(f"public.t{i % 3}", "c", i, body) for i in range(1200)]
+    events.append(EncodedBlock("public.t9", "r", 5, 1000, "\n".join([body] * 1000)))
+    events.extend(EncodedEvent("public.t1", "u", i, body) for i in range(800))
+    log.append(events, Checkpoint(PgPosition(Lsn(1), 0, Lsn(1)), None))
+    log.close()
+    reader = SqliteChangeLogReader(tmp_path)
+    try:
+        end = reader.next_offset()
+        fast = render_events(reader, start, end, limit, None, sse=sse)
+        slow = render_events(_SlowReader(reader), start, end, limit, None, sse=sse)  # type: ignore[arg-type]
+        assert fast == slow
+        text = fast[0].decode()
+        sep = "\n\n" if sse else "\n"
+        items = [x for x in text.split(sep) if x]
+        assert len(items) == min(limit, end - start)
+        first = items[0].split("data: ", 1)[-1]
+        assert orjson.loads(first)["offset"] == start
+    finally:
+        reader.close()

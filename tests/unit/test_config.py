@@ -47,6 +47,7 @@ def test_adaptive_unless_a_chunk_size_is_fixed(snapshot: dict[str, object], adap
         ({"source": {"dsn": "x", "tables": ["("]}}, "invalid regex"),
         ({"log": {}}, "source: required key is missing"),
         ({"source": {"dsn": "x"}, "snapshot": {"watermark": "carrier-pigeon"}}, "snapshot.watermark"),
+        ({"source": {"dsn": "x"}, "snapshot": {"read_dsn": "y"}}, 'needs watermark = "read-only"'),
     ],
 )
 def test_rejections_name_the_key(data: dict[str, object], expected: str) -> None:

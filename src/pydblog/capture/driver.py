@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pydblog.config import Config
 from pydblog.core.requests import (
@@ -28,10 +28,10 @@ from pydblog.core.requests import (
 from pydblog.core.signals import parse_signal
 from pydblog.core.sizing import CoreSettings
 from pydblog.core.snapshot import SnapshotCore
-from pydblog.errors import DblogError, SignalError
+from pydblog.errors import ConfigError, DblogError, SignalError
 from pydblog.events import ChangeEvent, Emitted, Op
 from pydblog.metrics import CAPTURE as METRICS
-from pydblog.ports import SnapshotReader, TableInfo
+from pydblog.ports import FencedReader, SnapshotReader, TableInfo
 from pydblog.positions import Position
 from pydblog.threads import name_native_thread
 
@@ -58,9 +58,16 @@ class SnapshotDriver:
                 time_budget_ms=s.chunk_time_budget_ms,
                 min_chunk=s.min_chunk_size,
                 max_chunk=s.max_chunk_size,
+                read_only=s.watermark == "read-only",
             ),
             state,
         )
+        self.read_only = s.watermark == "read-only"
+        if self.read_only and not hasattr(reader, "read_chunk_fenced"):
+            raise ConfigError(
+                f'snapshot.watermark = "read-only" is not supported by the {cfg.source.type} '
+                'source yet: use "table"'
+            )
         self._answers: queue.Queue[Answer] = queue.Queue()
         self._requests: queue.Queue[Request] = queue.Queue()
         self._inflight = False
@@ -105,6 +112,16 @@ class SnapshotDriver:
     def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:
         out = self.take()
         return out + self.core.on_watermark(watermark_id, position, ts_ms or _now_ms())
+
+    def on_progress(self, position: Position, reached: Position) -> list[Emitted]:
+        """Read-only snapshots: the stream is at a transaction boundary (see
+        ``SnapshotCore.on_progress``)."""
+        out = self.take()
+        return out + self.core.on_progress(position, reached, _now_ms())
+
+    @property
+    def waiting_for_progress(self) -> bool:
+        return self.core.waiting_for_progress
 
     def start_initial(self, captured: list[str]) -> None:
         log.info("initial snapshot of %d tables", len(captured))
@@ -177,12 +194,20 @@ class SnapshotDriver:
                 if info is None:
                     raise SignalError(f"table {request.table} no longer exists")
                 t0 = time.perf_counter()
-                rows = self.reader.read_chunk(
-                    _keyed(info, request), request.after_key, request.max_key,
-                    request.limit, request.condition,
-                )
+                if request.fenced:
+                    fenced = cast(FencedReader, self.reader)
+                    rows, fence = fenced.read_chunk_fenced(
+                        _keyed(info, request), request.after_key, request.max_key,
+                        request.limit, request.condition,
+                    )
+                else:
+                    fence = None
+                    rows = self.reader.read_chunk(
+                        _keyed(info, request), request.after_key, request.max_key,
+                        request.limit, request.condition,
+                    )
                 elapsed = (time.perf_counter() - t0) * 1000
-                answer(lambda: core.on_chunk_read(request.id, rows, elapsed))
+                answer(lambda: core.on_chunk_read(request.id, rows, elapsed, fence=fence))
                 if request.high_watermark is not None:
                     self.reader.write_watermark(request.high_watermark)
         except Exception as exc:  # reported to the core; capture goes on

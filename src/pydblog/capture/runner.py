@@ -45,6 +45,7 @@ from pydblog.ports import (
     SchemaChanged,
     SnapshotReader,
     StateStore,
+    StreamPassed,
     TableSchema,
     WatermarkSeen,
 )
@@ -145,7 +146,9 @@ class Runner:
             Heartbeat: self._on_heartbeat,
             WatermarkSeen: self._on_watermark_seen,
             SchemaChanged: self._on_schema,
+            StreamPassed: self._on_stream_passed,
         }
+        self._read_only = driver.read_only
         pending = self._pending
         max_events = self.cfg.log.batch_max_events
         for item in self.source.stream():
@@ -202,6 +205,8 @@ class Runner:
         self._ack = item.position
         self._in_tx = False
         self._now_ms = int(time.time() * 1000)
+        if self._read_only and self._driver_active:
+            self._progress(item.position)
         max_age = self.cfg.log.batch_max_ms / 1000.0
         if self._pending and time.monotonic() - self._pending_since >= max_age:
             self.flush()
@@ -223,6 +228,21 @@ class Runner:
             self._last_retention = now
             self._retention()
         return True
+
+    def _on_stream_passed(self, item: StreamPassed, stop: threading.Event) -> None:
+        if self._read_only and self._driver_active and not self._in_tx:
+            self._progress(item.position)
+
+    def _progress(self, reached: Position) -> None:
+        """Read-only snapshots, at a transaction boundary: rows whose fence the stream
+        has passed land here, after everything logged so far."""
+        driver = self.driver
+        assert driver is not None
+        if self._position is None:  # nothing logged yet to place rows after
+            return
+        self._emit_events(driver.on_progress(self._position, reached))
+        driver.submit_next()
+        self._driver_active = driver.active
 
     def _on_heartbeat(self, item: Heartbeat, stop: threading.Event) -> None:
         if self._skipped(item.position):
@@ -289,6 +309,10 @@ class Runner:
         assert driver is not None
         driver.submit_next()
         self._emit_events(driver.take())
+        if self._read_only and driver.waiting_for_progress:
+            request = getattr(self.source, "request_progress", None)
+            if request is not None:
+                request()
         if driver.blocking and not self._in_tx and self._position is not None:
             self.flush()
 

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from pydblog.api.capture import start_capture_api
+from pydblog.api.capture import read_api_address, start_capture_api
 from pydblog.api.live import LIVE
 from pydblog.capture.runner import Runner
 from pydblog.capture.status import read_status
@@ -160,6 +160,9 @@ def collect_status(cfg: Config) -> dict[str, Any]:
             "standbys": [m["member"] for m in members if m.get("role") == "standby"],
         }
     out["slot_lag_bytes"] = _lag(cfg)
+    api = read_api_address(cfg.log_dir)
+    if api is not None and out.get("capture") == "running":
+        out["api"] = api
     return out
 
 

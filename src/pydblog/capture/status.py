@@ -59,7 +59,7 @@ class StatusWriter:
         }
         self.latest = data
         METRICS.observe_status(data["snapshot"], runner.writer.backlog())
-        tmp = self.path.with_suffix(".tmp")
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")  # one per process ([ha])
         tmp.write_bytes(orjson.dumps(data))
         os.replace(tmp, self.path)
 

@@ -29,6 +29,15 @@ they carry the core's random instance id). The worker's duty per kind, in order:
     3. ``core.on_chunk_read(id, rows, elapsed_ms)`` before the stream delivers H
     4. ``reader.write_watermark(high_watermark)``
 
+``ChunkRequest`` with ``fenced`` (read-only snapshots: no watermarks)
+    1. ``info = reader.table_info(...)``; ``rows, fence = reader.read_chunk_fenced(info,
+       after_key, max_key, limit, condition)``: the rows as above and the ``ReadFence``
+       of the read's own snapshot (``core.fence``); nothing is written to the source
+    2. ``core.on_chunk_read(id, rows, elapsed_ms, fence=fence)``. The rows land at the
+       first ``core.on_progress`` whose ``reached`` the fence has passed.
+    A ``TableStartRequest`` without a watermark in a read-only snapshot takes effect at
+    the next ``core.on_progress``.
+
 ``MarkRequest``
     ``reader.write_watermark(watermark)``: gives notifications that wait for a position
     (e.g. after a failed table) a place in the log. No answer is expected.
@@ -79,6 +88,7 @@ class ChunkRequest:
     low_watermark: str | None
     high_watermark: str | None
     identity: tuple[str, ...] = ()
+    fenced: bool = False
 
     @property
     def blocking(self) -> bool:

@@ -19,6 +19,8 @@ class CoreSettings:
     ``read_ahead``: plan a table's next chunk as soon as the current one's rows are read,
     before its high watermark arrives, so the worker reads chunk n+1 while the runner
     emits chunk n (see ``SnapshotCore`` on read-ahead).
+    ``read_only``: incremental chunks write no watermarks; each read comes with a
+    ``ReadFence`` instead (``core.fence``).
     """
 
     chunk_size: int = 1024
@@ -28,6 +30,7 @@ class CoreSettings:
     max_chunk: int = 65536
     max_attempts: int = 3
     read_ahead: bool = True
+    read_only: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:

@@ -48,6 +48,11 @@ Invariants:
 - Blocking snapshots: while ``blocking`` is True the runner keeps the stream paused (at
   a transaction boundary) and calls ``on_stream_paused`` once; then the core issues
   requests without watermarks and returns rows directly, positioned after the anchor.
+- Read-only snapshots (``CoreSettings.read_only``, see ``core.fence``): incremental
+  requests name no watermarks; a chunk's answer carries a ``ReadFence`` and its rows
+  are emitted at the first ``on_progress`` whose ``reached`` the fence has passed; a
+  table start and waiting notices take effect at the next ``on_progress``. Call
+  ``on_progress`` only at transaction boundaries (a commit, or idle outside one).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from pydblog.core.commands import (
     stop_matcher,
     stop_notice,
 )
+from pydblog.core.fence import FencedWindow, Lost, ReadFence, Unsettled
 from pydblog.core.keys import RawKey, match_key, row_key
 from pydblog.core.notices import (
     Notice,
@@ -123,6 +129,7 @@ class _Pending:
     answer: _StartAnswer | None = None
     window: ChunkWindow | None = None
     low_seen: bool = False
+    fenced: FencedWindow | None = None  # read-only: ``window`` judged by the read's fence
 
 
 @dataclass(slots=True)
@@ -180,6 +187,9 @@ class SnapshotCore:
         self._blocking_request: Request | None = None
         self._anchor: PositionCursor | None = None
         self._rereads = RereadQueue()
+        self._read_only = settings.read_only
+        self._unsettled = Unsettled()
+        self._watched: set[str] = set()  # read-only: tables in the incremental lane
         if state:
             self._restore(state)
 
@@ -198,6 +208,17 @@ class SnapshotCore:
     @property
     def paused(self) -> bool:
         return self._paused
+
+    @property
+    def waiting_for_progress(self) -> bool:
+        """Read-only: an answered request waits for ``on_progress`` (a passed fence, or
+        a table start); the runner should make the stream report how far it is."""
+        pending = self._pending
+        if not self._read_only or pending is None:
+            return False
+        if isinstance(pending.request, TableStartRequest):
+            return pending.answer is not None
+        return pending.fenced is not None and pending.fenced.fence is not None
 
     # -- signals -------------------------------------------------------------------
 
@@ -255,6 +276,7 @@ class SnapshotCore:
         if self._blocking_request is not None and self._block.current is None:
             self._blocking_request = None
         self._totals.tables_done += len(dropped)
+        self._watch()
         if not self._block:
             self._anchor = None
         self._settle()
@@ -265,6 +287,14 @@ class SnapshotCore:
             lane = self._block if job.kind is SnapshotKind.BLOCKING else self._incr
             lane.queue.append(job)
         self._totals.tables += len(jobs)
+        self._watch()
+
+    def _watch(self) -> None:
+        """Read-only: the tables whose events must be kept until a fence settles them."""
+        if self._read_only:
+            self._watched = set(self._incr.tables())
+            if not self._watched:
+                self._unsettled.clear()
 
     def _queued(self) -> set[str]:
         return set(self._incr.tables()) | set(self._block.tables())
@@ -290,8 +320,16 @@ class SnapshotCore:
         self._pending = _Pending(request)
         if isinstance(request, ChunkRequest):
             self._pending.window = _window(job, request)
+            self._fence(self._pending)
         self._busy = request.id
         return request
+
+    def _fence(self, pending: _Pending) -> None:
+        """Read-only: the chunk's window is judged by its read's fence; it sees every
+        unsettled event of its table from now on (there is no L to wait for)."""
+        if self._read_only and pending.window is not None:
+            pending.fenced = FencedWindow(pending.window, self._unsettled)
+            pending.low_seen = True
 
     def _read_ahead(self) -> Request | None:
         """Chunk n+1 of the current table while chunk n waits for its H (see the module
@@ -312,6 +350,7 @@ class SnapshotCore:
         ahead = self._plan(dataclasses.replace(job, last_key=last), blocking=False)
         assert isinstance(ahead, ChunkRequest)
         self._ahead = _Pending(ahead, window=_window(job, ahead))
+        self._fence(self._ahead)
         self._busy = ahead.id
         return ahead
 
@@ -342,14 +381,15 @@ class SnapshotCore:
     def _next_mark(self) -> MarkRequest | None:
         """A watermark for notices waiting for a position, once (a mark the runner never
         writes is superseded by the next request's watermarks, which place them too)."""
-        if not self._notices or self._mark is not None:
-            return None
+        if not self._notices or self._mark is not None or self._read_only:
+            return None  # read-only: notices are placed at the next on_progress
         rid = self._new_id("m")
         self._mark = MarkRequest(rid, f"{rid}:mark")
         return self._mark
 
     def _plan(self, job: TableJob, *, blocking: bool) -> Request:
         rid = self._new_id("blk" if blocking else "inc")
+        marks = not blocking and not self._read_only
         if not job.started:
             return TableStartRequest(
                 rid,
@@ -357,7 +397,7 @@ class SnapshotCore:
                 job.kind,
                 job.surrogate_key,
                 job.condition,
-                None if blocking else f"{rid}:start",
+                f"{rid}:start" if marks else None,
             )
         assert job.key_columns is not None and job.max_key is not None
         return ChunkRequest(
@@ -370,8 +410,9 @@ class SnapshotCore:
             max_key=job.max_key,
             limit=self._chunk_size,
             condition=job.condition,
-            low_watermark=None if blocking else f"{rid}:low",
-            high_watermark=None if blocking else f"{rid}:high",
+            low_watermark=f"{rid}:low" if marks else None,
+            high_watermark=f"{rid}:high" if marks else None,
+            fenced=not blocking and self._read_only,
             identity=job.identity or (),
         )
 
@@ -403,10 +444,15 @@ class SnapshotCore:
         return []
 
     def on_chunk_read(
-        self, request_id: str, rows: Sequence[ChunkRow], elapsed_ms: float
+        self, request_id: str, rows: Sequence[ChunkRow], elapsed_ms: float,
+        fence: ReadFence | None = None,
     ) -> list[Emitted]:
         """The rows of a ChunkRequest, in key order. Incremental: buffered until H (returns
-        []). Blocking: emitted now, positioned after the anchor."""
+        []); read-only (``request.fenced``): with the read's ``fence``, buffered until the
+        stream has passed it. Blocking: emitted now, positioned after the anchor."""
+        if self._busy == request_id and self._fenced_request(request_id) and fence is None:
+            return self.on_request_failed(request_id, "a read-only chunk came without its fence",
+                                          retriable=False)
         if self._busy == request_id and not _keyed(rows, self._request_key(request_id)):
             error = "chunk rows lack a key column (the reader must select the key columns)"
             return self.on_request_failed(request_id, error, retriable=False)
@@ -415,7 +461,10 @@ class SnapshotCore:
         for pending in (self._pending, self._ahead):
             if pending is not None and pending.request.id == request_id:
                 self._resize(pending.request, len(rows), elapsed_ms)
-                if pending.window is not None:
+                if pending.fenced is not None and fence is not None:
+                    pending.fenced.set_answer(rows, fence)
+                    self._unsettled.prune(fence)
+                elif pending.window is not None:
                     pending.window.set_rows(rows)
                 return []
         if self._is_blocking(request_id):
@@ -508,6 +557,12 @@ class SnapshotCore:
                 return request.identity
         return ()
 
+    def _fenced_request(self, request_id: str) -> bool:
+        return any(
+            p is not None and p.request.id == request_id and p.fenced is not None
+            for p in (self._pending, self._ahead)
+        )
+
     def _is_blocking(self, request_id: str) -> bool:
         return self._blocking_request is not None and self._blocking_request.id == request_id
 
@@ -521,6 +576,9 @@ class SnapshotCore:
         """A captured stream event (in stream order). O(1) unless a window of its table
         is open."""
         self._horizon = event.position
+        if self._read_only:
+            self._observe_fenced(event)
+            return
         if event.unchanged and event.op is Op.CREATE and event.key:
             # A key change's create: no consumer has a value for its unchanged columns.
             self._rereads.add(event.schema, event.table, event.key)
@@ -528,6 +586,43 @@ class SnapshotCore:
         if window is None or event.table != window.table or event.schema != window.schema:
             return
         window.observe(event)
+
+    def _observe_fenced(self, event: ChangeEvent) -> None:
+        if not self._watched or f"{event.schema}.{event.table}" not in self._watched:
+            return
+        self._unsettled.add(event)
+        for pending in (self._pending, self._ahead):
+            fenced = pending.fenced if pending is not None else None
+            if fenced is not None and event.table == fenced.table and event.schema == fenced.schema:
+                fenced.observe(event)
+
+    def on_progress(self, position: Position, reached: Position, ts_ms: int) -> list[Emitted]:
+        """Read-only snapshots: the stream is at a transaction boundary; ``position`` is
+        the highest position logged so far (events returned here are placed after it),
+        ``reached`` says how far the stream is known to have delivered every commit (a
+        commit's own position, or a keepalive's). Returns the rows of every chunk whose
+        fence the stream has passed, in order, and the notifications that land here."""
+        self._advance(position)
+        if not self._read_only:
+            return []
+        assert self._horizon is not None
+        cursor = PositionCursor(self._horizon, ts_ms)
+        out: list[Emitted] = []
+        while (pending := self._pending) is not None:
+            request = pending.request
+            if isinstance(request, TableStartRequest):
+                if pending.answer is None:
+                    break
+                out += self._apply_start(pending, cursor)
+            elif isinstance(request, ChunkRequest) and pending.fenced is not None:
+                if not pending.fenced.passed(reached):
+                    break
+                out += self._close_window(pending, request, cursor)
+            else:
+                break
+        if self._notices:
+            out += self._place(cursor, [])
+        return out
 
     def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:
         """A watermark came back through the stream. Returns what lands there: chunk rows
@@ -577,13 +672,14 @@ class SnapshotCore:
         if window is None or not pending.low_seen or not window.has_rows:
             self._drop_ahead()
             return self._place(cursor, [])
-        result = window.close()
+        result = pending.fenced.close() if pending.fenced is not None else window.close()
         job = self._incr.current
         if job is None or job.table != request.table or not result.conclusive:
             self._drop_ahead()
             return self._place(cursor, [])
         events = self._rows(job, result.rows, cursor)
-        self._rereads.add_all(job.schema_name, job.table_name, result.reread)
+        if not self._read_only:  # key re-reads need watermarks (not done read-only)
+            self._rereads.add_all(job.schema_name, job.table_name, result.reread)
         notices = self._chunk_done(self._incr, request, result)
         self._promote_ahead()
         return events + self._place(cursor, notices)
@@ -705,6 +801,7 @@ class SnapshotCore:
         job = lane.current
         lane.current = None
         self._totals.tables_done += 1
+        self._watch()
         if lane or job is None:
             return notices
         t = self._totals
@@ -778,7 +875,13 @@ class SnapshotCore:
             "notices": [n.to_json() for n in self._notices],
             "horizon": None if self._horizon is None else encode_position(self._horizon),
             "rereads": self._rereads.to_json(),
+            **self._unsettled_state(),
         }
+
+    def _unsettled_state(self) -> dict[str, Any]:
+        """Read-only: what a restart must still distrust (see ``Unsettled.summary``)."""
+        lost = self._unsettled.summary() if self._read_only else None
+        return {} if lost is None else {"unsettled": lost.to_json()}
 
     def _restore(self, state: dict[str, Any]) -> None:
         version = state.get("version")
@@ -794,6 +897,10 @@ class SnapshotCore:
         horizon = state.get("horizon")
         self._horizon = None if horizon is None else decode_position(horizon)
         self._rereads = RereadQueue.from_json(state.get("rereads"))
+        unsettled = state.get("unsettled")
+        if unsettled is not None and self._read_only:
+            self._unsettled.lost = Lost.from_json(unsettled)
+        self._watch()
 
     def status(self) -> dict[str, Any]:
         """Progress for ``dblog status``: tables queued, current table, chunks, rows,

@@ -36,7 +36,9 @@ class FileStateStore(StateStore):
 
     def save(self, checkpoint: Checkpoint) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        # One temporary file per process: with [ha], a frozen ex-leader finishing its last
+        # save must not rename the new leader's half-written file (seen in the chaos test).
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         data = checkpoint.to_bytes()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

@@ -28,7 +28,9 @@ from pydblog.config import Config
 from pydblog.errors import SignalError, SourceError
 from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow
 from pydblog.ports import TableInfo
+from pydblog.positions import Lsn
 from pydblog.sources.postgres.connect import connect
+from pydblog.sources.postgres.fences import PgLsnFence, PgXidFence
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
 from pydblog.sources.postgres.relations import compile_encoder, identity_columns
 from pydblog.sources.postgres.setup import split_name
@@ -57,7 +59,8 @@ class PgSnapshotReader:
         """The read-only connection of chunk and catalog reads: every transaction on it
         begins READ ONLY, and statement_timeout is set for its whole session."""
         if self._conn is None or self._conn.closed:
-            conn = connect(self.cfg.source.dsn, timeout_s=self.cfg.source.connect_timeout_s)
+            dsn = self.cfg.snapshot.read_dsn or self.cfg.source.dsn
+            conn = connect(dsn, timeout_s=self.cfg.source.connect_timeout_s)
             conn.execute(f"SET statement_timeout = {int(self.cfg.snapshot.statement_timeout_ms)}")
             conn.read_only = True
             self._conn = conn
@@ -395,6 +398,54 @@ class PgSnapshotReader:
             info.columns, tuple(types.fragment(o) for o in oids), key_idx, ident_idx
         )
         return _ChunkPlan(head, order, key_idx[0] if key_idx else 0, encoder)
+
+    def read_chunk_fenced(
+        self,
+        info: TableInfo,
+        after: tuple[Any, ...] | None,
+        max_key: tuple[Any, ...],
+        limit: int,
+        condition: str | None,
+    ) -> tuple[list[EncodedRow] | EncodedChunk, PgXidFence | PgLsnFence]:
+        """``read_chunk`` in one REPEATABLE READ transaction, with the fence of its
+        snapshot (``sources.postgres.fences``). Writes nothing; on a hot standby too."""
+        conn = self.conn
+        standby = self._in_recovery()
+        low = self._lsn("pg_last_wal_replay_lsn()", commit=True) if standby else None
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            # The snapshot is taken when this statement starts; the insert position is
+            # read while it runs, so after the snapshot.
+            row = conn.execute(
+                "SELECT pg_current_snapshot()::text, CASE WHEN pg_is_in_recovery() THEN NULL "
+                "ELSE pg_current_wal_insert_lsn()::text END"
+            ).fetchone()
+            assert row is not None
+            rows = self.read_chunk(info, after, max_key, limit, condition)
+            end = self._lsn("pg_last_wal_receive_lsn()", commit=False) if standby else None
+        if not standby:
+            return rows, PgXidFence.parse(row[0], row[1])
+        if low is None or end is None:
+            raise SourceError(
+                "read-only snapshots on a standby need streaming replication: "
+                "pg_last_wal_replay_lsn()/pg_last_wal_receive_lsn() returned NULL",
+                hint="read chunks from a streaming standby, or from the primary",
+            )
+        return rows, PgLsnFence(low, end)
+
+    def _in_recovery(self) -> bool:
+        row = self.conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        self.conn.commit()
+        return bool(row and row[0])
+
+    def _lsn(self, function: str, *, commit: bool) -> int | None:
+        """An LSN function's value (None for NULL); ``commit`` ends the implicit
+        transaction it ran in (False inside an open ``transaction()`` block)."""
+        conn = self.conn
+        row = conn.execute(f"SELECT {function}::text").fetchone()
+        if commit:
+            conn.commit()
+        return None if row is None or row[0] is None else Lsn.parse(row[0]).value
 
     def _key_json(self, quoted: str, oid: int) -> sql.Composable:
         """A chunk key column as JSON text: integers as numbers, anything else as the

@@ -36,6 +36,7 @@ from pydblog.ports import (
     Idle,
     SchemaChanged,
     StreamItem,
+    StreamPassed,
     WatermarkSeen,
 )
 from pydblog.positions import Lsn, PgPosition, Position
@@ -72,6 +73,8 @@ class PgLogSource:
         self._acked: int = 0
         self._last_hb = 0.0
         self._wake: tuple[int, int] | None = None  # self-pipe: wakeup() -> stream yields Idle
+        self._passed = 0  # the last WAL end reported as StreamPassed
+        self._asked = 0.0  # when request_progress last asked for a keepalive
         self._warned: set[str] = set()
 
     # -- setup --------------------------------------------------------------------
@@ -155,6 +158,12 @@ class PgLogSource:
                 if now - self._last_hb >= interval:
                     self._heartbeat()
                     self._last_hb = now
+                if begin is None and cur.wal_end > self._passed:
+                    # Outside a transaction the last message was a commit (its end), a
+                    # keepalive (the walsender's sent position: every commit before it
+                    # has been decoded and sent) or a message (its start).
+                    self._passed = cur.wal_end
+                    yield StreamPassed(PgPosition(Lsn(self._passed), 0, Lsn(self._passed)))
                 yield IDLE
                 with contextlib.suppress(InterruptedError):
                     ready, _, _ = select.select([fileno, wake], [], [], min(0.05, interval))
@@ -346,6 +355,21 @@ class PgLogSource:
                 self._cur.send_feedback(force=True)
             except psycopg2.Error as exc:
                 raise replication_error(exc, self.src.slot) from None
+
+    def request_progress(self) -> None:
+        """Ask the walsender for a keepalive (its reply carries how far it has sent), at
+        most every 20 ms: a read-only snapshot's rows wait for the stream to pass their
+        fence, which an idle stream would otherwise report only every few seconds.
+        Confirms nothing (the feedback repeats the positions already acknowledged)."""
+        now = time.monotonic()
+        self._passed = 0  # the next idle moment reports the WAL end, even if unchanged
+        if self._cur is None or now - self._asked < 0.02:
+            return
+        self._asked = now
+        try:
+            self._cur.send_feedback(reply=True)
+        except psycopg2.Error as exc:
+            raise replication_error(exc, self.src.slot) from None
 
     def lag_bytes(self) -> int | None:
         return slot_lag(self._meta, self.src.slot) if self._meta is not None else None

@@ -1,0 +1,203 @@
+"""Read-only windows: chunks fenced by the read's own transaction snapshot, no watermarks.
+
+With ``watermark = "read-only"`` the worker writes nothing to the source. Instead of
+L and H it hands the core, with the chunk's rows, a ``ReadFence``: what the SELECT's
+snapshot saw, in the stream's terms. Two questions decide everything:
+
+- ``visible(event)``: did the read see this event's transaction? True: the row already
+  includes the event (it stays). False or None (cannot tell): the event is at least as
+  new as the row, or may be, so the row's key is dropped and the event stands for it.
+  Dropping is always safe: the event and every later one of that key are in the log.
+- ``passed(reached)``: the stream, having delivered every transaction that committed
+  before ``reached`` (a commit's end, a keepalive's WAL end), has delivered every
+  transaction the read saw. The rows are emitted there.
+
+Why this is exact (architecture invariant 1). Per key, the transactions the read saw
+come before the ones it did not in the stream's commit order (a row's writers are
+serialised by its row lock, and the later one cannot become visible first). At the
+close point every seen transaction has been delivered, so a row emitted there is never
+placed after an older event of its key; every unseen transaction's event delivered
+before the close dropped the key; unseen ones after the close are newer than the row
+and come after it. An event delivered *before* the chunk was even requested can still
+be unseen (PostgreSQL decodes a commit before it becomes visible, e.g. while it waits
+for a synchronous standby), so the core keeps the events of the table being read that
+no fence has yet proven visible (``Unsettled``) and shows them to each new window.
+
+``settles(event)``: visible to this read *and to every later read of the same server*
+(visibility never goes back), so the event can be forgotten. Each source documents its
+fences in ``sources/<name>/fences.py``; docs/snapshots.md has the argument per source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from pydblog.core.window import ChunkWindow, WindowResult
+from pydblog.events import ChangeEvent, ChunkRow
+from pydblog.positions import Position, decode_position, encode_position
+
+MAX_UNSETTLED = 200_000
+"""Events kept while no fence proves them visible (e.g. a paused snapshot under write
+load). Beyond it the oldest are forgotten and windows stay inconclusive until a fence
+settles everything up to the last forgotten one."""
+
+
+class Lost:
+    """What is known of unsettled events the core no longer holds (forgotten past
+    ``MAX_UNSETTLED``, or held before a restart): the position of the newest one in
+    stream order, and the largest numeric transaction id among them (None if one had
+    none). A fence that ``settles_lost`` proves every one of them visible for good."""
+
+    __slots__ = ("last_position", "max_tx")
+
+    def __init__(self, last_position: Position | None = None, max_tx: int | None = 0) -> None:
+        self.last_position = last_position
+        self.max_tx = max_tx
+
+    def add(self, events: Sequence[ChangeEvent]) -> None:
+        for event in events:
+            tx = getattr(event.position, "tx_id", None)
+            if self.max_tx is not None:
+                self.max_tx = max(self.max_tx, tx) if isinstance(tx, int) else None
+        if events:
+            self.last_position = events[-1].position
+
+    def merge(self, other: Lost) -> None:
+        if other.last_position is not None:
+            self.last_position = other.last_position
+        if self.max_tx is not None:
+            self.max_tx = None if other.max_tx is None else max(self.max_tx, other.max_tx)
+
+    def to_json(self) -> dict[str, Any]:
+        last = self.last_position
+        return {"last": None if last is None else encode_position(last), "max_tx": self.max_tx}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Lost:
+        last = data.get("last")
+        return cls(None if last is None else decode_position(last), data.get("max_tx"))
+
+
+class ReadFence(Protocol):
+    """What one chunk read saw (see the module docstring). Immutable, IO-free."""
+
+    def visible(self, event: ChangeEvent) -> bool | None: ...
+
+    def settles(self, event: ChangeEvent) -> bool: ...
+
+    def settles_lost(self, lost: Lost) -> bool:
+        """Every forgotten event is visible to this read and every later one."""
+        ...
+
+    def passed(self, reached: Position) -> bool: ...
+
+
+class Unsettled:
+    """Stream events of the tables being read that no fence has proven visible yet,
+    in stream order. Bounded by ``limit``: past it the oldest half is forgotten into
+    ``lost``, and windows stay inconclusive until a fence ``settles_lost``."""
+
+    __slots__ = ("events", "limit", "lost")
+
+    def __init__(self, limit: int = MAX_UNSETTLED) -> None:
+        self.events: list[ChangeEvent] = []
+        self.limit = limit
+        self.lost: Lost | None = None
+
+    def add(self, event: ChangeEvent) -> None:
+        self.events.append(event)
+        if len(self.events) > self.limit:
+            cut = len(self.events) - self.limit // 2
+            if self.lost is None:
+                self.lost = Lost()
+            self.lost.add(self.events[:cut])
+            del self.events[:cut]
+
+    def prune(self, fence: ReadFence) -> None:
+        """Forget what ``fence`` proves visible for good."""
+        self.events = [e for e in self.events if not fence.settles(e)]
+        if self.lost is not None and fence.settles_lost(self.lost):
+            self.lost = None
+
+    def clear(self) -> None:
+        self.events.clear()
+        self.lost = None
+
+    def summary(self) -> Lost | None:
+        """Everything unsettled as a ``Lost`` (what ``SnapshotCore.state()`` persists: the
+        events themselves are not, and after a restart windows stay inconclusive until
+        a fence settles them), or None when nothing is unsettled."""
+        if not self.events and self.lost is None:
+            return None
+        lost = Lost()
+        if self.lost is not None:
+            lost.merge(self.lost)
+        lost.add(self.events)
+        return lost
+
+
+class FencedWindow:
+    """The window of one read-only chunk: a ``ChunkWindow`` whose drops are the events
+    the read did not see. Events that arrive before the fence are held and judged when
+    it comes; after it, each is judged on arrival."""
+
+    __slots__ = ("_held", "_lost", "fence", "window")
+
+    def __init__(self, window: ChunkWindow, unsettled: Unsettled) -> None:
+        self.window = window
+        self.fence: ReadFence | None = None
+        self._held: list[ChangeEvent] = [
+            e for e in unsettled.events if e.table == window.table and e.schema == window.schema
+        ]
+        self._lost = unsettled.lost
+
+    @property
+    def schema(self) -> str:
+        return self.window.schema
+
+    @property
+    def table(self) -> str:
+        return self.window.table
+
+    @property
+    def has_rows(self) -> bool:
+        return self.window.has_rows
+
+    def observe(self, event: ChangeEvent) -> None:
+        """A stream event of this window's table, in stream order."""
+        if self.fence is None:
+            self._held.append(event)
+        elif self.fence.visible(event) is not True:
+            self.window.observe(event)
+
+    def set_answer(self, rows: Sequence[ChunkRow], fence: ReadFence) -> None:
+        self.window.set_rows(rows)
+        self.fence = fence
+        held, self._held = self._held, []
+        for event in held:
+            if fence.visible(event) is not True:
+                self.window.observe(event)
+
+    @property
+    def conclusive_so_far(self) -> bool:
+        """False while events older than the window were forgotten and the fence does
+        not prove them visible (the window then cannot decide)."""
+        return self._lost is None or (
+            self.fence is not None and self.fence.settles_lost(self._lost)
+        )
+
+    def passed(self, reached: Position) -> bool:
+        return self.fence is not None and self.fence.passed(reached)
+
+    def close(self) -> WindowResult:
+        result = self.window.close()
+        if not self.conclusive_so_far:
+            return WindowResult([], result.read, None, False)
+        return result
+
+
+def describe(fence: Any) -> str:
+    """A fence for logs (its repr, shortened)."""
+    text = repr(fence)
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,0 +1,102 @@
+"""The PostgreSQL read fences against a real primary and a real hot standby."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from pydblog.config import parse_config
+from pydblog.devtools.pgcluster import PgCluster
+from pydblog.devtools.pgstandby import PgStandby
+from pydblog.events import ChangeEvent, Op
+from pydblog.positions import Lsn, PgPosition
+from pydblog.sources.postgres.chunks import PgSnapshotReader
+from pydblog.sources.postgres.fences import PgLsnFence, PgXidFence, record_end
+from pydblog.sources.postgres.source import PgLogSource
+
+
+@pytest.fixture(scope="module")
+def standby(pg_cluster: PgCluster) -> Iterator[PgStandby]:
+    s = PgStandby(pg_cluster).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def reader(dsn: str, read_dsn: str | None = None) -> PgSnapshotReader:
+    snapshot = {"watermark": "read-only"} | ({"read_dsn": read_dsn} if read_dsn else {})
+    cfg = parse_config({"source": {"dsn": dsn}, "snapshot": snapshot})
+    return PgSnapshotReader(cfg, PgLogSource(cfg))
+
+
+def event(tx: int, commit_lsn: int = 0) -> ChangeEvent:
+    return ChangeEvent(Op.UPDATE, "public", "t", PgPosition(Lsn(commit_lsn), 0, None, tx), 0,
+                       key={"id": 1}, after={"id": 1})
+
+
+def test_primary_fence_sees_committed_transactions_not_running_ones(pg_db: str) -> None:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+        done = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+    assert done is not None
+    running = psycopg.connect(pg_db)
+    try:
+        running.execute("UPDATE t SET v = 'x' WHERE id = 1")
+        row = running.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+        assert row is not None
+        r = reader(pg_db)
+        info = r.table_info("public.t")
+        assert info is not None
+        rows, fence = r.read_chunk_fenced(info, None, (2,), 10, None)
+        assert isinstance(fence, PgXidFence)
+        assert len(rows) == 2
+        assert fence.visible(event(done[0] & 0xFFFFFFFF)) is True
+        assert fence.visible(event(row[0] & 0xFFFFFFFF)) is False  # running during the read
+        assert fence.visible(event(fence.xmax + 5)) is False  # started after the read
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            lsn = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert lsn is not None and Lsn.parse(lsn[0]).value >= fence.end_lsn
+        r.close()
+    finally:
+        running.close()
+
+
+def test_standby_fence_by_replay_positions(pg_cluster: PgCluster, pg_db: str,
+                                           standby: PgStandby) -> None:
+    """A standby's snapshot lists no running transactions in ``xip`` (it keeps them
+    elsewhere), which is why its fence is by WAL positions."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+    running = psycopg.connect(pg_db)
+    try:
+        running.execute("INSERT INTO t VALUES (5, 'x')")
+        standby.wait_caught_up()
+        dbname = pg_db.rsplit("/", 1)[1]
+        with psycopg.connect(standby.dsn(dbname)) as conn:
+            snap = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+        assert snap is not None and snap[0].endswith(":")  # no xip on a standby
+        r = reader(pg_db, standby.dsn(dbname))
+        info = r.table_info("public.t")
+        assert info is not None
+        rows, fence = r.read_chunk_fenced(info, None, (9,), 10, None)
+        assert isinstance(fence, PgLsnFence)
+        assert len(rows) == 1
+        assert fence.low_lsn <= fence.end_lsn
+        assert fence.visible(event(1, fence.low_lsn - 1)) is True
+        assert fence.visible(event(1, fence.low_lsn)) is None  # cannot tell: dropped
+        r.close()
+    finally:
+        running.close()
+
+
+@pytest.mark.parametrize(
+    ("insert", "end"),
+    [(0x1000, 0x1000), (0x2000 + 24, 0x2000), (0x1000000 + 40, 0x1000000), (0x2000 + 25, 0x2019)],
+)
+def test_insert_position_at_a_page_start_is_the_last_record_end(insert: int, end: int) -> None:
+    assert record_end(insert) == end
