@@ -155,6 +155,7 @@ class SnapshotConfig(_Model):
     min_chunk_size: int = Field(default=256, ge=1)
     max_chunk_size: int = Field(default=65536, ge=1)
     statement_timeout_ms: int = Field(default=60_000, gt=0)
+    parallelism: int | None = Field(default=None, ge=1, le=16)
 
     @model_validator(mode="after")
     def _read_dsn_needs_read_only(self) -> SnapshotConfig:

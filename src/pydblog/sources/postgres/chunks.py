@@ -14,7 +14,9 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
@@ -31,6 +33,7 @@ from pydblog.ports import TableInfo
 from pydblog.positions import Lsn
 from pydblog.sources.postgres.connect import connect
 from pydblog.sources.postgres.fences import PgLsnFence, PgXidFence
+from pydblog.sources.postgres.parallel import MIN_SUB_ROWS, SubReadPool
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
 from pydblog.sources.postgres.relations import compile_encoder, identity_columns
 from pydblog.sources.postgres.setup import split_name
@@ -53,19 +56,47 @@ class PgSnapshotReader:
         self._not_null_keys: dict[str, set[tuple[str, ...]]] = {}
         self._plans: dict[tuple[Any, ...], _ChunkPlan] = {}
         self.fast_json = True  # PostgreSQL writes the row JSON where every type allows
+        self._subreads: SubReadPool | None = None
+        self._in_fenced_read = False  # a read-only chunk: one snapshot, no split
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
         """The read-only connection of chunk and catalog reads: every transaction on it
         begins READ ONLY, and statement_timeout is set for its whole session."""
         if self._conn is None or self._conn.closed:
-            dsn = self.cfg.snapshot.read_dsn or self.cfg.source.dsn
-            conn = connect(dsn, timeout_s=self.cfg.source.connect_timeout_s)
-            conn.execute(f"SET statement_timeout = {int(self.cfg.snapshot.statement_timeout_ms)}")
-            conn.read_only = True
+            conn = self._open_read_conn()
             self._conn = conn
             self._types = TypeRegistry.load(conn)
         return self._conn
+
+    def _open_read_conn(self) -> psycopg.Connection[Any]:
+        dsn = self.cfg.snapshot.read_dsn or self.cfg.source.dsn
+        conn = connect(dsn, timeout_s=self.cfg.source.connect_timeout_s)
+        conn.execute(f"SET statement_timeout = {int(self.cfg.snapshot.statement_timeout_ms)}")
+        conn.read_only = True
+        return conn
+
+    @property
+    def subreads(self) -> SubReadPool:
+        """The connections of parallel chunk reads (``sources.postgres.parallel``)."""
+        if self._subreads is None:
+            self._subreads = SubReadPool(self.parallelism(), self._open_read_conn)
+        return self._subreads
+
+    def parallelism(self) -> int:
+        """``[snapshot] parallelism``, else a default from the machine and the server:
+        half the machine's cores (at least 2, at most 4), and no more than a tenth of
+        the server's free connections."""
+        configured = self.cfg.snapshot.parallelism
+        if configured is not None:
+            return configured
+        want = max(2, min(4, (os.cpu_count() or 2) // 2))
+        row = self.conn.execute(
+            "SELECT current_setting('max_connections')::int - count(*) FROM pg_stat_activity"
+        ).fetchone()
+        self.conn.commit()
+        free = int(row[0]) if row and row[0] is not None else 0
+        return max(1, min(want, free // 10))
 
     @property
     def writer(self) -> psycopg.Connection[Any]:
@@ -128,8 +159,11 @@ class PgSnapshotReader:
         return TableInfo(schema, table, names, tuple(r[1] for r in rows), key, identity)
 
     # -- read-only queries ----------------------------------------------------------
-    def _read_only(self, query: sql.Composed | sql.SQL, params: list[Any]) -> list[tuple[Any, ...]]:
-        conn = self.conn
+    def _read_only(
+        self, query: sql.Composed | sql.SQL, params: list[Any],
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        conn = conn or self.conn
         timeout = self.cfg.snapshot.statement_timeout_ms
         try:
             with conn.transaction():
@@ -274,6 +308,10 @@ class PgSnapshotReader:
         )
         plan = self._plan(info)
         if plan.bulk is not None:
+            if not self._in_fenced_read and not self._nullable(info) and limit >= 2 * MIN_SUB_ROWS:
+                pool = self.subreads
+                if pool.split(limit) > 1:
+                    return self._read_split(info, plan, plan.bulk, after, upper, condition, limit)
             return self._read_bulk(info, plan, plan.bulk, where, limit)
         rows = self._read_only(plan.query(where, limit=limit), [])
         if len(rows) == limit and self._nullable(info):
@@ -319,6 +357,62 @@ class PgSnapshotReader:
         # string_agg of no rows is NULL
         return EncodedChunk(count, tails or "", keys or "", bulk.decode_key, bulk.arity,
                             int_keys=bulk.int_keys)
+
+    def _read_split(
+        self, info: TableInfo, plan: _ChunkPlan, bulk: _Bulk, after: tuple[Any, ...] | None,
+        upper: sql.Composable, condition: str | None, limit: int,
+    ) -> EncodedChunk:
+        """One chunk read as ``k`` sub-ranges at once (see ``sources.postgres.parallel``
+        for why this keeps the window exact)."""
+        pool = self.subreads
+        k = pool.split(limit)
+        step = limit // k
+        cond = sql.SQL(condition) if condition else sql.SQL("true")
+        where = sql.SQL("{} AND {} AND ({})").format(self._after(info, after), upper, cond)
+        order = self._order(info)
+        bounds = self._read_only(
+            sql.SQL(
+                "SELECT {} FROM (SELECT {}, row_number() OVER (ORDER BY {}) AS _dblog_n FROM {} "
+                "WHERE {} ORDER BY {} LIMIT {}) _dblog_b WHERE _dblog_n % {} = 0 AND _dblog_n < {} "
+                "ORDER BY _dblog_n"
+            ).format(
+                self._select_list(info, info.key), sql.SQL(", ").join(map(sql.Identifier, info.key)),
+                order, sql.Identifier(info.schema, info.table), where, order,
+                sql.Literal(limit), sql.Literal(step), sql.Literal(k * step),
+            ),
+            [],
+        )
+        keys = [self._map_key(info, b) for b in bounds]
+        if not keys:  # fewer than one step of rows left
+            return self._read_bulk(info, plan, bulk, where, limit)
+        lows: list[tuple[Any, ...] | None] = [after, *keys]
+        parts: list[Callable[[psycopg.Connection[Any] | None], tuple[Any, ...]]] = []
+        for i, low in enumerate(lows):
+            if i < len(keys):
+                top = sql.SQL("{} <= {}").format(self._cols(info), self._tuple(info, keys[i]))
+                part = sql.SQL("{} AND {} AND ({})").format(self._after(info, low), top, cond)
+                query = plan.query(part)
+            else:
+                part = sql.SQL("{} AND {} AND ({})").format(self._after(info, low), upper, cond)
+                query = plan.query(part, limit=limit - len(keys) * step)
+            parts.append(functools.partial(self._sub_read, query))
+        results = pool.run(parts)
+        last_limit = limit - len(keys) * step
+        total = sum(r[0] for r in results)
+        if results[-1][0] == last_limit and total < limit:  # deletes since the boundaries
+            last_key = bulk.decode_key(orjson.loads(results[-1][1].rpartition("\n")[2]))
+            part = sql.SQL("{} AND {} AND ({})").format(self._after(info, last_key), upper, cond)
+            results.append(self._read_only(plan.query(part, limit=limit - total), [])[0])
+        filled = [r for r in results if r[0]]
+        return EncodedChunk(
+            sum(r[0] for r in filled), "\n".join(r[2] for r in filled),
+            "\n".join(r[1] for r in filled), bulk.decode_key, bulk.arity, int_keys=bulk.int_keys,
+        )
+
+    def _sub_read(
+        self, query: sql.Composed, conn: psycopg.Connection[Any] | None
+    ) -> tuple[Any, ...]:
+        return self._read_only(query, [], conn)[0]
 
     def _group_end(self, info: TableInfo, where: sql.Composable, last: str | None) -> sql.Composable:
         """``where`` extended to the end of the group of the (surrogate) key text ``last``."""
@@ -421,7 +515,11 @@ class PgSnapshotReader:
                 "ELSE pg_current_wal_insert_lsn()::text END"
             ).fetchone()
             assert row is not None
-            rows = self.read_chunk(info, after, max_key, limit, condition)
+            self._in_fenced_read = True
+            try:
+                rows = self.read_chunk(info, after, max_key, limit, condition)
+            finally:
+                self._in_fenced_read = False
             end = self._lsn("pg_last_wal_receive_lsn()", commit=False) if standby else None
         if not standby:
             return rows, PgXidFence.parse(row[0], row[1])
@@ -469,6 +567,9 @@ class PgSnapshotReader:
             )
 
     def close(self) -> None:
+        if self._subreads is not None:
+            self._subreads.close()
+            self._subreads = None
         for conn in (self._conn, self._wconn):
             if conn is not None:
                 conn.close()
