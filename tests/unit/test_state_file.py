@@ -5,6 +5,7 @@ failed with FileNotFoundError and the process died."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -52,3 +53,15 @@ def test_a_frozen_save_does_not_break_another_process_save(tmp_path: Path) -> No
     store.save(Checkpoint(PgPosition(Lsn(3), 0, Lsn(3))))  # and saving goes on
     loaded = store.load()
     assert loaded is not None and loaded.position == PgPosition(Lsn(3), 0, Lsn(3))
+
+
+def test_temporaries_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    stale = tmp_path / f"state.{dead.stdout.strip()}.tmp"
+    stale.write_bytes(b"{")
+    mine = tmp_path / f"state.{os.getpid()}.tmp"
+    mine.write_bytes(b"{")
+    FileStateStore(tmp_path)
+    assert not stale.exists()
+    assert mine.exists()  # a live process's file is left alone

@@ -20,6 +20,14 @@ class FileStateStore(StateStore):
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
         self.path = self.dir / STATE_FILE
+        self._remove_stale_temporaries()
+
+    def _remove_stale_temporaries(self) -> None:
+        """``state.<pid>.tmp`` files left by processes that died mid-save."""
+        for tmp in self.dir.glob("state.*.tmp"):
+            pid = tmp.name.split(".")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                tmp.unlink(missing_ok=True)
 
     def load(self) -> Checkpoint | None:
         try:
