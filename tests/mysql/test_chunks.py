@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.mysql57 import TestServer
 from pydblog.errors import SignalError, SourceUnavailable
 from pydblog.ports import TableInfo
 from pydblog.sources.mysql.chunks import MySqlSnapshotReader
@@ -28,18 +28,18 @@ def _all_chunks(
         after = tuple(rows[-1][k] for k in info.key)
 
 
-def test_composite_key_chunks_bounded_by_max_key(mariadb: MariaDB, my_db: str) -> None:
-    mariadb.execute(
-        "CREATE TABLE t (a INT, b VARCHAR(10), c BINARY(2), n INT, PRIMARY KEY (a, b, c))", my_db
+def test_composite_key_chunks_bounded_by_max_key(server: TestServer, db: str) -> None:
+    server.execute(
+        "CREATE TABLE t (a INT, b VARCHAR(10), c BINARY(2), n INT, PRIMARY KEY (a, b, c))", db
     )
     values = ", ".join(
         f"({a}, '{b}', x'{c:04x}', {a * 10 + c})" for a in range(3) for b in "xyz" for c in range(2)
     )
-    mariadb.execute(f"INSERT INTO t VALUES {values}", my_db)
-    _, reader = make(mariadb, my_db)
+    server.execute(f"INSERT INTO t VALUES {values}", db)
+    _, reader = make(server, db)
     try:
-        assert reader.captured_tables() == [f"{my_db}.t"]
-        info = reader.table_info(f"{my_db}.t")
+        assert reader.captured_tables() == [f"{db}.t"]
+        info = reader.table_info(f"{db}.t")
         assert info is not None and info.key == ("a", "b", "c")
         chunks = _all_chunks(reader, info, 4)
         rows = [r for ch in chunks for r in ch]
@@ -50,7 +50,7 @@ def test_composite_key_chunks_bounded_by_max_key(mariadb: MariaDB, my_db: str) -
         assert len(rows) == 18
         # Rows added above the max key taken at the start are not read (the stream has them).
         top = reader.max_key(info, None)
-        mariadb.execute("INSERT INTO t VALUES (9, 'a', x'0000', 0)", my_db)
+        server.execute("INSERT INTO t VALUES (9, 'a', x'0000', 0)", db)
         assert top is not None
         last = reader.read_chunk(info, tuple(rows[-2][k] for k in info.key), top, 10, None)
         assert last == [rows[-1]]
@@ -63,18 +63,18 @@ def test_composite_key_chunks_bounded_by_max_key(mariadb: MariaDB, my_db: str) -
         reader.close()
 
 
-def test_check_filter(mariadb: MariaDB, my_db: str) -> None:
-    mariadb.execute("CREATE TABLE t (id INT PRIMARY KEY, n INT)", my_db)
-    mariadb.execute("INSERT INTO t VALUES (1, 1)", my_db)
-    mariadb.execute("CREATE TABLE log (x INT)", my_db)
-    mariadb.execute(
+def test_check_filter(server: TestServer, db: str) -> None:
+    server.execute("CREATE TABLE t (id INT PRIMARY KEY, n INT)", db)
+    server.execute("INSERT INTO t VALUES (1, 1)", db)
+    server.execute("CREATE TABLE log (x INT)", db)
+    server.execute(
         "CREATE FUNCTION sneaky() RETURNS INT DETERMINISTIC MODIFIES SQL DATA "
         "BEGIN INSERT INTO log VALUES (1); RETURN 1; END",
-        my_db,
+        db,
     )
-    _, reader = make(mariadb, my_db)
+    _, reader = make(server, db)
     try:
-        info = reader.table_info(f"{my_db}.t")
+        info = reader.table_info(f"{db}.t")
         assert info is not None
         reader.check_filter(info, "n > 0 AND id IN (1, 2)")
         with pytest.raises(SignalError, match="does not parse"):
@@ -85,22 +85,22 @@ def test_check_filter(mariadb: MariaDB, my_db: str) -> None:
             reader.check_filter(info, "nope = 1")
         with pytest.raises(SignalError, match="tries to write"):
             reader.check_filter(info, "sneaky() = 1")
-        assert mariadb.execute("SELECT COUNT(*) FROM log", my_db) == [(0,)]
+        assert server.execute("SELECT COUNT(*) FROM log", db) == [(0,)]
         with pytest.raises(SignalError, match="surrogate-key 'zz' is not a column"):
-            reader.table_info(f"{my_db}.t", "zz")
-        assert reader.table_info(f"{my_db}.missing") is None
+            reader.table_info(f"{db}.t", "zz")
+        assert reader.table_info(f"{db}.missing") is None
     finally:
         reader.close()
 
 
-def test_nullable_surrogate_key_chunk_size_1(mariadb: MariaDB, my_db: str) -> None:
-    mariadb.execute("CREATE TABLE nk (k INT NULL, v VARCHAR(5), UNIQUE KEY (k))", my_db)
-    mariadb.execute(
-        "INSERT INTO nk VALUES (NULL, 'n1'), (3, 'c'), (NULL, 'n2'), (1, 'a'), (2, 'b')", my_db
+def test_nullable_surrogate_key_chunk_size_1(server: TestServer, db: str) -> None:
+    server.execute("CREATE TABLE nk (k INT NULL, v VARCHAR(5), UNIQUE KEY (k))", db)
+    server.execute(
+        "INSERT INTO nk VALUES (NULL, 'n1'), (3, 'c'), (NULL, 'n2'), (1, 'a'), (2, 'b')", db
     )
-    _, reader = make(mariadb, my_db)
+    _, reader = make(server, db)
     try:
-        info = reader.table_info(f"{my_db}.nk", "k")
+        info = reader.table_info(f"{db}.nk", "k")
         assert info is not None and info.key == ("k",)
         chunks = _all_chunks(reader, info, 1)
         assert sorted(r["v"] for r in chunks[0]) == ["n1", "n2"]  # all NULL keys at once
@@ -125,14 +125,14 @@ def test_nullable_surrogate_key_chunk_size_1(mariadb: MariaDB, my_db: str) -> No
     ],
 )
 def test_key_types_round_trip_as_bounds(
-    mariadb: MariaDB, my_db: str, ddl: str, values: list[str]
+    server: TestServer, db: str, ddl: str, values: list[str]
 ) -> None:
-    mariadb.execute(f"CREATE TABLE kt ({ddl} PRIMARY KEY, n INT)", my_db)
+    server.execute(f"CREATE TABLE kt ({ddl} PRIMARY KEY, n INT)", db)
     for i, v in enumerate(values):
-        mariadb.execute(f"INSERT INTO kt VALUES ({v}, {i})", my_db)
-    _, reader = make(mariadb, my_db)
+        server.execute(f"INSERT INTO kt VALUES ({v}, {i})", db)
+    _, reader = make(server, db)
     try:
-        info = reader.table_info(f"{my_db}.kt")
+        info = reader.table_info(f"{db}.kt")
         assert info is not None
         chunks = _all_chunks(reader, info, 1)
         assert [ch[0]["n"] for ch in chunks] == [0, 1, 2]
@@ -140,8 +140,8 @@ def test_key_types_round_trip_as_bounds(
         reader.close()
 
 
-def test_watermark_comes_back_through_the_binlog(mariadb: MariaDB, my_db: str) -> None:
-    src, reader = make(mariadb, my_db)
+def test_watermark_comes_back_through_the_binlog(server: TestServer, db: str) -> None:
+    src, reader = make(server, db)
     src.open(None)
     try:
         stream = src.stream()
@@ -156,13 +156,13 @@ def test_watermark_comes_back_through_the_binlog(mariadb: MariaDB, my_db: str) -
     assert [e.after["value"] for e in evs if e.after] == ["wm-1", "wm-2"]
 
 
-def test_statement_timeout(mariadb: MariaDB, my_db: str) -> None:
-    mariadb.execute("CREATE TABLE t (id INT PRIMARY KEY)", my_db)
-    mariadb.execute("INSERT INTO t VALUES (1), (2), (3)", my_db)
-    _, reader = make(mariadb, my_db)
+def test_statement_timeout(server: TestServer, db: str) -> None:
+    server.execute("CREATE TABLE t (id INT PRIMARY KEY)", db)
+    server.execute("INSERT INTO t VALUES (1), (2), (3)", db)
+    _, reader = make(server, db)
     reader.statement_timeout_ms = 50
     try:
-        info = reader.table_info(f"{my_db}.t")
+        info = reader.table_info(f"{db}.t")
         assert info is not None
         with pytest.raises(SourceUnavailable, match="statement timeout"):
             reader.read_chunk(info, None, (3,), 10, "SLEEP(0.2) = 0")

@@ -251,7 +251,7 @@ class MySqlLogSource:
             # dropped. A new epoch: these coordinates may not compare with the old ones.
             self._epoch = pos.epoch + 1
             self._skip_tx = {pos.gtid: pos.index} if pos.gtid else {}
-            self._require_executed(state)
+            self._require_executed(pos)
             self._start_gtid_dump(state)
             return
         self._require_file(pos)
@@ -397,21 +397,28 @@ class MySqlLogSource:
             return MariaGtidPos.parse(str(row[0]))
         return MySqlGtidSet.parse(executed) if executed is not None else None
 
-    def _require_executed(self, state: GtidState) -> None:
-        """MySQL sends "every transaction not in ``state``" even from a server that has
-        not executed all of ``state`` (a replica behind the checkpoint, or one promoted
-        without them): it would then skip whatever it applies later that ``state``
-        names, and the log would hold changes the server never had. Refuse, as MariaDB
-        does (its dump refuses a state ahead of the server's binlog)."""
-        if not isinstance(state, MySqlGtidSet):
+    def _require_executed(self, pos: BinlogPosition) -> None:
+        """The server must hold every transaction the change log holds, up to and
+        including the checkpoint's own (which is read again). MySQL would otherwise send
+        "every transaction not in the state" and skip whatever the server applies later
+        that the state names (a replica behind, or one promoted without them); and the
+        resumed transaction must come, or Heartbeats stay held back (``_heartbeat``)."""
+        after = pos.after_state()
+        if after is None:
             return
         with self._ctl_lock, self._ctl_cursor() as cur:
-            cur.execute("SELECT @@GLOBAL.gtid_executed")
-            row = cur.fetchone()
-        executed = MySqlGtidSet.parse(str(row[0] or "") if row else "")
-        if not state <= executed:
+            if isinstance(after, MySqlGtidSet):
+                cur.execute("SELECT @@GLOBAL.gtid_executed")
+                row = cur.fetchone()
+                ok = after <= MySqlGtidSet.parse(str(row[0] or "") if row else "")
+            else:
+                cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+                row = cur.fetchone()
+                have = MariaGtidPos.parse(str(row[0] or "") if row else "")
+                ok = pos.gtid is None or have.covers(pos.gtid)
+        if not ok:
             raise self._gtid_dump_error(
-                state, "it has not executed every transaction the change log holds"
+                after, "it has not executed every transaction the change log holds"
             )
 
     def _require_file(self, pos: BinlogPosition) -> None:
@@ -720,9 +727,23 @@ class MySqlLogSource:
         else:
             yield from self._heartbeat(force=False)
 
+    def _resume_pending(self) -> bool:
+        """Whether a GTID resume's transaction (whose logged part is dropped) has not been
+        read yet. Until it has, no Heartbeat: the server may send transactions it does not
+        know we have before it (a replica's own, at the start of its binlog), and a
+        checkpoint at one of those (state before it: without the resumed transaction)
+        would make the next resume send the resumed transaction again, logged part and
+        all."""
+        if not self._skip_tx:
+            return False
+        state = self._gtids
+        return state is None or not all(state.covers(g) for g in self._skip_tx)
+
     def _heartbeat(self, *, force: bool) -> Iterator[Any]:
         done = self._last_done
         if done is None or (self._last_hb is not None and done <= self._last_hb):
+            return
+        if self._resume_pending():
             return
         now = time.monotonic()
         if force or now - self._last_hb_time >= self.heartbeat_interval_s:
