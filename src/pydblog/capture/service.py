@@ -149,14 +149,16 @@ def collect_status(cfg: Config) -> dict[str, Any]:
     if cp is not None and cp.position is not None and "position" not in out:
         out["position"] = cp.position.to_json()
     if cfg.ha is not None:
-        from pydblog.ha.members import read_members
+        from pydblog.ha.members import election_leader, read_members
 
         members = read_members(cfg.log_dir)
         leaders = [m for m in members if m.get("role") == "leader"]
         out["ha"] = {
             "backend": cfg.ha.backend,
-            "leader": leaders[0]["member"] if leaders else None,
+            # as the election backend knows it (members on other hosts included)
+            "leader": election_leader(cfg) or (leaders[0]["member"] if leaders else None),
             "epoch": leaders[0].get("epoch") if leaders else None,
+            # members sharing this log directory (this host, or a shared disk)
             "standbys": [m["member"] for m in members if m.get("role") == "standby"],
         }
     out["slot_lag_bytes"] = _lag(cfg)

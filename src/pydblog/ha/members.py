@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from pydblog.config import Config
 from pydblog.ha.role import ROLE
 
 MEMBERS_DIR = "members"
@@ -96,3 +97,19 @@ def read_members(log_dir: Path) -> list[dict[str, Any]]:
             out.append(data)
     out.sort(key=lambda m: (m.get("role") != "leader", str(m.get("member"))))
     return out
+
+
+def election_leader(cfg: Config) -> str | None:
+    """The leader's member name as the election backend knows it (None if unknown or
+    the backend cannot be reached; ``dblog status``)."""
+    from pydblog.errors import DblogError
+    from pydblog.ha import create_election
+
+    try:
+        election = create_election(cfg, "dblog-status")
+    except DblogError:
+        return None
+    try:
+        return election.leader()
+    finally:
+        election.close()
