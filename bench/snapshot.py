@@ -126,6 +126,9 @@ def run_snapshot(
         [sys.executable, "-m", "pydblog", "run", "--config", str(config)], stderr=subprocess.DEVNULL
     )
     while not (data / "changelog.sqlite").exists():
+        if proc.poll() is not None:
+            raise SystemExit(f"dblog run ({label}) exited with {proc.returncode}: run it with "
+                             f"--config {config} to see why")
         time.sleep(0.1)
     reader = SqliteChangeLogReader(data)
     while reader.last_checkpoint() is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -100,3 +101,34 @@ def test_standby_fence_by_replay_positions(pg_cluster: PgCluster, pg_db: str,
 )
 def test_insert_position_at_a_page_start_is_the_last_record_end(insert: int, end: int) -> None:
     assert record_end(insert) == end
+
+
+def test_parallel_sub_reads_of_a_read_only_chunk_share_its_snapshot(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only chunk split over four connections reads every sub-range with the
+    chunk's own (exported) snapshot: a commit made after the fence was taken, while the
+    sub-reads start, is seen by none of them."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'old' FROM generate_series(1, 20000) g")
+    cfg = parse_config({"source": {"dsn": pg_db},
+                        "snapshot": {"watermark": "read-only", "parallelism": 4}})
+    r = PgSnapshotReader(cfg, PgLogSource(cfg))
+    info = r.table_info("public.t")
+    assert info is not None
+    run = r.subreads.run
+    ran: list[int] = []
+
+    def commit_first(tasks: list[Any]) -> list[Any]:
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("UPDATE t SET v = 'new'")
+        ran.append(len(tasks))
+        return run(tasks)
+
+    monkeypatch.setattr(r.subreads, "run", commit_first)
+    rows, fence = r.read_chunk_fenced(info, None, (20000,), 12000, None)
+    assert ran == [4] and isinstance(fence, PgXidFence)
+    assert len(rows) == 12000
+    assert all(row.after_json.endswith('"v":"old"}') for row in rows)
+    r.close()

@@ -57,7 +57,8 @@ class PgSnapshotReader:
         self._plans: dict[tuple[Any, ...], _ChunkPlan] = {}
         self.fast_json = True  # PostgreSQL writes the row JSON where every type allows
         self._subreads: SubReadPool | None = None
-        self._in_fenced_read = False  # a read-only chunk: one snapshot, no split
+        self._in_fenced_read = False  # a read-only chunk: one snapshot for every read
+        self._shared_snapshot: str | None = None  # ...exported to the sub-reads (primary)
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -161,12 +162,18 @@ class PgSnapshotReader:
     # -- read-only queries ----------------------------------------------------------
     def _read_only(
         self, query: sql.Composed | sql.SQL, params: list[Any],
-        conn: psycopg.Connection[Any] | None = None,
+        conn: psycopg.Connection[Any] | None = None, snapshot: str | None = None,
     ) -> list[tuple[Any, ...]]:
+        """``query`` in a READ ONLY transaction on ``conn`` (the reader's own by
+        default); with ``snapshot`` (an exported snapshot id) it reads exactly what that
+        snapshot saw (REPEATABLE READ, ``SET TRANSACTION SNAPSHOT``)."""
         conn = conn or self.conn
         timeout = self.cfg.snapshot.statement_timeout_ms
         try:
             with conn.transaction():
+                if snapshot is not None:
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
                 # No parameters: psycopg then sends the text as is, so a '%' in a column
                 # name or a filter (LIKE 'a%') is not taken for a placeholder.
                 rows: list[tuple[Any, ...]] = conn.execute(query, params or None).fetchall()
@@ -308,7 +315,8 @@ class PgSnapshotReader:
         )
         plan = self._plan(info)
         if plan.bulk is not None:
-            if not self._in_fenced_read and not self._nullable(info) and limit >= 2 * MIN_SUB_ROWS:
+            splittable = not self._in_fenced_read or self._shared_snapshot is not None
+            if splittable and not self._nullable(info) and limit >= 2 * MIN_SUB_ROWS:
                 pool = self.subreads
                 if pool.split(limit) > 1:
                     return self._read_split(info, plan, plan.bulk, after, upper, condition, limit)
@@ -395,7 +403,7 @@ class PgSnapshotReader:
             else:
                 part = sql.SQL("{} AND {} AND ({})").format(self._after(info, low), upper, cond)
                 query = plan.query(part, limit=limit - len(keys) * step)
-            parts.append(functools.partial(self._sub_read, query))
+            parts.append(functools.partial(self._sub_read, query, self._shared_snapshot))
         results = pool.run(parts)
         last_limit = limit - len(keys) * step
         total = sum(r[0] for r in results)
@@ -410,9 +418,11 @@ class PgSnapshotReader:
         )
 
     def _sub_read(
-        self, query: sql.Composed, conn: psycopg.Connection[Any] | None
+        self, query: sql.Composed, snapshot: str | None, conn: psycopg.Connection[Any] | None
     ) -> tuple[Any, ...]:
-        return self._read_only(query, [], conn)[0]
+        """One sub-range; on a pool connection (``conn``) in a read-only chunk with the
+        chunk's exported ``snapshot``, so that the read's fence holds for every row."""
+        return self._read_only(query, [], conn, snapshot if conn is not None else None)[0]
 
     def _group_end(self, info: TableInfo, where: sql.Composable, last: str | None) -> sql.Composable:
         """``where`` extended to the end of the group of the (surrogate) key text ``last``."""
@@ -516,10 +526,15 @@ class PgSnapshotReader:
             ).fetchone()
             assert row is not None
             self._in_fenced_read = True
+            if not standby and limit >= 2 * MIN_SUB_ROWS and self.subreads.split(limit) > 1:
+                # Parallel sub-reads share this snapshot (a standby cannot export one).
+                exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
+                self._shared_snapshot = exported[0] if exported else None
             try:
                 rows = self.read_chunk(info, after, max_key, limit, condition)
             finally:
                 self._in_fenced_read = False
+                self._shared_snapshot = None
             end = self._lsn("pg_last_wal_receive_lsn()", commit=False) if standby else None
         if not standby:
             return rows, PgXidFence.parse(row[0], row[1])
