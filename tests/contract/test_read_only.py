@@ -135,3 +135,18 @@ def test_read_only_chunks_close_on_an_idle_stream(pg: PgHarness, tmp_path: Path)
     assert code == 0, err[-2000:]
     assert elapsed < 30, f"10 chunks took {elapsed:.1f}s on an idle stream"
     assert watermark_writes(pg) == 0
+
+
+def test_read_only_parallel_chunks_on_the_primary(pg: PgHarness, tmp_path: Path) -> None:
+    """Read-only chunks of 8,192 rows split over four connections that share the
+    chunk's exported snapshot, under a write load."""
+    pg.execute(
+        "CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(40), n INT)",
+        "INSERT INTO t1 SELECT g, 'v' || g, g % 7 FROM generate_series(0, 29999) g",
+    )
+    extra = '[snapshot]\nchunk_size = 8192\nparallelism = 4\nwatermark = "read-only"'
+    with Capture(pg, tmp_path, extra) as cap:
+        snapshot_with_writes(pg, cap, 30_000, seed=9)
+        events = cap.assert_oracle({"t1": ["id"]})
+    assert len(snapshot_rows(events, "t1")) > 20_000
+    assert watermark_writes(pg) == 0
