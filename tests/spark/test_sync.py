@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pydblog.changelog.sqlite import SqliteChangeLog
-from pydblog.config import Config, parse_config
+from pydblog.config import Config, LogConfig, parse_config
 from pydblog.errors import ChangeLogError, ConfigError, SinkError
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
@@ -125,7 +125,7 @@ def test_replayed_batch_applies_nothing(pg_db: str, tmp_path: Path) -> None:
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=31))
     cfg = make_config(tmp_path, pg_db)
     sinks = [build_sink(s) for s in cfg.sync.sinks]
-    applier = BatchApplier(str(tmp_path / "log"), sinks, retries=0, backoff_s=0)
+    applier = BatchApplier(LogConfig(path=str(tmp_path / "log")), sinks, retries=0, backoff_s=0)
     import pyarrow as pa
 
     def events(a: int, b: int) -> Any:
@@ -164,7 +164,7 @@ def test_large_batch_in_one_trigger(spark: Any, pg_db: str, tmp_path: Path) -> N
     end = write_load(tmp_path / "log", load, 120_000, chunk=20_000)
     cfg = make_config(tmp_path, pg_db, max_events=200_000)
     sinks = [build_sink(s) for s in cfg.sync.sinks]
-    applier = BatchApplier(str(tmp_path / "log"), sinks, retries=0, backoff_s=0)
+    applier = BatchApplier(LogConfig(path=str(tmp_path / "log")), sinks, retries=0, backoff_s=0)
     from pydblog.spark.job import start_query
 
     q = start_query(spark, cfg, applier, available_now=True)

@@ -901,7 +901,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         }
         lag = sync_lag(self.client, commits)
         if lag is not None:
-            out["sync_lag_events"] = lag
+            out["sync_lag_messages"] = lag
         return out
 
     def close(self) -> None:
@@ -914,7 +914,8 @@ the sink commits are what make the sync exactly once)."""
 
 
 def sync_lag(client: _Client, commits: CommitLog) -> int | None:
-    """Events not yet applied by ``dblog sync`` (from its consumer group), or None."""
+    """Messages (about one per event) not yet applied by ``dblog sync``, from the
+    offsets it commits to its consumer group, or None."""
     k = client.k
     group = SYNC_GROUP.format(prefix=client.prefix)
     try:

@@ -420,12 +420,17 @@ def read_packed(part: OffsetRange, schema: pa.Schema) -> Iterator[pa.RecordBatch
         pos = end
 
 
-def unpack(packed: pa.Table, schema: pa.Schema = ARROW_SCHEMA) -> pa.Table:
+def unpack(packed: pa.Table, schema: pa.Schema = ARROW_SCHEMA, *, dense: bool = True) -> pa.Table:
     """The events of packed rows (any order; ``schema`` = the packed columns) as one
     table in offset order. Raises ``ChangeLogError`` if the rows are not one dense
-    range (each payload must hold exactly ``end_offset - first_offset`` events)."""
+    range (each payload must hold exactly ``end_offset - first_offset`` events). With
+    ``dense = False`` (Kafka: one payload per partition range) the payloads are only
+    concatenated (``Batch.of`` sorts by offset)."""
     if packed.num_rows == 0:
         return schema.empty_table()
+    if not dense:  # the Kafka source: each payload is one partition's events, in order
+        return pa.concat_tables(
+            [pa.ipc.open_stream(p.as_buffer()).read_all() for p in packed["events"]])
     order = pc.sort_indices(packed["first_offset"]).to_pylist()
     firsts = packed["first_offset"].to_pylist()
     ends = packed["end_offset"].to_pylist()

@@ -35,8 +35,8 @@ from typing import Any
 import pyarrow as pa
 
 from pydblog.api.sync import SYNC, start_sync_api
-from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
-from pydblog.config import Config, load_config
+from pydblog.changelog import log_exists, open_reader
+from pydblog.config import Config, LogConfig, load_config
 from pydblog.console import jvm_output
 from pydblog.errors import ChangeLogError, ConfigError, DblogError, SinkError
 from pydblog.spark.batch import Batch
@@ -129,8 +129,8 @@ class BatchApplier:
     """The ``foreachBatch`` function. Runs in the driver; keeps the sinks (and their
     connections) across batches; remembers the first sink error for ``run_sync``."""
 
-    def __init__(self, log_dir: str, sinks: list[Sink], retries: int, backoff_s: float) -> None:
-        self.log_dir = log_dir
+    def __init__(self, log: LogConfig, sinks: list[Sink], retries: int, backoff_s: float) -> None:
+        self.log = log
         self.sinks = sinks
         # Mirrors need only these columns; decoding and collecting fewer is faster (the
         # history sink needs every column).
@@ -153,7 +153,7 @@ class BatchApplier:
             if "first_offset" in df.columns:
                 # ``start_query`` reads the source with packed = true: a few rows, each
                 # an Arrow IPC payload of ~20k events (``source.read_packed``).
-                events = unpack(df.toArrow(), self.schema)
+                events = unpack(df.toArrow(), self.schema, dense=self.log.type != "kafka")
             else:  # a stream of the source's plain rows
                 events = df.select(*self.columns).toArrow()
             log.debug(
@@ -178,7 +178,7 @@ class BatchApplier:
 
     def _apply(self, events: Any, batch_id: int) -> None:
         t0 = time.monotonic()
-        reader = SqliteChangeLogReader(self.log_dir)
+        reader = open_reader(self.log)
         try:
             schemas = reader.schemas()
         finally:
@@ -227,7 +227,7 @@ def _check(cfg: Config) -> None:
             "[sync] has no sinks",
             hint='add at least one [[sync.sinks]] with type = "delta", "postgres" or "history"',
         )
-    if not log_path(cfg.log.path).exists():
+    if not log_exists(cfg.log):
         raise ChangeLogError(
             f"no change log at {cfg.log.path}",
             hint="start `dblog run` first, or check [log] path in the config",
@@ -259,12 +259,21 @@ def warm_up_workers(spark: Any) -> threading.Thread:
 
 def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now: bool) -> Any:
     warm_up_workers(spark)
-    spark.dataSource.register(DblogDataSource)
+    if cfg.log.type == "kafka":
+        from pydblog.spark.kafka_source import NAME as KAFKA_NAME
+        from pydblog.spark.kafka_source import KafkaDataSource
+
+        spark.dataSource.register(KafkaDataSource)
+        reader = spark.readStream.format(KAFKA_NAME).option("log", cfg.log.model_dump_json())
+    else:
+        spark.dataSource.register(DblogDataSource)
+        reader = (
+            spark.readStream.format(NAME)
+            .option("path", cfg.log.path)
+            .option("numPartitions", str(spark.sparkContext.defaultParallelism))
+        )
     stream = (
-        spark.readStream.format(NAME)
-        .option("path", cfg.log.path)
-        .option("maxEventsPerTrigger", str(cfg.sync.max_events_per_trigger))
-        .option("numPartitions", str(spark.sparkContext.defaultParallelism))
+        reader.option("maxEventsPerTrigger", str(cfg.sync.max_events_per_trigger))
         .option("packed", "true")
         .option("columns", ",".join(applier.columns))
         .load()
@@ -309,7 +318,7 @@ def run_sync(
     _check(cfg)
     sinks = [build_sink(s) for s in cfg.sync.sinks]
     applier = BatchApplier(
-        cfg.log.path, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s
+        cfg.log, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s
     )
     api = start_sync_api(cfg)
     spark = spark_session(cfg.sync.master)

@@ -1,0 +1,296 @@
+"""The ``dblog-kafka`` Spark Python Data Source: a Kafka change log as a stream.
+
+``spark.readStream.format("dblog-kafka").option("log", LOG_CONFIG_JSON).load()`` gives
+the same rows as the ``dblog`` source over the embedded log (``EVENT_SCHEMA_DDL``, or
+``PACKED_SCHEMA_DDL`` with ``packed``). Spark's own Kafka source would need Maven jars;
+this one needs only confluent-kafka on the driver and the executors.
+
+Offsets (what Spark's checkpoint stores):
+``{"cp": n, "seq": s, "owner": [epoch, gen, writer], "ends": {"topic:partition": o}}``:
+everything the valid commits of the checkpoint topic below Kafka offset ``n`` wrote,
+i.e. the events with global offset ``< s``, which lie below ``ends`` in each data
+partition. A micro-batch ``(start, end]`` reads, per partition, the Kafka offsets
+``[start.ends, end.ends)`` and keeps the records the commits between ``start.cp`` and
+``end.cp`` made valid (``changelog.kafka``'s rules): exactly the events
+``start.seq <= offset < end.seq``, one each. The planning is a pure function of the
+checkpoint topic (append-only) and the start offset, so a replayed batch re-reads the
+same records. Sinks record the global offset they applied (as with the embedded log),
+so a replayed batch applies nothing twice.
+
+``maxEventsPerTrigger`` bounds a batch at commit granularity (at least one commit);
+with ``Trigger.AvailableNow`` the stream stops at the checkpoint topic's end at start.
+After each batch the offsets are also committed to the consumer group
+``dblog-sync.<prefix>`` (monitoring: ``dblog status`` shows the lag; best effort).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from pydblog.errors import ChangeLogError
+from pydblog.spark.source import (
+    EVENT_COLUMNS,
+    EVENT_SCHEMA_DDL,
+    PACKED_SCHEMA_DDL,
+    _columns,
+    _lower,
+    _max_events,
+    _packed,
+)
+
+NAME = "dblog-kafka"
+Offset = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class KafkaRange(InputPartition):
+    """Kafka offsets ``start <= o < end`` of one partition, and the segments
+    ``(end offset, writer tag)`` that say which records there are valid."""
+
+    log: str  # the LogConfig as JSON
+    topic: str
+    partition: int
+    start: int
+    end: int
+    segments: tuple[tuple[int, str], ...]
+
+
+def _log_json(options: dict[str, str]) -> str:
+    raw = options.get("log")
+    if not raw:
+        raise ChangeLogError(
+            "the dblog-kafka data source needs option 'log' (the [log] config as JSON)",
+            hint='.option("log", cfg.log.model_dump_json())',
+        )
+    return raw
+
+
+def _config(log_json: str) -> Any:
+    from pydblog.config import LogConfig
+
+    return LogConfig.model_validate_json(log_json)
+
+
+def _tp_key(tp: tuple[str, int]) -> str:
+    return f"{tp[0]}:{tp[1]}"
+
+
+def _tp(key: str) -> tuple[str, int]:
+    topic, _, p = key.rpartition(":")
+    return topic, int(p)
+
+
+def _commit_log(offset: Offset) -> Any:
+    """A ``CommitLog`` positioned at ``offset`` (owner and cumulative ends, no
+    segments: those of the commits applied next describe the next batch)."""
+    from pydblog.changelog.kafka import CommitLog
+
+    log = CommitLog()
+    owner = offset.get("owner")
+    log.owner = (int(owner[0]), int(owner[1]), str(owner[2])) if owner else None
+    log.ends = {_tp(k): int(v) for k, v in offset.get("ends", {}).items()}
+    log.read_to = int(offset.get("cp", 0))
+    return log
+
+
+def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | None) -> tuple[Offset, Any]:
+    """Apply the checkpoint topic's messages from ``start["cp"]`` (up to Kafka offset
+    ``stop_cp``, or the topic's end), stopping after the commit that reaches
+    ``max_events`` events; returns the end offset and the ``CommitLog`` (its segments
+    are the new commits')."""
+    from pydblog.changelog.kafka import CommitRecord, _Client, checkpoint_topic
+
+    cfg = _config(log_json)
+    client = _Client(cfg)
+    try:
+        log = _commit_log(start)
+        seq = int(start.get("seq", 0))
+        cp = int(start.get("cp", 0))
+        topic = checkpoint_topic(client.prefix)
+        if client.partitions(topic):
+            lo, hi = client.watermarks([(topic, 0)])[(topic, 0)]
+            hi = hi if stop_cp is None else min(hi, stop_cp)
+            cp = max(cp, lo)
+            for m in client.read_range({(topic, 0): (cp, hi)}):
+                cp = m.offset() + 1
+                if m.value() is None:
+                    continue
+                rec = CommitRecord.from_bytes(m.value(), m.offset())
+                if log.apply(rec):
+                    seq = rec.end
+                if max_events is not None and seq - int(start.get("seq", 0)) >= max_events:
+                    break
+            else:  # read to ``hi`` (what follows the last message is transaction markers)
+                cp = max(cp, hi)
+        owner = list(log.owner) if log.owner is not None else None
+        end = {"cp": cp, "seq": seq, "owner": owner,
+               "ends": {_tp_key(tp): o for tp, o in sorted(log.ends.items())}}
+        return end, log
+    finally:
+        client.close()
+
+
+def _checkpoint_end(log_json: str) -> int:
+    from pydblog.changelog.kafka import _Client, checkpoint_topic
+
+    client = _Client(_config(log_json))
+    try:
+        topic = checkpoint_topic(client.prefix)
+        if not client.partitions(topic):
+            return 0
+        return int(client.watermarks([(topic, 0)])[(topic, 0)][1])
+    finally:
+        client.close()
+
+
+def read_events(part: KafkaRange) -> tuple[list[int], list[str]]:
+    """The valid records of ``part``: global offsets and envelopes (without offset)."""
+    from pydblog.changelog.kafka import HEADER_FANOUT, HEADER_WRITER, _Client, _header, parse_value
+
+    client = _Client(_config(part.log))
+    seqs: list[int] = []
+    bodies: list[str] = []
+    segs = part.segments
+    try:
+        for m in client.read_range({(part.topic, part.partition): (part.start, part.end)}):
+            value = m.value()
+            if value is None:
+                continue
+            headers = m.headers()
+            if _header(headers, HEADER_FANOUT) is not None:
+                continue
+            off = m.offset()
+            tag = _header(headers, HEADER_WRITER)
+            owner = next((w for e, w in segs if e > off), None)
+            if tag is None or owner != tag.decode():
+                continue
+            seq, body = parse_value(value)
+            seqs.append(seq)
+            bodies.append(body.decode())
+    finally:
+        client.close()
+    return seqs, bodies
+
+
+def _read(part: KafkaRange, packed: bool, columns: list[str]) -> Iterator[Any]:
+    import pyarrow as pa
+
+    from pydblog.spark import decode
+
+    schema = decode.columns_schema(columns)
+    seqs, bodies = read_events(part)
+    step = decode.ARROW_BATCH_EVENTS
+    for a in range(0, len(seqs), step):
+        s, b = seqs[a : a + step], bodies[a : a + step]
+        batch = decode.decode_fast(0, ["\x1f\x1f0"] * len(b), b, schema)
+        if "offset" in schema.names:
+            batch = batch.set_column(schema.get_field_index("offset"), "offset",
+                                     pa.array(s, type=pa.int64()))
+        if not packed:
+            yield batch
+            continue
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([min(s)], type=pa.int64()), pa.array([max(s) + 1], type=pa.int64()),
+             pa.array([decode.pack(batch)], type=pa.binary())],
+            schema=decode.PACKED_SCHEMA,
+        )
+
+
+class KafkaDataSource(DataSource):
+    """Options: ``log`` (required: the ``[log]`` config as JSON), ``maxEventsPerTrigger``,
+    ``startingOffset`` (``earliest`` or ``latest``), ``packed``, ``columns`` (as the
+    ``dblog`` source)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return PACKED_SCHEMA_DDL if _packed(_lower(self.options)) else EVENT_SCHEMA_DDL
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(_lower(self.options))
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        options = _lower(options)
+        self.log = _log_json(options)
+        self.max_events = _max_events(options)
+        self.packed = _packed(options)
+        self.columns = _columns(options) if self.packed else list(EVENT_COLUMNS)
+        self.starting = options.get("startingoffset", "earliest")
+        self.target: int | None = None
+
+    def initialOffset(self) -> Offset:
+        start: Offset = {"cp": 0, "seq": 0, "owner": None, "ends": {}}
+        if self.starting == "latest":
+            return plan(self.log, start, None, None)[0]
+        return start
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = _checkpoint_end(self.log)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_events)
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        max_events: int | None = self.max_events
+        if isinstance(limit, ReadMaxRows):
+            max_events = int(limit.max_rows)
+        elif isinstance(limit, ReadAllAvailable):
+            max_events = None
+        return plan(self.log, start, self.target, max_events)[0]
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        _, log = plan(self.log, start, int(end["cp"]), None)
+        begin = {_tp(k): int(v) for k, v in start.get("ends", {}).items()}
+        out: list[InputPartition] = []
+        for key, hi in sorted(end.get("ends", {}).items()):
+            tp = _tp(key)
+            lo = begin.get(tp, 0)
+            segs = tuple(log.segments.get(tp, ()))
+            if int(hi) > lo and segs:
+                out.append(KafkaRange(self.log, tp[0], tp[1], lo, int(hi), segs))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KafkaRange)
+        return _read(partition, self.packed, self.columns)
+
+    def commit(self, end: Offset) -> None:
+        """Publish the applied offsets to ``dblog-sync.<prefix>`` (monitoring only)."""
+        try:
+            from pydblog.changelog.kafka import SYNC_GROUP, _Client, _for_consumer, client_config
+
+            cfg = _config(self.log)
+            client = _Client(cfg)
+            k = client.k
+            consumer = k.Consumer(_for_consumer(client_config(
+                cfg, **{"group.id": SYNC_GROUP.format(prefix=client.prefix),
+                        "enable.auto.commit": False})))
+            try:
+                offsets = [k.TopicPartition(t, p, int(o))
+                           for (t, p), o in ((_tp(key), v) for key, v in end.get("ends", {}).items())]
+                if offsets:
+                    consumer.commit(offsets=offsets, asynchronous=False)
+            finally:
+                consumer.close()
+                client.close()
+        except Exception:  # monitoring only: the sinks' commits make the sync exactly once
+            return
