@@ -62,7 +62,6 @@ def test_snapshot_only(harness: Harness, tmp_path: Path, watermark: str) -> None
     assert all(e["before"] is None and e["source"]["snapshot"] == "incremental" for e in rows)
 
 
-@pytest.mark.mysql57
 def test_writes_during_snapshot(harness: Harness, tmp_path: Path) -> None:
     make_table(harness, "t1", 2000)
     with Capture(harness, tmp_path, "[snapshot]\nchunk_size = 50") as cap:
@@ -315,7 +314,6 @@ def test_alter_table_just_before_snapshot(harness: Harness, tmp_path: Path) -> N
     assert all("extra" in e["after"] for e in snapshot_rows(events, "al"))
 
 
-@pytest.mark.mysql57
 def test_initial_mode_on_first_start(harness: Harness, tmp_path: Path) -> None:
     make_table(harness, "i1", 150)
     make_table(harness, "i2", 70)
