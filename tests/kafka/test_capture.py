@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from tests.helpers import (
     kill9,
     start_run,
     stop_run,
+    tail,
+    wait_for,
     write_config,
 )
 from tests.integration.test_crash import writer
@@ -85,6 +88,50 @@ def test_crash_at_each_step_of_a_kafka_commit(
         log = status["changelog"]
         assert log["type"] == "kafka" and log["last_offset"] >= 59  # rounds 2 and 3 (the slot is created after round 1)
         assert any(t.endswith(".public.w") for t in log["topics"])
+    finally:
+        code, out = stop_run(proc)
+    assert code == 0, out
+
+
+def test_signal_topic(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
+    """Debezium's Kafka signal channel: execute-snapshot sent to [snapshot] signal_topic
+    (key = topic prefix) snapshots the table; a message with another key and a
+    malformed one are ignored; each signal is handled once."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    _table(pg_db)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO w SELECT g, 'v', 0 FROM generate_series(1, 300) g")
+    prefix = f"s{uuid.uuid4().hex[:8]}"
+    signals = f"{prefix}-signals"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.create_topics([NewTopic(signals, 1, 1)]).values():
+        f.result()
+    config = write_config(tmp_path, pg_db, extra=kafka_log_toml(
+        kafka_bootstrap, prefix, f'[snapshot]\nsignal_topic = "{signals}"\nchunk_size = 64\n'))
+    proc = start_run(config)
+    try:
+        time.sleep(3)  # the listener starts at the topic's end
+        p = Producer({"bootstrap.servers": kafka_bootstrap})
+        p.produce(signals, b"not json", prefix.encode())
+        p.produce(signals, orjson.dumps({"type": "execute-snapshot",
+                                         "data": {"data-collections": ["public\\.w"]}}), b"other")
+        p.produce(signals, orjson.dumps({"type": "execute-snapshot",
+                                         "data": {"data-collections": ["public\\.w"]}}), prefix.encode())
+        p.flush(10)
+
+        def done() -> bool:
+            return any(e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
+                       for e in tail(config))
+
+        wait_for(done, 120, "the snapshot's COMPLETED notification")
+        events = _check(config, pg_db)
+        reads = [e for e in events if e["op"] == "r"]
+        assert len(reads) == 300
+        started = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "STARTED"]
+        assert len(started) == 1 and started[0]["notification"]["signal_id"].startswith("kafka-0-")
     finally:
         code, out = stop_run(proc)
     assert code == 0, out

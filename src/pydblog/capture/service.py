@@ -92,6 +92,7 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
         runner = Runner(cfg, source, reader, changelog, state)
         runner.lease = lease
         LIVE.runner, LIVE.state = runner, "running"
+        signals = _kafka_signals(cfg)
         try:
             runner.run(stop)
             return
@@ -117,6 +118,8 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
                 METRICS.restart()
         finally:
             try:
+                if signals is not None:
+                    signals.close()
                 runner.writer.close()
                 source.close()
                 reader.close()
@@ -126,6 +129,15 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
         if lease is not None:
             lease.check()
         delay = min(delay * 2, 30.0)
+
+
+def _kafka_signals(cfg: Config) -> Any:
+    """The Kafka signal channel's listener, if ``[snapshot] signal_topic`` is set."""
+    if cfg.snapshot.signal_topic is None:
+        return None
+    from pydblog.capture.kafka_signals import KafkaSignalListener
+
+    return KafkaSignalListener(cfg)
 
 
 def collect_status(cfg: Config) -> dict[str, Any]:

@@ -12,7 +12,11 @@ from pydblog.errors import SourceError
 from pydblog.extras import needs_extra
 
 
-def send_signal(cfg: Config, signal_id: str, kind: str, data: dict[str, Any]) -> None:
+def send_signal(
+    cfg: Config, signal_id: str, kind: str, data: dict[str, Any], *, once: bool = False
+) -> None:
+    """Insert the signal row; with ``once`` nothing happens if a signal with that id
+    exists (the Kafka signal channel forwards at least once)."""
     payload = orjson.dumps(data).decode()
     if cfg.source.type == "postgres":
         import psycopg
@@ -25,8 +29,9 @@ def send_signal(cfg: Config, signal_id: str, kind: str, data: dict[str, Any]) ->
         try:
             schema, table = split_name(cfg.snapshot.signal_table)
             conn.execute(
-                sql.SQL("INSERT INTO {} (id, type, data) VALUES (%s, %s, %s)").format(
-                    sql.Identifier(schema, table)
+                sql.SQL("INSERT INTO {} (id, type, data) VALUES (%s, %s, %s){}").format(
+                    sql.Identifier(schema, table),
+                    sql.SQL(" ON CONFLICT (id) DO NOTHING" if once else ""),
                 ),
                 (signal_id, kind, payload),
             )
@@ -41,4 +46,4 @@ def send_signal(cfg: Config, signal_id: str, kind: str, data: dict[str, Any]) ->
     with needs_extra("mysql", 'source type "mysql"'):
         from pydblog.sources.mysql.signals import send_signal as send_mysql
 
-    send_mysql(cfg, signal_id, kind, payload)
+    send_mysql(cfg, signal_id, kind, payload, once=once)

@@ -12,15 +12,16 @@ from pydblog.sources.mysql.setup import own_tables
 from pydblog.sources.mysql.types import quote_ident
 
 
-def send_signal(cfg: Config, signal_id: str, kind: str, payload: str) -> None:
-    """Insert ``(signal_id, kind, payload)`` into the configured signal table."""
+def send_signal(cfg: Config, signal_id: str, kind: str, payload: str, *, once: bool = False) -> None:
+    """Insert ``(signal_id, kind, payload)`` into the configured signal table (with
+    ``once``: nothing if a signal with that id exists)."""
     dsn = MySqlDsn.parse(cfg.source.dsn)
     db, table = own_tables(cfg.snapshot, dsn.database).signal
     conn = connect(dsn, timeout_s=cfg.source.connect_timeout_s)
     try:
         with conn.cursor() as cur:
             cur.execute(
-                f"INSERT INTO {quote_ident(db)}.{quote_ident(table)} (id, type, data) "
+                f"INSERT {'IGNORE ' if once else ''}INTO {quote_ident(db)}.{quote_ident(table)} (id, type, data) "
                 "VALUES (%s, %s, %s)",
                 (signal_id, kind, payload),
             )
