@@ -329,6 +329,23 @@ class Config(_Model):
                 return self.model_copy(update={"source": source})
         return self
 
+    @model_validator(mode="after")
+    def _qualified_own_tables(self) -> Config:
+        """PostgreSQL: an unqualified ``signal_table`` / ``watermark_table`` is in
+        ``public`` (as it is created there): normalised here, since the capture compares
+        them with the ``schema.table`` names of stream events (unqualified, signals were
+        logged as data and never acted on). MySQL resolves them in the DSN's database."""
+        snap = self.snapshot
+        if self.source.type == "postgres" and ("." not in snap.signal_table
+                                               or "." not in snap.watermark_table):
+            update = {
+                name: value if "." in value else f"public.{value}"
+                for name, value in (("signal_table", snap.signal_table),
+                                    ("watermark_table", snap.watermark_table))
+            }
+            object.__setattr__(self, "snapshot", snap.model_copy(update=update))
+        return self
+
     @property
     def log_dir(self) -> Path:
         return Path(self.log.path)

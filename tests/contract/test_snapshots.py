@@ -354,3 +354,18 @@ def test_surrogate_key_snapshot_keeps_identity_across_restart(harness: Harness, 
     rows = snapshot_rows(events, "skr")
     assert {tuple(e["key"]) for e in rows} == {("id",)}
     assert {e["key"]["id"] for e in rows} == set(range(1500))
+
+
+def test_surrogate_key_null_group_shorter_than_a_chunk(harness: Harness, tmp_path: Path) -> None:
+    """A surrogate-key snapshot ends only when the database has no rows left in its
+    range, not at a short read: MySQL reads the whole NULL group as the first chunk, and
+    a NULL group shorter than a chunk used to mark the table done."""
+    harness.execute("CREATE TABLE skn (id INT PRIMARY KEY, s INT, v VARCHAR(10))")
+    values = ", ".join(f"({i}, {'NULL' if i < 3 else i}, 'v{i}')" for i in range(60))
+    harness.execute(f"INSERT INTO skn (id, s, v) VALUES {values}")
+    with Capture(harness, tmp_path, "[snapshot]\nchunk_size = 10\nadaptive = false") as cap:
+        harness.signal(sid(), "execute-snapshot",
+                       {"data-collections": [q(harness, "skn")], "surrogate-key": "s"})
+        cap.wait_notification("COMPLETED")
+        events = cap.assert_oracle({"skn": ["id"]})
+    assert sorted(e["key"]["id"] for e in snapshot_rows(events, "skn")) == list(range(60))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from pydblog.changelog.sqlite import SqliteChangeLogReader
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness
 from tests.helpers import dblog
@@ -45,3 +46,5 @@ def test_partitioned_table_under_parent_name(pg_db: str, tmp_path: Path) -> None
     assert any(e["key"] == {"id": 500, "region": "ap"} for e in stream)
     res = dblog("status", "--config", str(cap.config), check=False)
     assert "orders_eu" not in res.stdout
+    recorded = {s.table for _, s in SqliteChangeLogReader(cap.log_dir).schemas()}
+    assert "orders" in recorded and not recorded & {"orders_eu", "orders_us", "orders_ap"}

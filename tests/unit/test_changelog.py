@@ -7,9 +7,11 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pydblog.changelog import sqlite as sqlite_log
 from pydblog.changelog.sqlite import BLOCK_EVENTS, SqliteChangeLog, SqliteChangeLogReader
 from pydblog.events import EncodedEvent, with_offset
 from pydblog.ports import Checkpoint, ColumnSchema, TableSchema
@@ -64,24 +66,39 @@ def test_checkpoint_schemas_and_reopen(tmp_path: Path) -> None:
     assert with_offset(7, b'{"op":"c"}') == b'{"offset":7,"op":"c"}'
 
 
-def test_retention_by_age_and_size_keeps_a_prefix_out(tmp_path: Path) -> None:
+def test_retention_by_age_and_size_keeps_a_prefix_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = SqliteChangeLog(tmp_path)
-    now = int(time.time() * 1000)
-    old = [ev(i, ts=now - 10 * 3_600_000) for i in range(3 * BLOCK_EVENTS)]
-    new = [ev(i, ts=now) for i in range(3 * BLOCK_EVENTS, 4 * BLOCK_EVENTS)]
-    log.append(old, cp(1))
+    now = time.time()
+    old = [ev(i, ts=int(now * 1000)) for i in range(3 * BLOCK_EVENTS)]
+    new = [ev(i, ts=int(now * 1000)) for i in range(3 * BLOCK_EVENTS, 4 * BLOCK_EVENTS)]
+    monkeypatch.setattr(sqlite_log, "_now_ms", lambda: int((now - 10 * 3600) * 1000))
+    log.append(old, cp(1))  # appended 10 hours ago
+    monkeypatch.setattr(sqlite_log, "_now_ms", lambda: int(now * 1000))
     log.append(new, cp(2))
     removed = log.enforce_retention(3_600_000, None)
     reader = SqliteChangeLogReader(tmp_path)
     assert removed == 3 * BLOCK_EVENTS
     assert reader.first_offset() == 3 * BLOCK_EVENTS and reader.next_offset() == 4 * BLOCK_EVENTS
-    log.append([ev(i, ts=now) for i in range(4 * BLOCK_EVENTS, 8 * BLOCK_EVENTS)], cp(3))
+    log.append([ev(i, ts=int(now * 1000)) for i in range(4 * BLOCK_EVENTS, 8 * BLOCK_EVENTS)], cp(3))
     before = log.size_bytes()
     assert log.enforce_retention(None, before // 2) > 0
     first = reader.first_offset()
     assert 3 * BLOCK_EVENTS < first < 8 * BLOCK_EVENTS
     assert [r.offset for r in reader.read(0, 3)] == [first, first + 1, first + 2]
     assert reader.next_offset() == 8 * BLOCK_EVENTS
+
+
+def test_retention_ages_blocks_by_append_time_not_event_time(tmp_path: Path) -> None:
+    """A capture lagging more than the retention age appends events whose source time is
+    old: retention must not delete what was just written (it aged blocks by event time)."""
+    log = SqliteChangeLog(tmp_path)
+    old_ts = int(time.time() * 1000) - 10 * 3_600_000
+    log.append([ev(i, ts=old_ts) for i in range(2 * BLOCK_EVENTS)], cp(1))
+    log.append([ev(i, ts=old_ts) for i in range(2 * BLOCK_EVENTS, 3 * BLOCK_EVENTS)], cp(2))
+    assert log.enforce_retention(3_600_000, None) == 0
+    assert SqliteChangeLogReader(tmp_path).first_offset() == 0
 
 
 def _writer(directory: str, batches: int) -> None:

@@ -67,3 +67,16 @@ def test_redact_dsn() -> None:
     assert redact_dsn("postgresql://u:secret@h:5/db") == "postgresql://u:***@h:5/db"
     assert "secret" not in redact_dsn("host=h password=secret user=u")
     assert redact_dsn("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_unqualified_own_tables_are_normalised_for_postgres() -> None:
+    """An unqualified signal/watermark table is PostgreSQL's ``public.<name>`` (the
+    capture compares them with events' ``schema.table``: unqualified, signals were logged
+    as data and never acted on); MySQL keeps the name (resolved in the DSN's database)."""
+    cfg = parse_config({"source": {"dsn": "x"},
+                        "snapshot": {"signal_table": "sig", "watermark_table": "app.wm"}})
+    assert cfg.snapshot.signal_table == "public.sig"
+    assert cfg.snapshot.watermark_table == "app.wm"
+    my = parse_config({"source": {"dsn": "mysql://u@h/db", "type": "mysql"},
+                       "snapshot": {"signal_table": "sig"}})
+    assert my.snapshot.signal_table == "sig"

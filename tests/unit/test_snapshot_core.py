@@ -812,3 +812,18 @@ def test_key_change_create_with_unchanged_columns_is_reread_until_a_full_row_lan
     out = again.on_watermark(req2.high_watermark, pos(20), 0)
     assert [(e.op, e.key, e.after) for e in out] == [(Op.READ, {"id": 7}, row(7, "full"))]
     assert not again.active and again.state() is None
+
+
+def test_surrogate_key_snapshot_ends_only_at_an_empty_range_or_max_key() -> None:
+    """A short surrogate-key chunk (a NULL group, a group re-read shortened by deletes)
+    below ``max_key`` is not the end: one more chunk is read, and only an empty one
+    (the database has nothing left in the range) completes the table."""
+    core = make(chunk=3)
+    _surrogate_chunking(core)  # max key ("z",)
+    _, out = chunk(core, [{"id": 1, "v": None}], 20)
+    assert kinds(out) == ["r", "IN_PROGRESS"]
+    req, out = chunk(core, [row(2, "b")], 30)
+    assert req.after_key == (None,) and kinds(out) == ["r", "IN_PROGRESS"]
+    req, out = chunk(core, [], 40)
+    assert req.after_key == ("b",)
+    assert kinds(out) == ["TABLE_SCAN_COMPLETED", "COMPLETED"]

@@ -68,7 +68,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (
     first_offset INTEGER PRIMARY KEY,
     last_offset INTEGER NOT NULL,
-    max_ts_ms INTEGER NOT NULL,
+    max_ts_ms INTEGER NOT NULL, -- when the block was appended (retention's age)
     tables TEXT NOT NULL,
     meta TEXT NOT NULL,
     body TEXT NOT NULL
@@ -178,6 +178,11 @@ def _decompress(blob: bytes) -> str:
     if codec is None:
         codec = _codecs.decompressor = zstandard.ZstdDecompressor()
     return codec.decompress(blob).decode()
+
+
+def _now_ms() -> int:
+    """The wall clock in ms (one place, so tests can move it)."""
+    return int(time.time() * 1000)
 
 
 def _bulk_row(first: int, block: EncodedBlock) -> tuple[object, ...]:
@@ -325,6 +330,11 @@ class SqliteChangeLog(ChangeLogWriter):
     ) -> int:
         start = self._next
         blocks, end = _block_rows(start, events)
+        # Retention ages a block by when it was appended, not by its events' source
+        # time: a capture lagging more than retention_hours must not delete what it
+        # just wrote. (The column keeps its old name; it holds the append time.)
+        now_ms = _now_ms()
+        blocks = [(r[0], r[1], now_ms, *r[3:]) for r in blocks]
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -378,7 +388,7 @@ class SqliteChangeLog(ChangeLogWriter):
             return 0
         cut = -1  # delete blocks whose last_offset <= cut
         if max_age_ms is not None:
-            limit = int(time.time() * 1000) - max_age_ms
+            limit = _now_ms() - max_age_ms
             (c,) = conn.execute(
                 "SELECT max(last_offset) FROM blocks WHERE max_ts_ms < ? AND first_offset < ?",
                 (limit, newest),

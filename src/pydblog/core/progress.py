@@ -69,10 +69,21 @@ class TableJob:
 
     def reached_end(self, read: int, limit: int, last_key: RawKey | None) -> bool:
         """True when a chunk of ``limit`` that returned ``read`` rows ending at
-        ``last_key`` was the table's last: short, or ending at ``max_key``."""
-        if read < limit or last_key is None:
+        ``last_key`` was the table's last: ending at ``max_key``, or empty; for a primary
+        key also short (a keyset page with ``LIMIT`` is short only at the range's end).
+
+        A surrogate-key chunk is not a plain ``LIMIT`` page (MySQL reads the whole NULL
+        group as one chunk; both sources extend a chunk to the end of its last group by a
+        second SELECT, which concurrent deletes can make short), so its short read says
+        nothing: the table ends only when the database returns no row of the remaining
+        range ``last_key < key <= max_key`` (one more, empty chunk) or at ``max_key``."""
+        if last_key is None:
             return True
-        return self.max_key is not None and match_key(last_key) == match_key(self.max_key)
+        if self.max_key is not None and match_key(last_key) == match_key(self.max_key):
+            return True
+        if self.surrogate_key is not None:
+            return read == 0
+        return read < limit
 
     def fraction(self) -> float:
         """Rough share of the table done: ``last/max`` for a single numeric key, else 0."""

@@ -80,9 +80,21 @@ def arrow_type(col: ColumnSchema) -> pa.DataType:
 
 
 def arrow_schema(schema: TableSchema) -> pa.Schema:
+    """Identity columns are non-nullable only where the source declares them NOT NULL
+    (a whole-row identity, ``REPLICA IDENTITY FULL`` without primary key, holds NULLs)."""
     return pa.schema(
-        [pa.field(c.name, arrow_type(c), nullable=c.name not in schema.key) for c in schema.columns]
+        [
+            pa.field(c.name, arrow_type(c), nullable=c.nullable or c.name not in schema.key)
+            for c in schema.columns
+        ]
     )
+
+
+def null_safe_key(schema: TableSchema) -> bool:
+    """True when a row's identity may hold NULLs: sinks then match it null-safely
+    (``IS NOT DISTINCT FROM``) and the PostgreSQL sink declares no primary key."""
+    key = set(schema.key)
+    return not key or any(c.nullable for c in schema.columns if c.name in key)
 
 
 def _to_text(v: Any) -> Any:
@@ -255,10 +267,13 @@ def infer_schema(
                 names.setdefault(name, "null")
     for k in key:
         names.setdefault(k, "text")
+    # A key of every column is a whole-row identity (no primary key at the source): it
+    # may hold NULLs. A narrower key is a primary key or an identity index: NOT NULL.
+    whole_row = set(names) <= set(key)
     cols = []
     for name, logical in names.items():
         lg = "text" if logical == "null" else logical
-        cols.append(ColumnSchema(name, _PG_FROM_LOGICAL[lg], lg, name not in key))
+        cols.append(ColumnSchema(name, _PG_FROM_LOGICAL[lg], lg, whole_row or name not in key))
     return TableSchema(schema, table, tuple(cols), tuple(key))
 
 

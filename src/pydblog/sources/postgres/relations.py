@@ -148,7 +148,7 @@ def build_relation(
                 c.name,
                 types.sql_type(c.type_oid, c.type_modifier),
                 types.logical_type(c.type_oid),
-                names[i] not in (pk or ()),
+                names[i] not in (pk or ()) and names[i] not in index,  # both NOT NULL
             )
             for i, c in enumerate(rel.columns)
         ),

@@ -287,7 +287,9 @@ class PgLogSource:
         assert self._meta is not None and self._types is not None
         qualified = f"{m.namespace}.{m.name}"
         own = qualified in (self.signal_table, self.watermark_table)
-        captured = own or self._matcher(qualified)
+        # A partition's own Relation message comes beside its root's (pgoutput sends both
+        # when publishing via the root); its changes come under the root: not captured.
+        captured = own or (self._matcher(qualified) and not self._is_partition(m.oid))
         missing = [c.type_oid for c in m.columns if not self._types.known(c.type_oid)]
         if missing:
             self._types.refresh(self._meta, missing)
@@ -313,6 +315,11 @@ class PgLogSource:
         if m.prefix == HEARTBEAT_PREFIX and not in_tx:
             return [Heartbeat(PgPosition(Lsn(m.lsn), 0, Lsn(m.lsn)))]
         return []
+
+    def _is_partition(self, oid: int) -> bool:
+        assert self._meta is not None
+        row = self._meta.execute("SELECT relispartition FROM pg_class WHERE oid = %s", (oid,)).fetchone()
+        return bool(row and row[0])
 
     def _primary_key(self, oid: int) -> list[str]:
         assert self._meta is not None

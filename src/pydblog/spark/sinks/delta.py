@@ -161,7 +161,13 @@ class DeltaSink:
         dt: DeltaTable, source: pa.Table, schema: TableSchema, txn: CommitProperties
     ) -> None:
         key = schema.key or tuple(c.name for c in schema.columns)
-        predicate = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key)
+        nullable = {c.name for c in schema.columns if c.nullable}
+        # A key column that may hold NULL (a whole-row identity) matches null-safely.
+        predicate = " AND ".join(
+            f"(t.{quote(k)} IS NOT DISTINCT FROM s.{quote(k)})" if k in nullable or not schema.key
+            else f"t.{quote(k)} = s.{quote(k)}"
+            for k in key
+        )
         names = [c.name for c in schema.columns]
         keep: set[str] = set()
         if "_dblog_unchanged" in source.column_names:

@@ -42,6 +42,7 @@ from pydblog.errors import SinkError
 from pydblog.ports import ColumnSchema, TableSchema
 from pydblog.spark.batch import Batch
 from pydblog.spark.reduce import DELETE, TableChanges
+from pydblog.spark.typemap import null_safe_key
 
 PROGRESS_TABLE = "dblog_sync_progress"
 
@@ -120,6 +121,8 @@ class PostgresSink:
         self._targets: dict[tuple[str, str], str] = {}
         self._conns: dict[int, psycopg.Connection[Any]] = {}
         self._columns: dict[str, set[str]] = {}
+        # target -> True when it has no primary key: rows are matched null-safely
+        self._keyless: dict[str, bool] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="pg-sink")
 
@@ -241,15 +244,26 @@ class PostgresSink:
         )
         key = sql.SQL(", ").join(sql.Identifier(k) for k in schema.key)
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(tschema)))
-        conn.execute(
-            sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(ident, cols, key)
-        )
+        if null_safe_key(schema):
+            # A whole-row identity (no primary key at the source) may hold NULLs: no
+            # primary key here either (it would make them NOT NULL); rows are matched
+            # null-safely (``_apply_null_safe``).
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(ident, cols))
+        else:
+            conn.execute(
+                sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(ident, cols, key)
+            )
         rows = conn.execute(
             "SELECT column_name FROM information_schema.columns "
             "WHERE table_schema = %s AND table_name = %s",
             (tschema, tname),
         ).fetchall()
         have = {r[0] for r in rows}
+        pk = conn.execute(
+            "SELECT 1 FROM pg_index WHERE indrelid = to_regclass(%s) AND indisprimary",
+            (sql.Identifier(tschema, tname).as_string(conn),),
+        ).fetchone()
+        self._keyless[f"{tschema}.{tname}"] = pk is None
         for c in schema.columns:
             if c.name not in have:
                 conn.execute(
@@ -327,6 +341,12 @@ class PostgresSink:
                         unch,
                     ]
                 )
+        tschema, tname = self.target(ch.schema, ch.table)
+        if self._keyless.get(f"{tschema}.{tname}", null_safe_key(schema)):
+            # The target has no primary key (created for a whole-row identity that may
+            # hold NULLs): match null-safely, whatever a later schema says of the key.
+            _apply_null_safe(conn, target, stage, cols, key)
+            return
         match = sql.SQL(" AND ").join(
             sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k)) for k in key
         )
@@ -375,3 +395,52 @@ class PostgresSink:
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
+
+
+def _apply_null_safe(
+    conn: psycopg.Connection[Any],
+    target: sql.Identifier,
+    stage: sql.Identifier,
+    cols: list[str],
+    key: list[str],
+) -> None:
+    """Apply a staged batch to a table without primary key (its identity may hold NULLs):
+    rows match when their identity columns' record texts are equal, ``ROW(t.k…)::text =
+    ROW(s.k…)::text``: null-safe (a NULL field prints empty, an empty string as ``""``),
+    defined for every type (json has no ``=``), and a plain text equality that PostgreSQL
+    can hash-join (``IS NOT DISTINCT FROM`` would be a nested loop over the table).
+    Deletes remove every matching row; upserts update the matching rows, else insert one,
+    so a NULL never stops the sync and no stale duplicate is left. (Unchanged-TOAST
+    columns do not occur: such a table has ``REPLICA IDENTITY FULL``, whose events carry
+    every value.)"""
+
+    def record(alias: str) -> sql.Composable:
+        return sql.SQL("ROW({})::text").format(
+            sql.SQL(", ").join(sql.SQL(alias + ".{}").format(sql.Identifier(k)) for k in key)
+        )
+
+    match = sql.SQL("{} = {}").format(record("t"), record("s"))
+    conn.execute(
+        sql.SQL("DELETE FROM {} t USING {} s WHERE {} AND s._dblog_op = {}").format(
+            target, stage, match, sql.Literal(DELETE)
+        )
+    )
+    non_key = [n for n in cols if n not in key]
+    if non_key:
+        conn.execute(
+            sql.SQL("UPDATE {} t SET {} FROM {} s WHERE {} AND s._dblog_op = 'u'").format(
+                target,
+                sql.SQL(", ").join(
+                    sql.SQL("{c} = s.{c}").format(c=sql.Identifier(n)) for n in non_key
+                ),
+                stage,
+                match,
+            )
+        )
+    col_list = sql.SQL(", ").join(sql.Identifier(n) for n in cols)
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} ({}) SELECT {} FROM {} s WHERE s._dblog_op = 'u' "
+            "AND NOT EXISTS (SELECT 1 FROM {} t WHERE {})"
+        ).format(target, col_list, col_list, stage, target, match)
+    )
