@@ -202,15 +202,9 @@ class PgSnapshotReader:
         typ = info.types[info.columns.index(col)]
         if typ == "bytea":
             return sql.SQL("decode({}, 'base64')").format(sql.Literal(str(value)))
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, (dict, list)):
-            import orjson
-
-            text = orjson.dumps(value).decode()
-        else:
-            text = str(value)
-        return sql.SQL("{}::{}").format(sql.Literal(text), sql.SQL(typ))
+        if isinstance(value, list) and typ.endswith("[]"):
+            return _array_literal(value, typ)
+        return sql.SQL("{}::{}").format(sql.Literal(_text_of(value)), sql.SQL(typ))
 
     def _tuple(self, info: TableInfo, key: tuple[Any, ...]) -> sql.Composable:
         return sql.SQL("({})").format(
@@ -465,7 +459,11 @@ class PgSnapshotReader:
         order = self._order(info)
         quoted = [sql.Identifier(c).as_string(conn) for c in info.columns]
         json_exprs = [types.json_text_expr(q, o) for q, o in zip(quoted, oids, strict=True)]
-        if self.fast_json and all(e is not None for e in json_exprs):
+        # The event key must be byte for byte the stream's (orjson's) text: consumers
+        # compare key texts. PostgreSQL prints floats differently (1.5e-07 vs 1.5e-7),
+        # so an identity with a "dumps" column (floats, json) takes the text path.
+        canonical_key = all(types.fragment(oids[i])[0] != "dumps" for i in ident_idx)
+        if self.fast_json and canonical_key and all(e is not None for e in json_exprs):
 
             def obj(indexes: tuple[int, ...]) -> sql.Composable:
                 """The JSON object text of these columns, concatenated by PostgreSQL."""
@@ -589,6 +587,37 @@ class PgSnapshotReader:
             if conn is not None:
                 conn.close()
         self._conn = self._wconn = None
+
+
+def _text_of(value: Any) -> str:
+    """A key value (as events carry it) as the text its SQL type reads."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return orjson.dumps(value).decode()
+    return str(value)
+
+
+def _array_literal(value: list[Any], typ: str) -> sql.Composable:
+    """An array key value (a JSON list, possibly nested, NULL elements as None) as
+    ``ARRAY[...]::typ``: a JSON list is not an array literal (the second chunk of a
+    table keyed by an array failed)."""
+    elem = typ[:-2]
+
+    def build(items: list[Any]) -> sql.Composable:
+        parts: list[sql.Composable] = []
+        for v in items:
+            if isinstance(v, list):
+                parts.append(build(v))
+            elif v is None:
+                parts.append(sql.SQL("NULL::{}").format(sql.SQL(elem)))
+            else:
+                parts.append(sql.SQL("{}::{}").format(sql.Literal(_text_of(v)), sql.SQL(elem)))
+        return sql.SQL("ARRAY[{}]").format(sql.SQL(", ").join(parts))
+
+    if not value:
+        return sql.SQL("'{{}}'::{}").format(sql.SQL(typ))
+    return sql.SQL("{}::{}").format(build(value), sql.SQL(typ))
 
 
 @dataclass(frozen=True, slots=True)
