@@ -22,13 +22,16 @@ TTL_SHARE = 0.75
 
 
 class DeadlineLease:
-    def __init__(self, epoch: int, ttl_s: float, what: str, release: Callable[[], None]) -> None:
+    def __init__(self, epoch: int, ttl_s: float, what: str, release: Callable[[], None],
+                 confirmed_at: float | None = None) -> None:
+        """``confirmed_at``: when the round trip that made this member leader started
+        (``time.monotonic()``; default now)."""
         self.epoch = epoch
         self._ttl = ttl_s
         self._what = what
         self._release = release
         self._lock = threading.Lock()
-        self._deadline = time.monotonic() + ttl_s
+        self._deadline = (time.monotonic() if confirmed_at is None else confirmed_at) + ttl_s
         self._lost: str | None = None
         self._released = False
 

@@ -111,8 +111,7 @@ class PgLockElection:
                 (self.path, self.member)).fetchone()
         assert row is not None
         lease = DeadlineLease(int(row[0]), self.timeout * TTL_SHARE, "the [ha] lock's PostgreSQL",
-                              self._release)
-        lease.renew(started)
+                              self._release, started)
         self._lease = lease
         threading.Thread(target=self._renew, args=(lease, conn), name="dblog-ha-renew",
                          daemon=True).start()

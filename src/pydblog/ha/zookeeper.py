@@ -120,6 +120,7 @@ class ZkElection:
                 self._safe_release(lock)
                 return None
             try:
+                confirmed_at = time.monotonic()
                 epoch = self._next_epoch(lock)
             except Exception as exc:
                 self._safe_release(lock)
@@ -127,7 +128,8 @@ class ZkElection:
         finally:
             done.set()
         node = f"{lock.path}/{lock.node}"
-        lease = DeadlineLease(epoch, self.timeout * TTL_SHARE, "ZooKeeper", lambda: self._safe_release(lock))
+        lease = DeadlineLease(epoch, self.timeout * TTL_SHARE, "ZooKeeper",
+                              lambda: self._safe_release(lock), confirmed_at)
         self._lease = lease
         self._renewer = threading.Thread(
             target=self._renew, args=(lease, node, self._client.client_id[0]),
