@@ -90,6 +90,7 @@ from pydblog.sources.mysql.tablemap import (
     SchemaTable,
     describe,
     may_rename,
+    mysql_state_at,
     name_columns,
     read_table,
     type_mismatch,
@@ -236,8 +237,8 @@ class MySqlLogSource:
                 hint="this log directory was written by another source type; use a fresh [log] path",
             )
         if pos is None:
-            file, offset, executed = self._master_status()
-            state = self._state_at(file, offset, executed)
+            file, offset, _ = self._master_status()
+            state = self._state_at(file, offset)
             # Where capture begins, offered at once as a Heartbeat so that the runner
             # checkpoints it: a restart before the first transaction resumes here.
             # Index -1 sorts below every event of a transaction starting at ``offset``.
@@ -380,22 +381,24 @@ class MySqlLogSource:
             )
         return state
 
-    def _state_at(self, file: str, offset: int, executed: str | None = None) -> GtidState | None:
+    def _state_at(self, file: str, offset: int) -> GtidState | None:
         """The GTID state at ``(file, offset)``, an event-group boundary (None where
         GTIDs are off or it cannot be known). MariaDB computes it from its binlog
-        (``BINLOG_GTID_POS``); MySQL only knows it at the end of the binlog: pass the
-        ``Executed_Gtid_Set`` read together with ``(file, offset)`` by ``SHOW MASTER
-        STATUS``; for an older offset it stays unknown."""
+        (``BINLOG_GTID_POS``). MySQL has no such function: the file's ``Previous_gtids``
+        plus the GTIDs of the groups before ``offset`` (``mysql_state_at``). (Not
+        ``SHOW MASTER STATUS``'s ``Executed_Gtid_Set``: MySQL reads it a moment before
+        the file and offset, and a transaction committing in between would be missing
+        from the state for good.)"""
         if not self._gtid_mode:
             return None
-        if self.mariadb:
-            with self._ctl_lock, self._ctl_cursor() as cur:
-                cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))
-                row = cur.fetchone()
-            if row is None or row[0] is None:
-                return None
-            return MariaGtidPos.parse(str(row[0]))
-        return MySqlGtidSet.parse(executed) if executed is not None else None
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            if not self.mariadb:
+                return mysql_state_at(cur, file, offset)
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))
+            row = cur.fetchone()
+        if row is None or row[0] is None:
+            return None
+        return MariaGtidPos.parse(str(row[0]))
 
     def _require_executed(self, pos: BinlogPosition) -> None:
         """The server must hold every transaction the change log holds, up to and

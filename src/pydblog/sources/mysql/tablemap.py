@@ -32,6 +32,7 @@ from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.row_event import RowsEvent
 
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
+from pydblog.sources.mysql.gtid import MySqlGtidSet
 from pydblog.sources.mysql.position import file_sequence
 
 
@@ -254,6 +255,34 @@ class DdlLookahead:
         if ddl is not None:
             for db, t in ddl.tables:
                 self.found.append(((seq, pos), db, t, ddl.kind, query))
+
+
+_GTID_NEXT = re.compile(r"'([^']+)'")
+
+
+def mysql_state_at(cur: Any, file: str, offset: int, page: int = 5000) -> MySqlGtidSet | None:
+    """MySQL's executed GTID set at ``(file, offset)`` (an event-group boundary): the
+    file's ``Previous_gtids`` plus every ``Gtid`` event before ``offset``, read with
+    ``SHOW BINLOG EVENTS`` (the server formats both; None if the file has no
+    ``Previous_gtids``, i.e. was written with GTIDs off). Reads the file up to ``offset``
+    once: used at a fresh start and at a file + offset resume only."""
+    state: MySqlGtidSet | None = None
+    pos = 4
+    while True:
+        cur.execute(f"SHOW BINLOG EVENTS IN %s FROM {int(pos)} LIMIT {int(page)}", (file,))
+        rows = cur.fetchall()
+        for _log, at, kind, _sid, end, info in rows:
+            if int(at) >= offset:
+                return state
+            if str(kind) == "Previous_gtids":
+                state = MySqlGtidSet.parse(str(info or ""))
+            elif str(kind) == "Gtid" and state is not None:
+                m = _GTID_NEXT.search(str(info))
+                if m and ":" in m.group(1):  # not ANONYMOUS
+                    state = state.advance(m.group(1))
+            pos = max(pos, int(end))
+        if len(rows) < page:
+            return state
 
 
 def describe(ddls: Iterable[tuple[DdlKind, str]]) -> str:
