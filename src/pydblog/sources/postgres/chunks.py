@@ -128,6 +128,7 @@ class PgSnapshotReader:
             LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
             LEFT JOIN pg_index ri ON ri.indrelid = c.oid AND ri.indisreplident
             WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+              AND a.attgenerated = ''
             ORDER BY a.attnum
             """,
             (schema, table),
@@ -135,6 +136,8 @@ class PgSnapshotReader:
         conn.commit()
         if not rows:
             return None
+        # Generated columns are left out: pgoutput (before PostgreSQL 18) does not publish
+        # them, and a snapshot row must have the shape of the table's stream events.
         names = tuple(r[0] for r in rows)
         self._oids[qualified] = tuple(int(r[2]) for r in rows)
 

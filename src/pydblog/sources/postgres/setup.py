@@ -89,7 +89,18 @@ def publishable(tables: list[CapturedTable], warned: set[str]) -> list[CapturedT
     """Tables that can be published; warns once (per ``warned``) about the others."""
     ok = []
     for t in tables:
-        if t.has_pk or t.replica_identity == "f" or t.replica_identity == "i":
+        if t.replica_identity == "n" and t.qualified not in warned:
+            # Published, its UPDATEs and DELETEs would fail on the source, even with a PK.
+            warned.add(t.qualified)
+            log.warning(
+                "table %s has REPLICA IDENTITY NOTHING: it is NOT captured (publishing it "
+                "would make its UPDATEs/DELETEs fail). Run ALTER TABLE %s REPLICA IDENTITY "
+                "DEFAULT (with a primary key) or FULL, then restart dblog.",
+                t.qualified, t.qualified,
+            )
+        elif t.replica_identity == "n":
+            pass
+        elif t.has_pk or t.replica_identity == "f" or t.replica_identity == "i":
             ok.append(t)
         elif t.qualified not in warned:
             warned.add(t.qualified)
