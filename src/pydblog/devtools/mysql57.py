@@ -123,9 +123,17 @@ def install(root: Path | None = None) -> Path:
         os.chmod(staging / "mysqld", 0o755)
         for p in [staging, *staging.rglob("*")]:
             os.chmod(p, 0o755 if p.is_dir() or p.name == "mysqld" else 0o644)
-        if root.exists():  # a half-finished earlier install
+        # Several test runs may install at once: the first rename wins, the others
+        # discard theirs (never replace a finished install: servers may be running it).
+        if binary.exists():
+            return binary
+        if root.exists():  # not ours and without a binary: a broken earlier attempt
             shutil.rmtree(root)
-        staging.rename(root)  # atomic: the binary appears with everything it needs
+        try:
+            staging.rename(root)  # atomic: the binary appears with everything it needs
+        except OSError:
+            if not binary.exists():
+                raise
     return binary
 
 
