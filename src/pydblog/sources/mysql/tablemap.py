@@ -170,11 +170,12 @@ def name_columns(columns: Sequence[Any], table: SchemaTable) -> None:
 
 # -- DDL after the rows --------------------------------------------------------------------
 # Clauses of an ALTER TABLE that can change a column's name, position, signedness, charset or
-# ENUM/SET members: renames, moves, drops (of a column: not of an index, key or
-# constraint), MODIFY/CHANGE, CONVERT TO CHARACTER SET. ADD is not among them (an added
+# ENUM/SET members: renames (of a column, or of the table: another table may take its
+# name), moves, drops (of a column: not of an index, key or constraint), MODIFY/CHANGE,
+# CONVERT TO CHARACTER SET. ADD is not among them (an added
 # column changes the count, which ``type_mismatch`` sees).
 _RISKY = re.compile(
-    r"\bCHANGE\b|\bMODIFY\b|\bCONVERT\b|\bRENAME\s+COLUMN\b|\bFIRST\b|\bAFTER\b"
+    r"\bCHANGE\b|\bMODIFY\b|\bCONVERT\b|\bRENAME\s+(?!INDEX\b|KEY\b)|\bFIRST\b|\bAFTER\b"
     r"|\bDROP\s+(?!INDEX\b|KEY\b|PRIMARY\b|FOREIGN\b|CHECK\b|CONSTRAINT\b|PARTITION\b)",
     re.I,
 )
