@@ -1,5 +1,6 @@
-"""`dblog run` against MariaDB: random load, snapshot, kill -9; the change log rebuilds
-the tables (materialize `dblog tail --no-follow`, compare with the source)."""
+"""`dblog run` against MariaDB (and MySQL 5.7 in `-m slow`): random load, snapshot, kill -9;
+the change log rebuilds the tables (materialize `dblog tail --no-follow`, compare with the
+source)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
-from pydblog.devtools.mariadb import MariaDB
 from pydblog.devtools.mysql57 import TestServer
 from tests.helpers import dblog, kill9, start_run, stop_run, tail, wait_for
 from tests.mysql.helpers import make
@@ -131,22 +132,25 @@ def setup_tables(mariadb: TestServer, db: str) -> None:
     mariadb.execute("CREATE TABLE marker (id VARCHAR(40) PRIMARY KEY)", db)
 
 
-def test_run_oracle_with_snapshot(mariadb: MariaDB, my_db: str, tmp_path: Path) -> None:
-    setup_tables(mariadb, my_db)
+@pytest.mark.parametrize(
+    "server", ["mariadb", pytest.param("mysql57", marks=pytest.mark.slow)], indirect=True
+)
+def test_run_oracle_with_snapshot(server: TestServer, db: str, tmp_path: Path) -> None:
+    setup_tables(server, db)
     # Rows from before capture starts only reach the log through a snapshot.
-    mariadb.execute(
+    server.execute(
         "INSERT INTO w VALUES (1000, 'old', 0, 1.5, '2020-01-01', '{}'), "
         "(1001, 'old', 0, NULL, NULL, NULL)",
-        my_db,
+        db,
     )
-    config = write_config(tmp_path, mariadb, my_db, "[snapshot]\nchunk_size = 37")
+    config = write_config(tmp_path, server, db, "[snapshot]\nchunk_size = 37")
     stop = threading.Event()
-    load = threading.Thread(target=writer, args=(mariadb, my_db, stop, 1))
+    load = threading.Thread(target=writer, args=(server, db, stop, 1))
     proc = start_run(config)
     try:
         load.start()
         time.sleep(1.0)
-        dblog("snapshot", "--config", str(config), rf"{my_db}\.w.*")
+        dblog("snapshot", "--config", str(config), rf"{db}\.w.*")
         time.sleep(3.0)
     finally:
         stop.set()
@@ -157,7 +161,7 @@ def test_run_oracle_with_snapshot(mariadb: MariaDB, my_db: str, tmp_path: Path) 
             60,
             "snapshot rows of wc",
         )
-        events = assert_oracle(config, mariadb, my_db)
+        events = assert_oracle(config, server, db)
     finally:
         code, err = stop_run(proc)
     assert code == 0, err[-3000:]
@@ -165,17 +169,20 @@ def test_run_oracle_with_snapshot(mariadb: MariaDB, my_db: str, tmp_path: Path) 
     assert {e["source"]["table"] for e in snap} == {"w", "wc"}
     assert all(e["source"]["snapshot"] == "incremental" and e["before"] is None for e in snap)
     assert all(
-        e["source"]["connector"] == "mysql" and e["source"]["db"] == my_db
+        e["source"]["connector"] == "mysql" and e["source"]["db"] == db
         for e in events
         if e["op"] != "n"
     )
 
 
-def test_kill9_during_load(mariadb: MariaDB, my_db: str, tmp_path: Path) -> None:
-    setup_tables(mariadb, my_db)
-    config = write_config(tmp_path, mariadb, my_db, "batch_max_events = 150")
+@pytest.mark.parametrize(
+    "server", ["mariadb", pytest.param("mysql57", marks=pytest.mark.slow)], indirect=True
+)
+def test_kill9_during_load(server: TestServer, db: str, tmp_path: Path) -> None:
+    setup_tables(server, db)
+    config = write_config(tmp_path, server, db, "batch_max_events = 150")
     stop = threading.Event()
-    load = threading.Thread(target=writer, args=(mariadb, my_db, stop, 7))
+    load = threading.Thread(target=writer, args=(server, db, stop, 7))
     rng = random.Random(3)
     proc = start_run(config)
     load.start()
@@ -189,7 +196,7 @@ def test_kill9_during_load(mariadb: MariaDB, my_db: str, tmp_path: Path) -> None
         stop.set()
         load.join()
     try:
-        assert_oracle(config, mariadb, my_db)
+        assert_oracle(config, server, db)
     finally:
         code, err = stop_run(proc)
     assert code == 0, err[-3000:]
