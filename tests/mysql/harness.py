@@ -38,8 +38,12 @@ class MariaHarness:
         try:
             info = reader.table_info(f"{self.schema}.{table}")
             assert info is not None
-            top = reader.max_key(info, None)
-            rows = reader.read_chunk(info, None, top, 10**9, None) if top is not None else []
+            if not info.key:  # no primary key: every row, ordered by every column
+                info = info.with_key(info.columns)
+                rows = reader._select(reader._table(info), "TRUE", [], None, None, info)
+            else:
+                top = reader.max_key(info, None)
+                rows = reader.read_chunk(info, None, top, 10**9, None) if top is not None else []
         finally:
             reader.close()
         return {tuple(r[k] for k in key): r for r in rows}
