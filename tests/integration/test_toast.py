@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -104,8 +105,11 @@ def test_partial_updates_with_kill9_mid_snapshot(pg_db: str, tmp_path: Path) -> 
     try:
         h.signal(sid(), "execute-snapshot", {"data-collections": ["public\\.pk"]})
         for n in (60, 200):
-            cap.wait_until(lambda ev, n=n: sum(1 for e in ev if e["op"] == "r") >= n,
-                           what=f"{n} snapshot rows")
+
+            def enough(ev: list[dict[str, Any]], n: int = n) -> bool:
+                return sum(1 for e in ev if e["op"] == "r") >= n
+
+            cap.wait_until(enough, what=f"{n} snapshot rows")
             cap.kill()
             cap.start()
         cap.wait_notification("COMPLETED", timeout=300)
