@@ -112,6 +112,7 @@ class CaptureMetrics:
             registry=r)
         self._lock = threading.Lock()
         self.last_event_time: float | None = None  # unix time, for /health
+        self.lag_seconds: float | None = None  # the last batch's, for the status page
         self.progress_time = time.time()  # last time snapshot progress moved
         self._progress_key: tuple[Any, ...] | None = None
         self._tables: set[str] = set()
@@ -139,7 +140,8 @@ class CaptureMetrics:
         if first > 0:
             self.commit_to_log.observe(max(0.0, now - first / 1000.0))
         if last > 0:
-            self.source_lag_seconds.set(max(0.0, now - last / 1000.0))
+            self.lag_seconds = max(0.0, now - last / 1000.0)
+            self.source_lag_seconds.set(self.lag_seconds)
         self.last_event.set(now)
         self.last_event_time = now
 

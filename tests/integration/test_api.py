@@ -127,6 +127,16 @@ def test_api_end_to_end(pg_db: str, tmp_path: Path) -> None:
             code, err = api.json("POST", "/snapshots", body=bad, headers=AUTH)
             assert code == 400, (bad, err)
             assert needle in err["error"], (bad, err)
+        assert api.request("POST", "/snapshots", b"x" * 70_000, AUTH)[0] == 413
+        assert api.request("GET", "/nope")[0] == 404
+        assert api.request("DELETE", "/snapshots")[0] == 405
+        assert api.request("GET", "/events?from=x", headers=AUTH)[0] == 400
+        raw = http.client.HTTPConnection(api.host, api.port, timeout=10)
+        raw.putrequest("POST", "/snapshots")
+        raw.putheader("Content-Length", "many")
+        raw.endheaders()
+        assert raw.getresponse().status == 400
+        raw.close()
         assert _signal_rows(pg_db) == before
 
         # a valid signal: 202, the snapshot runs through the signal table's path

@@ -128,7 +128,11 @@ class ApiServer:
 
             def _handle(self, method: str) -> None:
                 parts = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    self._send(error(400, "Content-Length is not a number"), close=True)
+                    return
                 if length > MAX_BODY:
                     self._send(error(413, f"request body over {MAX_BODY} bytes"), close=True)
                     return

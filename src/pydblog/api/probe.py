@@ -96,11 +96,8 @@ class SourceProbe:
             self._seen_event = last
             self._baseline = marker
         status = self.live.status() or {}
-        lag_s = None
-        if last is not None:
-            lag_s = self.metrics.source_lag_seconds._value.get()
-        self.history.append(
-            (round(time.time(), 1), lag, lag_s, float(status.get("events_per_second") or 0.0)))
+        self.history.append((round(time.time(), 1), lag, self.metrics.lag_seconds,
+                             float(status.get("events_per_second") or 0.0)))
 
     def _ask(self) -> tuple[Any, int | None]:
         if self.cfg.source.type == "postgres":
