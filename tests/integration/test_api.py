@@ -84,6 +84,7 @@ def test_api_end_to_end(pg_db: str, tmp_path: Path) -> None:
         conn.execute("INSERT INTO items SELECT g, 'old ' || g, g FROM generate_series(1, 300) g")
     config = _config(tmp_path, pg_db)
     proc = start_run(config)
+    workers: list[int] = []
     try:
         api = Api(config)
         # /health: every check named, healthy
@@ -186,6 +187,10 @@ def test_api_end_to_end(pg_db: str, tmp_path: Path) -> None:
         sse.close()
         assert ids == sorted(ids)
 
+        # /events was served by the events process, a child of dblog run
+        workers = _children(proc.pid, "pydblog.api.events_worker")
+        assert len(workers) == 1, workers
+
         # /events needs the token when one is set; nothing shows the DSN's password
         assert api.request("GET", "/events?from=0")[0] == 401
         for path in ("/api/status", "/health", "/snapshots", "/metrics", "/"):
@@ -197,7 +202,21 @@ def test_api_end_to_end(pg_db: str, tmp_path: Path) -> None:
     finally:
         code, err = stop_run(proc)
     assert code == 0, err
+    wait_for(lambda: not any(Path(f"/proc/{w}").exists() for w in workers), 10,
+             "the events process to exit with dblog run")
 
+
+def _children(pid: int, needle: str) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            cmd = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and needle in cmd:
+            out.append(int(stat.parent.name))
+    return out
 
 
 def test_health_idle_rule(pg_db: str, tmp_path: Path) -> None:

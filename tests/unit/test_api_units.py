@@ -11,7 +11,8 @@ import orjson
 import pytest
 from prometheus_client import generate_latest
 
-from pydblog.api.capture import parse_signal_body, render_events
+from pydblog.api.capture import parse_signal_body
+from pydblog.api.events import render_events
 from pydblog.api.health import HealthInputs, evaluate
 from pydblog.api.settings import HealthConfig, split_listen
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader

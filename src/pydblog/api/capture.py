@@ -13,17 +13,23 @@ import contextlib
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
-from collections.abc import Iterator
 from importlib import resources
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pydblog.api.events import (
+    EventsRequest,
+    long_poll,
+    open_log_reader,
+    sse_stream,
+)
+from pydblog.api.events_worker import EventsWorker
 from pydblog.api.health import HealthInputs, evaluate
 from pydblog.api.http import ApiServer, Request, Response, Router, error, json_response
 from pydblog.api.live import LiveCapture
@@ -31,7 +37,6 @@ from pydblog.api.probe import SourceProbe
 from pydblog.api.settings import split_listen
 from pydblog.config import Config, redact_dsn
 from pydblog.errors import DblogError, SignalError
-from pydblog.events import with_offset
 from pydblog.metrics import CAPTURE, CaptureMetrics
 from pydblog.ports import ChangeLogReader
 
@@ -40,9 +45,6 @@ log = logging.getLogger(__name__)
 API_FILE = "api.json"
 MAX_LIMIT = 10_000
 MAX_WAIT_S = 60.0
-SSE_KEEPALIVE_S = 15.0
-POLL_S = 0.1
-SSE_BATCH = 5000
 
 
 def read_api_address(log_dir: Path) -> str | None:
@@ -55,11 +57,7 @@ def read_api_address(log_dir: Path) -> str | None:
 
 def open_reader(cfg: Config) -> ChangeLogReader | None:
     """A reader of the change log, or None while it does not exist yet."""
-    from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
-
-    if not log_path(cfg.log_dir).exists():
-        return None
-    return SqliteChangeLogReader(cfg.log_dir)
+    return open_log_reader(cfg.log_dir)
 
 
 class CaptureApi:
@@ -80,6 +78,24 @@ class CaptureApi:
         router.add("GET", "/", self.page)
         metrics.scrape_hooks.append(self._scrape)
         self.server: ApiServer | None = None
+        self.worker: EventsWorker | None = None
+        self._worker_lock = threading.Lock()
+        self._closed = False
+
+    def _events_worker(self) -> EventsWorker | None:
+        """The events process, started at the first ``/events`` request (and again if
+        it died); None when it cannot start (the API then serves events itself)."""
+        with self._worker_lock:
+            if self._closed:
+                return None
+            if self.worker is not None and self.worker.alive():
+                return self.worker
+            try:
+                self.worker = EventsWorker(self.cfg.log_dir)
+            except OSError as exc:
+                log.warning("cannot start the events process (%s); serving /events here", exc)
+                self.worker = None
+            return self.worker
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> CaptureApi:
@@ -100,6 +116,10 @@ class CaptureApi:
             self.metrics.scrape_hooks.remove(self._scrape)
         if self.server is not None:
             self.server.close()
+        with self._worker_lock:
+            self._closed = True
+            if self.worker is not None:
+                self.worker.close()
         self.probe.close()
         path = self.cfg.log_dir / API_FILE
         with contextlib.suppress(FileNotFoundError, orjson.JSONDecodeError, KeyError):
@@ -213,66 +233,25 @@ class CaptureApi:
             except ValueError:
                 return error(400, "Last-Event-ID must be an offset (an integer)")
         sse = "text/event-stream" in req.headers.get("accept", "") or req.arg("sse") in ("1", "true")
-        if sse:
+        params = EventsRequest(sse, start, limit, wait, tables)
+        worker = self._events_worker()
+        if worker is not None:  # served by the events process, off the capture's CPU
+            return Response(200, handoff=lambda sock: worker.handoff(sock, params),
+                            fallback=lambda: self._local(params, req))
+        return self._local(params, req)
+
+    def _local(self, params: EventsRequest, req: Request) -> Response:
+        if params.sse:
             return Response(200, content_type="text/event-stream",
-                            stream=self._sse(start, tables, req))
-        return self._long_poll(start, limit, wait, tables, req)
+                            stream=sse_stream(self.cfg.log_dir, params.start, params.tables,
+                                              req.stopping))
+        return self._long_poll(params.start, params.limit, params.wait, params.tables, req)
 
     def _long_poll(self, start: int | None, limit: int, wait: float,
                    tables: list[str] | None, req: Request) -> Response:
-        deadline = time.monotonic() + wait
-        while True:
-            body, nxt = self._read(start, limit, tables)
-            if body or time.monotonic() >= deadline or req.stopping.is_set():
-                return Response(200, body, content_type="application/x-ndjson",
-                                headers={"X-Next-Offset": str(nxt)})
-            start = nxt
-            time.sleep(POLL_S)
-
-    def _read(self, start: int | None, limit: int,
-              tables: list[str] | None) -> tuple[bytes, int]:
-        """JSON lines of up to ``limit`` events from ``start`` (None: the oldest kept),
-        and the offset to continue from."""
-        reader = open_reader(self.cfg)
-        if reader is None:
-            return b"", start or 0
-        try:
-            end = reader.next_offset()
-            first = reader.first_offset()
-            offset = first if start is None else max(start, first)
-            if offset >= end:
-                return b"", max(offset, end) if start is not None else end
-            return render_events(reader, offset, end, limit, tables, sse=False)
-        finally:
-            reader.close()
-
-    def _sse(self, start: int | None, tables: list[str] | None,
-             req: Request) -> Iterator[bytes]:
-        yield b": pydblog change log\n\n"
-        last_write = time.monotonic()
-        while not req.stopping.is_set():
-            reader = open_reader(self.cfg)
-            if reader is None:
-                time.sleep(1.0)
-                continue
-            try:
-                while not req.stopping.is_set():
-                    end = reader.next_offset()
-                    offset = reader.first_offset() if start is None else start
-                    if offset < end:
-                        body, start = render_events(reader, offset, end, SSE_BATCH, tables,
-                                                    sse=True)
-                        if body:
-                            yield body
-                            last_write = time.monotonic()
-                            continue
-                    start = max(offset, end)
-                    if time.monotonic() - last_write > SSE_KEEPALIVE_S:
-                        yield b": keepalive\n\n"
-                        last_write = time.monotonic()
-                    time.sleep(POLL_S)
-            finally:
-                reader.close()
+        body, nxt = long_poll(self.cfg.log_dir, start, limit, wait, tables, req.stopping)
+        return Response(200, body, content_type="application/x-ndjson",
+                        headers={"X-Next-Offset": str(nxt)})
 
     # -- the status page --------------------------------------------------------------------
     def page(self, req: Request) -> Response:
@@ -303,52 +282,6 @@ class CaptureApi:
             "lag_bytes": self.probe.lag_bytes,
             "history": list(self.probe.history),
         })
-
-
-_REST = itemgetter(slice(1, None))
-_SSE_PARTS = ("id: ", None, '\ndata: {"offset":', None, ",", None, "\n\n")
-_LINE_PARTS = ('{"offset":', None, ",", None, "\n")
-
-
-def _interleave(first: int, bodies: list[str], sse: bool) -> str:
-    """Every envelope with its offset, as ``"".join`` of a list filled by slice
-    assignments (C loops: no Python step per event)."""
-    n = len(bodies)
-    if not n:
-        return ""
-    offsets = list(map(str, range(first, first + n)))
-    rests = list(map(_REST, bodies))
-    shape = _SSE_PARTS if sse else _LINE_PARTS
-    k = len(shape)
-    parts: list[str | None] = [None] * (k * n)
-    fill = iter((offsets, offsets, rests) if sse else (offsets, rests))
-    for i, const in enumerate(shape):
-        parts[i::k] = [const] * n if const is not None else next(fill)
-    return "".join(parts)  # type: ignore[arg-type]
-
-
-def render_events(reader: ChangeLogReader, offset: int, end: int, limit: int,
-                  tables: list[str] | None, *, sse: bool) -> tuple[bytes, int]:
-    """Events ``offset <= o < end`` (at most ``limit``) as JSON lines (``sse``: as
-    server-sent events, ``id:`` = offset), and the offset to continue from.
-
-    Unfiltered reads take the stored blocks as they are and add each event's offset
-    with C-level joins (a consumer reading everything costs the capture process little
-    CPU); a table filter goes through ``read`` (the log filters by table per block)."""
-    blocks = getattr(reader, "read_range_blocks", None)
-    if tables is None and blocks is not None:
-        stop = min(end, offset + limit)
-        parts: list[str] = []
-        for first, _metas, bodies in blocks(offset, stop):
-            parts.append(_interleave(first, bodies, sse))
-        return "".join(parts).encode(), stop
-    recs = [r for r in reader.read(offset, limit, tables) if r.offset < end]
-    if sse:
-        lines = [b"id: %d\ndata: %s\n\n" % (r.offset, with_offset(r.offset, r.body))
-                 for r in recs]
-    else:
-        lines = [with_offset(r.offset, r.body) + b"\n" for r in recs]
-    return b"".join(lines), recs[-1].offset + 1 if len(recs) >= limit else end
 
 
 _PATHS = {"/health", "/metrics", "/snapshots", "/events", "/api/status", "/"}

@@ -6,6 +6,10 @@ endpoints to a scraper, a probe and a few consumers; a framework would bring an 
 loop or a WSGI stack into the capture process for no gain, and every request already
 runs on its own thread, away from the capture loop (which only ever shares the GIL).
 
+A response may instead hand the connection to another process (``Response.handoff``:
+``/events`` goes to the events process); such a connection is then closed here without
+being shut down.
+
 Invariants: a handler never raises to the client (an unexpected error is a 500 with a
 generic message, logged here); the bearer token is compared in constant time and never
 logged; request bodies are bounded (``MAX_BODY``).
@@ -52,6 +56,10 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
     stream: Iterator[bytes] | None = None
     """Chunks written (and flushed) one by one until exhausted or the client leaves."""
+    handoff: Callable[[socket.socket], bool] | None = None
+    """Hands the client's connection to another process, which answers on it; when it
+    returns False, ``fallback()`` is the response instead."""
+    fallback: Callable[[], Response] | None = None
 
 
 def json_response(status: int, data: Any, headers: dict[str, str] | None = None) -> Response:
@@ -143,6 +151,13 @@ class ApiServer:
                 )
                 resp = router.dispatch(req)
                 router.on_request(req.path, resp.status)
+                if resp.handoff is not None:
+                    if resp.handoff(self.connection):
+                        handed_off.add(self.connection.fileno())
+                        self.close_connection = True
+                        return
+                    assert resp.fallback is not None
+                    resp = resp.fallback()
                 self._send(resp)
 
             def _send(self, resp: Response, close: bool = False) -> None:
@@ -184,14 +199,26 @@ class ApiServer:
             def do_DELETE(self) -> None:
                 self._handle("DELETE")
 
-        server_class = ThreadingHTTPServer
-        if ":" in host:
-            class _V6(ThreadingHTTPServer):
-                address_family = socket.AF_INET6
+        handed_off: set[int] = set()
 
-            server_class = _V6
-        self._server = server_class((host, port), _Handler)
-        self._server.daemon_threads = True
+        class _Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            daemon_threads = True
+
+            def shutdown_request(self, request: Any) -> None:
+                """A connection handed to another process is closed here, never shut
+                down (that would end it for the other process too)."""
+                try:
+                    fd = request.fileno()
+                except OSError:
+                    fd = -1
+                if fd in handed_off:
+                    handed_off.discard(fd)
+                    self.close_request(request)
+                    return
+                super().shutdown_request(request)
+
+        self._server = _Server((host, port), _Handler)
         address = self._server.server_address
         self.host: str = str(address[0])
         self.port: int = int(address[1])
