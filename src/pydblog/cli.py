@@ -204,10 +204,10 @@ def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
 
 def _log_end(cfg: Config) -> int:
     """The change log's end (notifications of a signal sent now come after it)."""
-    from pydblog.changelog.sqlite import SqliteChangeLogReader
+    from pydblog.changelog import open_reader
 
     try:
-        reader = SqliteChangeLogReader(cfg.log_dir)
+        reader = open_reader(cfg.log)
     except DblogError as exc:
         _fail(exc)
         raise AssertionError from exc  # unreachable

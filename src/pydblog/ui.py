@@ -70,10 +70,10 @@ def wait_for_snapshot(cfg: Config, signal_id: str, start_offset: int,
     completes (0) or is aborted / rejected (1), with a progress bar."""
     import orjson
 
-    from pydblog.changelog.sqlite import SqliteChangeLogReader
+    from pydblog.changelog import open_reader
 
     out = console or stderr_console()
-    reader = SqliteChangeLogReader(cfg.log_dir)
+    reader = open_reader(cfg.log)
     offset = start_offset
     started = False
     result: int | None = None

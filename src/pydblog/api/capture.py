@@ -57,7 +57,7 @@ def read_api_address(log_dir: Path) -> str | None:
 
 def open_reader(cfg: Config) -> ChangeLogReader | None:
     """A reader of the change log, or None while it does not exist yet."""
-    return open_log_reader(cfg.log_dir)
+    return open_log_reader(cfg.log)
 
 
 class CaptureApi:
@@ -91,7 +91,7 @@ class CaptureApi:
             if self.worker is not None and self.worker.alive():
                 return self.worker
             try:
-                self.worker = EventsWorker(self.cfg.log_dir)
+                self.worker = EventsWorker(self.cfg.log)
             except OSError as exc:
                 log.warning("cannot start the events process (%s); serving /events here", exc)
                 self.worker = None
@@ -177,21 +177,18 @@ class CaptureApi:
         m.backlog.set(live.backlog())
         info = self._changelog_info()
         if info is not None:
-            m.size_bytes.set(info["size_bytes"])
+            if info.get("size_bytes") is not None:
+                m.size_bytes.set(info["size_bytes"])
             m.first_offset.set(info["first_offset"])
             m.next_offset.set(info["next_offset"])
 
-    def _changelog_info(self) -> dict[str, int] | None:
-        from pydblog.changelog.sqlite import log_path
-
+    def _changelog_info(self) -> dict[str, Any] | None:
+        """Size (when the backend knows it), first and next offset of the change log."""
         reader = open_reader(self.cfg)
         if reader is None:
             return None
         try:
-            path = log_path(self.cfg.log_dir)
-            size = sum(
-                os.path.getsize(p) for p in (path, Path(f"{path}-wal")) if p.exists()
-            )
+            size = reader.describe().get("size_bytes")
             return {"size_bytes": size, "first_offset": reader.first_offset(),
                     "next_offset": reader.next_offset()}
         finally:
@@ -243,13 +240,13 @@ class CaptureApi:
     def _local(self, params: EventsRequest, req: Request) -> Response:
         if params.sse:
             return Response(200, content_type="text/event-stream",
-                            stream=sse_stream(self.cfg.log_dir, params.start, params.tables,
+                            stream=sse_stream(self.cfg.log, params.start, params.tables,
                                               req.stopping))
         return self._long_poll(params.start, params.limit, params.wait, params.tables, req)
 
     def _long_poll(self, start: int | None, limit: int, wait: float,
                    tables: list[str] | None, req: Request) -> Response:
-        body, nxt = long_poll(self.cfg.log_dir, start, limit, wait, tables, req.stopping)
+        body, nxt = long_poll(self.cfg.log, start, limit, wait, tables, req.stopping)
         return Response(200, body, content_type="application/x-ndjson",
                         headers={"X-Next-Offset": str(nxt)})
 

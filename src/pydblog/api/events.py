@@ -13,11 +13,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from operator import itemgetter
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydblog.events import with_offset
 from pydblog.ports import ChangeLogReader
+
+if TYPE_CHECKING:
+    from pydblog.config import LogConfig
 
 SSE_KEEPALIVE_S = 15.0
 POLL_S = 0.1
@@ -42,52 +44,56 @@ class EventsRequest:
         return cls(**data)
 
 
-def open_log_reader(log_dir: Path) -> ChangeLogReader | None:
-    """A reader of the change log in ``log_dir``, or None while it does not exist yet."""
-    from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
+def open_log_reader(log: LogConfig) -> ChangeLogReader | None:
+    """A reader of the change log (``[log]``: embedded or Kafka, through the ports'
+    ``ChangeLogReader``), or None while it does not exist yet."""
+    from pydblog.changelog import log_exists, open_reader
 
-    if not log_path(log_dir).exists():
+    if not log_exists(log):
         return None
-    return SqliteChangeLogReader(log_dir)
+    return open_reader(log)
 
 
-def long_poll(log_dir: Path, start: int | None, limit: int, wait: float,
+def long_poll(log: LogConfig, start: int | None, limit: int, wait: float,
               tables: list[str] | None, stopping: threading.Event) -> tuple[bytes, int]:
     """Up to ``limit`` events from ``start`` as JSON lines, waiting up to ``wait``
     seconds for the first; and the offset to continue from."""
     deadline = time.monotonic() + wait
-    while True:
-        body, nxt = read_lines(log_dir, start, limit, tables)
-        if body or time.monotonic() >= deadline or stopping.is_set():
-            return body, nxt
-        start = nxt
-        time.sleep(POLL_S)
-
-
-def read_lines(log_dir: Path, start: int | None, limit: int,
-               tables: list[str] | None) -> tuple[bytes, int]:
-    reader = open_log_reader(log_dir)
-    if reader is None:
-        return b"", start or 0
+    reader = open_log_reader(log)
     try:
-        end = reader.next_offset()
-        first = reader.first_offset()
-        offset = first if start is None else max(start, first)
-        if offset >= end:
-            return b"", max(offset, end) if start is not None else end
-        return render_events(reader, offset, end, limit, tables, sse=False)
+        while True:
+            if reader is None:
+                body, nxt = b"", start or 0
+                reader = open_log_reader(log)
+            else:
+                body, nxt = read_lines(reader, start, limit, tables)
+            if body or time.monotonic() >= deadline or stopping.is_set():
+                return body, nxt
+            start = nxt
+            time.sleep(POLL_S)
     finally:
-        reader.close()
+        if reader is not None:
+            reader.close()
 
 
-def sse_stream(log_dir: Path, start: int | None, tables: list[str] | None,
+def read_lines(reader: ChangeLogReader, start: int | None, limit: int,
+               tables: list[str] | None) -> tuple[bytes, int]:
+    end = reader.next_offset()
+    first = reader.first_offset()
+    offset = first if start is None else max(start, first)
+    if offset >= end:
+        return b"", max(offset, end) if start is not None else end
+    return render_events(reader, offset, end, limit, tables, sse=False)
+
+
+def sse_stream(log: LogConfig, start: int | None, tables: list[str] | None,
                stopping: threading.Event) -> Iterator[bytes]:
     """Server-sent events from ``start`` on, until ``stopping`` (or the client leaves:
     the caller stops iterating); a comment line every ``SSE_KEEPALIVE_S`` when idle."""
     yield b": pydblog change log\n\n"
     last_write = time.monotonic()
     while not stopping.is_set():
-        reader = open_log_reader(log_dir)
+        reader = open_log_reader(log)
         if reader is None:
             time.sleep(1.0)
             continue

@@ -22,11 +22,11 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import orjson
 
 from pydblog.api.events import EventsRequest, long_poll, sse_stream
+from pydblog.config import LogConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +36,17 @@ MAX_MESSAGE = 64 * 1024
 class EventsWorker:
     """The capture process's side: starts the events process, hands requests over."""
 
-    def __init__(self, log_dir: Path) -> None:
-        self._ctl, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    def __init__(self, log: LogConfig) -> None:
+        self._ctl, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per recv
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pydblog.api.events_worker", str(child.fileno()),
-             str(log_dir)],
+            [sys.executable, "-m", "pydblog.api.events_worker", str(child.fileno())],
             pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
         )
         child.close()
+        # The log's settings go over the socket, not the command line (Kafka settings
+        # may hold credentials, which ps would show).
+        socket.send_fds(self._ctl, [log.model_dump_json().encode()], [])
 
     def alive(self) -> bool:
         return self._proc.poll() is None
@@ -83,16 +85,16 @@ _HEADERS = {
 }
 
 
-def _serve_one(conn: socket.socket, log_dir: Path, request: EventsRequest,
+def _serve_one(conn: socket.socket, log: LogConfig, request: EventsRequest,
                stopping: threading.Event) -> None:
     try:
         conn.settimeout(None)
         if request.sse:
             conn.sendall(_HEADERS[True])
-            for chunk in sse_stream(log_dir, request.start, request.tables, stopping):
+            for chunk in sse_stream(log, request.start, request.tables, stopping):
                 conn.sendall(chunk)
         else:
-            body, nxt = long_poll(log_dir, request.start, request.limit, request.wait,
+            body, nxt = long_poll(log, request.start, request.limit, request.wait,
                                   request.tables, stopping)
             conn.sendall(_HEADERS[False] % (nxt, len(body)) + body)
     except OSError:
@@ -103,8 +105,12 @@ def _serve_one(conn: socket.socket, log_dir: Path, request: EventsRequest,
         conn.close()
 
 
-def serve(ctl: socket.socket, log_dir: Path) -> None:
+def serve(ctl: socket.socket) -> None:
     stopping = threading.Event()
+    message, _fds, _flags, _addr = socket.recv_fds(ctl, MAX_MESSAGE, 1)
+    if not message:
+        return
+    log = LogConfig.model_validate_json(message)
     try:
         while True:
             message, fds, _flags, _addr = socket.recv_fds(ctl, MAX_MESSAGE, 1)
@@ -114,7 +120,7 @@ def serve(ctl: socket.socket, log_dir: Path) -> None:
                 continue
             conn = socket.socket(fileno=fds[0])
             request = EventsRequest.from_json(orjson.loads(message))
-            threading.Thread(target=_serve_one, args=(conn, log_dir, request, stopping),
+            threading.Thread(target=_serve_one, args=(conn, log, request, stopping),
                              name="dblog-events", daemon=True).start()
     finally:
         stopping.set()
@@ -126,7 +132,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctl = socket.socket(fileno=int(argv[0]))
     try:
-        serve(ctl, Path(argv[1]))
+        serve(ctl)
     finally:
         ctl.close()
         os._exit(0)  # daemon threads mid-write: no interpreter teardown
