@@ -132,3 +132,19 @@ def test_parallel_sub_reads_of_a_read_only_chunk_share_its_snapshot(
     assert len(rows) == 12000
     assert all(row.after_json.endswith('"v":"old"}') for row in rows)
     r.close()
+
+
+def test_first_read_only_chunk_of_a_fresh_reader_can_split(pg_db: str) -> None:
+    """The sub-read pool is set up (it asks the server for its free connections)
+    before the chunk's transaction: set up inside it, its commit failed the read."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 10000) g")
+    cfg = parse_config({"source": {"dsn": pg_db}, "snapshot": {"watermark": "read-only"}})
+    r = PgSnapshotReader(cfg, PgLogSource(cfg))  # default parallelism: asks the server
+    info = r.table_info("public.t")
+    assert info is not None
+    rows, fence = r.read_chunk_fenced(info, None, (10000,), 8192, None)
+    assert r.subreads.parallelism >= 2
+    assert len(rows) == 8192 and isinstance(fence, PgXidFence)
+    r.close()

@@ -515,6 +515,9 @@ class PgSnapshotReader:
         """``read_chunk`` in one REPEATABLE READ transaction, with the fence of its
         snapshot (``sources.postgres.fences``). Writes nothing; on a hot standby too."""
         conn = self.conn
+        if info.qualified not in self._oids:
+            self.table_info(info.qualified)  # (commits: not inside the transaction below)
+        pool = self.subreads  # created (it asks the server) before the transaction too
         standby = self._in_recovery()
         low = self._lsn("pg_last_wal_replay_lsn()", commit=True) if standby else None
         with conn.transaction():
@@ -527,7 +530,7 @@ class PgSnapshotReader:
             ).fetchone()
             assert row is not None
             self._in_fenced_read = True
-            if not standby and limit >= 2 * MIN_SUB_ROWS and self.subreads.split(limit) > 1:
+            if not standby and limit >= 2 * MIN_SUB_ROWS and pool.split(limit) > 1:
                 # Parallel sub-reads share this snapshot (a standby cannot export one).
                 exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
                 self._shared_snapshot = exported[0] if exported else None
