@@ -56,6 +56,8 @@ class PgSnapshotReader:
         self._not_null_keys: dict[str, set[tuple[str, ...]]] = {}
         self._plans: dict[tuple[Any, ...], _ChunkPlan] = {}
         self.fast_json = True  # PostgreSQL writes the row JSON where every type allows
+        # ORDER BY inside the fast path's aggregates (None: from PostgreSQL 16 on)
+        self.ordered_agg: bool | None = None
         self._subreads: SubReadPool | None = None
         self._in_fenced_read = False  # a read-only chunk: one snapshot for every read
         self._shared_snapshot: str | None = None  # ...exported to the sub-reads (primary)
@@ -68,6 +70,8 @@ class PgSnapshotReader:
             conn = self._open_read_conn()
             self._conn = conn
             self._types = TypeRegistry.load(conn)
+            if self.ordered_agg is None:
+                self.ordered_agg = conn.info.server_version >= 160000
         return self._conn
 
     def _open_read_conn(self) -> psycopg.Connection[Any]:
@@ -480,8 +484,11 @@ class PgSnapshotReader:
                 return sql.SQL("({} || '}}')").format(sql.SQL(" || ").join(parts))
 
             # One row per chunk: the keys and the row tails, each joined by newlines in
-            # key order. A plain aggregate over a sorted subquery (no join, no grouping)
-            # takes its input in the subquery's order.
+            # key order. PostgreSQL 16+ is told so (ORDER BY inside the aggregates, free
+            # there: the subquery's sorted output is recognised as presorted); before 16
+            # that ORDER BY sorts again (2.2-2.4x slower chunk queries on 15), so the
+            # aggregate relies on taking its input in the sorted subquery's order (what
+            # a plain aggregate over Limit -> scan does, but SQL does not promise).
             key_json = [self._key_json(quoted[i], oids[i]) for i in key_idx]
             if len(key_json) == 1:
                 key_expr = key_json[0]
@@ -490,10 +497,18 @@ class PgSnapshotReader:
             inner = sql.SQL("{} AS _dblog_k, ({} || {} || {} || '}}') AS _dblog_t").format(
                 key_expr, obj(ident_idx), sql.Literal(TAIL_SEP), obj(tuple(range(len(info.columns))))
             )
+            agg_order = ""
+            if self.ordered_agg:
+                names = tuple(f"_dblog_o{n}" for n in range(len(key_idx)))
+                inner = sql.SQL("{}, {}").format(inner, sql.SQL(", ").join(
+                    sql.SQL("{} AS {}").format(sql.SQL(quoted[i]), sql.Identifier(o))
+                    for i, o in zip(key_idx, names, strict=True)
+                ))
+                agg_order = " ORDER BY " + self._order(info, names=names).as_string(conn)
             head = sql.SQL("SELECT {} FROM {} WHERE ").format(inner, table)
             outer = sql.SQL(
-                "SELECT count(*), string_agg(_dblog_k, E'\\n'), string_agg(_dblog_t, E'\\n') "
-                "FROM ({}) _dblog_s"
+                f"SELECT count(*), string_agg(_dblog_k, E'\\n'{agg_order}), "
+                f"string_agg(_dblog_t, E'\\n'{agg_order}) FROM ({{}}) _dblog_s"
             )
             converters = tuple(types.converter(oids[i]) for i in key_idx)
             return _ChunkPlan(head, order, 0, None, _bulk(converters), outer)
