@@ -117,6 +117,8 @@ def tail(config_path: str, from_offset: int | None, follow: bool, tables: tuple[
             out.flush()
     except (KeyboardInterrupt, BrokenPipeError):
         pass
+    except DblogError as exc:
+        _fail(exc)
     finally:
         reader.close()
 

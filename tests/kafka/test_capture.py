@@ -24,6 +24,7 @@ from tests.helpers import (
     stop_run,
     tail,
     wait_for,
+    wait_for_marker,
     write_config,
 )
 from tests.integration.test_crash import writer
@@ -135,3 +136,40 @@ def test_signal_topic(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
     finally:
         code, out = stop_run(proc)
     assert code == 0, out
+
+
+BROKER_KILLS = (True, False)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="known failure, not fixed: after Tansu (S3 storage via moto) restarts under "
+                   "load, reading the checkpoint topic stalls (no records, no end of partition) "
+                   "and the capture cannot resume; see docs/kafka.md", strict=False)
+def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
+    """The broker (S3 storage) is killed and restarted twice while capture runs: capture
+    retries, resumes from the checkpoint in Kafka, and the topics stay exact."""
+    from pydblog.devtools.tansu import TansuBroker
+
+    _table(pg_db)
+    with TansuBroker(s3=True) as broker:
+        config = write_config(tmp_path, pg_db, extra=kafka_log_toml(broker.bootstrap, extra="partitions = 2"))
+        stop = threading.Event()
+        load = threading.Thread(target=writer, args=(pg_db, stop, 7))
+        proc = start_run(config)
+        load.start()
+        try:
+            for kill in BROKER_KILLS:
+                time.sleep(2.0)
+                broker.restart(kill=kill)
+            time.sleep(2.0)
+        finally:
+            stop.set()
+            load.join()
+        try:
+            wait_for_marker(config, pg_db, timeout=120)
+            _check(config, pg_db)
+        finally:
+            code, out = stop_run(proc)
+            (tmp_path / "capture.log").write_text(out)
+        assert code == 0, out
+        assert "retrying" in out, "capture never saw the broker go"

@@ -56,7 +56,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -350,10 +350,12 @@ class _Client:
             raise _unavailable("listing offsets", self.cfg, exc) from None
         return {tp: (max(0, los[tp]), max(0, his[tp])) for tp in his}
 
-    def read_range(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> Iterator[Any]:
+    def read_range(self, ranges: Mapping[tuple[str, int], tuple[int, int | None]]) -> Iterator[Any]:
         """Every message with ``lo <= offset < hi`` of each partition (per partition in
-        offset order), as confluent-kafka ``Message``s."""
-        todo = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
+        offset order), as confluent-kafka ``Message``s; ``hi = None``: to the end (the
+        fetch's end-of-partition; a broker's list-offsets answer is not trusted: Tansu's
+        lags behind on S3 storage and counts batches in memory)."""
+        todo = {tp: r for tp, r in ranges.items() if r[1] is None or r[1] > r[0]}
         if not todo:
             return
         k = self.k
@@ -385,11 +387,12 @@ class _Client:
                     if r is None:
                         continue
                     off = m.offset()
-                    if off >= r[1]:
+                    hi = r[1]
+                    if hi is not None and off >= hi:
                         done.append(tp)
                         continue
                     yield m
-                    if off + 1 >= r[1]:
+                    if hi is not None and off + 1 >= hi:
                         done.append(tp)
                 finished = [k.TopicPartition(t, p) for t, p in set(done) if (t, p) in todo]
                 for tp in finished:
@@ -401,14 +404,15 @@ class _Client:
         finally:
             c.unassign()
 
-    def _check_positions(self, c: Any, todo: dict[tuple[str, int], tuple[int, int]]) -> None:
+    def _check_positions(self, c: Any, todo: dict[tuple[str, int], tuple[int, int | None]]) -> None:
         """A read_committed consumer skips aborted records and transaction markers: a
         partition is done once its position reached its end, seen or not."""
         k = self.k
         pos = c.position([k.TopicPartition(t, p) for t, p in todo])
         for tp in pos:
             key = (tp.topic, tp.partition)
-            if tp.offset >= 0 and tp.offset >= todo[key][1]:
+            hi = todo[key][1]
+            if hi is not None and tp.offset >= 0 and tp.offset >= hi:
                 del todo[key]
 
     def read_commits(self, log_: CommitLog, start: int) -> int:
@@ -417,21 +421,22 @@ class _Client:
         topic = checkpoint_topic(self.prefix)
         if not self.partitions(topic):
             return start
-        (lo, hi) = self.watermarks([(topic, 0)])[(topic, 0)]
+        (lo, _) = self.watermarks([(topic, 0)])[(topic, 0)]
         start = max(start, lo)
-        for m in self.read_range({(topic, 0): (start, hi)}):
+        for m in self.read_range({(topic, 0): (start, None)}):
+            start = m.offset() + 1
             if m.value() is None:
                 continue
             log_.apply(CommitRecord.from_bytes(m.value(), m.offset()))
-        return max(start, hi)
+        return start
 
     def read_schemas(self) -> list[tuple[int, TableSchema]]:
         topic = schemas_topic(self.prefix)
         if not self.partitions(topic):
             return []
-        (lo, hi) = self.watermarks([(topic, 0)])[(topic, 0)]
+        (lo, _) = self.watermarks([(topic, 0)])[(topic, 0)]
         latest: dict[tuple[str, int], TableSchema] = {}
-        for m in self.read_range({(topic, 0): (lo, hi)}):
+        for m in self.read_range({(topic, 0): (lo, None)}):
             if m.value() is None:
                 continue
             d = orjson.loads(m.value())
@@ -453,7 +458,7 @@ def recover_commits(client: _Client) -> CommitLog:
     if not client.partitions(topic):
         return log_
     lo, hi = client.watermarks([(topic, 0)])[(topic, 0)]
-    for m in client.read_range({(topic, 0): (max(lo, hi - RECOVERY_WINDOW), hi)}):
+    for m in client.read_range({(topic, 0): (max(lo, hi - RECOVERY_WINDOW), None)}):
         if m.value() is not None:
             log_.apply(CommitRecord.from_bytes(m.value(), m.offset()))
     return log_

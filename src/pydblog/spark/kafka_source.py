@@ -123,10 +123,9 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
         cp = int(start.get("cp", 0))
         topic = checkpoint_topic(client.prefix)
         if client.partitions(topic):
-            lo, hi = client.watermarks([(topic, 0)])[(topic, 0)]
-            hi = hi if stop_cp is None else min(hi, stop_cp)
+            lo, _ = client.watermarks([(topic, 0)])[(topic, 0)]
             cp = max(cp, lo)
-            for m in client.read_range({(topic, 0): (cp, hi)}):
+            for m in client.read_range({(topic, 0): (cp, stop_cp)}):
                 cp = m.offset() + 1
                 if m.value() is None:
                     continue
@@ -135,8 +134,8 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
                     seq = rec.end
                 if max_events is not None and seq - int(start.get("seq", 0)) >= max_events:
                     break
-            else:  # read to ``hi`` (what follows the last message is transaction markers)
-                cp = max(cp, hi)
+            else:  # read all of [cp, stop_cp): what follows the last message is markers
+                cp = max(cp, stop_cp) if stop_cp is not None else cp
         owner = list(log.owner) if log.owner is not None else None
         end = {"cp": cp, "seq": seq, "owner": owner,
                "ends": {_tp_key(tp): o for tp, o in sorted(log.ends.items())}}
@@ -153,7 +152,10 @@ def _checkpoint_end(log_json: str) -> int:
         topic = checkpoint_topic(client.prefix)
         if not client.partitions(topic):
             return 0
-        return int(client.watermarks([(topic, 0)])[(topic, 0)][1])
+        end = int(client.watermarks([(topic, 0)])[(topic, 0)][1])  # may lag: read on
+        for m in client.read_range({(topic, 0): (end, None)}):
+            end = m.offset() + 1
+        return end
     finally:
         client.close()
 
