@@ -172,7 +172,7 @@ class CaptureApi:
 
     def _scrape(self) -> None:
         m, live = self.metrics, self.live
-        m.running.set(1 if live.state == "running" else 0)
+        m.running.set(1 if live.state == "running" and live.role == "leader" else 0)
         m.set_role(live.role)
         m.backlog.set(live.backlog())
         info = self._changelog_info()
