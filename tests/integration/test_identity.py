@@ -138,3 +138,36 @@ def test_array_and_numeric_keys_across_chunk_boundaries(pg_db: str, tmp_path: Pa
         events = cap.assert_oracle({"ak": ["k"], "tk": ["k"], "nk": ["k"]})
     assert len(snapshot_rows(events, "ak")) == 12 and len(snapshot_rows(events, "tk")) == 5
     assert len(snapshot_rows(events, "nk")) == 6
+
+
+def test_snapshot_only_table_gets_its_schema_recorded(pg_db: str, tmp_path: Path) -> None:
+    """A table whose first events are snapshot rows (no stream event of it yet) gets its
+    schema recorded in the change log before its rows, as the stream would describe it
+    (types, nullability, identity): the sinks used to infer types from values (numeric
+    and timestamps as text) and made a whole-row identity NOT NULL."""
+    from pydblog.changelog.sqlite import SqliteChangeLogReader
+
+    h = PgHarness(pg_db)
+    h.execute(
+        "CREATE TABLE so (id int PRIMARY KEY, n numeric(10,2), ts timestamptz, ok bool, t text)",
+        "INSERT INTO so VALUES (1, 1.50, now(), true, 'a'), (2, NULL, NULL, NULL, NULL)",
+    )
+    with Capture(h, tmp_path, "[snapshot]\nchunk_size = 10") as cap:
+        h.signal(sid(), "execute-snapshot", {"data-collections": ["public\\.so"]})
+        cap.wait_notification("COMPLETED")
+        cap.caught_up()
+        reader = SqliteChangeLogReader(cap.log_dir)
+        before = [(o, s) for o, s in reader.schemas() if s.table == "so"]
+        h.execute("UPDATE so SET t = 'b' WHERE id = 1")  # the stream's own description
+        cap.caught_up()
+        after = [(o, s) for o, s in reader.schemas() if s.table == "so"]
+        first_row = min(e["offset"] for e in snapshot_rows(cap.events(), "so"))
+        reader.close()
+    assert len(before) == 1 and before[0][0] <= first_row
+    schema = before[0][1]
+    assert schema.key == ("id",)
+    assert [(c.name, c.type, c.nullable) for c in schema.columns] == [
+        ("id", "integer", False), ("n", "numeric(10,2)", True),
+        ("ts", "timestamp with time zone", True), ("ok", "boolean", True), ("t", "text", True),
+    ]
+    assert [s for _, s in after] == [schema]  # the stream described it the same way

@@ -282,6 +282,9 @@ class Runner:
         """Log what the snapshot core produced (chunk rows in bulk, notifications)."""
         if not events:
             return
+        for item in events:
+            if type(item) is SnapshotRows and f"{item.schema}.{item.table}" not in self._known_schemas:
+                self._describe(item.schema, item.table)
         if not self._pending:
             self._pending_since = time.monotonic()
         now_ms = int(time.time() * 1000)
@@ -295,6 +298,22 @@ class Runner:
             else:
                 pending.append(encode_event(item, connector, db, now_ms))
         self._advance(last_position(events[-1]))
+
+    def _describe(self, schema: str, table: str) -> None:
+        """Record the schema of a table whose first logged rows are snapshot rows (no
+        stream event described it yet), from the source's catalog, as the stream would
+        describe it: the sinks then need not guess column types from values."""
+        describe = getattr(self.source, "table_schema", None)
+        if describe is None:
+            return
+        try:
+            ts = describe(schema, table)
+        except Exception as exc:  # best effort: the sinks can still infer a schema
+            log.warning("cannot describe %s.%s for the change log: %s: %s", schema, table,
+                        type(exc).__name__, exc)
+            return
+        if ts is not None:
+            self._on_schema(SchemaChanged(ts), threading.Event())
 
     def _advance(self, position: Position) -> None:
         """The checkpoint position only moves forward (a commit's position may sort

@@ -80,5 +80,6 @@ def table_schema(cur: Any, database: str, table: str, mariadb: bool) -> TableSch
         database,
         table,
         tuple(ColumnSchema(c.name, c.column_type, logical_type(c), c.nullable) for c in cols),
-        primary_key(cur, database, table),
+        # the row identity: the primary key, else every column (as the binlog keys events)
+        primary_key(cur, database, table) or tuple(c.name for c in cols),
     )

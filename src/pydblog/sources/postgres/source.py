@@ -31,19 +31,22 @@ from pydblog.config import Config, TableMatcher
 from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op
 from pydblog.ports import (
     Checkpoint,
+    ColumnSchema,
     Commit,
     Heartbeat,
     Idle,
     SchemaChanged,
     StreamItem,
     StreamPassed,
+    TableSchema,
     WatermarkSeen,
 )
 from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.sources.postgres import pgoutput as po
 from pydblog.sources.postgres import setup
 from pydblog.sources.postgres.connect import connect, connect_replication, replication_error
-from pydblog.sources.postgres.relations import RelationState, build_relation
+from pydblog.sources.postgres.pgoutput import ReplicaIdentity
+from pydblog.sources.postgres.relations import RelationState, build_relation, identity_columns
 from pydblog.sources.postgres.types import TypeRegistry
 
 log = logging.getLogger(__name__)
@@ -315,6 +318,46 @@ class PgLogSource:
         if m.prefix == HEARTBEAT_PREFIX and not in_tx:
             return [Heartbeat(PgPosition(Lsn(m.lsn), 0, Lsn(m.lsn)))]
         return []
+
+    def table_schema(self, schema: str, table: str) -> TableSchema | None:
+        """The table's schema from the catalog, as its pgoutput Relation message would
+        give it (``relations.build_relation``): for a table whose first logged events
+        are snapshot rows. Generated columns are left out (not published)."""
+        assert self._meta is not None and self._types is not None
+        rows = self._meta.execute(
+            """
+            SELECT a.attname, a.atttypid, a.atttypmod,
+                   array_position(i.indkey::int2[], a.attnum),
+                   array_position(ri.indkey::int2[], a.attnum), c.relreplident::text
+            FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
+            LEFT JOIN pg_index ri ON ri.indrelid = c.oid AND ri.indisreplident
+            WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+              AND a.attgenerated = ''
+            ORDER BY a.attnum
+            """,
+            (schema, table),
+        ).fetchall()
+        if not rows:
+            return None
+        missing = [int(r[1]) for r in rows if not self._types.known(int(r[1]))]
+        if missing:
+            self._types.refresh(self._meta, missing)
+        names = tuple(str(r[0]) for r in rows)
+        pk = tuple(str(r[0]) for r in sorted((r for r in rows if r[3] is not None), key=lambda r: r[3]))
+        index = tuple(str(r[0]) for r in rows if r[4] is not None and r[5] == ReplicaIdentity.INDEX)
+        types = self._types
+        return TableSchema(
+            schema,
+            table,
+            tuple(
+                ColumnSchema(str(r[0]), types.sql_type(int(r[1]), int(r[2])),
+                             types.logical_type(int(r[1])), r[0] not in pk and r[0] not in index)
+                for r in rows
+            ),
+            identity_columns(names, pk, index),
+        )
 
     def _is_partition(self, oid: int) -> bool:
         assert self._meta is not None
