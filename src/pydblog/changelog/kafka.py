@@ -282,7 +282,7 @@ class _Client:
                 self.cfg,
                 **{"group.id": f"dblog-reader-{uuid.uuid4().hex[:8]}",
                    "enable.auto.commit": False, "isolation.level": "read_committed",
-                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 50,
+                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 5,
                    "enable.partition.eof": True},
             )))
         return self._consumer
@@ -364,7 +364,8 @@ class _Client:
         deadline = time.monotonic() + TIMEOUT_S
         try:
             while todo:
-                msgs = c.consume(10_000, 0.2)
+                # A short wait: consume() returns only at 10,000 messages or the timeout.
+                msgs = c.consume(10_000, 0.01)
                 if not msgs:
                     self._check_positions(c, todo)
                     if todo and time.monotonic() > deadline:
@@ -421,8 +422,8 @@ class _Client:
         topic = checkpoint_topic(self.prefix)
         if not self.partitions(topic):
             return start
-        (lo, _) = self.watermarks([(topic, 0)])[(topic, 0)]
-        start = max(start, lo)
+        if start == 0:  # the first read: retention may have removed the beginning
+            start = self.watermarks([(topic, 0)])[(topic, 0)][0]
         for m in self.read_range({(topic, 0): (start, None)}):
             start = m.offset() + 1
             if m.value() is None:
