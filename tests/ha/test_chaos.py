@@ -11,6 +11,7 @@ import json
 import random
 import signal
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -115,6 +116,8 @@ def test_chaos_failovers(pg_db: str, tmp_path: Path, zk_server: ZkServer) -> Non
                 m.start()
     finally:
         stop.set()
+        if sys.exc_info()[0] is not None:  # failed: leave no member running
+            m.stop_all()
         for t in loads:
             if t.is_alive():
                 t.join()

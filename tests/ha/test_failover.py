@@ -5,6 +5,7 @@ wakes up): the change log materializes to the source, nothing is logged twice.""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -56,6 +57,8 @@ def test_failover_kill9_and_sigstop(backend: str, pg_db: str, tmp_path: Path,
         assert m.roles().get(third.pid) == "leader"
     finally:
         stop.set()
+        if sys.exc_info()[0] is not None:  # failed: leave no member running
+            m.stop_all()
         if load.is_alive():
             load.join()
     try:
@@ -98,6 +101,8 @@ def test_sigterm_hands_over_at_once(pg_db: str, tmp_path: Path) -> None:
         assert second is not first
     finally:
         stop.set()
+        if sys.exc_info()[0] is not None:  # failed: leave no member running
+            m.stop_all()
         if load.is_alive():
             load.join()
     try:

@@ -6,6 +6,7 @@ Kafka once it wakes up; the topics materialize to the source, no position twice.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -80,6 +81,9 @@ def test_failover_between_hosts(pg_db: str, tmp_path: Path, kafka_bootstrap: str
                  "the old leader to step down")
     finally:
         stop.set()
+        if sys.exc_info()[0] is not None:  # failed: leave no member running
+            for h in hosts:
+                h.stop_all()
         if load.is_alive():
             load.join()
     try:

@@ -5,6 +5,7 @@ registers with the same id, and the woken ex-leader steps down without writing."
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -46,6 +47,8 @@ def test_mysql_failover_sigstop(mariadb: MariaDB, my_db: str, tmp_path: Path,
         assert m.roles().get(second.pid) == "leader"
     finally:
         stop.set()
+        if sys.exc_info()[0] is not None:  # failed: leave no member running
+            m.stop_all()
         if load.is_alive():
             load.join()
     try:
