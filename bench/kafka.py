@@ -140,6 +140,7 @@ def main() -> None:
             offset = kreader.next_offset()
             stop = threading.Event()
             latencies: list[float] = []
+            stamps: list[int] = []
 
             def follow() -> None:
                 nonlocal offset
@@ -147,6 +148,7 @@ def main() -> None:
                     recs = kreader.read(offset, 100_000)
                     now_ms = time.time() * 1000
                     latencies.extend(now_ms - r.ts_ms for r in recs)
+                    stamps.extend(r.ts_ms for r in recs)
                     if recs:
                         offset = recs[-1].offset + 1
                     else:
@@ -157,6 +159,7 @@ def main() -> None:
             per_tx = 10
             interval = per_tx / args.steady_rate
             base = args.rows + 10
+            steady_start_ms = time.time() * 1000
             with psycopg.connect(dsn, autocommit=True) as conn:
                 t_end = time.perf_counter() + args.steady_seconds
                 nxt = time.perf_counter()
@@ -177,6 +180,11 @@ def main() -> None:
             print(f"(c) commit -> Kafka latency at {args.steady_rate} events/s: "
                   f"p50 {statistics.median(lat):.1f} ms, p99 {lat[int(len(lat) * 0.99)]:.1f} ms "
                   f"({len(lat)} events)")
+            late = sorted(x for x, t in zip(latencies, stamps, strict=True)
+                          if t > steady_start_ms + 5000)
+            if late:
+                print(f"    after the first 5 s: p50 {statistics.median(late):.1f} ms, "
+                      f"p99 {late[int(len(late) * 0.99)]:.1f} ms ({len(late)} events)")
             total = kreader.next_offset()
             kreader.close()
             emb_reader.close()
