@@ -111,3 +111,29 @@ def test_sigterm_hands_over_at_once(pg_db: str, tmp_path: Path) -> None:
         codes = m.stop_all()
     assert duplicates(events) == 0
     assert codes == [0, 0]
+
+
+def test_sigterm_while_zookeeper_is_down(pg_db: str, tmp_path: Path) -> None:
+    """Leader and standby stop on SIGTERM although ZooKeeper is gone (kazoo's calls
+    wait for the connection to come back: they used to keep both running)."""
+    from pydblog.devtools.zookeeper import ZkServer
+
+    zk = ZkServer().start()
+    try:
+        config = ha_config(tmp_path, pg_db, zk.hosts, timeout_s=2.0)
+        m = members(config)
+        m.start()
+        m.start()
+        try:
+            m.leader()
+            m.wait_standbys(1)
+            zk.kill()
+            time.sleep(1.0)
+            for p in m.procs:
+                p.send_signal(signal.SIGTERM)
+            for p in m.procs:
+                assert p.wait(20) == 0, m.log_of(p)[-2000:]
+        finally:
+            m.stop_all()
+    finally:
+        zk.stop()

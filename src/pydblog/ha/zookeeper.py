@@ -100,6 +100,9 @@ class ZkElection:
             while not done.is_set():
                 if stop.wait(0.2):
                     lock.cancel()
+                    if not self._client.connected:
+                        # kazoo's calls wait for the connection to come back: end them
+                        self._drop_session()
                     return
 
         watcher = threading.Thread(target=cancel_on_stop, name="dblog-ha-cancel", daemon=True)
@@ -185,6 +188,11 @@ class ZkElection:
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     def _safe_release(self, lock: Any) -> None:
+        if not self._client.connected:
+            # a release would wait for the connection; dropping the session (it expires on
+            # the server) releases the lock as surely, and shutdown does not hang
+            self._drop_session()
+            return
         try:
             lock.release()
         except Exception as exc:
@@ -205,21 +213,29 @@ class ZkElection:
     def leader(self) -> str | None:
         if not self._started and not self._start(_ONCE):
             return None
+        # async calls with a timeout: kazoo's plain calls wait for a lost connection
+        path = f"{self.path}/leader"
         try:
-            lock = self._lock or self._client.Lock(f"{self.path}/leader", self.member)
-            names = lock.contenders()
+            children = self._client.get_children_async(path).get(timeout=3)
+            nodes = sorted((c for c in children if "__lock__" in c),
+                           key=lambda c: c.rsplit("__lock__", 1)[1])
+            if not nodes:
+                return None
+            data, _ = self._client.get_async(f"{path}/{nodes[0]}").get(timeout=3)
         except Exception:
             return None
-        return str(names[0]) if names else None
+        return bytes(data).decode() or None
 
     def close(self) -> None:
         lease = self._lease
         if lease is not None:
             lease.release()
-        if self._started:
-            try:
+        if self._started and not self._client.connected:
+            self._drop_session()
+        try:
+            if self._started:
                 self._client.stop()
-                self._client.close()
-            except Exception as exc:
-                log.debug("closing the ZooKeeper client failed: %s", exc)
-            self._started = False
+            self._client.close()  # also after a dropped session: frees kazoo's sockets
+        except Exception as exc:
+            log.debug("closing the ZooKeeper client failed: %s", exc)
+        self._started = False
