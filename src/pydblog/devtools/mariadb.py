@@ -52,7 +52,51 @@ def _as_mysql(cmd: list[str]) -> list[str]:
     return cmd
 
 
-class MariaDB:
+class _Client:
+    """Connections to a private server as its superuser, shared by the MariaDB and
+    MySQL 5.7 test servers (both set ``port`` and ``socket``)."""
+
+    port: int
+    socket: Path
+
+    def dsn(
+        self, database: str = "", user: str = SUPERUSER, password: str | None = PASSWORD
+    ) -> str:
+        auth = f"{user}:{password}" if password is not None else user
+        return f"mysql://{auth}@127.0.0.1:{self.port}/{database}"
+
+    def connect(self, database: str | None = None, *, via_socket: bool = False) -> Any:
+        """A pymysql connection as the superuser (autocommit)."""
+        import pymysql
+
+        if via_socket:
+            return pymysql.connect(
+                unix_socket=str(self.socket), user="root", database=database, autocommit=True
+            )
+        return pymysql.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user=SUPERUSER,
+            password=PASSWORD,
+            database=database,
+            autocommit=True,
+            charset="utf8mb4",
+        )
+
+    def admin(self, database: str | None = None, *, via_socket: bool = False) -> _Cursor:
+        return _Cursor(self.connect(database, via_socket=via_socket))
+
+    def execute(self, sql: str, database: str | None = None) -> list[tuple[Any, ...]]:
+        with self.admin(database) as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+
+    def create_database(self, name: str) -> str:
+        self.execute(f"CREATE DATABASE `{name}`")
+        return self.dsn(name)
+
+
+class MariaDB(_Client):
     """Start with ``start()`` (or as a context manager); ``stop()`` removes everything.
 
     ``settings`` are extra ``--name=value`` server options (e.g.
@@ -190,43 +234,6 @@ class MariaDB:
                 f"CREATE OR REPLACE USER '{SUPERUSER}'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}'"
             )
             cur.execute(f"GRANT ALL ON *.* TO '{SUPERUSER}'@'127.0.0.1' WITH GRANT OPTION")
-
-    # -- connections -----------------------------------------------------------------
-    def dsn(
-        self, database: str = "", user: str = SUPERUSER, password: str | None = PASSWORD
-    ) -> str:
-        auth = f"{user}:{password}" if password is not None else user
-        return f"mysql://{auth}@127.0.0.1:{self.port}/{database}"
-
-    def connect(self, database: str | None = None, *, via_socket: bool = False) -> Any:
-        """A pymysql connection as the superuser (autocommit)."""
-        import pymysql
-
-        if via_socket:
-            return pymysql.connect(
-                unix_socket=str(self.socket), user="root", database=database, autocommit=True
-            )
-        return pymysql.connect(
-            host="127.0.0.1",
-            port=self.port,
-            user=SUPERUSER,
-            password=PASSWORD,
-            database=database,
-            autocommit=True,
-            charset="utf8mb4",
-        )
-
-    def admin(self, database: str | None = None, *, via_socket: bool = False) -> _Cursor:
-        return _Cursor(self.connect(database, via_socket=via_socket))
-
-    def execute(self, sql: str, database: str | None = None) -> list[tuple[Any, ...]]:
-        with self.admin(database) as cur:
-            cur.execute(sql)
-            return list(cur.fetchall())
-
-    def create_database(self, name: str) -> str:
-        self.execute(f"CREATE DATABASE `{name}`")
-        return self.dsn(name)
 
     # -- replication (failover tests) ------------------------------------------------
     def replicate_from(self, primary: Any) -> None:

