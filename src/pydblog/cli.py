@@ -19,7 +19,7 @@ import click
 import orjson
 
 from pydblog.config import Config, load_config
-from pydblog.errors import DblogError
+from pydblog.errors import ConfigError, DblogError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,10 +59,24 @@ def main() -> None:
 @main.command()
 @config_option
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
-def run(config_path: str, verbose: bool) -> None:
+@click.option("--release-ha", is_flag=True,
+              help="Remove a high-availability group's claim on the embedded change log "
+              "first (after stopping every [ha] member), then run without [ha].")
+def run(config_path: str, verbose: bool, release_ha: bool) -> None:
     """Capture the source's log into the change log until SIGINT/SIGTERM."""
     _setup_logging(verbose)
     cfg = _load(config_path)
+    if release_ha:
+        if cfg.ha is not None or cfg.log.type != "embedded":
+            _fail(ConfigError("--release-ha applies to a `dblog run` without [ha] on the "
+                              "embedded change log",
+                              hint="remove [ha] from this config (or drop the flag)"))
+        from pydblog.changelog.sqlite import release_ha_claim
+
+        epoch = release_ha_claim(cfg.log.path)
+        if epoch is not None:
+            logging.getLogger("pydblog").warning(
+                "released the high-availability claim (epoch %d) on the change log", epoch)
     from pydblog.capture.service import run_capture
 
     stop = threading.Event()

@@ -107,3 +107,23 @@ def test_malformed_config(tmp_path: Path) -> None:
     assert res.returncode == 2 and "not valid TOML" in res.stderr
     res = dblog("status", "--config", str(tmp_path / "missing.toml"), check=False)
     assert res.returncode == 2 and "not found" in res.stderr
+
+
+def test_run_without_ha_on_a_claimed_log(tmp_path: Path) -> None:
+    """A `dblog run` without [ha] on a log a high-availability group claimed is refused
+    (it would write beside the group's leader, unfenced); `--release-ha` lets it in."""
+    from pydblog.changelog.sqlite import SqliteChangeLog
+
+    dsn = f"postgresql://u:s3cret@127.0.0.1:{free_port()}/app"
+    config = write_config(tmp_path, dsn, source_extra="connect_timeout_s = 1")
+    member = SqliteChangeLog(tmp_path / "data")
+    member.claim(9)
+    member.close()
+    code, err = run_once(config)
+    assert code == 6, err
+    assert "high-availability group" in err and "--release-ha" in err
+    res = dblog("run", "--config", str(config), "--release-ha", check=False, timeout=60)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 4, res.stderr  # past the claim: now the source is unreachable
+    assert "released the high-availability claim (epoch 9)" in res.stderr
+    assert "s3cret" not in res.stderr

@@ -79,6 +79,13 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
     while not stop.is_set():
         changelog = open_writer(cfg.log)
         state: StateStore = FileStateStore(cfg.log_dir)
+        check_unclaimed = getattr(changelog, "check_unclaimed", None)
+        if lease is None and check_unclaimed is not None:
+            try:
+                check_unclaimed()
+            except BaseException:
+                changelog.close()
+                raise
         if lease is not None:
             from pydblog.ha.fencing import GuardedStateStore, claim
 

@@ -25,19 +25,24 @@ Invariants:
   inside its own write transaction that the log's ``fence`` row still holds that epoch,
   and commits nothing otherwise (``Fenced``). A newer leader claims the log by writing
   its greater epoch there (``claim`` refuses a smaller one), so a frozen ex-leader that
-  wakes can append nothing: SQLite serialises the two write transactions.
+  wakes can append nothing: SQLite serialises the two write transactions. A writer
+  that never claimed (a `dblog run` without ``[ha]``) appends only while no epoch
+  owns the log, checked the same way: it cannot write beside a group's leader.
+  ``release_ha_claim`` removes the claim (and so fences every member out).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from itertools import repeat
 from pathlib import Path
+from typing import Any
 
 import orjson
 import zstandard
@@ -82,7 +87,8 @@ CREATE TABLE IF NOT EXISTS schemas (
 CREATE TABLE IF NOT EXISTS fence (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     epoch INTEGER NOT NULL,
-    claimed_ms INTEGER NOT NULL
+    claimed_ms INTEGER NOT NULL,
+    owner TEXT -- JSON {host, pid, start}: the claiming process (ha.stonith)
 );
 CREATE TABLE IF NOT EXISTS checkpoint (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -248,6 +254,40 @@ def _split(row: tuple[int, str, str | bytes]) -> Iterator[LogRecord]:
         yield LogRecord(first + i, table, op, int(ts), b.encode())
 
 
+def this_process() -> dict[str, Any]:
+    """``{host, pid, start}`` of this process (start: kernel ticks since boot, so that a
+    recycled pid is not mistaken for it)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": process_start(os.getpid())}
+
+
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``None``: no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def release_ha_claim(directory: str | Path) -> int | None:
+    """Remove a high-availability group's claim on the log at ``directory`` (the epoch
+    it had, ``None`` if none): a writer without ``[ha]`` may then append, and every
+    member that still runs is fenced out of its next append."""
+    if not log_path(directory).exists():
+        return None
+    conn = _connect(log_path(directory), readonly=False)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        row = conn.execute("SELECT epoch FROM fence WHERE id = 1").fetchone()
+        conn.execute("DELETE FROM fence")
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise ChangeLogError(f"cannot release the change log at {log_path(directory)}: {exc}") from None
+    finally:
+        conn.close()
+    return int(row[0]) if row else None
+
+
 def _schemas(conn: sqlite3.Connection, table: str | None) -> list[tuple[int, TableSchema]]:
     if table is None:
         rows = conn.execute("SELECT from_offset, body FROM schemas ORDER BY from_offset, tbl")
@@ -270,6 +310,9 @@ class SqliteChangeLog(ChangeLogWriter):
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES}")
             self._conn.executescript(_SCHEMA)
+            cols = {r[1] for r in self._conn.execute("PRAGMA table_info(fence)")}
+            if "owner" not in cols:  # a log created before the owner was recorded
+                self._conn.execute("ALTER TABLE fence ADD COLUMN owner TEXT")
         except sqlite3.Error as exc:
             raise ChangeLogError(f"cannot initialise the change log at {self.path}: {exc}") from exc
         self._checkpointer = _Checkpointer(self.path)
@@ -299,9 +342,10 @@ class SqliteChangeLog(ChangeLogWriter):
                     f"this leader's {epoch}"
                 )
             conn.execute(
-                "INSERT INTO fence (id, epoch, claimed_ms) VALUES (1, ?, ?) ON CONFLICT (id) "
-                "DO UPDATE SET epoch = excluded.epoch, claimed_ms = excluded.claimed_ms",
-                (epoch, int(time.time() * 1000)),
+                "INSERT INTO fence (id, epoch, claimed_ms, owner) VALUES (1, ?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, "
+                "claimed_ms = excluded.claimed_ms, owner = excluded.owner",
+                (epoch, int(time.time() * 1000), orjson.dumps(this_process()).decode()),
             )
             last = conn.execute("SELECT max(last_offset) FROM blocks").fetchone()[0]
             cp = conn.execute("SELECT next_offset FROM checkpoint WHERE id = 1").fetchone()
@@ -317,6 +361,28 @@ class SqliteChangeLog(ChangeLogWriter):
         """The epoch that owns the log now (``None``: never claimed)."""
         row = self._conn.execute("SELECT epoch FROM fence WHERE id = 1").fetchone()
         return int(row[0]) if row else None
+
+    def check_unclaimed(self) -> None:
+        """Raise unless the log is free for a writer without ``[ha]`` (no epoch owns it)."""
+        epoch = self.fence_epoch()
+        if epoch is not None:
+            raise self._claimed(epoch)
+
+    def _claimed(self, epoch: int) -> ChangeLogError:
+        return ChangeLogError(
+            f"the change log at {self.path} belongs to a high-availability group (claimed "
+            f"by epoch {epoch}) and this `dblog run` has no [ha] section",
+            hint="give this process the group's [ha] section; to stop using high "
+            "availability on this log, stop every member and run `dblog run --release-ha` once",
+        )
+
+    def fence_owner(self) -> dict[str, Any] | None:
+        """The process that made the last claim (``{host, pid, start}``), if recorded."""
+        row = self._conn.execute("SELECT owner FROM fence WHERE id = 1").fetchone()
+        if not row or not row[0]:
+            return None
+        owner: dict[str, Any] = orjson.loads(row[0])
+        return owner
 
     @property
     def next_offset(self) -> int:
@@ -338,15 +404,17 @@ class SqliteChangeLog(ChangeLogWriter):
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if self._epoch is not None:
-                row = conn.execute("SELECT epoch FROM fence WHERE id = 1").fetchone()
-                if row is None or row[0] != self._epoch:
-                    conn.execute("ROLLBACK")
-                    raise Fenced(
-                        f"the change log at {self.path} now belongs to epoch "
-                        f"{row[0] if row else None}; this leader's epoch {self._epoch} may not "
-                        "write to it"
-                    )
+            row = conn.execute("SELECT epoch FROM fence WHERE id = 1").fetchone()
+            if self._epoch is None and row is not None:
+                conn.execute("ROLLBACK")
+                raise self._claimed(row[0])
+            if self._epoch is not None and (row is None or row[0] != self._epoch):
+                conn.execute("ROLLBACK")
+                raise Fenced(
+                    f"the change log at {self.path} now belongs to epoch "
+                    f"{row[0] if row else None}; this leader's epoch {self._epoch} may not "
+                    "write to it"
+                )
             if schemas:
                 conn.executemany(
                     "INSERT OR REPLACE INTO schemas (tbl, from_offset, body) VALUES (?,?,?)",

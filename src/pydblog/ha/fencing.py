@@ -26,9 +26,12 @@ def claim(changelog: FencedChangeLog, lease: Lease, stop: threading.Event) -> No
     """Claim ``changelog`` for ``lease.epoch``. A frozen ex-leader in the middle of a
     commit holds the embedded log's write lock until it is killed or resumes (its commit
     then lands before the claim, which is consistent): keep trying while the lease holds,
-    and kill such a holder if it is a stopped process of this host (``ha.stonith``)."""
+    and kill such a holder if it is a stopped process of this host and the log's
+    recorded owner (``ha.stonith``)."""
     warned = False
     started = time.monotonic()
+    owner_of = getattr(changelog, "fence_owner", None)
+    owner = owner_of() if owner_of is not None else None  # read before our claim
     while True:
         lease.check()
         try:
@@ -42,7 +45,7 @@ def claim(changelog: FencedChangeLog, lease: Lease, stop: threading.Event) -> No
                 warned = True
         path = getattr(changelog, "path", None)
         if path is not None and time.monotonic() - started > GRACE_S:
-            kill_frozen_holder(path)
+            kill_frozen_holder(path, owner)
         stop.wait(0.1)
 
 

@@ -5,10 +5,13 @@ A leader stopped (``SIGSTOP``, a debugger) in the middle of a commit keeps SQLit
 write lock: no other process can write the log until it dies or resumes. Its commit
 passed the epoch check before it froze, so letting it finish would be consistent, but
 nobody can say when that is. A new leader that waits for the lock longer than
-``GRACE_S`` looks the holder up in ``/proc/locks``; if it is a process of this host in
-the stopped state, it is killed (``SIGKILL``: SQLite rolls its unfinished commit back,
-which is equally consistent). A holder that is running (a slow disk) is waited for.
-Across hosts (a shared disk) the holder is not visible and the new leader waits.
+``GRACE_S`` looks the holder up in ``/proc/locks``; it is killed (``SIGKILL``: SQLite
+rolls its unfinished commit back, which is equally consistent) only if it is in the
+stopped state AND it is the log's recorded owner: the process that made the last
+claim, same host, same pid, same start time (so neither a recycled pid nor an
+operator's suspended ``sqlite3`` shell is ever killed). Any other holder, and a
+running one (a slow disk), is waited for. Across hosts (a shared disk) the holder is
+not visible and the new leader waits.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
+from typing import Any
+
+from pydblog.changelog.sqlite import process_start
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +58,32 @@ def is_stopped(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] in ("T", "t")
 
 
-def kill_frozen_holder(db_path: Path) -> bool:
-    """Kill the process holding ``db_path``'s write lock if it is stopped; whether it did."""
+def is_owner(pid: int, owner: dict[str, Any] | None) -> bool:
+    """Whether ``pid`` is the process recorded by the log's last claim."""
+    return (
+        owner is not None
+        and owner.get("host") == socket.gethostname()
+        and owner.get("pid") == pid
+        and owner.get("start") is not None
+        and owner.get("start") == process_start(pid)
+    )
+
+
+_refused: set[int] = set()
+
+
+def kill_frozen_holder(db_path: Path, owner: dict[str, Any] | None) -> bool:
+    """Kill the process holding ``db_path``'s write lock if it is stopped and is the
+    log's recorded ``owner`` (the previous leader); whether it did."""
     pid = write_lock_holder(db_path)
     if pid is None or pid == os.getpid() or not is_stopped(pid):
+        return False
+    if not is_owner(pid, owner):
+        if pid not in _refused:
+            _refused.add(pid)
+            log.warning("the change log's write lock is held by pid %d, which is stopped but "
+                        "is not the log's previous leader: waiting (resume it with "
+                        "`kill -CONT %d` or end it)", pid, pid)
         return False
     log.warning("the change log's write lock is held by pid %d, which is stopped (a frozen "
                 "ex-leader): killing it so that this leader can take over", pid)
