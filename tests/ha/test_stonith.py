@@ -44,6 +44,23 @@ def hold(tmp_path: Path, mode: str, who: str = "owner") -> subprocess.Popen[byte
     return proc
 
 
+def claim_in_thread(log: SqliteChangeLog, epoch: int, stop: threading.Event
+                    ) -> tuple[threading.Thread, list[BaseException | None]]:
+    """``claim`` on a thread; its outcome (None or the exception) lands in the list."""
+    result: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            claim(log, DeadlineLease(epoch, 30.0, "test", lambda: None), stop)
+            result.append(None)
+        except BaseException as exc:
+            result.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, result
+
+
 def new_log(tmp_path: Path) -> SqliteChangeLog:
     log = SqliteChangeLog(tmp_path)
     from pydblog.ports import Checkpoint
@@ -73,17 +90,7 @@ def test_running_lock_holder_is_waited_for(tmp_path: Path) -> None:
     log = new_log(tmp_path)
     proc = hold(tmp_path, "run")
     stop = threading.Event()
-    result: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            claim(log, DeadlineLease(3, 30.0, "test", lambda: None), stop)
-            result.append(None)
-        except BaseException as exc:
-            result.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
+    t, result = claim_in_thread(log, 3, stop)
     time.sleep(2.0)  # past the grace period: a running holder is not killed
     assert proc.poll() is None and not result
     proc.communicate(b"\n", timeout=10)  # the holder ends (its transaction rolls back)
@@ -114,17 +121,7 @@ def test_stopped_holder_that_is_not_the_owner_is_not_killed(tmp_path: Path) -> N
     log.claim(2)  # the recorded owner is this test process, not the holder
     proc = hold(tmp_path, "stop", who="stranger")
     stop = threading.Event()
-    result: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            claim(log, DeadlineLease(3, 30.0, "test", lambda: None), stop)
-            result.append(None)
-        except BaseException as exc:
-            result.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
+    t, result = claim_in_thread(log, 3, stop)
     try:
         time.sleep(2.0)  # well past the grace period
         assert proc.poll() is None, "a stopped process that is not the log's owner was killed"
