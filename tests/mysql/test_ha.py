@@ -1,6 +1,7 @@
-"""High availability with a MariaDB source: members share one server_id; a frozen
-(SIGSTOP) leader's binlog connection is dropped by the server when the new leader
-registers with the same id, and the woken ex-leader steps down without writing."""
+"""High availability with a MariaDB (default run) or MySQL 5.7 (`-m slow`) source:
+members share one server_id; a frozen (SIGSTOP) leader's binlog connection is dropped by
+the server when the new leader registers with the same id, and the woken ex-leader
+steps down without writing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.mysql57 import MySQL57, TestServer
 from pydblog.devtools.zookeeper import ZkServer
 from tests.ha.helpers import members
 from tests.helpers import wait_for
@@ -19,6 +23,17 @@ from tests.mysql.test_oracle import assert_oracle, setup_tables, write_config, w
 
 def test_mysql_failover_sigstop(mariadb: MariaDB, my_db: str, tmp_path: Path,
                                 zk_server: ZkServer) -> None:
+    failover_sigstop(mariadb, my_db, tmp_path, zk_server)
+
+
+@pytest.mark.slow
+def test_mysql57_failover_sigstop(mysql57: MySQL57, my57_db: str, tmp_path: Path,
+                                  zk_server: ZkServer) -> None:
+    failover_sigstop(mysql57, my57_db, tmp_path, zk_server)
+
+
+def failover_sigstop(mariadb: TestServer, my_db: str, tmp_path: Path,
+                     zk_server: ZkServer) -> None:
     setup_tables(mariadb, my_db)
     config = write_config(
         tmp_path, mariadb, my_db,
