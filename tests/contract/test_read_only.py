@@ -1,25 +1,81 @@
 """Read-only incremental snapshots (``watermark = "read-only"``) against real servers:
-a primary, and a hot standby (``pg_basebackup -R``) that the chunks are read from while
-the stream comes from the primary. Each scenario writes during the snapshot and ends
-with the oracle (materialized change log == source, positions unique and ordered), and
-checks that the snapshot wrote nothing to the source.
+PostgreSQL (a primary, and a hot standby (``pg_basebackup -R``) that the chunks are read
+from while the stream comes from the primary), MariaDB and MySQL 5.7 (GTID fences).
+Each scenario writes during the snapshot and ends with the oracle (materialized change
+log == source, positions unique and ordered), and checks that the snapshot wrote
+nothing to the source: on MySQL/MariaDB the capture runs as a user with no write grant
+at all, and on an idle server the binlog gains only the test's own signal.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.pgstandby import PgStandby
+from pydblog.sources.mysql.setup import OwnTables, signal_table_ddl
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import Harness, PgHarness
 from tests.contract.test_snapshots import make_table, q, sid, writer
+from tests.mysql.harness import MariaHarness
+
+
+class ReadOnlyUser:
+    """A MySQL/MariaDB harness whose capture connects as a user that can only read
+    (SELECT on the database, REPLICATION SLAVE and CLIENT): the server itself refuses
+    any write of the capture. The signal table is created beforehand, as an
+    administrator would."""
+
+    def __init__(self, inner: MariaHarness) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.schema = inner.schema
+        server = inner.server
+        self.user = f"ro_{uuid.uuid4().hex[:8]}"
+        own = OwnTables((self.schema, "dblog_signal"), (self.schema, "dblog_watermark"),
+                        ("public", "dblog_signal"), ("public", "dblog_watermark"))
+        server.execute(signal_table_ddl(own))
+        server.execute(f"CREATE USER '{self.user}'@'127.0.0.1' IDENTIFIED BY 'ro'")
+        server.execute(f"GRANT SELECT ON `{self.schema}`.* TO '{self.user}'@'127.0.0.1'")
+        server.execute(
+            f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{self.user}'@'127.0.0.1'"
+        )
+
+    def execute(self, *statements: str) -> None:
+        self.inner.execute(*statements)
+
+    def config(self, directory: Path, extra: str = "") -> Path:
+        path = self.inner.config(directory, extra)
+        server = self.inner.server
+        path.write_text(path.read_text().replace(
+            server.dsn(self.schema), server.dsn(self.schema, user=self.user, password="ro")))
+        return path
+
+    def rows(self, table: str, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        return self.inner.rows(table, key)
+
+    def signal(self, signal_id: str, kind: str, data: dict[str, Any]) -> None:
+        self.inner.signal(signal_id, kind, data)
+
+    def marker(self, token: str) -> None:
+        self.inner.marker(token)
+
+    def position(self, event: dict[str, Any]) -> tuple[Any, ...]:
+        return self.inner.position(event)
+
+
+@pytest.fixture
+def ro(harness: Harness) -> Harness:
+    """The contract harness; MySQL/MariaDB's with a capture user that cannot write."""
+    return ReadOnlyUser(harness) if isinstance(harness, MariaHarness) else harness
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +99,20 @@ def watermark_writes(h: Harness) -> int:
     return int(row[0]) if row else 0
 
 
-def snapshot_with_writes(h: PgHarness, cap: Capture, rows: int, seed: int) -> None:
+def assert_wrote_nothing(h: Harness) -> None:
+    """PostgreSQL: the watermark row was never updated. MySQL/MariaDB (whose capture
+    user cannot write): no watermark table was even created."""
+    if isinstance(h, ReadOnlyUser):
+        server = h.inner.server
+        found = server.execute(
+            "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = "
+            f"'{h.schema}' AND TABLE_NAME = 'dblog_watermark'")
+        assert not found, "a watermark table was created"
+    else:
+        assert watermark_writes(h) == 0
+
+
+def snapshot_with_writes(h: Harness, cap: Capture, rows: int, seed: int) -> None:
     stop = threading.Event()
     th = threading.Thread(target=writer, args=(h, "t1", stop, seed, rows + rows // 5))
     th.start()
@@ -55,14 +124,15 @@ def snapshot_with_writes(h: PgHarness, cap: Capture, rows: int, seed: int) -> No
         th.join()
 
 
-def test_read_only_snapshot_on_the_primary(pg: PgHarness, tmp_path: Path) -> None:
-    make_table(pg, "t1", 2000)
+@pytest.mark.mysql57
+def test_read_only_snapshot_on_the_primary(ro: Harness, tmp_path: Path) -> None:
+    make_table(ro, "t1", 2000)
     extra = '[snapshot]\nchunk_size = 50\nwatermark = "read-only"'
-    with Capture(pg, tmp_path, extra) as cap:
-        snapshot_with_writes(pg, cap, 2000, seed=3)
+    with Capture(ro, tmp_path, extra) as cap:
+        snapshot_with_writes(ro, cap, 2000, seed=3)
         events = cap.assert_oracle({"t1": ["id"]})
     assert snapshot_rows(events, "t1")
-    assert watermark_writes(pg) == 0
+    assert_wrote_nothing(ro)
 
 
 def test_read_only_snapshot_from_a_hot_standby(
@@ -83,15 +153,16 @@ def test_read_only_snapshot_from_a_hot_standby(
     assert watermark_writes(pg) == 0
 
 
-def test_read_only_snapshot_resumes_after_kill9(pg: PgHarness, tmp_path: Path) -> None:
-    make_table(pg, "t1", 3000)
+@pytest.mark.mysql57
+def test_read_only_snapshot_resumes_after_kill9(ro: Harness, tmp_path: Path) -> None:
+    make_table(ro, "t1", 3000)
     extra = '[snapshot]\nchunk_size = 40\nwatermark = "read-only"'
-    cap = Capture(pg, tmp_path, extra).start()
+    cap = Capture(ro, tmp_path, extra).start()
     stop = threading.Event()
-    th = threading.Thread(target=writer, args=(pg, "t1", stop, 5, 3500))
+    th = threading.Thread(target=writer, args=(ro, "t1", stop, 5, 3500))
     th.start()
     try:
-        pg.signal(sid(), "execute-snapshot", {"data-collections": [q(pg, "t1")]})
+        ro.signal(sid(), "execute-snapshot", {"data-collections": [q(ro, "t1")]})
         cap.wait_notification("IN_PROGRESS", count=10)
         cap.kill()
         cap.start()
@@ -103,38 +174,59 @@ def test_read_only_snapshot_resumes_after_kill9(pg: PgHarness, tmp_path: Path) -
     cap.stop()
     completed = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"]
     assert len(completed) == 1
-    assert watermark_writes(pg) == 0
+    assert_wrote_nothing(ro)
 
 
-def test_read_only_chunks_close_on_an_idle_stream(pg: PgHarness, tmp_path: Path) -> None:
-    """No writes and no heartbeats: the rows land once a keepalive (asked for while a
-    chunk waits) says the stream has passed the read's fence."""
+def _transactions_logged(h: Harness) -> int | None:
+    """MySQL/MariaDB: how many transactions the server's binlog holds so far (GTIDs)."""
+    if not isinstance(h, ReadOnlyUser):
+        return None
+    server = h.inner.server
+    from pydblog.devtools.mariadb import MariaDB
+    from pydblog.sources.mysql.gtid import MariaGtidPos, MySqlGtidSet
+
+    if isinstance(server, MariaDB):
+        pos = MariaGtidPos.parse(str(server.execute("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]))
+        return sum(n for _, _, n in pos.domains)
+    executed = MySqlGtidSet.parse(str(server.execute("SELECT @@GLOBAL.gtid_executed")[0][0]))
+    return sum(b - a + 1 for _, iv in executed.sources for a, b in iv)
+
+
+@pytest.mark.mysql57
+def test_read_only_chunks_close_on_an_idle_stream(ro: Harness, tmp_path: Path) -> None:
+    """No writes and no heartbeats: the rows land once the stream reports (asked for
+    while a chunk waits) that it has passed the read's fence. MySQL/MariaDB: from the
+    capture's start to the snapshot's end the binlog gains exactly one transaction,
+    the test's signal."""
     from pydblog.changelog.sqlite import SqliteChangeLogReader
     from tests.helpers import start_run, stop_run
 
-    make_table(pg, "t1", 1000)
-    config = tmp_path / "dblog.toml"
-    config.write_text(
-        f'[source]\ndsn = "{pg.dsn}"\nheartbeat_interval_s = 600\n'
-        f'[log]\npath = "{tmp_path / "data"}"\n'
-        '[snapshot]\nchunk_size = 100\nwatermark = "read-only"\n'
-    )
+    make_table(ro, "t1", 1000)
+    config = ro.config(tmp_path, '[snapshot]\nchunk_size = 100\nwatermark = "read-only"\n')
+    config.write_text(config.read_text().replace(
+        "heartbeat_interval_s = 0.5", "heartbeat_interval_s = 600"))
+    before = _transactions_logged(ro)
     proc = start_run(config)
     try:
         t0 = time.monotonic()
-        pg.signal(sid(), "execute-snapshot", {"data-collections": [q(pg, "t1")]})
+        ro.signal(sid(), "execute-snapshot", {"data-collections": [q(ro, "t1")]})
         reader = SqliteChangeLogReader(tmp_path / "data")
         while time.monotonic() - t0 < 60:
             if any(b'"COMPLETED"' in r.body for r in reader.read(0, 10**6)):
                 break
             time.sleep(0.05)
         elapsed = time.monotonic() - t0
+        rows = sum(1 for r in reader.read(0, 10**6) if b'"op":"r"' in r.body)
         reader.close()
+        after = _transactions_logged(ro)
     finally:
         code, err = stop_run(proc)
     assert code == 0, err[-2000:]
     assert elapsed < 30, f"10 chunks took {elapsed:.1f}s on an idle stream"
-    assert watermark_writes(pg) == 0
+    assert rows == 1000
+    assert_wrote_nothing(ro)
+    if before is not None:
+        assert after == before + 1, f"the binlog gained {after - before} transactions"  # type: ignore[operator]
 
 
 def test_read_only_parallel_chunks_on_the_primary(pg: PgHarness, tmp_path: Path) -> None:

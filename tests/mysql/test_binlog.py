@@ -13,7 +13,7 @@ from pydblog.errors import SourceError
 from pydblog.events import Op
 from pydblog.ports import Checkpoint, Commit, Heartbeat, Idle, SchemaChanged
 from pydblog.positions import decode_position, encode_position
-from pydblog.sources.mysql.position import BinlogPosition
+from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition
 from tests.mysql.helpers import bpos, changes, commits, make, opened, read_until, run_sql
 
 
@@ -64,9 +64,9 @@ def test_inserts_updates_deletes_and_transactions(server: TestServer, db: str) -
         assert gtid.startswith(server.server_uuid() + ":")
     else:  # domain-server-seq
         assert gtid.startswith("0-1-")
-    # A fresh start first offers its start position (index -1, below everything after).
+    # A fresh start first offers its start position (BEFORE_TX, below everything after).
     start, first = [i for i in items if not isinstance(i, Idle)][:2]
-    assert isinstance(start, Heartbeat) and bpos(start.position).index == -1
+    assert isinstance(start, Heartbeat) and bpos(start.position).index == BEFORE_TX
     assert start.position < evs[0].position
     assert isinstance(first, SchemaChanged) and first.table_schema.key == ("id",)
     p = evs[0].position

@@ -20,6 +20,12 @@ Invariants:
   uncaptured events went by for ``idle_s``.
 - Transactions without captured rows produce no ``Commit``; their position is offered as a
   ``Heartbeat`` at most every ``heartbeat_interval_s`` and when the server goes idle.
+- Read-only snapshots (``read_only``): nothing is written to the server (pydblog's own
+  tables are not created: see ``setup.ensure_own_tables``), MySQL must run with
+  ``gtid_mode = ON``, and for a second after ``request_progress`` every transaction
+  boundary is reported as ``StreamPassed`` (its position's state after the transaction:
+  what the stream has delivered, see ``sources.mysql.fences``). ``wakeup`` (any thread)
+  makes a ``stream()`` waiting for the server yield ``Idle`` now.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from pydblog.ports import (
     Heartbeat,
     Idle,
     SchemaChanged,
+    StreamPassed,
     TableSchema,
 )
 from pydblog.positions import Position
@@ -77,8 +84,9 @@ from pydblog.sources.mysql.connect import (
     is_mariadb,
 )
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
+from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
-from pydblog.sources.mysql.position import BinlogPosition, file_sequence
+from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, file_sequence
 from pydblog.sources.mysql.setup import (
     OwnTables,
     check_source,
@@ -96,6 +104,7 @@ from pydblog.sources.mysql.tablemap import (
     type_mismatch,
 )
 from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
+from pydblog.sources.mysql.wake import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +185,7 @@ class MySqlLogSource:
         heartbeat_interval_s: float = 10.0,
         connect_timeout_s: float = 10.0,
         idle_s: float = 0.2,
+        read_only: bool = False,
     ) -> None:
         self.dsn = dsn
         self.db = dsn.database
@@ -185,7 +195,12 @@ class MySqlLogSource:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.connect_timeout_s = connect_timeout_s
         self.idle_s = idle_s
+        self.read_only = read_only
         self.mariadb = False
+        self._wake: Wakeup | None = None
+        self._progress_until = 0.0  # report StreamPassed at boundaries until then
+        self._progress_now = False  # ... and at the next boundary even if unchanged
+        self._passed_at: BinlogPosition | None = None
         self._ctl: Any = None
         self._ctl_lock = threading.Lock()
         self._reader: Any = None
@@ -227,9 +242,11 @@ class MySqlLogSource:
         self._ctl = connect(self.dsn, timeout_s=self.connect_timeout_s)
         self.mariadb = is_mariadb(self._ctl)
         check_source(self._ctl, self.dsn)
-        ensure_own_tables(self._ctl, self.dsn, self.own)
+        ensure_own_tables(self._ctl, self.dsn, self.own, read_only=self.read_only)
         self._warn_keyless()
         self._gtid_mode = self._server_has_gtids()
+        if self.read_only and not self._gtid_mode:
+            raise gtid_mode_error(self.dsn.redacted, self._gtid_mode_value())
         pos = checkpoint.position if checkpoint is not None else None
         if pos is not None and not isinstance(pos, BinlogPosition):
             raise SourceError(
@@ -242,7 +259,7 @@ class MySqlLogSource:
             # Where capture begins, offered at once as a Heartbeat so that the runner
             # checkpoints it: a restart before the first transaction resumes here.
             # Index -1 sorts below every event of a transaction starting at ``offset``.
-            self._last_done = BinlogPosition(file, offset, -1, None, state)
+            self._last_done = BinlogPosition(file, offset, BEFORE_TX, None, state)
             self._start_dump(file, offset, state)
             return
         state = self._own_flavour(pos.gtids) if self._gtid_mode else None
@@ -265,10 +282,21 @@ class MySqlLogSource:
 
     def stream(self) -> Iterator[Any]:
         last_yield = time.monotonic()
+        if self._wake is None:
+            self._wake = Wakeup()
         for item in self._heartbeat(force=True):
             if not self._drop(item):
                 yield item
         while True:
+            if self._progress_until and self._tx is None:
+                passed = self._stream_passed()
+                if passed is not None and not self._drop(passed):
+                    yield passed
+            conn = getattr(self._reader, "_stream_connection", None)
+            if not self._wake.wait(conn, self.idle_s):
+                last_yield = time.monotonic()
+                yield Idle()
+                continue
             event = self._fetch()
             for item in self._handle(event):
                 if self._drop(item):
@@ -303,7 +331,34 @@ class MySqlLogSource:
                 lag += size
         return lag
 
+    def request_progress(self) -> None:
+        """A read-only chunk waits for the stream to pass its fence: report each
+        transaction boundary as ``StreamPassed`` for the next second (from the runner's
+        thread)."""
+        self._progress_until = time.monotonic() + 1.0
+        self._progress_now = True
+
+    def wakeup(self) -> None:
+        """Make a ``stream()`` waiting for the server yield ``Idle`` now (thread-safe)."""
+        wake = self._wake
+        if wake is not None:
+            wake.set()
+
+    def _stream_passed(self) -> StreamPassed | None:
+        done = self._last_done
+        if done is None or time.monotonic() > self._progress_until:
+            self._progress_until = 0.0
+            return None
+        if done == self._passed_at and not self._progress_now:
+            return None
+        self._progress_now = False
+        self._passed_at = done
+        return StreamPassed(done)
+
     def close(self) -> None:
+        if self._wake is not None:
+            self._wake.close()
+            self._wake = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -361,6 +416,12 @@ class MySqlLogSource:
             cur.execute("SELECT @@GLOBAL.gtid_mode")
             row = cur.fetchone()
         return row is not None and str(row[0]).upper() == "ON"
+
+    def _gtid_mode_value(self) -> str:
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.gtid_mode")
+            row = cur.fetchone()
+        return str(row[0]) if row else "unknown"
 
     def _empty_state(self) -> GtidState:
         return MariaGtidPos() if self.mariadb else MySqlGtidSet()

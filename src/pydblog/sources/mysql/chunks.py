@@ -11,6 +11,9 @@ Invariants:
   ``limit`` says: a keyset cannot page inside a run of equal NULL keys.
 - ``write_watermark`` commits on its own (autocommit) and arrives in the binlog as an
   UPDATE of the watermark table's one row (``id = 1``), new value in ``after["value"]``.
+- ``read_chunk_fenced`` (read-only snapshots) reads a whole chunk, every SELECT of it,
+  in one consistent-snapshot transaction and returns the GTID fence of that snapshot
+  (``sources.mysql.fences``); it writes nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from pydblog.sources.mysql.connect import (
     errno,
     is_mariadb,
 )
+from pydblog.sources.mysql.fenced import BinlogStates, maria_fence, open_fenced
+from pydblog.sources.mysql.fences import GtidFence
 from pydblog.sources.mysql.setup import OwnTables
 from pydblog.sources.mysql.types import ColumnType, SelectMapper, key_param, quote_ident
 
@@ -86,7 +91,9 @@ class MySqlSnapshotReader:
         self._conn: Any = None
         self._used = 0.0
         self._mariadb = True
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._fenced = False  # inside a read-only chunk's transaction: no own transactions
+        self._states = BinlogStates()
         self._tables: dict[tuple[str, tuple[str, ...]], _Table] = {}
         self._pks: dict[str, tuple[str, ...]] = {}  # table -> primary key (() without one)
 
@@ -127,7 +134,13 @@ class MySqlSnapshotReader:
         """Run one SELECT in a READ ONLY transaction with the statement timeout.
 
         ``raw``: server-side refusals (not connection losses or timeouts) are raised as
-        ``_FilterRejected`` for the caller to word."""
+        ``_FilterRejected`` for the caller to word. Inside ``read_chunk_fenced`` the
+        SELECT runs in its transaction, and errors are raised as they come (that read is
+        retried as a whole)."""
+        if self._fenced:
+            with self._conn.cursor() as cur:
+                cur.execute(self._timed(sql), tuple(params) if params else None)
+                return list(cur.fetchall())
         for attempt in (1, 2):
             with self._lock:
                 conn = self._connection()
@@ -311,6 +324,43 @@ class MySqlSnapshotReader:
             where.append(_compare(t.key_cols, (last,), strict=False, greater=False, params=params))
             rows = self._select(t, " AND ".join(where), params, condition, None, info)
         return rows
+
+    def read_chunk_fenced(
+        self,
+        info: TableInfo,
+        after: tuple[Any, ...] | None,
+        max_key: tuple[Any, ...],
+        limit: int,
+        condition: str | None,
+    ) -> tuple[list[dict[str, Any]], GtidFence]:
+        """``read_chunk`` in one consistent-snapshot transaction, with the GTID fence of
+        its snapshot (``sources.mysql.fences``). Writes nothing."""
+        self._table(info)  # the column mapping, read before the snapshot's transaction
+        doing = f"reading a chunk of {info.qualified}"
+        for attempt in (1, 2):
+            with self._lock:
+                conn = self._connection()
+                try:
+                    with conn.cursor() as cur:
+                        opened = open_fenced(cur, self._mariadb, self.dsn.redacted)
+                        self._fenced = True
+                        try:
+                            rows = self.read_chunk(info, after, max_key, limit, condition)
+                        finally:
+                            self._fenced = False
+                            with contextlib.suppress(pymysql.Error):
+                                conn.rollback()
+                        if isinstance(opened, GtidFence):
+                            return rows, opened
+                        return rows, maria_fence(cur, self._states, opened)
+                except pymysql.Error as exc:
+                    code = errno(exc)
+                    if code in UNAVAILABLE:
+                        self._reset()
+                        if attempt == 1:
+                            continue
+                    raise self._error(exc, doing) from None
+        raise AssertionError("unreachable")
 
     def read_keys(self, info: TableInfo, keys: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
         """The rows of these identities (``info.key``), in key order (a key re-read)."""

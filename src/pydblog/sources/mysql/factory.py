@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pydblog.errors import ConfigError
 from pydblog.sources.mysql.binlog import MySqlLogSource
 from pydblog.sources.mysql.chunks import MySqlSnapshotReader
 from pydblog.sources.mysql.connect import MySqlDsn
@@ -25,6 +26,12 @@ def create(cfg: Config) -> tuple[LogSource, SnapshotReader]:
     ``watermark_table`` default to ``dblog_signal`` / ``dblog_watermark`` in it (a
     ``public.`` prefix, PostgreSQL's default schema, means the captured database).
     """
+    if cfg.snapshot.read_dsn is not None:
+        raise ConfigError(
+            "snapshot.read_dsn is not supported by the mysql source: its read-only chunks "
+            "are read on the source itself",
+            hint="remove read_dsn (watermark = \"read-only\" works without it)",
+        )
     dsn = MySqlDsn.parse(cfg.source.dsn)
     own = own_tables(cfg.snapshot, dsn.database)
     matcher = cfg.source.table_matcher()
@@ -35,6 +42,7 @@ def create(cfg: Config) -> tuple[LogSource, SnapshotReader]:
         own=own,
         heartbeat_interval_s=cfg.source.heartbeat_interval_s,
         connect_timeout_s=cfg.source.connect_timeout_s,
+        read_only=cfg.snapshot.watermark == "read-only",
     )
     reader = MySqlSnapshotReader(
         dsn,

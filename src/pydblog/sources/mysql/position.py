@@ -17,12 +17,15 @@ Ordering invariants:
 - The ``Commit`` of a transaction with ``n`` captured events is at index ``n``: above all
   of its events, below every event of the next transaction (which starts at a larger
   offset or in a later file).
-- Index ``-1`` marks "before anything at this offset": the position where a fresh capture
-  begins (a ``Heartbeat``), below every event of a transaction starting there.
+- Index ``BEFORE_TX`` (a large negative number; ``-1`` in logs written before it) marks
+  "before anything at this offset": the position where a fresh capture begins (a
+  ``Heartbeat``), below every event of a transaction starting there. It leaves room for
+  rows placed after it (``base.index + 1 + k``: a read-only or blocking snapshot of an
+  idle database right after a fresh start) below that transaction's index 0.
 
 GTID invariants:
 - ``gtid`` is the transaction's GTID as the server prints it (MariaDB ``domain-server-seq``,
-  MySQL ``uuid:n``), or None where GTIDs are off (or at a fresh start's index ``-1``).
+  MySQL ``uuid:n``), or None where GTIDs are off (or at a fresh start's ``BEFORE_TX``).
 - ``gtids`` is the server's GTID state *before* this position's transaction (MariaDB: one
   GTID per domain, like ``gtid_binlog_pos``; MySQL: the executed GTID set), or None where
   it is not known (GTIDs off; a MySQL log written before GTID resume). The state *after*
@@ -52,6 +55,9 @@ from typing import Any, ClassVar, Self
 
 from pydblog.positions import register_position
 from pydblog.sources.mysql.gtid import GtidState, parse_gtid_state
+
+BEFORE_TX = -(1 << 62)
+"""The index of a position before every event of the transaction at its offset."""
 
 
 def file_sequence(name: str) -> int:

@@ -150,13 +150,29 @@ def check_source(conn: Any, dsn: MySqlDsn) -> None:
         )
 
 
-def ensure_own_tables(conn: Any, dsn: MySqlDsn, tables: OwnTables) -> None:
-    """Create the signal table and the one-row watermark table if missing."""
+def signal_table_ddl(tables: OwnTables) -> str:
     sig = ".".join(quote_ident(p) for p in tables.signal)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {sig} (id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) "
+        "NOT NULL, data TEXT NULL) CHARACTER SET utf8mb4"
+    )
+
+
+def ensure_own_tables(
+    conn: Any, dsn: MySqlDsn, tables: OwnTables, *, read_only: bool = False
+) -> None:
+    """Create the signal table and the one-row watermark table if missing.
+
+    ``read_only`` (``[snapshot] watermark = "read-only"``): create nothing (MySQL writes
+    even ``CREATE TABLE IF NOT EXISTS`` of an existing table to the binlog); a missing
+    signal table is only reported (signals then come from the CLI/HTTP only if the
+    table exists: create it yourself)."""
+    if read_only:
+        _report_missing_signal_table(conn, dsn, tables)
+        return
     wm = ".".join(quote_ident(p) for p in tables.watermark)
     statements = [
-        f"CREATE TABLE IF NOT EXISTS {sig} (id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) "
-        "NOT NULL, data TEXT NULL) CHARACTER SET utf8mb4",
+        signal_table_ddl(tables),
         f"CREATE TABLE IF NOT EXISTS {wm} (id INT PRIMARY KEY, value VARCHAR(64) NULL) "
         "CHARACTER SET utf8mb4",
         f"INSERT IGNORE INTO {wm} (id, value) VALUES (1, NULL)",
@@ -172,6 +188,27 @@ def ensure_own_tables(conn: Any, dsn: MySqlDsn, tables: OwnTables) -> None:
             hint=f"create them yourself (docs/mysql.md) or GRANT CREATE, INSERT, UPDATE ON "
             f"{quote_ident(dsn.database)}.* TO the capture user",
         ) from None
+
+
+def _report_missing_signal_table(conn: Any, dsn: MySqlDsn, tables: OwnTables) -> None:
+    db, table = tables.signal
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
+                "TABLE_NAME = %s",
+                (db, table),
+            )
+            found = cur.fetchone() is not None
+    except pymysql.Error as exc:
+        raise classify(exc, dsn, "looking for the signal table") from None
+    if not found:
+        log.warning(
+            'read-only snapshots: the signal table %s.%s does not exist and is not created '
+            '(that would write to the source); to send signals through it, create it as a '
+            "user allowed to: %s; and GRANT INSERT on it to whoever sends signals",
+            db, table, signal_table_ddl(tables),
+        )
 
 
 def tables_without_key(conn: Any, database: str, names: list[str]) -> list[str]:

@@ -1,0 +1,116 @@
+"""MySQL/MariaDB read fences: what a read-only chunk's snapshot saw, as GTID sets.
+
+See ``core.fence`` for the protocol and docs/snapshots.md for the whole argument. A
+``GtidFence`` is two GTID states of the server the chunk was read on:
+
+- ``low``: every transaction in it is visible to the read (``visible`` is True);
+- ``high``: every transaction visible to the read is in it (the rows are emitted once
+  the stream has delivered all of ``high``: ``passed``).
+
+A transaction in neither, or in ``high`` only, is "not known visible": its events drop
+their keys from the chunk (always safe: the event and every later one of that key are
+in the log). The stream judges by the GTIDs of its own positions: an event's ``gtid``,
+and a position's state after its transaction (``BinlogPosition.after_state``, exact
+from where capture began, across restarts and failovers: GTIDs name a transaction on
+every server that holds it).
+
+How the reader takes them (``sources.mysql.fenced``), in one REPEATABLE READ
+transaction on one connection:
+
+- **MySQL** (``gtid_mode = ON``): ``low = @@GLOBAL.gtid_executed`` read *before*
+  ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` (which creates the read view), and
+  ``high = @@GLOBAL.gtid_owned`` then ``@@GLOBAL.gtid_executed`` read *after* it (their
+  union). MySQL commits in three steps, in this order: the binlog write (the GTID is
+  then *owned*), the engine commit (the rows become visible), then the GTID moves from
+  owned to ``gtid_executed`` (``Gtid_state::update_commit_group`` after
+  ``ha_commit_low``, under one lock). So a GTID in ``gtid_executed`` is committed in
+  the engine, and visible to any read view created later: ``low`` is safe. A
+  transaction visible to the view was committed in the engine before it, so at the
+  later read of ``gtid_owned`` its GTID is still owned or already executed, and if it
+  leaves owned before the read of ``gtid_executed`` it is in that: ``high`` holds it.
+  (``gtid_executed`` alone would not do: the moment between engine commit and the
+  GTID update is where a visible transaction is missing from it.)
+- **MariaDB**: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` records the binlog
+  position of its snapshot (``Binlog_snapshot_file`` / ``Binlog_snapshot_position``):
+  the snapshot sees exactly the transactions written before it in the binlog (MariaDB
+  commits in binlog order and takes the snapshot between two commits). The GTID state
+  there (``low = high``) is exact. ``@@gtid_binlog_pos`` would not do for ``low``: it
+  moves when the binlog is written, before the engine commit.
+
+Per key the stream's order is the commit order the window argument needs: a second
+writer of a row waits for the first one's row lock, which is held until the first
+one's engine commit, after its binlog write; so the second is written to the binlog
+later, and cannot be visible without the first.
+
+MariaDB judges a GTID ``d-s-n`` by its domain's sequence number (``d-s'-m`` in the
+state covers it iff ``m >= n``): exact where sequence numbers grow in binlog order
+within each domain (``gtid_strict_mode`` enforces it; it is what a single primary, or
+replication without conflicting writers in one domain, produces).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pydblog.core.fence import Lost
+from pydblog.events import ChangeEvent
+from pydblog.positions import Position
+from pydblog.sources.mysql.gtid import GtidState, MySqlGtidSet
+from pydblog.sources.mysql.position import BinlogPosition
+
+_OWNER = re.compile(r"#\d+")
+
+
+def parse_owned(text: str) -> MySqlGtidSet:
+    """``@@GLOBAL.gtid_owned`` (``uuid:5#12:7#9,…``: each GTID with its owner thread) as
+    a GTID set."""
+    return MySqlGtidSet.parse(_OWNER.sub("", text))
+
+
+def union(a: MySqlGtidSet, b: MySqlGtidSet) -> MySqlGtidSet:
+    return MySqlGtidSet.parse(f"{a},{b}")
+
+
+def _after(position: Position) -> GtidState | None:
+    if not isinstance(position, BinlogPosition):
+        raise TypeError(f"a GTID fence needs a BinlogPosition, not {position!r}")
+    return position.after_state()
+
+
+def _le(a: GtidState, b: GtidState | None) -> bool:
+    return b is not None and a.flavour == b.flavour and a <= b
+
+
+@dataclass(frozen=True, slots=True)
+class GtidFence:
+    """A read's GTID fence (see the module docstring): ``low`` visible to it, ``high``
+    holding everything visible to it. Both of one flavour."""
+
+    low: GtidState
+    high: GtidState
+
+    def __post_init__(self) -> None:
+        if self.low.flavour != self.high.flavour or not _le(self.low, self.high):
+            raise ValueError(f"not a GTID fence: low {self.low} is not within high {self.high}")
+
+    def visible(self, event: ChangeEvent) -> bool | None:
+        gtid = getattr(event.position, "gtid", None)
+        if not gtid:
+            return None  # no GTID: cannot tell (the key is dropped)
+        if self.low.covers(gtid):
+            return True
+        return None if self.high.covers(gtid) else False
+
+    def settles(self, event: ChangeEvent) -> bool:
+        return self.visible(event) is True  # committed stays committed
+
+    def settles_lost(self, lost: Lost) -> bool:
+        """The newest forgotten event's state after its transaction holds every earlier
+        one's GTID: within ``low``, all of them are visible for good."""
+        last = lost.last_position
+        after = last.after_state() if isinstance(last, BinlogPosition) else None
+        return after is not None and _le(after, self.low)
+
+    def passed(self, reached: Position) -> bool:
+        return _le(self.high, _after(reached))
