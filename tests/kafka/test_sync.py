@@ -13,7 +13,9 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 from deltalake import DeltaTable
 
@@ -25,6 +27,7 @@ from pydblog.ports import Checkpoint
 from pydblog.positions import Lsn, PgPosition
 from pydblog.spark.job import FAULT_ENV, run_sync
 from pydblog.spark.synth import SyntheticLoad
+from tests.helpers import dblog
 from tests.spark.conftest import spark  # noqa: F401 - fixture
 from tests.spark.helpers import assert_mirrors, history_offsets
 from tests.spark.test_sync import build_scenario
@@ -93,6 +96,7 @@ def test_sync_from_kafka_with_kill9(pg_db: str, tmp_path: Path, kafka_log: LogCo
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=77))
     assert copy_to_kafka(tmp_path / "log", kafka_log) == end
     config = write_config(tmp_path, kafka_log, pg_db)
+    assert "sync_lag_messages" not in status(config)["changelog"]  # no sync yet
     for n, fault in enumerate(("after-sinks:1", "after-sink:3:0")):
         code = run_job(config, fault, tmp_path / f"job-{n}.log")
         assert code == -signal.SIGKILL, (tmp_path / f"job-{n}.log").read_text()
@@ -101,3 +105,18 @@ def test_sync_from_kafka_with_kill9(pg_db: str, tmp_path: Path, kafka_log: LogCo
     assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror")
     dt = DeltaTable(str(tmp_path / "lake" / "public" / "orders"))
     assert dt.transaction_version("pydblog-sync") == end
+    # `dblog status`: the sync's consumer group has applied everything; new events are lag.
+    info = status(config)["changelog"]
+    assert info["sync_lag_messages"] == 0 and info["last_offset"] == end - 1
+    kf = KafkaChangeLog(kafka_log)
+    kf.append([EncodedEvent("public.orders", "c", 1, '{"op":"c","ts_ms":1,"source":{"connector":'
+                            '"postgresql","db":"x","schema":"public","table":"orders","ts_ms":1},'
+                            f'"key":{{"id":{10**9 + i}}},"before":null,"after":{{"id":{10**9 + i}}}}}')
+               for i in range(7)], Checkpoint(PgPosition(Lsn(end + 7), 0)))
+    kf.close()
+    assert status(config)["changelog"]["sync_lag_messages"] == 7
+
+
+def status(config: Path) -> dict[str, Any]:
+    out: dict[str, Any] = orjson.loads(dblog("status", "--config", str(config), "--json").stdout)
+    return out

@@ -51,6 +51,7 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import re
@@ -206,7 +207,13 @@ class CommitRecord:
 class CommitLog:
     """The valid commits as read so far, in checkpoint-topic order (see the module
     docstring for the owner rule), and per data partition the segments
-    ``(end offset, writer tag)`` that decide which records are valid."""
+    ``(end offset, writer tag)`` that decide which records are valid.
+
+    For seeking, ``bounds`` holds every valid commit's end ``b`` (ascending) and
+    ``history`` per data partition the pairs ``(b, end offset)`` of the valid commits
+    that wrote it. ``cut(x)`` at a commit boundary ``x`` is exact: a valid record with
+    global offset ``< x`` lies below ``cut(x)`` in its partition, one with offset
+    ``>= x`` at or above it (it was written by a later commit)."""
 
     owner: tuple[int, int, str] | None = None  # (epoch, gen, writer)
     max_gen: int = 0
@@ -215,6 +222,8 @@ class CommitLog:
     last: CommitRecord | None = None
     ends: dict[tuple[str, int], int] = field(default_factory=dict)
     segments: dict[tuple[str, int], list[tuple[int, str]]] = field(default_factory=dict)
+    bounds: list[int] = field(default_factory=list)
+    history: dict[tuple[str, int], tuple[list[int], list[int]]] = field(default_factory=dict)
 
     def apply(self, rec: CommitRecord) -> bool:
         """Take one message; True if it is valid."""
@@ -228,12 +237,20 @@ class CommitLog:
             return False
         self.last = rec
         tag = rec.writer_tag
+        if not self.bounds or rec.end > self.bounds[-1]:
+            self.bounds.append(rec.end)
         for topic, parts in rec.ends.items():
             for p, end in parts.items():
                 tp = (topic, int(p))
                 if end <= self.ends.get(tp, 0):
                     continue
                 self.ends[tp] = end
+                bs, es = self.history.setdefault(tp, ([], []))
+                if bs and bs[-1] == rec.end:
+                    es[-1] = end
+                else:
+                    bs.append(rec.end)
+                    es.append(end)
                 segs = self.segments.setdefault(tp, [])
                 if segs and segs[-1][1] == tag:
                     segs[-1] = (end, tag)
@@ -244,6 +261,44 @@ class CommitLog:
     @property
     def next_offset(self) -> int:
         return self.last.end if self.last is not None else 0
+
+    def cut(self, offset: int) -> dict[tuple[str, int], int]:
+        """Per data partition, the end offset after the last valid commit whose end is
+        ``<= offset``: no valid record below it has a global offset ``>= offset``; at a
+        commit boundary, every record with a smaller global offset lies below it (see
+        the class docstring). Partitions no such commit wrote start at 0."""
+        out: dict[tuple[str, int], int] = {}
+        for tp, (bs, es) in self.history.items():
+            i = bisect.bisect_right(bs, offset)
+            if i:
+                out[tp] = es[i - 1]
+        return out
+
+    def window(self, offset: int, size: int) -> tuple[int, int]:
+        """Commit boundaries ``lo <= offset < hi`` around ``offset`` with ``hi`` the first
+        boundary at or past ``offset + size`` (or the log's end): reading each partition
+        from ``cut(lo)`` to ``cut(hi)`` gives exactly the events ``lo <= o < hi``
+        (``offset < next_offset``)."""
+        bounds = self.bounds
+        i = bisect.bisect_right(bounds, offset)
+        lo = bounds[i - 1] if i else 0
+        j = bisect.bisect_left(bounds, offset + max(size, 1), lo=i)
+        hi = bounds[j] if j < len(bounds) else self.next_offset
+        return lo, hi
+
+    def first_complete(self, lows: Mapping[tuple[str, int], int]) -> int:
+        """The first commit boundary from which on every valid record is at or above its
+        partition's low watermark (``lows``: what retention kept): where a reader of a
+        log whose beginning was deleted can start without a gap."""
+        first = 0
+        for tp, low in lows.items():
+            hist = self.history.get(tp)
+            if low <= 0 or hist is None:
+                continue
+            bs, es = hist
+            i = bisect.bisect_left(es, low)  # the first commit that ends at or above low
+            first = max(first, bs[i] if i < len(bs) else bs[-1])
+        return first
 
     def valid(self, tp: tuple[str, int], offset: int, tag: str | None) -> bool:
         """Whether the record at ``offset`` of ``tp`` with writer ``tag`` is committed."""
@@ -275,6 +330,7 @@ class _Client:
         self.admin = self.k.admin.AdminClient(_for_consumer(base))
         self._consumer: Any = None
         self._partitions: dict[str, int] = {}
+        self.fetched = 0  # messages ``read_range`` returned (how much a read cost)
 
     def consumer(self) -> Any:
         if self._consumer is None:
@@ -282,7 +338,7 @@ class _Client:
                 self.cfg,
                 **{"group.id": f"dblog-reader-{uuid.uuid4().hex[:8]}",
                    "enable.auto.commit": False, "isolation.level": "read_committed",
-                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 5,
+                   "auto.offset.reset": "error", "fetch.wait.max.ms": 5,
                    "enable.partition.eof": True},
             )))
         return self._consumer
@@ -382,6 +438,9 @@ class _Client:
                             # markers (or aborted records a read_committed consumer skips).
                             done.append((m.topic(), m.partition()))
                             continue
+                        if m.error().code() in (k.KafkaError._AUTO_OFFSET_RESET,
+                                                k.KafkaError.OFFSET_OUT_OF_RANGE):
+                            raise self._deleted(m, todo)
                         raise _unavailable("reading", self.cfg, k.KafkaException(m.error()))
                     tp = (m.topic(), m.partition())
                     r = todo.get(tp)
@@ -392,6 +451,7 @@ class _Client:
                     if hi is not None and off >= hi:
                         done.append(tp)
                         continue
+                    self.fetched += 1
                     yield m
                     if hi is not None and off + 1 >= hi:
                         done.append(tp)
@@ -404,6 +464,20 @@ class _Client:
                     self._check_positions(c, todo)
         finally:
             c.unassign()
+
+    def _deleted(self, m: Any, todo: Mapping[tuple[str, int], tuple[int, int | None]]) -> DblogError:
+        """A read below a partition's first kept offset: retention deleted records
+        before they were read. Never skipped silently (the events would be missing)."""
+        topic, part = m.topic(), m.partition()
+        wanted = todo.get((topic, part), (m.offset(), None))[0]
+        return ChangeLogError(
+            f"Kafka at {self.cfg.bootstrap_servers}: {topic} partition {part} no longer "
+            f"holds offset {wanted} (retention deleted records before they were read: "
+            f"{m.error().str()})",
+            hint="start at the first offset still complete (`dblog tail` without "
+                 "--from-offset starts there; `dblog status` shows the topics' offsets), "
+                 "or raise the topics' retention.ms / retention.bytes",
+        )
 
     def _check_positions(self, c: Any, todo: dict[tuple[str, int], tuple[int, int | None]]) -> None:
         """A read_committed consumer skips aborted records and transaction markers: a
@@ -777,9 +851,17 @@ def parse_value(value: bytes) -> tuple[int, bytes]:
 class KafkaChangeLogReader(ChangeLogReader):
     """Reads a Kafka change log in global-offset order: every valid checkpoint is a
     consistent cut of all partitions, so records are merged by their offset up to the
-    last valid checkpoint's end (``next_offset``). Holds the records at or above the
-    last ``read``'s ``from_offset`` in memory (``tail`` of a large log: use
-    ``--from-offset``)."""
+    last valid checkpoint's end (``next_offset``).
+
+    ``read(from_offset)`` seeks: it reads one window of commits around ``from_offset``
+    (``CommitLog.window``), each partition from ``cut(lo)`` to ``cut(hi)``, never from the
+    partition's start; memory holds one window (about ``limit`` events). A partition
+    that only later commits wrote is read from its start once, as part of their window.
+    A window that needs records retention already deleted raises ``ChangeLogError``
+    (``first_offset`` is the first offset whose events are all still there)."""
+
+    WINDOW_MIN = 1_000
+    WINDOW_MAX = 100_000
 
     def __init__(self, cfg: LogConfig) -> None:
         self.client = _Client(cfg)
@@ -790,24 +872,17 @@ class KafkaChangeLogReader(ChangeLogReader):
     def _reset(self) -> None:
         self._commits = CommitLog()
         self._cp_next = 0
-        self._read_to: dict[tuple[str, int], int] = {}
-        self._buf: list[LogRecord] = []
-        self._floor = 0
+        self._window: tuple[int, int, list[LogRecord]] = (0, 0, [])
 
     def _refresh(self) -> None:
         self._cp_next = self.client.read_commits(self._commits, self._cp_next)
 
-    def _pull(self) -> None:
-        """Fetch the valid records below the newest valid checkpoint's ends."""
+    def _read_window(self, lo: int, hi: int) -> list[LogRecord]:
+        """The events ``lo <= offset < hi`` (commit boundaries), in offset order."""
         commits = self._commits
-        ranges: dict[tuple[str, int], tuple[int, int]] = {}
-        for tp, end in commits.ends.items():
-            lo = self._read_to.get(tp, 0)
-            if end > lo:
-                ranges[tp] = (lo, end)
-        if not ranges:
-            return
-        new: list[LogRecord] = []
+        start, stop = commits.cut(lo), commits.cut(hi)
+        ranges = {tp: (start.get(tp, 0), end) for tp, end in stop.items() if end > start.get(tp, 0)}
+        out: list[LogRecord] = []
         for m in self.client.read_range(ranges):
             value = m.value()
             if value is None:
@@ -820,34 +895,37 @@ class KafkaChangeLogReader(ChangeLogReader):
             if _header(headers, HEADER_FANOUT) is not None:
                 continue
             seq, body = parse_value(value)
-            if seq < self._floor:
+            if not lo <= seq < hi:
                 continue
             env = orjson.loads(body)
             src = env["source"]
             table = f"{src['schema']}.{src['table']}"
-            new.append(LogRecord(seq, table, env["op"], int(src.get("ts_ms") or 0), body))
-        self._read_to.update({tp: r[1] for tp, r in ranges.items()})
-        if new:
-            new.sort(key=lambda r: r.offset)
-            self._buf = sorted([*self._buf, *new], key=lambda r: r.offset) if self._buf else new
+            out.append(LogRecord(seq, table, env["op"], int(src.get("ts_ms") or 0), body))
+        out.sort(key=lambda r: r.offset)
+        return out
 
     def read(
         self, from_offset: int, limit: int, tables: Sequence[str] | None = None
     ) -> list[LogRecord]:
-        if from_offset < self._floor:
-            self._reset()
         self._refresh()
-        self._pull()
-        if from_offset > self._floor:
-            self._floor = from_offset
-            self._buf = [r for r in self._buf if r.offset >= from_offset]
+        end = self._commits.next_offset
         wanted = set(tables) if tables else None
+        size = min(max(limit, self.WINDOW_MIN), self.WINDOW_MAX)
         out: list[LogRecord] = []
-        for r in self._buf:
-            if r.offset >= from_offset and (wanted is None or r.table in wanted):
-                out.append(r)
-                if len(out) >= limit:
-                    break
+        offset = max(from_offset, 0)
+        while offset < end and len(out) < limit:
+            lo, hi, recs = self._window
+            if not lo <= offset < hi:
+                lo, hi = self._commits.window(offset, size)
+                self._window = (lo, hi, self._read_window(lo, hi))
+                recs = self._window[2]
+            i = bisect.bisect_left(recs, offset, key=lambda r: r.offset)
+            for r in recs[i:]:
+                if wanted is None or r.table in wanted:
+                    out.append(r)
+                    if len(out) >= limit:
+                        break
+            offset = hi
         return out
 
     def first_offset(self) -> int:
@@ -855,10 +933,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         if not self._commits.ends:
             return 0
         marks = self.client.watermarks(list(self._commits.ends))
-        if all(lo == 0 for lo, _ in marks.values()):
-            return 0
-        rest = self.read(0, 1)
-        return rest[0].offset if rest else self._commits.next_offset
+        return self._commits.first_complete({tp: lo for tp, (lo, _) in marks.items()})
 
     def next_offset(self) -> int:
         self._refresh()
@@ -920,8 +995,10 @@ the sink commits are what make the sync exactly once)."""
 
 
 def sync_lag(client: _Client, commits: CommitLog) -> int | None:
-    """Messages (about one per event) not yet applied by ``dblog sync``, from the
-    offsets it commits to its consumer group, or None."""
+    """Data messages (one per event; truncates one per partition) not yet applied by
+    ``dblog sync``, from the offsets it commits to its consumer group, or None. A
+    partition's offsets also count one transaction marker per commit that wrote it
+    (each at that commit's end offset): those are not messages and are left out."""
     k = client.k
     group = SYNC_GROUP.format(prefix=client.prefix)
     try:
@@ -935,7 +1012,10 @@ def sync_lag(client: _Client, commits: CommitLog) -> int | None:
         return None
     lag = 0
     for tp in parts:
-        end = commits.ends.get((tp.topic, tp.partition))
+        key = (tp.topic, tp.partition)
+        end = commits.ends.get(key)
         if end is not None:
-            lag += max(0, end - tp.offset)
+            ends = commits.history.get(key, ([], []))[1]
+            markers = len(ends) - bisect.bisect_right(ends, tp.offset)
+            lag += max(0, end - tp.offset - markers)
     return lag
