@@ -415,6 +415,35 @@ class FencedChangeLog(Protocol):
         ...
 
 
+class ConcurrentReader(Protocol):
+    """A ``SnapshotReader`` that can read several chunks at once, each in its own window
+    (``core.flight``): ``fork`` gives another reader on connections of its own (closed
+    by this reader's ``close``), ``chunk_bounds`` cuts a key range into chunks."""
+
+    def parallelism(self) -> int:
+        """How many chunks to read at once (``[snapshot] parallelism``, else a default)."""
+        ...
+
+    def fork(self) -> SnapshotReader:
+        """Another reader of the same source, on its own connections, reading each chunk
+        in one SELECT (it does not split chunks itself)."""
+        ...
+
+    def chunk_bounds(
+        self,
+        info: TableInfo,
+        after: tuple[Any, ...] | None,
+        max_key: tuple[Any, ...],
+        step: int,
+        count: int,
+        condition: str | None,
+    ) -> list[tuple[Any, ...]]:
+        """The keys of the ``step``-th, ``2·step``-th, ... row with ``after < key <=
+        max_key`` (and ``condition``), at most ``count``, ascending, mapped as chunk keys
+        are (index only where the database can)."""
+        ...
+
+
 class FencedReader(Protocol):
     """A ``SnapshotReader`` that can read chunks for read-only snapshots (``[snapshot]
     watermark = "read-only"``): no watermark, the read's ``core.fence.ReadFence``

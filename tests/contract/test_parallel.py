@@ -1,6 +1,7 @@
-"""Parallel chunk reads (``[snapshot] parallelism = 4``) against a real PostgreSQL: each
-chunk of 8,192 rows is read as four sub-ranges on four connections inside one window,
-while a writer changes the table; the oracle must hold, also across a kill -9."""
+"""Concurrent chunk windows (``[snapshot] parallelism = 4``, ``core.flight``) against a
+real PostgreSQL: up to four chunks of 8,192 rows are read at once on four connections,
+each in its own L/H window (read-only: its own fence), while a writer changes the table;
+the oracle must hold, also across a kill -9 in the middle of the parallel chunks."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ def test_parallel_chunks_with_writes(pg_db: str, tmp_path: Path) -> None:
             stop.set()
             th.join()
         events = cap.assert_oracle({"t1": ["id"]})
+        err = cap.stop()
     assert len(snapshot_rows(events, "t1")) > 20_000
+    assert "up to 4 read at once" in err
 
 
 @pytest.mark.slow
@@ -58,5 +61,5 @@ def test_parallel_chunks_resume_after_kill9(pg_db: str, tmp_path: Path) -> None:
         stop.set()
         th.join()
     events = cap.assert_oracle({"t1": ["id"]})
-    cap.stop()
+    assert "up to 4 read at once" in cap.stop()
     assert sum(1 for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED") == 1

@@ -229,16 +229,43 @@ def test_read_only_chunks_close_on_an_idle_stream(ro: Harness, tmp_path: Path) -
         assert after == before + 1, f"the binlog gained {after - before} transactions"  # type: ignore[operator]
 
 
-def test_read_only_parallel_chunks_on_the_primary(pg: PgHarness, tmp_path: Path) -> None:
-    """Read-only chunks of 8,192 rows split over four connections that share the
-    chunk's exported snapshot, under a write load."""
+def big_table(pg: PgHarness) -> None:
     pg.execute(
         "CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(40), n INT)",
         "INSERT INTO t1 SELECT g, 'v' || g, g % 7 FROM generate_series(0, 29999) g",
     )
+
+
+def test_read_only_parallel_chunks_on_the_primary(pg: PgHarness, tmp_path: Path) -> None:
+    """Up to four read-only chunks of 8,192 rows at once, each with its own fence,
+    under a write load."""
+    big_table(pg)
     extra = '[snapshot]\nchunk_size = 8192\nparallelism = 4\nwatermark = "read-only"'
     with Capture(pg, tmp_path, extra) as cap:
         snapshot_with_writes(pg, cap, 30_000, seed=9)
         events = cap.assert_oracle({"t1": ["id"]})
+        err = cap.stop()
     assert len(snapshot_rows(events, "t1")) > 20_000
+    assert "up to 4 read at once" in err
+    assert watermark_writes(pg) == 0
+
+
+def test_read_only_parallel_chunks_from_a_hot_standby(
+    pg: PgHarness, pg_standby: PgStandby, tmp_path: Path
+) -> None:
+    """Concurrent read-only chunks read on a lagging standby (which cannot export a
+    snapshot, so a chunk is never split there: the chunks run side by side instead)."""
+    big_table(pg)
+    dbname = pg.dsn.rsplit("/", 1)[1]
+    pg_standby.wait_caught_up()
+    extra = (
+        '[snapshot]\nchunk_size = 4096\nparallelism = 4\nwatermark = "read-only"\n'
+        f'read_dsn = "{pg_standby.dsn(dbname)}"'
+    )
+    with Capture(pg, tmp_path, extra) as cap:
+        snapshot_with_writes(pg, cap, 30_000, seed=10)
+        events = cap.assert_oracle({"t1": ["id"]})
+        err = cap.stop()
+    assert len(snapshot_rows(events, "t1")) > 20_000
+    assert "up to 4 read at once" in err
     assert watermark_writes(pg) == 0

@@ -227,7 +227,8 @@ def test_stop_pause_resume_then_new_snapshot(harness: Harness, tmp_path: Path) -
         n_paused = len(snapshot_rows(cap.events(), "s1"))
         time.sleep(1.5)
         assert len(snapshot_rows(cap.events(), "s1")) <= n_paused + 10  # one chunk in flight
-        assert n_paused <= 20
+        # chunks in flight complete: with concurrent windows up to parallelism + 1 (<= 5)
+        assert n_paused <= 50
         harness.signal(sid(), "resume-snapshot", {})
         cap.wait_notification("RESUMED")
         cap.wait_until(lambda ev: len(snapshot_rows(ev, "s2")) > 0, what="s2 started")

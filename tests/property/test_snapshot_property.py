@@ -13,9 +13,14 @@ The simulation plays every part but the core:
   checkpoints ``(change log length, log cursor, core.state())`` now and then, restarts
   from the last checkpoint (the change log is cut back to it, the log replays from it,
   the worker's in-flight work is lost) and pauses the stream for blocking snapshots;
-- the worker: runs one request at a time in separate steps (write L / SELECT against the
+- the workers: run each request in separate steps (write L / SELECT against the
   database *as it is at that step* / write H), so writes and stream delivery interleave
-  with every phase of a chunk and of a key-level re-read (``KeyReadRequest``).
+  with every phase of a chunk and of a key-level re-read (``KeyReadRequest``). With
+  ``parallelism`` > 1 (concurrent windows, ``core.flight``) several requests are in
+  flight at once and the steps of different requests interleave at random, so their
+  L/H pairs overlap in the log in every order; boundary queries (``BoundsRequest``)
+  answer from the database as it is then (bounds go stale as writes go on), and a
+  request may also fail after its answer (its H never written).
 
 Read-only snapshots (``read_only``): no watermarks; each transaction gets an xid and may
 stay *invisible* after its commit is in the log (as a PostgreSQL commit does while it
@@ -46,10 +51,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pydblog.core import (
+    BoundsRequest,
     ChunkRequest,
     CoreSettings,
     KeyReadRequest,
@@ -136,6 +143,7 @@ class Sim:
     data: st.DataObject
     allow_blocking: bool
     read_only: bool = False
+    parallelism: int = 1
     db: dict[str, dict[int, Row]] = field(default_factory=dict)
     # read-only: per key its writes (xid, row or None); xids committed but not visible
     versions: dict[tuple[str, int], list[tuple[int, Row | None]]] = field(default_factory=dict)
@@ -148,12 +156,15 @@ class Sim:
     out: list[ChangeEvent] = field(default_factory=list)
     version: int = 0
     delete_version: dict[Position, int] = field(default_factory=dict)
-    worker: Worker | None = None
+    workers: list[Worker] = field(default_factory=list)
+    recent: list[ChunkRequest] = field(default_factory=list)  # the last chunks taken
     stream_paused: bool = False
     restarts: int = 0
     dropped: int = 0
     partial: int = 0
     rereads: int = 0
+    bounds: int = 0
+    overlaps: int = 0
     chunk_sizes: dict[str, int] = field(default_factory=dict)
     core: SnapshotCore = field(init=False)
     saved: Checkpoint = field(init=False)
@@ -169,10 +180,12 @@ class Sim:
 
     def new_core(self, state: dict[str, Any] | None) -> SnapshotCore:
         adaptive = self.data.draw(st.booleans(), label="adaptive")
-        size = self.data.draw(st.integers(1, 6), label="chunk_size")
+        # Concurrent windows: small chunks, so that a table has several ranges.
+        top = 6 if self.parallelism == 1 else 3
+        size = self.data.draw(st.integers(1, top), label="chunk_size")
         cfg = CoreSettings(
-            chunk_size=size, adaptive=adaptive, time_budget_ms=50, min_chunk=1, max_chunk=8,
-            read_only=self.read_only,
+            chunk_size=size, adaptive=adaptive, time_budget_ms=50, min_chunk=1, max_chunk=top + 2,
+            read_only=self.read_only, parallelism=self.parallelism,
         )
         return SnapshotCore(cfg, state, instance=f"i{self.restarts}")
 
@@ -227,15 +240,22 @@ class Sim:
     def target(self) -> tuple[str, int]:
         """Where to write: half the time into the chunk the worker is reading (the
         adversarial case for the window), else anywhere."""
-        w = self.worker
+        w = self.data.draw(st.sampled_from(self.workers)) if self.workers else None
         if w is not None and isinstance(w.request, KeyReadRequest) and self.data.draw(st.booleans()):
             return w.request.table, self.data.draw(st.sampled_from(w.request.keys))[0]
         if w is not None and isinstance(w.request, ChunkRequest) and self.data.draw(st.booleans()):
-            after = w.request.after_key[0] if w.request.after_key is not None else 0
-            key = self.data.draw(st.integers(after + 1, after + w.request.limit), label="key")
-            return w.request.table, key
+            return self.into(w.request)
+        into_recent: bool = self.data.draw(st.booleans(), label="into a recent chunk")
+        if self.recent and into_recent:
+            # A chunk already read (maybe its H delivered) whose window may still be
+            # open behind an earlier one (concurrent windows).
+            return self.into(self.data.draw(st.sampled_from(self.recent)))
         table = self.data.draw(st.sampled_from(TABLES), label="table")
         return table, self.data.draw(st.sampled_from(KEYS), label="key")
+
+    def into(self, req: ChunkRequest) -> tuple[str, int]:
+        after = req.after_key[0] if req.after_key is not None else 0
+        return req.table, self.data.draw(st.integers(after + 1, after + req.limit), label="key")
 
     def write(self, table: str, key: int, lsn: int, index: int) -> list[ChangeEvent]:
         """One row write as the log carries it (a key change is two events)."""
@@ -376,7 +396,7 @@ class Sim:
         self.restarts += 1
         del self.out[self.saved.out_len :]
         self.cursor = self.saved.cursor
-        self.worker = None
+        self.workers = []
         self.stream_paused = False
         self.core = self.new_core(self.saved.state)
 
@@ -389,18 +409,30 @@ class Sim:
 
     # -- the worker --------------------------------------------------------------------------
 
-    def work(self) -> bool:
-        """One step of the worker; False when there was nothing to do."""
-        if self.worker is None:
+    def work(self, *, draining: bool = False) -> bool:
+        """One step of a worker, or a new request taken; False when there was nothing
+        to do. Several workers: which one steps is drawn (the first while draining)."""
+        take = not self.workers or self.data.draw(st.booleans(), label="take a request")
+        if take:
             request = self.core.next_request()
-            if request is None:
+            if request is not None:
+                if self.workers:
+                    self.overlaps += 1
+                if isinstance(request, ChunkRequest) and self.parallelism > 1:
+                    self.recent = [*self.recent[-3:], request]
+                self.workers.append(Worker(request))
+                return True
+            if not self.workers:
                 return False
-            self.worker = Worker(request)
-            return True
-        w = self.worker
+        if draining:
+            w = self.workers[0]
+        else:
+            w = self.data.draw(st.sampled_from(self.workers), label="worker")
         if isinstance(w.request, MarkRequest):
             self.append([Wm(w.request.watermark)])
-            self.worker = None
+            self.done(w)
+        elif isinstance(w.request, BoundsRequest):
+            self.bounds_query(w, w.request)
         elif isinstance(w.request, TableStartRequest):
             self.table_start(w, w.request)
         elif isinstance(w.request, KeyReadRequest):
@@ -408,6 +440,20 @@ class Sim:
         else:
             self.chunk(w, w.request)
         return True
+
+    def done(self, w: Worker) -> None:
+        self.workers.remove(w)
+
+    def bounds_query(self, w: Worker, req: BoundsRequest) -> None:
+        """The key of every ``step``-th row after ``after_key``, as the table is now."""
+        assert req.step >= 1 and req.count >= 1
+        after = req.after_key[0] if req.after_key is not None else None
+        top = req.max_key[0]
+        keys = sorted(k for k in self.db[req.table] if (after is None or k > after) and k <= top)
+        picks = [(keys[i - 1],) for i in range(req.step, len(keys) + 1, req.step)][: req.count]
+        self.bounds += 1
+        self.emit(self.core.on_bounds(req.id, picks))
+        self.done(w)
 
     def reread(self, w: Worker, req: KeyReadRequest) -> None:
         """A key-level re-read, in three steps like a chunk: L, SELECT, H."""
@@ -425,7 +471,7 @@ class Sim:
             w.phase = 2
         else:
             self.append([Wm(req.high_watermark)])
-            self.worker = None
+            self.done(w)
 
     def table_start(self, w: Worker, req: TableStartRequest) -> None:
         if w.phase == 0:
@@ -436,11 +482,11 @@ class Sim:
             self.emit(self.core.on_table_started(req.id, info, top))
             w.phase = 1
             if req.watermark is None:
-                self.worker = None
+                self.done(w)
         else:
             assert req.watermark is not None
             self.append([Wm(req.watermark)])
-            self.worker = None
+            self.done(w)
 
     def chunk(self, w: Worker, req: ChunkRequest | KeyReadRequest) -> None:
         assert isinstance(req, ChunkRequest)
@@ -460,11 +506,11 @@ class Sim:
             self.emit(self.core.on_chunk_read(req.id, rows, elapsed))
             w.phase = 2
             if req.high_watermark is None:
-                self.worker = None
+                self.done(w)
         else:
             assert req.high_watermark is not None
             self.append([Wm(req.high_watermark)])
-            self.worker = None
+            self.done(w)
 
     def fenced_chunk(self, w: Worker, req: ChunkRequest) -> None:
         """Read-only: the SELECT (what is visible now, and its fence), then, in a later
@@ -480,7 +526,7 @@ class Sim:
         self.fenced_reads += 1
         elapsed = (1.0, 30.0, 80.0)[zlib.crc32(req.id.encode()) % 3]
         self.emit(self.core.on_chunk_read(req.id, rows, elapsed, fence=fence))
-        self.worker = None
+        self.done(w)
 
     def select_visible(self, req: ChunkRequest) -> list[Row]:
         """The chunk as a snapshot that sees only the visible writes reads it."""
@@ -511,9 +557,15 @@ class Sim:
         return [dict(self.db[req.table][k]) for k in keys[: req.limit]]
 
     def fail(self) -> None:
-        if self.worker is not None and self.worker.phase == 0 and self.worker.answer is None:
-            self.emit(self.core.on_request_failed(self.worker.request.id, "boom", retriable=True))
-            self.worker = None
+        """A worker's request fails before its answer; with concurrent windows also a
+        chunk's after it (its H could not be written)."""
+        if not self.workers:
+            return
+        w = self.data.draw(st.sampled_from(self.workers), label="failing worker")
+        late = self.parallelism > 1 and isinstance(w.request, ChunkRequest) and w.phase == 2
+        if (w.phase == 0 and w.answer is None) or late:
+            self.emit(self.core.on_request_failed(w.request.id, "boom", retriable=True))
+            self.done(w)
 
     # -- driving ------------------------------------------------------------------------------
 
@@ -559,7 +611,7 @@ class Sim:
         """No more writes: run until the core is idle and the stream has caught up."""
         for _ in range(100_000):
             self.manage_blocking()
-            if self.work():
+            if self.work(draining=True):
                 continue
             if self.can_deliver():
                 self.deliver()
@@ -649,8 +701,11 @@ def assert_positions_increase(out: list[ChangeEvent]) -> None:
         assert a.position < b.position, (a, b)
 
 
-def run(data: st.DataObject, allow_blocking: bool, read_only: bool = False) -> Sim:
-    sim = Sim(data, allow_blocking, read_only)
+def run(
+    data: st.DataObject, allow_blocking: bool, read_only: bool = False, parallel: bool = False
+) -> Sim:
+    parallelism = data.draw(st.integers(2, 4), label="parallelism") if parallel else 1
+    sim = Sim(data, allow_blocking, read_only, parallelism)
     first = Signal("first", SignalType.EXECUTE_SNAPSHOT, ("s\\..*",))
     sim.append([first])
     for _ in range(data.draw(st.integers(20, 120), label="steps")):
@@ -662,6 +717,9 @@ def run(data: st.DataObject, allow_blocking: bool, read_only: bool = False) -> S
     event(f"windows with drops: {min(sim.dropped, 2)}{'+' if sim.dropped > 2 else ''}")
     event(f"partial events: {'0' if not sim.partial else '1-5' if sim.partial <= 5 else '>5'}")
     event(f"key re-reads: {min(sim.rereads, 2)}{'+' if sim.rereads > 2 else ''}")
+    if parallel:
+        event(f"requests taken while others were in flight: {'0' if not sim.overlaps else '1-10' if sim.overlaps <= 10 else '>10'}")
+        event(f"bounds queries: {'0' if not sim.bounds else '1-5' if sim.bounds <= 5 else '>5'}")
     if read_only:
         event(f"read-only chunks: {'0' if not sim.fenced_reads else '1-10' if sim.fenced_reads <= 10 else '>10'}")
     assert materialize(sim.out) == sim.db
@@ -695,6 +753,30 @@ def test_read_only_snapshots_materialize_without_time_travel(data: st.DataObject
     """Fences instead of watermarks, with commits that become visible late and out of
     order, delivered before or after the chunk's read, with restarts and read-ahead."""
     run(data, allow_blocking=False, read_only=True)
+
+
+@settings(PROFILE, max_examples=80)
+@given(st.data())
+def test_concurrent_windows_materialize_without_time_travel(data: st.DataObject) -> None:
+    """Several chunks in flight at once (``parallelism`` 2-4), each with its own L/H
+    window, overlapping in the log in any order; stale bounds, continuations,
+    failures before and after an answer, restarts, blocking snapshots."""
+    run(data, allow_blocking=True, parallel=True)
+
+
+@settings(PROFILE, max_examples=80)
+@given(st.data())
+def test_concurrent_read_only_windows_materialize_without_time_travel(data: st.DataObject) -> None:
+    """Concurrent windows judged by their reads' fences (no watermarks)."""
+    run(data, allow_blocking=False, read_only=True, parallel=True)
+
+
+@pytest.mark.slow
+@settings(PROFILE, max_examples=1500)
+@given(st.data(), st.booleans())
+def test_concurrent_windows_long(data: st.DataObject, read_only: bool) -> None:
+    """The two tests above with many more examples (``pytest -m slow``)."""
+    run(data, allow_blocking=not read_only, read_only=read_only, parallel=True)
 
 
 # -- the window alone --------------------------------------------------------------------

@@ -6,6 +6,13 @@ chunk SELECT on its own connection and queues the rows, and only then writes the
 watermark H. The capture loop drains the answer queue before it hands any watermark
 to the core, so the rows are there when H arrives, and the stream never waits for a
 SELECT. Blocking snapshots run their requests inline while the stream is paused.
+
+Concurrent windows (``core.flight``, ``[snapshot] parallelism`` > 1 on a reader that
+can ``fork``): the core's range and bounds requests (``ChunkRequest.concurrent``,
+``BoundsRequest``) run on a pool of ``parallelism`` threads, each with a forked reader
+(its own connections), several at once; each still writes its own L, reads, queues its
+answer, then writes its own H. Every other request runs alone, in order, on the one
+sequential worker (the core never issues both kinds at once).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any, cast
 
 from pydblog.config import Config
 from pydblog.core.requests import (
+    BoundsRequest,
     ChunkRequest,
     KeyReadRequest,
     MarkRequest,
@@ -31,7 +39,7 @@ from pydblog.core.snapshot import SnapshotCore
 from pydblog.errors import ConfigError, DblogError, SignalError
 from pydblog.events import ChangeEvent, Emitted, Op
 from pydblog.metrics import CAPTURE as METRICS
-from pydblog.ports import FencedReader, SnapshotReader, TableInfo
+from pydblog.ports import ConcurrentReader, FencedReader, SnapshotReader, TableInfo
 from pydblog.positions import Position
 from pydblog.threads import name_native_thread
 
@@ -51,6 +59,7 @@ class SnapshotDriver:
     def __init__(self, cfg: Config, reader: SnapshotReader, state: dict[str, Any] | None) -> None:
         s = cfg.snapshot
         self.reader = reader
+        self.parallelism = _parallelism(reader)
         self.core = SnapshotCore(
             CoreSettings(
                 chunk_size=s.chunk_size,
@@ -59,6 +68,7 @@ class SnapshotDriver:
                 min_chunk=s.min_chunk_size,
                 max_chunk=s.max_chunk_size,
                 read_only=s.watermark == "read-only",
+                parallelism=self.parallelism,
             ),
             state,
         )
@@ -68,10 +78,12 @@ class SnapshotDriver:
                 f'snapshot.watermark = "read-only" is not supported by the {cfg.source.type} '
                 'source yet: use "table"'
             )
-        self._answers: queue.Queue[Answer] = queue.Queue()
+        self._answers: queue.Queue[tuple[str, Answer]] = queue.Queue()
         self._requests: queue.Queue[Request] = queue.Queue()
-        self._inflight = False
+        self._pool_requests: queue.Queue[Request] = queue.Queue()
+        self._inflight: set[str] = set()  # ids of requests handed out, not answered yet
         self._worker: threading.Thread | None = None
+        self._pool: list[threading.Thread] = []
         self._out: list[Emitted] = []
         self._paused_stream = False
         # Called (from the worker thread) when an answer is queued: wakes the runner
@@ -131,19 +143,26 @@ class SnapshotDriver:
         """Apply the worker's answers; returns the events they produced."""
         while True:
             try:
-                answer = self._answers.get_nowait()
+                request_id, answer = self._answers.get_nowait()
             except queue.Empty:
                 break
-            self._inflight = False
+            self._inflight.discard(request_id)  # (a late failure may answer twice)
             self._out.extend(answer())
         out, self._out = self._out, []
         return out
 
     # -- incremental requests on the worker ----------------------------------------------
     def submit_next(self) -> None:
+        """Hand the core's next requests to the workers: one at a time, or, for
+        concurrent windows, as many as the core issues (it keeps at most
+        ``parallelism`` being read)."""
         self._out.extend(self.take())
-        if self._inflight or self.core.blocking:
-            return
+        while not self.core.blocking and self._submit_one():
+            pass
+
+    def _submit_one(self) -> bool:
+        if self._inflight and not self._concurrent_inflight:
+            return False
         if self.hold():
             # The stream comes first: while the change log writer has a long backlog, a new
             # chunk would only queue more rows in front of the stream's next events.
@@ -152,69 +171,138 @@ class SnapshotDriver:
             if self._held_since is None:
                 self._held_since = now
             if now - self._held_since < MAX_HOLD_S:
-                return
+                return False
         self._held_since = None
         request = self.core.next_request()
         if request is None:
-            return
-        self._inflight = True
+            return False
+        self._inflight.add(request.id)
+        concurrent = isinstance(request, BoundsRequest) or (
+            isinstance(request, ChunkRequest) and request.concurrent
+        )
+        self._concurrent_inflight = concurrent
+        if concurrent:
+            self._start_pool()
+            self._pool_requests.put(request)
+            return True
         if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(target=self._work, name="dblog-chunks", daemon=True)
+            self._worker = threading.Thread(
+                target=self._work, args=(self._requests, self.reader), name="dblog-chunks",
+                daemon=True,
+            )
             self._worker.start()
         self._requests.put(request)
+        return False
 
-    def _work(self) -> None:
+    _concurrent_inflight = False
+
+    def _start_pool(self) -> None:
+        if self._pool:
+            return
+        fork = cast(ConcurrentReader, self.reader).fork
+        log.info("snapshot chunks: up to %d read at once, each in its own window", self.parallelism)
+        for n in range(self.parallelism):
+            th = threading.Thread(
+                target=self._work_forked, args=(fork,), name=f"dblog-chunks-{n}", daemon=True
+            )
+            th.start()
+            self._pool.append(th)
+
+    def _work_forked(self, fork: Callable[[], SnapshotReader]) -> None:
         name_native_thread()
-        def answer(result: Answer) -> None:
-            self._answers.put(result)
-            self.wakeup()
-
+        reader: SnapshotReader | None = None
         while True:
-            request = self._requests.get()
-            self._execute(request, answer)
+            request = self._pool_requests.get()
+            answer = self._answerer(request.id)
+            if reader is None:
+                try:
+                    reader = fork()
+                except Exception as exc:  # reported like any failure of the request
+                    self._fail(request, exc, answer)
+                    continue
+            self._execute(request, answer, reader)
 
-    def _execute(self, request: Request, answer: Callable[[Answer], None]) -> None:
-        """Runs one request (see ``core.requests`` for each kind's duty, in order)."""
+    def _answerer(self, request_id: str) -> Callable[[Answer], None]:
+        """Queues a worker's answer to one request and wakes the runner."""
+        def answer(result: Answer) -> None:
+            self._answers.put((request_id, result))
+            self.wakeup()
+        return answer
+
+    def _work(self, requests: queue.Queue[Request], reader: SnapshotReader) -> None:
+        name_native_thread()
+        while True:
+            request = requests.get()
+            self._execute(request, self._answerer(request.id), reader)
+
+    def _execute(
+        self, request: Request, answer: Callable[[Answer], None],
+        reader: SnapshotReader | None = None,
+    ) -> None:
+        """Runs one request (see ``core.requests`` for each kind's duty, in order) on
+        ``reader`` (the driver's own by default)."""
         core = self.core
+        reader = reader if reader is not None else self.reader
         try:
             if isinstance(request, MarkRequest):
-                self.reader.write_watermark(request.watermark)
+                reader.write_watermark(request.watermark)
                 answer(lambda: [])
             elif isinstance(request, TableStartRequest):
                 info, max_key, error = self._start_table(request)
                 answer(lambda: core.on_table_started(request.id, info, max_key, error))
                 if request.watermark is not None:  # the answer (even an error) lands there
-                    self.reader.write_watermark(request.watermark)
+                    reader.write_watermark(request.watermark)
             elif isinstance(request, KeyReadRequest):
                 self._reread(request, answer)
+            elif isinstance(request, BoundsRequest):
+                self._bounds(request, answer, reader)
             else:
                 if request.low_watermark is not None:
-                    self.reader.write_watermark(request.low_watermark)
-                info = self.reader.table_info(request.table, request.surrogate_key)
+                    reader.write_watermark(request.low_watermark)
+                info = reader.table_info(request.table, request.surrogate_key)
                 if info is None:
                     raise SignalError(f"table {request.table} no longer exists")
                 t0 = time.perf_counter()
                 if request.fenced:
-                    fenced = cast(FencedReader, self.reader)
+                    fenced = cast(FencedReader, reader)
                     rows, fence = fenced.read_chunk_fenced(
                         _keyed(info, request), request.after_key, request.max_key,
                         request.limit, request.condition,
                     )
                 else:
                     fence = None
-                    rows = self.reader.read_chunk(
+                    rows = reader.read_chunk(
                         _keyed(info, request), request.after_key, request.max_key,
                         request.limit, request.condition,
                     )
                 elapsed = (time.perf_counter() - t0) * 1000
                 answer(lambda: core.on_chunk_read(request.id, rows, elapsed, fence=fence))
                 if request.high_watermark is not None:
-                    self.reader.write_watermark(request.high_watermark)
+                    reader.write_watermark(request.high_watermark)
         except Exception as exc:  # reported to the core; capture goes on
-            retriable = exc.retriable if isinstance(exc, DblogError) else None
-            msg = str(exc) if isinstance(exc, DblogError) else f"{type(exc).__name__}: {exc}"
-            log.warning("snapshot request for %s failed: %s", getattr(request, "table", "?"), msg)
-            answer(lambda: core.on_request_failed(request.id, msg, retriable=retriable))
+            self._fail(request, exc, answer)
+
+    def _fail(self, request: Request, exc: Exception, answer: Callable[[Answer], None]) -> None:
+        core = self.core
+        retriable = exc.retriable if isinstance(exc, DblogError) else None
+        msg = str(exc) if isinstance(exc, DblogError) else f"{type(exc).__name__}: {exc}"
+        log.warning("snapshot request for %s failed: %s", getattr(request, "table", "?"), msg)
+        answer(lambda: core.on_request_failed(request.id, msg, retriable=retriable))
+
+    def _bounds(
+        self, request: BoundsRequest, answer: Callable[[Answer], None], reader: SnapshotReader
+    ) -> None:
+        """Boundary keys of the next ranges (``core.flight``); no watermark."""
+        info = reader.table_info(request.table)
+        if info is None:
+            raise SignalError(f"table {request.table} no longer exists")
+        keyed = info.with_key(request.key_columns, request.identity or info.identity)
+        keys = cast(ConcurrentReader, reader).chunk_bounds(
+            keyed, request.after_key, request.max_key, request.step, request.count,
+            request.condition,
+        )
+        core = self.core
+        answer(lambda: core.on_bounds(request.id, keys))
 
     def _reread(self, request: KeyReadRequest, answer: Callable[[Answer], None]) -> None:
         """A key-level re-read (``core.rereads``): L, the rows of those keys, H."""
@@ -251,7 +339,7 @@ class SnapshotDriver:
                      emit: Callable[[list[Emitted]], None], keepalive: Callable[[], None]) -> None:
         """The stream is paused at a transaction boundary at ``position``: read the
         blocking snapshot's tables inline, emitting rows as they come."""
-        while self._inflight:  # let an incremental request in flight finish first
+        while self._inflight:  # let the incremental requests in flight finish first
             emit(self.take())
             time.sleep(0.01)
         self.core.on_stream_paused(position, _now_ms())
@@ -273,6 +361,14 @@ class SnapshotDriver:
 
     def status(self) -> dict[str, Any]:
         return self.core.status()
+
+
+def _parallelism(reader: SnapshotReader) -> int:
+    """Chunks read at once in their own windows: the reader's ``parallelism`` if it can
+    fork (``ConcurrentReader``), else 1 (one chunk at a time, with read-ahead)."""
+    if not all(hasattr(reader, m) for m in ("fork", "chunk_bounds", "parallelism")):
+        return 1
+    return max(1, cast(ConcurrentReader, reader).parallelism())
 
 
 def _keyed(info: TableInfo, request: ChunkRequest) -> TableInfo:

@@ -6,6 +6,7 @@ feeds it stream items and the chunk reader's answers and logs what it returns.
 
 from pydblog.core.notices import Notice, NotificationType
 from pydblog.core.requests import (
+    BoundsRequest,
     ChunkRequest,
     KeyReadRequest,
     MarkRequest,
@@ -25,6 +26,7 @@ from pydblog.core.snapshot import SnapshotCore
 
 __all__ = [
     "AdditionalCondition",
+    "BoundsRequest",
     "ChunkRequest",
     "CoreSettings",
     "KeyReadRequest",

@@ -1,4 +1,5 @@
-"""What the snapshot core asks the runner's worker to do (one request at a time).
+"""What the snapshot core asks the runner's workers to do (one request at a time, or
+several at once with concurrent windows: ``core.flight``).
 
 Every request has a unique ``id`` and names fresh watermark ids (unique across restarts:
 they carry the core's random instance id). The worker's duty per kind, in order:
@@ -38,6 +39,14 @@ they carry the core's random instance id). The worker's duty per kind, in order:
     A ``TableStartRequest`` without a watermark in a read-only snapshot takes effect at
     the next ``core.on_progress``.
 
+``BoundsRequest`` (concurrent windows, ``core.flight``; no watermark)
+    ``info = reader.table_info(table)``, ``keys = reader.chunk_bounds(info, after_key,
+    max_key, step, count, condition)``: the keys of the ``step``-th, ``2·step``-th, ...
+    row after ``after_key`` (at most ``count``, none beyond ``max_key``), ascending;
+    then ``core.on_bounds(id, keys)``. Bounds only cut the key space into ranges; each
+    range is then read by a ``ChunkRequest`` (``max_key`` = the range's upper key) with
+    its own window, and several may be in flight at once.
+
 ``MarkRequest``
     ``reader.write_watermark(watermark)``: gives notifications that wait for a position
     (e.g. after a failed table) a place in the log. No answer is expected.
@@ -74,6 +83,8 @@ class ChunkRequest:
     ``key_columns`` are the key columns fixed when the table started (the primary key or
     the surrogate key); ``identity`` the row identity fixed then (``TableInfo.identity``;
     empty: as the reader says); the reader re-reads the other columns' list itself.
+    ``concurrent``: one range of concurrent windows (``core.flight``): the worker may
+    run it beside other such requests; every other request runs alone, in order.
     """
 
     id: str
@@ -89,6 +100,7 @@ class ChunkRequest:
     high_watermark: str | None
     identity: tuple[str, ...] = ()
     fenced: bool = False
+    concurrent: bool = False  # a range of ``core.flight``: may run beside others
 
     @property
     def blocking(self) -> bool:
@@ -109,6 +121,22 @@ class KeyReadRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class BoundsRequest:
+    """Cut ``after_key < key <= max_key`` into ranges of ``step`` rows: the keys of the
+    ``step``-th, ``2·step``-th, ... row (at most ``count``), by an index-only query."""
+
+    id: str
+    table: str
+    key_columns: tuple[str, ...]
+    after_key: tuple[Any, ...] | None
+    max_key: tuple[Any, ...]
+    step: int
+    count: int
+    condition: str | None
+    identity: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class MarkRequest:
     """Write one watermark and nothing else."""
 
@@ -116,4 +144,4 @@ class MarkRequest:
     watermark: str
 
 
-Request = TableStartRequest | ChunkRequest | KeyReadRequest | MarkRequest
+Request = TableStartRequest | ChunkRequest | KeyReadRequest | MarkRequest | BoundsRequest

@@ -21,6 +21,8 @@ class CoreSettings:
     emits chunk n (see ``SnapshotCore`` on read-ahead).
     ``read_only``: incremental chunks write no watermarks; each read comes with a
     ``ReadFence`` instead (``core.fence``).
+    ``parallelism``: chunks of a table read at once, each with its own window
+    (``core.flight``); 1 reads one chunk at a time (with ``read_ahead``).
     """
 
     chunk_size: int = 1024
@@ -31,6 +33,7 @@ class CoreSettings:
     max_attempts: int = 3
     read_ahead: bool = True
     read_only: bool = False
+    parallelism: int = 1
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
@@ -41,6 +44,8 @@ class CoreSettings:
             )
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, not {self.max_attempts}")
+        if self.parallelism < 1:
+            raise ValueError(f"parallelism must be >= 1, not {self.parallelism}")
         if self.time_budget_ms <= 0:
             raise ValueError(f"time_budget_ms must be > 0, not {self.time_budget_ms}")
 

@@ -73,6 +73,7 @@ from pydblog.core.commands import (
     stop_notice,
 )
 from pydblog.core.fence import FencedWindow, Lost, ReadFence, Unsettled
+from pydblog.core.flight import Flight, Range
 from pydblog.core.keys import RawKey, match_key, row_key
 from pydblog.core.notices import (
     Notice,
@@ -86,6 +87,7 @@ from pydblog.core.notices import (
 )
 from pydblog.core.progress import Lane, TableJob
 from pydblog.core.requests import (
+    BoundsRequest,
     ChunkRequest,
     KeyReadRequest,
     MarkRequest,
@@ -190,6 +192,7 @@ class SnapshotCore:
         self._read_only = settings.read_only
         self._unsettled = Unsettled()
         self._watched: set[str] = set()  # read-only: tables in the incremental lane
+        self._flight: Flight | None = None  # concurrent windows of the current table
         if state:
             self._restore(state)
 
@@ -213,8 +216,13 @@ class SnapshotCore:
     def waiting_for_progress(self) -> bool:
         """Read-only: an answered request waits for ``on_progress`` (a passed fence, or
         a table start); the runner should make the stream report how far it is."""
+        if not self._read_only:
+            return False
+        flight = self._flight
+        if flight is not None and any(r.read and r.fenced is not None for r in flight.ranges):
+            return True
         pending = self._pending
-        if not self._read_only or pending is None:
+        if pending is None:
             return False
         if isinstance(pending.request, TableStartRequest):
             return pending.answer is not None
@@ -273,6 +281,7 @@ class SnapshotCore:
         dropped = self._incr.drop(matches) + self._block.drop(matches)
         if current is not None and self._incr.current is None:
             self._drop_pending()
+            self._flight = None
         if self._blocking_request is not None and self._block.current is None:
             self._blocking_request = None
         self._totals.tables_done += len(dropped)
@@ -310,12 +319,23 @@ class SnapshotCore:
             return self._next_blocking()
         if self._pending is not None:
             return self._read_ahead()
+        if self._flight is not None:
+            concurrent = self._flight_next()
+            if concurrent is not None or self._flight is not None:
+                return concurrent
         if self._rereads:
             return self._plan_reread()
         job = None if self._paused else self._incr.head()
         if job is None:
             return self._next_mark()
         self._mark = None
+        if self._concurrent(job):
+            assert job.key_columns is not None and job.max_key is not None
+            self._flight = Flight(
+                job.table, job.schema_name, job.table_name, job.key_columns, job.max_key,
+                self._settings.parallelism,
+            )
+            return self._flight_next()
         request = self._plan(job, blocking=False)
         self._pending = _Pending(request)
         if isinstance(request, ChunkRequest):
@@ -420,6 +440,167 @@ class SnapshotCore:
         self._seq += 1
         return f"{self._instance}-{prefix}{self._seq}"
 
+    # -- concurrent windows (core.flight) --------------------------------------------------
+
+    def _concurrent(self, job: TableJob) -> bool:
+        """The table's chunks are read several at once, each in its own window: a started
+        incremental table chunked by its own key (a surrogate key may repeat and group)."""
+        return (
+            self._settings.parallelism > 1 and job.started and job.surrogate_key is None
+            and job.kind is SnapshotKind.INCREMENTAL
+        )
+
+    def _flight_next(self) -> Request | None:
+        """The next range or bounds request of the current table, or None. While paused
+        or while key re-reads wait, nothing new is issued; a flight with nothing issued
+        (or whose first range must be read again) is dropped then: it is planned again
+        from the table's progress."""
+        flight = self._flight
+        job = self._incr.current
+        if flight is None or job is None or job.table != flight.table or not job.started:
+            self._flight = None
+            return None
+        if self._paused or self._rereads:
+            head = flight.ranges[0] if flight.ranges else None
+            if not flight.open or (head is not None and head.request is None):
+                self._flight = None
+            return None
+        rng = flight.next_range()
+        if rng is not None:
+            return self._issue_range(flight, job, rng)
+        if flight.wants_bounds():
+            assert job.key_columns is not None and job.max_key is not None
+            rid = self._new_id("bnd")
+            bounds = BoundsRequest(
+                rid, job.table, job.key_columns, flight.planned_end(job.last_key), job.max_key,
+                max(1, self._chunk_size), 2 * self._settings.parallelism, job.condition,
+                job.identity or (),
+            )
+            flight.ask_bounds(bounds)
+            return bounds
+        return None
+
+    def _issue_range(self, flight: Flight, job: TableJob, rng: Range) -> ChunkRequest:
+        assert job.key_columns is not None
+        rid = self._new_id("inc")
+        marks = not self._read_only
+        request = ChunkRequest(
+            id=rid, table=job.table, kind=job.kind, surrogate_key=None,
+            key_columns=job.key_columns, after_key=rng.after, max_key=rng.upper,
+            limit=self._chunk_size, condition=job.condition,
+            low_watermark=f"{rid}:low" if marks else None,
+            high_watermark=f"{rid}:high" if marks else None,
+            fenced=self._read_only, identity=job.identity or (), concurrent=True,
+        )
+        window = _window(job, request)
+        fenced = FencedWindow(window, self._unsettled) if self._read_only else None
+        flight.issue(rng, request, window, fenced)
+        return request
+
+    def on_bounds(self, request_id: str, keys: Sequence[Sequence[Any]]) -> list[Emitted]:
+        """The answer to a ``BoundsRequest``: boundary keys, ascending (returns [])."""
+        flight = self._flight
+        if flight is not None:
+            flight.on_bounds(request_id, [tuple(k) for k in keys])
+        return []
+
+    def _flight_rows(
+        self, flight: Flight, request_id: str, rows: Sequence[ChunkRow], elapsed_ms: float,
+        fence: ReadFence | None,
+    ) -> list[Emitted]:
+        rng = flight.range_of(request_id)
+        request = rng.request if rng is not None else None
+        if request is None or request_id not in flight.reading:
+            return []
+        if request.fenced and fence is None:
+            return self.on_request_failed(
+                request_id, "a read-only chunk came without its fence", retriable=False
+            )
+        if not _keyed(rows, request.key_columns):
+            error = "chunk rows lack a key column (the reader must select the key columns)"
+            return self.on_request_failed(request_id, error, retriable=False)
+        flight.set_rows(request_id, rows, fence)
+        self._resize(request, len(rows), elapsed_ms)
+        if fence is not None:
+            self._unsettled.prune(fence)
+        return []
+
+    def _flight_failed(
+        self, flight: Flight, request_id: str, error: str, retriable: bool | None
+    ) -> None:
+        """A range's read (or a bounds query) failed: read it again, or, after
+        ``max_attempts`` (or a fatal error), drop the table."""
+        rng = flight.range_of(request_id)
+        request: Request | None = rng.request if rng is not None else flight.bounds
+        if request is None:
+            return
+        flight.failed(request_id)  # also after its answer: its H may never come
+        notices = self._after_failure(self._incr, request, error, retriable)
+        job = self._incr.current
+        if job is None or job.table != flight.table:
+            self._flight = None
+        self._notices.extend(notices)
+
+    def _flight_emit(self, cursor: PositionCursor, reached: Position | None) -> list[Emitted]:
+        """Emit, in key order, every range at the head of the flight whose window may
+        close (its H came back; read-only: the stream passed its fence, ``reached``).
+        A range that cannot close conclusively is read again and the ones after it
+        wait; their windows stay open meanwhile (see ``core.flight``)."""
+        out: list[Emitted] = []
+
+        def passed(fenced: FencedWindow) -> bool:
+            return reached is not None and fenced.passed(reached)
+
+        while (flight := self._flight) is not None:
+            head = flight.head_ready(passed)
+            if head is None:
+                break
+            job = self._incr.current
+            window = head.window
+            if job is None or job.table != flight.table or window is None:
+                self._flight = None
+                break
+            if not head.read or not (head.low_seen or head.fenced is not None):
+                result = WindowResult([], 0, None, False)
+            else:
+                result = head.fenced.close() if head.fenced is not None else window.close()
+            if not result.conclusive:
+                flight.forget(head)
+                head.reset()  # read again; the ranges after it wait, their windows open
+                break
+            out += self._rows(job, result.rows, cursor)
+            if not self._read_only:  # key re-reads need watermarks (not done read-only)
+                self._rereads.add_all(job.schema_name, job.table_name, result.reread)
+            out += self._place(cursor, self._range_done(flight, head, result))
+        return out
+
+    def _range_done(self, flight: Flight, head: Range, result: WindowResult) -> list[Notice]:
+        """Progress after the head range's rows were emitted: to its upper key if the
+        read saw the whole range, else to the last key read (the rest is read next)."""
+        request = head.request
+        assert request is not None
+        last = result.last_key
+        whole = result.read < request.limit or (
+            last is not None and match_key(last) == match_key(head.upper)
+        )
+        lane = self._incr
+        job = lane.current
+        assert job is not None
+        self._failures = 0
+        job = job.advance(head.upper if whole else last, len(result.rows))
+        lane.current = job
+        self._totals.chunks += 1
+        self._totals.rows += len(result.rows)
+        if not whole:
+            flight.forget(head)
+            head.reset(after=last)
+            return [in_progress(job, lane.tables(), self._percent())]
+        flight.pop_head()
+        if head.last:
+            self._flight = None
+            return self._finish_table(lane, [table_scan_completed(job)])
+        return [in_progress(job, lane.tables(), self._percent())]
+
     # -- worker answers --------------------------------------------------------------
 
     def on_table_started(
@@ -450,6 +631,8 @@ class SnapshotCore:
         """The rows of a ChunkRequest, in key order. Incremental: buffered until H (returns
         []); read-only (``request.fenced``): with the read's ``fence``, buffered until the
         stream has passed it. Blocking: emitted now, positioned after the anchor."""
+        if self._flight is not None and self._flight.owns(request_id):
+            return self._flight_rows(self._flight, request_id, rows, elapsed_ms, fence)
         if self._busy == request_id and self._fenced_request(request_id) and fence is None:
             return self.on_request_failed(request_id, "a read-only chunk came without its fence",
                                           retriable=False)
@@ -495,6 +678,10 @@ class SnapshotCore:
         position the runner has is free for a notification)."""
         if position is not None:
             self._advance(position)
+        flight = self._flight
+        if flight is not None and flight.owns(request_id):
+            self._flight_failed(flight, request_id, error, retriable)
+            return []
         if self._busy == request_id:
             self._busy = None
         if self._mark is not None and self._mark.id == request_id:
@@ -582,6 +769,9 @@ class SnapshotCore:
         if event.unchanged and event.op is Op.CREATE and event.key:
             # A key change's create: no consumer has a value for its unchanged columns.
             self._rereads.add(event.schema, event.table, event.key)
+        flight = self._flight
+        if flight is not None and event.table == flight.name and event.schema == flight.schema:
+            flight.observe(event)
         window = self._window
         if window is None or event.table != window.table or event.schema != window.schema:
             return
@@ -591,6 +781,9 @@ class SnapshotCore:
         if not self._watched or f"{event.schema}.{event.table}" not in self._watched:
             return
         self._unsettled.add(event)
+        flight = self._flight
+        if flight is not None and event.table == flight.name and event.schema == flight.schema:
+            flight.observe(event)
         for pending in (self._pending, self._ahead):
             fenced = pending.fenced if pending is not None else None
             if fenced is not None and event.table == fenced.table and event.schema == fenced.schema:
@@ -607,7 +800,7 @@ class SnapshotCore:
             return []
         assert self._horizon is not None
         cursor = PositionCursor(self._horizon, ts_ms)
-        out: list[Emitted] = []
+        out: list[Emitted] = self._flight_emit(cursor, reached)
         while (pending := self._pending) is not None:
             request = pending.request
             if isinstance(request, TableStartRequest):
@@ -632,6 +825,10 @@ class SnapshotCore:
         if mark is not None and watermark_id == mark.watermark:
             self._mark = None
             return self._place(PositionCursor(position, ts_ms), [])
+        flight = self._flight
+        if flight is not None and flight.on_watermark(watermark_id):
+            cursor = PositionCursor(position, ts_ms)
+            return self._flight_emit(cursor, None) + self._place(cursor, [])
         pending = self._pending
         if pending is None:
             return []

@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 
 
 class PgSnapshotReader:
-    def __init__(self, cfg: Config, source: PgLogSource) -> None:
+    def __init__(self, cfg: Config, source: PgLogSource, *, split: bool = True) -> None:
+        """``split``: read a big chunk as parallel sub-ranges (``sources.postgres.parallel``);
+        a forked reader (concurrent windows, ``fork``) reads each chunk in one SELECT."""
         self.cfg = cfg
         self._source = source
         self._conn: psycopg.Connection[Any] | None = None
@@ -61,6 +63,8 @@ class PgSnapshotReader:
         self._subreads: SubReadPool | None = None
         self._in_fenced_read = False  # a read-only chunk: one snapshot for every read
         self._shared_snapshot: str | None = None  # ...exported to the sub-reads (primary)
+        self._split = split
+        self._forks: list[PgSnapshotReader] = []
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -85,8 +89,45 @@ class PgSnapshotReader:
     def subreads(self) -> SubReadPool:
         """The connections of parallel chunk reads (``sources.postgres.parallel``)."""
         if self._subreads is None:
-            self._subreads = SubReadPool(self.parallelism(), self._open_read_conn)
+            ways = self.parallelism() if self._split else 1
+            self._subreads = SubReadPool(ways, self._open_read_conn)
         return self._subreads
+
+    def fork(self) -> PgSnapshotReader:
+        """Another reader on its own connections, for concurrent windows (``core.flight``:
+        each chunk is one SELECT there); closed by this reader's ``close``."""
+        child = PgSnapshotReader(self.cfg, self._source, split=False)
+        child.fast_json = self.fast_json
+        self._forks.append(child)
+        return child
+
+    def chunk_bounds(
+        self, info: TableInfo, after: tuple[Any, ...] | None, max_key: tuple[Any, ...],
+        step: int, count: int, condition: str | None,
+    ) -> list[tuple[Any, ...]]:
+        """The keys of the ``step``-th, ``2·step``-th, ... row after ``after`` (at most
+        ``count``, none beyond ``max_key``), by one index-only query over the primary key
+        (``row_number()`` over ``key > after ORDER BY key LIMIT step·count``)."""
+        _ = self.conn  # the type registry
+        if info.qualified not in self._oids:
+            self.table_info(info.qualified)
+        cond = sql.SQL(condition) if condition else sql.SQL("true")
+        where = sql.SQL("{} AND {} <= {} AND ({})").format(
+            self._after(info, after), self._cols(info), self._tuple(info, max_key), cond
+        )
+        order = self._order(info)
+        rows = self._read_only(
+            sql.SQL(
+                "SELECT {} FROM (SELECT {}, row_number() OVER (ORDER BY {}) AS _dblog_n FROM {} "
+                "WHERE {} ORDER BY {} LIMIT {}) _dblog_b WHERE _dblog_n % {} = 0 ORDER BY _dblog_n"
+            ).format(
+                self._select_list(info, info.key), sql.SQL(", ").join(map(sql.Identifier, info.key)),
+                order, sql.Identifier(info.schema, info.table), where, order,
+                sql.Literal(step * count), sql.Literal(step),
+            ),
+            [],
+        )
+        return [self._map_key(info, r) for r in rows]
 
     def parallelism(self) -> int:
         """``[snapshot] parallelism``, else a default from the machine and the server:
@@ -601,6 +642,9 @@ class PgSnapshotReader:
             )
 
     def close(self) -> None:
+        for child in self._forks:
+            child.close()
+        self._forks.clear()
         if self._subreads is not None:
             self._subreads.close()
             self._subreads = None

@@ -1,0 +1,148 @@
+"""Concurrent windows (``core.flight``), step by step: several chunks of one table in
+flight, each with its own L/H, emitted in key order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydblog.core import BoundsRequest, ChunkRequest, CoreSettings, TableStartRequest
+from pydblog.events import ChangeEvent, Op
+from tests.unit.test_snapshot_core import ExpandingCore, change, execute, info, make, pos, row
+
+
+def started(parallelism: int = 2, chunk: int = 2, max_key: int = 8) -> ExpandingCore:
+    core = make(chunk, parallelism=parallelism)
+    execute(core, "public\\.t")
+    start = core.next_request()
+    assert isinstance(start, TableStartRequest) and start.watermark is not None
+    core.on_table_started(start.id, info(), (max_key,))
+    core.on_watermark(start.watermark, pos(2), 1000)
+    return core
+
+
+def bounds(core: ExpandingCore, keys: list[int]) -> BoundsRequest:
+    request = core.next_request()
+    assert isinstance(request, BoundsRequest)
+    assert request.step == 2 and request.max_key == (8,)
+    core.on_bounds(request.id, [(k,) for k in keys])
+    return request
+
+
+def chunk(core: ExpandingCore) -> ChunkRequest:
+    request = core.next_request()
+    assert isinstance(request, ChunkRequest) and request.concurrent
+    assert request.low_watermark is not None and request.high_watermark is not None
+    return request
+
+
+def ids(events: list[ChangeEvent]) -> list[Any]:
+    return [e.after["id"] for e in events if e.op is Op.READ and e.after is not None]
+
+
+def last_key(core: ExpandingCore) -> Any:
+    state = core.state()
+    assert state is not None
+    return state["incremental"]["current"]["last_key"]
+
+
+def test_windows_overlap_and_are_emitted_in_key_order() -> None:
+    core = started()
+    b = bounds(core, [2, 4, 6, 8])
+    assert b.after_key is None and b.count == 4
+    r1, r2 = chunk(core), chunk(core)
+    assert (r1.after_key, r1.max_key, r2.after_key, r2.max_key) == (None, (2,), (2,), (4,))
+    assert core.next_request() is None  # two reads at once: the limit
+    core.on_watermark(r1.low_watermark or "", pos(3), 1000)
+    core.on_watermark(r2.low_watermark or "", pos(4), 1000)
+    core.on_chunk_read(r2.id, [row(3), row(4)], 1.0)
+    assert core.on_watermark(r2.high_watermark or "", pos(5), 1000) == []  # r1 still open
+    assert last_key(core) is None
+    # After r2's H, its window stays open until it is emitted: this update is newer
+    # than the row r2 read, and r2's rows land after it.
+    core.on_event(change(Op.UPDATE, 3, lsn=6))
+    core.on_event(change(Op.UPDATE, 1, lsn=6))  # before r1's H: drops 1 from r1
+    core.on_chunk_read(r1.id, [row(1), row(2)], 1.0)
+    out = core.on_watermark(r1.high_watermark or "", pos(7), 1000)
+    assert ids(out) == [2, 4]
+    positions = [e.position for e in out]
+    assert positions == sorted(positions) and all(p > pos(7) for p in positions)
+    assert last_key(core) == [4]
+
+
+def test_an_event_drops_a_key_only_from_the_window_whose_rows_hold_it() -> None:
+    core = started()
+    bounds(core, [2, 4, 6, 8])
+    r1, r2 = chunk(core), chunk(core)
+    for n, r in enumerate((r1, r2)):
+        core.on_watermark(r.low_watermark or "", pos(3 + n), 1000)
+    core.on_event(change(Op.UPDATE, 2, lsn=5))  # in r1's range only
+    core.on_chunk_read(r1.id, [row(1), row(2)], 1.0)
+    core.on_chunk_read(r2.id, [row(3), row(4)], 1.0)
+    out = core.on_watermark(r1.high_watermark or "", pos(6), 1000)
+    assert ids(out) == [1]
+    out = core.on_watermark(r2.high_watermark or "", pos(7), 1000)
+    assert ids(out) == [3, 4]
+
+
+def test_a_full_range_continues_before_later_ranges() -> None:
+    """Rows inserted into a range after its bounds: the range is read up to its limit,
+    emitted, and its rest read next; the later range waits."""
+    core = started()
+    bounds(core, [4, 8])  # stale: 2 rows per range expected
+    r1, r2 = chunk(core), chunk(core)
+    assert r1.max_key == (4,) and r2.max_key == (8,)
+    for n, r in enumerate((r1, r2)):
+        core.on_watermark(r.low_watermark or "", pos(3 + n), 1000)
+    core.on_chunk_read(r2.id, [row(5), row(6)], 1.0)
+    core.on_watermark(r2.high_watermark or "", pos(5), 1000)
+    core.on_chunk_read(r1.id, [row(1), row(2)], 1.0)  # full: (2, 4] is still unread
+    out = core.on_watermark(r1.high_watermark or "", pos(6), 1000)
+    assert ids(out) == [1, 2] and last_key(core) == [2]
+    rest = chunk(core)
+    assert (rest.after_key, rest.max_key) == ((2,), (4,))
+    core.on_watermark(rest.low_watermark or "", pos(7), 1000)
+    core.on_chunk_read(rest.id, [row(3)], 1.0)
+    out = core.on_watermark(rest.high_watermark or "", pos(8), 1000)
+    assert ids(out) == [3, 5, 6] and last_key(core) == [6]
+
+
+def test_failure_and_inconclusive_window_read_the_range_again() -> None:
+    core = started()
+    bounds(core, [2, 4, 6, 8])
+    r1, r2 = chunk(core), chunk(core)
+    core.on_request_failed(r1.id, "boom", retriable=True)
+    again = chunk(core)
+    assert (again.after_key, again.max_key) == (None, (2,)) and again.id != r1.id
+    for n, r in enumerate((again, r2)):
+        core.on_watermark(r.low_watermark or "", pos(3 + n), 1000)
+    # No key: the window cannot decide, so the range is read again.
+    core.on_event(ChangeEvent(Op.UPDATE, "public", "t", pos(5), 0, key=None, after={"v": "x"}))
+    core.on_chunk_read(again.id, [row(1), row(2)], 1.0)
+    core.on_chunk_read(r2.id, [row(3), row(4)], 1.0)
+    assert ids(core.on_watermark(again.high_watermark or "", pos(6), 1000)) == []
+    assert last_key(core) is None
+    third = chunk(core)
+    assert third.after_key is None and third.max_key == (2,)
+
+
+def test_last_range_ends_the_table_and_restart_resumes_after_the_emitted_prefix() -> None:
+    core = started(max_key=4)
+    request = core.next_request()
+    assert isinstance(request, BoundsRequest)
+    core.on_bounds(request.id, [(2,)])  # fewer than asked: (2, 4] is the last range
+    r1, r2 = chunk(core), chunk(core)
+    assert r2.max_key == (4,)
+    for n, r in enumerate((r1, r2)):
+        core.on_watermark(r.low_watermark or "", pos(3 + n), 1000)
+    core.on_chunk_read(r1.id, [row(1), row(2)], 1.0)
+    core.on_watermark(r1.high_watermark or "", pos(5), 1000)
+    saved = core.state()
+    assert saved is not None and saved["incremental"]["current"]["last_key"] == [2]
+    core.on_chunk_read(r2.id, [row(3)], 1.0)
+    out = core.on_watermark(r2.high_watermark or "", pos(6), 1000)
+    kinds = [e.notification["type"] for e in out if e.notification is not None]
+    assert ids(out) == [3] and "TABLE_SCAN_COMPLETED" in kinds and "COMPLETED" in kinds
+    # A restart from the state saved after r1 plans bounds after key 2 again.
+    restored = ExpandingCore(CoreSettings(chunk_size=2, parallelism=2), saved, instance="again")
+    request = restored.next_request()
+    assert isinstance(request, BoundsRequest) and request.after_key == (2,)
