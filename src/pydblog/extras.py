@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pydblog.errors import ConfigError
 
 EXTRAS: dict[str, frozenset[str]] = {
-    "mysql": frozenset({"pymysqlreplication", "pymysql"}),
+    "mysql": frozenset({"pymysqlreplication", "pymysql", "sqlglot"}),
     "spark": frozenset({"pyspark", "py4j", "pyarrow", "deltalake", "pandas"}),
     "ha": frozenset({"kazoo"}),
 }

@@ -242,6 +242,19 @@ class Idle:
     """Nothing arrived for a short while (lets the runner flush and run timers)."""
 
 
+@dataclass(frozen=True, slots=True)
+class SourceState:
+    """State the source needs back after a restart (MySQL 5.7's schema history): every
+    checkpoint the runner writes after this item carries ``value`` as ``extra[key]``,
+    and ``open(checkpoint)`` gets it back. With a ``position`` (the DDL that changed
+    it) the checkpoint moves there too, so a restart never reads that DDL again; without
+    one the state is valid from the runner's current position on."""
+
+    key: str
+    value: Any
+    position: Position | None = None
+
+
 
 
 @dataclass(frozen=True, slots=True)

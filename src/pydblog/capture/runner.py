@@ -44,6 +44,7 @@ from pydblog.ports import (
     LogSource,
     SchemaChanged,
     SnapshotReader,
+    SourceState,
     StateStore,
     StreamPassed,
     TableSchema,
@@ -147,6 +148,7 @@ class Runner:
             WatermarkSeen: self._on_watermark_seen,
             SchemaChanged: self._on_schema,
             StreamPassed: self._on_stream_passed,
+            SourceState: self._on_source_state,
         }
         self._read_only = driver.read_only
         pending = self._pending
@@ -254,6 +256,13 @@ class Runner:
         refresh = getattr(self.source, "refresh_tables", None)
         if refresh is not None:
             refresh()
+
+    def _on_source_state(self, item: SourceState, stop: threading.Event) -> None:
+        if item.position is not None:
+            if self._skipped(item.position):
+                return
+            self._advance(item.position)
+        self._extra[item.key] = item.value
 
     def _on_watermark_seen(self, item: WatermarkSeen, stop: threading.Event) -> None:
         if self._skipped(item.position):

@@ -66,6 +66,7 @@ from pydblog.ports import (
     Heartbeat,
     Idle,
     SchemaChanged,
+    SourceState,
     StreamPassed,
     TableSchema,
 )
@@ -86,6 +87,7 @@ from pydblog.sources.mysql.connect import (
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
 from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
+from pydblog.sources.mysql.history import SchemaHistory, signature
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, file_sequence
 from pydblog.sources.mysql.setup import (
     OwnTables,
@@ -107,6 +109,22 @@ from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
 from pydblog.sources.mysql.wake import Wakeup
 
 log = logging.getLogger(__name__)
+
+HISTORY_KEY = "mysql_schema_history"
+"""``Checkpoint.extra`` key of the schema history (servers without binlog_row_metadata)."""
+VERIFY_WITHIN_BYTES = 4 << 20
+"""A history definition is checked against information_schema when met this close to
+the binlog's end (the DDL scan up to the end is cheap there)."""
+
+
+def _version_number(version: str) -> int:
+    """``"5.7.29-log"`` -> ``50729`` (as in ``/*!50729 ... */`` comments)."""
+    parts = [*version.split("-", 1)[0].split("."), "0", "0"][:3]
+    try:
+        major, minor, patch = (int(p) for p in parts)
+    except ValueError:
+        return 50700
+    return major * 10000 + minor * 100 + patch
 
 
 def _not_the_version_advice(record: logging.LogRecord) -> bool:
@@ -224,10 +242,14 @@ class MySqlLogSource:
         self._json_cols: dict[tuple[str, str], frozenset[str]] = {}
         self._nullable: dict[int, bytes] = {}
         self._schemas: dict[tuple[str, str], TableSchema] = {}  # as last yielded
-        # Where TABLE_MAPs carry no column names (MySQL < 8.0.14): definitions read from
-        # information_schema, dropped at each DDL on their table (see tablemap.py).
-        self._defs: dict[tuple[str, str], tuple[SchemaTable, bool]] = {}
+        # Where TABLE_MAPs carry no column names (MySQL < 8.0.14): the schema history
+        # (history.py; None where the binlog has the names), and the definitions in use,
+        # dropped at each DDL on their table (see tablemap.py): (definition, appended,
+        # from the history).
+        self._history: SchemaHistory | None = None
+        self._defs: dict[tuple[str, str], tuple[SchemaTable, bool, bool]] = {}
         self._lookahead = DdlLookahead()
+        self._opening_state: SourceState | None = None
 
     # -- LogSource ---------------------------------------------------------------------
     def open(self, checkpoint: Checkpoint | None) -> None:
@@ -253,8 +275,11 @@ class MySqlLogSource:
                 f"the change log's position {pos!r} is not a MySQL binlog position",
                 hint="this log directory was written by another source type; use a fresh [log] path",
             )
+        self._history = self._load_history(checkpoint)
         if pos is None:
             file, offset, _ = self._master_status()
+            if self._history is not None:
+                self._baseline(self._history, file, offset)
             state = self._state_at(file, offset)
             # Where capture begins, offered at once as a Heartbeat so that the runner
             # checkpoints it: a restart before the first transaction resumes here.
@@ -284,6 +309,9 @@ class MySqlLogSource:
         last_yield = time.monotonic()
         if self._wake is None:
             self._wake = Wakeup()
+        if self._opening_state is not None:  # a fresh start's schema history
+            yield self._opening_state
+            self._opening_state = None
         for item in self._heartbeat(force=True):
             if not self._drop(item):
                 yield item
@@ -722,8 +750,9 @@ class MySqlLogSource:
         elif isinstance(event, TableMapEvent):
             self._nullable[event.table_id] = bytes(event.null_bitmask)
             table = event.table_map.get(event.table_id)
-            if table is not None and any(not c.name for c in table.columns):
-                self._name_table(table, start)
+            unnamed = table is not None and any(not c.name for c in table.columns)
+            if unnamed and self._name_table(table, start):
+                yield self._history_state(None)
         elif isinstance(event, HeartbeatLogEvent):
             if self._tx is None:
                 yield from self._heartbeat(force=True)
@@ -757,6 +786,8 @@ class MySqlLogSource:
             return
         tx = self._begin_if_needed(start, ts_ms)
         default_db = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
+        if self._history is not None:
+            yield from self._history_ddl(tx, query, default_db)
         ddl = parse_ddl(query, default_db)
         if ddl is not None:
             yield from self._ddl(tx, ddl.kind, ddl.tables, ts_ms)
@@ -816,37 +847,187 @@ class MySqlLogSource:
             yield Heartbeat(done)
 
     # -- rows ----------------------------------------------------------------------------
-    def _name_table(self, table: Any, start: int) -> None:
-        """Name a TABLE_MAP's columns from information_schema (no binlog_row_metadata):
-        only with a definition that is the rows' own (see tablemap.py), else SourceError."""
+    def _name_table(self, table: Any, start: int) -> bool:
+        """Name a TABLE_MAP's columns (no binlog_row_metadata) from the schema history,
+        else from information_schema where that is the rows' own definition (see
+        tablemap.py); SourceError when neither is. True if the history changed."""
         key = (str(table.schema), str(table.table))
-        if key[0] != self.db and key not in (self.own.signal, self.own.watermark):
-            return  # never decoded
+        if not self._tracked(*key):
+            return False  # never decoded
         where = f"{self._file}:{start}"
+        changed = False
         cached = self._defs.get(key)
-        if cached is not None:
-            defn, appended = cached
-        else:
-            with self._ctl_lock, self._ctl_cursor() as cur:
-                found = read_table(cur, *key)
-                ahead = self._lookahead.ahead(cur, (self._file, start), *key)
-            risky = [d for d in ahead if may_rename(*d)]
-            if found is None or risky:
-                now = "no longer exists" if found is None else "now has another definition"
-                later = f" (later in the binlog: {describe(risky)})" if risky else ""
-                raise self._stale_table(key, where, f"the table {now}{later}")
-            defn = found
-            # Harmless ALTERs ahead (ADD COLUMN, ADD INDEX, ...): columns may have been
-            # appended since these rows.
-            appended = any(kind == DdlKind.ALTER for kind, _ in ahead)
-            self._defs[key] = (defn, appended)
+        if cached is None:
+            cached, changed = self._definition(key, start, where)
+            self._defs[key] = cached
+        defn, appended, from_history = cached
         why = type_mismatch(table.columns, defn, appended)
         if why is not None:
             self._defs.pop(key, None)
+            if from_history:
+                raise self._history_mismatch(key, where, why)
             raise self._stale_table(key, where, why)
         name_columns(table.columns, defn)
         pk = defn.primary_key
         table.primary_key = pk[0] if len(pk) == 1 else (tuple(pk) if pk else "")
+        return changed
+
+    def _definition(
+        self, key: tuple[str, str], start: int, where: str
+    ) -> tuple[tuple[SchemaTable, bool, bool], bool]:
+        """``((definition, appended, from the history), history changed)``."""
+        history = self._history
+        entry = history.tables.get(key) if history is not None else None
+        if entry is not None:
+            if history is None or not self._near_end(start):
+                return (entry, False, True), False
+            # Nearly caught up: information_schema is checked against the history where
+            # no DDL on the table lies ahead (then it describes these rows exactly).
+            with self._ctl_lock, self._ctl_cursor() as cur:
+                if self._lookahead.ahead(cur, (self._file, start), *key):
+                    return (entry, False, True), False
+                found = read_table(cur, *key)
+            if found is None or signature(found) == signature(entry):
+                return (entry, False, True), False
+            log.warning(
+                "the schema history's columns of %s.%s differ from information_schema's, "
+                "with no DDL on it ahead in the binlog (a DDL was read wrongly); using "
+                "information_schema's from %s on: history %s, information_schema %s",
+                *key, where, signature(entry), signature(found),
+            )
+            history.put(key, found)
+            return (found, False, False), True
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            found = read_table(cur, *key)
+            ahead = self._lookahead.ahead(cur, (self._file, start), *key)
+        risky = [d for d in ahead if may_rename(*d)]
+        if found is None or risky:
+            now = "no longer exists" if found is None else "now has another definition"
+            later = f" (later in the binlog: {describe(risky)})" if risky else ""
+            lost = history.lost.get(key) if history is not None else None
+            since = f"; the schema history lost its columns at: {lost}" if lost else ""
+            raise self._stale_table(key, where, f"the table {now}{later}{since}")
+        # Harmless ALTERs ahead (ADD COLUMN, ADD INDEX, ...): columns may have been
+        # appended since these rows.
+        appended = any(kind == DdlKind.ALTER for kind, _ in ahead)
+        if history is not None and not ahead:
+            history.put(key, found)  # exact: these rows' own definition
+            return (found, appended, False), True
+        return (found, appended, False), False
+
+    def _near_end(self, start: int) -> bool:
+        """Whether less than ``VERIFY_WITHIN_BYTES`` of binlog follow ``start`` in the
+        current file (then scanning them for DDL is cheap)."""
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            logs = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
+        here = file_sequence(self._file)
+        rest = sum(
+            size - start if file_sequence(name) == here else size
+            for name, size in logs
+            if file_sequence(name) >= here
+        )
+        return rest < VERIFY_WITHIN_BYTES
+
+    def _history_mismatch(self, key: tuple[str, str], where: str, why: str) -> SourceError:
+        return SourceError(
+            f"cannot decode the rows of {key[0]}.{key[1]} at {where} in the binlog of MySQL "
+            f"at {self.dsn.redacted}: this server writes no column names into the binlog, "
+            f"and the schema history (the table's columns as the DDL read from the binlog "
+            f"left them) does not match the rows: {why}",
+            hint="a DDL on the table was not understood as the server executed it; start "
+            "with a fresh [log] path and snapshot the tables again (and report the DDL)",
+        )
+
+    # -- schema history (servers without binlog_row_metadata) -----------------------------
+    def _tracked(self, db: str, table: str) -> bool:
+        """Tables whose rows this source decodes: the captured ones and its own."""
+        return self._captured(db, table) or (db, table) in (self.own.signal, self.own.watermark)
+
+    def _load_history(self, checkpoint: Checkpoint | None) -> SchemaHistory | None:
+        """The schema history the checkpoint carries (None where the binlog has column
+        names); an empty one for a change log written without it (tables are then read
+        from information_schema when met, as tablemap.py allows)."""
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            cur.execute("SHOW GLOBAL VARIABLES LIKE 'binlog_row_metadata'")
+            if self.mariadb or cur.fetchone() is not None:
+                return None
+            cur.execute("SELECT @@version")
+            version = _version_number(str(cur.fetchone()[0]))
+        raw = checkpoint.extra.get(HISTORY_KEY) if checkpoint is not None else None
+        if raw is None:
+            return SchemaHistory(server_version=version)
+        try:
+            history = SchemaHistory.from_json(raw, version)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise SourceError(
+                f"the checkpoint's MySQL schema history cannot be read: {exc}",
+                hint="this change log was written by a newer pydblog; use that version, or "
+                "start with a fresh [log] path and snapshot the tables again",
+            ) from None
+        history.keep_only(self._tracked)
+        return history
+
+    def _baseline(self, history: SchemaHistory, file: str, offset: int) -> None:
+        """A fresh start: every tracked table's definition at ``(file, offset)``, read
+        from information_schema. A table with DDL in the binlog after ``offset`` (run
+        while this was read) is left out: it is read when met, under tablemap.py's rules."""
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            dbs = {self.db, self.own.signal[0], self.own.watermark[0]}
+            names = [(self.db, t) for t in schema_mod.list_tables(cur, self.db)]
+            names += [self.own.signal, self.own.watermark]
+            for db in sorted(dbs):
+                cur.execute(
+                    "SELECT DEFAULT_CHARACTER_SET_NAME FROM information_schema.SCHEMATA "
+                    "WHERE SCHEMA_NAME = %s",
+                    (db,),
+                )
+                row = cur.fetchone()
+                if row is not None and row[0]:
+                    history.charsets[db] = str(row[0]).lower()
+            for key in dict.fromkeys(names):
+                if not self._tracked(*key):
+                    continue
+                found = read_table(cur, *key)
+                if found is not None and not self._lookahead.ahead(cur, (file, offset), *key):
+                    history.put(key, found)
+        self._lookahead.reset()
+        self._opening_state = self._history_state(None)
+
+    def _history_state(self, position: BinlogPosition | None) -> SourceState:
+        assert self._history is not None
+        return SourceState(HISTORY_KEY, self._history.to_json(), position)
+
+    def _logged(self, pos: BinlogPosition) -> bool:
+        """Whether ``pos`` is at or below what a resume already logged (``_drop``'s
+        rule, without moving on): a DDL there is in the checkpoint's history already."""
+        if self._skip_upto is not None and pos <= self._skip_upto:
+            return True
+        limit = self._skip_tx.get(pos.gtid) if pos.gtid else None
+        return limit is not None and pos.index <= limit
+
+    def _history_ddl(self, tx: _Tx, query: str, default_db: str) -> Iterator[Any]:
+        """Move the schema history past a QUERY event; a DDL on a tracked table gives a
+        ``SourceState`` at its own position (also when nothing changed: the checkpoint
+        must pass it, or a definition read later from information_schema, which already
+        has it, would get it applied again after a restart)."""
+        history = self._history
+        assert history is not None
+        pos = tx.position(tx.count)
+        if self._logged(pos):
+            return
+        applied = history.apply(query, default_db, self._tracked)
+        for key in applied.touched:
+            self._defs.pop(key, None)
+        for key, why in applied.lost:
+            log.warning(
+                "could not follow a DDL on %s.%s at %s (%s): %s; its columns will be read "
+                "from information_schema when next met (exact while capture keeps up; if "
+                "capture is behind further column changes of it, it stops with an error)",
+                *key, pos, why, " ".join(query.split())[:300],
+            )
+        if applied.touched:
+            yield self._history_state(pos)
 
     def _stale_table(self, key: tuple[str, str], where: str, why: str) -> SourceError:
         return SourceError(

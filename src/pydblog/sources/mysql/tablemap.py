@@ -57,6 +57,7 @@ class SchemaTable:
 
     columns: tuple[SchemaColumn, ...]
     primary_key: tuple[str, ...]
+    charset: str | None = None  # the table's default charset (for columns added later)
 
 
 def read_table(cur: Any, database: str, table: str) -> SchemaTable | None:
@@ -83,7 +84,16 @@ def read_table(cur: Any, database: str, table: str) -> SchemaTable | None:
         "ORDER BY ORDINAL_POSITION",
         (database, table),
     )
-    return SchemaTable(cols, tuple(str(r[0]) for r in cur.fetchall()))
+    pk = tuple(str(r[0]) for r in cur.fetchall())
+    cur.execute(
+        "SELECT TABLE_COLLATION FROM information_schema.TABLES "
+        "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+        (database, table),
+    )
+    row = cur.fetchone()
+    collation = str(row[0]) if row and row[0] else None
+    charset = collation.lower().split("_", 1)[0] if collation else None
+    return SchemaTable(cols, pk, charset)
 
 
 # The binlog type codes a column of each information_schema DATA_TYPE can have (the old

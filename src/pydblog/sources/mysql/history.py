@@ -1,0 +1,611 @@
+"""Schema history: each captured table's columns as they were at a binlog position, for
+servers that write no column names into the binlog (MySQL before 8.0.14: no
+``binlog_row_metadata``). What Debezium calls the database schema history.
+
+A TABLE_MAP event of such a server carries each column's binlog type and binary metadata
+but no name, signedness, charset, ENUM/SET members or primary key. ``information_schema``
+has those only for the table as it is *now*; a capture that is behind a column-changing
+ALTER would name old rows with the new column list. The history instead keeps the
+definitions valid at the stream's position and moves them forward with the DDL the stream
+reads (the binlog's QUERY events), parsed with ``sqlglot``.
+
+Invariants:
+- ``tables[(db, t)]`` is the definition of ``db.t`` at the position this history belongs
+  to, exactly; a table whose definition is not known exactly is absent (and, where a DDL
+  made it so, named in ``lost`` with that DDL). Absent tables are read from
+  information_schema when met, under the safety checks of ``tablemap.py``.
+- ``apply`` never guesses: a DDL on a tracked table that it cannot interpret exactly (a
+  statement sqlglot cannot parse, a clause or a type alias this module does not know, a
+  text column whose charset it cannot tell) removes the table from ``tables`` (into
+  ``lost``) instead of changing it.
+- The history travels with the capture's checkpoint (``to_json``/``from_json``), so a
+  restart at any position resumes with the definitions of that position. Applying a DDL
+  twice is prevented by the caller (a DDL at or below the checkpoint is not applied again).
+- Column names compare case-insensitively (as MySQL's do); table names exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
+from pydblog.sources.mysql.tablemap import _CODES, SchemaColumn, SchemaTable, _members
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+FORMAT = 1
+
+
+class NotUnderstood(Exception):
+    """A DDL this module cannot apply exactly (the message says which part)."""
+
+
+@dataclass(slots=True)
+class Applied:
+    """What ``SchemaHistory.apply`` did: the tracked tables the statement touched,
+    whether the history changed, and the tables it lost track of (with why)."""
+
+    touched: set[Key] = field(default_factory=set)
+    changed: bool = False
+    lost: list[tuple[Key, str]] = field(default_factory=list)
+
+
+def charset_of_collation(collation: str) -> str:
+    """MySQL collation names start with their charset's name (which has no underscore):
+    ``utf8mb4_0900_ai_ci`` -> ``utf8mb4``; ``binary`` -> ``binary``."""
+    return collation.lower().split("_", 1)[0]
+
+
+def _norm_charset(name: str | None) -> str | None:
+    if name is None:
+        return None
+    name = name.lower()
+    return "utf8" if name == "utf8mb3" else name
+
+
+_TEXT = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext"})
+_INTS = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint"})
+
+
+def signature(table: SchemaTable) -> tuple[Any, ...]:
+    """What decoding a TABLE_MAP takes from a definition: per column its name (case
+    folded), binlog type class, signedness (integers), charset (text), ENUM/SET members,
+    JSON-ness; and the primary key. Two definitions with equal signatures decode every
+    row identically."""
+    cols = []
+    for c in table.columns:
+        dt = c.data_type
+        cols.append((
+            c.name.lower(),
+            _CODES.get(dt),
+            c.unsigned if dt in _INTS else None,
+            _norm_charset(c.charset) if dt in _TEXT else None,
+            tuple(_members_of(c)) if dt in ("enum", "set") else None,
+            c.is_json,
+        ))
+    return (tuple(cols), tuple(k.lower() for k in table.primary_key))
+
+
+def _members_of(c: SchemaColumn) -> list[str]:
+    return _members(c.column_type)
+
+
+# -- persistence --------------------------------------------------------------------------
+def _col_json(c: SchemaColumn) -> list[Any]:
+    return [c.name, c.data_type, c.column_type, c.charset, c.is_json]
+
+
+def _col_from(raw: list[Any]) -> SchemaColumn:
+    name, dt, ct, cs, js = raw
+    return SchemaColumn(str(name), str(dt), str(ct), None if cs is None else str(cs), bool(js))
+
+
+@dataclass(slots=True)
+class SchemaHistory:
+    """The tracked tables' definitions at one binlog position (see the module docstring).
+    ``charsets`` holds the default charset of each database seen (for CREATE TABLE
+    without one)."""
+
+    tables: dict[Key, SchemaTable] = field(default_factory=dict)
+    lost: dict[Key, str] = field(default_factory=dict)
+    charsets: dict[str, str] = field(default_factory=dict)
+    server_version: int = 50700  # for /*!NNNNN ... */ comments
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": FORMAT,
+            "tables": [
+                [db, t, s.charset, list(s.primary_key), [_col_json(c) for c in s.columns]]
+                for (db, t), s in sorted(self.tables.items())
+            ],
+            "lost": [[db, t, why] for (db, t), why in sorted(self.lost.items())],
+            "charsets": dict(sorted(self.charsets.items())),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], server_version: int = 50700) -> SchemaHistory:
+        if int(data.get("v", 0)) != FORMAT:
+            raise ValueError(f"unknown schema history format {data.get('v')!r}")
+        tables = {
+            (str(db), str(t)): SchemaTable(
+                tuple(_col_from(c) for c in cols), tuple(str(k) for k in pk),
+                None if cs is None else str(cs),
+            )
+            for db, t, cs, pk, cols in data.get("tables", [])
+        }
+        lost = {(str(db), str(t)): str(why) for db, t, why in data.get("lost", [])}
+        charsets = {str(k): str(v) for k, v in (data.get("charsets") or {}).items()}
+        return cls(tables, lost, charsets, server_version)
+
+    def copy(self) -> SchemaHistory:
+        return SchemaHistory(dict(self.tables), dict(self.lost), dict(self.charsets),
+                             self.server_version)
+
+    # -- changes ---------------------------------------------------------------------
+    def put(self, key: Key, table: SchemaTable) -> None:
+        self.tables[key] = table
+        self.lost.pop(key, None)
+
+    def forget(self, key: Key, why: str | None) -> None:
+        """``key``'s definition is no longer known (``why``: the DDL that did it), or
+        the table is gone (``why`` None)."""
+        self.tables.pop(key, None)
+        if why is None:
+            self.lost.pop(key, None)
+        else:
+            self.lost[key] = why
+
+    def keep_only(self, tracked: Callable[[str, str], bool]) -> None:
+        for key in [k for k in self.tables if not tracked(*k)]:
+            del self.tables[key]
+        for key in [k for k in self.lost if not tracked(*k)]:
+            del self.lost[key]
+
+    def apply(self, query: str, default_db: str, tracked: Callable[[str, str], bool]) -> Applied:
+        """Move the history past one QUERY event's statement (see the module docstring).
+        Statements on untracked tables only, and statements that are no table DDL, change
+        nothing."""
+        out = Applied()
+        text = strip_comments(query, self.server_version)
+        db_change = _ALTER_DB.match(text)
+        if db_change:
+            self._alter_database(db_change, default_db, out)
+            return out
+        ddl = parse_ddl(text, default_db)
+        if ddl is None or ddl.kind == DdlKind.TRUNCATE:
+            return out
+        names = list(ddl.tables)
+        if not any(tracked(*k) or k in self.tables for k in names):
+            return out
+        out.touched = {k for k in names if tracked(*k)}
+        before = (dict(self.tables), dict(self.lost))
+        try:
+            if ddl.kind == DdlKind.DROP:
+                if not re.match(r"DROP\s+TEMPORARY\b", text, re.I):
+                    for k in names:
+                        self.forget(k, None)
+            elif ddl.kind == DdlKind.RENAME:
+                for old, new in zip(names[0::2], names[1::2], strict=False):
+                    self._rename(old, new, tracked, text)
+            else:
+                self._parsed(text, default_db, names[0], tracked, out)
+        except NotUnderstood as exc:
+            for k in names:
+                if tracked(*k):
+                    self.forget(k, f"{_short(query)} ({exc})")
+                    out.lost.append((k, str(exc)))
+        out.changed = (self.tables, self.lost) != before
+        moved = {
+            k for k in {*before[0], *before[1], *self.tables, *self.lost}
+            if before[0].get(k) != self.tables.get(k) or before[1].get(k) != self.lost.get(k)
+        }
+        out.touched |= {k for k in moved if tracked(*k)}
+        return out
+
+    def _alter_database(self, m: re.Match[str], default_db: str, out: Applied) -> None:
+        db = _unquote(m.group(1)) if m.group(1) else default_db
+        cs = _table_charset_from_options(m.group(2))
+        if cs is None:
+            return
+        if self.charsets.get(db) != cs:
+            self.charsets[db] = cs
+            out.changed = True
+
+    def _rename(self, old: Key, new: Key, tracked: Callable[[str, str], bool], text: str) -> None:
+        entry = self.tables.pop(old, None)
+        self.lost.pop(old, None)
+        if not tracked(*new):
+            return
+        if entry is not None:
+            self.put(new, entry)
+        else:
+            self.forget(new, f"{_short(text)} (renamed from a table whose columns are not known)")
+
+    def _parsed(
+        self, text: str, default_db: str, key: Key, tracked: Callable[[str, str], bool],
+        out: Applied,
+    ) -> None:
+        tree = _parse(text)
+        if isinstance(tree, _exp().Create):
+            self._create(tree, default_db, key, tracked, text)
+        elif isinstance(tree, _exp().Alter):
+            self._alter(tree, default_db, key, tracked, text, out)
+        else:
+            raise NotUnderstood("not parsed as CREATE or ALTER TABLE")
+
+    def _create(
+        self, tree: Any, default_db: str, key: Key, tracked: Callable[[str, str], bool], text: str,
+    ) -> None:
+        exp = _exp()
+        props = tree.args.get("properties")
+        prop_list = list(props.expressions) if props is not None else []
+        if any(isinstance(p, exp.TemporaryProperty) for p in prop_list):
+            return  # a temporary table never names the base table's rows
+        exists = bool(tree.args.get("exists"))
+        if exists and key in self.tables:
+            return  # CREATE TABLE IF NOT EXISTS of a table that exists: a no-op
+        if not tracked(*key):
+            return
+        if exists:
+            # Whether it existed is not known here: it stays unknown.
+            self.forget(key, f"{_short(text)} (the table's columns were not known before)")
+            return
+        like = [p for p in prop_list if isinstance(p, exp.LikeProperty)]
+        if like:
+            src = _table_key(like[0].this, default_db)
+            entry = self.tables.get(src)
+            if entry is None:
+                raise NotUnderstood(f"LIKE {src[0]}.{src[1]}, whose columns are not known")
+            self.put(key, entry)
+            return
+        if tree.args.get("expression") is not None and not isinstance(tree.this, exp.Schema):
+            raise NotUnderstood("CREATE TABLE ... SELECT without column definitions")
+        schema = tree.this
+        if not isinstance(schema, exp.Schema):
+            raise NotUnderstood("no column definitions")
+        charset = _props_charset(prop_list) or self.charsets.get(key[0])
+        cols: list[SchemaColumn] = []
+        pk: tuple[str, ...] = ()
+        for item in schema.expressions:
+            if isinstance(item, exp.ColumnDef):
+                col, is_pk = _column(item, charset)
+                cols.append(col)
+                if is_pk:
+                    pk = (col.name,)
+            else:
+                found = _primary_key(item)
+                if found is not None:
+                    pk = found
+        if not cols:
+            raise NotUnderstood("no columns")
+        self.put(key, SchemaTable(tuple(cols), _resolve_pk(pk, cols), charset))
+
+    def _alter(
+        self, tree: Any, default_db: str, key: Key, tracked: Callable[[str, str], bool],
+        text: str, out: Applied,
+    ) -> None:
+        exp = _exp()
+        entry = self.tables.get(key)
+        actions = list(tree.args.get("actions") or [])
+        options = list(tree.args.get("options") or [])
+        if entry is None:
+            # Not known: only a rename matters (the new name is not known either).
+            for a in actions:
+                if isinstance(a, exp.AlterRename):
+                    new = _table_key(a.this, default_db)
+                    if tracked(*new):
+                        self.forget(new, f"{_short(text)} (renamed from a table whose columns are not known)")
+            return
+        cols = list(entry.columns)
+        pk = list(entry.primary_key)
+        charset = entry.charset
+        target = key
+        for o in options:
+            cs = _props_charset([o])
+            if cs is not None:
+                charset = cs
+            elif not isinstance(o, _harmless_options()):
+                raise NotUnderstood(f"table option {o.sql('mysql')!r}")
+        for a in actions:
+            if isinstance(a, exp.ColumnDef):
+                if a.args.get("exists") and _find(cols, a.this.name) is not None:
+                    continue
+                col, is_pk = _column(a, charset)
+                if _find(cols, col.name) is not None:
+                    raise NotUnderstood(f"column {col.name} exists already")
+                _insert(cols, col, a.args.get("position"), len(cols))
+                if is_pk:
+                    pk = [col.name]
+            elif isinstance(a, exp.Drop):
+                kind = str(a.args.get("kind") or "").upper()
+                if kind == "COLUMN":
+                    for t in a.args.get("tables") or []:
+                        i = _find(cols, t.name)
+                        if i is None:
+                            if a.args.get("exists"):
+                                continue
+                            raise NotUnderstood(f"no column {t.name} to drop")
+                        gone = cols.pop(i).name
+                        pk = [k for k in pk if k.lower() != gone.lower()]
+                elif kind not in ("INDEX", "KEY", "FOREIGN KEY", "CHECK", "CONSTRAINT"):
+                    raise NotUnderstood(f"DROP {kind or a.sql('mysql')}")
+            elif isinstance(a, exp.ModifyColumn):
+                old_name = a.args.get("rename_from")
+                cd = a.this
+                name = old_name.name if old_name is not None else cd.this.name
+                i = _find(cols, name)
+                if i is None:
+                    raise NotUnderstood(f"no column {name} to change")
+                col, is_pk = _column(cd, charset)
+                old = cols.pop(i)
+                _insert(cols, col, cd.args.get("position"), i)
+                pk = [col.name if k.lower() == old.name.lower() else k for k in pk]
+                if is_pk:
+                    pk = [col.name]
+            elif isinstance(a, exp.RenameColumn):
+                i = _find(cols, a.this.name)
+                if i is None:
+                    raise NotUnderstood(f"no column {a.this.name} to rename")
+                new_name = a.args["to"].name
+                old = cols[i]
+                cols[i] = replace(old, name=new_name)
+                pk = [new_name if k.lower() == old.name.lower() else k for k in pk]
+            elif isinstance(a, exp.AlterRename):
+                target = _table_key(a.this, default_db)
+            elif isinstance(a, exp.AddConstraint):
+                for c in a.expressions:
+                    found = _primary_key(c)
+                    if found is not None:
+                        pk = list(found)
+            elif isinstance(a, exp.DropPrimaryKey):
+                pk = []
+            elif isinstance(a, exp.AlterColumn | exp.RenameIndex):
+                continue  # defaults, visibility, index names: no column changes
+            else:
+                raise NotUnderstood(f"clause {a.sql('mysql')!r}")
+        result = SchemaTable(tuple(cols), _resolve_pk(tuple(pk), cols), charset)
+        if target != key:
+            self.tables.pop(key, None)
+            self.lost.pop(key, None)
+            if tracked(*target):
+                self.put(target, result)
+                out.touched.add(target)
+        else:
+            self.put(key, result)
+
+
+# -- sqlglot ------------------------------------------------------------------------------
+def _exp() -> Any:
+    from sqlglot import exp
+
+    return exp
+
+
+def _harmless_options() -> tuple[type, ...]:
+    exp = _exp()
+    return (
+        exp.EngineProperty, exp.AlgorithmProperty, exp.LockProperty, exp.AutoIncrementProperty,
+        exp.RowFormatProperty, exp.SchemaCommentProperty,
+    )
+
+
+# Type aliases that sqlglot maps to another MySQL type than MySQL does (REAL is DOUBLE,
+# LONG is MEDIUMTEXT), or not at all: a statement using one is not interpreted.
+_ALIASES = re.compile(r"\b(?:REAL|LONG|INT3|MIDDLEINT|FLOAT4|FLOAT8|NATIONAL|UNICODE)\b", re.I)
+_STRINGS = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"|`(?:[^`]|``)*`", re.S)
+
+
+def _parse(text: str) -> Any:
+    import sqlglot
+    from sqlglot.errors import ParseError, TokenError
+
+    if _ALIASES.search(_STRINGS.sub("''", text)):
+        raise NotUnderstood("a type alias (REAL, LONG, NATIONAL, ...) this reader does not map")
+    logger = logging.getLogger("sqlglot")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # "falling back to parsing as a Command" is ours to say
+    try:
+        return sqlglot.parse_one(text, read="mysql")
+    except (ParseError, TokenError, ValueError) as exc:
+        raise NotUnderstood(f"sqlglot cannot parse it: {str(exc).splitlines()[0][:120]}") from None
+    finally:
+        logger.setLevel(level)
+
+
+_TYPE_MAP: dict[str, tuple[str, bool]] = {
+    # sqlglot DataType.Type name -> (information_schema DATA_TYPE, unsigned)
+    "TINYINT": ("tinyint", False), "UTINYINT": ("tinyint", True),
+    "SMALLINT": ("smallint", False), "USMALLINT": ("smallint", True),
+    "MEDIUMINT": ("mediumint", False), "UMEDIUMINT": ("mediumint", True),
+    "INT": ("int", False), "UINT": ("int", True),
+    "BIGINT": ("bigint", False), "UBIGINT": ("bigint", True),
+    "BOOLEAN": ("tinyint", False), "SERIAL": ("bigint", True),
+    "FLOAT": ("float", False), "DOUBLE": ("double", False), "UDOUBLE": ("double", True),
+    "DECIMAL": ("decimal", False), "UDECIMAL": ("decimal", True),
+    "DATE": ("date", False), "TIME": ("time", False), "DATETIME": ("datetime", False),
+    "TIMESTAMPTZ": ("timestamp", False), "TIMESTAMP": ("timestamp", False),
+    "YEAR": ("year", False),
+    "CHAR": ("char", False), "NCHAR": ("char", False),
+    "VARCHAR": ("varchar", False), "NVARCHAR": ("varchar", False),
+    "BINARY": ("binary", False), "VARBINARY": ("varbinary", False),
+    "TINYTEXT": ("tinytext", False), "TEXT": ("text", False),
+    "MEDIUMTEXT": ("mediumtext", False), "LONGTEXT": ("longtext", False),
+    "TINYBLOB": ("tinyblob", False), "BLOB": ("blob", False),
+    "MEDIUMBLOB": ("mediumblob", False), "LONGBLOB": ("longblob", False),
+    "ENUM": ("enum", False), "SET": ("set", False), "BIT": ("bit", False),
+    "JSON": ("json", False), "GEOMETRY": ("geometry", False),
+}
+_BINARY_OF = {"char": "binary", "varchar": "varbinary", "tinytext": "tinyblob",
+              "text": "blob", "mediumtext": "mediumblob", "longtext": "longblob"}
+
+
+def _column(cd: Any, table_charset: str | None) -> tuple[SchemaColumn, bool]:
+    """A column definition as information_schema would describe it, and whether it
+    declares itself the primary key."""
+    exp = _exp()
+    name = cd.this.name
+    kind = cd.args.get("kind")
+    if not isinstance(kind, exp.DataType):
+        raise NotUnderstood(f"column {name} has no type")
+    tname = kind.this.name
+    if tname not in _TYPE_MAP:
+        raise NotUnderstood(f"column {name}: type {kind.sql('mysql')}")
+    data_type, unsigned = _TYPE_MAP[tname]
+    params = [p.sql("mysql") for p in kind.expressions]
+    if data_type == "float" and len(params) == 1 and params[0].isdigit() and int(params[0]) > 24:
+        data_type = "double"  # FLOAT(p) with p > 24 is a DOUBLE
+    constraints = [c.args.get("kind") for c in cd.args.get("constraints") or []]
+    if any(isinstance(c, exp.ZeroFillColumnConstraint) for c in constraints):
+        unsigned = True  # ZEROFILL implies UNSIGNED
+    is_pk = any(isinstance(c, exp.PrimaryKeyColumnConstraint) for c in constraints)
+    charset: str | None = None
+    if data_type in _TEXT or data_type in ("enum", "set"):
+        explicit = [c for c in constraints if isinstance(c, exp.CharacterSetColumnConstraint)]
+        collate = [c for c in constraints if isinstance(c, exp.CollateColumnConstraint)]
+        if explicit:
+            charset = explicit[0].this.name.lower()
+        elif collate:
+            charset = charset_of_collation(collate[0].this.name)
+        elif tname in ("NCHAR", "NVARCHAR"):
+            charset = "utf8"
+        else:
+            charset = table_charset
+        if charset is None:
+            raise NotUnderstood(f"column {name}: its charset (the table's default) is not known")
+        if charset == "binary" and data_type in _BINARY_OF:
+            data_type, charset = _BINARY_OF[data_type], None
+    if data_type in ("enum", "set"):
+        members = [str(m.this) for m in kind.expressions]
+        body = ",".join("'" + m.replace("'", "''") + "'" for m in members)
+        column_type = f"{data_type}({body})"
+    else:
+        column_type = data_type + (" unsigned" if unsigned else "")
+    return SchemaColumn(name, data_type, column_type, charset, data_type == "json"), is_pk
+
+
+def _primary_key(item: Any) -> tuple[str, ...] | None:
+    exp = _exp()
+    if isinstance(item, exp.Constraint):
+        for e in item.expressions:
+            found = _primary_key(e)
+            if found is not None:
+                return found
+        return None
+    if not isinstance(item, exp.PrimaryKey):
+        return None
+    names = []
+    for e in item.expressions:
+        if isinstance(e, exp.ColumnPrefix | exp.Ordered):
+            e = e.this
+        if not isinstance(e, exp.Identifier | exp.Column):
+            raise NotUnderstood(f"primary key part {e.sql('mysql')!r}")
+        names.append(e.name)
+    return tuple(names)
+
+
+def _resolve_pk(pk: tuple[str, ...], cols: list[SchemaColumn]) -> tuple[str, ...]:
+    """Key names spelled as the columns are (names compare case-insensitively)."""
+    out = []
+    for k in pk:
+        i = _find(cols, k)
+        if i is None:
+            raise NotUnderstood(f"primary key column {k} is not a column")
+        out.append(cols[i].name)
+    return tuple(out)
+
+
+def _find(cols: list[SchemaColumn], name: str) -> int | None:
+    low = name.lower()
+    for i, c in enumerate(cols):
+        if c.name.lower() == low:
+            return i
+    return None
+
+
+def _insert(cols: list[SchemaColumn], col: SchemaColumn, position: Any, default: int) -> None:
+    if position is None:
+        cols.insert(default, col)
+        return
+    where = str(position.args.get("position") or "").upper()
+    if where == "FIRST":
+        cols.insert(0, col)
+    elif where == "AFTER":
+        i = _find(cols, position.this.name)
+        if i is None:
+            raise NotUnderstood(f"no column {position.this.name} to put {col.name} after")
+        cols.insert(i + 1, col)
+    else:
+        raise NotUnderstood(f"column position {position.sql('mysql')!r}")
+
+
+def _props_charset(props: Iterable[Any]) -> str | None:
+    exp = _exp()
+    found = None
+    for p in props:
+        if isinstance(p, exp.CharacterSetProperty):
+            return str(p.this.name).lower()
+        if isinstance(p, exp.CollateProperty):
+            found = charset_of_collation(str(p.this.name))
+    return found
+
+
+def _table_key(table: Any, default_db: str) -> Key:
+    db = table.args.get("db")
+    return (db.name if db is not None else default_db, table.name)
+
+
+# -- text ---------------------------------------------------------------------------------
+_COMMENT = re.compile(
+    r"/\*!(\d{5,6})?\s?(.*?)\*/|/\*.*?\*/|--[ \t][^\n]*|#[^\n]*", re.S
+)
+_ALTER_DB = re.compile(
+    r"^\s*ALTER\s+(?:DATABASE|SCHEMA)\s*(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)?\s+(.*)$", re.I | re.S
+)
+_DB_OPTION = re.compile(
+    r"(?:DEFAULT\s+)?(CHARACTER\s+SET|CHARSET|COLLATE)\s*=?\s*'?([A-Za-z0-9_]+)'?", re.I
+)
+
+
+def strip_comments(query: str, server_version: int) -> str:
+    """The statement as the server executed it: ``/*!NNNNN ...*/`` kept where the server
+    is at least version NNNNN, other comments removed (outside quoted strings)."""
+    out = []
+    pos = 0
+    for m in _STRINGS.finditer(query):
+        out.append(_strip(query[pos : m.start()], server_version))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(_strip(query[pos:], server_version))
+    return "".join(out).strip()
+
+
+def _strip(part: str, server_version: int) -> str:
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0).startswith("/*!"):
+            version = m.group(1)
+            if version is None or int(version) <= server_version:
+                return " " + m.group(2) + " "
+        return " "
+
+    return _COMMENT.sub(sub, part)
+
+
+def _table_charset_from_options(options: str) -> str | None:
+    found = None
+    for kind, value in _DB_OPTION.findall(options):
+        is_collation = kind.upper() == "COLLATE"
+        found = (found or charset_of_collation(value)) if is_collation else value.lower()
+    return found
+
+
+def _unquote(ident: str) -> str:
+    return ident[1:-1].replace("``", "`") if ident.startswith("`") else ident
+
+
+def _short(query: str) -> str:
+    return " ".join(query.split())[:200]
