@@ -278,8 +278,19 @@ class MySqlLogSource:
         self._history = self._load_history(checkpoint)
         if pos is None:
             file, offset, _ = self._master_status()
+            executed = self._executed_set()
             if self._history is not None:
                 self._baseline(self._history, file, offset)
+            if executed:
+                # MySQL: capture starts after the executed GTID set, and the server finds
+                # where that is (no scan of the current binlog file for the set at an
+                # offset). A transaction it sends may lie before ``offset`` (it was
+                # written, not yet executed, when the status was read): the dump is the
+                # next epoch, above the start position whatever its coordinates.
+                self._last_done = BinlogPosition(file, offset, -1, None, executed)
+                self._epoch = 1
+                self._start_gtid_dump(executed)
+                return
             state = self._state_at(file, offset)
             # Where capture begins, offered at once as a Heartbeat so that the runner
             # checkpoints it: a restart before the first transaction resumes here.
@@ -488,6 +499,17 @@ class MySqlLogSource:
         if row is None or row[0] is None:
             return None
         return MariaGtidPos.parse(str(row[0]))
+
+    def _executed_set(self) -> MySqlGtidSet | None:
+        """MySQL with GTIDs: ``gtid_executed`` (None on MariaDB, with GTIDs off, or
+        while it is empty: a dump cannot ask for "everything")."""
+        if self.mariadb or not self._gtid_mode:
+            return None
+        with self._ctl_lock, self._ctl_cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.gtid_executed")
+            row = cur.fetchone()
+        found = MySqlGtidSet.parse(str(row[0] or "") if row else "")
+        return found or None
 
     def _require_executed(self, pos: BinlogPosition) -> None:
         """The server must hold every transaction the change log holds, up to and
