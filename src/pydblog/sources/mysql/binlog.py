@@ -287,14 +287,14 @@ class MySqlLogSource:
                 # offset). A transaction it sends may lie before ``offset`` (it was
                 # written, not yet executed, when the status was read): the dump is the
                 # next epoch, above the start position whatever its coordinates.
-                self._last_done = BinlogPosition(file, offset, -1, None, executed)
+                self._last_done = BinlogPosition(file, offset, BEFORE_TX, None, executed)
                 self._epoch = 1
                 self._start_gtid_dump(executed)
                 return
             state = self._state_at(file, offset)
             # Where capture begins, offered at once as a Heartbeat so that the runner
             # checkpoints it: a restart before the first transaction resumes here.
-            # Index -1 sorts below every event of a transaction starting at ``offset``.
+            # BEFORE_TX sorts below every event of a transaction starting at ``offset``.
             self._last_done = BinlogPosition(file, offset, BEFORE_TX, None, state)
             self._start_dump(file, offset, state)
             return
