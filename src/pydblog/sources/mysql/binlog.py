@@ -940,6 +940,8 @@ class MySqlLogSource:
     def _near_end(self, start: int) -> bool:
         """Whether less than ``VERIFY_WITHIN_BYTES`` of binlog follow ``start`` in the
         current file (then scanning them for DDL is cheap)."""
+        if not self._file:
+            return False
         with self._ctl_lock, self._ctl_cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
             logs = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
