@@ -102,6 +102,13 @@ class Worker:
     answer: tuple[list[ChunkRow], SimFence] | None = None
 
 
+def concurrent(request: Request) -> bool:
+    """A request of concurrent windows (``core.flight``): may run beside others."""
+    return isinstance(request, BoundsRequest) or (
+        isinstance(request, ChunkRequest) and request.concurrent
+    )
+
+
 @dataclass(frozen=True)
 class SimFence:
     """What one read-only SELECT saw: every xid below ``next_xid`` except ``invisible``;
@@ -424,10 +431,10 @@ class Sim:
                 return True
             if not self.workers:
                 return False
-        if draining:
-            w = self.workers[0]
-        else:
-            w = self.data.draw(st.sampled_from(self.workers), label="worker")
+        ready = self.ready()
+        ids = {id(x) for x in ready}
+        first = next(x for x in self.workers if id(x) in ids)  # the oldest that may step
+        w = first if draining else self.data.draw(st.sampled_from(ready), label="worker")
         if isinstance(w.request, MarkRequest):
             self.append([Wm(w.request.watermark)])
             self.done(w)
@@ -440,6 +447,13 @@ class Sim:
         else:
             self.chunk(w, w.request)
         return True
+
+    def ready(self) -> list[Worker]:
+        """The workers that may take a step: as the driver runs requests, concurrent
+        ones side by side, every other one on the one sequential worker, in order
+        (read-ahead relies on that)."""
+        sequential = [x for x in self.workers if not concurrent(x.request)]
+        return [x for x in self.workers if concurrent(x.request)] + sequential[:1]
 
     def done(self, w: Worker) -> None:
         self.workers.remove(w)
@@ -561,7 +575,7 @@ class Sim:
         chunk's after it (its H could not be written)."""
         if not self.workers:
             return
-        w = self.data.draw(st.sampled_from(self.workers), label="failing worker")
+        w = self.data.draw(st.sampled_from(self.ready()), label="failing worker")
         late = self.parallelism > 1 and isinstance(w.request, ChunkRequest) and w.phase == 2
         if (w.phase == 0 and w.answer is None) or late:
             self.emit(self.core.on_request_failed(w.request.id, "boom", retriable=True))
