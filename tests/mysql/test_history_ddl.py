@@ -37,9 +37,14 @@ SCRIPT: list[tuple[str, bool]] = [
     ("ALTER TABLE /* a comment */ t COMMENT 'hi', ROW_FORMAT=DYNAMIC", True),
     ("ALTER TABLE t ADD UNIQUE KEY uq (cc), DROP INDEX ix_b", True),
     ("ALTER TABLE t RENAME INDEX uq TO uq2", True),
+    ("ALTER TABLE t STATS_PERSISTENT=1, FORCE", True),
+    ("/*!40000 ALTER TABLE `t` DISABLE KEYS */", True),
+    ("ALTER TABLE t ENABLE KEYS", True),
+    ("ALTER TABLE t ADD COLUMN ff INT /*!99999 this server never runs this */, ORDER BY id", True),
     ("ALTER TABLE t ADD COLUMN dd REAL", False),  # an alias sqlglot maps otherwise
     ("ALTER TABLE t ADD COLUMN ee INT", True),  # t is lost: stays lost
 ]
+
 SCRIPT_2: list[tuple[str, bool]] = [
     ("CREATE TABLE u (id INT PRIMARY KEY, a VARCHAR(3))", True),  # the database's charset
     ("CREATE TABLE IF NOT EXISTS u (id INT)", True),  # exists: a no-op

@@ -230,6 +230,8 @@ class SchemaHistory:
         self, text: str, default_db: str, key: Key, tracked: Callable[[str, str], bool],
         out: Applied,
     ) -> None:
+        if _KEYS_ONLY.match(text):
+            return  # ALTER TABLE ... ENABLE/DISABLE KEYS (mysqldump): no column changes
         tree = _parse(text)
         if isinstance(tree, _exp().Create):
             self._create(tree, default_db, key, tracked, text)
@@ -309,10 +311,13 @@ class SchemaHistory:
             cs = _props_charset([o])
             if cs is not None:
                 charset = cs
-            elif not isinstance(o, _harmless_options()):
+            elif not isinstance(o, exp.Property | exp.Order):  # ENGINE=, ORDER BY, ...
                 raise NotUnderstood(f"table option {o.sql('mysql')!r}")
         for a in actions:
-            if isinstance(a, exp.ColumnDef):
+            if isinstance(a, exp.Property):  # FORCE, or a table option among the clauses
+                cs = _props_charset([a])
+                charset = cs if cs is not None else charset
+            elif isinstance(a, exp.ColumnDef):
                 if a.args.get("exists") and _find(cols, a.this.name) is not None:
                     continue
                 col, is_pk = _column(a, charset)
@@ -386,18 +391,17 @@ def _exp() -> Any:
     return exp
 
 
-def _harmless_options() -> tuple[type, ...]:
-    exp = _exp()
-    return (
-        exp.EngineProperty, exp.AlgorithmProperty, exp.LockProperty, exp.AutoIncrementProperty,
-        exp.RowFormatProperty, exp.SchemaCommentProperty,
-    )
-
-
 # Type aliases that sqlglot maps to another MySQL type than MySQL does (REAL is DOUBLE,
 # LONG is MEDIUMTEXT), or not at all: a statement using one is not interpreted.
 _ALIASES = re.compile(r"\b(?:REAL|LONG|INT3|MIDDLEINT|FLOAT4|FLOAT8|NATIONAL|UNICODE)\b", re.I)
 _STRINGS = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"|`(?:[^`]|``)*`", re.S)
+
+
+_KEYS_ONLY = re.compile(
+    r"^ALTER\s+TABLE\s+(?:`(?:[^`]|``)+`|[\w$]+)(?:\s*\.\s*(?:`(?:[^`]|``)+`|[\w$]+))?"
+    r"\s+(?:ENABLE|DISABLE)\s+KEYS\s*;?\s*$",
+    re.I,
+)
 
 
 def _parse(text: str) -> Any:
@@ -560,8 +564,12 @@ def _table_key(table: Any, default_db: str) -> Key:
 
 
 # -- text ---------------------------------------------------------------------------------
-_COMMENT = re.compile(
-    r"/\*!(\d{5,6})?\s?(.*?)\*/|/\*.*?\*/|--[ \t][^\n]*|#[^\n]*", re.S
+_LEXEME = re.compile(
+    r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"|`(?:[^`]|``)*`"  # quoted
+    r"|/\*!(\d{5,6})?"  # an executable comment opens
+    r"|\*/"  # an (executable) comment closes
+    r"|/\*.*?\*/|--[ \t][^\n]*|--\n|#[^\n]*",  # other comments
+    re.S,
 )
 _ALTER_DB = re.compile(
     r"^\s*ALTER\s+(?:DATABASE|SCHEMA)\s*(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)?\s+(.*)$", re.I | re.S
@@ -572,27 +580,38 @@ _DB_OPTION = re.compile(
 
 
 def strip_comments(query: str, server_version: int) -> str:
-    """The statement as the server executed it: ``/*!NNNNN ...*/`` kept where the server
-    is at least version NNNNN, other comments removed (outside quoted strings)."""
-    out = []
+    """The statement as the server executed it: the body of ``/*!NNNNN ... */`` kept
+    where the server is at least version NNNNN (dropped otherwise), other comments
+    removed; quoted strings and identifiers untouched."""
+    out: list[str] = []
     pos = 0
-    for m in _STRINGS.finditer(query):
-        out.append(_strip(query[pos : m.start()], server_version))
-        out.append(m.group(0))
-        pos = m.end()
-    out.append(_strip(query[pos:], server_version))
-    return "".join(out).strip()
-
-
-def _strip(part: str, server_version: int) -> str:
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0).startswith("/*!"):
+    skipping = 0  # inside an executable comment for a newer server
+    opened = 0  # executable comments whose body is kept
+    for m in _LEXEME.finditer(query):
+        if not skipping:
+            out.append(query[pos : m.start()])
+        lexeme = m.group(0)
+        if lexeme.startswith("/*!"):
             version = m.group(1)
-            if version is None or int(version) <= server_version:
-                return " " + m.group(2) + " "
-        return " "
-
-    return _COMMENT.sub(sub, part)
+            if skipping or (version is not None and int(version) > server_version):
+                skipping += 1
+            else:
+                opened += 1
+            out.append(" ")
+        elif lexeme == "*/" and (skipping or opened):
+            if skipping:
+                skipping -= 1
+            else:
+                opened -= 1
+            out.append(" ")
+        elif lexeme[0] in "'\"`" and not skipping:
+            out.append(lexeme)
+        elif lexeme[0] not in "'\"`":
+            out.append(" ")
+        pos = m.end()
+    if not skipping:
+        out.append(query[pos:])
+    return "".join(out).strip()
 
 
 def _table_charset_from_options(options: str) -> str | None:
