@@ -326,11 +326,16 @@ def test_run_fails_over_to_replica(
         wait_for(lambda: checkpoint_of(config)["e"] > epoch, 30, "a GTID resume on the replica")
         time.sleep(0.5)
 
+    failed: AssertionError | None = None
     try:
         load(replica, db, 0, seed=22, during=on_replica)
         events = catch_up(config, replica, db)
+    except AssertionError as exc:
+        failed = exc
     finally:
         code, err = stop_run(proc)
+    if failed is not None:  # with what dblog run said (it may have stopped)
+        raise AssertionError(f"{failed}; dblog run exited {code}: {err[-4000:]}") from failed
     assert code == 0, err[-3000:]
     after = checkpoint_of(config)
     assert after["file"].startswith("replica-log.") and after["e"] >= before.get("e", 0) + 2
