@@ -11,9 +11,10 @@ with the chunk reads' steps and with the binlog stream:
   chunk read is four steps: read ``gtid_executed`` (low), create the read view, read
   ``gtid_owned``, read ``gtid_executed`` (high = their union).
 - MariaDB (GTIDs in two domains): begin; binlog write (the domain's next sequence
-  number); engine commit strictly in binlog order. A chunk read is one step: the
-  snapshot and its binlog position (the committed prefix of the binlog; the fence is the
-  GTID state there).
+  number; ``gtid_binlog_pos`` moves here); engine commit strictly in binlog order. A
+  chunk read is: read ``gtid_binlog_pos`` (low), read the binlog's end E, take the
+  snapshot (its binlog position P is the committed prefix) and read ``gtid_binlog_pos``
+  again (high); if P < E the reads start over, and after three tries low is empty.
 
 Transactions of another table (nothing captured, only GTIDs) are mixed in. The core
 gets the stream's events, ``on_progress`` at each commit (and at idle moments), and the
@@ -69,6 +70,8 @@ class Read:
     visible: dict[int, int] | None = None  # key -> version, at the read view
     committed: set[str] = field(default_factory=set)  # GTIDs visible to the read view
     owned: MySqlGtidSet | None = None
+    end: int = 0  # MariaDB: the binlog's end read before the snapshot
+    attempts: int = 0
 
 
 class Sim:
@@ -219,18 +222,14 @@ class Sim:
             assert request is None, request
 
     def read_step(self, r: Read) -> None:
-        if not self.mariadb and r.step == 0:
+        if self.mariadb:
+            self.maria_step(r)
+            return
+        if r.step == 0:
             r.low = self.executed
-        elif (self.mariadb and r.step == 0) or r.step == 1:
+        elif r.step == 1:
             r.visible = dict(self.table)
             r.committed = set(self.committed_gtids)
-            if self.mariadb:  # the binlog position of the snapshot: the committed prefix
-                done = 0
-                while done < len(self.binlog) and self.binlog[done].phase == "done":
-                    done += 1
-                r.low = self.states[done]
-                self.answer(r, GtidFence(r.low, r.low))
-                return
         elif r.step == 2:
             r.owned = parse_owned(
                 ",".join(f"{g}#{n}" for n, g in enumerate(sorted(self.owned))))
@@ -239,6 +238,30 @@ class Sim:
             executed = self.executed
             assert isinstance(executed, MySqlGtidSet)
             self.answer(r, GtidFence(r.low, union(r.owned, executed)))
+            return
+        r.step += 1
+
+    def maria_step(self, r: Read) -> None:
+        if r.step == 0:
+            r.low = self.states[len(self.binlog)]  # gtid_binlog_pos: what is written
+        elif r.step == 1:
+            r.end = len(self.binlog)  # SHOW MASTER STATUS
+        else:  # the snapshot (binlog position: the committed prefix), then high
+            done = 0
+            while done < len(self.binlog) and self.binlog[done].phase == "done":
+                done += 1
+            r.visible = dict(self.table)
+            r.committed = set(self.committed_gtids)
+            high = self.states[len(self.binlog)]
+            assert r.low is not None
+            if done >= r.end:
+                self.answer(r, GtidFence(r.low, high))
+                return
+            r.attempts += 1
+            if r.attempts == 3:
+                self.answer(r, GtidFence(MariaGtidPos(), high))
+                return
+            r.step = 0
             return
         r.step += 1
 

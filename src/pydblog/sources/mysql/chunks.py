@@ -44,7 +44,7 @@ from pydblog.sources.mysql.connect import (
     errno,
     is_mariadb,
 )
-from pydblog.sources.mysql.fenced import BinlogStates, maria_fence, open_fenced
+from pydblog.sources.mysql.fenced import open_fenced
 from pydblog.sources.mysql.fences import GtidFence
 from pydblog.sources.mysql.setup import OwnTables
 from pydblog.sources.mysql.types import ColumnType, SelectMapper, key_param, quote_ident
@@ -93,7 +93,6 @@ class MySqlSnapshotReader:
         self._mariadb = True
         self._lock = threading.RLock()
         self._fenced = False  # inside a read-only chunk's transaction: no own transactions
-        self._states = BinlogStates()
         self._tables: dict[tuple[str, tuple[str, ...]], _Table] = {}
         self._pks: dict[str, tuple[str, ...]] = {}  # table -> primary key (() without one)
 
@@ -342,7 +341,7 @@ class MySqlSnapshotReader:
                 conn = self._connection()
                 try:
                     with conn.cursor() as cur:
-                        opened = open_fenced(cur, self._mariadb, self.dsn.redacted)
+                        fence = open_fenced(cur, self._mariadb, self.dsn.redacted)
                         self._fenced = True
                         try:
                             rows = self.read_chunk(info, after, max_key, limit, condition)
@@ -350,9 +349,7 @@ class MySqlSnapshotReader:
                             self._fenced = False
                             with contextlib.suppress(pymysql.Error):
                                 conn.rollback()
-                        if isinstance(opened, GtidFence):
-                            return rows, opened
-                        return rows, maria_fence(cur, self._states, opened)
+                        return rows, fence
                 except pymysql.Error as exc:
                     code = errno(exc)
                     if code in UNAVAILABLE:

@@ -1,33 +1,25 @@
 """The IO of a read-only chunk on MySQL/MariaDB: open the consistent-snapshot
 transaction with its GTID fence (``sources.mysql.fences`` says why each step is where
-it is), and MariaDB's GTID state at a binlog position.
+it is).
 
-Invariants:
-- ``open_fenced`` leaves the connection inside one ``REPEATABLE READ`` ``READ ONLY``
-  transaction whose read view was created by ``START TRANSACTION WITH CONSISTENT
-  SNAPSHOT``; every SELECT of the chunk must run in it, and the caller ends it
-  (ROLLBACK). Nothing here writes (``SET TRANSACTION`` only sets the next transaction's
-  isolation level on this session).
-- ``BinlogStates.at(file, pos)`` is the GTID state after every event group that ends at
-  or before ``pos`` in ``file`` (``pos`` is an event-group boundary). It reads the binlog
-  written since the previous lookup in the same file only (``SHOW BINLOG EVENTS``), so
-  the cost per chunk follows the write load, not the binlog file's size; the first
-  lookup in a file asks the server (``BINLOG_GTID_POS``, which reads the file from its
-  start).
+Invariant: ``open_fenced`` leaves the connection inside one ``REPEATABLE READ``
+``READ ONLY`` transaction whose read view was created by ``START TRANSACTION WITH
+CONSISTENT SNAPSHOT``; every SELECT of the chunk must run in it, and the caller ends it
+(ROLLBACK). Nothing here writes (``SET TRANSACTION`` only sets the next transaction's
+isolation level on this session). Every statement is a variable or status read: no
+binlog is scanned, so a chunk's fence costs a few round trips whatever the write load.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Any
 
 from pydblog.errors import SourceError
 from pydblog.sources.mysql.fences import GtidFence, parse_owned, union
 from pydblog.sources.mysql.gtid import MariaGtidPos, MySqlGtidSet
+from pydblog.sources.mysql.position import file_sequence
 
-_MARIA_GTID = re.compile(r"GTID (\d+-\d+-\d+)")
-PAGE = 2000
+ATTEMPTS = 3
 
 GTID_MODE_HINT = (
     "set gtid_mode = ON and enforce_gtid_consistency = ON on the server (in its config; "
@@ -44,36 +36,15 @@ def gtid_mode_error(where: str, mode: str) -> SourceError:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class MariaSnapshot:
-    """A MariaDB read's snapshot position; the fence follows from the binlog there."""
-
-    file: str
-    pos: int
-
-
 def _begin(cur: Any) -> None:
     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
 
 
-def open_fenced(cur: Any, mariadb: bool, where: str) -> GtidFence | MariaSnapshot:
-    """Open the chunk's transaction (see the module docstring). MySQL: returns its fence
-    (``low`` read before the read view is created, ``high`` after). MariaDB: returns
-    the snapshot's binlog position (``BinlogStates.at`` turns it into the fence once the
-    chunk is read, outside the transaction)."""
+def open_fenced(cur: Any, mariadb: bool, where: str) -> GtidFence:
+    """Open the chunk's transaction (see the module docstring) and return its fence."""
     if mariadb:
-        _begin(cur)
-        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-        status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
-        file, pos = status.get("binlog_snapshot_file", ""), status.get("binlog_snapshot_position")
-        if not file or pos is None:
-            raise SourceError(
-                f"MariaDB at {where} reports no binlog position for a consistent snapshot "
-                "(Binlog_snapshot_file is empty)",
-                hint="start the server with --log-bin",
-            )
-        return MariaSnapshot(file, int(pos))
+        return _open_mariadb(cur, where)
     cur.execute("SELECT @@GLOBAL.gtid_mode, @@GLOBAL.gtid_executed")
     mode, executed = cur.fetchone()
     if str(mode).upper() != "ON":
@@ -88,50 +59,41 @@ def open_fenced(cur: Any, mariadb: bool, where: str) -> GtidFence | MariaSnapsho
     return GtidFence(low, high)
 
 
-class BinlogStates:
-    """MariaDB: GTID states at binlog positions (see the module docstring). One per
-    connection user; not thread-safe."""
-
-    def __init__(self) -> None:
-        self._last: tuple[str, int, MariaGtidPos] | None = None
-
-    def at(self, cur: Any, file: str, pos: int) -> MariaGtidPos:
-        last = self._last
-        if last is not None and last[0] == file and last[1] <= pos:
-            state = self._scan(cur, file, last[1], pos, last[2])
-        else:
-            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))
-            row = cur.fetchone()
-            if row is None or row[0] is None:
-                raise SourceError(
-                    f"MariaDB cannot tell the GTID state at {file}:{pos} (BINLOG_GTID_POS "
-                    "returned NULL: the binlog file is gone or the position is not a "
-                    "transaction boundary)"
-                )
-            state = MariaGtidPos.parse(str(row[0]))
-        self._last = (file, pos, state)
-        return state
-
-    @staticmethod
-    def _scan(cur: Any, file: str, start: int, end: int, state: MariaGtidPos) -> MariaGtidPos:
-        at = start
-        while at < end:
-            cur.execute(f"SHOW BINLOG EVENTS IN %s FROM {int(at)} LIMIT {PAGE}", (file,))
-            rows = cur.fetchall()
-            for _log, begins, kind, _server, ends, info in rows:
-                if int(begins) >= end:
-                    return state
-                if str(kind) == "Gtid":
-                    found = _MARIA_GTID.search(str(info or ""))
-                    if found is None:
-                        raise SourceError(f"cannot read the GTID of {file}:{begins}: {info!r}")
-                    state = state.advance(found.group(1))
-                at = int(ends)
-            if len(rows) < PAGE:
-                break
-        return state
+def _binlog_pos(cur: Any) -> MariaGtidPos:
+    cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+    return MariaGtidPos.parse(str(cur.fetchone()[0] or ""))
 
 
-def maria_fence(cur: Any, states: BinlogStates, snapshot: MariaSnapshot) -> GtidFence:
-    state = states.at(cur, snapshot.file, snapshot.pos)
-    return GtidFence(state, state)
+def _open_mariadb(cur: Any, where: str) -> GtidFence:
+    """MariaDB: ``low`` = ``@@gtid_binlog_pos`` read before the binlog's end ``E``
+    (``SHOW MASTER STATUS``), both before the snapshot; ``high`` = ``@@gtid_binlog_pos``
+    after it. The snapshot sees exactly the binlog before its position ``P``
+    (``Binlog_snapshot_file/position``); ``low``'s transactions are all before ``E``, so
+    when ``P >= E`` they are visible. Otherwise (a commit was between its binlog write and
+    its engine commit meanwhile) the reads are taken again, and after ``ATTEMPTS`` the
+    fence claims nothing visible (every event the window sees drops its key: safe)."""
+    high = MariaGtidPos()
+    for attempt in range(ATTEMPTS):
+        low = _binlog_pos(cur)
+        cur.execute("SHOW MASTER STATUS")
+        row = cur.fetchone()
+        if row is None:
+            raise SourceError(f"MariaDB at {where} has no binary log",
+                              hint="start the server with --log-bin")
+        end = (file_sequence(str(row[0])), int(row[1]))
+        _begin(cur)
+        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
+        file, pos = status.get("binlog_snapshot_file", ""), status.get("binlog_snapshot_position")
+        if not file or pos is None:
+            raise SourceError(
+                f"MariaDB at {where} reports no binlog position for a consistent snapshot "
+                "(Binlog_snapshot_file is empty)",
+                hint="start the server with --log-bin",
+            )
+        high = _binlog_pos(cur)
+        if (file_sequence(file), int(pos)) >= end:
+            return GtidFence(low, high)
+        if attempt < ATTEMPTS - 1:
+            cur.execute("ROLLBACK")
+    return GtidFence(MariaGtidPos(), high)

@@ -31,11 +31,15 @@ transaction on one connection:
   (``gtid_executed`` alone would not do: the moment between engine commit and the
   GTID update is where a visible transaction is missing from it.)
 - **MariaDB**: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` records the binlog
-  position of its snapshot (``Binlog_snapshot_file`` / ``Binlog_snapshot_position``):
-  the snapshot sees exactly the transactions written before it in the binlog (MariaDB
-  commits in binlog order and takes the snapshot between two commits). The GTID state
-  there (``low = high``) is exact. ``@@gtid_binlog_pos`` would not do for ``low``: it
-  moves when the binlog is written, before the engine commit.
+  position ``P`` of its snapshot (``Binlog_snapshot_file`` / ``_position``): MariaDB
+  commits in binlog order and takes the snapshot between two commits, so the snapshot
+  sees exactly the transactions written before ``P``. ``@@gtid_binlog_pos`` moves when
+  the binlog is written (before the engine commit), so: ``low`` = ``@@gtid_binlog_pos``
+  read before the binlog's end ``E`` (``SHOW MASTER STATUS``), both before the snapshot,
+  and used only if ``P >= E`` (then every transaction in ``low`` is before ``P``:
+  visible; else the reads are taken again, and in the end ``low`` is empty); ``high`` =
+  ``@@gtid_binlog_pos`` read after the snapshot (a visible transaction was written
+  before ``P``, so before that read).
 
 Per key the stream's order is the commit order the window argument needs: a second
 writer of a row waits for the first one's row lock, which is held until the first

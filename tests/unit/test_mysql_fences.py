@@ -1,0 +1,81 @@
+"""GtidFence (sources/mysql/fences.py) case by case: visibility by ``low``, closing by the
+stream's state against ``high``, forgotten events, MySQL's gtid_owned spelling, and the
+fresh-start position that snapshot rows may be placed after."""
+
+from __future__ import annotations
+
+import pytest
+
+from pydblog.core.fence import Lost
+from pydblog.events import ChangeEvent, Op
+from pydblog.positions import Lsn, PgPosition
+from pydblog.sources.mysql.fences import GtidFence, parse_owned, union
+from pydblog.sources.mysql.gtid import MariaGtidPos, MySqlGtidSet
+from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition
+
+U = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+V = "0b6f3a54-0000-11e1-9e33-c80aa9429562"
+
+
+def ev(gtid: str | None, before: str = "") -> ChangeEvent:
+    state = MariaGtidPos.parse(before) if gtid and ":" not in gtid else MySqlGtidSet.parse(before)
+    pos = BinlogPosition("b.000001", 100, 0, gtid, state)
+    return ChangeEvent(Op.UPDATE, "db", "t", pos, 0, {"id": 1}, None, {"id": 1})
+
+
+def test_mysql_fence_visibility_and_closing() -> None:
+    fence = GtidFence(MySqlGtidSet.parse(f"{U}:1-10,{V}:1-3"), MySqlGtidSet.parse(f"{U}:1-12,{V}:1-3"))
+    assert fence.visible(ev(f"{U}:10")) is True
+    assert fence.visible(ev(f"{V}:2")) is True
+    assert fence.visible(ev(f"{U}:11")) is None  # in high only: may be visible, drop
+    assert fence.visible(ev(f"{U}:13")) is False
+    assert fence.visible(ev(None)) is None
+    assert fence.settles(ev(f"{U}:3")) and not fence.settles(ev(f"{U}:11"))
+    # The stream has passed the fence once its state after a transaction holds high.
+    assert not fence.passed(BinlogPosition("b.000001", 500, 1, f"{U}:11", MySqlGtidSet.parse(f"{U}:1-10,{V}:1-3")))
+    assert fence.passed(BinlogPosition("b.000001", 600, 1, f"{U}:12", MySqlGtidSet.parse(f"{U}:1-11,{V}:1-3")))
+    assert not fence.passed(BinlogPosition("b.000001", 600, 1, f"{U}:12", MySqlGtidSet.parse(f"{U}:1-11")))
+    assert not fence.passed(BinlogPosition("b.000001", 600, 1, None, None))  # no GTID state
+    with pytest.raises(TypeError):
+        fence.passed(PgPosition(Lsn(16), 0))
+
+
+def test_mariadb_fence_by_domain() -> None:
+    s = MariaGtidPos.parse("0-1-57,1-2-9")
+    fence = GtidFence(s, s)
+    assert fence.visible(ev("0-1-57", "0-1-56,1-2-9")) is True
+    assert fence.visible(ev("0-3-58", "0-1-57,1-2-9")) is False
+    assert fence.visible(ev("2-1-1", "0-1-57,1-2-9")) is False  # a domain the read never saw
+    assert fence.passed(BinlogPosition("f.000002", 9, 0, "1-2-9", MariaGtidPos.parse("0-1-60,1-2-8")))
+    assert not fence.passed(BinlogPosition("f.000002", 9, 0, "1-2-8", MariaGtidPos.parse("0-1-60,1-2-7")))
+    # A MySQL state never passes a MariaDB fence (nor the other way round).
+    assert not fence.passed(BinlogPosition("f.000002", 9, 0, f"{U}:1", MySqlGtidSet.parse(f"{U}:1-5")))
+
+
+def test_forgotten_events_are_settled_by_their_newest_state() -> None:
+    fence = GtidFence(MySqlGtidSet.parse(f"{U}:1-10"), MySqlGtidSet.parse(f"{U}:1-10"))
+    inside = Lost(BinlogPosition("b.000001", 9, 0, f"{U}:10", MySqlGtidSet.parse(f"{U}:1-9")), None)
+    beyond = Lost(BinlogPosition("b.000001", 9, 0, f"{U}:11", MySqlGtidSet.parse(f"{U}:1-10")), None)
+    assert fence.settles_lost(inside) and not fence.settles_lost(beyond)
+    assert not fence.settles_lost(Lost(None, None))
+
+
+def test_a_fence_is_low_within_high() -> None:
+    with pytest.raises(ValueError):
+        GtidFence(MySqlGtidSet.parse(f"{U}:1-10"), MySqlGtidSet.parse(f"{U}:1-9"))
+    with pytest.raises(ValueError):
+        GtidFence(MariaGtidPos.parse("0-1-1"), MySqlGtidSet.parse(f"{U}:1"))
+
+
+def test_gtid_owned_spelling() -> None:
+    owned = parse_owned(f"{U}:3077#8:3079#11,{V}:4#2")
+    assert owned == MySqlGtidSet.parse(f"{U}:3077:3079,{V}:4")
+    assert parse_owned("") == MySqlGtidSet()
+    assert union(owned, MySqlGtidSet.parse(f"{U}:1-3076")) == MySqlGtidSet.parse(f"{U}:1-3077:3079,{V}:4")
+
+
+def test_rows_placed_after_a_fresh_start_sort_below_the_next_transaction() -> None:
+    start = BinlogPosition("b.000001", 400, BEFORE_TX, None, MySqlGtidSet())
+    rows = [start.with_index(start.index + 1 + k) for k in range(1_000_000, 1_000_003)]
+    first_event = BinlogPosition("b.000001", 400, 0, f"{U}:1", MySqlGtidSet())
+    assert start < rows[0] < rows[-1] < first_event
