@@ -367,7 +367,7 @@ def assert_no_time_travel(sim: Sim) -> None:
 
 
 PROFILE = settings(
-    max_examples=120, deadline=None,
+    max_examples=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
