@@ -100,18 +100,33 @@ def source_rows(mariadb: TestServer, db: str, table: str) -> dict[tuple[Any, ...
     return {tuple(r[k] for k in KEYS[table]): r for r in rows}
 
 
-def catch_up(config: Path, mariadb: TestServer, db: str) -> list[dict[str, Any]]:
+def catch_up(
+    config: Path, mariadb: TestServer, db: str, stall_s: float = 60.0, cap_s: float = 200.0
+) -> list[dict[str, Any]]:
+    """Write a marker row and wait until it is in the change log; then the whole log.
+    Fails when the log stops growing for ``stall_s`` before the marker (capture stuck or
+    gone), not merely because a loaded machine needs longer (``cap_s`` bounds it)."""
     token = uuid.uuid4().hex
     mariadb.execute(f"INSERT INTO marker VALUES ('{token}')", db)
-    events: list[dict[str, Any]] = []
-
-    def seen() -> bool:
-        nonlocal events
-        events = tail(config)
-        return any((e.get("after") or {}).get("id") == token for e in events)
-
-    wait_for(seen, 60, "the marker row in the change log")
-    return events
+    data = config.parent / "data"
+    offset, grown, start = 0, time.monotonic(), time.monotonic()
+    while True:
+        reader = SqliteChangeLogReader(data)
+        try:
+            records = reader.read(offset, 100_000)
+        finally:
+            reader.close()
+        if any(token.encode() in r.body for r in records):
+            return tail(config)
+        if records:
+            offset, grown = records[-1].offset + 1, time.monotonic()
+        now = time.monotonic()
+        if now - grown > stall_s or now - start > cap_s:
+            raise AssertionError(
+                f"the marker row is not in the change log after {now - start:.0f} s "
+                f"(log at offset {offset}, last grew {now - grown:.0f} s ago)"
+            )
+        time.sleep(0.2)
 
 
 def assert_oracle(config: Path, mariadb: TestServer, db: str) -> list[dict[str, Any]]:
