@@ -23,10 +23,12 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import psycopg
 
 from pydblog.changelog.kafka import KafkaChangeLogReader
@@ -53,7 +55,8 @@ def config(work: Path, name: str, dsn: str, log: str) -> Path:
     path = d / "dblog.toml"
     path.write_text(
         f'[source]\ndsn = "{dsn}"\ntables = ["public\\\\.bench"]\nslot = "{name}"\n'
-        f'publication = "benchpub"\n[log]\npath = "{d / "data"}"\n{log}\n'
+        f'publication = "benchpub"\n[api]\nlisten = "127.0.0.1:0"\n'
+        f'[log]\npath = "{d / "data"}"\n{log}\n'
     )
     return path
 
@@ -87,6 +90,218 @@ def drain(cfg: Path, rows: int, count: Callable[[], int]) -> float:
     finally:
         proc.terminate()
         proc.wait()
+
+
+def pct(xs: list[float]) -> str:
+    if not xs:
+        return "no events"
+    xs = sorted(xs)
+    return (f"p50 {statistics.median(xs):.1f} ms, p90 {xs[int(len(xs) * 0.9)]:.1f} ms, "
+            f"p99 {xs[int(len(xs) * 0.99)]:.1f} ms, max {xs[-1]:.1f} ms ({len(xs)} events)")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The capture's /metrics: histogram buckets of commit -> log and append time."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("dblog_commit_to_log_seconds_", "dblog_changelog_append_seconds_",
+                            "dblog_changelog_next_offset")):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def histogram(before: dict[str, float], after: dict[str, float], metric: str) -> str:
+    """Observations in the window: share within 100 ms and the buckets of p50/p99."""
+    buckets = sorted(
+        (float(k.split('le="')[1].split('"')[0]), after[k] - before.get(k, 0.0))
+        for k in after if k.startswith(metric + "_bucket"))
+    total = buckets[-1][1] if buckets else 0.0
+    if not total:
+        return "no observations"
+    within = next(n for le, n in buckets if le >= 0.1)
+
+    def at(q: float) -> str:
+        le = next(le for le, n in buckets if n >= q * total)
+        return f"<= {le * 1000:g} ms"
+
+    return (f"{within / total:.1%} of {total:.0f} batches within 100 ms; p50 {at(0.5)}, "
+            f"p99 {at(0.99)}")
+
+
+def bare_loop(bootstrap: str, seconds: float, rate: int) -> str:
+    """The raw Kafka path on this broker: one transactional producer commits whatever
+    accumulated (group commit, as the capture does: data, flush, a checkpoint message,
+    commit) while a thread stamps 10 messages every 10/rate s; a plain consumer follows.
+    Latency = stamp -> consumed."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    topic = f"bare{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(topic, 1, 1), NewTopic(topic + ".cp", 1, 1)]).values():
+        fut.result()
+    time.sleep(0.5)
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": topic, "linger.ms": 2,
+                  "acks": "all", "enable.idempotence": True, "compression.type": "lz4"})
+    p.init_transactions(30)
+    pending: list[bytes] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    lat: list[float] = []
+
+    def follow() -> None:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": topic, "fetch.wait.max.ms": 5,
+                      "enable.auto.commit": False})
+        c.assign([TopicPartition(topic, 0, 0)])
+        while not stop.is_set():
+            for m in c.consume(1000, 0.01):
+                if m.error() is None:
+                    lat.append(time.time() * 1000 - float(m.value() or b"0"))
+        c.close()
+
+    def stamp() -> None:
+        nxt = time.perf_counter()
+        while not stop.is_set():
+            now = str(time.time() * 1000).encode()
+            with lock:
+                pending.extend([now] * 10)
+            nxt += 10 / rate
+            time.sleep(max(0.0, nxt - time.perf_counter()))
+
+    threads = [threading.Thread(target=follow), threading.Thread(target=stamp)]
+    for t in threads:
+        t.start()
+    t_end = time.perf_counter() + seconds
+    commits = 0
+    while time.perf_counter() < t_end:
+        with lock:
+            batch = pending[:]
+            pending.clear()
+        if not batch:
+            time.sleep(0.001)
+            continue
+        p.begin_transaction()
+        for v in batch:
+            p.produce(topic, v, b"k")
+        p.flush(30)
+        p.produce(topic + ".cp", b"cp")
+        p.commit_transaction(30)
+        commits += 1
+    time.sleep(1)
+    stop.set()
+    for t in threads:
+        t.join()
+    return f"{commits} commits; stamp -> consumed {pct(lat)}"
+
+
+def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
+           kreader: KafkaChangeLogReader | None, bootstrap: str, prefix: str,
+           broker: object) -> list[str]:
+    """`dblog run` under ``steady_rate`` events/s (10-row transactions): the capture's
+    own commit -> log histogram (per batch, its oldest event: a source commit until the
+    change-log commit that holds it returned), CPU per process, and for Kafka two
+    followers: a plain consumer of the data topic (what any Kafka consumer sees) and
+    ``KafkaChangeLogReader`` (checkpoint-validated, as ``dblog tail`` reads)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from pydblog.api.capture import read_api_address
+    from pydblog.changelog.kafka import data_topic
+
+    proc = start(cfg)
+    deadline = time.monotonic() + 60
+    while (url := read_api_address(d / "data")) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert url is not None, "dblog run did not start its API"
+    last, still = -1.0, 0
+    while still < 10:  # caught up (the other capture's steady load is in this slot too)
+        time.sleep(0.2)
+        now = scrape(url).get("dblog_changelog_next_offset", 0.0)
+        still = still + 1 if now == last else 0
+        last = now
+    stop = threading.Event()
+    plain: list[tuple[float, float]] = []
+    validated: list[tuple[float, float]] = []
+
+    def follow_plain() -> None:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench{uuid.uuid4().hex[:6]}",
+                      "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+        topic = data_topic(prefix, "public.bench")
+        c.assign([TopicPartition(topic, 0, -1)])  # from the end
+        while not stop.is_set():
+            for m in c.consume(1000, 0.01):
+                if m.error() is None and m.value() is not None:
+                    ts = orjson.loads(m.value() or b"{}")["source"]["ts_ms"]
+                    plain.append((time.time() * 1000 - ts, ts))
+        c.close()
+
+    def follow_reader() -> None:
+        assert kreader is not None
+        offset = kreader.next_offset()
+        while not stop.is_set():
+            recs = kreader.read(offset, 100_000)
+            now = time.time() * 1000
+            validated.extend((now - r.ts_ms, r.ts_ms) for r in recs)
+            if recs:
+                offset = recs[-1].offset + 1
+            else:
+                time.sleep(0.002)
+
+    threads = [threading.Thread(target=follow_plain), threading.Thread(target=follow_reader)] \
+        if kreader is not None else []
+    for t in threads:
+        t.start()
+    time.sleep(1)
+    pids = {"dblog run": proc.pid, "bench (load + followers)": os.getpid()}
+    tansu = getattr(broker, "_proc", None)
+    if kreader is not None and tansu is not None:
+        pids["tansu"] = tansu.pid
+    before = scrape(url)
+    cpu0 = {k: cpu_s(p) for k, p in pids.items()}
+    t0 = time.time()
+    per_tx = 10
+    interval = per_tx / args.steady_rate
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        t_end = time.perf_counter() + args.steady_seconds
+        nxt = time.perf_counter()
+        i = 0
+        while time.perf_counter() < t_end:
+            conn.execute(
+                "INSERT INTO bench SELECT g, 1, 'x', 1, now() FROM generate_series(%s::bigint, %s::bigint) g",
+                (base + i, base + i + per_tx - 1))
+            i += per_tx
+            nxt += interval
+            time.sleep(max(0.0, nxt - time.perf_counter()))
+    time.sleep(1)
+    after = scrape(url)
+    wall = time.time() - t0
+    cpu = {k: round(100 * (cpu_s(p) - cpu0[k]) / wall) for k, p in pids.items()}
+    time.sleep(1)
+    stop.set()
+    for t in threads:
+        t.join()
+    proc.terminate()
+    proc.wait()
+    load = os.getloadavg()
+    out = [f"commit -> {d.name} log (capture's histogram): "
+           f"{histogram(before, after, 'dblog_commit_to_log_seconds')}",
+           f"append (one change-log commit): {histogram(before, after, 'dblog_changelog_append_seconds')}",
+           f"CPU % of one core: {cpu}; load average {load[0]:.1f}"]
+    late = t0 * 1000 + 2000  # the first 2 s of load excluded
+    if kreader is not None:
+        out.append(f"commit -> plain consumer: {pct([x for x, t in plain if t > late])}")
+        out.append(f"commit -> KafkaChangeLogReader: {pct([x for x, t in validated if t > late])}")
+    return out
 
 
 def main() -> None:
@@ -134,57 +349,20 @@ def main() -> None:
             print(f"(b) dblog run -> Kafka: {rate_kafka:,.0f} events/s = "
                   f"{rate_kafka / rate_emb:.2f} x (a)")
 
-            # (c) commit -> readable in Kafka, at a steady rate
-            proc = start(kaf)
-            time.sleep(4)
-            offset = kreader.next_offset()
-            stop = threading.Event()
-            latencies: list[float] = []
-            stamps: list[int] = []
-
-            def follow() -> None:
-                nonlocal offset
-                while not stop.is_set():
-                    recs = kreader.read(offset, 100_000)
-                    now_ms = time.time() * 1000
-                    latencies.extend(now_ms - r.ts_ms for r in recs)
-                    stamps.extend(r.ts_ms for r in recs)
-                    if recs:
-                        offset = recs[-1].offset + 1
-                    else:
-                        time.sleep(0.002)
-
-            th = threading.Thread(target=follow)
-            th.start()
-            per_tx = 10
-            interval = per_tx / args.steady_rate
+            # (c) commit -> Kafka latency at a steady rate: the raw baseline (a bare
+            # transactional producer loop on the same broker), the embedded log, Kafka.
+            bare = bare_loop(bootstrap, args.steady_seconds, args.steady_rate)
+            print(f"(c0) bare confluent-kafka transactional loop, {args.steady_rate} msgs/s: "
+                  f"{bare}")
             base = args.rows + 10
-            steady_start_ms = time.time() * 1000
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                t_end = time.perf_counter() + args.steady_seconds
-                nxt = time.perf_counter()
-                i = 0
-                while time.perf_counter() < t_end:
-                    conn.execute(
-                        "INSERT INTO bench SELECT g, 1, 'x', 1, now() FROM generate_series(%s::bigint, %s::bigint) g",
-                        (base + i, base + i + per_tx - 1))
-                    i += per_tx
-                    nxt += interval
-                    time.sleep(max(0.0, nxt - time.perf_counter()))
-            time.sleep(2)
-            stop.set()
-            th.join()
-            proc.terminate()
-            proc.wait()
-            lat = sorted(latencies)
-            print(f"(c) commit -> Kafka latency at {args.steady_rate} events/s: "
-                  f"p50 {statistics.median(lat):.1f} ms, p99 {lat[int(len(lat) * 0.99)]:.1f} ms "
-                  f"({len(lat)} events)")
-            late = sorted(x for x, t in zip(latencies, stamps, strict=True)
-                          if t > steady_start_ms + 5000)
-            if late:
-                print(f"    after the first 5 s: p50 {statistics.median(late):.1f} ms, "
-                      f"p99 {late[int(len(late) * 0.99)]:.1f} ms ({len(late)} events)")
+            for name, cfg in (("embedded", emb), ("kafka", kaf)):
+                res = steady(dsn, cfg, work / ("emb" if name == "embedded" else "kaf"),
+                             args, base, kreader if name == "kafka" else None, bootstrap, prefix,
+                             broker)
+                base += 10_000_000
+                print(f"(c) {name}, {args.steady_rate} events/s for {args.steady_seconds:.0f} s:")
+                for line in res:
+                    print(f"    {line}")
             total = kreader.next_offset()
             kreader.close()
             emb_reader.close()

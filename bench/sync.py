@@ -36,12 +36,13 @@ from pydblog.spark.synth import SyntheticLoad, write_load
 
 
 def config(
-    work: Path, name: str, sinks: list[dict[str, Any]], trigger: str, master: str, max_events: int
+    work: Path, name: str, sinks: list[dict[str, Any]], trigger: str, master: str, max_events: int,
+    log: dict[str, Any] | None = None,
 ) -> Config:
     return parse_config(
         {
             "source": {"dsn": "postgresql://unused@127.0.0.1/x"},
-            "log": {"path": str(work / "log")},
+            "log": log or {"path": str(work / "log")},
             "sync": {
                 "checkpoint": str(work / f"cp-{name}"),
                 "trigger": trigger,
@@ -77,7 +78,7 @@ def drain(spark: Any, cfg: Config, events: int) -> tuple[float, float | None]:
     prints when the first batch reached ``foreachBatch`` (query start-up: the source's
     planner processes, the first plan) and when it was read (the executors' Python
     workers started and the first batch decoded)."""
-    applier = TimedApplier(cfg.log.path, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
+    applier = TimedApplier(cfg.log, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
     t0 = time.monotonic()
     q = start_query(spark, cfg, applier, available_now=True)
     q.awaitTermination()
@@ -152,7 +153,7 @@ def latency(spark: Any, work: Path, master: str, rate: int, seconds: float) -> l
     reader = SqliteChangeLogReader(work / "log")
     start = reader.next_offset()
     reader.close()
-    applier = LatencyApplier(cfg.log.path, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
+    applier = LatencyApplier(cfg.log, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
     spark.dataSource.register(__import__("pydblog.spark.source").spark.source.DblogDataSource)
     q = (
         spark.readStream.format("dblog")
@@ -176,6 +177,32 @@ def latency(spark: Any, work: Path, master: str, rate: int, seconds: float) -> l
     q.stop()
     applier.close()
     return applier.latencies
+
+
+def copy_to_kafka(log_dir: Path, log: dict[str, Any], batch: int) -> int:
+    """The embedded log's events appended to a Kafka log (``batch`` events a commit, a
+    schema with the commit that starts at its offset): the same events for both drains."""
+    import itertools
+
+    from pydblog.changelog.kafka import KafkaChangeLog
+    from pydblog.changelog.sqlite import SqliteChangeLogReader
+    from pydblog.config import LogConfig
+    from pydblog.events import EncodedEvent
+    from pydblog.ports import Checkpoint
+    from pydblog.positions import Lsn, PgPosition
+
+    reader = SqliteChangeLogReader(log_dir)
+    end = reader.next_offset()
+    schemas = reader.schemas()
+    cuts = sorted({o for o, _ in schemas} | set(range(0, end, batch)) | {end})
+    kf = KafkaChangeLog(LogConfig.model_validate(log))
+    for a, b in itertools.pairwise(cuts):
+        events = [EncodedEvent(r.table, r.op, r.ts_ms, r.body.decode())
+                  for r in reader.read(a, b - a)]
+        kf.append(events, Checkpoint(PgPosition(Lsn(b), 0)), [s for o, s in schemas if o == a])
+    kf.close()
+    reader.close()
+    return end
 
 
 def pct(values: list[float], p: float) -> float:
@@ -202,7 +229,10 @@ def main() -> None:
     ap.add_argument("--max-events-per-trigger", type=int, default=500_000)
     ap.add_argument("--rate", type=int, default=5_000)
     ap.add_argument("--seconds", type=float, default=30)
-    ap.add_argument("--only", choices=["delta", "postgres", "latency"], action="append")
+    ap.add_argument("--only", choices=["delta", "postgres", "latency", "kafka"], action="append")
+    ap.add_argument("--kafka-partitions", type=int, action="append",
+                    help="kafka: drain the same events from a Kafka log with this many "
+                         "partitions per topic (repeatable; default 1 and 4)")
     ap.add_argument("--workdir")
     ap.add_argument(
         "--reuse-log",
@@ -212,7 +242,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("pydblog.sync").setLevel(logging.DEBUG)
-    only = set(args.only or ["delta", "postgres", "latency"])
+    only = set(args.only or ["delta", "postgres", "latency", "kafka"])
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dblog-bench-sync-"))
     reuse = args.reuse_log and _log_events(work / "log") == args.events
     for old in (
@@ -224,6 +254,7 @@ def main() -> None:
         "cp-delta2",
         "cp-pg",
         "cp-latency",
+        *(f"{d}{n}" for d in ("lake-kafka", "cp-kafka", "kafka-") for n in (1, 2, 3, 4, 8)),
     ):
         if not (reuse and old == "log"):
             shutil.rmtree(work / old, ignore_errors=True)
@@ -261,6 +292,30 @@ def main() -> None:
                 args.max_events_per_trigger,
             )
             report(f"Delta ({label})", end, drain(spark, cfg, end))
+    if "kafka" in only:
+        # The same events from a Kafka log (Tansu in memory, or KAFKA_BOOTSTRAP_SERVERS), as
+        # further queries of the warm session: compare with the warm embedded drain.
+        from pydblog.devtools.tansu import TansuBroker
+
+        broker = None if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else TansuBroker().start()
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or (broker.bootstrap if broker else "")
+        try:
+            for parts in args.kafka_partitions or [1, 4]:
+                log = {"type": "kafka", "path": str(work / f"kafka-{parts}"),
+                       "bootstrap_servers": bootstrap, "partitions": parts,
+                       "topic_prefix": f"bench{parts}x{int(time.time())}"}
+                t0 = time.monotonic()
+                copy_to_kafka(work / "log", log, 20_000)
+                print(f"copied {end} events into Kafka ({parts} partitions a topic) in "
+                      f"{time.monotonic() - t0:.1f}s")
+                cfg = config(work, f"kafka{parts}",
+                             [{"type": "delta", "path": str(work / f"lake-kafka{parts}")}],
+                             "available-now", args.master, args.max_events_per_trigger, log)
+                report(f"Delta from Kafka, {parts} partition(s) a topic (warm session)", end,
+                       drain(spark, cfg, end))
+        finally:
+            if broker is not None:
+                broker.stop()
     if "postgres" in only:
         with PgCluster() as pg:
             cfg = config(

@@ -411,6 +411,11 @@ class _Client:
         offset order), as confluent-kafka ``Message``s; ``hi = None``: to the end (the
         fetch's end-of-partition; a broker's list-offsets answer is not trusted: Tansu's
         lags behind on S3 storage and counts batches in memory)."""
+        for batch in self.read_batches(ranges):
+            yield from batch
+
+    def read_batches(self, ranges: Mapping[tuple[str, int], tuple[int, int | None]]) -> Iterator[list[Any]]:
+        """``read_range`` a list of messages at a time (one ``consume`` call's worth)."""
         todo = {tp: r for tp, r in ranges.items() if r[1] is None or r[1] > r[0]}
         if not todo:
             return
@@ -431,6 +436,7 @@ class _Client:
                     continue
                 deadline = time.monotonic() + TIMEOUT_S
                 done = []
+                out = []
                 for m in msgs:
                     if m.error() is not None:
                         if m.error().code() == k.KafkaError._PARTITION_EOF:
@@ -451,10 +457,12 @@ class _Client:
                     if hi is not None and off >= hi:
                         done.append(tp)
                         continue
-                    self.fetched += 1
-                    yield m
+                    out.append(m)
                     if hi is not None and off + 1 >= hi:
                         done.append(tp)
+                if out:
+                    self.fetched += len(out)
+                    yield out
                 finished = [k.TopicPartition(t, p) for t, p in set(done) if (t, p) in todo]
                 for tp in finished:
                     del todo[(tp.topic, tp.partition)]

@@ -160,37 +160,59 @@ def _checkpoint_end(log_json: str) -> int:
         client.close()
 
 
-def read_events(part: KafkaRange) -> tuple[list[int], list[str]]:
-    """The valid records of ``part``: global offsets and envelopes (without offset)."""
-    from pydblog.changelog.kafka import HEADER_FANOUT, HEADER_WRITER, _Client, _header, parse_value
+_OFFSET_FIELD = r'^\{"offset":(?P<o>[0-9]+),'  # a value's head (``parse_value``)
+_OFFSET_HEAD = r'^\{"offset":[0-9]+,'
+
+
+def read_events(part: KafkaRange) -> tuple[Any, Any]:
+    """The valid records of ``part``: their global offsets (Arrow int64) and envelopes
+    without the offset (Arrow strings), in Kafka offset order. The per-record Python
+    work is the validity test (``changelog.kafka``'s rule: the record's writer header
+    names the writer of the first segment ending above it); the offset is cut out of
+    the values in Arrow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pydblog.changelog.kafka import HEADER_FANOUT, HEADER_WRITER, _Client, _header
 
     client = _Client(_config(part.log))
-    seqs: list[int] = []
-    bodies: list[str] = []
-    segs = part.segments
+    values: list[bytes] = []
+    segs = [(end, tag.encode()) for end, tag in part.segments]
+    i, seg_end, seg_tag = 0, segs[0][0] if segs else -1, segs[0][1] if segs else b""
     try:
-        for m in client.read_range({(part.topic, part.partition): (part.start, part.end)}):
-            value = m.value()
-            if value is None:
-                continue
-            headers = m.headers()
-            if _header(headers, HEADER_FANOUT) is not None:
-                continue
-            off = m.offset()
-            tag = _header(headers, HEADER_WRITER)
-            owner = next((w for e, w in segs if e > off), None)
-            if tag is None or owner != tag.decode():
-                continue
-            seq, body = parse_value(value)
-            seqs.append(seq)
-            bodies.append(body.decode())
+        for batch in client.read_batches({(part.topic, part.partition): (part.start, part.end)}):
+            for m in batch:
+                value = m.value()
+                if value is None:
+                    continue
+                off = m.offset()
+                while off >= seg_end:  # offsets only grow: the next segment
+                    i += 1
+                    if i >= len(segs):
+                        seg_end, seg_tag = 2**63, b"\0"  # past the last segment: invalid
+                        break
+                    seg_end, seg_tag = segs[i]
+                headers = m.headers()
+                if not headers:  # not written by a capture
+                    continue
+                if len(headers) != 2 and _header(headers, HEADER_FANOUT) is not None:
+                    continue
+                tag = headers[0][1] if headers[0][0] == HEADER_WRITER else _header(headers, HEADER_WRITER)
+                if tag == seg_tag:
+                    values.append(value)
     finally:
         client.close()
+    arr = pa.array(values, type=pa.binary()).cast(pa.string())
+    if not len(arr):
+        return pa.array([], pa.int64()), arr
+    seqs = pc.struct_field(pc.extract_regex(arr, _OFFSET_FIELD), "o").cast(pa.int64())
+    bodies = pc.replace_substring_regex(arr, _OFFSET_HEAD, "{", max_replacements=1)
     return seqs, bodies
 
 
 def _read(part: KafkaRange, packed: bool, columns: list[str]) -> Iterator[Any]:
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from pydblog.spark import decode
 
@@ -198,16 +220,16 @@ def _read(part: KafkaRange, packed: bool, columns: list[str]) -> Iterator[Any]:
     seqs, bodies = read_events(part)
     step = decode.ARROW_BATCH_EVENTS
     for a in range(0, len(seqs), step):
-        s, b = seqs[a : a + step], bodies[a : a + step]
+        s, b = seqs.slice(a, step), bodies.slice(a, step)
         batch = decode.decode_fast(0, ["\x1f\x1f0"] * len(b), b, schema)
         if "offset" in schema.names:
-            batch = batch.set_column(schema.get_field_index("offset"), "offset",
-                                     pa.array(s, type=pa.int64()))
+            batch = batch.set_column(schema.get_field_index("offset"), "offset", s)
         if not packed:
             yield batch
             continue
         yield pa.RecordBatch.from_arrays(
-            [pa.array([min(s)], type=pa.int64()), pa.array([max(s) + 1], type=pa.int64()),
+            [pa.array([pc.min(s).as_py()], type=pa.int64()),
+             pa.array([pc.max(s).as_py() + 1], type=pa.int64()),
              pa.array([decode.pack(batch)], type=pa.binary())],
             schema=decode.PACKED_SCHEMA,
         )
