@@ -142,9 +142,10 @@ BROKER_KILLS = (True, False)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="known failure, not fixed: after Tansu (S3 storage via moto) restarts under "
-                   "load, reading the checkpoint topic stalls (no records, no end of partition) "
-                   "and the capture cannot resume; see docs/kafka.md", strict=False)
+@pytest.mark.xfail(reason="known failure: the capture now resumes after Tansu (S3 storage via moto) "
+                   "restarts (the stall was Tansu's empty answers to 5 ms fetches on S3, worked "
+                   "around), but the check's `dblog tail` of the S3-backed log did not finish in "
+                   "120 s; not diagnosed, see docs/kafka.md", strict=False)
 def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
     """The broker (S3 storage) is killed and restarted twice while capture runs: capture
     retries, resumes from the checkpoint in Kafka, and the topics stay exact."""
