@@ -5,8 +5,11 @@ One throwaway PostgreSQL, one Tansu broker (in memory, or KAFKA_BOOTSTRAP_SERVER
      first event in the log to its last);
  (b) `dblog run` with [log] type = "kafka" drains the same N inserts from another slot
      (until the checkpoint topic's last valid commit covers N events);
- (c) commit -> Kafka latency p50/p99 at a steady ~5k events/s (source commit time to
-     the event being readable through the Kafka log's reader);
+ (c) commit -> log latency at a steady ~5k events/s (10-row transactions): (c0) a bare
+     transactional confluent-kafka loop on the same broker (the raw baseline), then
+     `dblog run` into the embedded log and into Kafka: the capture's own commit -> log
+     histogram (from its /metrics), CPU per process, and for Kafka a plain consumer and
+     the checkpoint-validated reader following the topic;
  (d) `dblog sync --available-now` from the Kafka log into Delta: events/s.
 (b) is printed as a ratio of (a).
 
