@@ -220,6 +220,7 @@ def log_summary(events: list[dict[str, Any]]) -> list[tuple[str, str, Any, Any, 
     ]
 
 
+@pytest.mark.slow  # ~20 s a flavour; the restart-anywhere test above runs by default
 def test_dblog_run_behind_alters_killed_mid_history(
     server: TestServer, db: str, tmp_path: Path
 ) -> None:
