@@ -839,6 +839,7 @@ class MySqlLogSource:
         self._last_done = done
         if tx.count:
             yield Commit(done, ts_ms)
+            self._passed_at = done  # the runner takes a Commit as progress too
             self._last_hb = done
             self._last_hb_time = time.monotonic()
         else:
