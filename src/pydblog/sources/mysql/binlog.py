@@ -395,9 +395,7 @@ class MySqlLogSource:
         return StreamPassed(done)
 
     def close(self) -> None:
-        if self._wake is not None:
-            self._wake.close()
-            self._wake = None
+        self._wake = None  # its pipe closes once no thread holds it (wake.py)
         if self._reader is not None:
             self._reader.close()
             self._reader = None

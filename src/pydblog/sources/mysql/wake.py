@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import weakref
 from typing import Any
 
 
@@ -38,13 +39,22 @@ def _buffered(conn: Any) -> bool | None:
             sock.settimeout(timeout)
 
 
+def _close(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 class Wakeup:
-    """A self-pipe (see the module docstring). ``set`` is thread-safe."""
+    """A self-pipe (see the module docstring). ``set`` is thread-safe. The pipe is closed
+    when the object is collected, never while a thread that still holds it may write
+    (a closed descriptor's number can be reused by another file at once)."""
 
     def __init__(self) -> None:
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
+        weakref.finalize(self, _close, self._r, self._w)
 
     def set(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -64,8 +74,3 @@ class Wakeup:
                     pass
             return False
         return bool(ready)
-
-    def close(self) -> None:
-        for fd in (self._r, self._w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
