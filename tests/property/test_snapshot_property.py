@@ -786,8 +786,10 @@ def test_concurrent_read_only_windows_materialize_without_time_travel(data: st.D
 
 
 @pytest.mark.slow
-@settings(PROFILE, max_examples=1500)
-@given(st.data(), st.booleans())
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("read_only", [False, True])
+@settings(PROFILE, max_examples=800)
+@given(data=st.data())
 def test_concurrent_windows_long(data: st.DataObject, read_only: bool) -> None:
     """The two tests above with many more examples (``pytest -m slow``)."""
     run(data, allow_blocking=not read_only, read_only=read_only, parallel=True)
