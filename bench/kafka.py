@@ -261,7 +261,7 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
                 time.sleep(0.002)
 
     threads = [threading.Thread(target=follow_plain), threading.Thread(target=follow_reader)] \
-        if kreader is not None else []
+        if kreader is not None and args.followers else []
     for t in threads:
         t.start()
     time.sleep(1)
@@ -301,7 +301,7 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
            f"append (one change-log commit): {histogram(before, after, 'dblog_changelog_append_seconds')}",
            f"CPU % of one core: {cpu}; load average {load[0]:.1f}"]
     late = t0 * 1000 + 2000  # the first 2 s of load excluded
-    if kreader is not None:
+    if threads:
         out.append(f"commit -> plain consumer: {pct([x for x, t in plain if t > late])}")
         out.append(f"commit -> KafkaChangeLogReader: {pct([x for x, t in validated if t > late])}")
     return out
@@ -314,6 +314,8 @@ def main() -> None:
     ap.add_argument("--steady-seconds", type=float, default=20.0)
     ap.add_argument("--steady-rate", type=int, default=5000)
     ap.add_argument("--sync", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--followers", action=argparse.BooleanOptionalAction, default=True,
+                    help="(c): follow the Kafka topic with two consumers (each polls the broker)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kafka-"))
     broker = None
