@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 import orjson
 
-from pydblog.events import ChunkRow, Encoded
+from pydblog.events import ChangeEvent, ChunkRow, Encoded
 from pydblog.positions import Position, decode_position, encode_position
 
 
@@ -266,7 +267,27 @@ class SchemaChanged:
     table_schema: TableSchema
 
 
-StreamItem = Any  # ChangeEvent | Commit | WatermarkSeen | Heartbeat | Idle | SchemaChanged | StreamPassed
+class ResetKind(Enum):
+    """Why a table was reset (``RelationReset``)."""
+
+    GONE = "gone"  # dropped: no relation has the name any more
+    RECREATED = "recreated"  # dropped and created again while dblog ran
+    JOINED = "joined"  # found at start outside the capture (created or re-created meanwhile)
+
+
+@dataclass(frozen=True, slots=True)
+class RelationReset:
+    """A captured table's name now names another relation (or none): ``event`` is a
+    truncate of the table, in stream order after every event of the old relation and
+    before every event of the new one. The runner logs it (materializing the log drops
+    the old rows) and restarts the table's snapshot (its progress described the old
+    relation)."""
+
+    event: ChangeEvent
+    kind: ResetKind
+
+
+StreamItem = Any  # ChangeEvent | Commit | WatermarkSeen | Heartbeat | Idle | SchemaChanged | StreamPassed | RelationReset
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,4 +492,15 @@ class FencedReader(Protocol):
         condition: str | None,
     ) -> tuple[Sequence[ChunkRow], Any]:
         """``read_chunk``'s rows and the ``ReadFence`` of the snapshot that read them."""
+        ...
+
+
+class FencedKeyReader(Protocol):
+    """A ``FencedReader`` that can also re-read keys (``core.rereads``) in read-only
+    snapshots (sources whose events can carry unchanged columns: PostgreSQL)."""
+
+    def read_keys_fenced(
+        self, info: TableInfo, keys: Sequence[tuple[Any, ...]]
+    ) -> tuple[Sequence[ChunkRow], Any]:
+        """``read_keys``' rows and the ``ReadFence`` of the snapshot that read them."""
         ...

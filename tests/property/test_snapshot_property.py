@@ -271,8 +271,7 @@ class Sim:
         at = self.pos(lsn, index)
         old = rows.get(key)
         full_image = self.data.draw(st.booleans(), label="replica identity full")
-        # Read-only snapshots do no key re-reads (they need watermarks): full rows only.
-        kinds = ["delete", "update", "move"] if self.read_only else ["delete", "update", "partial", "move"]
+        kinds = ["delete", "update", "partial", "move"]
         what = "insert" if old is None else self.data.draw(st.sampled_from(kinds), label="write")
         if what == "delete":
             assert old is not None
@@ -309,7 +308,7 @@ class Sim:
         self.version += 1
         gone = self.pos(lsn, index)
         self.delete_version[gone] = self.version
-        partial = not self.read_only and self.data.draw(st.booleans(), label="partial move")
+        partial = self.data.draw(st.booleans(), label="partial move")
         new = self.row(to, toast=old["t"] if partial else None)
         rows[to] = new
         at = self.pos(lsn, index + 1)
@@ -470,8 +469,13 @@ class Sim:
         self.done(w)
 
     def reread(self, w: Worker, req: KeyReadRequest) -> None:
-        """A key-level re-read, in three steps like a chunk: L, SELECT, H."""
+        """A key-level re-read, in three steps like a chunk: L, SELECT, H (read-only:
+        the SELECT and its fence, then the answer)."""
         assert req.identity == ("id",)
+        if req.fenced:
+            self.fenced_reread(w, req)
+            return
+        assert req.low_watermark is not None and req.high_watermark is not None
         if w.phase == 0:
             self.append([Wm(req.low_watermark)])
             w.phase = 1
@@ -486,6 +490,22 @@ class Sim:
         else:
             self.append([Wm(req.high_watermark)])
             self.done(w)
+
+    def fenced_reread(self, w: Worker, req: KeyReadRequest) -> None:
+        """Read-only: the SELECT of the keys as a snapshot that sees only the visible
+        writes (and its fence), then, in a later step, the answer."""
+        if w.answer is None:
+            fence = SimFence(frozenset(self.invisible), self.next_xid, len(self.log))
+            visible = self.visible_rows(req.table)
+            found: list[ChunkRow] = [dict(visible[k]) for (k,) in sorted(req.keys) if k in visible]
+            if self.data.draw(st.booleans(), label="encoded rows"):
+                found = [encoded(r) for r in found]  # type: ignore[arg-type]
+            w.answer = (found, fence)
+            return
+        rows, fence = w.answer
+        self.rereads += 1
+        self.emit(self.core.on_chunk_read(req.id, rows, 1.0, fence=fence))
+        self.worker = None
 
     def table_start(self, w: Worker, req: TableStartRequest) -> None:
         if w.phase == 0:
@@ -546,11 +566,17 @@ class Sim:
         """The chunk as a snapshot that sees only the visible writes reads it."""
         after = req.after_key[0] if req.after_key is not None else None
         top = req.max_key[0]
+        rows = self.visible_rows(req.table)
+        keys = sorted(k for k in rows if (after is None or k > after) and k <= top)
+        return [dict(rows[k]) for k in keys[: req.limit]]
+
+    def visible_rows(self, name: str) -> dict[int, Row]:
+        """The table as a snapshot that sees only the visible writes has it."""
         rows: dict[int, Row] = {}
-        for key, row in self.db[req.table].items():
+        for key, row in self.db[name].items():
             rows[key] = row
         for (table, key), writes in self.versions.items():
-            if table != req.table:
+            if table != name:
                 continue
             seen = [r for x, r in writes if x not in self.invisible]
             if writes[-1][0] in self.invisible:
@@ -561,8 +587,7 @@ class Sim:
                         rows[key] = seen[-1]
                 else:  # the key's first write (an insert) is not visible yet
                     rows.pop(key, None)
-        keys = sorted(k for k in rows if (after is None or k > after) and k <= top)
-        return [dict(rows[k]) for k in keys[: req.limit]]
+        return rows
 
     def select(self, req: ChunkRequest) -> list[Row]:
         after = req.after_key[0] if req.after_key is not None else None
@@ -765,7 +790,8 @@ def test_with_blocking_snapshots_materialize(data: st.DataObject) -> None:
 @given(st.data())
 def test_read_only_snapshots_materialize_without_time_travel(data: st.DataObject) -> None:
     """Fences instead of watermarks, with commits that become visible late and out of
-    order, delivered before or after the chunk's read, with restarts and read-ahead."""
+    order, delivered before or after the chunk's read, with restarts and read-ahead;
+    partial updates and key changes repaired by fenced key re-reads."""
     run(data, allow_blocking=False, read_only=True)
 
 

@@ -36,10 +36,17 @@ from pydblog.core.requests import (
 from pydblog.core.signals import parse_signal
 from pydblog.core.sizing import CoreSettings
 from pydblog.core.snapshot import SnapshotCore
-from pydblog.errors import ConfigError, DblogError, SignalError
+from pydblog.errors import ConfigError, DblogError, SignalError, SourceError
 from pydblog.events import ChangeEvent, Emitted, Op
 from pydblog.metrics import CAPTURE as METRICS
-from pydblog.ports import ConcurrentReader, FencedReader, SnapshotReader, TableInfo
+from pydblog.ports import (
+    ConcurrentReader,
+    FencedKeyReader,
+    FencedReader,
+    ResetKind,
+    SnapshotReader,
+    TableInfo,
+)
 from pydblog.positions import Position
 from pydblog.threads import name_native_thread
 
@@ -73,6 +80,7 @@ class SnapshotDriver:
             state,
         )
         self.read_only = s.watermark == "read-only"
+        self._initial = s.mode == "initial"
         if self.read_only and not hasattr(reader, "read_chunk_fenced"):
             raise ConfigError(
                 f'snapshot.watermark = "read-only" is not supported by the {cfg.source.type} '
@@ -134,6 +142,15 @@ class SnapshotDriver:
     @property
     def waiting_for_progress(self) -> bool:
         return self.core.waiting_for_progress
+
+    def restart_table(self, table: str, kind: ResetKind) -> None:
+        """``table`` names a new relation, or none (``ports.RelationReset``): a snapshot
+        of it starts over. A re-created table is snapshotted in any case (its rows from
+        before it joined the publication are in no event, and rows a chunk read from it
+        before the reset lie before the truncate); one found at start outside the
+        publication with ``mode = "initial"`` (full state promised)."""
+        queue = kind is ResetKind.RECREATED or (kind is ResetKind.JOINED and self._initial)
+        self.core.restart_table(table, queue=queue)
 
     def start_initial(self, captured: list[str]) -> None:
         log.info("initial snapshot of %d tables", len(captured))
@@ -305,17 +322,30 @@ class SnapshotDriver:
         answer(lambda: core.on_bounds(request.id, keys))
 
     def _reread(self, request: KeyReadRequest, answer: Callable[[Answer], None]) -> None:
-        """A key-level re-read (``core.rereads``): L, the rows of those keys, H."""
+        """A key-level re-read (``core.rereads``): L, the rows of those keys, H (read-only
+        snapshots: the rows and their read's fence, no watermarks)."""
         core = self.core
-        self.reader.write_watermark(request.low_watermark)
+        if request.low_watermark is not None:
+            self.reader.write_watermark(request.low_watermark)
         info = self.reader.table_info(request.table)
         if info is None:
             raise SignalError(f"table {request.table} no longer exists")
+        keyed = info.with_key(request.identity, request.identity)
         t0 = time.perf_counter()
-        rows = self.reader.read_keys(info.with_key(request.identity, request.identity), request.keys)
+        fence = None
+        if request.fenced:
+            if not hasattr(self.reader, "read_keys_fenced"):
+                raise SourceError(
+                    f"the {type(self.reader).__name__} cannot re-read keys in a read-only "
+                    "snapshot", hint='use snapshot.watermark = "table"',
+                )
+            rows, fence = cast(FencedKeyReader, self.reader).read_keys_fenced(keyed, request.keys)
+        else:
+            rows = self.reader.read_keys(keyed, request.keys)
         elapsed = (time.perf_counter() - t0) * 1000
-        answer(lambda: core.on_chunk_read(request.id, rows, elapsed))
-        self.reader.write_watermark(request.high_watermark)
+        answer(lambda: core.on_chunk_read(request.id, rows, elapsed, fence=fence))
+        if request.high_watermark is not None:
+            self.reader.write_watermark(request.high_watermark)
 
     def _start_table(self, req: TableStartRequest) -> tuple[TableInfo | None, Any, str | None]:
         try:

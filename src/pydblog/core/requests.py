@@ -30,6 +30,11 @@ they carry the core's random instance id). The worker's duty per kind, in order:
     3. ``core.on_chunk_read(id, rows, elapsed_ms)`` before the stream delivers H
     4. ``reader.write_watermark(high_watermark)``
 
+``KeyReadRequest`` with ``fenced`` (read-only snapshots: no watermarks)
+    1. ``info`` as above; ``rows, fence = reader.read_keys_fenced(info, keys)``
+    2. ``core.on_chunk_read(id, rows, elapsed_ms, fence=fence)``; the rows land at the
+       first ``core.on_progress`` whose ``reached`` the fence has passed.
+
 ``ChunkRequest`` with ``fenced`` (read-only snapshots: no watermarks)
     1. ``info = reader.table_info(...)``; ``rows, fence = reader.read_chunk_fenced(info,
        after_key, max_key, limit, condition)``: the rows as above and the ``ReadFence``
@@ -110,14 +115,16 @@ class ChunkRequest:
 @dataclass(frozen=True, slots=True)
 class KeyReadRequest:
     """Re-read the rows of ``table`` whose identity is one of ``keys`` (values in
-    ``identity`` order), through a window of their own (L, SELECT, H)."""
+    ``identity`` order), through a window of their own (L, SELECT, H; read-only
+    snapshots: ``fenced``, the read's own fence and no watermarks)."""
 
     id: str
     table: str
     identity: tuple[str, ...]
     keys: tuple[tuple[Any, ...], ...]
-    low_watermark: str
-    high_watermark: str
+    low_watermark: str | None
+    high_watermark: str | None
+    fenced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,10 @@ class RereadQueue:
     def __len__(self) -> int:
         return sum(len(t.keys) for t in self._tables.values())
 
+    def tables(self) -> set[str]:
+        """The qualified names of the tables with keys queued."""
+        return set(self._tables)
+
     def add(self, schema: str, table: str, ident: dict[str, Any]) -> None:
         """Queue the row whose identity (column -> value) is ``ident``."""
         if not ident:

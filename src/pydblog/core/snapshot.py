@@ -49,8 +49,9 @@ Invariants:
   a transaction boundary) and calls ``on_stream_paused`` once; then the core issues
   requests without watermarks and returns rows directly, positioned after the anchor.
 - Read-only snapshots (``CoreSettings.read_only``, see ``core.fence``): incremental
-  requests name no watermarks; a chunk's answer carries a ``ReadFence`` and its rows
-  are emitted at the first ``on_progress`` whose ``reached`` the fence has passed; a
+  requests (chunks and key re-reads) name no watermarks; an answer carries a
+  ``ReadFence`` and its rows are emitted at the first ``on_progress`` whose ``reached``
+  the fence has passed; a
   table start and waiting notices take effect at the next ``on_progress``. Call
   ``on_progress`` only at transaction boundaries (a commit, or idle outside one).
 """
@@ -274,6 +275,25 @@ class SnapshotCore:
             self._notices.append(notice)
         return []
 
+    def restart_table(self, table: str, *, queue: bool = False) -> None:
+        """``table`` (qualified) now names another relation (dropped and created again;
+        the runner has logged its truncate): progress that described the old one (chunk
+        key, max key, last key) starts over with a new ``TableStartRequest``, and a
+        request of it in flight is abandoned. With ``queue``, a table in no lane is
+        queued (incremental; its STARTED notice waits for a watermark)."""
+        pending = self._pending
+        if pending is not None and getattr(pending.request, "table", None) == table:
+            self._drop_pending()
+        if self._flight is not None and self._flight.table == table:
+            self._flight = None  # its requests' late answers are ignored
+        for lane in (self._incr, self._block):
+            job = lane.current
+            if job is not None and job.table == table and job.started:
+                lane.current = TableJob(job.table, job.signal_id, job.kind, job.condition,
+                                        job.surrogate_key)
+        if queue and table not in self._queued():
+            self.start_initial([table])
+
     def _stop(self, matches: Callable[[str], bool]) -> list[str]:
         """Remove the matching tables from both lanes (abandoning their in-flight work);
         returns them."""
@@ -299,9 +319,10 @@ class SnapshotCore:
         self._watch()
 
     def _watch(self) -> None:
-        """Read-only: the tables whose events must be kept until a fence settles them."""
+        """Read-only: the tables whose events must be kept until a fence settles them
+        (being snapshotted, or with keys waiting for a re-read)."""
         if self._read_only:
-            self._watched = set(self._incr.tables())
+            self._watched = set(self._incr.tables()) | self._rereads.tables()
             if not self._watched:
                 self._unsettled.clear()
 
@@ -381,11 +402,14 @@ class SnapshotCore:
             return None
         schema, table, identity, keys = batch
         rid = self._new_id("key")
+        marks = not self._read_only  # read-only: fenced by the read's own snapshot
         request = KeyReadRequest(
-            rid, f"{schema}.{table}", identity, keys, f"{rid}:low", f"{rid}:high"
+            rid, f"{schema}.{table}", identity, keys, f"{rid}:low" if marks else None,
+            f"{rid}:high" if marks else None, fenced=not marks,
         )
         window = ChunkWindow(schema, table, identity)
         self._pending = _Pending(request, window=window)
+        self._fence(self._pending)
         self._busy = rid
         return request
 
@@ -569,8 +593,7 @@ class SnapshotCore:
                 head.reset()  # read again; the ranges after it wait, their windows open
                 break
             out += self._rows(job, result.rows, cursor)
-            if not self._read_only:  # key re-reads need watermarks (not done read-only)
-                self._rereads.add_all(job.schema_name, job.table_name, result.reread)
+            self._rereads.add_all(job.schema_name, job.table_name, result.reread)
             out += self._place(cursor, self._range_done(flight, head, result))
         return out
 
@@ -726,6 +749,7 @@ class SnapshotCore:
             return
         self._failures = 0
         self._rereads.done(window.schema, window.table, request.keys)
+        self._watch()
         self._settle()
 
     def _answer(self, request_id: str) -> bool:
@@ -763,12 +787,13 @@ class SnapshotCore:
         """A captured stream event (in stream order). O(1) unless a window of its table
         is open."""
         self._horizon = event.position
-        if self._read_only:
-            self._observe_fenced(event)
-            return
         if event.unchanged and event.op is Op.CREATE and event.key:
             # A key change's create: no consumer has a value for its unchanged columns.
             self._rereads.add(event.schema, event.table, event.key)
+            self._watch()  # read-only: from this event on, the table's events are kept
+        if self._read_only:
+            self._observe_fenced(event)
+            return
         flight = self._flight
         if flight is not None and event.table == flight.name and event.schema == flight.schema:
             flight.observe(event)
@@ -811,6 +836,10 @@ class SnapshotCore:
                 if not pending.fenced.passed(reached):
                     break
                 out += self._close_window(pending, request, cursor)
+            elif isinstance(request, KeyReadRequest) and pending.fenced is not None:
+                if not pending.fenced.passed(reached):
+                    break
+                out += self._close_reread(pending, request, cursor)
             else:
                 break
         if self._notices:
@@ -875,8 +904,7 @@ class SnapshotCore:
             self._drop_ahead()
             return self._place(cursor, [])
         events = self._rows(job, result.rows, cursor)
-        if not self._read_only:  # key re-reads need watermarks (not done read-only)
-            self._rereads.add_all(job.schema_name, job.table_name, result.reread)
+        self._rereads.add_all(job.schema_name, job.table_name, result.reread)
         notices = self._chunk_done(self._incr, request, result)
         self._promote_ahead()
         return events + self._place(cursor, notices)
@@ -893,13 +921,18 @@ class SnapshotCore:
         window = pending.window
         if window is None or not pending.low_seen or not window.has_rows:
             return self._place(cursor, [])  # the keys stay queued: read again
-        result = window.close()
+        result = pending.fenced.close() if pending.fenced is not None else window.close()
         if not result.conclusive:
             return self._place(cursor, [])
         schema, table = window.schema, window.table
         self._failures = 0
         self._rereads.done(schema, table, request.keys)
         self._rereads.add_all(schema, table, result.reread)
+        for key in request.keys:  # a partial event of a key the read did not find yet
+            ident = dict(zip(request.identity, key, strict=True))
+            if window.saw_partial(ident):
+                self._rereads.add(schema, table, ident)
+        self._watch()
         events: list[Emitted] = []
         if result.rows:
             first = cursor.take(len(result.rows))

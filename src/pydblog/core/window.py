@@ -139,6 +139,10 @@ class ChunkWindow:
             if image is not None and all(c in image for c in cols):
                 self._dropped.add(_ident_key({c: image[c] for c in cols}))
 
+    def saw_partial(self, ident: dict[str, Any]) -> bool:
+        """A partial event (unchanged columns) of this identity fell into the window."""
+        return _ident_key(ident) in self._partial
+
     def close(self) -> WindowResult:
         """The outcome at H; call once, after ``set_rows``."""
         result = self._close()

@@ -397,13 +397,11 @@ class PgSnapshotReader:
         limit: int | None,
     ) -> EncodedChunk:
         """The chunk as one result row: PostgreSQL joins the rows' texts itself."""
-        ((count, keys, tails),) = self._read_only(plan.query(where, limit=limit), [])
+        count, keys, tails = self._bulk_read(plan, plan.query(where, limit=limit))
         if limit is not None and count == limit and self._nullable(info):
             last = orjson.loads(keys.rpartition("\n")[2])
             text = None if last is None else str(last)
-            ((count, keys, tails),) = self._read_only(
-                plan.query(self._group_end(info, where, text)), []
-            )
+            count, keys, tails = self._bulk_read(plan, plan.query(self._group_end(info, where, text)))
         # string_agg of no rows is NULL
         return EncodedChunk(count, tails or "", keys or "", bulk.decode_key, bulk.arity,
                             int_keys=bulk.int_keys)
@@ -445,14 +443,14 @@ class PgSnapshotReader:
             else:
                 part = sql.SQL("{} AND {} AND ({})").format(self._after(info, low), upper, cond)
                 query = plan.query(part, limit=limit - len(keys) * step)
-            parts.append(functools.partial(self._sub_read, query, self._shared_snapshot))
+            parts.append(functools.partial(self._sub_read, plan, query, self._shared_snapshot))
         results = pool.run(parts)
         last_limit = limit - len(keys) * step
         total = sum(r[0] for r in results)
         if results[-1][0] == last_limit and total < limit:  # deletes since the boundaries
             last_key = bulk.decode_key(orjson.loads(results[-1][1].rpartition("\n")[2]))
             part = sql.SQL("{} AND {} AND ({})").format(self._after(info, last_key), upper, cond)
-            results.append(self._read_only(plan.query(part, limit=limit - total), [])[0])
+            results.append(self._bulk_read(plan, plan.query(part, limit=limit - total)))
         filled = [r for r in results if r[0]]
         return EncodedChunk(
             sum(r[0] for r in filled), "\n".join(r[2] for r in filled),
@@ -460,11 +458,20 @@ class PgSnapshotReader:
         )
 
     def _sub_read(
-        self, query: sql.Composed, snapshot: str | None, conn: psycopg.Connection[Any] | None
-    ) -> tuple[Any, ...]:
+        self, plan: _ChunkPlan, query: sql.Composed, snapshot: str | None,
+        conn: psycopg.Connection[Any] | None,
+    ) -> tuple[int, str, str]:
         """One sub-range; on a pool connection (``conn``) in a read-only chunk with the
         chunk's exported ``snapshot``, so that the read's fence holds for every row."""
-        return self._read_only(query, [], conn, snapshot if conn is not None else None)[0]
+        return self._bulk_read(plan, query, conn, snapshot if conn is not None else None)
+
+    def _bulk_read(
+        self, plan: _ChunkPlan, query: sql.Composed,
+        conn: psycopg.Connection[Any] | None = None, snapshot: str | None = None,
+    ) -> tuple[int, str, str]:
+        """A bulk plan's one result row as ``(count, keys, tails)``, in key order."""
+        ((count, keys, tails, *ords),) = self._read_only(query, [], conn, snapshot)
+        return _in_key_order(plan.check, int(count), keys or "", tails or "", ords)
 
     def _group_end(self, info: TableInfo, where: sql.Composable, last: str | None) -> sql.Composable:
         """``where`` extended to the end of the group of the (surrogate) key text ``last``."""
@@ -526,10 +533,12 @@ class PgSnapshotReader:
 
             # One row per chunk: the keys and the row tails, each joined by newlines in
             # key order. PostgreSQL 16+ is told so (ORDER BY inside the aggregates, free
-            # there: the subquery's sorted output is recognised as presorted); before 16
-            # that ORDER BY sorts again (2.2-2.4x slower chunk queries on 15), so the
-            # aggregate relies on taking its input in the sorted subquery's order (what
-            # a plain aggregate over Limit -> scan does, but SQL does not promise).
+            # there: the subquery's sorted output is recognised as presorted). Before 16
+            # that ORDER BY sorts again (2.2-2.4x slower chunk queries on 15), and SQL
+            # does not promise that a plain aggregate takes its input in the sorted
+            # subquery's order, so the client checks it (``_in_key_order``): a single
+            # NOT NULL integer key by its values, any other key by the rows' ordinals
+            # in key order (a row_number() beside the subquery's ORDER BY).
             key_json = [self._key_json(quoted[i], oids[i]) for i in key_idx]
             if len(key_json) == 1:
                 key_expr = key_json[0]
@@ -539,6 +548,16 @@ class PgSnapshotReader:
                 key_expr, obj(ident_idx), sql.Literal(TAIL_SEP), obj(tuple(range(len(info.columns))))
             )
             agg_order = ""
+            extra_agg = ""
+            int_key = len(key_idx) == 1 and types.converter(oids[key_idx[0]]) is int
+            check = "" if self.ordered_agg else (
+                "keys" if int_key and not self._nullable(info) else "ordinals"
+            )
+            if check == "ordinals":
+                inner = sql.SQL(
+                    "{}, row_number() OVER (ORDER BY {} ROWS UNBOUNDED PRECEDING) AS _dblog_n"
+                ).format(inner, order)
+                extra_agg = ", string_agg(_dblog_n::text, ',')"
             if self.ordered_agg:
                 names = tuple(f"_dblog_o{n}" for n in range(len(key_idx)))
                 inner = sql.SQL("{}, {}").format(inner, sql.SQL(", ").join(
@@ -549,10 +568,10 @@ class PgSnapshotReader:
             head = sql.SQL("SELECT {} FROM {} WHERE ").format(inner, table)
             outer = sql.SQL(
                 f"SELECT count(*), string_agg(_dblog_k, E'\\n'{agg_order}), "
-                f"string_agg(_dblog_t, E'\\n'{agg_order}) FROM ({{}}) _dblog_s"
+                f"string_agg(_dblog_t, E'\\n'{agg_order}){extra_agg} FROM ({{}}) _dblog_s"
             )
             converters = tuple(types.converter(oids[i]) for i in key_idx)
-            return _ChunkPlan(head, order, 0, None, _bulk(converters), outer)
+            return _ChunkPlan(head, order, 0, None, _bulk(converters), outer, check)
         select = self._select_list(info, info.columns)
         head = sql.SQL("SELECT {} FROM {} WHERE ").format(select, table)
         encoder = compile_encoder(
@@ -570,10 +589,26 @@ class PgSnapshotReader:
     ) -> tuple[list[EncodedRow] | EncodedChunk, PgXidFence | PgLsnFence]:
         """``read_chunk`` in one REPEATABLE READ transaction, with the fence of its
         snapshot (``sources.postgres.fences``). Writes nothing; on a hot standby too."""
+        return self._fenced(
+            info, limit, lambda: self.read_chunk(info, after, max_key, limit, condition)
+        )
+
+    def read_keys_fenced(
+        self, info: TableInfo, keys: Sequence[tuple[Any, ...]]
+    ) -> tuple[list[EncodedRow] | EncodedChunk, PgXidFence | PgLsnFence]:
+        """``read_keys`` (a key re-read) fenced as ``read_chunk_fenced`` is."""
+        return self._fenced(info, 0, lambda: self.read_keys(info, keys))
+
+    def _fenced(
+        self, info: TableInfo, limit: int, read: Callable[[], list[EncodedRow] | EncodedChunk]
+    ) -> tuple[list[EncodedRow] | EncodedChunk, PgXidFence | PgLsnFence]:
+        """``read()`` in one REPEATABLE READ transaction, and the fence of its snapshot
+        (``limit``: the rows it may read, whether parallel sub-reads may share it)."""
         conn = self.conn
         if info.qualified not in self._oids:
             self.table_info(info.qualified)  # (commits: not inside the transaction below)
-        pool = self.subreads  # created (it asks the server) before the transaction too
+        split = limit >= 2 * MIN_SUB_ROWS
+        pool = self.subreads if split else None  # created (it asks the server) before
         standby = self._in_recovery()
         low = self._lsn("pg_last_wal_replay_lsn()", commit=True) if standby else None
         with conn.transaction():
@@ -586,12 +621,12 @@ class PgSnapshotReader:
             ).fetchone()
             assert row is not None
             self._in_fenced_read = True
-            if not standby and limit >= 2 * MIN_SUB_ROWS and pool.split(limit) > 1:
+            if not standby and pool is not None and pool.split(limit) > 1:
                 # Parallel sub-reads share this snapshot (a standby cannot export one).
                 exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
                 self._shared_snapshot = exported[0] if exported else None
             try:
-                rows = self.read_chunk(info, after, max_key, limit, condition)
+                rows = read()
             finally:
                 self._in_fenced_read = False
                 self._shared_snapshot = None
@@ -685,6 +720,40 @@ def _array_literal(value: list[Any], typ: str) -> sql.Composable:
     return sql.SQL("{}::{}").format(build(value), sql.SQL(typ))
 
 
+@functools.lru_cache(maxsize=16)
+def _ordinals(count: int) -> str:
+    """``"1,2,...,count"``: what a bulk chunk's ordinals are when its rows are in order."""
+    return ",".join(map(str, range(1, count + 1)))
+
+
+def _in_key_order(
+    check: str, count: int, keys: str, tails: str, ords: list[Any]
+) -> tuple[int, str, str]:
+    """A bulk chunk's joined keys and tails, made sure to be in key order.
+
+    ``check`` (``_ChunkPlan.check``): "" - the aggregates were ordered by the key (the
+    order is guaranteed); "keys" - a single NOT NULL integer key, whose values give the
+    order; "ordinals" - ``ords[0]`` joins each row's ``row_number()`` in key order, in
+    the order the aggregate took the rows. If the aggregate took them out of order
+    (PostgreSQL before 16 does not promise it), the rows are sorted here."""
+    if not check or count < 2:
+        return count, keys, tails
+    if check == "keys":
+        rank: list[int] = orjson.loads(f"[{keys.replace(chr(10), ',')}]")
+        if rank == sorted(rank):
+            return count, keys, tails
+    else:
+        text = ords[0] if ords else None
+        if text == _ordinals(count):
+            return count, keys, tails
+        rank = [int(n) for n in (text or "").split(",")]
+    log.info("a chunk's aggregate took its rows out of key order: sorting %d rows", count)
+    order = sorted(range(count), key=rank.__getitem__)
+    key_lines, tail_lines = keys.split("\n"), tails.split("\n")
+    return (count, "\n".join([key_lines[i] for i in order]),
+            "\n".join([tail_lines[i] for i in order]))
+
+
 @dataclass(frozen=True, slots=True)
 class _ChunkPlan:
     """A table's chunk query, ``head WHERE-clause ORDER BY order [LIMIT n]``, and
@@ -697,6 +766,7 @@ class _ChunkPlan:
     decode: Callable[[Any], EncodedRow] | None  # the text plan's row encoder
     bulk: _Bulk | None = None
     outer: sql.SQL | None = None  # wraps the row query: one result row per chunk
+    check: str = ""  # how a bulk chunk's key order is checked (``_in_key_order``)
 
     def query(self, where: sql.Composable, *, limit: int | None = None) -> sql.Composed:
         cap = sql.SQL(" LIMIT {}").format(sql.Literal(limit)) if limit is not None else sql.SQL("")
