@@ -42,6 +42,7 @@ from pydblog.ports import (
     Idle,
     Lease,
     LogSource,
+    RelationReset,
     SchemaChanged,
     SnapshotReader,
     SourceState,
@@ -149,6 +150,7 @@ class Runner:
             SchemaChanged: self._on_schema,
             StreamPassed: self._on_stream_passed,
             SourceState: self._on_source_state,
+            RelationReset: self._on_relation_reset,
         }
         self._read_only = driver.read_only
         pending = self._pending
@@ -273,6 +275,26 @@ class Runner:
         self._advance(item.position)
         driver.submit_next()
         self._driver_active = driver.active
+
+    def _on_relation_reset(self, item: RelationReset, stop: threading.Event) -> None:
+        """A captured table's name names a new relation (``ports.RelationReset``): its
+        truncate is logged like a stream event, and its snapshot starts over."""
+        ev = item.event
+        if self._skipped(ev.position):
+            return
+        driver = self.driver
+        assert driver is not None
+        self._in_tx = True
+        self._position = ev.position
+        driver.on_event(ev)
+        driver.restart_table(ev.qualified_table, item.kind)
+        # The new relation's schema is recorded again (from its first event or row).
+        self._known_schemas.pop(ev.qualified_table, None)
+        self._driver_active = driver.active
+        if not self._pending:
+            self._pending_since = time.monotonic()
+        self._pending.append(encode_event(ev, self._connector, self._db, self._now_ms))
+        driver.submit_next()
 
     def _on_schema(self, item: SchemaChanged, stop: threading.Event) -> None:
         ts: TableSchema = item.table_schema

@@ -174,6 +174,20 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[st
         ) from None
 
 
+def published_tables(conn: psycopg.Connection[Any], name: str) -> set[str] | None:
+    """The tables the publication lists (None: it does not exist yet, or is FOR ALL
+    TABLES, whose membership nothing changes)."""
+    row = conn.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+    if row is None or row[0]:
+        return None
+    return {
+        f"{s}.{t}"
+        for s, t in conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,)
+        )
+    }
+
+
 def missing_tables(conn: psycopg.Connection[Any], publication: str, tables: list[str]) -> list[str]:
     current = {
         f"{s}.{t}"

@@ -11,6 +11,10 @@ Invariants:
   is listed in ``ChangeEvent.unchanged``.
 - An UPDATE that changes the key is emitted as a delete of the old key followed by a
   create of the new one, so materializing the log stays exact.
+- A captured table dropped, or dropped and created again, is reset: a transactional
+  message, committed before the table is added to the publication again, comes back
+  through the stream as a ``RelationReset`` (a truncate), after every event of the old
+  relation and before every event of the new one (``_reset_tables``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import psycopg
 import psycopg2
 import psycopg2.extras
@@ -35,6 +40,8 @@ from pydblog.ports import (
     Commit,
     Heartbeat,
     Idle,
+    RelationReset,
+    ResetKind,
     SchemaChanged,
     StreamItem,
     StreamPassed,
@@ -53,6 +60,7 @@ log = logging.getLogger(__name__)
 
 WATERMARK_PREFIX = "dblog-watermark"
 HEARTBEAT_PREFIX = "dblog-heartbeat"
+RESET_PREFIX = "dblog-relation-reset"
 IDLE = Idle()
 PG_EPOCH_US = 946_684_800_000_000
 
@@ -73,6 +81,7 @@ class PgLogSource:
         self._types: TypeRegistry | None = None
         self._relations: dict[int, RelationState] = {}
         self._captured: list[str] = []
+        self._seen: set[str] = set()  # every table captured in this session
         self._acked: int = 0
         self._last_hb = 0.0
         self._wake: tuple[int, int] | None = None  # self-pipe: wakeup() -> stream yields Idle
@@ -120,22 +129,47 @@ class PgLogSource:
             self._wake = (r, w)
 
     def _refresh_publication(self) -> None:
-        assert self._meta is not None
-        own = {self.signal_table, self.watermark_table}
-        tables = setup.publishable(setup.list_tables(self._meta, self._matcher, own), self._warned)
-        self._captured = [t.qualified for t in tables]
-        setup.ensure_publication(self._meta, self.src.publication, [*self._captured, *sorted(own)])
+        self.refresh_tables(force=True)
 
-    def refresh_tables(self) -> None:
-        """Pick up tables created since start that match ``tables`` (new ones are
-        captured from the moment they are added to the publication)."""
-        assert self._meta is not None
+    def refresh_tables(self, *, force: bool = False) -> None:
+        """Pick up tables created since start that match ``tables`` (captured from the
+        moment they are added to the publication), and reset (``_reset_tables``) tables
+        dropped, or dropped and created again under their name: a drop takes a table out
+        of the publication, so a table captured before (``force``, at start: any table)
+        that is missing from it is a new relation."""
+        meta = self._meta
+        assert meta is not None
         own = {self.signal_table, self.watermark_table}
-        tables = setup.publishable(setup.list_tables(self._meta, self._matcher, own), self._warned)
+        listed = setup.list_tables(meta, self._matcher, own)
+        tables = setup.publishable(listed, self._warned)
         names = [t.qualified for t in tables]
-        if names != self._captured:
-            self._captured = names
-            setup.ensure_publication(self._meta, self.src.publication, [*names, *sorted(own)])
+        published = setup.published_tables(meta, self.src.publication)
+        joining = [] if published is None else [t for t in names if t not in published]
+        present = {t.qualified for t in listed}
+        gone = [t for t in self._captured if t not in present]
+        if names == self._captured and not joining and not force:
+            return
+        if force:
+            self._reset_tables(joining, ResetKind.JOINED)
+        else:
+            self._reset_tables([t for t in joining if t in self._seen], ResetKind.RECREATED)
+        self._reset_tables(gone, ResetKind.GONE)
+        self._captured = names
+        self._seen.update(names)
+        setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)])
+
+    def _reset_tables(self, tables: list[str], kind: ResetKind) -> None:
+        """A reset message per table, committed before the publication changes: a table
+        joins it with a relation whose rows the log has not described (created, or
+        dropped and created again, since the last refresh: a drop takes a table out of
+        the publication), or a captured table is gone. The old relation's events all
+        committed before the drop, so before the message; the new one's are published
+        only after the publication changes, so after it."""
+        assert self._meta is not None
+        for qualified in tables:
+            log.info("table %s: %s, logging a truncate (and snapshotting it)", qualified, kind.value)
+            payload = orjson.dumps([*setup.split_name(qualified), kind.value]).decode()
+            self._meta.execute("SELECT pg_logical_emit_message(true, %s, %s)", (RESET_PREFIX, payload))
 
     # -- stream -------------------------------------------------------------------
     def stream(self) -> Iterator[StreamItem]:
@@ -317,6 +351,12 @@ class PgLogSource:
             return [WatermarkSeen(m.content.decode(), pos)]
         if m.prefix == HEARTBEAT_PREFIX and not in_tx:
             return [Heartbeat(PgPosition(Lsn(m.lsn), 0, Lsn(m.lsn)))]
+        if m.prefix == RESET_PREFIX and in_tx:
+            schema, table, kind = orjson.loads(m.content)
+            if not self._matcher(f"{schema}.{table}"):
+                return []
+            event = ChangeEvent(Op.TRUNCATE, schema, table, PgPosition(lsn, idx, None, tx), ts)
+            return [RelationReset(event, ResetKind(kind))]
         return []
 
     def table_schema(self, schema: str, table: str) -> TableSchema | None:
