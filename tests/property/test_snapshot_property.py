@@ -182,6 +182,8 @@ class Sim:
         for table in TABLES:
             keys = self.data.draw(st.sets(st.sampled_from(KEYS), max_size=10), label="init")
             self.db[table] = {k: self.row(k) for k in sorted(keys)}
+            for k, row in self.db[table].items():  # written by a visible transaction 0
+                self.versions[(table, k)] = [(0, row)]
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -505,7 +507,7 @@ class Sim:
         rows, fence = w.answer
         self.rereads += 1
         self.emit(self.core.on_chunk_read(req.id, rows, 1.0, fence=fence))
-        self.worker = None
+        self.done(w)
 
     def table_start(self, w: Worker, req: TableStartRequest) -> None:
         if w.phase == 0:
