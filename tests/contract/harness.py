@@ -73,26 +73,19 @@ class PgHarness:
         return (event["source"]["lsn"], event["source"]["index"])
 
 
-class KafkaLogHarness:
-    """A source harness whose capture writes to Kafka (a fresh topic prefix, three
-    partitions per table) instead of the embedded log."""
+class Wrapped:
+    """A harness that changes one thing of ``inner`` and hands everything else to it."""
 
-    def __init__(self, inner: Harness, bootstrap: str) -> None:
-        import uuid
-
+    def __init__(self, inner: Harness) -> None:
         self.inner = inner
-        self.name = f"{inner.name}+kafka"
+        self.name = inner.name
         self.schema = inner.schema
-        self.log_keys = (
-            f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\n'
-            f'topic_prefix = "c{uuid.uuid4().hex[:10]}"\npartitions = 3\n'
-        )
 
     def execute(self, *statements: str) -> None:
         self.inner.execute(*statements)
 
     def config(self, directory: Path, extra: str = "") -> Path:
-        return self.inner.config(directory, self.log_keys + extra)
+        return self.inner.config(directory, extra)
 
     def rows(self, table: str, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
         return self.inner.rows(table, key)
@@ -105,3 +98,21 @@ class KafkaLogHarness:
 
     def position(self, event: dict[str, Any]) -> tuple[Any, ...]:
         return self.inner.position(event)
+
+
+class KafkaLogHarness(Wrapped):
+    """A source harness whose capture writes to Kafka (a fresh topic prefix, three
+    partitions per table) instead of the embedded log."""
+
+    def __init__(self, inner: Harness, bootstrap: str) -> None:
+        import uuid
+
+        super().__init__(inner)
+        self.name = f"{inner.name}+kafka"
+        self.log_keys = (
+            f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\n'
+            f'topic_prefix = "c{uuid.uuid4().hex[:10]}"\npartitions = 3\n'
+        )
+
+    def config(self, directory: Path, extra: str = "") -> Path:
+        return self.inner.config(directory, self.log_keys + extra)

@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -23,21 +22,20 @@ from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.pgstandby import PgStandby
 from pydblog.sources.mysql.setup import OwnTables, signal_table_ddl
 from tests.contract.capture import Capture, snapshot_rows
-from tests.contract.harness import Harness, PgHarness
+from tests.contract.harness import Harness, PgHarness, Wrapped
 from tests.contract.test_snapshots import make_table, q, sid, writer
 from tests.mysql.harness import MariaHarness
 
 
-class ReadOnlyUser:
+class ReadOnlyUser(Wrapped):
     """A MySQL/MariaDB harness whose capture connects as a user that can only read
     (SELECT on the database, REPLICATION SLAVE and CLIENT): the server itself refuses
     any write of the capture. The signal table is created beforehand, as an
     administrator would."""
 
     def __init__(self, inner: MariaHarness) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.schema = inner.schema
+        super().__init__(inner)
+        self.inner: MariaHarness = inner
         server = inner.server
         self.user = f"ro_{uuid.uuid4().hex[:8]}"
         own = OwnTables((self.schema, "dblog_signal"), (self.schema, "dblog_watermark"),
@@ -49,27 +47,12 @@ class ReadOnlyUser:
             f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{self.user}'@'127.0.0.1'"
         )
 
-    def execute(self, *statements: str) -> None:
-        self.inner.execute(*statements)
-
     def config(self, directory: Path, extra: str = "") -> Path:
         path = self.inner.config(directory, extra)
         server = self.inner.server
         path.write_text(path.read_text().replace(
             server.dsn(self.schema), server.dsn(self.schema, user=self.user, password="ro")))
         return path
-
-    def rows(self, table: str, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
-        return self.inner.rows(table, key)
-
-    def signal(self, signal_id: str, kind: str, data: dict[str, Any]) -> None:
-        self.inner.signal(signal_id, kind, data)
-
-    def marker(self, token: str) -> None:
-        self.inner.marker(token)
-
-    def position(self, event: dict[str, Any]) -> tuple[Any, ...]:
-        return self.inner.position(event)
 
 
 @pytest.fixture
