@@ -35,7 +35,7 @@ from pydblog.sources.postgres.connect import connect
 from pydblog.sources.postgres.fences import PgLsnFence, PgXidFence
 from pydblog.sources.postgres.parallel import MIN_SUB_ROWS, SubReadPool
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
-from pydblog.sources.postgres.relations import compile_encoder, identity_columns
+from pydblog.sources.postgres.relations import TABLE_COLUMNS_SQL, compile_encoder, identity_columns
 from pydblog.sources.postgres.setup import split_name
 from pydblog.sources.postgres.source import WATERMARK_PREFIX, PgLogSource
 from pydblog.sources.postgres.types import TypeRegistry
@@ -164,18 +164,7 @@ class PgSnapshotReader:
         # One catalog query: columns in order, each one's place in the primary key and in
         # the replica identity index, and the table's replica identity setting.
         rows = conn.execute(
-            """
-            SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
-                   array_position(i.indkey::int2[], a.attnum),
-                   array_position(ri.indkey::int2[], a.attnum), c.relreplident::text
-            FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-            JOIN pg_namespace n ON n.oid = c.relnamespace
-            LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
-            LEFT JOIN pg_index ri ON ri.indrelid = c.oid AND ri.indisreplident
-            WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
-              AND a.attgenerated = ''
-            ORDER BY a.attnum
-            """,
+            TABLE_COLUMNS_SQL,
             (schema, table),
         ).fetchall()
         conn.commit()

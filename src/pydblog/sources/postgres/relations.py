@@ -100,6 +100,22 @@ def compile_encoder(
     return fn
 
 
+TABLE_COLUMNS_SQL = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
+       array_position(i.indkey::int2[], a.attnum),
+       array_position(ri.indkey::int2[], a.attnum), c.relreplident::text, a.atttypmod
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
+LEFT JOIN pg_index ri ON ri.indrelid = c.oid AND ri.indisreplident
+WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+  AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+"""A table's published columns (generated ones are not published) in order, one row
+each: name, type text, type oid, place in the primary key, place in the replica
+identity index, the table's replica identity setting, type modifier."""
+
 def identity_columns(
     names: tuple[str, ...], pk: tuple[str, ...], index: tuple[str, ...]
 ) -> tuple[str, ...]:

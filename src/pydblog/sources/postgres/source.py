@@ -53,7 +53,12 @@ from pydblog.sources.postgres import pgoutput as po
 from pydblog.sources.postgres import setup
 from pydblog.sources.postgres.connect import connect, connect_replication, replication_error
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
-from pydblog.sources.postgres.relations import RelationState, build_relation, identity_columns
+from pydblog.sources.postgres.relations import (
+    TABLE_COLUMNS_SQL,
+    RelationState,
+    build_relation,
+    identity_columns,
+)
 from pydblog.sources.postgres.types import TypeRegistry
 
 log = logging.getLogger(__name__)
@@ -365,23 +370,12 @@ class PgLogSource:
         are snapshot rows. Generated columns are left out (not published)."""
         assert self._meta is not None and self._types is not None
         rows = self._meta.execute(
-            """
-            SELECT a.attname, a.atttypid, a.atttypmod,
-                   array_position(i.indkey::int2[], a.attnum),
-                   array_position(ri.indkey::int2[], a.attnum), c.relreplident::text
-            FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-            JOIN pg_namespace n ON n.oid = c.relnamespace
-            LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
-            LEFT JOIN pg_index ri ON ri.indrelid = c.oid AND ri.indisreplident
-            WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
-              AND a.attgenerated = ''
-            ORDER BY a.attnum
-            """,
+            TABLE_COLUMNS_SQL,
             (schema, table),
         ).fetchall()
         if not rows:
             return None
-        missing = [int(r[1]) for r in rows if not self._types.known(int(r[1]))]
+        missing = [int(r[2]) for r in rows if not self._types.known(int(r[2]))]
         if missing:
             self._types.refresh(self._meta, missing)
         names = tuple(str(r[0]) for r in rows)
@@ -392,8 +386,8 @@ class PgLogSource:
             schema,
             table,
             tuple(
-                ColumnSchema(str(r[0]), types.sql_type(int(r[1]), int(r[2])),
-                             types.logical_type(int(r[1])), r[0] not in pk and r[0] not in index)
+                ColumnSchema(str(r[0]), types.sql_type(int(r[2]), int(r[6])),
+                             types.logical_type(int(r[2])), r[0] not in pk and r[0] not in index)
                 for r in rows
             ),
             identity_columns(names, pk, index),
