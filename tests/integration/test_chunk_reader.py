@@ -186,3 +186,25 @@ def test_rows_come_in_key_order_even_if_the_aggregate_takes_them_out_of_order(
             keys = [r.chunk_key for r in want][::-1]
             reread = list(reader.read_keys(info, keys))
             assert _parsed(reread) == _parsed(want)
+
+
+@pytest.mark.parametrize("condition", [None, "id % 4 <> 0"])
+def test_chunk_bounds_are_every_step_th_key(
+    table: str, reader: PgSnapshotReader, condition: str | None
+) -> None:
+    """Boundary keys (``chunk_bounds``) are the keys of the step-th, 2·step-th, ... row
+    after ``after`` in key order, under the filter, never beyond ``max_key``."""
+    info = reader.table_info("public.odd")
+    assert info is not None and info.key == ("k", "id")
+    top = reader.max_key(info, condition)
+    assert top is not None
+    reader.fast_json = False
+    reader._plans.clear()
+    every = [r.chunk_key for r in reader.read_chunk(info, None, top, 1000, condition)]
+    assert len(every) >= 30
+    assert reader.chunk_bounds(info, None, top, 7, 3, condition) == [every[6], every[13], every[20]]
+    after = every[4]
+    assert reader.chunk_bounds(info, after, top, 5, 100, condition) == every[9::5]
+    # max_key bounds the boundaries: none past it
+    assert reader.chunk_bounds(info, None, every[11], 4, 10, condition) == [every[3], every[7], every[11]]
+    assert reader.chunk_bounds(info, every[-1], top, 1, 3, condition) == []

@@ -467,17 +467,17 @@ class TypeRegistry:
         if conv is _bytea:
             quoted = f"translate(encode({c}, 'base64'), E'\\n', '')"
         elif conv is _timestamptz:
+            # Whole seconds without a fraction: ".000000Z" can only be the fraction of
+            # such a value (no other "." in the text), so one to_char and a replace.
             quoted = (
                 f"CASE WHEN isfinite({c}) AND {c} >= '0001-01-01 00:00:00+00' THEN "
-                f"to_char({c} AT TIME ZONE 'UTC', CASE WHEN date_trunc('second', {c}) = {c} "
-                f"THEN 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"' "
-                f"ELSE 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"' END) ELSE {c}::text END"
+                f"replace(to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
+                f"'.000000Z', 'Z') ELSE {c}::text END"
             )
         elif conv is _timestamp:
             quoted = (
                 f"CASE WHEN isfinite({c}) AND {c} >= '0001-01-01 00:00:00' THEN "
-                f"to_char({c}, CASE WHEN date_trunc('second', {c}) = {c} "
-                f"THEN 'YYYY-MM-DD\"T\"HH24:MI:SS' ELSE 'YYYY-MM-DD\"T\"HH24:MI:SS.US' END) "
+                f"replace(to_char({c}, 'YYYY-MM-DD\"T\"HH24:MI:SS.US'), '.000000', '') "
                 f"ELSE {c}::text END"
             )
         elif conv is _time:
