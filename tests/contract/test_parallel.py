@@ -1,7 +1,9 @@
-"""Concurrent chunk windows (``[snapshot] parallelism = 4``, ``core.flight``) against a
-real PostgreSQL: up to four chunks of 8,192 rows are read at once on four connections,
-each in its own L/H window (read-only: its own fence), while a writer changes the table;
-the oracle must hold, also across a kill -9 in the middle of the parallel chunks."""
+"""Concurrent chunk windows (``[snapshot] parallelism = 4``, ``core.flight``) against
+real servers (PostgreSQL, MariaDB, MySQL 5.7): up to four chunks are read at once on four
+connections, each in its own L/H window (read-only: its own fence), while a writer
+changes the table; the oracle must hold, also across a kill -9 in the middle of the
+parallel chunks. MySQL/MariaDB tables are smaller (their chunk reads are slower) and cut
+into smaller chunks, so four are still in flight at once."""
 
 from __future__ import annotations
 
@@ -13,25 +15,39 @@ from pathlib import Path
 import pytest
 
 from tests.contract.capture import Capture, snapshot_rows
-from tests.contract.harness import PgHarness
+from tests.contract.harness import Harness
 from tests.contract.test_snapshots import q, sid, writer
 
-SETTINGS = "[snapshot]\nchunk_size = 8192\nparallelism = 4"
+
+def big_table(h: Harness, rows: int) -> None:
+    """``t1 (id, v, n)`` with ids ``0 .. rows - 1``."""
+    h.execute("CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(40), n INT)")
+    if h.name.startswith("postgres"):
+        h.execute(
+            f"INSERT INTO t1 SELECT g, 'v' || g, g % 7 FROM generate_series(0, {rows - 1}) g"
+        )
+        return
+    for lo in range(0, rows, 10_000):
+        values = ", ".join(f"({i}, 'v{i}', {i % 7})" for i in range(lo, min(rows, lo + 10_000)))
+        h.execute(f"INSERT INTO t1 (id, v, n) VALUES {values}")
 
 
-def big_table(h: PgHarness, rows: int) -> None:
-    h.execute(
-        "CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(40), n INT)",
-        f"INSERT INTO t1 SELECT g, 'v' || g, g % 7 FROM generate_series(0, {rows - 1}) g",
-    )
+def sized(h: Harness, pg_rows: int, pg_chunk: int) -> tuple[int, int]:
+    """(rows, chunk size) for this source: a quarter of the rows and of the chunk size
+    on MySQL/MariaDB (the same number of chunks in flight)."""
+    if h.name.startswith("postgres"):
+        return pg_rows, pg_chunk
+    return pg_rows // 4, max(64, pg_chunk // 4)
 
 
-def test_parallel_chunks_with_writes(pg_db: str, tmp_path: Path) -> None:
-    h = PgHarness(pg_db)
-    big_table(h, 30_000)
-    with Capture(h, tmp_path, SETTINGS) as cap:
+@pytest.mark.mysql57
+def test_parallel_chunks_with_writes(harness: Harness, tmp_path: Path) -> None:
+    h = harness
+    rows, chunk = sized(h, 30_000, 8192)
+    big_table(h, rows)
+    with Capture(h, tmp_path, f"[snapshot]\nchunk_size = {chunk}\nparallelism = 4") as cap:
         stop = threading.Event()
-        th = threading.Thread(target=writer, args=(h, "t1", stop, 7, 33_000))
+        th = threading.Thread(target=writer, args=(h, "t1", stop, 7, rows + rows // 10))
         th.start()
         try:
             h.signal(sid(), "execute-snapshot", {"data-collections": [q(h, "t1")]})
@@ -41,17 +57,19 @@ def test_parallel_chunks_with_writes(pg_db: str, tmp_path: Path) -> None:
             th.join()
         events = cap.assert_oracle({"t1": ["id"]})
         err = cap.stop()
-    assert len(snapshot_rows(events, "t1")) > 20_000
+    assert len(snapshot_rows(events, "t1")) > rows * 2 // 3
     assert "up to 4 read at once" in err
 
 
 @pytest.mark.slow
-def test_parallel_chunks_resume_after_kill9(pg_db: str, tmp_path: Path) -> None:
-    h = PgHarness(pg_db)
-    big_table(h, 40_000)
-    cap = Capture(h, tmp_path, SETTINGS).start()
+@pytest.mark.mysql57
+def test_parallel_chunks_resume_after_kill9(harness: Harness, tmp_path: Path) -> None:
+    h = harness
+    rows, chunk = sized(h, 40_000, 8192)
+    big_table(h, rows)
+    cap = Capture(h, tmp_path, f"[snapshot]\nchunk_size = {chunk}\nparallelism = 4").start()
     stop = threading.Event()
-    th = threading.Thread(target=writer, args=(h, "t1", stop, 8, 44_000))
+    th = threading.Thread(target=writer, args=(h, "t1", stop, 8, rows + rows // 10))
     th.start()
     try:
         h.signal(sid(), "execute-snapshot", {"data-collections": [q(h, "t1")]})
@@ -68,21 +86,23 @@ def test_parallel_chunks_resume_after_kill9(pg_db: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.mysql57
 @pytest.mark.parametrize("watermark", ["table", "read-only"])
 def test_parallel_chunks_survive_kill9_at_random_points(
-    pg_db: str, tmp_path: Path, watermark: str
+    harness: Harness, tmp_path: Path, watermark: str
 ) -> None:
     """Three kill -9s at random moments while four windows are in flight (some read,
     some waiting for their H or fence, some waiting for an earlier range), under a
     write load; every restart resumes after the emitted prefix, and the change log
     materializes to the table."""
-    h = PgHarness(pg_db)
-    big_table(h, 120_000)
+    h = harness
+    rows, chunk = sized(h, 120_000, 512)
+    big_table(h, rows)
     rng = random.Random(watermark)
-    settings = f'[snapshot]\nchunk_size = 512\nparallelism = 4\nwatermark = "{watermark}"'
+    settings = f'[snapshot]\nchunk_size = {chunk}\nparallelism = 4\nwatermark = "{watermark}"'
     with Capture(h, tmp_path, settings) as cap:
         stop = threading.Event()
-        th = threading.Thread(target=writer, args=(h, "t1", stop, 11, 130_000))
+        th = threading.Thread(target=writer, args=(h, "t1", stop, 11, rows + rows // 12))
         th.start()
         try:
             h.signal(sid(), "execute-snapshot", {"data-collections": [q(h, "t1")]})

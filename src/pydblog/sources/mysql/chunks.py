@@ -14,15 +14,21 @@ Invariants:
 - ``read_chunk_fenced`` (read-only snapshots) reads a whole chunk, every SELECT of it,
   in one consistent-snapshot transaction and returns the GTID fence of that snapshot
   (``sources.mysql.fences``); it writes nothing.
+- Concurrent windows (``core.flight``, ``ports.ConcurrentReader``): ``fork`` gives a
+  reader on a connection of its own (one per chunk in flight; closed by this reader's
+  ``close``), ``chunk_bounds`` finds range boundaries with keyset ``LIMIT 1 OFFSET
+  step - 1`` queries (the key columns only). A reader object is used by one thread at a
+  time for chunk reads; ``fork`` may be called from several threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import pymysql
 
@@ -49,6 +55,9 @@ from pydblog.sources.mysql.fences import GtidFence
 from pydblog.sources.mysql.setup import OwnTables
 from pydblog.sources.mysql.types import ColumnType, SelectMapper, key_param, quote_ident
 
+T = TypeVar("T")
+Run = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
+"""Runs one SELECT (with its parameters) inside a read-only transaction."""
 TIMEOUTS = {ER_STATEMENT_TIMEOUT_MARIADB, ER_QUERY_TIMEOUT_MYSQL}
 IDLE_PING_S = 60.0
 
@@ -81,7 +90,10 @@ class MySqlSnapshotReader:
         own: OwnTables,
         statement_timeout_ms: int = 60_000,
         connect_timeout_s: float = 10.0,
+        parallelism: int | None = None,
     ) -> None:
+        """``parallelism``: ``[snapshot] parallelism`` (None: a default, see
+        ``parallelism()``)."""
         self.dsn = dsn
         self.db = dsn.database
         self.matcher = matcher
@@ -95,6 +107,8 @@ class MySqlSnapshotReader:
         self._fenced = False  # inside a read-only chunk's transaction: no own transactions
         self._tables: dict[tuple[str, tuple[str, ...]], _Table] = {}
         self._pks: dict[str, tuple[str, ...]] = {}  # table -> primary key (() without one)
+        self._parallelism = parallelism
+        self._forks: list[MySqlSnapshotReader] = []
 
     # -- connection ------------------------------------------------------------------------
     def _connection(self) -> Any:
@@ -136,22 +150,37 @@ class MySqlSnapshotReader:
         ``_FilterRejected`` for the caller to word. Inside ``read_chunk_fenced`` the
         SELECT runs in its transaction, and errors are raised as they come (that read is
         retried as a whole)."""
+        return self._in_read_only(lambda run: run(sql, params), doing=doing, raw=raw)
+
+    def _in_read_only(
+        self,
+        work: Callable[[Run], T],
+        *,
+        doing: str,
+        raw: bool = False,
+    ) -> T:
+        """``work(run)`` in one READ ONLY transaction, ``run(sql, params)`` running a
+        SELECT of it with the statement timeout; a lost connection is reopened and the
+        whole ``work`` run again once (so it must only read). Errors as ``_read_only``."""
         if self._fenced:
-            with self._conn.cursor() as cur:
-                cur.execute(self._timed(sql), tuple(params) if params else None)
-                return list(cur.fetchall())
+            def fenced_run(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+                with self._conn.cursor() as cur:
+                    cur.execute(self._timed(sql), tuple(params) if params else None)
+                    return list(cur.fetchall())
+            return work(fenced_run)
         for attempt in (1, 2):
             with self._lock:
                 conn = self._connection()
                 try:
                     with conn.cursor() as cur:
+                        def run(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+                            cur.execute(self._timed(sql), tuple(params) if params else None)
+                            return list(cur.fetchall())
                         cur.execute("START TRANSACTION READ ONLY")
                         try:
-                            cur.execute(self._timed(sql), tuple(params) if params else None)
-                            rows = list(cur.fetchall())
+                            return work(run)
                         finally:
                             conn.rollback()
-                    return rows
                 except pymysql.Error as exc:
                     code = errno(exc)
                     if code in UNAVAILABLE and attempt == 1:
@@ -274,19 +303,99 @@ class MySqlSnapshotReader:
         t = self._table(info)
         if not t.key_cols:
             raise SignalError(f"table {info.qualified} has no primary key: give a surrogate-key")
-        keys = ", ".join(t.mapper.exprs[t.mapper.columns.index(k)] for k in info.key)
+        keys = _key_mapper(t, info)
         order = ", ".join(f"{quote_ident(k)} DESC" for k in info.key)
         where = f" WHERE ({condition})" if condition else ""
-        sql = f"SELECT {keys} FROM {t.name}{where} ORDER BY {order} LIMIT 1"
+        sql = f"SELECT {keys.select_list} FROM {t.name}{where} ORDER BY {order} LIMIT 1"
         rows = self._read_only(sql, (), doing=f"reading the max key of {info.qualified}")
         if not rows:
             return None
-        mapped = SelectMapper(
-            tuple(info.key),
-            tuple(t.mapper.exprs[t.mapper.columns.index(k)] for k in info.key),
-            tuple(t.mapper.convs[t.mapper.columns.index(k)] for k in info.key),
-        ).map(rows[0])
+        mapped = keys.map(rows[0])
         return tuple(mapped[k] for k in info.key)
+
+    # -- concurrent windows (ports.ConcurrentReader) -------------------------------------
+    def parallelism(self) -> int:
+        """``[snapshot] parallelism``, else a default from the machine and the server:
+        half the machine's cores (at least 2, at most 4), and no more than a tenth of
+        the server's free connections (``max_connections - Threads_connected``)."""
+        if self._parallelism is not None:
+            return self._parallelism
+        want = max(2, min(4, (os.cpu_count() or 2) // 2))
+        try:
+            with self._lock, self._connection().cursor() as cur:
+                cur.execute("SELECT @@GLOBAL.max_connections")
+                limit = int(cur.fetchone()[0])
+                cur.execute("SHOW GLOBAL STATUS LIKE 'Threads_connected'")
+                row = cur.fetchone()
+                used = int(row[1]) if row else 0
+        except pymysql.Error as exc:
+            self._reset()
+            raise self._error(exc, "reading the server's connection limit") from None
+        return max(1, min(want, (limit - used) // 10))
+
+    def fork(self) -> MySqlSnapshotReader:
+        """Another reader of the same server on a connection of its own (for one chunk
+        in flight at a time); closed by this reader's ``close``. Thread-safe."""
+        child = MySqlSnapshotReader(
+            self.dsn, matcher=self.matcher, own=self.own,
+            statement_timeout_ms=self.statement_timeout_ms,
+            connect_timeout_s=self.connect_timeout_s, parallelism=1,
+        )
+        with self._lock:
+            self._forks.append(child)
+        return child
+
+    def chunk_bounds(
+        self,
+        info: TableInfo,
+        after: tuple[Any, ...] | None,
+        max_key: tuple[Any, ...],
+        step: int,
+        count: int,
+        condition: str | None,
+    ) -> list[tuple[Any, ...]]:
+        """The keys of the ``step``-th, ``2·step``-th, ... row with ``after < key <=
+        max_key`` (and ``condition``), at most ``count``, ascending, mapped as chunk keys.
+
+        One READ ONLY transaction of up to ``count`` keyset queries, each ``SELECT key
+        ... WHERE key > previous bound AND key <= max_key ORDER BY key LIMIT 1 OFFSET
+        step - 1``: only the key columns are selected, and each query walks ``step``
+        index entries from where the previous one stopped (MySQL 5.7 has no window
+        functions for one query). Fewer than ``count`` keys: the range's end is near."""
+        t = self._table(info)
+        if not t.key_cols:
+            raise SignalError(f"table {info.qualified} has no primary key: give a surrogate-key")
+        keys = _key_mapper(t, info)
+        order = ", ".join(quote_ident(k) for k in info.key)
+        offset = max(0, int(step) - 1)
+
+        def work(run: Run) -> list[tuple[Any, ...]]:
+            out: list[tuple[Any, ...]] = []
+            prev = after
+            for _ in range(count):
+                params: list[Any] = []
+                where = [] if prev is None else [
+                    _compare(t.key_cols, prev, strict=True, greater=True, params=params)
+                ]
+                where.append(_compare(t.key_cols, max_key, strict=False, greater=False,
+                                      params=params))
+                clause = " AND ".join(where)
+                if condition:
+                    cond = condition.replace("%", "%%") if params else condition
+                    clause = f"({clause}) AND ({cond})"
+                rows = run(
+                    f"SELECT {keys.select_list} FROM {t.name} WHERE {clause} "
+                    f"ORDER BY {order} LIMIT 1 OFFSET {offset}",
+                    params,
+                )
+                if not rows:
+                    break
+                mapped = keys.map(rows[0])
+                prev = tuple(mapped[k] for k in info.key)
+                out.append(prev)
+            return out
+
+        return self._in_read_only(work, doing=f"reading chunk bounds of {info.qualified}")
 
     def read_chunk(
         self,
@@ -416,7 +525,18 @@ class MySqlSnapshotReader:
 
     def close(self) -> None:
         with self._lock:
+            forks, self._forks = self._forks, []
             self._reset()
+        for child in forks:
+            child.close()
+
+
+def _key_mapper(t: _Table, info: TableInfo) -> SelectMapper:
+    """The SELECT mapping of ``info``'s key columns only (as chunk rows map them)."""
+    at = [t.mapper.columns.index(k) for k in info.key]
+    return SelectMapper(
+        tuple(info.key), tuple(t.mapper.exprs[i] for i in at), tuple(t.mapper.convs[i] for i in at)
+    )
 
 
 def _compare(

@@ -12,11 +12,13 @@ from pydblog.sources.mysql.setup import own_tables
 
 if TYPE_CHECKING:
     from pydblog.config import Config
-    from pydblog.ports import LogSource, SnapshotReader
+    from pydblog.ports import ConcurrentReader, FencedReader, LogSource, SnapshotReader
 
     # Static checks that the implementations satisfy the protocols.
     _source_check: type[LogSource] = MySqlLogSource
     _reader_check: type[SnapshotReader] = MySqlSnapshotReader
+    _concurrent_check: type[ConcurrentReader] = MySqlSnapshotReader
+    _fenced_check: type[FencedReader] = MySqlSnapshotReader
 
 
 def create(cfg: Config) -> tuple[LogSource, SnapshotReader]:
@@ -50,5 +52,6 @@ def create(cfg: Config) -> tuple[LogSource, SnapshotReader]:
         own=own,
         statement_timeout_ms=cfg.snapshot.statement_timeout_ms,
         connect_timeout_s=cfg.source.connect_timeout_s,
+        parallelism=cfg.snapshot.parallelism,
     )
     return source, reader
