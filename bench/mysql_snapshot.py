@@ -3,15 +3,16 @@ table, against a raw SELECT, in one run on one throwaway server.
 
 1. raw: ``SELECT * FROM t`` streamed to the client (pymysql unbuffered cursor, rows as
    tuples, nothing else): the ceiling of reading the table from Python;
-2. for each variant (``[snapshot] watermark = "table"``, then ``"read-only"``, in turns,
+2. for each variant (``[snapshot] watermark = "table"`` and ``"read-only"``, each at
+   every ``--parallelism`` (chunks read at once, each on its own connection), in turns,
    ``--repeat`` times): a fresh ``dblog run`` with ``snapshot.mode = "initial"`` over the
    table, optionally with a background writer (``--updates`` per second on the same
    table); rows/s from its first to its last snapshot row in the durable change log, and
    the CPU per row of ``dblog run`` and of the server.
 
 Usage: ``flock /tmp/pydblog-bench.lock .venv/bin/python bench/mysql_snapshot.py
-[--rows 1000000] [--server mariadb|mysql57] [--updates 1000] [--repeat 2]``
-(results: docs/benchmarks.md).
+[--rows 1000000] [--server mariadb|mysql57] [--updates 1000] [--repeat 2]
+[--parallelism 1 2 4]`` (results: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -89,14 +90,16 @@ def updater(server: TestServer, rows: int, per_s: int, stop: threading.Event) ->
         conn.close()
 
 
-def snapshot(server: TestServer, work: Path, watermark: str, rows: int, updates: int) -> dict[str, Any]:
+def snapshot(
+    server: TestServer, work: Path, watermark: str, rows: int, updates: int, parallelism: int
+) -> dict[str, Any]:
     data = work / f"data-{watermark}-{time.monotonic_ns()}"
     config = work / "dblog.toml"
     config.write_text(
         f'[source]\ntype = "mysql"\ndsn = "{server.dsn(DB)}"\nserver_id = 9004\n'
         f'tables = ["{DB}\\\\.t"]\n[log]\npath = "{data}"\n'
         f'[api]\nlisten = "127.0.0.1:0"\n'
-        f'[snapshot]\nmode = "initial"\nwatermark = "{watermark}"\n'
+        f'[snapshot]\nmode = "initial"\nwatermark = "{watermark}"\nparallelism = {parallelism}\n'
     )
     stop = threading.Event()
     writer = threading.Thread(target=updater, args=(server, rows, updates, stop))
@@ -151,6 +154,7 @@ def main() -> None:
     ap.add_argument("--server", choices=["mariadb", "mysql57"], default="mariadb")
     ap.add_argument("--updates", type=int, default=0, help="background updates per second")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--parallelism", type=int, nargs="+", default=[1, 2, 4])
     args = ap.parse_args()
     print(f"load average before: {os.getloadavg()}")
     factory = MariaDB if args.server == "mariadb" else MySQL57
@@ -160,19 +164,24 @@ def main() -> None:
         load(server, args.rows)
         raw = raw_rate(server, args.rows)
         print(f"{args.server}: {args.rows:,} rows; raw SELECT * streamed: {raw:,.0f} rows/s")
-        results: dict[str, list[dict[str, Any]]] = {"table": [], "read-only": []}
+        variants = [(w, p) for p in args.parallelism for w in ("table", "read-only")]
+        results: dict[tuple[str, int], list[dict[str, Any]]] = {v: [] for v in variants}
         for _ in range(args.repeat):
-            for watermark in results:
-                r = snapshot(server, Path(tmp), watermark, args.rows, args.updates)
-                results[watermark].append(r)
+            for watermark, par in variants:
+                r = snapshot(server, Path(tmp), watermark, args.rows, args.updates, par)
+                results[(watermark, par)].append(r)
                 print(
-                    f"  {watermark:9s}: {r['rows_s']:,.0f} rows/s ({r['rows_s'] / raw:.2f} x raw) "
+                    f"  {watermark:9s} p{par}: {r['rows_s']:,.0f} rows/s ({r['rows_s'] / raw:.2f} x raw) "
                     f"in {r['s']:.1f}s; CPU per row: dblog run {r['dblog_us']:.1f} us, "
-                    f"server {r['server_us']:.1f} us", flush=True,
+                    f"server {r['server_us']:.1f} us; load {os.getloadavg()[0]:.1f}", flush=True,
                 )
-        best = {w: max(r["rows_s"] for r in rs) for w, rs in results.items()}
-        print(f"best: table {best['table']:,.0f}, read-only {best['read-only']:,.0f} rows/s: "
-              f"read-only = {best['read-only'] / best['table']:.2f} x the watermark table")
+        best = {v: max(r["rows_s"] for r in rs) for v, rs in results.items()}
+        base = best[("table", args.parallelism[0])]
+        for par in args.parallelism:
+            t, ro = best[("table", par)], best[("read-only", par)]
+            print(f"best p{par}: table {t:,.0f} ({t / base:.2f} x table p{args.parallelism[0]}, "
+                  f"{t / raw:.2f} x raw), read-only {ro:,.0f} rows/s ({ro / raw:.2f} x raw): "
+                  f"read-only = {ro / t:.2f} x the watermark table")
         print(f"load average after: {os.getloadavg()}")
 
 
