@@ -55,7 +55,7 @@ def start_run(
     """Start `dblog run`; with ``wait``, return once its slot exists (the first
     checkpoint is in the change log), so writes from then on are captured."""
     proc = subprocess.Popen(
-        [*DBLOG, "run", "--config", str(config)],
+        [*DBLOG, "run", "--config", str(config), *(["-v"] if os.environ.get("DBLOG_TEST_VERBOSE") else [])],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},

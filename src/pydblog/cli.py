@@ -179,10 +179,11 @@ def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
              surrogate_key: str | None, blocking: bool, wait: bool) -> None:
     """Ask for a snapshot of TABLE_REGEX... (or: snapshot stop|pause|resume [TABLE_REGEX...]).
 
-    The request is a row in the signal table; the running `dblog run` picks it up.
+    The request is a row in the signal table; the running `dblog run` picks it up
+    (read-only snapshots: it goes to the running capture's API, which needs [api] token).
     """
     cfg = _load(config_path)
-    from pydblog.capture.signals import send_signal
+    from pydblog.capture.signals import post_signal, send_signal, signals_go_direct
 
     actions = {"stop": "stop-snapshot", "pause": "pause-snapshot", "resume": "resume-snapshot"}
     data: dict[str, Any]
@@ -205,7 +206,12 @@ def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
     signal_id = f"cli-{uuid.uuid4()}"
     start = _log_end(cfg) if wait else 0
     try:
-        send_signal(cfg, signal_id, kind, data)
+        if signals_go_direct(cfg):
+            answer = post_signal(cfg, signal_id, kind, data)
+            if answer.get("duplicate"):
+                click.echo(f"{kind} signal {signal_id} was already applied")
+        else:
+            send_signal(cfg, signal_id, kind, data)
     except DblogError as exc:
         _fail(exc)
     click.echo(f"sent {kind} signal {signal_id}")

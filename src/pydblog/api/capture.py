@@ -4,7 +4,9 @@
 it. Snapshot signals sent here go the signal table's way (validated here first, for a
 clear 400; then written as a signal row, which the capture reads from the log, exactly
 like a row inserted by hand or by ``dblog snapshot``): the same validation, the same
-notifications, and under high availability whichever process leads picks them up.
+notifications, and under high availability whichever process leads picks them up. With
+read-only snapshots (nothing is written to the source) they go to this process's capture
+instead (``capture.inbox``): only the leader takes them, and 202 means applied.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 API_FILE = "api.json"
 MAX_LIMIT = 10_000
 MAX_WAIT_S = 60.0
+DIRECT_SIGNAL_WAIT_S = 10.0
+"""How long ``POST /snapshots`` waits for the capture to take a read-only snapshot's
+signal before withdrawing it (503)."""
 
 
 def read_api_address(log_dir: Path) -> str | None:
@@ -205,14 +210,42 @@ class CaptureApi:
             signal_id, kind, data = parse_signal_body(req.body)
         except SignalError as exc:
             return error(400, exc.message, exc.hint)
-        from pydblog.capture.signals import send_signal
+        from pydblog.capture.signals import send_signal, signals_go_direct
 
+        if signals_go_direct(self.cfg):
+            return self._signal_direct(signal_id, kind, data)
         try:
             send_signal(self.cfg, signal_id, kind, data)
         except DblogError as exc:
             return error(503, redact_dsn(exc.message), exc.hint)
         log.info("API: %s signal %s accepted", kind, signal_id)
         return json_response(202, {"id": signal_id, "type": kind, "accepted": True,
+                                   "progress": "/snapshots"})
+
+    def _signal_direct(self, signal_id: str, kind: str, data: dict[str, Any]) -> Response:
+        """Read-only snapshots: the signal goes to this process's capture
+        (``capture.inbox``); 202 once its effect is in a durable checkpoint."""
+        from pydblog.capture.inbox import deliver
+
+        if self.live.role != "leader" or self.live.state not in ("running", "retrying"):
+            return error(503, f"this process is not capturing (role {self.live.role}, "
+                         f"state {self.live.state}): the signal was not taken",
+                         "send it to the capture that leads (its API), or retry once it runs")
+        item = deliver(signal_id, kind, data, DIRECT_SIGNAL_WAIT_S)
+        if item is None:
+            return error(503, f"the capture did not take signal {signal_id} within "
+                         f"{DIRECT_SIGNAL_WAIT_S:.0f} s; it was withdrawn and will not apply",
+                         "retry; /health shows whether the capture is stuck")
+        if not item.done.is_set():
+            return json_response(202, {"id": signal_id, "type": kind, "accepted": True,
+                                       "applied": None, "progress": "/snapshots"})
+        if item.outcome == "rejected":
+            return error(400, item.error or f"signal {signal_id} was rejected")
+        log.info("API: %s signal %s %s", kind, signal_id, item.outcome)
+        return json_response(202, {"id": signal_id, "type": kind, "accepted": True,
+                                   "applied": item.outcome == "applied",
+                                   "duplicate": item.outcome == "duplicate",
+                                   "notification": item.notification,
                                    "progress": "/snapshots"})
 
     # -- /events ----------------------------------------------------------------------------

@@ -129,6 +129,27 @@ class SnapshotDriver:
         METRICS.signal(signal.type.value)
         return self.take() + self.core.on_signal(signal, captured, event.position, event.ts_ms)
 
+    def on_direct_signal(
+        self, signal_id: str, kind: str, data: dict[str, Any], captured: list[str],
+        position: Position,
+    ) -> tuple[list[Emitted], str | None]:
+        """A signal handed to the capture (``capture.inbox``), applied at ``position``
+        (the last logged event's) as a signal row read there would be. Returns the
+        events and the rejection's reason, if the signal was rejected."""
+        import orjson
+
+        try:
+            signal = parse_signal(signal_id, kind, orjson.dumps(data).decode())
+        except SignalError as exc:
+            log.warning("rejected signal %s: %s", signal_id, exc)
+            METRICS.signal_rejected()
+            return self.take() + self.core.on_signal_error(
+                signal_id, str(exc), position, _now_ms()), str(exc)
+        log.info("signal %s (direct): %s %s", signal.id, signal.type.value,
+                 " ".join(signal.data_collections))
+        METRICS.signal(signal.type.value)
+        return self.take() + self.core.on_signal(signal, captured, position, _now_ms()), None
+
     def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:
         out = self.take()
         return out + self.core.on_watermark(watermark_id, position, ts_ms or _now_ms())

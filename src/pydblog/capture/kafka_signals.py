@@ -6,7 +6,10 @@ A message whose key is the ``[log] topic_prefix`` and whose value is
 capture's), as Debezium does. The listener (a thread of ``dblog run``) forwards each
 signal into the source's signal table, so it reaches the snapshot core through the
 log like any other signal: the same validation, the same notifications, a position in
-the source's order, and nothing new to make exactly once in the core.
+the source's order, and nothing new to make exactly once in the core. Read-only
+snapshots write nothing to the source: there the listener hands each signal straight to
+the capture (``capture.inbox``), which applies a signal id at most once (the ids are
+kept in its checkpoint), and commits the offset once the capture answered.
 
 At least once in, exactly once through: the signal row's id is
 ``kafka-<partition>-<offset>-<timestamp>``, inserted only if absent, and the consumer
@@ -101,10 +104,14 @@ class KafkaSignalListener:
 
     def _forward(self, m: Any) -> None:
         """One message: forward it (retrying until the source takes it), then commit."""
-        from pydblog.capture.signals import send_signal
+        from pydblog.capture.signals import send_signal, signals_go_direct
 
         signal_id = f"kafka-{m.partition()}-{m.offset()}-{m.timestamp()[1]}"
         parsed = self._parse(m, signal_id)
+        if parsed is not None and signals_go_direct(self.cfg):
+            if not self._hand_over(signal_id, *parsed):
+                return  # not applied: not committed either
+            parsed = None
         while parsed is not None and not self._stop.is_set():
             try:
                 send_signal(self.cfg, signal_id, parsed[0], parsed[1], once=True)
@@ -118,6 +125,23 @@ class KafkaSignalListener:
             offsets=[self.k.TopicPartition(m.topic(), m.partition(), m.offset() + 1)],
             asynchronous=False,
         )
+
+    def _hand_over(self, signal_id: str, kind: str, data: dict[str, Any]) -> bool:
+        """Read-only snapshots: hand the signal to this process's capture and wait
+        until its effect is durable (or it was a duplicate, or rejected); False if
+        stopped first."""
+        from pydblog.capture.inbox import deliver
+
+        while not self._stop.is_set():
+            item = deliver(signal_id, kind, data, 5.0, stop=self._stop)
+            if item is not None and item.done.is_set():
+                if item.outcome == "rejected":
+                    log.warning("Kafka signal %s rejected: %s", signal_id, item.error)
+                return True
+            if not self._stop.is_set():
+                log.info("Kafka signal %s: the capture has not taken it yet; retrying",
+                         signal_id)
+        return False
 
     def _parse(self, m: Any, signal_id: str) -> tuple[str, dict[str, Any]] | None:
         if m.key() != self.key:

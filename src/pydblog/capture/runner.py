@@ -21,9 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from pydblog.capture.driver import SnapshotDriver
+from pydblog.capture.inbox import INBOX, REMEMBER
 from pydblog.capture.status import StatusWriter
 from pydblog.capture.writer import Batch, BatchWriter
 from pydblog.config import Config
+from pydblog.core.notices import at_index, position_index
 from pydblog.events import (
     BLOCK_EVENTS,
     ChangeEvent,
@@ -136,6 +138,8 @@ class Runner:
             self.writer.on_drained = wakeup
             self._writer_wakes = True
         driver.hold = lambda: self.writer.backlog() >= HOLD_BACKLOG_EVENTS
+        if wakeup is not None:
+            INBOX.wake = wakeup
         self._skip = checkpoint.position if checkpoint else None
         if self.cfg.snapshot.mode == "initial" and not self._extra.get("initial_started"):
             self._extra["initial_started"] = True
@@ -211,6 +215,8 @@ class Runner:
         self._now_ms = int(time.time() * 1000)
         if self._read_only and self._driver_active:
             self._progress(item.position)
+        if INBOX.waiting:
+            self._take_signals()
         max_age = self.cfg.log.batch_max_ms / 1000.0
         if self._pending and time.monotonic() - self._pending_since >= max_age:
             self.flush()
@@ -247,6 +253,45 @@ class Runner:
         self._emit_events(driver.on_progress(self._position, reached))
         driver.submit_next()
         self._driver_active = driver.active
+
+    def _take_signals(self) -> None:
+        """Signals handed to this process (``capture.inbox``), applied at a transaction
+        boundary after the last logged event; each offer is answered once the
+        checkpoint holding its effect is durable."""
+        driver = self.driver
+        if self._in_tx or self._position is None or driver is None:
+            return  # not yet: they wait for the next boundary
+        items = INBOX.take()
+        if not items:
+            return
+        answers: list[tuple[Any, str, str | None, dict[str, Any] | None]] = []
+        try:
+            seen = [str(i) for i in self._extra.get("direct_signals", [])]
+            captured = self.reader.captured_tables()
+            for item in items:
+                if item.id in seen:
+                    answers.append((item, "duplicate", None, None))
+                    continue
+                # A fresh position right after the highest logged (the next
+                # transaction commits later): one notification per signal, like a
+                # signal row's own position.
+                at = at_index(self._position, position_index(self._position) + 1)
+                events, error = driver.on_direct_signal(item.id, item.kind, item.data, captured, at)
+                self._emit_events(events)
+                seen.append(item.id)
+                notice = next((e.notification for e in events if type(e) is ChangeEvent
+                               and e.notification and e.notification.get("signal_id") == item.id),
+                              None)
+                answers.append((item, "rejected" if error else "applied", error, notice))
+            self._extra["direct_signals"] = seen[-REMEMBER:]
+            self.flush(force=True)
+        except BaseException:
+            INBOX.put_back(items)  # a new capture applies them (or finds them applied)
+            raise
+        for item, outcome, error, notice in answers:
+            item.answer(outcome, error, notice)
+        self._driver_active = driver.active
+        driver.submit_next()
 
     def _on_heartbeat(self, item: Heartbeat, stop: threading.Event) -> None:
         if self._skipped(item.position):
@@ -357,6 +402,8 @@ class Runner:
         snapshots, status."""
         driver = self.driver
         assert driver is not None
+        if INBOX.waiting:
+            self._take_signals()
         driver.submit_next()
         self._emit_events(driver.take())
         if self._read_only and driver.waiting_for_progress:

@@ -1,5 +1,6 @@
 """Sending snapshot signals: a row in the source's signal table (the running capture
-reads it from the log, like any Debezium signal)."""
+reads it from the log, like any Debezium signal), or, for read-only snapshots, straight
+to the running capture (``signals_go_direct``, ``capture.inbox``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ from typing import Any
 import orjson
 
 from pydblog.config import Config
-from pydblog.errors import SourceError
+from pydblog.errors import ConfigError, SourceError, SourceUnavailable
 from pydblog.extras import needs_extra
+
+
+def signals_go_direct(cfg: Config) -> bool:
+    """Read-only snapshots write nothing to the source, so signals from the API, the
+    Kafka signal channel and ``dblog snapshot`` go to the running capture itself
+    (``capture.inbox``) instead of the signal table (which still works if the user
+    created it and can write it)."""
+    return cfg.snapshot.watermark == "read-only"
 
 
 def send_signal(
@@ -47,3 +56,51 @@ def send_signal(
         from pydblog.sources.mysql.signals import send_signal as send_mysql
 
     send_mysql(cfg, signal_id, kind, payload, once=once)
+
+
+def post_signal(cfg: Config, signal_id: str, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Read-only snapshots: send the signal to the running capture's API (``POST
+    /snapshots``, which answers once the signal is applied); returns its answer."""
+    import urllib.error
+    import urllib.request
+
+    from pydblog.api.capture import read_api_address
+
+    url = read_api_address(cfg.log_dir)
+    if url is None:
+        raise ConfigError(
+            f"read-only snapshots take signals through the running capture, and no "
+            f"`dblog run` API is recorded in {cfg.log_dir / 'api.json'}",
+            hint="start `dblog run` with [api] listen set (the default), or send the signal "
+                 "to [snapshot] signal_topic, or create the signal table and INSERT it yourself",
+        )
+    if not cfg.api.token:
+        raise ConfigError(
+            "read-only snapshots take signals through the capture's API, which needs a token",
+            hint="set [api] token (16+ characters) in the config of `dblog run` and here",
+        )
+    body = orjson.dumps({"id": signal_id, "type": kind, "data": data})
+    req = urllib.request.Request(
+        f"{url}/snapshots", data=body, method="POST",
+        headers={"Authorization": f"Bearer {cfg.api.token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            answer: dict[str, Any] = orjson.loads(resp.read())
+            return answer
+    except urllib.error.HTTPError as exc:
+        try:
+            doc = orjson.loads(exc.read())
+        except orjson.JSONDecodeError:
+            doc = {}
+        raise SourceError(
+            f"the capture's API at {url} refused the signal ({exc.code}): "
+            f"{doc.get('error', exc.reason)}",
+            hint=doc.get("hint"),
+        ) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SourceUnavailable(
+            f"cannot reach the capture's API at {url}: {reason}",
+            hint="is `dblog run` running? (`dblog status`)",
+        ) from None

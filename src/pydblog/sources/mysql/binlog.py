@@ -305,6 +305,10 @@ class MySqlLogSource:
             # dropped. A new epoch: these coordinates may not compare with the old ones.
             self._epoch = pos.epoch + 1
             self._skip_tx = {pos.gtid: pos.index} if pos.gtid else {}
+            if not pos.gtid:
+                # Nothing is re-read (a checkpoint between transactions): the stream has
+                # delivered ``pos.gtids`` already, which read-only fences may wait for.
+                self._last_done = pos
             self._require_executed(pos)
             self._start_gtid_dump(state)
             return
@@ -328,8 +332,11 @@ class MySqlLogSource:
                 yield item
         while True:
             if self._progress_until and self._tx is None:
+                # Not subject to ``_drop``: after a resume the last transaction read may
+                # be the checkpoint's own (wholly logged, so dropped as an item), and on
+                # an idle server it stays the last; the stream has still delivered it.
                 passed = self._stream_passed()
-                if passed is not None and not self._drop(passed):
+                if passed is not None:
                     yield passed
             conn = getattr(self._reader, "_stream_connection", None)
             if not self._wake.wait(conn, self.idle_s):
