@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.contract.capture import Capture
-from tests.contract.harness import Harness, PgHarness
+from tests.contract.harness import Harness, PgHarness, Wrapped
 from tests.contract.test_read_only import ReadOnlyUser
 from tests.contract.test_snapshots import make_table, q
 from tests.helpers import dblog
@@ -31,15 +31,41 @@ EXTRA = (
 )
 
 
+class PgReadOnlyUser(Wrapped):
+    """A PostgreSQL harness whose capture connects as a role that can only read and
+    replicate (LOGIN REPLICATION, SELECT on the tables); the publication is created
+    beforehand by an administrator (FOR ALL TABLES: tables made later are in it)."""
+
+    def __init__(self, inner: PgHarness) -> None:
+        super().__init__(inner)
+        self.inner: PgHarness = inner
+        self.user = f"ro_{uuid.uuid4().hex[:8]}"
+        inner.execute(
+            f"CREATE ROLE {self.user} LOGIN REPLICATION PASSWORD 'ro'",
+            f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {self.user}",
+            f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {self.user}",
+            "CREATE PUBLICATION dblog FOR ALL TABLES WITH (publish_via_partition_root = true)",
+        )
+
+    def config(self, directory: Path, extra: str = "") -> Path:
+        path = self.inner.config(directory, extra)
+        path.write_text(path.read_text().replace("//postgres:postgres@", f"//{self.user}:ro@"))
+        return path
+
+
 @pytest.fixture
 def ro(harness: Harness) -> Harness:
-    return ReadOnlyUser(harness) if isinstance(harness, MariaHarness) else harness
+    """A capture user with no write grant at all, on every server."""
+    if isinstance(harness, MariaHarness):
+        return ReadOnlyUser(harness)
+    assert isinstance(harness, PgHarness)
+    return PgReadOnlyUser(harness)
 
 
 def signal_rows(h: Harness) -> int:
     """Rows in the source's signal table (created by an administrator on MySQL)."""
-    if isinstance(h, PgHarness):
-        with psycopg.connect(h.dsn) as conn:
+    if isinstance(h, PgReadOnlyUser):
+        with psycopg.connect(h.inner.dsn) as conn:
             found = conn.execute("SELECT to_regclass('dblog_signal')").fetchone()
             if found is None or found[0] is None:
                 return 0
@@ -70,6 +96,8 @@ def completed(events: list[dict[str, Any]]) -> int:
 @pytest.mark.mysql57
 def test_read_only_signals_go_to_the_capture(ro: Harness, tmp_path: Path) -> None:
     make_table(ro, "t1", 400)
+    assert isinstance(ro, PgReadOnlyUser | ReadOnlyUser)
+    assert f"{ro.user}:ro@" in ro.config(tmp_path / "probe").read_text()
     before = signal_rows(ro)
     first = f"ro-{uuid.uuid4().hex[:8]}"
     body = {"id": first, "type": "execute-snapshot", "data": {"data-collections": [q(ro, "t1")]}}

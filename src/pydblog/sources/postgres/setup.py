@@ -114,6 +114,15 @@ def publishable(tables: list[CapturedTable], warned: set[str]) -> list[CapturedT
     return ok
 
 
+def table_exists(conn: psycopg.Connection[Any], qualified: str) -> bool:
+    schema, table = split_name(qualified)
+    row = conn.execute(
+        "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s", (schema, table),
+    ).fetchone()
+    return row is not None
+
+
 def ensure_own_tables(conn: psycopg.Connection[Any], signal_table: str, watermark_table: str) -> None:
     for qualified, ddl in (
         (signal_table, "CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, type text NOT NULL, data text)"),
@@ -154,8 +163,15 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[st
             ))
             return
         if via_root and exists[1] is not True:
-            conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)")
-                         .format(sql.Identifier(name)))
+            alter = sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
+                sql.Identifier(name))
+            try:
+                conn.execute(alter)
+            except psycopg.Error as exc:
+                raise _privilege_error(
+                    exc, f"publication {name!r} does not publish partitioned tables by their root",
+                    f"as its owner run: {alter.as_string(conn)}",
+                ) from None
         if exists[0]:
             log.info("publication %s is FOR ALL TABLES; table filtering happens in dblog", name)
         else:

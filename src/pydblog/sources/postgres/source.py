@@ -79,6 +79,10 @@ class PgLogSource:
         self.db = ""
         self.signal_table = cfg.snapshot.signal_table
         self.watermark_table = cfg.snapshot.watermark_table
+        # Read-only snapshots: no table is created or written (a capture user with the
+        # REPLICATION attribute and SELECT is enough); a signal table an administrator
+        # created is still published and read.
+        self.read_only = cfg.snapshot.watermark == "read-only"
         self._matcher: TableMatcher = cfg.source.table_matcher()
         self._meta: psycopg.Connection[Any] | None = None
         self._repl: psycopg2.extras.LogicalReplicationConnection | None = None
@@ -104,7 +108,8 @@ class PgLogSource:
         self._meta = meta
         self.db = meta.info.dbname
         setup.check_server(meta)
-        setup.ensure_own_tables(meta, self.signal_table, self.watermark_table)
+        if not self.read_only:
+            setup.ensure_own_tables(meta, self.signal_table, self.watermark_table)
         self._refresh_publication()
         setup.ensure_slot(meta, self.src.slot)
         self._types = TypeRegistry.load(meta)
@@ -161,6 +166,8 @@ class PgLogSource:
         self._reset_tables(gone, ResetKind.GONE)
         self._captured = names
         self._seen.update(names)
+        if self.read_only:
+            own = {t for t in own if setup.table_exists(meta, t)}
         setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)])
 
     def _reset_tables(self, tables: list[str], kind: ResetKind) -> None:
