@@ -45,7 +45,10 @@ class PgHarness:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
-        self.execute("CREATE TABLE dblog_test_marker (id text PRIMARY KEY)")
+        # The signal table as an administrator creates it: read-only captures create
+        # none (the others find it there and use it).
+        self.execute("CREATE TABLE dblog_test_marker (id text PRIMARY KEY)",
+                     "CREATE TABLE dblog_signal (id text PRIMARY KEY, type text NOT NULL, data text)")
 
     def execute(self, *statements: str) -> None:
         with psycopg.connect(self.dsn) as conn:

@@ -52,6 +52,8 @@ WATERMARKS = ["table", "read-only"]
 
 def watermark_writes(h: PgHarness) -> int:
     with psycopg.connect(h.dsn) as conn:
+        if conn.execute("SELECT to_regclass('dblog_watermark')").fetchone() == (None,):
+            return 0  # read-only captures create no watermark table
         row = conn.execute("SELECT count(*) FROM dblog_watermark WHERE value <> ''").fetchone()
     return int(row[0]) if row else 0
 
