@@ -105,7 +105,7 @@ class Worker:
 def concurrent(request: Request) -> bool:
     """A request of concurrent windows (``core.flight``): may run beside others."""
     return isinstance(request, BoundsRequest) or (
-        isinstance(request, ChunkRequest) and request.concurrent
+        isinstance(request, ChunkRequest | TableStartRequest) and request.concurrent
     )
 
 
@@ -172,6 +172,10 @@ class Sim:
     rereads: int = 0
     bounds: int = 0
     overlaps: int = 0
+    partials: bool = True  # partial (TOAST) writes, which queue key re-reads
+    slow: bool = False  # some chunk reads take long (their table's tail stays open)
+    stalled: Request | None = None  # the slow read: it takes no step until released
+    tables_at_once: int = 0  # most tables with concurrent requests in flight at once
     chunk_sizes: dict[str, int] = field(default_factory=dict)
     core: SnapshotCore = field(init=False)
     saved: Checkpoint = field(init=False)
@@ -273,7 +277,7 @@ class Sim:
         at = self.pos(lsn, index)
         old = rows.get(key)
         full_image = self.data.draw(st.booleans(), label="replica identity full")
-        kinds = ["delete", "update", "partial", "move"]
+        kinds = ["delete", "update", "partial", "move"] if self.partials else ["delete", "update", "move"]
         what = "insert" if old is None else self.data.draw(st.sampled_from(kinds), label="write")
         if what == "delete":
             assert old is not None
@@ -310,7 +314,7 @@ class Sim:
         self.version += 1
         gone = self.pos(lsn, index)
         self.delete_version[gone] = self.version
-        partial = self.data.draw(st.booleans(), label="partial move")
+        partial = self.partials and self.data.draw(st.booleans(), label="partial move")
         new = self.row(to, toast=old["t"] if partial else None)
         rows[to] = new
         at = self.pos(lsn, index + 1)
@@ -402,6 +406,7 @@ class Sim:
 
     def restart(self) -> None:
         self.restarts += 1
+        self.stalled = None
         del self.out[self.saved.out_len :]
         self.cursor = self.saved.cursor
         self.workers = []
@@ -428,11 +433,22 @@ class Sim:
                     self.overlaps += 1
                 if isinstance(request, ChunkRequest) and self.parallelism > 1:
                     self.recent = [*self.recent[-3:], request]
+                    if self.slow and self.stalled is None and self.data.draw(
+                        st.integers(0, 2), label="a slow read"
+                    ) == 0:
+                        self.stalled = request
                 self.workers.append(Worker(request))
+                # tables with windows open at once (ranges issued and not emitted)
+                windows = sum(1 for f in self.core._flights.values() if f.issued)
+                self.tables_at_once = max(self.tables_at_once, windows)
                 return True
             if not self.workers:
                 return False
-        ready = self.ready()
+        if self.stalled is not None and (
+            draining or self.data.draw(st.integers(0, 9), label="slow read ends") == 0
+        ):
+            self.stalled = None
+        ready = [x for x in self.ready() if x.request is not self.stalled] or self.ready()
         ids = {id(x) for x in ready}
         first = next(x for x in self.workers if id(x) in ids)  # the oldest that may step
         w = first if draining else self.data.draw(st.sampled_from(ready), label="worker")
@@ -615,8 +631,8 @@ class Sim:
         action = self.data.draw(
             st.sampled_from(
                 ["write"] * 6
-                + ["deliver"] * 6
-                + ["work"] * 8
+                + ["deliver"] * (6 if self.parallelism == 1 else 9)
+                + ["work"] * (8 if self.parallelism == 1 else 12)
                 + ["checkpoint"] * 3
                 + ["signal", "restart", "fail", "truncate"]
                 + (["publish"] * 4 + ["progress"] * 2 if self.read_only else [])
@@ -737,6 +753,47 @@ def assert_no_time_travel(sim: Sim) -> None:
         seen[tk] = max(version, seen.get(tk, 0))
 
 
+def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
+    """Each table's notifications, per snapshot (signal id, table), in change-log order:
+    queued by STARTED, then TABLE_SCAN_STARTED, IN_PROGRESS..., TABLE_SCAN_COMPLETED
+    (EMPTY straight from queued), or ended early by REJECTED or ABORTED; a lane's
+    COMPLETED only once none of its tables is queued or being read. With several
+    tables in flight their notifications interleave, each table's stays in order."""
+    state: dict[tuple[str, str], str] = {}  # (signal id, table) -> queued|scanning|done
+    kinds: dict[tuple[str, str], str] = {}
+    for e in out:
+        n = e.notification
+        if n is None:
+            continue
+        sig, kind, typ, data = n["signal_id"], e.snapshot, n["type"], n["additional_data"]
+        table = e.qualified_table if e.table else ""
+        job = (sig, table)
+        if typ == "STARTED":
+            for t in data["data_collections"]:
+                assert (sig, t) not in state, (sig, t)
+                state[(sig, t)], kinds[(sig, t)] = "queued", str(kind)
+        elif typ == "TABLE_SCAN_STARTED":
+            assert state.get(job) == "queued", (job, state.get(job))
+            state[job] = "scanning"
+        elif typ == "IN_PROGRESS":
+            assert state.get(job) == "scanning", (job, state.get(job))
+        elif typ == "TABLE_SCAN_COMPLETED":
+            want = "queued" if data["status"] == "EMPTY" else "scanning"
+            assert state.get(job) == want, (job, state.get(job), data)
+            state[job] = "done"
+        elif typ == "REJECTED" and table:
+            assert state.get(job) in ("queued", "scanning"), (job, state.get(job))
+            state[job] = "done"
+        elif typ == "ABORTED":
+            for t in data["data_collections"]:
+                live = [k for k, v in state.items() if k[1] == t and v != "done"]
+                assert len(live) == 1, (t, live)
+                state[live[0]] = "done"
+        elif typ == "COMPLETED":
+            live = [k for k, v in state.items() if v != "done" and kinds[k] == str(kind)]
+            assert not live, (sig, live)
+
+
 def assert_positions_increase(out: list[ChangeEvent]) -> None:
     for a, b in itertools.pairwise(out):
         assert a.position < b.position, (a, b)
@@ -747,9 +804,16 @@ def run(
 ) -> Sim:
     parallelism = data.draw(st.integers(2, 4), label="parallelism") if parallel else 1
     sim = Sim(data, allow_blocking, read_only, parallelism)
+    sim.slow = parallel and data.draw(st.booleans(), label="slow reads")
+    # Key re-reads hold every concurrent window back; without partial writes several
+    # tables' windows stay open while writes go on.
+    sim.partials = not parallel or data.draw(st.booleans(), label="partial writes")
     first = Signal("first", SignalType.EXECUTE_SNAPSHOT, ("s\\..*",))
     sim.append([first])
-    for _ in range(data.draw(st.integers(20, 120), label="steps")):
+    # Concurrent windows: longer runs, so that several tables' windows are open while
+    # writes go on (in short runs the tables overlap mostly in the final drain).
+    longest = 240 if parallel else 120
+    for _ in range(data.draw(st.integers(20, longest), label="steps")):
         sim.step()
     sim.finish()
     reads = sum(1 for e in sim.out if e.op is Op.READ)
@@ -759,6 +823,7 @@ def run(
     event(f"partial events: {'0' if not sim.partial else '1-5' if sim.partial <= 5 else '>5'}")
     event(f"key re-reads: {min(sim.rereads, 2)}{'+' if sim.rereads > 2 else ''}")
     if parallel:
+        event(f"tables with windows open at once: {min(sim.tables_at_once, 3)}")
         event(f"requests taken while others were in flight: {'0' if not sim.overlaps else '1-10' if sim.overlaps <= 10 else '>10'}")
         event(f"bounds queries: {'0' if not sim.bounds else '1-5' if sim.bounds <= 5 else '>5'}")
     if read_only:
@@ -766,6 +831,7 @@ def run(
     assert materialize(sim.out) == sim.db
     assert_positions_increase(sim.out)
     assert_no_time_travel(sim)
+    assert_notifications_in_order(sim.out)
     return sim
 
 

@@ -146,3 +146,83 @@ def test_last_range_ends_the_table_and_restart_resumes_after_the_emitted_prefix(
     restored = ExpandingCore(CoreSettings(chunk_size=2, parallelism=2), saved, instance="again")
     request = restored.next_request()
     assert isinstance(request, BoundsRequest) and request.after_key == (2,)
+
+
+# -- several tables in flight (the tail of one table and the next ones) -----------------
+
+
+def _start(core: ExpandingCore, table: str, lsn: int, max_key: int = 4) -> None:
+    start = core.next_request()
+    assert isinstance(start, TableStartRequest) and start.concurrent and start.table == table
+    assert start.watermark is not None
+    core.on_table_started(start.id, info(table), (max_key,))
+    core.on_watermark(start.watermark, pos(lsn), 1000)
+
+
+def _bounds(core: ExpandingCore, table: str, keys: list[int]) -> None:
+    request = core.next_request()
+    assert isinstance(request, BoundsRequest) and request.table == table
+    core.on_bounds(request.id, [(k,) for k in keys])
+
+
+def test_the_next_table_starts_once_the_current_one_has_no_chunk_left_to_start() -> None:
+    core = make(2, parallelism=3)
+    execute(core, "public\\.t", "public\\.u")
+    _start(core, "public.t", 2)
+    _bounds(core, "public.t", [2])  # t: (None, 2], (2, 4]: the rest fits one more range
+    t1, t2 = chunk(core), chunk(core)
+    assert (t1.table, t2.table, t2.max_key) == ("public.t", "public.t", (4,))
+    # Every chunk of t is started: u starts beside them, on the third connection.
+    _start(core, "public.u", 3)
+    assert core.status()["in_flight"] == ["public.t", "public.u"]
+    _bounds(core, "public.u", [2])
+    u1 = chunk(core)
+    assert (u1.table, u1.after_key, u1.max_key) == ("public.u", None, (2,))
+    assert core.next_request() is None  # three reads at once: the limit
+    for n, r in enumerate((t1, t2, u1)):
+        core.on_watermark(r.low_watermark or "", pos(4 + n), 1000)
+    core.on_chunk_read(t2.id, [row(3), row(4)], 1.0)
+    u2 = chunk(core)  # t2's read is done: a connection is free
+    assert (u2.table, u2.after_key) == ("public.u", (2,))
+    # A write to key 1 of u drops it from u's window only (t's range 1 holds key 1 too).
+    core.on_event(change(Op.UPDATE, 1, table="public.u", lsn=7))
+    core.on_chunk_read(u1.id, [row(1), row(2)], 1.0)
+    core.on_chunk_read(t1.id, [row(1), row(2)], 1.0)
+    out = core.on_watermark(u1.high_watermark or "", pos(8), 1000)
+    assert [(e.table, e.after["id"]) for e in out if e.op is Op.READ and e.after] == [("u", 2)]
+    state = core.state()
+    assert state is not None  # u's progress persisted beside t's: t current, u queued first
+    assert state["incremental"]["current"]["table"] == "public.t"
+    assert state["incremental"]["current"]["last_key"] is None
+    assert [(j["table"], j["last_key"]) for j in state["incremental"]["queue"]] == [
+        ("public.u", [2])
+    ]
+    # A restart now resumes both tables where their emitted prefixes end.
+    again = ExpandingCore(CoreSettings(chunk_size=2, parallelism=3), state, instance="again")
+    _bounds(again, "public.t", [2])
+    assert (chunk(again).after_key, chunk(again).after_key) == (None, (2,))
+    _bounds(again, "public.u", [])
+    assert chunk(again).after_key == (2,)
+
+
+def test_tables_complete_in_any_order_and_the_lane_completes_last() -> None:
+    core = make(2, parallelism=2)
+    execute(core, "public\\.t", "public\\.u")
+    _start(core, "public.t", 2)
+    _bounds(core, "public.t", [])  # t: one range, (None, 4]
+    t1 = chunk(core)
+    _start(core, "public.u", 3)
+    _bounds(core, "public.u", [])
+    u1 = chunk(core)
+    for n, r in enumerate((t1, u1)):
+        core.on_watermark(r.low_watermark or "", pos(4 + n), 1000)
+    core.on_chunk_read(u1.id, [row(1)], 1.0)  # short reads: each table's last range
+    core.on_chunk_read(t1.id, [row(3)], 1.0)
+    out = core.on_watermark(u1.high_watermark or "", pos(6), 1000)
+    types = [str(e.notification["type"]) for e in out if e.notification]
+    assert types == ["TABLE_SCAN_COMPLETED"] and out[-1].table == "u"
+    assert core.active and core.status()["in_flight"] == ["public.t"]
+    out = core.on_watermark(t1.high_watermark or "", pos(7), 1000)
+    types = [str(e.notification["type"]) for e in out if e.notification]
+    assert types == ["TABLE_SCAN_COMPLETED", "COMPLETED"]
+    assert not core.active

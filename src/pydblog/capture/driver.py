@@ -8,11 +8,12 @@ to the core, so the rows are there when H arrives, and the stream never waits fo
 SELECT. Blocking snapshots run their requests inline while the stream is paused.
 
 Concurrent windows (``core.flight``, ``[snapshot] parallelism`` > 1 on a reader that
-can ``fork``): the core's range and bounds requests (``ChunkRequest.concurrent``,
-``BoundsRequest``) run on a pool of ``parallelism`` threads, each with a forked reader
-(its own connections), several at once; each still writes its own L, reads, queues its
-answer, then writes its own H. Every other request runs alone, in order, on the one
-sequential worker (the core never issues both kinds at once).
+can ``fork``): the core's range, bounds and table-start requests (``concurrent`` set,
+``BoundsRequest``), of one table or of several, run on a pool of ``parallelism``
+threads, each with a forked reader (its own connections), several at once; each still
+writes its own L, reads, queues its answer, then writes its own H. Every other request
+runs alone, in order, on the one sequential worker (the core issues one only when no
+concurrent request of its own is in flight).
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ class SnapshotDriver:
             return False
         self._inflight.add(request.id)
         concurrent = isinstance(request, BoundsRequest) or (
-            isinstance(request, ChunkRequest) and request.concurrent
+            isinstance(request, ChunkRequest | TableStartRequest) and request.concurrent
         )
         self._concurrent_inflight = concurrent
         if concurrent:
@@ -286,7 +287,7 @@ class SnapshotDriver:
                 reader.write_watermark(request.watermark)
                 answer(lambda: [])
             elif isinstance(request, TableStartRequest):
-                info, max_key, error = self._start_table(request)
+                info, max_key, error = self._start_table(request, reader)
                 answer(lambda: core.on_table_started(request.id, info, max_key, error))
                 if request.watermark is not None:  # the answer (even an error) lands there
                     reader.write_watermark(request.watermark)
@@ -368,9 +369,11 @@ class SnapshotDriver:
         if request.high_watermark is not None:
             self.reader.write_watermark(request.high_watermark)
 
-    def _start_table(self, req: TableStartRequest) -> tuple[TableInfo | None, Any, str | None]:
+    def _start_table(
+        self, req: TableStartRequest, reader: SnapshotReader
+    ) -> tuple[TableInfo | None, Any, str | None]:
         try:
-            info = self.reader.table_info(req.table, req.surrogate_key)
+            info = reader.table_info(req.table, req.surrogate_key)
             if info is None:
                 return None, None, f"table {req.table} does not exist"
             if not info.key:
@@ -380,8 +383,8 @@ class SnapshotDriver:
                     "(CLI: --surrogate-key COL)"
                 )
             if req.condition:
-                self.reader.check_filter(info, req.condition)
-            return info, self.reader.max_key(info, req.condition), None
+                reader.check_filter(info, req.condition)
+            return info, reader.max_key(info, req.condition), None
         except SignalError as exc:
             return None, None, str(exc)
 

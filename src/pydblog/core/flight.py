@@ -132,6 +132,16 @@ class Flight:
         """Some request is in flight or some issued range is not emitted yet."""
         return bool(self.reading) or self.issued > 0
 
+    @property
+    def exhausted(self) -> bool:
+        """No chunk of the table is left to start: every range is planned and issued (a
+        range put back to be read again, or a continuation, makes it wanted again).
+        Only then may the next table's chunks start (``SnapshotCore``)."""
+        return (
+            self.planned_all and self.bounds is None
+            and all(r.request is not None for r in self.ranges)
+        )
+
     def planned_end(self, progress: RawKey | None) -> RawKey | None:
         """Where the next bounds start: the last range's upper, else the progress."""
         return self.ranges[-1].upper if self.ranges else progress

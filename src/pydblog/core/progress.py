@@ -156,23 +156,34 @@ def _is_number(value: Any) -> bool:
 
 
 class Lane:
-    """A FIFO of table jobs of one kind; ``current`` is the one being read.
+    """A FIFO of table jobs of one kind; ``current`` is the one being read, ``also`` the
+    tables read beside it (concurrent windows across tables, ``core.flight``: taken from
+    the queue, in order, once every table before them had no more chunk to start).
 
-    Invariant: a table appears at most once in ``current`` + ``queue``.
+    Invariants: a table appears at most once in ``current`` + ``also`` + ``queue``;
+    ``also`` is empty while ``current`` is None (finishing ``current`` promotes
+    ``also[0]``). ``to_json`` writes ``also`` at the head of the queue (same format as
+    before ``also`` existed): a restart finds those jobs, with their progress, first in
+    line, and reads them again from their ``last_key`` whatever the parallelism is.
     """
 
-    __slots__ = ("current", "queue")
+    __slots__ = ("also", "current", "queue")
 
     def __init__(self, current: TableJob | None = None, queue: Iterable[TableJob] = ()) -> None:
         self.current = current
+        self.also: list[TableJob] = []
         self.queue: deque[TableJob] = deque(queue)
 
     def __bool__(self) -> bool:
         return self.current is not None or bool(self.queue)
 
     def tables(self) -> list[str]:
-        head = [self.current.table] if self.current is not None else []
-        return head + [j.table for j in self.queue]
+        return [j.table for j in self.running()] + [j.table for j in self.queue]
+
+    def running(self) -> list[TableJob]:
+        """``current`` and ``also``, in lane order."""
+        head = [self.current] if self.current is not None else []
+        return head + self.also
 
     def head(self) -> TableJob | None:
         """The job to work on: ``current``, else the next queued one (made current)."""
@@ -180,19 +191,69 @@ class Lane:
             self.current = self.queue.popleft()
         return self.current
 
+    def take_next(self) -> TableJob | None:
+        """Move the next queued job beside the running ones (``also``; made ``current``
+        when nothing runs); returns it, or None when the queue is empty."""
+        if not self.queue:
+            return None
+        if self.current is None:
+            return self.head()
+        job = self.queue.popleft()
+        self.also.append(job)
+        return job
+
+    def job(self, table: str) -> TableJob | None:
+        """The running job of ``table``, if any."""
+        return next((j for j in self.running() if j.table == table), None)
+
+    def put(self, job: TableJob) -> None:
+        """Replace the running job of the same table by ``job``."""
+        if self.current is not None and self.current.table == job.table:
+            self.current = job
+            return
+        for i, j in enumerate(self.also):
+            if j.table == job.table:
+                self.also[i] = job
+                return
+
+    def finish(self, table: str) -> TableJob | None:
+        """Remove the running job of ``table`` (``also[0]`` becomes current if it was the
+        current one); returns it."""
+        if self.current is not None and self.current.table == table:
+            job = self.current
+            self.current = self.also.pop(0) if self.also else None
+            return job
+        for i, j in enumerate(self.also):
+            if j.table == table:
+                return self.also.pop(i)
+        return None
+
+    def reset(self, table: str) -> None:
+        """``table``'s job, running or queued, starts over (``TableJob`` as requested:
+        the key, max key and progress described another relation)."""
+        def fresh(j: TableJob) -> TableJob:
+            if j.table != table or not j.started:
+                return j
+            return TableJob(j.table, j.signal_id, j.kind, j.condition, j.surrogate_key)
+
+        if self.current is not None:
+            self.current = fresh(self.current)
+        self.also = [fresh(j) for j in self.also]
+        self.queue = deque(fresh(j) for j in self.queue)
+
     def drop(self, matches: Callable[[str], bool]) -> list[TableJob]:
         """Remove and return the jobs whose table ``matches``."""
-        dropped = [j for j in self.queue if matches(j.table)]
+        dropped = [j for j in self.running() if matches(j.table)]
+        dropped += [j for j in self.queue if matches(j.table)]
         self.queue = deque(j for j in self.queue if not matches(j.table))
-        if self.current is not None and matches(self.current.table):
-            dropped.insert(0, self.current)
-            self.current = None
+        for job in dropped:
+            self.finish(job.table)
         return dropped
 
     def to_json(self) -> dict[str, Any]:
         return {
             "current": None if self.current is None else self.current.to_json(),
-            "queue": [j.to_json() for j in self.queue],
+            "queue": [j.to_json() for j in (*self.also, *self.queue)],
         }
 
     @classmethod

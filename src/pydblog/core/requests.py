@@ -44,6 +44,9 @@ they carry the core's random instance id). The worker's duty per kind, in order:
     A ``TableStartRequest`` without a watermark in a read-only snapshot takes effect at
     the next ``core.on_progress``.
 
+``TableStartRequest`` with ``concurrent`` (concurrent windows): as above, on any of the
+    pool's forked readers, beside the range and bounds requests of other tables.
+
 ``BoundsRequest`` (concurrent windows, ``core.flight``; no watermark)
     ``info = reader.table_info(table)``, ``keys = reader.chunk_bounds(info, after_key,
     max_key, step, count, condition)``: the keys of the ``step``-th, ``2·step``-th, ...
@@ -71,7 +74,10 @@ from pydblog.events import SnapshotKind
 
 @dataclass(frozen=True, slots=True)
 class TableStartRequest:
-    """Look the table up and take its max key (the snapshot's upper bound)."""
+    """Look the table up and take its max key (the snapshot's upper bound).
+
+    ``concurrent``: the start of a table read in concurrent windows (``core.flight``):
+    the worker may run it beside the other tables' range and bounds requests."""
 
     id: str
     table: str
@@ -79,6 +85,7 @@ class TableStartRequest:
     surrogate_key: str | None
     condition: str | None
     watermark: str | None
+    concurrent: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,7 +193,11 @@ class SnapshotCore:
         self._read_only = settings.read_only
         self._unsettled = Unsettled()
         self._watched: set[str] = set()  # read-only: tables in the incremental lane
-        self._flight: Flight | None = None  # concurrent windows of the current table
+        # Concurrent windows (``core.flight``): one flight per table being read, in lane
+        # order, keyed by the job's table and by (schema, name) for the stream's events.
+        self._flights: dict[str, Flight] = {}
+        self._observers: dict[tuple[str, str], Flight] = {}
+        self._starting: _Pending | None = None  # a concurrent TableStartRequest
         if state:
             self._restore(state)
 
@@ -219,8 +223,10 @@ class SnapshotCore:
         a table start); the runner should make the stream report how far it is."""
         if not self._read_only:
             return False
-        flight = self._flight
-        if flight is not None and any(r.read and r.fenced is not None for r in flight.ranges):
+        for flight in self._flights.values():
+            if any(r.read and r.fenced is not None for r in flight.ranges):
+                return True
+        if self._starting is not None and self._starting.answer is not None:
             return True
         pending = self._pending
         if pending is None:
@@ -284,13 +290,11 @@ class SnapshotCore:
         pending = self._pending
         if pending is not None and getattr(pending.request, "table", None) == table:
             self._drop_pending()
-        if self._flight is not None and self._flight.table == table:
-            self._flight = None  # its requests' late answers are ignored
+        self._drop_flight(table)  # its requests' late answers are ignored
+        if self._starting is not None and getattr(self._starting.request, "table", None) == table:
+            self._starting = None
         for lane in (self._incr, self._block):
-            job = lane.current
-            if job is not None and job.table == table and job.started:
-                lane.current = TableJob(job.table, job.signal_id, job.kind, job.condition,
-                                        job.surrogate_key)
+            lane.reset(table)
         if queue and table not in self._queued():
             self.start_initial([table])
 
@@ -301,7 +305,7 @@ class SnapshotCore:
         dropped = self._incr.drop(matches) + self._block.drop(matches)
         if current is not None and self._incr.current is None:
             self._drop_pending()
-            self._flight = None
+        self._forget_gone()
         if self._blocking_request is not None and self._block.current is None:
             self._blocking_request = None
         self._totals.tables_done += len(dropped)
@@ -340,9 +344,9 @@ class SnapshotCore:
             return self._next_blocking()
         if self._pending is not None:
             return self._read_ahead()
-        if self._flight is not None:
+        if self._flights or self._starting is not None:
             concurrent = self._flight_next()
-            if concurrent is not None or self._flight is not None:
+            if concurrent is not None or self._flights or self._starting is not None:
                 return concurrent
         if self._rereads:
             return self._plan_reread()
@@ -351,11 +355,6 @@ class SnapshotCore:
             return self._next_mark()
         self._mark = None
         if self._concurrent(job):
-            assert job.key_columns is not None and job.max_key is not None
-            self._flight = Flight(
-                job.table, job.schema_name, job.table_name, job.key_columns, job.max_key,
-                self._settings.parallelism,
-            )
             return self._flight_next()
         request = self._plan(job, blocking=False)
         self._pending = _Pending(request)
@@ -467,30 +466,99 @@ class SnapshotCore:
     # -- concurrent windows (core.flight) --------------------------------------------------
 
     def _concurrent(self, job: TableJob) -> bool:
-        """The table's chunks are read several at once, each in its own window: a started
-        incremental table chunked by its own key (a surrogate key may repeat and group)."""
+        """The table's chunks are read several at once, each in its own window: an
+        incremental table chunked by its own key (a surrogate key may repeat and group).
+        It is started by a concurrent ``TableStartRequest`` if it is not yet."""
         return (
-            self._settings.parallelism > 1 and job.started and job.surrogate_key is None
+            self._settings.parallelism > 1 and job.surrogate_key is None
             and job.kind is SnapshotKind.INCREMENTAL
         )
 
+    def _add_flight(self, job: TableJob) -> Flight:
+        assert job.key_columns is not None and job.max_key is not None
+        flight = Flight(
+            job.table, job.schema_name, job.table_name, job.key_columns, job.max_key,
+            self._settings.parallelism,
+        )
+        self._flights[job.table] = flight
+        self._observers[(flight.schema, flight.name)] = flight
+        return flight
+
+    def _drop_flight(self, table: str) -> None:
+        """Abandon a table's flight: its requests' late answers and watermarks are ignored."""
+        flight = self._flights.pop(table, None)
+        if flight is not None:
+            self._observers.pop((flight.schema, flight.name), None)
+
+    def _forget_gone(self) -> None:
+        """Drop the flights and the start of tables no longer running in the lane."""
+        running = {j.table for j in self._incr.running()}
+        for table in [t for t in self._flights if t not in running]:
+            self._drop_flight(table)
+        starting = self._starting
+        if starting is not None and getattr(starting.request, "table", None) not in running:
+            self._starting = None
+
+    def _reading(self) -> int:
+        """Concurrent requests being read (ranges, bounds, a table start)."""
+        n = sum(len(f.reading) for f in self._flights.values())
+        starting = self._starting
+        return n + (1 if starting is not None and starting.answer is None else 0)
+
     def _flight_next(self) -> Request | None:
-        """The next range or bounds request of the current table, or None. While paused
-        or while key re-reads wait, nothing new is issued; a flight with nothing issued
-        (or whose first range must be read again) is dropped then: it is planned again
-        from the table's progress."""
-        flight = self._flight
-        job = self._incr.current
-        if flight is None or job is None or job.table != flight.table or not job.started:
-            self._flight = None
-            return None
+        """The next concurrent request, or None.
+
+        Tables are read in lane order: a table's ranges and bounds go first; only once
+        its flight is ``exhausted`` (every chunk of it started) may the next table's
+        chunks start (its ``TableStartRequest``, then its ranges), and so on, so up to
+        ``parallelism`` chunks are in flight across the tail of one table and the
+        next tables. Limits: at most ``parallelism`` requests read at once; at most
+        ``2·parallelism`` ranges issued and not emitted across the tables (a table's own
+        limit is ``parallelism + 1``), except the oldest table's first range, which may
+        always go (it waits for nothing, so the snapshot always moves on).
+
+        While paused or while key re-reads wait, nothing new is issued; a flight with
+        nothing issued (or whose first range must be read again) is dropped then: it
+        is planned again from the table's progress."""
+        lane = self._incr
+        self._forget_gone()
         if self._paused or self._rereads:
-            head = flight.ranges[0] if flight.ranges else None
-            if not flight.open or (head is not None and head.request is None):
-                self._flight = None
+            for table, flight in list(self._flights.items()):
+                head = flight.ranges[0] if flight.ranges else None
+                if not flight.open or (head is not None and head.request is None):
+                    self._drop_flight(table)
             return None
+        p = self._settings.parallelism
+        if self._reading() >= p:
+            return None
+        issued = sum(f.issued for f in self._flights.values())
+        for job in lane.running():
+            if not self._concurrent(job):
+                return None  # (cannot happen: only such tables run beside others)
+            if not job.started:
+                return self._start_concurrent(job)
+            flight = self._flights.get(job.table) or self._add_flight(job)
+            request = self._flight_request(flight, job, issued < 2 * p, job is lane.current)
+            if request is not None or not flight.exhausted:
+                return request
+        if self._starting is not None or issued >= 2 * p:
+            return None
+        following = lane.queue[0] if lane.queue else None
+        if following is None or not self._concurrent(following):
+            return None  # a table read one chunk at a time waits for the flights to land
+        taken = lane.take_next()
+        assert taken is not None
+        if not taken.started:
+            return self._start_concurrent(taken)
+        return self._flight_request(self._add_flight(taken), taken, True, False)
+
+    def _flight_request(
+        self, flight: Flight, job: TableJob, room: bool, oldest: bool
+    ) -> Request | None:
+        """The flight's next range (if ``room``, or if it is the ``oldest`` table's first
+        range) or bounds."""
         rng = flight.next_range()
-        if rng is not None:
+        if rng is not None and (room or (oldest and rng is flight.ranges[0])):
             return self._issue_range(flight, job, rng)
         if flight.wants_bounds():
             assert job.key_columns is not None and job.max_key is not None
@@ -503,6 +571,31 @@ class SnapshotCore:
             flight.ask_bounds(bounds)
             return bounds
         return None
+
+    def _start_concurrent(self, job: TableJob) -> Request | None:
+        """The ``TableStartRequest`` of a table read in concurrent windows (one at a
+        time; its answer lands at its watermark, read-only at the next progress)."""
+        if self._starting is not None:
+            return None
+        rid = self._new_id("inc")
+        marks = not self._read_only
+        request = TableStartRequest(
+            rid, job.table, job.kind, job.surrogate_key, job.condition,
+            f"{rid}:start" if marks else None, concurrent=True,
+        )
+        self._starting = _Pending(request)
+        return request
+
+    def _apply_starting(self, cursor: PositionCursor) -> list[Emitted]:
+        """The concurrent start's answer takes effect: the table is started (its flight
+        is planned by the next ``next_request``), empty or rejected."""
+        starting, self._starting = self._starting, None
+        assert starting is not None
+        request = starting.request
+        assert isinstance(request, TableStartRequest)
+        if starting.answer is None:  # watermark before the answer: plan it again
+            return self._place(cursor, [])
+        return self._place(cursor, self._start(self._incr, starting.answer, request.table))
 
     def _issue_range(self, flight: Flight, job: TableJob, rng: Range) -> ChunkRequest:
         assert job.key_columns is not None
@@ -521,9 +614,12 @@ class SnapshotCore:
         flight.issue(rng, request, window, fenced)
         return request
 
+    def _owner(self, request_id: str) -> Flight | None:
+        return next((f for f in self._flights.values() if f.owns(request_id)), None)
+
     def on_bounds(self, request_id: str, keys: Sequence[Sequence[Any]]) -> list[Emitted]:
         """The answer to a ``BoundsRequest``: boundary keys, ascending (returns [])."""
-        flight = self._flight
+        flight = self._owner(request_id)
         if flight is not None:
             flight.on_bounds(request_id, [tuple(k) for k in keys])
         return []
@@ -560,14 +656,21 @@ class SnapshotCore:
             return
         flight.failed(request_id)  # also after its answer: its H may never come
         notices = self._after_failure(self._incr, request, error, retriable)
-        job = self._incr.current
-        if job is None or job.table != flight.table:
-            self._flight = None
+        self._forget_gone()
         self._notices.extend(notices)
 
-    def _flight_emit(self, cursor: PositionCursor, reached: Position | None) -> list[Emitted]:
-        """Emit, in key order, every range at the head of the flight whose window may
-        close (its H came back; read-only: the stream passed its fence, ``reached``).
+    def _flights_emit(self, cursor: PositionCursor, reached: Position | None) -> list[Emitted]:
+        """``_flight_emit`` for every table's flight, in lane order."""
+        out: list[Emitted] = []
+        for table in list(self._flights):
+            out += self._flight_emit(table, cursor, reached)
+        return out
+
+    def _flight_emit(
+        self, table: str, cursor: PositionCursor, reached: Position | None
+    ) -> list[Emitted]:
+        """Emit, in key order, every range at the head of ``table``'s flight whose window
+        may close (its H came back; read-only: the stream passed its fence, ``reached``).
         A range that cannot close conclusively is read again and the ones after it
         wait; their windows stay open meanwhile (see ``core.flight``)."""
         out: list[Emitted] = []
@@ -575,14 +678,14 @@ class SnapshotCore:
         def passed(fenced: FencedWindow) -> bool:
             return reached is not None and fenced.passed(reached)
 
-        while (flight := self._flight) is not None:
+        while (flight := self._flights.get(table)) is not None:
             head = flight.head_ready(passed)
             if head is None:
                 break
-            job = self._incr.current
+            job = self._incr.job(table)
             window = head.window
-            if job is None or job.table != flight.table or window is None:
-                self._flight = None
+            if job is None or window is None:
+                self._drop_flight(table)
                 break
             if not head.read or not (head.low_seen or head.fenced is not None):
                 result = WindowResult([], 0, None, False)
@@ -594,10 +697,12 @@ class SnapshotCore:
                 break
             out += self._rows(job, result.rows, cursor)
             self._rereads.add_all(job.schema_name, job.table_name, result.reread)
-            out += self._place(cursor, self._range_done(flight, head, result))
+            out += self._place(cursor, self._range_done(flight, job, head, result))
         return out
 
-    def _range_done(self, flight: Flight, head: Range, result: WindowResult) -> list[Notice]:
+    def _range_done(
+        self, flight: Flight, job: TableJob, head: Range, result: WindowResult
+    ) -> list[Notice]:
         """Progress after the head range's rows were emitted: to its upper key if the
         read saw the whole range, else to the last key read (the rest is read next)."""
         request = head.request
@@ -607,11 +712,9 @@ class SnapshotCore:
             last is not None and match_key(last) == match_key(head.upper)
         )
         lane = self._incr
-        job = lane.current
-        assert job is not None
         self._failures = 0
         job = job.advance(head.upper if whole else last, len(result.rows))
-        lane.current = job
+        lane.put(job)
         self._totals.chunks += 1
         self._totals.rows += len(result.rows)
         if not whole:
@@ -620,8 +723,8 @@ class SnapshotCore:
             return [in_progress(job, lane.tables(), self._percent())]
         flight.pop_head()
         if head.last:
-            self._flight = None
-            return self._finish_table(lane, [table_scan_completed(job)])
+            self._drop_flight(job.table)
+            return self._finish_table(lane, [table_scan_completed(job)], job.table)
         return [in_progress(job, lane.tables(), self._percent())]
 
     # -- worker answers --------------------------------------------------------------
@@ -636,6 +739,10 @@ class SnapshotCore:
         """The answer to a TableStartRequest. ``info`` None: no such table; ``max_key``
         None: the table (with its filter) is empty. Incremental: takes effect at the
         request's watermark (returns []). Blocking: takes effect now (returns events)."""
+        starting = self._starting
+        if starting is not None and starting.request.id == request_id and starting.answer is None:
+            starting.answer = _StartAnswer(info, None if max_key is None else tuple(max_key), error)
+            return []
         if not self._answer(request_id):
             return []
         answer = _StartAnswer(info, None if max_key is None else tuple(max_key), error)
@@ -654,8 +761,9 @@ class SnapshotCore:
         """The rows of a ChunkRequest, in key order. Incremental: buffered until H (returns
         []); read-only (``request.fenced``): with the read's ``fence``, buffered until the
         stream has passed it. Blocking: emitted now, positioned after the anchor."""
-        if self._flight is not None and self._flight.owns(request_id):
-            return self._flight_rows(self._flight, request_id, rows, elapsed_ms, fence)
+        flight = self._owner(request_id)
+        if flight is not None:
+            return self._flight_rows(flight, request_id, rows, elapsed_ms, fence)
         if self._busy == request_id and self._fenced_request(request_id) and fence is None:
             return self.on_request_failed(request_id, "a read-only chunk came without its fence",
                                           retriable=False)
@@ -701,9 +809,14 @@ class SnapshotCore:
         position the runner has is free for a notification)."""
         if position is not None:
             self._advance(position)
-        flight = self._flight
-        if flight is not None and flight.owns(request_id):
+        flight = self._owner(request_id)
+        if flight is not None:
             self._flight_failed(flight, request_id, error, retriable)
+            return []
+        starting = self._starting
+        if starting is not None and starting.request.id == request_id:
+            self._starting = None  # also after its answer: its watermark may never come
+            self._notices.extend(self._after_failure(self._incr, starting.request, error, retriable))
             return []
         if self._busy == request_id:
             self._busy = None
@@ -734,10 +847,13 @@ class SnapshotCore:
         if isinstance(request, ChunkRequest):
             self._chunk_size = shrink(self._settings, self._chunk_size)
         give_up = self._failures >= self._settings.max_attempts
-        if retriable or (retriable is None and not give_up) or lane.current is None:
+        table = getattr(request, "table", None)
+        job = lane.job(table) if table is not None else None
+        job = job if job is not None else lane.current
+        if retriable or (retriable is None and not give_up) or job is None:
             return []
-        notice = table_rejected(lane.current, error, attempts=self._failures)
-        return self._finish_table(lane, [notice])
+        notice = table_rejected(job, error, attempts=self._failures)
+        return self._finish_table(lane, [notice], job.table)
 
     def _reread_failed(
         self, window: ChunkWindow, request: KeyReadRequest, retriable: bool | None
@@ -794,9 +910,10 @@ class SnapshotCore:
         if self._read_only:
             self._observe_fenced(event)
             return
-        flight = self._flight
-        if flight is not None and event.table == flight.name and event.schema == flight.schema:
-            flight.observe(event)
+        if self._observers:
+            flight = self._observers.get((event.schema, event.table))
+            if flight is not None:
+                flight.observe(event)
         window = self._window
         if window is None or event.table != window.table or event.schema != window.schema:
             return
@@ -806,8 +923,8 @@ class SnapshotCore:
         if not self._watched or f"{event.schema}.{event.table}" not in self._watched:
             return
         self._unsettled.add(event)
-        flight = self._flight
-        if flight is not None and event.table == flight.name and event.schema == flight.schema:
+        flight = self._observers.get((event.schema, event.table))
+        if flight is not None:
             flight.observe(event)
         for pending in (self._pending, self._ahead):
             fenced = pending.fenced if pending is not None else None
@@ -825,7 +942,9 @@ class SnapshotCore:
             return []
         assert self._horizon is not None
         cursor = PositionCursor(self._horizon, ts_ms)
-        out: list[Emitted] = self._flight_emit(cursor, reached)
+        out: list[Emitted] = self._flights_emit(cursor, reached)
+        if self._starting is not None and self._starting.answer is not None:
+            out += self._apply_starting(cursor)
         while (pending := self._pending) is not None:
             request = pending.request
             if isinstance(request, TableStartRequest):
@@ -854,10 +973,13 @@ class SnapshotCore:
         if mark is not None and watermark_id == mark.watermark:
             self._mark = None
             return self._place(PositionCursor(position, ts_ms), [])
-        flight = self._flight
-        if flight is not None and flight.on_watermark(watermark_id):
-            cursor = PositionCursor(position, ts_ms)
-            return self._flight_emit(cursor, None) + self._place(cursor, [])
+        for table, flight in self._flights.items():
+            if flight.on_watermark(watermark_id):
+                cursor = PositionCursor(position, ts_ms)
+                return self._flight_emit(table, cursor, None) + self._place(cursor, [])
+        starting = self._starting
+        if starting is not None and watermark_id == getattr(starting.request, "watermark", None):
+            return self._apply_starting(PositionCursor(position, ts_ms))
         pending = self._pending
         if pending is None:
             return []
@@ -996,19 +1118,21 @@ class SnapshotCore:
 
     # -- progress ------------------------------------------------------------------
 
-    def _start(self, lane: Lane, answer: _StartAnswer) -> list[Notice]:
-        job = lane.current
-        if job is None:
+    def _start(self, lane: Lane, answer: _StartAnswer, table: str | None = None) -> list[Notice]:
+        """A start's answer for ``table``'s running job (None: the lane's current one)."""
+        job = lane.current if table is None else lane.job(table)
+        if job is None or job.started:
             return []
         problem = _start_problem(job, answer)
         if problem is not None:
-            return self._finish_table(lane, [table_rejected(job, problem)])
+            return self._finish_table(lane, [table_rejected(job, problem)], job.table)
         if answer.max_key is None:
-            return self._finish_table(lane, [table_empty(job)])
+            return self._finish_table(lane, [table_empty(job)], job.table)
         assert answer.info is not None
         info = answer.info
-        lane.current = job.start(info.schema, info.table, info.key, answer.max_key, info.identity)
-        return [table_scan_started(lane.current)]
+        job = job.start(info.schema, info.table, info.key, answer.max_key, info.identity)
+        lane.put(job)
+        return [table_scan_started(job)]
 
     def _chunk_done(self, lane: Lane, request: ChunkRequest, result: WindowResult) -> list[Notice]:
         """Progress after a conclusive chunk: IN_PROGRESS, or the table's completion."""
@@ -1024,12 +1148,17 @@ class SnapshotCore:
             return self._finish_table(lane, [table_scan_completed(job)])
         return [in_progress(job, lane.tables(), self._percent())]
 
-    def _finish_table(self, lane: Lane, notices: list[Notice]) -> list[Notice]:
-        """The lane's current table is done (read, empty, rejected): move on; when the
-        lane is empty, add COMPLETED."""
+    def _finish_table(
+        self, lane: Lane, notices: list[Notice], table: str | None = None
+    ) -> list[Notice]:
+        """A running table (``table``, else the lane's current one) is done (read,
+        empty, rejected): move on; when the lane is empty, add COMPLETED."""
         self._failures = 0
-        job = lane.current
-        lane.current = None
+        job = lane.current if table is None else lane.job(table)
+        if job is not None:
+            lane.finish(job.table)
+            if lane is self._incr:
+                self._drop_flight(job.table)
         self._totals.tables_done += 1
         self._watch()
         if lane or job is None:
@@ -1141,6 +1270,7 @@ class SnapshotCore:
             "paused": self._paused,
             "blocking": self.blocking,
             "current": None if current is None else current.status(),
+            "in_flight": [j.table for j in self._incr.running()],
             "queued": [j.table for j in self._block.queue] + [j.table for j in self._incr.queue],
             "tables_total": self._totals.tables,
             "tables_done": self._totals.tables_done,
@@ -1160,8 +1290,8 @@ class SnapshotCore:
         total = self._totals.tables
         if total <= 0:
             return 0.0
-        current = self._block.current or self._incr.current
-        share = current.fraction() if current is not None else 0.0
+        running = [self._block.current] if self._block.current else self._incr.running()
+        share = sum(j.fraction() for j in running)
         return round(100.0 * min(1.0, (self._totals.tables_done + share) / total), 1)
 
 
