@@ -52,6 +52,7 @@ from pydblog.sources.mysql.connect import (
 )
 from pydblog.sources.mysql.fenced import open_fenced
 from pydblog.sources.mysql.fences import GtidFence
+from pydblog.sources.mysql.replica import catch_up, check_replica, source_state
 from pydblog.sources.mysql.setup import OwnTables
 from pydblog.sources.mysql.types import ColumnType, SelectMapper, key_param, quote_ident
 
@@ -91,10 +92,16 @@ class MySqlSnapshotReader:
         statement_timeout_ms: int = 60_000,
         connect_timeout_s: float = 10.0,
         parallelism: int | None = None,
+        source: MySqlDsn | None = None,
     ) -> None:
         """``parallelism``: ``[snapshot] parallelism`` (None: a default, see
-        ``parallelism()``)."""
+        ``parallelism()``). ``source``: ``dsn`` is a replica of this source
+        (``[snapshot] read_dsn``, read-only snapshots only; ``sources.mysql.replica``
+        checks it on each new connection, and fences leave out its own GTIDs)."""
         self.dsn = dsn
+        self.source = source
+        self._local: str | None = None  # the replica's own GTID name (sources.mysql.replica)
+        self._src: Any = None  # on a replica: a connection to the source (its GTID state)
         self.db = dsn.database
         self.matcher = matcher
         self.own = own
@@ -121,8 +128,18 @@ class MySqlSnapshotReader:
             except pymysql.Error:
                 self._reset()
         if self._conn is None:
-            self._conn = connect(self.dsn, timeout_s=self.connect_timeout_s)
-            self._mariadb = is_mariadb(self._conn)
+            conn = connect(self.dsn, timeout_s=self.connect_timeout_s)
+            try:
+                if self.source is not None:
+                    self._local = check_replica(
+                        conn, self.source, self.dsn.redacted, self.connect_timeout_s
+                    )
+            except BaseException:
+                with contextlib.suppress(pymysql.Error):
+                    conn.close()
+                raise
+            self._conn = conn
+            self._mariadb = is_mariadb(conn)
         self._used = now
         return self._conn
 
@@ -303,6 +320,7 @@ class MySqlSnapshotReader:
         t = self._table(info)
         if not t.key_cols:
             raise SignalError(f"table {info.qualified} has no primary key: give a surrogate-key")
+        self._wait_replica()  # a lagging replica's max would miss rows older than the stream
         keys = _key_mapper(t, info)
         order = ", ".join(f"{quote_ident(k)} DESC" for k in info.key)
         where = f" WHERE ({condition})" if condition else ""
@@ -339,7 +357,7 @@ class MySqlSnapshotReader:
         child = MySqlSnapshotReader(
             self.dsn, matcher=self.matcher, own=self.own,
             statement_timeout_ms=self.statement_timeout_ms,
-            connect_timeout_s=self.connect_timeout_s, parallelism=1,
+            connect_timeout_s=self.connect_timeout_s, parallelism=1, source=self.source,
         )
         with self._lock:
             self._forks.append(child)
@@ -408,6 +426,8 @@ class MySqlSnapshotReader:
         t = self._table(info)
         if not t.key_cols:
             raise SignalError(f"table {info.qualified} has no primary key: give a surrogate-key")
+        if not self._fenced:
+            self._wait_replica()  # (a blocking snapshot's rows must be as new as the stream)
         params: list[Any] = []
         where: list[str] = []
         if after is None and len(t.key_cols) == 1 and t.key_cols[0].nullable:
@@ -450,7 +470,9 @@ class MySqlSnapshotReader:
                 conn = self._connection()
                 try:
                     with conn.cursor() as cur:
-                        fence = open_fenced(cur, self._mariadb, self.dsn.redacted)
+                        if self.source is not None:
+                            self._catch_up(cur)
+                        fence = open_fenced(cur, self._mariadb, self.dsn.redacted, self._local)
                         self._fenced = True
                         try:
                             rows = self.read_chunk(info, after, max_key, limit, condition)
@@ -467,6 +489,42 @@ class MySqlSnapshotReader:
                             continue
                     raise self._error(exc, doing) from None
         raise AssertionError("unreachable")
+
+    def _wait_replica(self) -> None:
+        """On a replica: ``_catch_up`` on the reader's connection (no-op on the source)."""
+        if self.source is None:
+            return
+        for attempt in (1, 2):
+            with self._lock:
+                try:
+                    with self._connection().cursor() as cur:
+                        self._catch_up(cur)
+                    return
+                except pymysql.Error as exc:
+                    self._reset()
+                    if errno(exc) in UNAVAILABLE and attempt == 1:
+                        continue
+                    raise self._error(exc, "waiting for the read replica") from None
+
+    def _catch_up(self, cur: Any) -> None:
+        """On a replica: wait until it has applied everything the source has binlogged
+        so far (``sources.mysql.replica`` says why), on the source's own connection."""
+        assert self.source is not None
+        try:
+            if self._src is None:
+                self._src = connect(self.source, timeout_s=self.connect_timeout_s)
+            with self._src.cursor() as scur:
+                state = source_state(scur, self._mariadb)
+        except pymysql.Error as exc:
+            self._close_source()
+            raise classify(exc, self.source, "reading the source's GTID state") from None
+        catch_up(cur, self._mariadb, state, self.statement_timeout_ms / 1000, self.dsn.redacted)
+
+    def _close_source(self) -> None:
+        if self._src is not None:
+            with contextlib.suppress(pymysql.Error):
+                self._src.close()
+        self._src = None
 
     def read_keys(self, info: TableInfo, keys: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
         """The rows of these identities (``info.key``), in key order (a key re-read)."""
@@ -527,6 +585,7 @@ class MySqlSnapshotReader:
         with self._lock:
             forks, self._forks = self._forks, []
             self._reset()
+            self._close_source()
         for child in forks:
             child.close()
 

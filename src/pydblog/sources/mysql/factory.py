@@ -28,13 +28,8 @@ def create(cfg: Config) -> tuple[LogSource, SnapshotReader]:
     ``watermark_table`` default to ``dblog_signal`` / ``dblog_watermark`` in it (a
     ``public.`` prefix, PostgreSQL's default schema, means the captured database).
     """
-    if cfg.snapshot.read_dsn is not None:
-        raise ConfigError(
-            "snapshot.read_dsn is not supported by the mysql source: its read-only chunks "
-            "are read on the source itself",
-            hint="remove read_dsn (watermark = \"read-only\" works without it)",
-        )
     dsn = MySqlDsn.parse(cfg.source.dsn)
+    read_dsn = _read_dsn(cfg.snapshot.read_dsn, dsn)
     own = own_tables(cfg.snapshot, dsn.database)
     matcher = cfg.source.table_matcher()
     source = MySqlLogSource(
@@ -47,11 +42,32 @@ def create(cfg: Config) -> tuple[LogSource, SnapshotReader]:
         read_only=cfg.snapshot.watermark == "read-only",
     )
     reader = MySqlSnapshotReader(
-        dsn,
+        read_dsn or dsn,
         matcher=matcher,
         own=own,
         statement_timeout_ms=cfg.snapshot.statement_timeout_ms,
         connect_timeout_s=cfg.source.connect_timeout_s,
         parallelism=cfg.snapshot.parallelism,
+        source=dsn if read_dsn is not None else None,
     )
     return source, reader
+
+
+def _read_dsn(raw: str | None, source: MySqlDsn) -> MySqlDsn | None:
+    """``[snapshot] read_dsn`` (a replica of the source: ``sources.mysql.replica``), which
+    must name the source's database. Config validation already requires
+    ``watermark = "read-only"`` with it."""
+    if raw is None:
+        return None
+    try:
+        dsn = MySqlDsn.parse(raw)
+    except ConfigError as exc:
+        raise ConfigError(exc.message.replace("source.dsn", "snapshot.read_dsn", 1),
+                          hint=exc.hint) from None
+    if dsn.database != source.database:
+        raise ConfigError(
+            f"snapshot.read_dsn names database {dsn.database!r}, the source captures "
+            f"{source.database!r}",
+            hint="read_dsn is the same database on a replica: use the source's database name",
+        )
+    return dsn

@@ -8,6 +8,18 @@ CONSISTENT SNAPSHOT``; every SELECT of the chunk must run in it, and the caller 
 (ROLLBACK). Nothing here writes (``SET TRANSACTION`` only sets the next transaction's
 isolation level on this session). Every statement is a variable or status read: no
 binlog is scanned, so a chunk's fence costs a few round trips whatever the write load.
+
+**On a replica** (``[snapshot] read_dsn``; ``local`` = the replica's own
+``server_uuid`` (MySQL) or ``server_id`` (MariaDB)): the same reads on the replica's
+connection, and the same argument, since a replica with ``log_bin`` and
+``log_slave_updates`` commits the primary's transactions through its own binlog, under
+their GTIDs (``sources.mysql.replica`` checks both). GTIDs of the replica's own
+transactions are left out of both states: the primary's stream never delivers them, so a
+fence holding them would never be passed. That is exact for the primary's transactions
+because a GTID names one transaction everywhere and the replica's own writes are under
+its own name (MySQL: its ``server_uuid``; MariaDB: its ``server_id``, where a domain
+holding both its own and other servers' GTIDs is refused: the domain's last GTID would no
+longer tell where the primary's transactions stand).
 """
 
 from __future__ import annotations
@@ -41,10 +53,13 @@ def _begin(cur: Any) -> None:
     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
 
 
-def open_fenced(cur: Any, mariadb: bool, where: str) -> GtidFence:
-    """Open the chunk's transaction (see the module docstring) and return its fence."""
+def open_fenced(
+    cur: Any, mariadb: bool, where: str, local: str | None = None
+) -> GtidFence:
+    """Open the chunk's transaction (see the module docstring) and return its fence;
+    ``local``: the read server is a replica, and this names its own transactions."""
     if mariadb:
-        return _open_mariadb(cur, where)
+        return _open_mariadb(cur, where, None if local is None else int(local))
     cur.execute("SELECT @@GLOBAL.gtid_mode, @@GLOBAL.gtid_executed")
     mode, executed = cur.fetchone()
     if str(mode).upper() != "ON":
@@ -56,15 +71,50 @@ def open_fenced(cur: Any, mariadb: bool, where: str) -> GtidFence:
     owned = parse_owned(str(cur.fetchone()[0] or ""))
     cur.execute("SELECT @@GLOBAL.gtid_executed")
     high = union(owned, MySqlGtidSet.parse(str(cur.fetchone()[0] or "")))
+    if local is not None:
+        low, high = without_source(low, local), without_source(high, local)
     return GtidFence(low, high)
 
 
-def _binlog_pos(cur: Any) -> MariaGtidPos:
+def without_source(state: MySqlGtidSet, uuid: str) -> MySqlGtidSet:
+    """``state`` without the GTIDs of server ``uuid``."""
+    return MySqlGtidSet(tuple(s for s in state.sources if s[0] != uuid.lower()))
+
+
+def replicated_state(text: str, local: int, where: str) -> MariaGtidPos:
+    """``@@gtid_binlog_state`` of a MariaDB replica without the replica's own GTIDs
+    (server ``local``): the last GTID of each domain among the others' (see the module
+    docstring). A domain holding GTIDs of both is refused."""
+    entries = [p.strip() for p in text.replace("\n", "").split(",") if p.strip()]
+    own: set[int] = set()
+    others: list[str] = []
+    for part in entries:
+        domain, server, _ = (int(x) for x in part.split("-"))
+        if server == local:
+            own.add(domain)
+        else:
+            others.append(part)
+    mixed = own & {int(p.split("-")[0]) for p in others}
+    if mixed:
+        raise SourceError(
+            f"the read replica at {where} has transactions of its own (server_id {local}) in "
+            f"GTID domain {min(mixed)}, which it also replicates: a read-only chunk read there "
+            "cannot be fenced",
+            hint="write on the replica only in a GTID domain of its own (gtid_domain_id), "
+            "or remove [snapshot] read_dsn",
+        )
+    return MariaGtidPos.parse(",".join(others))
+
+
+def _binlog_pos(cur: Any, local: int | None, where: str) -> MariaGtidPos:
+    if local is not None:
+        cur.execute("SELECT @@GLOBAL.gtid_binlog_state")
+        return replicated_state(str(cur.fetchone()[0] or ""), local, where)
     cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
     return MariaGtidPos.parse(str(cur.fetchone()[0] or ""))
 
 
-def _open_mariadb(cur: Any, where: str) -> GtidFence:
+def _open_mariadb(cur: Any, where: str, local: int | None = None) -> GtidFence:
     """MariaDB: ``low`` = ``@@gtid_binlog_pos`` read before the binlog's end ``E``
     (``SHOW MASTER STATUS``), both before the snapshot; ``high`` = ``@@gtid_binlog_pos``
     after it. The snapshot sees exactly the binlog before its position ``P``
@@ -74,7 +124,7 @@ def _open_mariadb(cur: Any, where: str) -> GtidFence:
     fence claims nothing visible (every event the window sees drops its key: safe)."""
     high = MariaGtidPos()
     for attempt in range(ATTEMPTS):
-        low = _binlog_pos(cur)
+        low = _binlog_pos(cur, local, where)
         cur.execute("SHOW MASTER STATUS")
         row = cur.fetchone()
         if row is None:
@@ -91,7 +141,7 @@ def _open_mariadb(cur: Any, where: str) -> GtidFence:
                 "(Binlog_snapshot_file is empty)",
                 hint="start the server with --log-bin",
             )
-        high = _binlog_pos(cur)
+        high = _binlog_pos(cur, local, where)
         if (file_sequence(file), int(pos)) >= end:
             return GtidFence(low, high)
         if attempt < ATTEMPTS - 1:

@@ -1,0 +1,139 @@
+"""Read-only snapshots whose chunks are read on a replica (``[snapshot] read_dsn``) while
+the stream comes from the primary, on MariaDB and MySQL 5.7. The replica applies every
+transaction a second late (``MASTER_DELAY = 1``) and has GTIDs of its own (MariaDB: its
+user setup in domain 2; MySQL: a transaction under its own server_uuid), and a writer
+changes the table on the primary before and during the snapshot. The oracle: the change
+log materializes to the primary's table; the capture user cannot write."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pydblog.config import parse_config
+from pydblog.devtools.mysql57 import TestServer
+from pydblog.errors import SourceError, SourceUnavailable
+from pydblog.sources.mysql.chunks import MySqlSnapshotReader
+from pydblog.sources.mysql.connect import MySqlDsn
+from pydblog.sources.mysql.gtid import MariaGtidPos, parse_gtid_state
+from pydblog.sources.mysql.setup import OwnTables
+from tests.contract.capture import Capture, snapshot_rows
+from tests.contract.test_parallel import big_table
+from tests.contract.test_read_only import ReadOnlyUser, assert_wrote_nothing
+from tests.contract.test_snapshots import q, sid, writer
+from tests.mysql.harness import MariaHarness
+from tests.mysql.test_failover import _pair, new_database
+
+
+@pytest.fixture(scope="module")
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[TestServer, TestServer]]:
+    with _pair(request.param) as (primary, replica):
+        yield primary, replica
+
+
+def _delay(replica: TestServer, seconds: int) -> None:
+    replica.execute("STOP SLAVE")
+    replica.execute(f"CHANGE MASTER TO MASTER_DELAY = {seconds}")
+    replica.execute("START SLAVE")
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("pair", "parallelism"),
+    [("mariadb", 4), pytest.param("mysql57", 4, marks=SLOW),
+     pytest.param("mariadb", 1, marks=SLOW), pytest.param("mysql57", 1, marks=SLOW)],
+    indirect=["pair"],
+)
+def test_chunks_read_on_a_lagging_replica(
+    pair: tuple[TestServer, TestServer], tmp_path: Path, parallelism: int
+) -> None:
+    """Without the wait for the replica to catch up with the source before each chunk
+    (``sources.mysql.replica.catch_up``) this failed: a row read before the replica had
+    applied an update the stream had already delivered landed after that update."""
+    primary, replica = pair
+    db = new_database(primary, replica)
+    h = ReadOnlyUser(MariaHarness(primary, db))
+    rows = 3000
+    big_table(h, rows)
+    replica.wait_caught_up(primary)
+    _delay(replica, 1)  # (kept for the module's later tests: they wait for it)
+    read_dsn = replica.dsn(db, user=h.user, password="ro")
+    extra = (f'[snapshot]\nchunk_size = 256\nparallelism = {parallelism}\n'
+             f'watermark = "read-only"\nread_dsn = "{read_dsn}"')
+    with Capture(h, tmp_path, extra) as cap:
+        stop = threading.Event()
+        th = threading.Thread(target=writer, args=(h, "t1", stop, 21, rows + rows // 10))
+        th.start()
+        try:
+            cap.wait_until(lambda ev: len(ev) > 200, 60, "stream events")  # writes logged first
+            h.signal(sid(), "execute-snapshot", {"data-collections": [q(h, "t1")]})
+            cap.wait_notification("COMPLETED", timeout=240)
+        finally:
+            stop.set()
+            th.join()
+        events = cap.assert_oracle({"t1": ["id"]})
+        err = cap.stop()
+    assert len(snapshot_rows(events, "t1")) > rows // 2
+    if parallelism > 1:
+        assert f"up to {parallelism} read at once" in err
+    assert_wrote_nothing(h)
+
+
+@pytest.mark.parametrize("pair", ["mariadb", "mysql57"], indirect=True)
+def test_read_dsn_must_be_a_replica_of_the_source(pair: tuple[TestServer, TestServer]) -> None:
+    """The source itself is refused at once; a server that never applies the source's
+    transactions makes each read-only chunk fail (retriable) after the wait, saying so;
+    the replica reads, with a fence that leaves out its own GTIDs, and waits for the
+    source's state before a max key or a plain chunk too."""
+    primary, replica = pair
+    db = new_database(primary, replica)
+    primary.execute("CREATE TABLE t (id INT PRIMARY KEY)", db)
+    primary.execute("INSERT INTO t VALUES (1), (2), (3)", db)
+    replica.wait_caught_up(primary)
+
+    def reader(read: TestServer, source: TestServer) -> MySqlSnapshotReader:
+        own = OwnTables((db, "dblog_signal"), (db, "dblog_watermark"),
+                        ("public", "dblog_signal"), ("public", "dblog_watermark"))
+        matcher = parse_config({"source": {"type": "mysql", "dsn": primary.dsn(db)}})
+        return MySqlSnapshotReader(
+            MySqlDsn.parse(read.dsn(db)), matcher=matcher.source.table_matcher(), own=own,
+            source=MySqlDsn.parse(source.dsn(db)), statement_timeout_ms=1000,
+        )
+
+    r = reader(primary, primary)
+    with pytest.raises(SourceError, match="is the source itself"):
+        r.captured_tables()
+    r.close()
+    # The primary as the "replica" of its replica: it never applies the replica's own GTIDs.
+    r = reader(primary, replica)
+    try:
+        info = r.table_info(f"{db}.t")
+        assert info is not None
+        with pytest.raises(SourceUnavailable, match="did not apply the source's transactions"):
+            r.read_chunk_fenced(info, None, (3,), 10, None)
+    finally:
+        r.close()
+    r = reader(replica, primary)
+    try:
+        info = r.table_info(f"{db}.t")
+        assert info is not None
+        rows, fence = r.read_chunk_fenced(info, None, (3,), 10, None)
+        assert [row["id"] for row in rows] == [1, 2, 3]
+        primary_state = str(primary.execute(
+            "SELECT @@GLOBAL.gtid_binlog_pos" if isinstance(fence.low, MariaGtidPos)
+            else "SELECT @@GLOBAL.gtid_executed")[0][0]).replace("\n", "")
+        assert str(fence.low) == str(fence.high) == str(parse_gtid_state(primary_state))
+        # A table's max key and a blocking snapshot's chunk are read once the lagging
+        # replica has what the source has (the stream may already have delivered more).
+        _delay(replica, 1)
+        primary.execute("INSERT INTO t VALUES (99)", db)
+        assert r.max_key(info, None) == (99,)
+        primary.execute("INSERT INTO t VALUES (100)", db)
+        assert [row["id"] for row in r.read_chunk(info, (3,), (100,), 10, None)] == [99, 100]
+    finally:
+        r.close()
