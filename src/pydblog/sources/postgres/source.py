@@ -359,10 +359,10 @@ class PgLogSource:
 
     def _on_message(self, m: po.Message, lsn: Lsn, idx: int, ts: int, tx: int, in_tx: bool, data_start: int) -> list[StreamItem]:
         if m.prefix == WATERMARK_PREFIX:
-            pos = PgPosition(lsn, idx, None, tx) if in_tx else PgPosition(Lsn(m.lsn), 0, Lsn(m.lsn))
+            pos = PgPosition(lsn, idx, None, tx) if in_tx else _between(m.lsn)
             return [WatermarkSeen(m.content.decode(), pos)]
         if m.prefix == HEARTBEAT_PREFIX and not in_tx:
-            return [Heartbeat(PgPosition(Lsn(m.lsn), 0, Lsn(m.lsn)))]
+            return [Heartbeat(_between(m.lsn))]
         if m.prefix == RESET_PREFIX and in_tx:
             schema, table, kind = orjson.loads(m.content)
             if not self._matcher(f"{schema}.{table}"):
@@ -502,3 +502,16 @@ def slot_lag(conn: psycopg.Connection[Any], slot: str) -> int | None:
         (slot,),
     ).fetchone()
     return int(row[0]) if row and row[0] is not None else None
+
+
+def _between(message_lsn: int) -> PgPosition:
+    """The position of a non-transactional message (a heartbeat), acknowledging
+    ``message_lsn``. PostgreSQL reports such a message at the *end* of its record, which
+    is where the next record starts: a transaction delivered after the message may
+    have exactly that commit LSN (its changes written before the message, its commit
+    record right after it), and its first event is at ``(message_lsn, 0)``. So the
+    message sorts at ``message_lsn - 1`` (inside its own record: no commit LSN there):
+    after every transaction delivered before it (their commit records lie before the
+    message's record), before every one delivered after it, and so do the positions
+    placed right after it (snapshot rows, ``(message_lsn - 1, 1..)``)."""
+    return PgPosition(Lsn(message_lsn - 1), 0, Lsn(message_lsn))
