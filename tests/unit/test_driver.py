@@ -60,3 +60,13 @@ def test_a_hold_never_lasts_longer_than_max_hold(tmp_path: Path, monkeypatch: An
     d.submit_next()
     assert reader.called.wait(5)
     assert reader.calls[0] == "table_info public.t"
+
+
+def test_close_ends_the_worker_threads(tmp_path: Path) -> None:
+    d, reader = _driver(tmp_path)
+    d.submit_next()
+    assert reader.called.wait(5)
+    worker = d._worker
+    assert worker is not None and worker.is_alive()
+    d.close()
+    assert not worker.is_alive()

@@ -237,8 +237,9 @@ class CaptureApi:
                          f"{DIRECT_SIGNAL_WAIT_S:.0f} s; it was withdrawn and will not apply",
                          "retry; /health shows whether the capture is stuck")
         if not item.done.is_set():
-            return json_response(202, {"id": signal_id, "type": kind, "accepted": True,
-                                       "applied": None, "progress": "/snapshots"})
+            return error(503, f"the outcome of signal {signal_id} is unknown: the capture "
+                         "took it and did not confirm it",
+                         "retry with the same id: if it was applied the answer says duplicate")
         if item.outcome == "rejected":
             return error(400, item.error or f"signal {signal_id} was rejected")
         log.info("API: %s signal %s %s", kind, signal_id, item.outcome)

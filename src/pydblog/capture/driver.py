@@ -88,8 +88,8 @@ class SnapshotDriver:
                 'source yet: use "table"'
             )
         self._answers: queue.Queue[tuple[str, Answer]] = queue.Queue()
-        self._requests: queue.Queue[Request] = queue.Queue()
-        self._pool_requests: queue.Queue[Request] = queue.Queue()
+        self._requests: queue.Queue[Request | None] = queue.Queue()
+        self._pool_requests: queue.Queue[Request | None] = queue.Queue()
         self._inflight: set[str] = set()  # ids of requests handed out, not answered yet
         self._worker: threading.Thread | None = None
         self._pool: list[threading.Thread] = []
@@ -252,6 +252,8 @@ class SnapshotDriver:
         reader: SnapshotReader | None = None
         while True:
             request = self._pool_requests.get()
+            if request is None:  # close()
+                return
             answer = self._answerer(request.id)
             if reader is None:
                 try:
@@ -268,11 +270,26 @@ class SnapshotDriver:
             self.wakeup()
         return answer
 
-    def _work(self, requests: queue.Queue[Request], reader: SnapshotReader) -> None:
+    def _work(self, requests: queue.Queue[Request | None], reader: SnapshotReader) -> None:
         name_native_thread()
         while True:
             request = requests.get()
+            if request is None:  # close()
+                return
             self._execute(request, self._answerer(request.id), reader)
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the worker threads (each ends after its request in flight; the caller
+        closes the readers, which ends a request stuck on the server)."""
+        for _ in self._pool:
+            self._pool_requests.put(None)
+        if self._worker is not None:
+            self._requests.put(None)
+        deadline = time.monotonic() + timeout_s
+        for th in [*self._pool, *([self._worker] if self._worker is not None else [])]:
+            th.join(max(0.0, deadline - time.monotonic()))
+        self._pool = []
+        self._worker = None
 
     def _execute(
         self, request: Request, answer: Callable[[Answer], None],

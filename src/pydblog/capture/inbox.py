@@ -102,7 +102,8 @@ def deliver(
 
     None: no capture took it within ``timeout_s`` (or before ``stop``); it was withdrawn
     and never applies. Otherwise the offer: answered (``done`` set), or, rarely, taken
-    and still unanswered after ``TAKEN_WAIT_S`` more (its outcome is then unknown)."""
+    and unanswered (``done`` not set; its outcome is unknown: still being applied after
+    ``TAKEN_WAIT_S`` more, or put back by a capture that failed and withdrawn)."""
     item = inbox.offer(signal_id, kind, data)
     deadline = time.monotonic() + timeout_s
     while not item.done.wait(0.1):
@@ -111,7 +112,10 @@ def deliver(
                 return None
             item.done.wait(TAKEN_WAIT_S)
             if not item.done.is_set() and inbox.withdraw(item):
-                return None  # put back by a capture that failed, now withdrawn
+                # Put back by a capture that failed while applying it: its checkpoint
+                # may or may not have become durable. Outcome unknown (a retry with the
+                # same id is answered "duplicate" if it applied).
+                item.outcome = "unknown"
             break
     return item
 

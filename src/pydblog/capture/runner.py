@@ -66,6 +66,11 @@ events are not queued behind more snapshot rows, and chunk reads still overlap w
 stream batches most of the time.)"""
 
 
+MID_TX = "mid_tx"
+"""Checkpoint ``extra`` key: the checkpoint's position is inside a transaction (a batch
+flushed at ``batch_max_events`` or before a schema change)."""
+
+
 class Runner:
     def __init__(
         self,
@@ -121,6 +126,10 @@ class Runner:
             self._position = best.position
             self._saved_position = best.position
             self._extra = dict(best.extra)
+            # Inside a transaction: the source replays it; until its Commit nothing may
+            # be placed after the checkpoint's position (its next index is the
+            # transaction's own next event).
+            self._in_tx = bool(self._extra.pop(MID_TX, False))
         return best
 
     # -- main loop ----------------------------------------------------------------------
@@ -436,8 +445,13 @@ class Runner:
             force and self._position is not None and self._position != self._saved_position
         ):
             driver = self.driver
+            extra = dict(self._extra)
+            if self._in_tx:
+                extra[MID_TX] = True
+            else:
+                extra.pop(MID_TX, None)
             checkpoint = Checkpoint(
-                self._position, driver.state() if driver is not None else None, dict(self._extra)
+                self._position, driver.state() if driver is not None else None, extra
             )
             writer.submit(Batch(
                 list(self._pending), checkpoint, list(self._schemas), self._ack,

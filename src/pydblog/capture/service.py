@@ -127,6 +127,8 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
             try:
                 if signals is not None:
                     signals.close()
+                if runner.driver is not None:
+                    runner.driver.close()
                 runner.writer.close()
                 source.close()
                 reader.close()
