@@ -4,8 +4,9 @@ tail, each table with its own windows. Many small tables under a write load, the
 oracle (materialize the change log, compare every column), each table's notifications
 in order; and (slow) kill -9s while several tables are in flight.
 
-On a source whose reader cannot fork (MySQL/MariaDB until it can) the same scenarios
-run one chunk at a time and must give the same change log contents."""
+PostgreSQL and MySQL/MariaDB readers fork (one connection per chunk in flight); on a
+source whose reader cannot fork the same scenarios would run one chunk at a time and
+must give the same change log contents."""
 
 from __future__ import annotations
 
@@ -109,10 +110,8 @@ def test_many_tables_in_flight_with_writes(harness: Harness, tmp_path: Path) -> 
     for n, name in enumerate(TABLES):
         if name not in (TABLES[1], TABLES[4], TABLES[7]):  # no writes: every row read once
             assert len(snapshot_rows(events, name)) == ROWS - 100 * n, name
-    if "up to 4 read at once" in err:  # a reader that forks (PostgreSQL)
-        assert overlapping_tables(events) > 0
-    else:
-        assert harness.name != "postgres", "PostgreSQL reads chunks concurrently"
+    assert "up to 4 read at once" in err  # both readers fork (PostgreSQL, MySQL/MariaDB)
+    assert overlapping_tables(events) > 0
 
 
 @pytest.mark.slow
