@@ -22,7 +22,12 @@ For each: rows/s (ratio to (b) in the same run), the client process's CPU per ro
 per row (``/proc``, every backend; nothing else runs against the cluster).
 
 Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/arrow_chunks.py [--rows 1000000]
-           [--chunk 65536]
+           [--chunk 65536] [--types]
+
+``--types`` runs only a byte-equality probe of more types with edge values (int2,
+bool, varchar, date, timestamp, uuid, jsonb, numeric as ``::text``; NULLs, unicode,
+control characters, NaN/Infinity, years 1 and 9999) through ADBC + polars against the
+fast path.
 Needs ``adbc-driver-postgresql``, ``polars`` (and ``connectorx`` for (d)): not dependencies
 of pydblog.
 """
@@ -126,11 +131,77 @@ def polars_tails(table: Any) -> tuple[int, str, str]:
     return df.height, out["k"][0], out["t"][0]
 
 
+PROBE_ROWS = """
+(1, 32767, true, 'ü€😀', '0001-01-01', '2024-02-29 23:59:59.000001',
+ 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{"a": [1, 2.50, "x\\"y"], "b": null}', 'NaN'),
+(2, -32768, false, E'\\t\\r\\b\\f\\x1f/"\\\\', '9999-12-31', '2000-01-01 00:00:00',
+ '00000000-0000-0000-0000-000000000000', '"ü\\u0001"', '-1.000e-20'),
+(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+(4, 0, true, '', '2020-01-01', '1970-01-01 00:00:00.5',
+ 'ffffffff-ffff-ffff-ffff-ffffffffffff', '1e400', 'Infinity'),
+(5, 1, false, 'x', '0099-01-01', '0010-03-04 05:06:07',
+ 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '[]', '123456789012345678901234567890.123456789')
+"""
+
+
+def types_probe(dsn: str) -> None:
+    """More types (int2, bool, varchar, date, timestamp, uuid, jsonb, numeric as
+    ``::text``) with edge values through ADBC + polars, compared row by row with the
+    fast path's tails; prints SAME or both texts."""
+    pl = importlib.import_module("polars")
+    pa = importlib.import_module("pyarrow")
+    adbc = importlib.import_module("adbc_driver_postgresql.dbapi")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE probe (id int PRIMARY KEY, i2 smallint, bo bool, v varchar(20), "
+                     "dt date, ts timestamp, u uuid, j jsonb, nm numeric)")
+        conn.execute(f"INSERT INTO probe VALUES {PROBE_ROWS}")
+    c = pl.col
+
+    def quoted(e: Any) -> Any:
+        return pl.concat_str([pl.lit('"'), e, pl.lit('"')])
+
+    hexed = c("u").bin.encode("hex")
+    enc = {
+        "id": c("id").cast(pl.String), "i2": c("i2").cast(pl.String), "bo": c("bo").cast(pl.String),
+        "v": quoted(c("v").str.replace_many(list(_ESCAPES), list(_ESCAPES.values()))),
+        "dt": quoted(c("dt").dt.strftime("%Y-%m-%d")),
+        "ts": quoted(c("ts").dt.strftime("%Y-%m-%dT%H:%M:%S%.6f").str.replace(r"\.000000$", "")),
+        "u": quoted(pl.concat_str([hexed.str.slice(0, 8), pl.lit("-"), hexed.str.slice(8, 4),
+                                   pl.lit("-"), hexed.str.slice(12, 4), pl.lit("-"),
+                                   hexed.str.slice(16, 4), pl.lit("-"), hexed.str.slice(20, 12)])),
+        "j": c("j"),
+        "nm": quoted(c("nm")),
+    }
+    cfg = Config.model_validate({"source": {"dsn": dsn}, "log": {"path": "/nonexistent"}})
+    reader = PgSnapshotReader(cfg, _Source(), split=False)  # type: ignore[arg-type]
+    info = reader.table_info("public.probe")
+    assert info is not None
+    chunk = reader.read_chunk(info, None, (5,), 100, None)
+    assert isinstance(chunk, EncodedChunk)
+    reader.close()
+    with adbc.connect(dsn) as aconn, aconn.cursor() as cur:
+        cur.execute("SELECT id, i2, bo, v, dt, ts, u, j, nm::text AS nm FROM probe ORDER BY id")
+        table = cur.fetch_arrow_table()
+    cols = []
+    for col in table.columns:
+        arr = col.combine_chunks()
+        cols.append(arr.storage if isinstance(arr, pa.ExtensionArray) else arr)
+    df = pl.from_arrow(pa.table(cols, names=table.column_names))
+    parts: list[Any] = [pl.lit('{"id":'), enc["id"], pl.lit("}" + TAIL_SEP)]
+    for i, name in enumerate(df.columns):
+        parts += [pl.lit(("{" if i == 0 else ",") + f'"{name}":'), enc[name].fill_null(pl.lit("null"))]
+    parts.append(pl.lit("}}"))
+    got = df.select(pl.concat_str(parts))[:, 0].to_list()
+    for mine, want in zip(got, (chunk._tail_text or "").split("\n"), strict=True):
+        print("types probe: SAME" if mine == want else f"types probe: DIFF\n  arrow {mine}\n  fast  {want}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--chunk", type=int, default=65536)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--types", action="store_true", help="only the byte-equality probe of more types")
     args = ap.parse_args()
     rows, size = args.rows, args.chunk
     ranges = [(lo, min(lo + size, rows) - 1) for lo in range(0, rows, size)]
@@ -140,6 +211,9 @@ def main() -> None:
         dsn = cluster.create_database("bench")
         global SERVER_PID
         SERVER_PID = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        if args.types:
+            types_probe(dsn)
+            return
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
                 "CREATE TABLE big (id bigint PRIMARY KEY, a int, b text, c numeric(12,2), "
