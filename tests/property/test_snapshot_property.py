@@ -25,7 +25,9 @@ The simulation plays every part but the core:
 Read-only snapshots (``read_only``): no watermarks; each transaction gets an xid and may
 stay *invisible* after its commit is in the log (as a PostgreSQL commit does while it
 waits for a synchronous standby, or between its commit record and leaving the proc
-array), becoming visible later in any order, except that a writer of a key makes the
+array, or one a lagging hot standby has not replayed yet; those written before the
+first snapshot signal always do, so the stream delivers them before any table is
+watched), becoming visible later in any order, except that a writer of a key makes the
 key's previous writer visible first (the row lock). A SELECT sees the visible writes
 only and hands the core a ``SimFence`` (the invisible xids at that moment, and the log's
 end). The stream may deliver a transaction before it is visible; the runner calls
@@ -117,6 +119,12 @@ class SimFence:
     invisible: frozenset[int]
     next_xid: int
     end: int
+    invisible_lsns: frozenset[int] = frozenset()  # the log positions of ``invisible``
+
+    def covers(self, position: Position) -> bool:
+        """Every transaction in the log up to ``position`` is visible."""
+        assert isinstance(position, PgPosition)
+        return all(lsn > position.commit_lsn.value for lsn in self.invisible_lsns)
 
     def _sees(self, tx: int | None) -> bool | None:
         if tx is None:
@@ -155,6 +163,7 @@ class Sim:
     # read-only: per key its writes (xid, row or None); xids committed but not visible
     versions: dict[tuple[str, int], list[tuple[int, Row | None]]] = field(default_factory=dict)
     invisible: set[int] = field(default_factory=set)
+    tx_lsn: dict[int, int] = field(default_factory=dict)  # each xid's transaction's lsn
     next_xid: int = 1
     cur_xid: int | None = None  # the xid of the transaction being written
     fenced_reads: int = 0
@@ -213,6 +222,11 @@ class Sim:
     def pos(self, lsn: int, index: int = 0) -> PgPosition:
         return PgPosition(Lsn(lsn), index, None, self.cur_xid)
 
+    def fence(self) -> SimFence:
+        """What a read-only SELECT run now saw."""
+        return SimFence(frozenset(self.invisible), self.next_xid, len(self.log),
+                        frozenset(self.tx_lsn[x] for x in self.invisible))
+
     def emit(self, events: Sequence[Emitted]) -> None:
         self.out.extend(expand(events))
 
@@ -235,7 +249,7 @@ class Sim:
                     (xid, self.db[table].get(e.key["id"]))
                 )
             items.extend(events)
-        self.append(items)
+        self.tx_lsn[xid] = self.append(items)
         if self.read_only and self.data.draw(st.booleans(), label="stays invisible"):
             self.invisible.add(xid)
 
@@ -513,7 +527,7 @@ class Sim:
         """Read-only: the SELECT of the keys as a snapshot that sees only the visible
         writes (and its fence), then, in a later step, the answer."""
         if w.answer is None:
-            fence = SimFence(frozenset(self.invisible), self.next_xid, len(self.log))
+            fence = self.fence()
             visible = self.visible_rows(req.table)
             found: list[ChunkRow] = [dict(visible[k]) for (k,) in sorted(req.keys) if k in visible]
             if self.data.draw(st.booleans(), label="encoded rows"):
@@ -568,7 +582,7 @@ class Sim:
         """Read-only: the SELECT (what is visible now, and its fence), then, in a later
         step, the answer."""
         if w.answer is None:
-            fence = SimFence(frozenset(self.invisible), self.next_xid, len(self.log))
+            fence = self.fence()
             rows: list[ChunkRow] = list(self.select_visible(req))
             if self.data.draw(st.booleans(), label="encoded rows"):
                 rows = [encoded(r) for r in self.select_visible(req)]
@@ -808,6 +822,13 @@ def run(
     # Key re-reads hold every concurrent window back; without partial writes several
     # tables' windows stay open while writes go on.
     sim.partials = not parallel or data.draw(st.booleans(), label="partial writes")
+    # Writes before the snapshot begins: the stream delivers them while no table is
+    # watched, and read-only reads do not see them yet (a lagging standby, a commit
+    # waiting for a synchronous standby); they become visible later, in any order.
+    for _ in range(data.draw(st.integers(0, 4), label="writes before the snapshot")):
+        sim.write_txn()
+        if read_only:
+            sim.invisible.add(sim.next_xid - 1)
     first = Signal("first", SignalType.EXECUTE_SNAPSHOT, ("s\\..*",))
     sim.append([first])
     # Concurrent windows: longer runs, so that several tables' windows are open while

@@ -20,10 +20,15 @@ class Fence:
     invisible: frozenset[int]
     end: int
     next_xid: int = 12
+    replayed: int | None = None  # a standby's: every commit before this lsn (None: all)
 
     def visible(self, event: ChangeEvent) -> bool | None:
         tx = getattr(event.position, "tx_id", None)
         return None if tx is None else tx < self.next_xid and tx not in self.invisible
+
+    def covers(self, position: Position) -> bool:
+        assert isinstance(position, PgPosition)
+        return self.replayed is None or position.commit_lsn.value < self.replayed
 
     def settles(self, event: ChangeEvent) -> bool:
         return self.visible(event) is True
@@ -111,3 +116,45 @@ def test_a_restart_distrusts_what_was_unsettled() -> None:
     core.on_chunk_read(req.id, rows(1, 2), 1.0, fence=Fence(frozenset(), end=4))
     out = expand(core.on_progress(commit(4), commit(4), 0))
     assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == [1, 2]
+
+
+def test_a_commit_delivered_before_the_snapshot_began_needs_a_fence_that_covers_it() -> None:
+    """A hot standby lags the stream: the update of key 1 was delivered (and logged)
+    before the table was watched, so no window holds it, and a read on a standby that
+    has not replayed it yet returns the older row. Such a read's window is inconclusive
+    (nothing emitted, the chunk is read again) until a fence covers where the table
+    began to be watched."""
+    core = SnapshotCore(CoreSettings(chunk_size=4, read_only=True, read_ahead=False), instance="t")
+    core.on_event(update(1, 1, tx=10))  # not watched yet: not kept
+    started(core)  # the signal (lsn 1) watches the table from here
+    req = core.next_request()
+    assert isinstance(req, ChunkRequest)
+    core.on_chunk_read(req.id, rows(1, 2), 1.0, fence=Fence(frozenset(), end=3, replayed=1))
+    assert [e for e in expand(core.on_progress(commit(3), commit(3), 0)) if e.op is Op.READ] == []
+    again = core.next_request()  # the same chunk, read again
+    assert isinstance(again, ChunkRequest) and again.after_key is None and again.id != req.id
+    fence = Fence(frozenset(), end=4, replayed=2)  # replayed past lsn 1: covers it
+    core.on_chunk_read(again.id, rows(1, 2), 1.0, fence=fence)
+    out = expand(core.on_progress(commit(4), commit(4), 0))
+    assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == [1, 2]
+
+
+def test_a_table_watched_before_the_stream_delivered_anything() -> None:
+    """Snapshot mode "initial" at a fresh start: no position yet, so the floor is the
+    first position the stream delivers (past everything it skipped)."""
+    core = SnapshotCore(CoreSettings(chunk_size=4, read_only=True, read_ahead=False), instance="t")
+    core.start_initial(["public.t"])
+    req = core.next_request()
+    assert isinstance(req, TableStartRequest)
+    info = TableInfo("public", "t", ("id", "v"), ("int", "text"), ("id",))
+    core.on_table_started(req.id, info, (9,))
+    core.on_progress(commit(5), commit(5), 0)
+    chunk = core.next_request()
+    assert isinstance(chunk, ChunkRequest)
+    core.on_chunk_read(chunk.id, rows(1), 1.0, fence=Fence(frozenset(), end=5, replayed=5))
+    assert [e for e in expand(core.on_progress(commit(6), commit(6), 0)) if e.op is Op.READ] == []
+    chunk = core.next_request()
+    assert isinstance(chunk, ChunkRequest)
+    core.on_chunk_read(chunk.id, rows(1), 1.0, fence=Fence(frozenset(), end=6, replayed=6))
+    out = expand(core.on_progress(commit(6), commit(6), 0))
+    assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == [1]

@@ -23,6 +23,14 @@ be unseen (PostgreSQL decodes a commit before it becomes visible, e.g. while it 
 for a synchronous standby), so the core keeps the events of the table being read that
 no fence has yet proven visible (``Unsettled``) and shows them to each new window.
 
+Events are kept only from the moment a table is *watched* (queued for a snapshot, or
+with keys waiting for a re-read). Every transaction the stream delivered before that
+(the ``Floor``) is assumed by the window to be in the rows, so a window is conclusive
+only once its fence ``covers`` the floor: a read on a lagging hot standby may not have
+replayed a commit the stream delivered seconds ago, and its row would then land after
+that newer event. Until a fence covers it, windows are inconclusive (the chunk is read
+again); once one does, the floor is dropped (visibility never goes back).
+
 ``settles(event)``: visible to this read *and to every later read of the same server*
 (visibility never goes back), so the event can be forgotten. Each source documents its
 fences in ``sources/<name>/fences.py``; docs/snapshots.md has the argument per source.
@@ -79,10 +87,31 @@ class Lost:
         return cls(None if last is None else decode_position(last), data.get("max_tx"))
 
 
+class Floor:
+    """Where the core began to keep a table's events: every transaction the stream had
+    delivered up to ``position`` (that position's own included) was never held by a
+    window, so only a fence that ``covers`` it may decide one. ``position`` is None
+    until the core learns any position (a table watched before the stream delivered
+    anything: the first position it learns is past everything the stream skipped)."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: Position | None) -> None:
+        self.position = position
+
+    def covered_by(self, fence: ReadFence) -> bool:
+        return self.position is not None and fence.covers(self.position)
+
+
 class ReadFence(Protocol):
     """What one chunk read saw (see the module docstring). Immutable, IO-free."""
 
     def visible(self, event: ChangeEvent) -> bool | None: ...
+
+    def covers(self, position: Position) -> bool:
+        """Every transaction the stream delivered up to ``position`` (its own included)
+        is visible to this read and to every later one."""
+        ...
 
     def settles(self, event: ChangeEvent) -> bool: ...
 
@@ -96,14 +125,29 @@ class ReadFence(Protocol):
 class Unsettled:
     """Stream events of the tables being read that no fence has proven visible yet,
     in stream order. Bounded by ``limit``: past it the oldest half is forgotten into
-    ``lost``, and windows stay inconclusive until a fence ``settles_lost``."""
+    ``lost``, and windows stay inconclusive until a fence ``settles_lost``. ``floor``:
+    where the newest watched table began to be kept (windows stay inconclusive until a
+    fence ``covers`` it)."""
 
-    __slots__ = ("events", "limit", "lost")
+    __slots__ = ("events", "floor", "limit", "lost")
 
     def __init__(self, limit: int = MAX_UNSETTLED) -> None:
         self.events: list[ChangeEvent] = []
         self.limit = limit
         self.lost: Lost | None = None
+        self.floor: Floor | None = None
+
+    def watch_from(self, position: Position | None) -> None:
+        """A table is watched from now on; ``position``: the newest the stream has
+        delivered (None: nothing yet). Replaces an older floor (a later position: a
+        fence that covers it covers the older one)."""
+        self.floor = Floor(position)
+
+    def learn(self, position: Position) -> None:
+        """A position the stream delivered: it places a floor still unknown."""
+        floor = self.floor
+        if floor is not None and floor.position is None:
+            floor.position = position
 
     def add(self, event: ChangeEvent) -> None:
         self.events.append(event)
@@ -119,10 +163,13 @@ class Unsettled:
         self.events = [e for e in self.events if not fence.settles(e)]
         if self.lost is not None and fence.settles_lost(self.lost):
             self.lost = None
+        if self.floor is not None and self.floor.covered_by(fence):
+            self.floor = None
 
     def clear(self) -> None:
         self.events.clear()
         self.lost = None
+        self.floor = None
 
     def summary(self) -> Lost | None:
         """Everything unsettled as a ``Lost`` (what ``SnapshotCore.state()`` persists: the
@@ -142,7 +189,7 @@ class FencedWindow:
     the read did not see. Events that arrive before the fence are held and judged when
     it comes; after it, each is judged on arrival."""
 
-    __slots__ = ("_held", "_lost", "fence", "window")
+    __slots__ = ("_floor", "_held", "_lost", "fence", "window")
 
     def __init__(self, window: ChunkWindow, unsettled: Unsettled) -> None:
         self.window = window
@@ -151,6 +198,7 @@ class FencedWindow:
             e for e in unsettled.events if e.table == window.table and e.schema == window.schema
         ]
         self._lost = unsettled.lost
+        self._floor = unsettled.floor
 
     @property
     def schema(self) -> str:
@@ -181,11 +229,12 @@ class FencedWindow:
 
     @property
     def conclusive_so_far(self) -> bool:
-        """False while events older than the window were forgotten and the fence does
-        not prove them visible (the window then cannot decide)."""
-        return self._lost is None or (
-            self.fence is not None and self.fence.settles_lost(self._lost)
-        )
+        """False while events older than the window were forgotten, or never kept (its
+        floor), and the fence does not prove them visible (the window cannot decide)."""
+        fence = self.fence
+        if self._lost is not None and (fence is None or not fence.settles_lost(self._lost)):
+            return False
+        return self._floor is None or (fence is not None and self._floor.covered_by(fence))
 
     def passed(self, reached: Position) -> bool:
         return self.fence is not None and self.fence.passed(reached)

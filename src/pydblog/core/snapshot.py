@@ -326,9 +326,14 @@ class SnapshotCore:
         """Read-only: the tables whose events must be kept until a fence settles them
         (being snapshotted, or with keys waiting for a re-read)."""
         if self._read_only:
+            before = self._watched
             self._watched = set(self._incr.tables()) | self._rereads.tables()
             if not self._watched:
                 self._unsettled.clear()
+            elif not self._watched <= before:
+                # Events delivered until now were not kept: windows need a fence that
+                # covers them (a lagging standby may not have replayed them yet).
+                self._unsettled.watch_from(self._horizon)
 
     def _queued(self) -> set[str]:
         return set(self._incr.tables()) | set(self._block.tables())
@@ -920,6 +925,7 @@ class SnapshotCore:
         window.observe(event)
 
     def _observe_fenced(self, event: ChangeEvent) -> None:
+        self._unsettled.learn(event.position)
         if not self._watched or f"{event.schema}.{event.table}" not in self._watched:
             return
         self._unsettled.add(event)
@@ -1211,6 +1217,8 @@ class SnapshotCore:
     def _advance(self, position: Position) -> None:
         if self._horizon is None or self._horizon < position:
             self._horizon = position
+        if self._read_only:
+            self._unsettled.learn(position)
 
     # -- state ---------------------------------------------------------------------
 

@@ -109,12 +109,17 @@ class GtidFence:
     def settles(self, event: ChangeEvent) -> bool:
         return self.visible(event) is True  # committed stays committed
 
+    def covers(self, position: Position) -> bool:
+        """The stream's state after ``position``'s transaction holds every GTID it
+        delivered up to there: within ``low``, all of them are visible for good."""
+        after = position.after_state() if isinstance(position, BinlogPosition) else None
+        return after is not None and _le(after, self.low)
+
     def settles_lost(self, lost: Lost) -> bool:
         """The newest forgotten event's state after its transaction holds every earlier
         one's GTID: within ``low``, all of them are visible for good."""
         last = lost.last_position
-        after = last.after_state() if isinstance(last, BinlogPosition) else None
-        return after is not None and _le(after, self.low)
+        return last is not None and self.covers(last)
 
     def passed(self, reached: Position) -> bool:
         return _le(self.high, _after(reached))

@@ -17,7 +17,9 @@ first statement share its snapshot S):
   record that starts before ``low`` was replayed before S (``low`` is a replayed
   record's end, records do not straddle it): visible. Any other may or may not be: the
   row's key is dropped (always safe). The standby replays only WAL it has received and
-  flushed, so every commit S saw ends at or before ``end``.
+  flushed, so every commit S saw ends at or before ``end``. The core trusts a standby's
+  fence only once ``low`` is past every commit the stream delivered before the table's
+  snapshot began (``covers``; ``core.fence.Floor``): the standby may lag the stream.
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ class PgXidFence:
     def settles(self, event: ChangeEvent) -> bool:
         return self.visible(event) is True  # a visible commit stays visible
 
+    def covers(self, position: Position) -> bool:
+        """Assumed on a primary: a commit the stream delivered before the table was
+        watched is visible by the time a chunk is read (not proven while a commit waits
+        for a synchronous standby: see docs/snapshots.md, read-only limits)."""
+        return True
+
     def settles_lost(self, lost: Lost) -> bool:
         return lost.max_tx is not None and self.full(lost.max_tx) < self.xmin
 
@@ -104,9 +112,15 @@ class PgLsnFence:
     def settles(self, event: ChangeEvent) -> bool:
         return self.visible(event) is True  # replay never goes back
 
+    def covers(self, position: Position) -> bool:
+        """The standby had replayed ``position``'s commit record (and so every earlier
+        one) before the read: a lagging standby does not, and its rows may predate
+        commits the stream delivered long ago."""
+        return isinstance(position, PgPosition) and position.commit_lsn.value < self.low_lsn
+
     def settles_lost(self, lost: Lost) -> bool:
         last = lost.last_position
-        return isinstance(last, PgPosition) and last.commit_lsn.value < self.low_lsn
+        return last is not None and self.covers(last)
 
     def passed(self, reached: Position) -> bool:
         return _reached(reached) >= self.end_lsn
