@@ -119,7 +119,14 @@ def assert_no_time_travel(h: Harness, events: list[Event]) -> None:
     """Positions are unique and increase with the offset (so per key, the log follows
     commit order and a snapshot row never lands after a newer log event)."""
     positions = [h.position(e) for e in events]
-    assert len(positions) == len(set(positions)), "a position was logged twice"
+    if len(positions) != len(set(positions)):
+        seen: dict[Any, int] = {}
+        twice = []
+        for i, p in enumerate(positions):
+            if p in seen:
+                twice.append((events[seen[p]], events[i]))
+            seen[p] = i
+        raise AssertionError(f"a position was logged twice: {twice[:2]}")
     assert positions == sorted(positions), "positions do not follow offsets"
 
 
