@@ -32,7 +32,12 @@ rules give the same answer).
 Readers (``KafkaChangeLogReader``, the Spark source) read the checkpoint topic in order
 and, per data partition, only offsets below the ``ends`` of a valid checkpoint, keeping
 a record only if its ``dblog.writer`` header names the writer of the first valid
-checkpoint whose end is above the record's offset. A writer session has a generation
+checkpoint whose end is above the record's offset (``Span``). Where that checkpoint
+lists the partition in ``runs`` (``first``: every offset ``first <= o < end`` is one of
+its records, as its delivery reports showed: no aborted record, no other writer's, no
+fan-out copy in between), the records are taken by offset without reading headers (the
+sync's fast path); a partition a commit shares with anything else is checked record by
+record. A writer session has a generation
 ``gen`` (one more than any in the topic, or the HA fencing epoch if larger) and a random
 id ``w``, and opens with a begin message; a checkpoint message is valid iff its
 ``(gen, w)`` is the owner: the owner changes to a message with a higher ``gen``, and
@@ -181,6 +186,11 @@ class CommitRecord:
     begin: bool = False
     epoch: int | None = None
     kafka_offset: int = -1
+    runs: dict[str, dict[str, int]] = field(default_factory=dict)
+    """topic -> partition (text) -> first offset, for the partitions whose records of
+    this commit are exactly the offsets ``first <= o < end`` (every one of them a record
+    of this commit, none a fan-out copy): readers take those without looking at headers.
+    Partitions not listed are checked record by record (``dblog.writer`` header)."""
 
     @property
     def writer_tag(self) -> str:
@@ -190,7 +200,7 @@ class CommitRecord:
         head = orjson.dumps({
             "v": 1, "gen": self.gen, "w": self.writer, "a": self.start, "b": self.end,
             "begin": self.begin, "epoch": self.epoch, "ends": self.ends,
-            "ts": int(time.time() * 1000),
+            **({"runs": self.runs} if self.runs else {}), "ts": int(time.time() * 1000),
         })
         cp = self.checkpoint.to_bytes() if self.checkpoint is not None else b"null"
         return head[:-1] + b',"cp":' + cp + b"}"
@@ -204,14 +214,37 @@ class CommitRecord:
             Checkpoint.from_bytes(orjson.dumps(cp)) if cp is not None else None,
             {t: {p: int(o) for p, o in parts.items()} for t, parts in d.get("ends", {}).items()},
             bool(d.get("begin")), d.get("epoch"), kafka_offset,
+            {t: {p: int(o) for p, o in parts.items()} for t, parts in d.get("runs", {}).items()},
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One valid commit's part of a data partition: the offsets from the previous valid
+    commit's end there up to ``end``. If the commit listed a run (``first >= 0``), the
+    valid records are exactly ``first <= o < end`` (no header needed); otherwise a record
+    in the span is valid iff its ``dblog.writer`` header is ``tag`` (a crashed session's
+    aborted records, a fenced writer's and the transaction markers are not)."""
+
+    end: int
+    first: int
+    tag: str
+
+    def valid(self, offset: int, tag: str | None) -> bool:
+        if self.first >= 0:
+            return self.first <= offset < self.end
+        return offset < self.end and tag is not None and tag == self.tag
+
+
+def _span_end(span: Span) -> int:
+    return span.end
 
 
 @dataclass
 class CommitLog:
     """The valid commits as read so far, in checkpoint-topic order (see the module
-    docstring for the owner rule), and per data partition the segments
-    ``(end offset, writer tag)`` that decide which records are valid.
+    docstring for the owner rule), and per data partition the ``spans`` (one per valid
+    commit that wrote it) that decide which records are valid.
 
     For seeking, ``bounds`` holds every valid commit's end ``b`` (ascending) and
     ``history`` per data partition the pairs ``(b, end offset)`` of the valid commits
@@ -225,9 +258,9 @@ class CommitLog:
     read_to: int = 0  # the checkpoint topic's offset after the last message applied
     last: CommitRecord | None = None
     ends: dict[tuple[str, int], int] = field(default_factory=dict)
-    segments: dict[tuple[str, int], list[tuple[int, str]]] = field(default_factory=dict)
     bounds: list[int] = field(default_factory=list)
     history: dict[tuple[str, int], tuple[list[int], list[int]]] = field(default_factory=dict)
+    spans: dict[tuple[str, int], list[Span]] = field(default_factory=dict)
 
     def apply(self, rec: CommitRecord) -> bool:
         """Take one message; True if it is valid."""
@@ -246,7 +279,8 @@ class CommitLog:
         for topic, parts in rec.ends.items():
             for p, end in parts.items():
                 tp = (topic, int(p))
-                if end <= self.ends.get(tp, 0):
+                prev = self.ends.get(tp, 0)
+                if end <= prev:
                     continue
                 self.ends[tp] = end
                 bs, es = self.history.setdefault(tp, ([], []))
@@ -255,11 +289,9 @@ class CommitLog:
                 else:
                     bs.append(rec.end)
                     es.append(end)
-                segs = self.segments.setdefault(tp, [])
-                if segs and segs[-1][1] == tag:
-                    segs[-1] = (end, tag)
-                else:
-                    segs.append((end, tag))
+                first = rec.runs.get(topic, {}).get(p, -1)
+                self.spans.setdefault(tp, []).append(
+                    Span(end, first if prev <= first < end else -1, tag))
         return True
 
     @property
@@ -304,15 +336,53 @@ class CommitLog:
             first = max(first, bs[i] if i < len(bs) else bs[-1])
         return first
 
+    def span(self, tp: tuple[str, int], offset: int) -> Span | None:
+        """The valid commit whose records in ``tp`` lie around ``offset`` (the first
+        span ending above it), or None (past every valid commit)."""
+        spans = self.spans.get(tp)
+        if not spans:
+            return None
+        i = bisect.bisect_right(spans, offset, key=_span_end)
+        return spans[i] if i < len(spans) else None
+
     def valid(self, tp: tuple[str, int], offset: int, tag: str | None) -> bool:
-        """Whether the record at ``offset`` of ``tp`` with writer ``tag`` is committed."""
-        segs = self.segments.get(tp)
-        if not segs or tag is None:
-            return False
-        for end, owner in segs:  # one segment per writer session: a short list
-            if end > offset:
-                return owner == tag
-        return False
+        """Whether the record at ``offset`` of ``tp`` with writer ``tag`` is committed
+        (``Span.valid``; ``tag`` is only needed where the commit listed no run)."""
+        span = self.span(tp, offset)
+        return span is not None and span.valid(offset, tag)
+
+
+def commit_ends(
+    delivered: Mapping[tuple[str, int], Sequence[int]], fanned: Iterable[tuple[str, int]],
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """A commit's ``ends`` and ``runs`` from its delivery reports: per data partition
+    ``[lowest offset, highest offset, records]`` (``fanned``: the partitions that got a
+    fan-out copy). The end is one past the highest offset; the partition has a run from
+    the lowest if its records fill every offset in between (offsets are unique in a
+    partition, so then nothing else lies there) and none is a fan-out copy."""
+    ends: dict[str, dict[str, int]] = {}
+    runs: dict[str, dict[str, int]] = {}
+    skip = set(fanned)
+    for (topic, part), (first, last, count) in delivered.items():
+        ends.setdefault(topic, {})[str(part)] = last + 1
+        if count == last + 1 - first and (topic, part) not in skip:
+            runs.setdefault(topic, {})[str(part)] = first
+    return ends, runs
+
+
+def _one_partition(msgs: list[Any], tp: tuple[str, int], hi: int | None) -> list[Any] | None:
+    """A ``consume`` batch of a one-partition read, cut at ``hi``, if it holds only data
+    messages of ``tp`` (checked a column at a time: no Python code per message), else
+    None (the caller looks at each message)."""
+    import confluent_kafka
+
+    msg = confluent_kafka.Message
+    if any(map(msg.error, msgs)) or set(map(msg.partition, msgs)) != {tp[1]} or set(
+            map(msg.topic, msgs)) != {tp[0]}:
+        return None
+    if hi is None or msgs[-1].offset() < hi:
+        return msgs
+    return msgs[:bisect.bisect_left([m.offset() for m in msgs], hi)]
 
 
 def _header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> bytes | None:
@@ -330,12 +400,18 @@ class _Client:
         self.k = _kafka()
         self.cfg = cfg
         self.prefix = _prefix(cfg)
-        base = client_config(cfg)
-        self.admin = self.k.admin.AdminClient(_for_consumer(base))
+        self._admin: Any = None
         self._consumer: Any = None
         self._partitions: dict[str, int] = {}
         self.fetched = 0  # messages ``read_range`` returned (how much a read cost)
         self.fetch_wait_ms = 5  # low latency: Tansu does not answer a waiting fetch early
+
+    @property
+    def admin(self) -> Any:
+        """The admin client, made on first use (a read of given offsets needs none)."""
+        if self._admin is None:
+            self._admin = self.k.admin.AdminClient(_for_consumer(client_config(self.cfg)))
+        return self._admin
 
     def consumer(self) -> Any:
         if self._consumer is None:
@@ -429,10 +505,25 @@ class _Client:
         c.assign([k.TopicPartition(t, p, lo) for (t, p), (lo, _) in todo.items()])
         deadline = time.monotonic() + TIMEOUT_S
         stalled_at = time.monotonic() + STALL_S
+        single = next(iter(todo)) if len(todo) == 1 else None
         try:
             while todo:
                 # A short wait: consume() returns only at 10,000 messages or the timeout.
                 msgs = c.consume(10_000, 0.01)
+                if msgs and single is not None and single in todo:
+                    out = _one_partition(msgs, single, todo[single][1])
+                    if out is not None:
+                        deadline = time.monotonic() + TIMEOUT_S
+                        stalled_at = time.monotonic() + STALL_S
+                        if out:
+                            self.fetched += len(out)
+                            yield out
+                        hi = todo[single][1]
+                        if hi is not None and (len(out) < len(msgs) or out[-1].offset() + 1 >= hi):
+                            del todo[single]
+                        elif hi is not None:
+                            self._check_positions(c, todo)
+                        continue
                 if not msgs:
                     self._check_positions(c, todo)
                     if todo and time.monotonic() > stalled_at and self._storage_stall(c, todo):
@@ -609,7 +700,8 @@ class KafkaChangeLog(ChangeLogWriter):
                "queue.buffering.max.messages": 1_000_000, "transaction.timeout.ms": 60_000,
                "on_delivery": self._on_delivery},
         )
-        self._delivered: dict[tuple[str, int], int] = {}
+        self._delivered: dict[tuple[str, int], list[int]] = {}  # [first, last, count]
+        self._fanned: set[tuple[str, int]] = set()  # partitions holding fan-out copies
         self._delivery_error: Any = None
         try:
             client.ensure_topics(
@@ -728,6 +820,7 @@ class KafkaChangeLog(ChangeLogWriter):
         k = self.client.k
         p = self._producer
         self._delivered.clear()
+        self._fanned.clear()
         self._delivery_error = None
         try:
             p.begin_transaction()
@@ -741,9 +834,8 @@ class KafkaChangeLog(ChangeLogWriter):
             if self._delivery_error is not None:
                 raise k.KafkaException(self._delivery_error)
             internal = (checkpoint_topic(self.prefix), schemas_topic(self.prefix))
-            for (t, i), last in self._delivered.items():
-                if t not in internal:
-                    rec.ends.setdefault(t, {})[str(i)] = last + 1
+            rec.ends, rec.runs = commit_ends(
+                {tp: d for tp, d in self._delivered.items() if tp[0] not in internal}, self._fanned)
             self._delivered.clear()
             cp_topic = checkpoint_topic(self.prefix)
             self._send(cp_topic, rec.to_bytes(), self.prefix.encode(), None, None)
@@ -753,7 +845,7 @@ class KafkaChangeLog(ChangeLogWriter):
             p.commit_transaction(TIMEOUT_S)
             self._commits += 1
             if self._epoch is not None:
-                self._verify(self._delivered.pop((cp_topic, 0)))
+                self._verify(self._delivered.pop((cp_topic, 0))[1])
         except (k.KafkaException, SystemError) as caught:
             # (SystemError: a fatal producer error surfacing through a delivery callback)
             abort_error = self._abort()
@@ -768,17 +860,34 @@ class KafkaChangeLog(ChangeLogWriter):
             raise
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
-        """Delivery report (served by ``flush``): the highest offset written per
-        partition, which becomes the commit's ``ends`` (a broker's list-offsets answer
-        is not used: Tansu's counts batches, not records)."""
+        """Delivery report (served by ``flush``): per partition the lowest and highest
+        offset written and the number of records; the highest becomes the commit's
+        ``ends`` (a broker's list-offsets answer is not used: Tansu's counts batches, not
+        records), and if the records fill ``lowest..highest`` (offsets are unique in a
+        partition, so then every offset there is one of them) the lowest goes into
+        ``runs``."""
         if err is not None:
             if self._delivery_error is None:
                 self._delivery_error = err
             return
         tp = (msg.topic(), msg.partition())
         off = msg.offset()
-        if off > self._delivered.get(tp, -1):
-            self._delivered[tp] = off
+        seen = self._delivered.get(tp)
+        if seen is None:
+            self._delivered[tp] = [off, off, 1]
+            return
+        seen[2] += 1
+        if off > seen[1]:
+            seen[1] = off
+        elif off < seen[0]:
+            seen[0] = off
+
+    def _on_fan_out_delivery(self, err: Any, msg: Any) -> None:
+        """A fan-out copy's delivery report: its partition gets no run (readers must
+        see the ``dblog.fanout`` header to skip the copy)."""
+        self._on_delivery(err, msg)
+        if err is None:
+            self._fanned.add((msg.topic(), msg.partition()))
 
     def _abort(self) -> Any:
         """Abort the open transaction; the error if that failed (a KafkaError)."""
@@ -790,12 +899,16 @@ class KafkaChangeLog(ChangeLogWriter):
             return err if isinstance(err, self.client.k.KafkaError) else None
         return None
 
-    def _send(self, topic: str, value: Any, key: Any, headers: Any, partition: int | None) -> None:
+    def _send(self, topic: str, value: Any, key: Any, headers: Any, partition: int | None,
+              on_delivery: Any = None) -> None:
         p = self._producer
         while True:
             try:
                 if partition is None:
                     p.produce(topic, value, key, headers=headers)
+                elif on_delivery is not None:
+                    p.produce(topic, value, key, partition=partition, headers=headers,
+                              on_delivery=on_delivery)
                 else:
                     p.produce(topic, value, key, partition=partition, headers=headers)
                 return
@@ -860,8 +973,11 @@ class KafkaChangeLog(ChangeLogWriter):
     def _fan_out(self, topic: str, value: str, headers: list[tuple[str, Any]]) -> None:
         """Truncates and table notifications: one copy in every partition."""
         for part in range(self.client.partitions(topic)):
-            hs = headers if part == 0 else [*headers, (HEADER_FANOUT, b"1")]
-            self._send(topic, value, None, hs, part)
+            if part == 0:
+                self._send(topic, value, None, headers, part)
+            else:
+                self._send(topic, value, None, [*headers, (HEADER_FANOUT, b"1")], part,
+                           self._on_fan_out_delivery)
 
     def close(self) -> None:
         try:
@@ -933,12 +1049,18 @@ class KafkaChangeLogReader(ChangeLogReader):
             value = m.value()
             if value is None:
                 continue
-            headers = m.headers()
-            tag = _header(headers, HEADER_WRITER)
-            tp = (m.topic(), m.partition())
-            if not commits.valid(tp, m.offset(), tag.decode() if tag else None):
+            off = m.offset()
+            span = commits.span((m.topic(), m.partition()), off)
+            if span is None:
                 continue
-            if _header(headers, HEADER_FANOUT) is not None:
+            if span.first < 0:  # no run: the headers decide
+                headers = m.headers()
+                tag = _header(headers, HEADER_WRITER)
+                if not span.valid(off, tag.decode() if tag else None):
+                    continue
+                if _header(headers, HEADER_FANOUT) is not None:
+                    continue
+            elif not span.valid(off, None):
                 continue
             seq, body = parse_value(value)
             if not lo <= seq < hi:

@@ -64,9 +64,13 @@ def decode_bodies(
     metas: Sequence[str],
     bodies: Sequence[str],
     schema: pa.Schema = ARROW_SCHEMA,
+    *,
+    own_offsets: bool = False,
 ) -> pa.RecordBatch:
     """Events ``first, first + 1, ...`` (change-log meta entries and JSON bodies) as one
     Arrow batch with the columns of ``schema`` (a subset of ``ARROW_SCHEMA``, any order).
+    With ``own_offsets`` each body is a whole envelope with its ``offset`` field (a Kafka
+    log's message value) and ``offset`` comes from there (``first`` is unused).
 
     Every body is parsed once; ``key`` is re-serialized with sorted fields (the
     grouping key of the reduce), ``before``/``after`` re-serialized compactly; only the
@@ -79,7 +83,7 @@ def decode_bodies(
     srcs = [e.get("source") or {} for e in envs]
     cols: dict[str, list[Any]] = {}
     if "offset" in names:
-        cols["offset"] = list(range(first, first + n))
+        cols["offset"] = [e["offset"] for e in envs] if own_offsets else list(range(first, first + n))
     if "op" in names:
         cols["op"] = [
             e["op"] if "op" in e else _meta(m, 1) for e, m in zip(envs, metas, strict=True)
@@ -150,6 +154,9 @@ _HEAD = (
     r'"db":(?:"[^"]*"|null),"schema":"(?P<schema>[^"]*)","table":"(?P<table>[^"]*)"'
 )
 """The envelope's fields up to the table name (anchored: the scan stops there)."""
+_OWN_OFFSET = r'^\{"offset":(?P<offset>0|[1-9][0-9]{0,17}),'
+"""The head of a body that carries its offset (a Kafka log's value): ``_HEAD`` and
+``_PREFIX_STRICT`` start with it instead of their ``{`` in ``own_offsets`` mode."""
 _KEY = r'^(?P<key>\{[^}]*\}|null),"before":'
 """The key, from the text after ``},"key":``."""
 _TAIL_UNCHANGED = r'^\{.*\},"unchanged":\[(?:' + _S + r"(?:," + _S + r")*)?\]\}$"
@@ -175,7 +182,8 @@ def _norm_key(text: str | None) -> str | None:
 
 
 def decode_fast(
-    first: int, metas: Sequence[str], bodies: Sequence[str] | pa.Array, schema: pa.Schema
+    first: int, metas: Sequence[str], bodies: Sequence[str] | pa.Array, schema: pa.Schema,
+    *, own_offsets: bool = False,
 ) -> pa.RecordBatch:
     """``decode_bodies(first, metas, bodies, schema)`` for ``schema`` within
     ``FAST_COLUMNS``, without a JSON parse per event: the fields are cut out of the
@@ -186,20 +194,25 @@ def decode_fast(
     bodies orjson wrote; a snapshot row whose JSON PostgreSQL wrote is equal in value
     only (a float's spelling, a ``json`` column's own spacing), which is all the
     reduce needs: it parses ``after``. Bodies of any other form are decoded by
-    ``decode_bodies``. Same result, property-tested against it."""
+    ``decode_bodies``. Same result, property-tested against it. ``own_offsets``: as
+    ``decode_bodies`` (the offsets are captured with the head: no extra pass)."""
     n = len(bodies)
     if n == 0 or not set(schema.names) <= FAST_COLUMNS:
         texts = bodies.to_pylist() if isinstance(bodies, pa.Array) else bodies
-        return decode_bodies(first, metas, texts, schema)
+        return decode_bodies(first, metas, texts, schema, own_offsets=own_offsets)
     arr = bodies if isinstance(bodies, pa.Array) else pa.array(bodies, type=pa.string())
-    parts, ok = _split(arr)
-    offsets = pa.array(range(first, first + n), type=pa.int64())
+    parts, ok = _split(arr, own_offsets)
+    if own_offsets:  # (meaningless where not ``ok``: those rows come from the full decode)
+        offsets = pc.cast(pc.if_else(ok, parts.field("offset"), "0"), pa.int64())
+    else:
+        offsets = pa.array(range(first, first + n), type=pa.int64())
     if not pc.all(ok).as_py():
         slow_idx = pc.indices_nonzero(pc.invert(ok)).to_pylist()
         fast_idx = pc.indices_nonzero(ok)
         slow_bodies = pc.take(arr, pa.array(slow_idx, pa.int64())).to_pylist()
-        slow = decode_bodies(0, [metas[i] for i in slow_idx], slow_bodies, schema)
-        if "offset" in schema.names:
+        slow = decode_bodies(0, [metas[i] for i in slow_idx], slow_bodies, schema,
+                             own_offsets=own_offsets)
+        if "offset" in schema.names and not own_offsets:
             slow = slow.set_column(
                 schema.get_field_index("offset"),
                 "offset",
@@ -225,7 +238,7 @@ def _cut_at(arr: pa.Array, pattern: str) -> tuple[pa.Array, pa.Array, pa.Array]:
     return pc.take(flat, starts), pc.take(flat, after), found
 
 
-def _split(arr: pa.Array) -> tuple[pa.StructArray, pa.Array]:
+def _split(arr: pa.Array, own_offsets: bool = False) -> tuple[pa.StructArray, pa.Array]:
     """The mirror fields (``op, ts, schema, table, key`` and ``rest``: the body after
     ``"after":``) of every body, and which bodies have the strict form (the fields of the
     others are meaningless). The body is cut at its first ``,"after":``; the part before
@@ -237,9 +250,13 @@ def _split(arr: pa.Array) -> tuple[pa.StructArray, pa.Array]:
     name come from an anchored capture (``_HEAD``: the scan ends there), the key from
     one on the text after the first ``},"key":`` (``_KEY``); a body either capture
     misses (an escaped quote in a name, a brace in a key's string) takes the full
-    decode too."""
+    decode too. ``own_offsets``: the bodies start with ``_OWN_OFFSET`` (captured as
+    ``offset``)."""
+    head_re, strict_re = _HEAD, _PREFIX_STRICT
+    if own_offsets:
+        head_re, strict_re = (_OWN_OFFSET + r[3:] for r in (_HEAD, _PREFIX_STRICT))
     pre, rest, two = _cut_at(arr, _AFTER_AT)
-    head = pc.extract_regex(pre, _HEAD)
+    head = pc.extract_regex(pre, head_re)
     _, key_before, _ = _cut_at(pre, '},"key":')
     key_text = pc.extract_regex(key_before, _KEY)
     key = pc.struct_field(key_text, "key")
@@ -256,12 +273,11 @@ def _split(arr: pa.Array) -> tuple[pa.StructArray, pa.Array]:
         )
     ok = pc.and_kleene(
         pc.and_kleene(pc.and_kleene(two, tail_ok), pc.is_valid(head)),
-        pc.and_kleene(pc.is_valid(key_text), pc.match_substring_regex(pre, _PREFIX_STRICT)),
+        pc.and_kleene(pc.is_valid(key_text), pc.match_substring_regex(pre, strict_re)),
     )
-    fields = [pc.struct_field(head, f) for f in ("op", "ts", "schema", "table")]
-    parts = pa.StructArray.from_arrays(
-        [*fields, key, rest], names=["op", "ts", "schema", "table", "key", "rest"]
-    )
+    names = ["offset", "op", "ts", "schema", "table"] if own_offsets else ["op", "ts", "schema", "table"]
+    fields = [pc.struct_field(head, f) for f in names]
+    parts = pa.StructArray.from_arrays([*fields, key, rest], names=[*names, "key", "rest"])
     return parts, pc.fill_null(ok, False)
 
 

@@ -267,13 +267,10 @@ def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now
         reader = spark.readStream.format(KAFKA_NAME).option("log", cfg.log.model_dump_json())
     else:
         spark.dataSource.register(DblogDataSource)
-        reader = (
-            spark.readStream.format(NAME)
-            .option("path", cfg.log.path)
-            .option("numPartitions", str(spark.sparkContext.defaultParallelism))
-        )
+        reader = spark.readStream.format(NAME).option("path", cfg.log.path)
     stream = (
-        reader.option("maxEventsPerTrigger", str(cfg.sync.max_events_per_trigger))
+        reader.option("numPartitions", str(spark.sparkContext.defaultParallelism))
+        .option("maxEventsPerTrigger", str(cfg.sync.max_events_per_trigger))
         .option("packed", "true")
         .option("columns", ",".join(applier.columns))
         .load()

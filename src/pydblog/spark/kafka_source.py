@@ -25,6 +25,8 @@ After each batch the offsets are also committed to the consumer group
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +53,7 @@ from pydblog.spark.source import (
     _lower,
     _max_events,
     _packed,
+    _partitions,
 )
 
 NAME = "dblog-kafka"
@@ -59,15 +62,17 @@ Offset = dict[str, Any]
 
 @dataclass(frozen=True)
 class KafkaRange(InputPartition):
-    """Kafka offsets ``start <= o < end`` of one partition, and the segments
-    ``(end offset, writer tag)`` that say which records there are valid."""
+    """Kafka offsets ``start <= o < end`` of one partition, and the spans
+    ``(end offset, first, writer tag)`` of the valid commits there (``changelog.kafka.Span``:
+    ``first >= 0``: exactly the offsets ``first..end-1`` of the span are valid; ``-1``:
+    the records whose writer header is the tag) that cover the range."""
 
     log: str  # the LogConfig as JSON
     topic: str
     partition: int
     start: int
     end: int
-    segments: tuple[tuple[int, str], ...]
+    spans: tuple[tuple[int, int, str], ...]
 
 
 def _log_json(options: dict[str, str]) -> str:
@@ -97,7 +102,7 @@ def _tp(key: str) -> tuple[str, int]:
 
 def _commit_log(offset: Offset) -> Any:
     """A ``CommitLog`` positioned at ``offset`` (owner and cumulative ends, no
-    segments: those of the commits applied next describe the next batch)."""
+    spans: those of the commits applied next describe the next batch)."""
     from pydblog.changelog.kafka import CommitLog
 
     log = CommitLog()
@@ -111,7 +116,7 @@ def _commit_log(offset: Offset) -> Any:
 def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | None) -> tuple[Offset, Any]:
     """Apply the checkpoint topic's messages from ``start["cp"]`` (up to Kafka offset
     ``stop_cp``, or the topic's end), stopping after the commit that reaches
-    ``max_events`` events; returns the end offset and the ``CommitLog`` (its segments
+    ``max_events`` events; returns the end offset and the ``CommitLog`` (its spans
     are the new commits')."""
     from pydblog.changelog.kafka import CommitRecord, _Client, checkpoint_topic
 
@@ -160,54 +165,53 @@ def _checkpoint_end(log_json: str) -> int:
         client.close()
 
 
-_OFFSET_FIELD = r'^\{"offset":(?P<o>[0-9]+),'  # a value's head (``parse_value``)
-_OFFSET_HEAD = r'^\{"offset":[0-9]+,'
-
-
-def read_events(part: KafkaRange) -> tuple[Any, Any]:
-    """The valid records of ``part``: their global offsets (Arrow int64) and envelopes
-    without the offset (Arrow strings), in Kafka offset order. The per-record Python
-    work is the validity test (``changelog.kafka``'s rule: the record's writer header
-    names the writer of the first segment ending above it); the offset is cut out of
-    the values in Arrow."""
+def read_events(part: KafkaRange) -> Any:
+    """The values of the valid records of ``part`` (envelopes with their ``offset``,
+    Arrow strings), in Kafka offset order. Where a span has a run the records are taken
+    by offset, a ``consume`` batch at a time (no Python code per record); elsewhere each
+    record's headers decide (``changelog.kafka``'s rules: the writer header names the
+    span's writer; fan-out copies are skipped)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    from pydblog.changelog.kafka import HEADER_FANOUT, HEADER_WRITER, _Client, _header
+    from pydblog.changelog.kafka import _Client
 
     client = _Client(_config(part.log))
-    values: list[bytes] = []
-    segs = [(end, tag.encode()) for end, tag in part.segments]
-    i, seg_end, seg_tag = 0, segs[0][0] if segs else -1, segs[0][1] if segs else b""
+    values: list[bytes | None] = []
+    spans = part.spans
+    k = 0
     try:
         for batch in client.read_batches({(part.topic, part.partition): (part.start, part.end)}):
-            for m in batch:
-                value = m.value()
-                if value is None:
+            offsets = [m.offset() for m in batch]
+            i, n = 0, len(batch)
+            while i < n and k < len(spans):
+                end, first, tag = spans[k]
+                if offsets[i] >= end:  # offsets only grow: the next span
+                    k += 1
                     continue
-                off = m.offset()
-                while off >= seg_end:  # offsets only grow: the next segment
-                    i += 1
-                    if i >= len(segs):
-                        seg_end, seg_tag = 2**63, b"\0"  # past the last segment: invalid
-                        break
-                    seg_end, seg_tag = segs[i]
-                headers = m.headers()
-                if not headers:  # not written by a capture
-                    continue
-                if len(headers) != 2 and _header(headers, HEADER_FANOUT) is not None:
-                    continue
-                tag = headers[0][1] if headers[0][0] == HEADER_WRITER else _header(headers, HEADER_WRITER)
-                if tag == seg_tag:
-                    values.append(value)
+                j = bisect.bisect_left(offsets, end, i)  # batch[i:j] lies in this span
+                if first >= 0:
+                    values.extend([m.value() for m in batch[bisect.bisect_left(offsets, first, i, j):j]])
+                else:
+                    values.extend(_checked(batch[i:j], tag.encode()))
+                i = j
     finally:
         client.close()
-    arr = pa.array(values, type=pa.binary()).cast(pa.string())
-    if not len(arr):
-        return pa.array([], pa.int64()), arr
-    seqs = pc.struct_field(pc.extract_regex(arr, _OFFSET_FIELD), "o").cast(pa.int64())
-    bodies = pc.replace_substring_regex(arr, _OFFSET_HEAD, "{", max_replacements=1)
-    return seqs, bodies
+    return pa.array(values, type=pa.string()).drop_null()
+
+
+def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
+    """The values of the messages whose writer header is ``tag`` (not fan-out copies)."""
+    from pydblog.changelog.kafka import HEADER_FANOUT, HEADER_WRITER, _header
+
+    for m in msgs:
+        headers = m.headers()
+        if not headers:  # not written by a capture
+            continue
+        if len(headers) != 2 and _header(headers, HEADER_FANOUT) is not None:
+            continue
+        got = headers[0][1] if headers[0][0] == HEADER_WRITER else _header(headers, HEADER_WRITER)
+        if got == tag:
+            yield m.value()
 
 
 def _read(part: KafkaRange, packed: bool, columns: list[str]) -> Iterator[Any]:
@@ -217,28 +221,59 @@ def _read(part: KafkaRange, packed: bool, columns: list[str]) -> Iterator[Any]:
     from pydblog.spark import decode
 
     schema = decode.columns_schema(columns)
-    seqs, bodies = read_events(part)
+    with_offset = schema if "offset" in schema.names else decode.columns_schema(["offset", *columns])
+    values = read_events(part)
     step = decode.ARROW_BATCH_EVENTS
-    for a in range(0, len(seqs), step):
-        s, b = seqs.slice(a, step), bodies.slice(a, step)
-        batch = decode.decode_fast(0, ["\x1f\x1f0"] * len(b), b, schema)
-        if "offset" in schema.names:
-            batch = batch.set_column(schema.get_field_index("offset"), "offset", s)
+    for a in range(0, len(values), step):
+        b = values.slice(a, step)
+        batch = decode.decode_fast(0, ["\x1f\x1f0"] * len(b), b, with_offset, own_offsets=True)
+        offsets = batch.column("offset")
+        if with_offset is not schema:
+            batch = batch.select(schema.names)
         if not packed:
             yield batch
             continue
         yield pa.RecordBatch.from_arrays(
-            [pa.array([pc.min(s).as_py()], type=pa.int64()),
-             pa.array([pc.max(s).as_py() + 1], type=pa.int64()),
+            [pa.array([pc.min(offsets).as_py()], type=pa.int64()),
+             pa.array([pc.max(offsets).as_py() + 1], type=pa.int64()),
              pa.array([decode.pack(batch)], type=pa.binary())],
             schema=decode.PACKED_SCHEMA,
         )
 
 
+MIN_RANGE_RECORDS = 20_000
+"""``split_ranges`` cuts no partition's range into pieces smaller than this (each
+piece is a Spark task with its own consumer: ~0.1 s to its first record)."""
+
+
+def split_ranges(
+    log: str, ranges: Sequence[tuple[tuple[str, int], int, int, Sequence[tuple[int, int, str]]]],
+    parts: int,
+) -> list[KafkaRange]:
+    """The input partitions of a batch: each Kafka partition's range ``[lo, hi)`` (with
+    its spans, in offset order) cut into pieces of about ``1 / (2 * parts)`` of the
+    batch's records (at least ``MIN_RANGE_RECORDS``), so that ``parts`` cores share the
+    work evenly whatever the topics' partition counts. Each piece carries the spans that
+    cover it (a record's validity depends only on the span it lies in)."""
+    total = sum(hi - lo for _, lo, hi, _ in ranges)
+    size = max(MIN_RANGE_RECORDS, -(-total // max(1, 2 * parts)))
+    out: list[KafkaRange] = []
+    for (topic, p), lo, hi, spans in ranges:
+        ends = [s[0] for s in spans]
+        n = -(-(hi - lo) // size)
+        cuts = [lo + (hi - lo) * i // n for i in range(n + 1)]
+        for a, b in itertools.pairwise(cuts):
+            i = bisect.bisect_right(ends, a)  # the first span ending above a
+            j = bisect.bisect_left(ends, b, i)  # ... up to the first ending at or above b
+            if i < len(spans):
+                out.append(KafkaRange(log, topic, p, a, b, tuple(spans[i:j + 1])))
+    return out
+
+
 class KafkaDataSource(DataSource):
     """Options: ``log`` (required: the ``[log]`` config as JSON), ``maxEventsPerTrigger``,
-    ``startingOffset`` (``earliest`` or ``latest``), ``packed``, ``columns`` (as the
-    ``dblog`` source)."""
+    ``startingOffset`` (``earliest`` or ``latest``), ``numPartitions`` (the cores to share
+    a batch's reads: ``split_ranges``), ``packed``, ``columns`` (as the ``dblog`` source)."""
 
     @classmethod
     def name(cls) -> str:
@@ -256,6 +291,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         options = _lower(options)
         self.log = _log_json(options)
         self.max_events = _max_events(options)
+        self.parts = _partitions(options)
         self.packed = _packed(options)
         self.columns = _columns(options) if self.packed else list(EVENT_COLUMNS)
         self.starting = options.get("startingoffset", "earliest")
@@ -284,14 +320,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         _, log = plan(self.log, start, int(end["cp"]), None)
         begin = {_tp(k): int(v) for k, v in start.get("ends", {}).items()}
-        out: list[InputPartition] = []
+        ranges = []
         for key, hi in sorted(end.get("ends", {}).items()):
             tp = _tp(key)
             lo = begin.get(tp, 0)
-            segs = tuple(log.segments.get(tp, ()))
-            if int(hi) > lo and segs:
-                out.append(KafkaRange(self.log, tp[0], tp[1], lo, int(hi), segs))
-        return out
+            spans = [(s.end, s.first, s.tag) for s in log.spans.get(tp, ())]
+            if int(hi) > lo and spans:
+                ranges.append((tp, lo, int(hi), spans))
+        return split_ranges(self.log, ranges, self.parts)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, KafkaRange)
