@@ -119,8 +119,10 @@ def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "conditi
         time.sleep(0.2)
 
 
-def wait_for_marker(config: Path, dsn: str, timeout: float = 60) -> list[dict[str, Any]]:
-    """Write a marker row and wait until it is in the change log; returns the log.
+def wait_for_marker(config: Path, dsn: str, timeout: float = 60,
+                    read: Callable[[], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+    """Write a marker row and wait until it is in the change log; returns the log
+    (``read``: the whole log as ``dblog tail`` prints it; by default ``tail``).
 
     The marker table may be new to a running capture (tables created after start are
     added to the publication at the next heartbeat), so a fresh marker is written
@@ -141,7 +143,7 @@ def wait_for_marker(config: Path, dsn: str, timeout: float = 60) -> list[dict[st
             tokens.add(token)
             last_write = time.monotonic()
         try:
-            events = tail(config)
+            events = tail(config) if read is None else read()
         except AssertionError:
             return False
         return any(
@@ -213,10 +215,11 @@ def source_rows(dsn: str, table: str, key: list[str]) -> dict[Key, dict[str, Any
         return out
 
 
-def assert_oracle(config: Path, dsn: str, tables: dict[str, list[str]]) -> list[dict[str, Any]]:
+def assert_oracle(config: Path, dsn: str, tables: dict[str, list[str]],
+                  read: Callable[[], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """Materialize the change log and compare it with every table in ``tables``
-    (name -> key columns). Returns the events read."""
-    events = wait_for_marker(config, dsn)
+    (name -> key columns). Returns the events read (``read``: as ``wait_for_marker``)."""
+    events = wait_for_marker(config, dsn, 60 if read is None else 300, read)
     got = materialize(events)
     for table, key in tables.items():
         want = source_rows(dsn, table, key)

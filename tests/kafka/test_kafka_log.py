@@ -110,19 +110,14 @@ def test_same_reads_as_the_embedded_log(kafka_log: LogConfig, tmp_path: Path) ->
     reader.close()
 
 
-def test_truncate_reaches_every_partition_and_keys_stay_together(kafka_log: LogConfig) -> None:
+def partition_messages(cfg: LogConfig, topic: str, parts: int) -> dict[int, list[Any]]:
+    """Every message of each partition of ``topic`` (a plain consumer)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    kf = KafkaChangeLog(kafka_log)
-    for i, b in enumerate(batches()):
-        kf.append(b, cp(i))
-    kf.close()
-    c = Consumer({"bootstrap.servers": kafka_log.bootstrap_servers, "group.id": "x",
+    c = Consumer({"bootstrap.servers": cfg.bootstrap_servers, "group.id": "x",
                   "enable.auto.commit": False, "enable.partition.eof": True})
-    assert kafka_log.topic_prefix is not None
-    topic = data_topic(kafka_log.topic_prefix, "public.b")
-    per_partition: dict[int, list[Any]] = {}
-    for p in range(3):
+    out: dict[int, list[Any]] = {}
+    for p in range(parts):
         c.assign([TopicPartition(topic, p, 0)])
         msgs: list[Any] = []
         eof = False
@@ -132,9 +127,57 @@ def test_truncate_reaches_every_partition_and_keys_stay_together(kafka_log: LogC
                     msgs.append(m)
                 else:
                     eof = True
-        per_partition[p] = msgs
+        out[p] = msgs
         c.unassign()
     c.close()
+    return out
+
+
+def test_truncate_reaches_partitions_added_later(kafka_log: LogConfig) -> None:
+    """A partition added to a table's topic while capture runs gets the truncates too
+    (the partition count is asked of the broker for each commit that fans out). Tansu
+    cannot add partitions: there the topic is re-created with more (what the writer
+    sees is the same: more partitions than when it first wrote the topic)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewPartitions, NewTopic
+
+    assert kafka_log.topic_prefix is not None
+    topic = data_topic(kafka_log.topic_prefix, "public.b")
+    kf = KafkaChangeLog(kafka_log)
+    kf.append([row_event(Op.CREATE, "b", 10, {"id": 1}, {"id": 1})], cp(0))
+    admin = AdminClient({"bootstrap.servers": kafka_log.bootstrap_servers or ""})
+    recreated = False
+    try:
+        for fut in admin.create_partitions([NewPartitions(topic, 5)]).values():
+            fut.result()
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._UNSUPPORTED_FEATURE:
+            raise
+        for fut in admin.delete_topics([topic]).values():
+            fut.result()
+        for fut in admin.create_topics([NewTopic(topic, 5, 1)]).values():
+            fut.result()
+        recreated = True
+    kf.append([encode_event(ChangeEvent(Op.TRUNCATE, "public", "b", pos(11), 1), "postgresql",
+                            "app", 5)], cp(1))
+    kf.close()
+    per_partition = partition_messages(kafka_log, topic, 5)
+    assert [sum(orjson.loads(m.value())["op"] == "t" for m in per_partition[p]) for p in range(5)] \
+        == [1] * 5
+    if not recreated:  # (else the first event went with the old topic)
+        got = records(KafkaChangeLogReader(kafka_log))
+        assert [(r.offset, r.op) for r in got] == [(0, "c"), (1, "t")]
+
+
+def test_truncate_reaches_every_partition_and_keys_stay_together(kafka_log: LogConfig) -> None:
+    kf = KafkaChangeLog(kafka_log)
+    for i, b in enumerate(batches()):
+        kf.append(b, cp(i))
+    kf.close()
+    assert kafka_log.topic_prefix is not None
+    topic = data_topic(kafka_log.topic_prefix, "public.b")
+    per_partition = partition_messages(kafka_log, topic, 3)
     truncs = {p: [m for m in ms if orjson.loads(m.value())["op"] == "t"] for p, ms in per_partition.items()}
     assert all(len(t) == 1 for t in truncs.values()), "every partition holds the truncate"
     update = [m for ms in per_partition.values() for m in ms if orjson.loads(m.value())["op"] == "u"]

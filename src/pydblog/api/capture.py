@@ -35,6 +35,7 @@ from pydblog.api.events_worker import EventsWorker
 from pydblog.api.health import HealthInputs, evaluate
 from pydblog.api.http import ApiServer, Request, Response, Router, error, json_response
 from pydblog.api.live import LiveCapture
+from pydblog.api.logfigures import LogFigures
 from pydblog.api.probe import SourceProbe
 from pydblog.api.settings import split_listen
 from pydblog.config import Config, redact_dsn
@@ -81,6 +82,7 @@ class CaptureApi:
         router.add("GET", "/events", self.events, auth=cfg.api.token is not None)
         router.add("GET", "/api/status", self.page_status)
         router.add("GET", "/", self.page)
+        self.figures = LogFigures(cfg.log)
         metrics.scrape_hooks.append(self._scrape)
         self.server: ApiServer | None = None
         self.worker: EventsWorker | None = None
@@ -126,6 +128,7 @@ class CaptureApi:
             if self.worker is not None:
                 self.worker.close()
         self.probe.close()
+        self.figures.close()
         path = self.cfg.log_dir / API_FILE
         with contextlib.suppress(FileNotFoundError, orjson.JSONDecodeError, KeyError):
             if orjson.loads(path.read_bytes())["pid"] == os.getpid():  # ours, not a peer's
@@ -188,16 +191,9 @@ class CaptureApi:
             m.next_offset.set(info["next_offset"])
 
     def _changelog_info(self) -> dict[str, Any] | None:
-        """Size (when the backend knows it), first and next offset of the change log."""
-        reader = open_reader(self.cfg)
-        if reader is None:
-            return None
-        try:
-            size = reader.describe().get("size_bytes")
-            return {"size_bytes": size, "first_offset": reader.first_offset(),
-                    "next_offset": reader.next_offset()}
-        finally:
-            reader.close()
+        """Size (when the backend knows it), first and next offset of the change log
+        (``LogFigures``: a slow change log never holds a scrape for long)."""
+        return self.figures.get()
 
     # -- /snapshots -------------------------------------------------------------------------
     def snapshots(self, req: Request) -> Response:

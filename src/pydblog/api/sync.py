@@ -23,8 +23,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from pydblog.api.capture import open_reader
 from pydblog.api.http import ApiServer, Request, Response, Router, json_response
+from pydblog.api.logfigures import LogFigures
 from pydblog.api.settings import split_listen
 from pydblog.config import Config
 
@@ -88,6 +88,7 @@ class SyncApi:
         router.add("GET", "/health", self.health)
         router.add("GET", "/metrics", self.prometheus)
         self.server: ApiServer | None = None
+        self.figures = LogFigures(cfg.log)
 
     def start(self) -> SyncApi:
         host, port = split_listen(self.cfg.api.sync_listen)
@@ -102,16 +103,12 @@ class SyncApi:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        self.figures.close()
         (self.cfg.log_dir / SYNC_API_FILE).unlink(missing_ok=True)
 
     def _log_end(self) -> int | None:
-        reader = open_reader(self.cfg)
-        if reader is None:
-            return None
-        try:
-            return reader.next_offset()
-        finally:
-            reader.close()
+        info = self.figures.get()  # (a slow change log never holds a scrape for long)
+        return None if info is None else int(info["next_offset"])
 
     def _scrape(self) -> int | None:
         m = self.metrics

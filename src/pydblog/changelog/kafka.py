@@ -87,9 +87,9 @@ session's begin message is among them unless it committed more than that since (
 its first message in the window is taken as the owner)."""
 TIMEOUT_S = 30.0
 STALL_S = 5.0
-FETCH_WAIT_SLOW_MS = 500
+FETCH_WAITS_MS = (5, 500, 2000, 5000)
 """A read that gets nothing for ``STALL_S`` although the partition has records past its
-position reads on with this fetch wait (``_Client._storage_stall``)."""
+position reads on with the next of these fetch waits (``_Client._storage_stall``)."""
 _BAD_TOPIC_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -157,6 +157,16 @@ def _unavailable(what: str, cfg: LogConfig, exc: BaseException) -> DblogError:
         return Fenced(
             f"another capture took over the change log on {cfg.bootstrap_servers} ({err.str()})",
             hint="only one `dblog run` may write a topic prefix; this one stops",
+        )
+    if err is None and isinstance(exc, SystemError):
+        # confluent-kafka, when the broker goes away inside a transaction, can raise
+        # "_PyErr_SetObject: exception <class 'str'> is not a BaseException subclass":
+        # its own error, garbled; what happened is the connection's loss.
+        log.debug("Kafka client error during %s: %s", what, exc)
+        return ChangeLogUnavailable(
+            f"Kafka at {cfg.bootstrap_servers}: {what} failed: the broker stopped answering "
+            "in the middle of it (connection lost)",
+            hint="the capture retries from the last checkpoint in Kafka once the broker is back",
         )
     detail = err.str() if err is not None else str(exc)
     return ChangeLogUnavailable(f"Kafka at {cfg.bootstrap_servers}: {what} failed: {detail}")
@@ -261,6 +271,10 @@ class CommitLog:
     bounds: list[int] = field(default_factory=list)
     history: dict[tuple[str, int], tuple[list[int], list[int]]] = field(default_factory=dict)
     spans: dict[tuple[str, int], list[Span]] = field(default_factory=dict)
+    track: bool = True
+    """False: keep only the owner, the last commit and the partitions' ends (memory
+    independent of the number of commits: ``KafkaLogFigures``); no seeking, no
+    validity."""
 
     def apply(self, rec: CommitRecord) -> bool:
         """Take one message; True if it is valid."""
@@ -274,6 +288,12 @@ class CommitLog:
             return False
         self.last = rec
         tag = rec.writer_tag
+        if not self.track:
+            for topic, parts in rec.ends.items():
+                for p, end in parts.items():
+                    tp = (topic, int(p))
+                    self.ends[tp] = max(end, self.ends.get(tp, 0))
+            return True
         if not self.bounds or rec.end > self.bounds[-1]:
             self.bounds.append(rec.end)
         for topic, parts in rec.ends.items():
@@ -528,7 +548,7 @@ class _Client:
                     self._check_positions(c, todo)
                     if todo and time.monotonic() > stalled_at and self._storage_stall(c, todo):
                         c = self.consumer()  # the same positions, a longer fetch wait
-                        stalled_at = deadline
+                        stalled_at = time.monotonic() + STALL_S
                     if todo and time.monotonic() > deadline:
                         raise ChangeLogUnavailable(
                             f"Kafka at {self.cfg.bootstrap_servers}: reading {sorted(todo)[:3]} timed out"
@@ -579,9 +599,11 @@ class _Client:
         fetch and, when that takes longer than the fetch's ``max_wait``, answers with no
         records and no error, for good (docs/kafka.md has the reproduction with a bare
         client). If a partition has records past the consumer's position and nothing
-        came for ``STALL_S``, read on with a longer fetch wait (``FETCH_WAIT_SLOW_MS``).
-        A broker that answers as soon as it has records never gets here."""
-        if self.fetch_wait_ms >= FETCH_WAIT_SLOW_MS:
+        came for ``STALL_S``, read on with the next longer fetch wait (``FETCH_WAITS_MS``:
+        S3 reads slow down with the machine's load). A broker that answers as soon as it
+        has records never gets here."""
+        longer = [w for w in FETCH_WAITS_MS if w > self.fetch_wait_ms]
+        if not longer:
             return False
         k = self.k
         positions = {(tp.topic, tp.partition): tp.offset
@@ -594,11 +616,11 @@ class _Client:
         log.warning("Kafka at %s sends no records of %s although it has some (a fetch wait of "
                     "%d ms is too short for its storage): reading with %d ms",
                     self.cfg.bootstrap_servers, sorted(stuck)[:3], self.fetch_wait_ms,
-                    FETCH_WAIT_SLOW_MS)
+                    longer[0])
         c.unassign()
         c.close()
         self._consumer = None
-        self.fetch_wait_ms = FETCH_WAIT_SLOW_MS
+        self.fetch_wait_ms = longer[0]
         self.consumer().assign([k.TopicPartition(t, p, o) for (t, p), o in at.items()])
         return True
 
@@ -702,6 +724,7 @@ class KafkaChangeLog(ChangeLogWriter):
         )
         self._delivered: dict[tuple[str, int], list[int]] = {}  # [first, last, count]
         self._fanned: set[tuple[str, int]] = set()  # partitions holding fan-out copies
+        self._fan_out_parts: dict[str, int] = {}  # topic -> partitions (this commit)
         self._delivery_error: Any = None
         try:
             client.ensure_topics(
@@ -821,6 +844,7 @@ class KafkaChangeLog(ChangeLogWriter):
         p = self._producer
         self._delivered.clear()
         self._fanned.clear()
+        self._fan_out_parts.clear()
         self._delivery_error = None
         try:
             p.begin_transaction()
@@ -971,8 +995,21 @@ class KafkaChangeLog(ChangeLogWriter):
         return seq
 
     def _fan_out(self, topic: str, value: str, headers: list[tuple[str, Any]]) -> None:
-        """Truncates and table notifications: one copy in every partition."""
-        for part in range(self.client.partitions(topic)):
+        """Truncates and table notifications: one copy in every partition. The count is
+        asked of the broker once per commit that fans out, through the producer (its
+        own metadata then knows them too; not cached for the session): partitions added
+        to the topic later get the copies too."""
+        parts = self._fan_out_parts.get(topic)
+        if parts is None:
+            try:
+                md = self._producer.list_topics(timeout=TIMEOUT_S)
+            except self.client.k.KafkaException as exc:
+                raise _unavailable("reading metadata", self.cfg, exc) from None
+            t = md.topics.get(topic)
+            parts = len(t.partitions) if t is not None and t.error is None and t.partitions \
+                else self.client.partitions(topic)
+            self._fan_out_parts[topic] = parts
+        for part in range(parts):
             if part == 0:
                 self._send(topic, value, None, headers, part)
             else:
@@ -1152,6 +1189,45 @@ class KafkaChangeLogReader(ChangeLogReader):
         if lag is not None:
             out["sync_lag_messages"] = lag
         return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class KafkaLogFigures:
+    """The first and next offset of a Kafka change log, cheap to ask again and again
+    (``/metrics``): one client kept open, and each call reads only the checkpoint
+    messages written since the last (``CommitLog(track=False)``: memory does not grow
+    with the log). The first offset is 0 while no data partition lost records to
+    retention; after that it is worked out by a full reader (the whole checkpoint topic)
+    at most every ``FIRST_EVERY_S`` seconds, the last answer served in between."""
+
+    FIRST_EVERY_S = 60.0
+
+    def __init__(self, cfg: LogConfig) -> None:
+        self.cfg = cfg
+        self.client = _Client(cfg)
+        self.commits = CommitLog(track=False)
+        self._cp_next = 0
+        self._first: tuple[float, int] | None = None  # (when, first offset)
+
+    def figures(self) -> tuple[int, int] | None:
+        """``(first offset, next offset)``, or None while the log does not exist."""
+        if not self.client.partitions(checkpoint_topic(self.client.prefix)):
+            return None
+        self._cp_next = self.client.read_commits(self.commits, self._cp_next)
+        marks = self.client.watermarks(sorted(self.commits.ends))
+        first = 0
+        if any(lo > 0 for lo, _ in marks.values()):
+            now = time.monotonic()
+            if self._first is None or now - self._first[0] > self.FIRST_EVERY_S:
+                reader = KafkaChangeLogReader(self.cfg)
+                try:
+                    self._first = (now, reader.first_offset())
+                finally:
+                    reader.close()
+            first = self._first[1]
+        return first, self.commits.next_offset
 
     def close(self) -> None:
         self.client.close()
