@@ -97,13 +97,13 @@ def test_read_dsn_must_be_a_replica_of_the_source(pair: tuple[TestServer, TestSe
     primary.execute("INSERT INTO t VALUES (1), (2), (3)", db)
     replica.wait_caught_up(primary)
 
-    def reader(read: TestServer, source: TestServer) -> MySqlSnapshotReader:
+    def reader(read: TestServer, source: TestServer, wait_ms: int = 15_000) -> MySqlSnapshotReader:
         own = OwnTables((db, "dblog_signal"), (db, "dblog_watermark"),
                         ("public", "dblog_signal"), ("public", "dblog_watermark"))
         matcher = parse_config({"source": {"type": "mysql", "dsn": primary.dsn(db)}})
         return MySqlSnapshotReader(
             MySqlDsn.parse(read.dsn(db)), matcher=matcher.source.table_matcher(), own=own,
-            source=MySqlDsn.parse(source.dsn(db)), statement_timeout_ms=1000,
+            source=MySqlDsn.parse(source.dsn(db)), statement_timeout_ms=wait_ms,
         )
 
     r = reader(primary, primary)
@@ -111,7 +111,7 @@ def test_read_dsn_must_be_a_replica_of_the_source(pair: tuple[TestServer, TestSe
         r.captured_tables()
     r.close()
     # The primary as the "replica" of its replica: it never applies the replica's own GTIDs.
-    r = reader(primary, replica)
+    r = reader(primary, replica, wait_ms=1000)
     try:
         info = r.table_info(f"{db}.t")
         assert info is not None
