@@ -246,7 +246,9 @@ def source_rows(cfg: LogConfig, columns: list[str] | None) -> list[dict[str, Any
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
     parts = reader.partitions(start, end)
-    assert len(parts) > 3, "pieces of partitions"
+    pieces = [p.pieces for p in parts if isinstance(p, kafka_source.KafkaRange)]
+    assert len(pieces) == len(parts) and sum(map(len, pieces)) > 3, "pieces of partitions"
+    assert any(len(p) > 1 for p in pieces), "small pieces grouped into one task"
     rows: list[dict[str, Any]] = []
     for part in parts:
         for batch in reader.read(part):
