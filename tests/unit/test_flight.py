@@ -226,3 +226,28 @@ def test_tables_complete_in_any_order_and_the_lane_completes_last() -> None:
     types = [str(e.notification["type"]) for e in out if e.notification]
     assert types == ["TABLE_SCAN_COMPLETED", "COMPLETED"]
     assert not core.active
+
+
+def test_failures_count_per_table() -> None:
+    """Unknown failures give a table up after ``max_attempts`` consecutive failures of
+    its own requests: another table's failures do not count against it, and another
+    table's progress does not reset it."""
+    core = make(2, parallelism=3, max_attempts=3)
+    execute(core, "public\\.t", "public\\.u")
+    _start(core, "public.t", 2)
+    _bounds(core, "public.t", [2])
+    t1, t2 = chunk(core), chunk(core)
+    _start(core, "public.u", 3)
+    _bounds(core, "public.u", [2])
+    u1 = chunk(core)
+    core.on_request_failed(t1.id, "boom")
+    core.on_request_failed(t2.id, "boom")
+    core.on_request_failed(u1.id, "boom")  # u's first failure: u keeps going
+    assert core.status()["in_flight"] == ["public.t", "public.u"]
+    again = [r for r in (core.next_request(), core.next_request()) if r is not None]
+    assert again and all(isinstance(r, ChunkRequest) for r in again)
+    for r in again:  # t's third consecutive failure gives t up, not u
+        if isinstance(r, ChunkRequest) and r.table == "public.t":
+            core.on_request_failed(r.id, "boom")
+            break
+    assert core.status()["in_flight"] == ["public.u"]

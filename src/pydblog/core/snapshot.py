@@ -186,7 +186,10 @@ class SnapshotCore:
         self._ahead: _Pending | None = None
         self._busy: str | None = None
         self._mark: MarkRequest | None = None
-        self._failures = 0
+        # Consecutive failures per table (a table's requests; "reread <table>" for its
+        # key re-reads): with several tables in flight one table's failures must not
+        # count against, nor be reset by, another's.
+        self._failures: dict[str, int] = {}
         self._blocking_request: Request | None = None
         self._anchor: PositionCursor | None = None
         self._rereads = RereadQueue()
@@ -717,7 +720,7 @@ class SnapshotCore:
             last is not None and match_key(last) == match_key(head.upper)
         )
         lane = self._incr
-        self._failures = 0
+        self._failures.pop(job.table, None)
         job = job.advance(head.upper if whole else last, len(result.rows))
         lane.put(job)
         self._totals.chunks += 1
@@ -848,16 +851,17 @@ class SnapshotCore:
     def _after_failure(
         self, lane: Lane, request: Request, error: str, retriable: bool | None
     ) -> list[Notice]:
-        self._failures += 1
         if isinstance(request, ChunkRequest):
             self._chunk_size = shrink(self._settings, self._chunk_size)
-        give_up = self._failures >= self._settings.max_attempts
         table = getattr(request, "table", None)
         job = lane.job(table) if table is not None else None
         job = job if job is not None else lane.current
+        key = job.table if job is not None else str(table or "")
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        give_up = failures >= self._settings.max_attempts
         if retriable or (retriable is None and not give_up) or job is None:
             return []
-        notice = table_rejected(job, error, attempts=self._failures)
+        notice = table_rejected(job, error, attempts=failures)
         return self._finish_table(lane, [notice], job.table)
 
     def _reread_failed(
@@ -865,10 +869,11 @@ class SnapshotCore:
     ) -> None:
         """A re-read that keeps failing (e.g. its table was dropped) is given up after
         ``max_attempts`` consecutive failures, so it cannot block snapshots forever."""
-        self._failures += 1
-        if retriable or (retriable is None and self._failures < self._settings.max_attempts):
+        key = f"reread {window.schema}.{window.table}"
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        if retriable or (retriable is None and failures < self._settings.max_attempts):
             return
-        self._failures = 0
+        self._failures.pop(key, None)
         self._rereads.done(window.schema, window.table, request.keys)
         self._watch()
         self._settle()
@@ -1053,7 +1058,7 @@ class SnapshotCore:
         if not result.conclusive:
             return self._place(cursor, [])
         schema, table = window.schema, window.table
-        self._failures = 0
+        self._failures.pop(f"reread {schema}.{table}", None)
         self._rereads.done(schema, table, request.keys)
         self._rereads.add_all(schema, table, result.reread)
         for key in request.keys:  # a partial event of a key the read did not find yet
@@ -1145,7 +1150,7 @@ class SnapshotCore:
         job = lane.current
         if job is None or job.table != request.table or not result.conclusive:
             return []
-        self._failures = 0
+        self._failures.pop(job.table, None)
         job = job.advance(result.last_key, len(result.rows))
         lane.current = job
         self._totals.chunks += 1
@@ -1159,9 +1164,9 @@ class SnapshotCore:
     ) -> list[Notice]:
         """A running table (``table``, else the lane's current one) is done (read,
         empty, rejected): move on; when the lane is empty, add COMPLETED."""
-        self._failures = 0
         job = lane.current if table is None else lane.job(table)
         if job is not None:
+            self._failures.pop(job.table, None)
             lane.finish(job.table)
             if lane is self._incr:
                 self._drop_flight(job.table)
