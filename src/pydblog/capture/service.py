@@ -76,8 +76,20 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
     with its epoch first and check the lease before every acknowledgement."""
     delay = 1.0
     slot_deadline: float | None = None
+    ran = False  # a runner opened once: a change log that is away now is retried
     while not stop.is_set():
-        changelog = open_writer(cfg.log)
+        try:
+            changelog = open_writer(cfg.log)
+        except DblogError as exc:
+            if not (ran and exc.retriable):  # (at first start: fail, naming the problem)
+                raise
+            log.warning("%s; retrying in %.1f s", exc, delay)  # e.g. a broker restarting
+            LIVE.state, LIVE.error = "retrying", str(exc)
+            stop.wait(delay)
+            if lease is not None:
+                lease.check()
+            delay = min(delay * 2, 30.0)
+            continue
         state: StateStore = FileStateStore(cfg.log_dir)
         check_unclaimed = getattr(changelog, "check_unclaimed", None)
         if lease is None and check_unclaimed is not None:
@@ -104,6 +116,7 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
             runner.run(stop)
             return
         except DblogError as exc:
+            ran = ran or runner.opened
             if isinstance(exc, LeadershipLost) or not exc.retriable:
                 raise
             if lease is not None and isinstance(exc, SlotInUse) and not runner.opened:
@@ -117,7 +130,7 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
                 free_slot(cfg)
                 log.info("the previous leader still holds the replication slot; retrying")
                 delay = 0.2
-            elif not runner.opened:
+            elif not ran:  # (the first start fails; once it ran, it retries)
                 raise
             else:
                 log.warning("%s; retrying in %.1f s", exc, delay)
