@@ -80,3 +80,13 @@ def test_unqualified_own_tables_are_normalised_for_postgres() -> None:
     my = parse_config({"source": {"dsn": "mysql://u@h/db", "type": "mysql"},
                        "snapshot": {"signal_table": "sig"}})
     assert my.snapshot.signal_table == "sig"
+
+
+def test_default_parallelism_rule() -> None:
+    from pydblog.core.sizing import default_parallelism
+
+    assert default_parallelism(2, 100) == 2
+    assert default_parallelism(16, 100) == 4
+    assert default_parallelism(None, 100) == 2
+    assert default_parallelism(8, 25) == 2
+    assert default_parallelism(8, 5) == 1

@@ -71,3 +71,10 @@ def next_chunk_size(settings: CoreSettings, current: int, read: int, elapsed_ms:
 def shrink(settings: CoreSettings, current: int) -> int:
     """The size after a retriable failure of a chunk read."""
     return settings.clamp(current // 2)
+
+
+def default_parallelism(cpus: int | None, free_connections: int) -> int:
+    """``[snapshot] parallelism`` when unset: half the machine's cores (at least 2, at
+    most 4), and no more than a tenth of the server's free connections (at least 1)."""
+    want = max(2, min(4, (cpus or 2) // 2))
+    return max(1, min(want, free_connections // 10))

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import pymysql
 
 from pydblog.config import TableMatcher
+from pydblog.core.sizing import default_parallelism
 from pydblog.errors import SignalError, SourceUnavailable
 from pydblog.ports import TableInfo, TableSchema
 from pydblog.sources.mysql import schema as schema_mod
@@ -338,7 +339,6 @@ class MySqlSnapshotReader:
         the server's free connections (``max_connections - Threads_connected``)."""
         if self._parallelism is not None:
             return self._parallelism
-        want = max(2, min(4, (os.cpu_count() or 2) // 2))
         try:
             with self._lock, self._connection().cursor() as cur:
                 cur.execute("SELECT @@GLOBAL.max_connections")
@@ -349,7 +349,7 @@ class MySqlSnapshotReader:
         except pymysql.Error as exc:
             self._reset()
             raise self._error(exc, "reading the server's connection limit") from None
-        return max(1, min(want, (limit - used) // 10))
+        return default_parallelism(os.cpu_count(), limit - used)
 
     def fork(self) -> MySqlSnapshotReader:
         """Another reader of the same server on a connection of its own (for one chunk

@@ -27,6 +27,7 @@ import psycopg
 from psycopg import sql
 
 from pydblog.config import Config
+from pydblog.core.sizing import default_parallelism
 from pydblog.errors import SignalError, SourceError
 from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow
 from pydblog.ports import TableInfo
@@ -150,13 +151,12 @@ class PgSnapshotReader:
         configured = self.cfg.snapshot.parallelism
         if configured is not None:
             return configured
-        want = max(2, min(4, (os.cpu_count() or 2) // 2))
         row = self.conn.execute(
             "SELECT current_setting('max_connections')::int - count(*) FROM pg_stat_activity"
         ).fetchone()
         self.conn.commit()
         free = int(row[0]) if row and row[0] is not None else 0
-        return max(1, min(want, free // 10))
+        return default_parallelism(os.cpu_count(), free)
 
     @property
     def writer(self) -> psycopg.Connection[Any]:
