@@ -222,6 +222,11 @@ def _log_events(log_dir: Path) -> int | None:
         reader.close()
 
 
+def clean(work: Path, *names: str) -> None:
+    for name in names:
+        shutil.rmtree(work / name, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -233,6 +238,9 @@ def main() -> None:
     ap.add_argument("--kafka-partitions", type=int, action="append",
                     help="kafka: drain the same events from a Kafka log with this many "
                          "partitions per topic (repeatable; default 1 and 4)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="drain the warm embedded log and each Kafka log this many times, "
+                         "alternately (ratios per round)")
     ap.add_argument("--workdir")
     ap.add_argument(
         "--reuse-log",
@@ -277,21 +285,25 @@ def main() -> None:
         f"{os.environ.get('PYSPARK_PYTHON')}; driver JVM options: "
         f"{spark.conf.get('spark.driver.extraJavaOptions', '') or '(none)'}"
     )
+    delta_cfg = {
+        name: config(
+            work,
+            name,
+            [{"type": "delta", "path": str(work / name.replace("delta", "lake"))}],
+            "available-now",
+            args.master,
+            args.max_events_per_trigger,
+        )
+        for name in ("delta", "delta2")
+    }
     if "delta" in only:
-        # Twice, into a fresh lake and checkpoint each time: as the process's first query
-        # (cold JVM paths and Python workers), then as a second query of the same Spark
-        # session (what a running job sees when a backlog builds up).
-        for name, label in (("delta", "first query of the process: cold JVM paths and Python workers"),
-                            ("delta2", "second query, warm session")):
-            cfg = config(
-                work,
-                name,
-                [{"type": "delta", "path": str(work / name.replace("delta", "lake"))}],
-                "available-now",
-                args.master,
-                args.max_events_per_trigger,
-            )
-            report(f"Delta ({label})", end, drain(spark, cfg, end))
+        # As the process's first query (cold JVM paths and Python workers), then again
+        # as a second query of the same Spark session (what a running job sees when a
+        # backlog builds up): into a fresh lake and checkpoint each time.
+        report("Delta (first query of the process: cold JVM paths and Python workers)", end,
+               drain(spark, delta_cfg["delta"], end))
+    broker = None
+    kafka_logs: dict[int, dict[str, Any]] = {}
     if "kafka" in only:
         # The same events from a Kafka log (Tansu in memory, or KAFKA_BOOTSTRAP_SERVERS), as
         # further queries of the warm session: compare with the warm embedded drain.
@@ -299,23 +311,46 @@ def main() -> None:
 
         broker = None if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else TansuBroker().start()
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or (broker.bootstrap if broker else "")
-        try:
-            for parts in args.kafka_partitions or [1, 4]:
-                log = {"type": "kafka", "path": str(work / f"kafka-{parts}"),
-                       "bootstrap_servers": bootstrap, "partitions": parts,
-                       "topic_prefix": f"bench{parts}x{int(time.time())}"}
-                t0 = time.monotonic()
-                copy_to_kafka(work / "log", log, 20_000)
-                print(f"copied {end} events into Kafka ({parts} partitions a topic) in "
-                      f"{time.monotonic() - t0:.1f}s")
+        for parts in args.kafka_partitions or [1, 4]:
+            log = {"type": "kafka", "path": str(work / f"kafka-{parts}"),
+                   "bootstrap_servers": bootstrap, "partitions": parts,
+                   "topic_prefix": f"bench{parts}x{int(time.time())}"}
+            t0 = time.monotonic()
+            copy_to_kafka(work / "log", log, 20_000)
+            print(f"copied {end} events into Kafka ({parts} partitions a topic) in "
+                  f"{time.monotonic() - t0:.1f}s")
+            kafka_logs[parts] = log
+    try:
+        # ``--rounds``: the warm embedded drain and each Kafka drain in turn, so that each
+        # round's ratios compare drains taken seconds apart (the machine's load drifts).
+        ratios: dict[int, list[float]] = {p: [] for p in kafka_logs}
+        for r in range(args.rounds):
+            suffix = f" #{r + 1}" if args.rounds > 1 else ""
+            base = None
+            if "delta" in only:
+                clean(work, "lake2", "cp-delta2")
+                s, steady = drain(spark, delta_cfg["delta2"], end)
+                base = end / s
+                report(f"Delta (second query, warm session){suffix}", end, (s, steady))
+            for parts, log in kafka_logs.items():
+                clean(work, f"lake-kafka{parts}", f"cp-kafka{parts}")
                 cfg = config(work, f"kafka{parts}",
                              [{"type": "delta", "path": str(work / f"lake-kafka{parts}")}],
                              "available-now", args.master, args.max_events_per_trigger, log)
-                report(f"Delta from Kafka, {parts} partition(s) a topic (warm session)", end,
-                       drain(spark, cfg, end))
-        finally:
-            if broker is not None:
-                broker.stop()
+                s, steady = drain(spark, cfg, end)
+                report(f"Delta from Kafka, {parts} partition(s) a topic (warm session){suffix}",
+                       end, (s, steady))
+                if base is not None:
+                    ratios[parts].append(end / s / base)
+                    print(f"  = {ratios[parts][-1]:.2f} x the warm embedded drain{suffix} "
+                          f"(load {os.getloadavg()[0]:.1f})")
+        for parts, rs in ratios.items():
+            if len(rs) > 1:
+                print(f"Kafka, {parts} partition(s) a topic / warm embedded, {len(rs)} rounds: "
+                      f"median {statistics.median(rs):.2f} ({', '.join(f'{x:.2f}' for x in rs)})")
+    finally:
+        if broker is not None:
+            broker.stop()
     if "postgres" in only:
         with PgCluster() as pg:
             cfg = config(
