@@ -14,7 +14,8 @@ Usage: .venv/bin/python bench/snapshot.py [--rows 5000000] [--only default]
            [--variant 'name:k = v; k = v' ...] [--profile DIR]
 
 ``--variant`` adds a variant with these ``[snapshot]`` settings (repeatable; ``--only``
-then picks among all). ``--profile DIR`` records a py-spy profile (raw collapsed stacks
+then picks among all); a setting ``env NAME=value`` sets the environment of its `dblog run`
+instead (variant ``sql-path`` is ``env PYDBLOG_NATIVE_CHUNKS=0``). ``--profile DIR`` records a py-spy profile (raw collapsed stacks
 of every thread while it is on CPU) of `dblog run` per variant into DIR; it slows the
 run down a little.
 """
@@ -120,6 +121,16 @@ def run_snapshot(
     profile: Path | None = None,
 ) -> None:
     name = re.sub(r"[^a-z0-9_]", "_", label.lower())
+    # "env NAME=value" lines set the process's environment, not [snapshot]
+    env = dict(os.environ)
+    lines = []
+    for line in extra.splitlines():
+        key, eq, value = line.strip().removeprefix("env ").partition("=")
+        if line.strip().startswith("env ") and eq:
+            env[key.strip()] = value.strip()
+        else:
+            lines.append(line)
+    extra = "\n".join(lines)
     config = work / f"{name}.toml"
     data = work / f"{name}-data"
     config.write_text(
@@ -127,7 +138,8 @@ def run_snapshot(
         f'publication = "{name}"\n[log]\npath = "{data}"\n[snapshot]\n{extra}\n'
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pydblog", "run", "--config", str(config)], stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "pydblog", "run", "--config", str(config)], stderr=subprocess.DEVNULL,
+        env=env,
     )
     while not (data / "changelog.sqlite").exists():
         if proc.poll() is not None:
@@ -237,8 +249,11 @@ def run_snapshot(
     shutil.rmtree(data, ignore_errors=True)
 
 
-VARIANTS = {"default": "", "fixed-1024": "chunk_size = 1024"}
-"""The default configuration, and the previous default (fixed 1,024-row chunks)."""
+VARIANTS = {
+    "default": "", "fixed-1024": "chunk_size = 1024", "sql-path": "env PYDBLOG_NATIVE_CHUNKS=0",
+}
+"""The default configuration, the previous default (fixed 1,024-row chunks), and the
+default without the native chunk encoder (PostgreSQL writes the rows' JSON)."""
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -32,6 +32,7 @@ from pydblog.errors import SignalError, SourceError
 from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn
+from pydblog.sources.postgres import native
 from pydblog.sources.postgres.connect import connect
 from pydblog.sources.postgres.fences import PgLsnFence, PgXidFence
 from pydblog.sources.postgres.parallel import MIN_SUB_ROWS, SubReadPool
@@ -42,6 +43,7 @@ from pydblog.sources.postgres.source import WATERMARK_PREFIX, PgLogSource
 from pydblog.sources.postgres.types import TypeRegistry
 
 log = logging.getLogger(__name__)
+_R = TypeVar("_R")
 
 
 class PgSnapshotReader:
@@ -59,6 +61,9 @@ class PgSnapshotReader:
         self._not_null_keys: dict[str, set[tuple[str, ...]]] = {}
         self._plans: dict[tuple[Any, ...], _ChunkPlan] = {}
         self.fast_json = True  # PostgreSQL writes the row JSON where every type allows
+        # ...or, where every type has a code there, the native encoder (``native``)
+        # writes it from the chunk's COPY text
+        self.native = native.encoder() is not None
         # ORDER BY inside the fast path's aggregates (None: from PostgreSQL 16 on)
         self.ordered_agg: bool | None = None
         self._subreads: SubReadPool | None = None
@@ -99,6 +104,7 @@ class PgSnapshotReader:
         each chunk is one SELECT there); closed by this reader's ``close``."""
         child = PgSnapshotReader(self.cfg, self._source, split=False)
         child.fast_json = self.fast_json
+        child.native = self.native
         self._forks.append(child)
         return child
 
@@ -218,6 +224,18 @@ class PgSnapshotReader:
         """``query`` in a READ ONLY transaction on ``conn`` (the reader's own by
         default); with ``snapshot`` (an exported snapshot id) it reads exactly what that
         snapshot saw (REPEATABLE READ, ``SET TRANSACTION SNAPSHOT``)."""
+        # No parameters: psycopg then sends the text as is, so a '%' in a column
+        # name or a filter (LIKE 'a%') is not taken for a placeholder.
+        def run(c: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+            return c.execute(query, params or None).fetchall()
+
+        return self._run_read_only(run, conn, snapshot)
+
+    def _run_read_only(
+        self, run: Callable[[psycopg.Connection[Any]], _R],
+        conn: psycopg.Connection[Any] | None = None, snapshot: str | None = None,
+    ) -> _R:
+        """``run(conn)`` in a READ ONLY transaction (``_read_only``), its errors named."""
         conn = conn or self.conn
         timeout = self.cfg.snapshot.statement_timeout_ms
         try:
@@ -225,10 +243,7 @@ class PgSnapshotReader:
                 if snapshot is not None:
                     conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-                # No parameters: psycopg then sends the text as is, so a '%' in a column
-                # name or a filter (LIKE 'a%') is not taken for a placeholder.
-                rows: list[tuple[Any, ...]] = conn.execute(query, params or None).fetchall()
-                return rows
+                return run(conn)
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             raise SignalError(f"a snapshot filter tried to write: {str(exc).strip()}") from None
         except (psycopg.errors.SyntaxError, psycopg.errors.UndefinedColumn,
@@ -400,11 +415,11 @@ class PgSnapshotReader:
         limit: int | None,
     ) -> EncodedChunk:
         """The chunk as one result row: PostgreSQL joins the rows' texts itself."""
-        count, keys, tails = self._bulk_read(plan, plan.query(where, limit=limit))
+        count, keys, tails = self._bulk_read(plan, where, limit)
         if limit is not None and count == limit and self._nullable(info):
             last = orjson.loads(keys.rpartition("\n")[2])
             text = None if last is None else str(last)
-            count, keys, tails = self._bulk_read(plan, plan.query(self._group_end(info, where, text)))
+            count, keys, tails = self._bulk_read(plan, self._group_end(info, where, text), None)
         # string_agg of no rows is NULL
         return EncodedChunk(count, tails or "", keys or "", bulk.decode_key, bulk.arity,
                             int_keys=bulk.int_keys)
@@ -430,18 +445,19 @@ class PgSnapshotReader:
             if i < len(keys):
                 top = sql.SQL("{} <= {}").format(self._cols(info), self._tuple(info, keys[i]))
                 part = sql.SQL("{} AND {} AND ({})").format(self._after(info, low), top, cond)
-                query = plan.query(part)
+                part_limit: int | None = None
             else:
                 part = sql.SQL("{} AND {} AND ({})").format(self._after(info, low), upper, cond)
-                query = plan.query(part, limit=limit - len(keys) * step)
-            parts.append(functools.partial(self._sub_read, plan, query, self._shared_snapshot))
+                part_limit = limit - len(keys) * step
+            parts.append(functools.partial(
+                self._sub_read, plan, part, part_limit, self._shared_snapshot))
         results = pool.run(parts)
         last_limit = limit - len(keys) * step
         total = sum(r[0] for r in results)
         if results[-1][0] == last_limit and total < limit:  # deletes since the boundaries
             last_key = bulk.decode_key(orjson.loads(results[-1][1].rpartition("\n")[2]))
             part = sql.SQL("{} AND {} AND ({})").format(self._after(info, last_key), upper, cond)
-            results.append(self._bulk_read(plan, plan.query(part, limit=limit - total)))
+            results.append(self._bulk_read(plan, part, limit - total))
         filled = [r for r in results if r[0]]
         return EncodedChunk(
             sum(r[0] for r in filled), "\n".join(r[2] for r in filled),
@@ -449,19 +465,30 @@ class PgSnapshotReader:
         )
 
     def _sub_read(
-        self, plan: _ChunkPlan, query: sql.Composed, snapshot: str | None,
+        self, plan: _ChunkPlan, where: sql.Composable, limit: int | None, snapshot: str | None,
         conn: psycopg.Connection[Any] | None,
     ) -> tuple[int, str, str]:
         """One sub-range; on a pool connection (``conn``) in a read-only chunk with the
         chunk's exported ``snapshot``, so that the read's fence holds for every row."""
-        return self._bulk_read(plan, query, conn, snapshot if conn is not None else None)
+        return self._bulk_read(plan, where, limit, conn, snapshot if conn is not None else None)
 
     def _bulk_read(
-        self, plan: _ChunkPlan, query: sql.Composed,
+        self, plan: _ChunkPlan, where: sql.Composable, limit: int | None,
         conn: psycopg.Connection[Any] | None = None, snapshot: str | None = None,
     ) -> tuple[int, str, str]:
-        """A bulk plan's one result row as ``(count, keys, tails)``, in key order."""
-        ((count, keys, tails, *ords),) = self._read_only(query, [], conn, snapshot)
+        """A bulk plan's rows ``where`` (at most ``limit``) as ``(count, keys, tails)``,
+        in key order: by the native encoder where the plan has one (``native``), else
+        as the one result row of the SQL fast path."""
+        spec = plan.native_spec
+        if spec is not None and self.native:
+            query = plan.copy(where, limit=limit).as_string(conn or self.conn)
+            try:
+                return self._run_read_only(
+                    lambda c: native.copy_chunk(c, query, spec), conn, snapshot)
+            except native.Unencodable as exc:
+                log.info("native chunk encoder: %s; this chunk takes the SQL path", exc)
+        ((count, keys, tails, *ords),) = self._read_only(
+            plan.query(where, limit=limit), [], conn, snapshot)
         return _in_key_order(plan.check, int(count), keys or "", tails or "", ords)
 
     def _group_end(self, info: TableInfo, where: sql.Composable, last: str | None) -> sql.Composable:
@@ -562,7 +589,28 @@ class PgSnapshotReader:
                 f"string_agg(_dblog_t, E'\\n'{agg_order}){extra_agg} FROM ({{}}) _dblog_s"
             )
             converters = tuple(types.converter(oids[i]) for i in key_idx)
-            return _ChunkPlan(head, order, 0, None, _bulk(converters), outer, check)
+            codes = [native.type_code(types, o) for o in oids]
+            spec: native.NativeSpec | None = None
+            copy_head: sql.Composable | None = None
+            if all(c is not None for c in codes):
+                pieces: list[str | int] = []
+                for piece_list, idx in ((ident_idx, 0), (tuple(range(len(info.columns))), 1)):
+                    if not piece_list:
+                        pieces.append("{}")
+                    for n, i in enumerate(piece_list):
+                        pieces += [("{" if n == 0 else ",") + encode_basestring(info.columns[i]) + ":", i]
+                    if piece_list:
+                        pieces.append("}")
+                    pieces.append(TAIL_SEP if idx == 0 else "}")
+                spec = native.build_spec(
+                    [c for c in codes if c is not None], key_idx,
+                    [types.converter(oids[i]) is int for i in key_idx], pieces,
+                )
+                copy_head = sql.SQL("SELECT {} FROM {} WHERE ").format(
+                    sql.SQL(", ").join(sql.Identifier(c) for c in info.columns), table
+                )
+            return _ChunkPlan(head, order, 0, None, _bulk(converters), outer, check,
+                              copy_head, spec)
         select = self._select_list(info, info.columns)
         head = sql.SQL("SELECT {} FROM {} WHERE ").format(select, table)
         encoder = compile_encoder(
@@ -772,6 +820,16 @@ class _ChunkPlan:
     bulk: _Bulk | None = None
     outer: sql.SQL | None = None  # wraps the row query: one result row per chunk
     check: str = ""  # how a bulk chunk's key order is checked (``_in_key_order``)
+    copy_head: sql.Composable | None = None  # the native encoder's SELECT of the columns
+    native_spec: native.NativeSpec | None = None  # ...and how it encodes them
+
+    def copy(self, where: sql.Composable, *, limit: int | None = None) -> sql.Composed:
+        """The native encoder's ``COPY (SELECT columns ... ORDER BY key) TO STDOUT``
+        (COPY writes a query's rows in the query's order)."""
+        assert self.copy_head is not None
+        cap = sql.SQL(" LIMIT {}").format(sql.Literal(limit)) if limit is not None else sql.SQL("")
+        return sql.SQL("COPY ({}{} ORDER BY {}{}) TO STDOUT").format(
+            self.copy_head, where, self.order, cap)
 
     def query(self, where: sql.Composable, *, limit: int | None = None) -> sql.Composed:
         cap = sql.SQL(" LIMIT {}").format(sql.Literal(limit)) if limit is not None else sql.SQL("")

@@ -1,0 +1,178 @@
+"""Benchmark: a chunk read by the SQL fast path vs by the native encoder (issue 16).
+
+Against one throwaway PostgreSQL with a table shaped like bench/snapshot.py's (``id
+bigint PRIMARY KEY, a int, b text, c numeric(12,2), d timestamptz, n int``; every 97th
+row with a quote, a backslash, a newline, U+0001 and ``ü`` in ``b`` and NULL ``c``,
+``d``), every key range of ``--chunk`` rows read, in one run:
+
+ (b)  ``COPY (SELECT * FROM big) TO STDOUT`` received as raw bytes (the baseline);
+ (b2) ``COPY (SELECT * FROM big WHERE id >= lo AND id <= hi) TO STDOUT`` per range;
+ (a)  ``PgSnapshotReader.read_chunk`` by the SQL fast path (PostgreSQL writes every
+      row's JSON and joins the chunk), one connection, no sub-reads;
+ (n)  ``read_chunk`` by the native encoder (``sources.postgres.native``: ``COPY (SELECT
+      columns ... ORDER BY id) TO STDOUT`` received and encoded in C without the GIL);
+      every chunk compared byte for byte with (a)'s;
+ (n0) the encoder alone on each range's COPY text already in memory (client CPU of
+      the encoding without the receiving).
+
+For each: rows/s (ratio to (b) in the same run), the client process's CPU per row
+(``time.process_time``: every thread of this process) and the PostgreSQL cluster's CPU
+per row (``/proc``, every backend; nothing else runs against the cluster).
+
+Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/native_chunks.py [--rows 1000000]
+           [--chunk 65536] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from pydblog.config import Config
+from pydblog.devtools.pgcluster import PgCluster
+from pydblog.devtools.proc import cpu_seconds
+from pydblog.events import EncodedChunk
+from pydblog.sources.postgres import native
+from pydblog.sources.postgres.chunks import PgSnapshotReader
+
+SERVER_PID = 0
+
+
+def server_cpu() -> float:
+    """CPU used so far by the throwaway cluster: the postmaster and its children (live
+    and ended)."""
+    # the postmaster's own CPU and that of its children it reaped (backends that ended)
+    fields = Path(f"/proc/{SERVER_PID}/stat").read_text().rsplit(")", 1)[1].split()
+    total = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[1]) == SERVER_PID:
+            total += cpu_seconds(int(stat.parent.name))
+    return total
+
+
+class _Source:
+    captured_tables: tuple[str, ...] = ()
+
+
+def measure(label: str, rows: int, run: Callable[[], int], base: float | None) -> float:
+    t0, c0, s0 = time.perf_counter(), time.process_time(), server_cpu()
+    n = run()
+    time.sleep(0.3)  # a closed connection's backend exits and is reaped
+    elapsed, cpu, server = time.perf_counter() - t0 - 0.3, time.process_time() - c0, server_cpu() - s0
+    assert n == rows, (label, n)
+    rate = rows / elapsed
+    ratio = f" = {rate / base:.2f} x (b)" if base else ""
+    print(f"{label}: {rate:,.0f} rows/s{ratio} (client CPU {cpu * 1e6 / rows:.2f} us/row, "
+          f"PostgreSQL CPU {server * 1e6 / rows:.2f} us/row)", flush=True)
+    return rate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--chunk", type=int, default=65536)
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    rows, size = args.rows, args.chunk
+    ranges = [(lo, min(lo + size, rows) - 1) for lo in range(0, rows, size)]
+    enc = native.encoder()
+    if enc is None:
+        raise SystemExit("the native encoder is not built (pip install -e . with a C compiler)")
+    print(f"load average at start: {os.getloadavg()[0]:.1f}")
+    with PgCluster() as cluster:
+        dsn = cluster.create_database("bench")
+        global SERVER_PID
+        SERVER_PID = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE big (id bigint PRIMARY KEY, a int, b text, c numeric(12,2), "
+                "d timestamptz, n int)"
+            )
+            conn.execute(
+                "INSERT INTO big SELECT g, g %% 1000, 'text-' || g, g * 1.5, "
+                "now() + g * interval '1.5 ms', 0 FROM generate_series(0, %s) g",
+                (rows - 1,),
+            )
+            conn.execute("UPDATE big SET b = E'q\"\\\\\\n\\x01ü', c = NULL, d = NULL WHERE id % 97 = 0")
+            conn.execute("VACUUM ANALYZE big")
+            conn.execute("CHECKPOINT")
+        os.sync()
+        print(f"loaded {rows:,} rows, {len(ranges)} ranges of {size:,}", flush=True)
+
+        cfg = Config.model_validate({"source": {"dsn": dsn}, "log": {"path": "/nonexistent"}})
+        reader = PgSnapshotReader(cfg, _Source(), split=False)  # type: ignore[arg-type]
+        info = reader.table_info("public.big")
+        assert info is not None
+        expected: list[tuple[str, str]] = []
+
+        def read(use_native: bool) -> int:
+            reader.native = use_native
+            n = 0
+            for i, (lo, hi) in enumerate(ranges):
+                chunk = reader.read_chunk(info, (lo - 1,), (hi,), size, None)
+                assert isinstance(chunk, EncodedChunk)
+                got = (chunk.keys, chunk.tails)
+                if not use_native:
+                    expected.append(got)
+                elif got != expected[i]:
+                    raise SystemExit(f"native chunk {lo}..{hi} differs from the SQL path's")
+                n += chunk.size
+            return n
+
+        def copy_all() -> int:
+            n = 0
+            with psycopg.connect(dsn) as conn, conn.cursor() as cur, \
+                    cur.copy("COPY (SELECT * FROM big) TO STDOUT") as copy:
+                for _ in copy:
+                    n += 1
+            return n
+
+        texts: list[bytes] = []
+
+        def copy_ranges() -> int:
+            n = 0
+            texts.clear()
+            with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+                for lo, hi in ranges:
+                    q = f"COPY (SELECT * FROM big WHERE id >= {lo} AND id <= {hi} ORDER BY id) TO STDOUT"
+                    parts = []
+                    with cur.copy(q) as copy:
+                        for data in copy:
+                            parts.append(bytes(data))
+                            n += 1
+                    texts.append(b"".join(parts))
+            return n
+
+        spec = reader._plan(info).native_spec
+        assert spec is not None
+
+        def encode_only() -> int:
+            n = 0
+            for text in texts:
+                count, _, _ = enc.encode(text, spec.types, spec.keys, spec.tail)
+                n += count
+            return n
+
+        for _ in range(args.repeat):
+            base = measure("(b) raw COPY, whole table", rows, copy_all, None)
+            measure("(b2) raw COPY per key range (ORDER BY id)", rows, copy_ranges, base)
+            expected.clear()
+            measure("(a) read_chunk, SQL fast path (server JSON)", rows, lambda: read(False), base)
+            measure("(n) read_chunk, native encoder (checked byte-equal to (a))", rows,
+                    lambda: read(True), base)
+            measure("(n0) the encoder alone, COPY text in memory", rows, encode_only, base)
+        reader.close()
+        print(f"load average at end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
