@@ -207,6 +207,9 @@ class Runner:
         assert driver is not None
         if f"{ev.schema}.{ev.table}" == self.cfg.snapshot.signal_table:
             self._emit_events(driver.on_signal_event(ev, self.reader.captured_tables()))
+            # A snapshot starts now, not at the next idle moment (a busy MySQL stream
+            # yields none while its transactions come closer than its idle interval).
+            driver.submit_next()
         elif ev.after is not None:
             self._emit_events(driver.on_watermark(str(ev.after.get("value")), ev.position, ev.ts_ms))
             driver.submit_next()  # the next chunk starts now, not at the next idle moment
