@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import ssl
 import weakref
 from typing import Any
 
@@ -30,7 +31,9 @@ def _buffered(conn: Any) -> bool | None:
     try:
         sock.setblocking(False)
         return bool(rfile.peek(1))  # one non-blocking read if its buffer is empty
-    except BlockingIOError:
+    except (BlockingIOError, ssl.SSLWantReadError):
+        # TLS (MySQL negotiates it by default): no decrypted byte pending in the TLS
+        # layer and none buffered; the raw socket tells whether encrypted bytes wait.
         return False
     except (OSError, ValueError):
         return None
