@@ -69,7 +69,7 @@ from pydblog.core import (
     SnapshotCore,
     TableStartRequest,
 )
-from pydblog.core.fence import Lost
+from pydblog.core.fence import Floor, Lost
 from pydblog.core.window import ChunkWindow
 from pydblog.events import (
     UNCHANGED_TOAST,
@@ -120,11 +120,26 @@ class SimFence:
     next_xid: int
     end: int
     invisible_lsns: frozenset[int] = frozenset()  # the log positions of ``invisible``
+    by_xids: bool = False  # judge the floor as a primary's xid fence does (in_doubt)
 
-    def covers(self, position: Position) -> bool:
-        """Every transaction in the log up to ``position`` is visible."""
+    def covers(self, floor: Floor) -> bool:
+        """Every transaction in the log up to the floor is visible: by the oracle (the
+        log positions of the invisible ones), or (``by_xids``) by what the core knows of
+        the delivered transactions, as ``PgXidFence`` does."""
+        if self.by_xids:
+            doubt = self.in_doubt()
+            assert doubt is not None
+            return not doubt if floor.forgotten else doubt.isdisjoint(floor.xids)
+        position = floor.position
         assert isinstance(position, PgPosition)
         return all(lsn > position.commit_lsn.value for lsn in self.invisible_lsns)
+
+    def in_doubt(self) -> frozenset[int] | None:
+        """The running (committed, not yet visible) transactions: every one here."""
+        return self.invisible if self.by_xids else None
+
+    def sees_tx(self, tx: int) -> bool:
+        return self._sees(tx) is True
 
     def _sees(self, tx: int | None) -> bool | None:
         if tx is None:
@@ -159,6 +174,7 @@ class Sim:
     allow_blocking: bool
     read_only: bool = False
     parallelism: int = 1
+    by_xids: bool = False  # read-only: fences judge the floor by xids (a primary's)
     db: dict[str, dict[int, Row]] = field(default_factory=dict)
     # read-only: per key its writes (xid, row or None); xids committed but not visible
     versions: dict[tuple[str, int], list[tuple[int, Row | None]]] = field(default_factory=dict)
@@ -167,6 +183,7 @@ class Sim:
     next_xid: int = 1
     cur_xid: int | None = None  # the xid of the transaction being written
     fenced_reads: int = 0
+    early: set[int] = field(default_factory=set)  # xids written before the first signal
     log: list[list[Item]] = field(default_factory=list)
     cursor: int = 0
     out: list[ChangeEvent] = field(default_factory=list)
@@ -225,7 +242,7 @@ class Sim:
     def fence(self) -> SimFence:
         """What a read-only SELECT run now saw."""
         return SimFence(frozenset(self.invisible), self.next_xid, len(self.log),
-                        frozenset(self.tx_lsn[x] for x in self.invisible))
+                        frozenset(self.tx_lsn[x] for x in self.invisible), self.by_xids)
 
     def emit(self, events: Sequence[Emitted]) -> None:
         self.out.extend(expand(events))
@@ -239,6 +256,8 @@ class Sim:
         items: list[Item] = []
         for _ in range(self.data.draw(st.integers(1, 4), label="ops")):
             table, key = self.target()
+            if self.held(table, key):
+                continue
             self.cur_xid = xid
             events = self.write(table, key, lsn, len(items))
             self.cur_xid = None
@@ -253,6 +272,15 @@ class Sim:
         if self.read_only and self.data.draw(st.booleans(), label="stays invisible"):
             self.invisible.add(xid)
 
+    def held(self, table: str, key: int) -> bool:
+        """A writer of the key would wait (for now: it writes another key) for a
+        transaction written before the snapshot began, until a chunk has been read
+        without it (``publish``)."""
+        writes = self.versions.get((table, key))
+        return bool(
+            writes and not self.fenced_reads and writes[-1][0] in self.early & self.invisible
+        )
+
     def lock(self, table: str, key: int, xid: int) -> None:
         """A writer of a key waits for the key's previous writer (made visible now)."""
         writes = self.versions.get((table, key))
@@ -260,9 +288,12 @@ class Sim:
             self.invisible.discard(writes[-1][0])
 
     def publish(self) -> None:
-        """An invisible committed transaction becomes visible (in any order)."""
-        if self.invisible:
-            self.invisible.discard(self.data.draw(st.sampled_from(sorted(self.invisible))))
+        """An invisible committed transaction becomes visible (in any order); those
+        written before the snapshot began only once a chunk has been read without them
+        (the case a floor exists for: delivered before any table was watched)."""
+        candidates = self.invisible if self.fenced_reads else self.invisible - self.early
+        if candidates:
+            self.invisible.discard(self.data.draw(st.sampled_from(sorted(candidates))))
 
     def target(self) -> tuple[str, int]:
         """Where to write: half the time into the chunk the worker is reading (the
@@ -819,6 +850,7 @@ def run(
     parallelism = data.draw(st.integers(2, 4), label="parallelism") if parallel else 1
     sim = Sim(data, allow_blocking, read_only, parallelism)
     sim.slow = parallel and data.draw(st.booleans(), label="slow reads")
+    sim.by_xids = read_only and data.draw(st.booleans(), label="fences judge the floor by xids")
     # Key re-reads hold every concurrent window back; without partial writes several
     # tables' windows stay open while writes go on.
     sim.partials = not parallel or data.draw(st.booleans(), label="partial writes")
@@ -829,6 +861,7 @@ def run(
         sim.write_txn()
         if read_only:
             sim.invisible.add(sim.next_xid - 1)
+            sim.early.add(sim.next_xid - 1)
     first = Signal("first", SignalType.EXECUTE_SNAPSHOT, ("s\\..*",))
     sim.append([first])
     # Concurrent windows: longer runs, so that several tables' windows are open while

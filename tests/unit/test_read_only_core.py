@@ -6,10 +6,11 @@ import json
 from dataclasses import dataclass
 
 from pydblog.core import ChunkRequest, CoreSettings, SnapshotCore, TableStartRequest, parse_signal
-from pydblog.core.fence import Lost
+from pydblog.core.fence import Delivered, Floor, Lost
 from pydblog.events import ChangeEvent, Op, expand
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
+from pydblog.sources.postgres.fences import PgXidFence
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,16 @@ class Fence:
         tx = getattr(event.position, "tx_id", None)
         return None if tx is None else tx < self.next_xid and tx not in self.invisible
 
-    def covers(self, position: Position) -> bool:
+    def covers(self, floor: Floor) -> bool:
+        position = floor.position
         assert isinstance(position, PgPosition)
         return self.replayed is None or position.commit_lsn.value < self.replayed
+
+    def in_doubt(self) -> None:
+        return None
+
+    def sees_tx(self, tx: int) -> bool:
+        return False
 
     def settles(self, event: ChangeEvent) -> bool:
         return self.visible(event) is True
@@ -157,4 +165,84 @@ def test_a_table_watched_before_the_stream_delivered_anything() -> None:
     assert isinstance(chunk, ChunkRequest)
     core.on_chunk_read(chunk.id, rows(1), 1.0, fence=Fence(frozenset(), end=6, replayed=6))
     out = expand(core.on_progress(commit(6), commit(6), 0))
+    assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == [1]
+
+
+def xid_fence(xmin: int, xmax: int, xip: str, end: int, running: set[int]) -> PgXidFence:
+    """A primary's fence (the real one): snapshot ``xmin:xmax:xip``, running xids."""
+    return PgXidFence.parse(f"{xmin}:{xmax}:{xip}", f"0/{end:X}", [str(x) for x in running])
+
+
+def test_a_commit_still_waiting_for_a_synchronous_standby_keeps_the_floor_open() -> None:
+    """On a primary, tx 10 was delivered before the table was watched but still waits
+    for a synchronous standby (running, unseen by the read): the window is inconclusive
+    until a read sees it. After a start the core does not know what was delivered
+    before it, so tx 11, running at the first read, is doubted too until it ends."""
+    core = SnapshotCore(CoreSettings(chunk_size=4, read_only=True, read_ahead=False), instance="t")
+    core.on_event(update(1, 1, tx=10))  # not watched yet: not kept
+    started(core)
+    fences = [
+        xid_fence(9, 12, "9,10,11", 3, {9, 10, 11}),
+        xid_fence(10, 12, "10,11", 3, {10, 11}),
+        xid_fence(11, 12, "11", 4, {11}),  # tx 10 visible; 11 runs on
+    ]
+    for fence in fences:
+        req = core.next_request()
+        assert isinstance(req, ChunkRequest) and req.after_key is None
+        core.on_chunk_read(req.id, rows(1, 2), 1.0, fence=fence)
+        assert [e for e in expand(core.on_progress(commit(4), commit(4), 0)) if e.op is Op.READ] == []
+    req = core.next_request()
+    assert isinstance(req, ChunkRequest) and req.after_key is None
+    core.on_chunk_read(req.id, rows(1, 2), 1.0, fence=xid_fence(12, 12, "", 5, set()))
+    out = expand(core.on_progress(commit(5), commit(5), 0))
+    assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == [1, 2]
+
+
+def test_a_floor_is_held_open_only_by_delivered_transactions_the_read_misses() -> None:
+    """``Delivered``/``Floor`` with the primary's fence: once the delivered transactions
+    are known (a fence resolved the start), a transaction that runs on but was never
+    delivered (tx 11) does not hold a floor open; a delivered one still waiting (tx 10)
+    does, until a read sees it; one a read saw is forgotten."""
+    delivered = Delivered()
+    delivered.prune(xid_fence(9, 9, "", 1, set()))  # nothing ran: resolves the start
+    assert not delivered.forgotten
+    delivered.add(PgPosition(Lsn(2), 0, None, 9))
+    delivered.add(PgPosition(Lsn(3), 0, None, 10))
+    floor = Floor.at(PgPosition(Lsn(3)), delivered)
+    assert floor.xids == {9, 10}
+    waiting = xid_fence(10, 12, "10,11", 4, {10, 11})
+    assert not floor.covered_by(waiting)
+    narrowed = floor.narrowed(waiting)
+    assert narrowed.xids == {10}  # tx 9 was seen
+    assert narrowed.covered_by(xid_fence(11, 12, "11", 5, {11}))
+    delivered.prune(waiting)
+    assert delivered.xids == {10}
+    # xids near the 32-bit wrap, from a 64-bit snapshot
+    wrapped = Delivered()
+    wrapped.prune(xid_fence(5 << 32, 5 << 32, "", 1, set()))
+    wrapped.add(PgPosition(Lsn(2), 0, None, (1 << 32) - 1))
+    top = (5 << 32) - 1
+    assert not Floor.at(PgPosition(Lsn(2)), wrapped).covered_by(
+        xid_fence(top, (5 << 32) + 1, str(top), 3, {top}))
+
+
+def test_after_a_start_every_running_transaction_the_read_misses_is_in_doubt() -> None:
+    """The transactions delivered before a start are not known: a read that misses any
+    running transaction cannot decide (it may have been delivered before the start);
+    the next read decides by those doubted then."""
+    core = SnapshotCore(CoreSettings(chunk_size=4, read_only=True, read_ahead=False), instance="t")
+    started(core)
+    req = core.next_request()
+    assert isinstance(req, ChunkRequest)
+    core.on_chunk_read(req.id, rows(1), 1.0, fence=xid_fence(7, 8, "7", 3, {7}))
+    assert [e for e in expand(core.on_progress(commit(3), commit(3), 0)) if e.op is Op.READ] == []
+    again = core.next_request()
+    assert isinstance(again, ChunkRequest)
+    # tx 7 still runs, tx 8 started since (not doubted before): 8 cannot be the one
+    core.on_chunk_read(again.id, rows(1), 1.0, fence=xid_fence(7, 9, "7,8", 4, {7, 8}))
+    assert [e for e in expand(core.on_progress(commit(4), commit(4), 0)) if e.op is Op.READ] == []
+    third = core.next_request()
+    assert isinstance(third, ChunkRequest)
+    core.on_chunk_read(third.id, rows(1), 1.0, fence=xid_fence(8, 9, "8", 5, {8}))
+    out = expand(core.on_progress(commit(5), commit(5), 0))
     assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == [1]

@@ -29,7 +29,10 @@ with keys waiting for a re-read). Every transaction the stream delivered before 
 only once its fence ``covers`` the floor: a read on a lagging hot standby may not have
 replayed a commit the stream delivered seconds ago, and its row would then land after
 that newer event. Until a fence covers it, windows are inconclusive (the chunk is read
-again); once one does, the floor is dropped (visibility never goes back).
+again); once one does, the floor is dropped (visibility never goes back). Fences that
+judge by transaction ids (a PostgreSQL primary, whose commits may wait for a
+synchronous standby after the stream delivered them) need to know which transactions
+were delivered before the floor: ``Delivered`` keeps those no fence has shown visible.
 
 ``settles(event)``: visible to this read *and to every later read of the same server*
 (visibility never goes back), so the event can be forgotten. Each source documents its
@@ -87,20 +90,82 @@ class Lost:
         return cls(None if last is None else decode_position(last), data.get("max_tx"))
 
 
+MAX_DELIVERED = 100_000
+"""Transaction ids ``Delivered`` keeps at most; past it they are forgotten."""
+
+
+class Delivered:
+    """The numeric transaction ids (``tx_id``) the stream delivered that no fence has
+    yet shown visible for good, for fences that judge the floor by transaction ids
+    (``ReadFence.in_doubt``): a PostgreSQL primary delivers a commit before it becomes
+    visible (while it waits for a synchronous standby). ``forgotten``: some delivered
+    ids may be missing (at a start: those delivered before it; past ``limit``); the
+    next fence that tells its doubtful transactions resolves that, conservatively, by
+    taking all of them (every forgotten one still invisible is among them)."""
+
+    __slots__ = ("_last", "forgotten", "limit", "xids")
+
+    def __init__(self, limit: int = MAX_DELIVERED) -> None:
+        self.xids: set[int] = set()
+        self.forgotten = True
+        self.limit = limit
+        self._last: int | None = None
+
+    def add(self, position: Position) -> None:
+        tx = getattr(position, "tx_id", None)
+        if not isinstance(tx, int) or tx == self._last:
+            return
+        self._last = tx
+        if len(self.xids) >= self.limit:
+            self.xids.clear()
+            self.forgotten = True
+        self.xids.add(tx)
+
+    def prune(self, fence: ReadFence) -> None:
+        """Forget what ``fence`` shows visible (visibility never goes back)."""
+        doubt = fence.in_doubt()
+        if doubt is None:
+            return
+        if self.forgotten:
+            self.xids |= doubt
+            self.forgotten = False
+        self.xids = {x for x in self.xids if not fence.sees_tx(x)}
+
+
 class Floor:
     """Where the core began to keep a table's events: every transaction the stream had
     delivered up to ``position`` (that position's own included) was never held by a
     window, so only a fence that ``covers`` it may decide one. ``position`` is None
     until the core learns any position (a table watched before the stream delivered
-    anything: the first position it learns is past everything the stream skipped)."""
+    anything: the first position it learns is past everything the stream skipped).
+    ``xids``/``forgotten``: what ``Delivered`` knew then of the delivered transactions
+    not yet shown visible (for fences that judge by transaction ids). Only a position
+    still unknown is ever set in place; a window keeps the floor it was opened with,
+    and ``narrowed`` makes a new one for later windows."""
 
-    __slots__ = ("position",)
+    __slots__ = ("forgotten", "position", "xids")
 
-    def __init__(self, position: Position | None) -> None:
+    def __init__(self, position: Position | None, xids: frozenset[int] = frozenset(),
+                 forgotten: bool = True) -> None:
         self.position = position
+        self.xids = xids
+        self.forgotten = forgotten
+
+    @classmethod
+    def at(cls, position: Position | None, delivered: Delivered) -> Floor:
+        return cls(position, frozenset(delivered.xids), delivered.forgotten)
 
     def covered_by(self, fence: ReadFence) -> bool:
-        return self.position is not None and fence.covers(self.position)
+        return self.position is not None and fence.covers(self)
+
+    def narrowed(self, fence: ReadFence) -> Floor:
+        """This floor for reads after ``fence``'s: without the transactions it shows
+        visible for good (if forgotten: with every one it doubts instead)."""
+        doubt = fence.in_doubt()
+        if doubt is None:
+            return self
+        xids = doubt | self.xids if self.forgotten else self.xids
+        return Floor(self.position, frozenset(x for x in xids if not fence.sees_tx(x)), False)
 
 
 class ReadFence(Protocol):
@@ -108,9 +173,19 @@ class ReadFence(Protocol):
 
     def visible(self, event: ChangeEvent) -> bool | None: ...
 
-    def covers(self, position: Position) -> bool:
-        """Every transaction the stream delivered up to ``position`` (its own included)
-        is visible to this read and to every later one."""
+    def covers(self, floor: Floor) -> bool:
+        """Every transaction the stream delivered up to ``floor.position`` (its own
+        included) is visible to this read and to every later one."""
+        ...
+
+    def in_doubt(self) -> frozenset[int] | None:
+        """Transaction ids (as the stream numbers them) that were running just before
+        the read and that it does not see: every delivered transaction it does not see
+        is among them. None: this fence judges the floor by its position only."""
+        ...
+
+    def sees_tx(self, tx: int) -> bool:
+        """The read sees transaction ``tx`` (only asked when ``in_doubt`` is not None)."""
         ...
 
     def settles(self, event: ChangeEvent) -> bool: ...
@@ -129,25 +204,27 @@ class Unsettled:
     where the newest watched table began to be kept (windows stay inconclusive until a
     fence ``covers`` it)."""
 
-    __slots__ = ("events", "floor", "limit", "lost")
+    __slots__ = ("delivered", "events", "floor", "limit", "lost")
 
     def __init__(self, limit: int = MAX_UNSETTLED) -> None:
         self.events: list[ChangeEvent] = []
         self.limit = limit
         self.lost: Lost | None = None
         self.floor: Floor | None = None
+        self.delivered = Delivered()
 
     def watch_from(self, position: Position | None) -> None:
         """A table is watched from now on; ``position``: the newest the stream has
         delivered (None: nothing yet). Replaces an older floor (a later position: a
         fence that covers it covers the older one)."""
-        self.floor = Floor(position)
+        self.floor = Floor.at(position, self.delivered)
 
     def learn(self, position: Position) -> None:
         """A position the stream delivered: it places a floor still unknown."""
+        self.delivered.add(position)
         floor = self.floor
         if floor is not None and floor.position is None:
-            floor.position = position
+            floor.position = position  # (in place: windows already open share it)
 
     def add(self, event: ChangeEvent) -> None:
         self.events.append(event)
@@ -163,8 +240,9 @@ class Unsettled:
         self.events = [e for e in self.events if not fence.settles(e)]
         if self.lost is not None and fence.settles_lost(self.lost):
             self.lost = None
-        if self.floor is not None and self.floor.covered_by(fence):
-            self.floor = None
+        self.delivered.prune(fence)
+        if self.floor is not None:
+            self.floor = None if self.floor.covered_by(fence) else self.floor.narrowed(fence)
 
     def clear(self) -> None:
         self.events.clear()

@@ -96,6 +96,22 @@ class PgStandby:
                     raise RuntimeError("the standby did not catch up")
                 time.sleep(0.05)
 
+    def halt(self) -> None:
+        """Shut the standby down but keep it (``resume()`` starts it again): a
+        synchronous standby that stops acknowledging commits."""
+        subprocess.run(
+            _as_postgres([str(self.primary.bindir / "pg_ctl"), "-D", str(self.datadir),
+                          "-m", "fast", "-w", "stop"]),
+            capture_output=True, check=True,
+        )
+
+    def resume(self, timeout: float = 60.0) -> None:
+        self._run(
+            [str(self.primary.bindir / "pg_ctl"), "-D", str(self.datadir), "-l",
+             str(self.root / "server.log"), "-w", "-t", "60", "start"]
+        )
+        self._wait_streaming(timeout)
+
     def stop(self) -> None:
         if self.datadir.exists():
             subprocess.run(

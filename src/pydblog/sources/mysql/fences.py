@@ -57,7 +57,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pydblog.core.fence import Lost
+from pydblog.core.fence import Floor, Lost
 from pydblog.events import ChangeEvent
 from pydblog.positions import Position
 from pydblog.sources.mysql.gtid import GtidState, MySqlGtidSet
@@ -109,17 +109,26 @@ class GtidFence:
     def settles(self, event: ChangeEvent) -> bool:
         return self.visible(event) is True  # committed stays committed
 
-    def covers(self, position: Position) -> bool:
-        """The stream's state after ``position``'s transaction holds every GTID it
+    def covers(self, floor: Floor) -> bool:
+        """The stream's state after the floor's transaction holds every GTID it
         delivered up to there: within ``low``, all of them are visible for good."""
+        return floor.position is not None and self._holds(floor.position)
+
+    def _holds(self, position: Position) -> bool:
         after = position.after_state() if isinstance(position, BinlogPosition) else None
         return after is not None and _le(after, self.low)
+
+    def in_doubt(self) -> None:
+        return None
+
+    def sees_tx(self, tx: int) -> bool:
+        return False
 
     def settles_lost(self, lost: Lost) -> bool:
         """The newest forgotten event's state after its transaction holds every earlier
         one's GTID: within ``low``, all of them are visible for good."""
         last = lost.last_position
-        return last is not None and self.covers(last)
+        return last is not None and self._holds(last)
 
     def passed(self, reached: Position) -> bool:
         return _le(self.high, _after(reached))

@@ -34,7 +34,7 @@ from pydblog.ports import TableInfo
 from pydblog.positions import Lsn
 from pydblog.sources.postgres import native
 from pydblog.sources.postgres.connect import connect
-from pydblog.sources.postgres.fences import PgLsnFence, PgXidFence
+from pydblog.sources.postgres.fences import RUNNING_SQL, PgLsnFence, PgXidFence
 from pydblog.sources.postgres.parallel import MIN_SUB_ROWS, SubReadPool
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
 from pydblog.sources.postgres.relations import TABLE_COLUMNS_SQL, compile_encoder, identity_columns
@@ -648,8 +648,9 @@ class PgSnapshotReader:
             self.table_info(info.qualified)  # (commits: not inside the transaction below)
         split = limit >= 2 * MIN_SUB_ROWS
         pool = self.subreads if split else None  # created (it asks the server) before
-        standby = self._in_recovery()
-        low = self._lsn("pg_last_wal_replay_lsn()", commit=True) if standby else None
+        # Before the read's snapshot: on a standby what it had replayed, on a primary
+        # the running transactions (``fences`` module docstring).
+        standby, low, running = self._before_fence()
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             # The snapshot is taken when this statement starts; the insert position is
@@ -671,7 +672,7 @@ class PgSnapshotReader:
                 self._shared_snapshot = None
             end = self._lsn("pg_last_wal_receive_lsn()", commit=False) if standby else None
         if not standby:
-            return rows, PgXidFence.parse(row[0], row[1])
+            return rows, PgXidFence.parse(row[0], row[1], running)
         if low is None or end is None:
             raise SourceError(
                 "read-only snapshots on a standby need streaming replication: "
@@ -680,10 +681,18 @@ class PgSnapshotReader:
             )
         return rows, PgLsnFence(low, end)
 
-    def _in_recovery(self) -> bool:
-        row = self.conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    def _before_fence(self) -> tuple[bool, int | None, list[str]]:
+        """(in recovery, replayed LSN on a standby, running xids on a primary)."""
+        row = self.conn.execute(
+            "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, CASE WHEN "
+            f"pg_is_in_recovery() THEN NULL ELSE ({RUNNING_SQL}) END"
+        ).fetchone()
         self.conn.commit()
-        return bool(row and row[0])
+        assert row is not None
+        standby, replayed, running = row
+        if standby:
+            return True, None if replayed is None else Lsn.parse(replayed).value, []
+        return False, None, list(running or ())
 
     def _lsn(self, function: str, *, commit: bool) -> int | None:
         """An LSN function's value (None for NULL); ``commit`` ends the implicit

@@ -9,7 +9,16 @@ first statement share its snapshot S):
   visible in S iff its xid is below ``xmin``, or below ``xmax`` and not in ``xip``; a
   visible transaction's commit record was inserted before it became visible, so before
   S, so it ends at or before that insert position. The stream has delivered every such
-  transaction once it reports a position at or past it.
+  transaction once it reports a position at or past it. Before the transaction, the
+  reader also takes the *running* transactions (``pg_locks``: each holds a lock on its
+  own xid until it has become visible). A transaction the stream delivered and S does
+  not see (its commit record was flushed, but it still waited, e.g. for a synchronous
+  standby's acknowledgement, while the logical stream delivered it) was running then:
+  its xid is ``in_doubt``. S ``covers`` the floor (``core.fence.Floor``) iff none of
+  those was delivered by the floor (``core.fence.Delivered`` keeps the delivered xids
+  no fence has shown visible yet; where it may have forgotten some, iff S doubts none).
+  Only with ``synchronous_standby_names`` set (``RUNNING_SQL``): without it no commit
+  waits after its record is flushed.
 - on a hot standby (``PgLsnFence``; its snapshots list running transactions outside
   ``xip``, so xids cannot decide): ``pg_last_wal_replay_lsn()`` *before* the
   transaction (``low``) and ``pg_last_wal_receive_lsn()`` after the SELECT (``end``).
@@ -24,13 +33,31 @@ first statement share its snapshot S):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pydblog.core.fence import Lost
+from pydblog.core.fence import Floor, Lost
 from pydblog.events import ChangeEvent
 from pydblog.positions import Lsn, PgPosition, Position
 
 XID_SPAN = 1 << 32
+
+RUNNING_SQL = (
+    "SELECT CASE WHEN current_setting('synchronous_standby_names') = '' THEN '{}' ELSE "
+    "(SELECT coalesce(array_agg(f::text), '{}') FROM (SELECT DISTINCT "
+    "s.xm + d.d - CASE WHEN d.d >= 2147483648 THEN 4294967296 ELSE 0 END AS f "
+    "FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xm) s, "
+    "LATERAL (SELECT ((l.transactionid::text::bigint - s.xm) % 4294967296 + 4294967296) "
+    "% 4294967296 AS d FROM pg_locks l WHERE l.locktype = 'transactionid' "
+    "AND l.mode = 'ExclusiveLock' AND l.granted) d) c) END"
+)
+"""A primary's running transactions (``PgXidFence.running``): every transaction that
+has an xid holds an exclusive lock on it (a prepared one too) until after it became
+visible; ``pg_locks`` shows them to any user. 32-bit xids made 64-bit next to ``xmax``.
+None when ``synchronous_standby_names`` is empty: then no commit waits for a standby,
+and a commit is visible as soon as its backend leaves the proc array, microseconds
+after its record was flushed (assumed shorter than the stream's delivery, the core's
+watch and the read's start together)."""
 
 
 def record_end(insert_lsn: int, block_size: int = 8192, segment_size: int = 16 << 20) -> int:
@@ -59,13 +86,16 @@ class PgXidFence:
     xmax: int
     xip: frozenset[int]
     end_lsn: int
+    running: frozenset[int] = frozenset()
+    """64-bit xids running just before the read (module docstring)."""
 
     @classmethod
-    def parse(cls, snapshot: str, insert_lsn: str) -> PgXidFence:
-        """From ``pg_current_snapshot()::text`` and ``pg_current_wal_insert_lsn()::text``."""
+    def parse(cls, snapshot: str, insert_lsn: str, running: Iterable[str] = ()) -> PgXidFence:
+        """From ``pg_current_snapshot()::text``, ``pg_current_wal_insert_lsn()::text``
+        and the running xids (64-bit, as text; ``RUNNING_SQL``)."""
         xmin, xmax, xip = snapshot.split(":")
         return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x),
-                   record_end(Lsn.parse(insert_lsn).value))
+                   record_end(Lsn.parse(insert_lsn).value), frozenset(int(x) for x in running))
 
     def full(self, xid: int) -> int:
         """A 32-bit xid from the stream as the 64-bit xid nearest to ``xmax``."""
@@ -73,7 +103,9 @@ class PgXidFence:
         return self.xmax + delta - (XID_SPAN if delta >= XID_SPAN // 2 else 0)
 
     def _sees(self, xid: int) -> bool:
-        full = self.full(xid)
+        return self._sees_full(self.full(xid))
+
+    def _sees_full(self, full: int) -> bool:
         return full < self.xmin or (full < self.xmax and full not in self.xip)
 
     def visible(self, event: ChangeEvent) -> bool | None:
@@ -83,11 +115,19 @@ class PgXidFence:
     def settles(self, event: ChangeEvent) -> bool:
         return self.visible(event) is True  # a visible commit stays visible
 
-    def covers(self, position: Position) -> bool:
-        """Assumed on a primary: a commit the stream delivered before the table was
-        watched is visible by the time a chunk is read (not proven while a commit waits
-        for a synchronous standby: see docs/snapshots.md, read-only limits)."""
-        return True
+    def covers(self, floor: Floor) -> bool:
+        """The read sees every transaction the stream delivered up to the floor: none
+        of those it doubts was delivered by then (if the floor forgot some: it doubts
+        none)."""
+        doubt = self.in_doubt()
+        return not doubt if floor.forgotten else doubt.isdisjoint(floor.xids)
+
+    def in_doubt(self) -> frozenset[int]:
+        """The running transactions (as 32-bit stream xids) the read does not see."""
+        return frozenset(x & (XID_SPAN - 1) for x in self.running if not self._sees_full(x))
+
+    def sees_tx(self, tx: int) -> bool:
+        return self._sees(tx)
 
     def settles_lost(self, lost: Lost) -> bool:
         return lost.max_tx is not None and self.full(lost.max_tx) < self.xmin
@@ -112,15 +152,24 @@ class PgLsnFence:
     def settles(self, event: ChangeEvent) -> bool:
         return self.visible(event) is True  # replay never goes back
 
-    def covers(self, position: Position) -> bool:
-        """The standby had replayed ``position``'s commit record (and so every earlier
+    def covers(self, floor: Floor) -> bool:
+        """The standby had replayed the floor's commit record (and so every earlier
         one) before the read: a lagging standby does not, and its rows may predate
         commits the stream delivered long ago."""
+        return floor.position is not None and self._replayed(floor.position)
+
+    def _replayed(self, position: Position) -> bool:
         return isinstance(position, PgPosition) and position.commit_lsn.value < self.low_lsn
+
+    def in_doubt(self) -> None:
+        return None
+
+    def sees_tx(self, tx: int) -> bool:
+        return False
 
     def settles_lost(self, lost: Lost) -> bool:
         last = lost.last_position
-        return last is not None and self.covers(last)
+        return last is not None and self._replayed(last)
 
     def passed(self, reached: Position) -> bool:
         return _reached(reached) >= self.end_lsn
