@@ -896,19 +896,24 @@ PROFILE = settings(
 )
 
 
-@PROFILE
+# The default run's example counts are a third of a thorough run's (the property tests
+# took ~100 s of the default run); ``test_snapshots_long`` and ``test_concurrent_windows_long``
+# (``pytest -m slow``) run the same properties with many more examples.
+
+
+@settings(PROFILE, max_examples=70)
 @given(st.data())
 def test_incremental_snapshots_materialize_without_time_travel(data: st.DataObject) -> None:
     run(data, allow_blocking=False)
 
 
-@settings(PROFILE, max_examples=100)
+@settings(PROFILE, max_examples=40)
 @given(st.data())
 def test_with_blocking_snapshots_materialize(data: st.DataObject) -> None:
     run(data, allow_blocking=True)
 
 
-@settings(PROFILE, max_examples=300)
+@settings(PROFILE, max_examples=100)
 @given(st.data())
 def test_read_only_snapshots_materialize_without_time_travel(data: st.DataObject) -> None:
     """Fences instead of watermarks, with commits that become visible late and out of
@@ -917,7 +922,7 @@ def test_read_only_snapshots_materialize_without_time_travel(data: st.DataObject
     run(data, allow_blocking=False, read_only=True)
 
 
-@settings(PROFILE, max_examples=80)
+@settings(PROFILE, max_examples=40)
 @given(st.data())
 def test_concurrent_windows_materialize_without_time_travel(data: st.DataObject) -> None:
     """Several chunks in flight at once (``parallelism`` 2-4), each with its own L/H
@@ -926,7 +931,7 @@ def test_concurrent_windows_materialize_without_time_travel(data: st.DataObject)
     run(data, allow_blocking=True, parallel=True)
 
 
-@settings(PROFILE, max_examples=80)
+@settings(PROFILE, max_examples=40)
 @given(st.data())
 def test_concurrent_read_only_windows_materialize_without_time_travel(data: st.DataObject) -> None:
     """Concurrent windows judged by their reads' fences (no watermarks)."""
@@ -941,6 +946,17 @@ def test_concurrent_read_only_windows_materialize_without_time_travel(data: st.D
 def test_concurrent_windows_long(data: st.DataObject, read_only: bool) -> None:
     """The two tests above with many more examples (``pytest -m slow``)."""
     run(data, allow_blocking=not read_only, read_only=read_only, parallel=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("mode", ["incremental", "blocking", "read-only"])
+@settings(PROFILE, max_examples=900)
+@given(data=st.data())
+def test_snapshots_long(data: st.DataObject, mode: str) -> None:
+    """The incremental, blocking and read-only tests above with many more examples
+    (``pytest -m slow``)."""
+    run(data, allow_blocking=mode == "blocking", read_only=mode == "read-only")
 
 
 # -- the window alone --------------------------------------------------------------------
