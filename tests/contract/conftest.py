@@ -26,6 +26,7 @@ KAFKA_SCENARIOS = {
     "test_blocking_snapshot",
     "test_initial_mode_on_first_start",
     "test_soak_snapshots_under_load_with_kill9",
+    "test_soak_long",
 }
 """The scenarios that also run on a Kafka log: snapshots under writes, kill -9 mid-snapshot,
 blocking and initial snapshots (the others exercise the source and the snapshot core,

@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.contract.capture import Capture
 from tests.contract.harness import Harness
 
@@ -42,6 +44,16 @@ def load(h: Harness, stop: threading.Event, seed: int) -> None:
 
 
 def test_soak_snapshots_under_load_with_kill9(harness: Harness, tmp_path: Path) -> None:
+    """Five rounds of snapshot signals and kill -9s (``test_soak_long``: twenty)."""
+    soak(harness, tmp_path, rounds=5)
+
+
+@pytest.mark.slow
+def test_soak_long(harness: Harness, tmp_path: Path) -> None:
+    soak(harness, tmp_path, rounds=20)
+
+
+def soak(harness: Harness, tmp_path: Path, rounds: int) -> None:
     for t in TABLES:
         harness.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v VARCHAR(40), n INT)")
         harness.execute(
@@ -56,7 +68,7 @@ def test_soak_snapshots_under_load_with_kill9(harness: Harness, tmp_path: Path) 
     for w in writers:
         w.start()
     try:
-        for round_ in range(10):
+        for round_ in range(rounds):
             tables = rng.sample(TABLES, rng.randrange(1, 4))
             harness.signal(f"soak-{round_}-{uuid.uuid4().hex[:6]}", "execute-snapshot",
                            {"data-collections": [f"{harness.schema}\\.{t}" for t in tables]})
