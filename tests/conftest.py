@@ -14,6 +14,11 @@ from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.zookeeper import ZkServer
 from pydblog.devtools.zookeeper import available as zookeeper_available
 
+# Session servers shared by several suites are registered here, once: a fixture imported
+# into two conftests is two fixtures, each starting its own server.
+from tests.kafka_broker import kafka_bootstrap  # noqa: F401 - fixture
+from tests.mysql.servers import mariadb, my57_db, my_db, mysql57  # noqa: F401 - fixtures
+
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:

@@ -15,8 +15,6 @@ from collections.abc import Iterator
 import pytest
 
 from tests.contract.harness import Harness, KafkaLogHarness, PgHarness
-from tests.kafka_broker import kafka_bootstrap  # noqa: F401 - fixture
-from tests.mysql.conftest import mariadb, my57_db, my_db, mysql57  # noqa: F401 - fixtures
 from tests.mysql.harness import MariaHarness
 
 KAFKA_SCENARIOS = {

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from pydblog.config import LogConfig
-from tests.kafka_broker import kafka_bootstrap  # noqa: F401 - fixture
 
 pytest.importorskip("confluent_kafka", reason="pip install 'pydblog[kafka]'")
 

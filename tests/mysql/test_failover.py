@@ -22,8 +22,8 @@ from pydblog.errors import SourceError
 from pydblog.events import ChangeEvent
 from pydblog.ports import Checkpoint, Commit, Heartbeat
 from tests.helpers import kill9, start_run, stop_run, wait_for
-from tests.mysql.conftest import require_mariadb, require_mysql57
 from tests.mysql.helpers import bpos, changes, commits, make, opened, read_until, run_sql
+from tests.mysql.servers import require_mariadb, require_mysql57
 from tests.mysql.test_oracle import (
     KEYS,
     TABLES,

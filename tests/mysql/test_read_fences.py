@@ -22,8 +22,8 @@ from pydblog.events import ChangeEvent, Op
 from pydblog.ports import Commit
 from pydblog.sources.mysql.fences import GtidFence
 from pydblog.sources.mysql.position import BinlogPosition
-from tests.mysql.conftest import require_mysql57
 from tests.mysql.helpers import make, opened
+from tests.mysql.servers import require_mysql57
 
 READS = 25
 

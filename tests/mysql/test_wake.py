@@ -13,7 +13,7 @@ from pymysql.constants import COMMAND
 from pydblog.devtools.mysql57 import MySQL57
 from pydblog.sources.mysql.connect import MySqlDsn, connect
 from pydblog.sources.mysql.wake import Wakeup
-from tests.mysql.conftest import Server
+from tests.mysql.servers import Server
 
 
 def test_wait_tells_woken_idle_and_readable_apart(server: Server, db: str) -> None:

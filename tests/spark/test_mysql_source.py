@@ -16,12 +16,11 @@ from pydblog.devtools.mariadb import MariaDB
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.spark.job import run_sync
 from tests.contract.capture import Capture
-from tests.mysql.conftest import mariadb, my_db  # noqa: F401 - fixtures
 from tests.mysql.harness import MariaHarness
 
 
 def test_mysql_types_into_postgres_and_delta(
-    mariadb: MariaDB, my_db: str, pg_cluster: PgCluster, tmp_path: Path, spark: Any  # noqa: F811
+    mariadb: MariaDB, my_db: str, pg_cluster: PgCluster, tmp_path: Path, spark: Any
 ) -> None:
     h = MariaHarness(mariadb, my_db)
     h.execute(
