@@ -494,6 +494,12 @@ class FencedReader(Protocol):
         """``read_chunk``'s rows and the ``ReadFence`` of the snapshot that read them."""
         ...
 
+    def max_key_fenced(
+        self, info: TableInfo, condition: str | None
+    ) -> tuple[tuple[Any, ...] | None, Any]:
+        """``max_key`` and the ``ReadFence`` of the snapshot that read it."""
+        ...
+
 
 class FencedKeyReader(Protocol):
     """A ``FencedReader`` that can also re-read keys (``core.rereads``) in read-only

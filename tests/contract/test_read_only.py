@@ -178,6 +178,38 @@ def test_read_only_snapshot_from_a_standby_that_has_not_replayed_the_stream(
     assert watermark_writes(pg) == 0
 
 
+def test_initial_read_only_snapshot_from_a_standby_behind_the_slots_start(
+    pg: PgHarness, pg_standby: PgStandby, tmp_path: Path
+) -> None:
+    """Deterministic: mode "initial" reads the table on a standby (replay paused) that
+    has not replayed rows committed before the capture's slot was created. The stream
+    will never carry them; the snapshot must, so its upper bound (the max key) must not
+    be read there before the standby has replayed up to the stream's start: the
+    table's start is read again once replay resumes, and every row is logged."""
+    make_table(pg, "t1", 200)
+    dbname = pg.dsn.rsplit("/", 1)[1]
+    pg_standby.wait_caught_up()
+    extra = (
+        f'[snapshot]\nmode = "initial"\nchunk_size = 50\nwatermark = "read-only"\n'
+        f'read_dsn = "{pg_standby.dsn(dbname)}"'
+    )
+    with psycopg.connect(pg_standby.dsn(), autocommit=True) as standby:
+        standby.execute("SELECT pg_wal_replay_pause()")
+        try:
+            pg.execute("INSERT INTO t1 (id, v, n) SELECT i, 'late', 1 FROM generate_series(200, 299) i")
+            cap = Capture(pg, tmp_path, extra).start()
+            time.sleep(2)  # the table started on the paused standby (and, wrongly, kept)
+        finally:
+            standby.execute("SELECT pg_wal_replay_resume()")
+    try:
+        cap.wait_notification("COMPLETED", timeout=60)
+        events = cap.assert_oracle({"t1": ["id"]})
+    finally:
+        cap.stop()
+    assert len(snapshot_rows(events, "t1")) == 300
+    assert watermark_writes(pg) == 0
+
+
 @pytest.mark.mysql57
 def test_read_only_snapshot_resumes_after_kill9(ro: Harness, tmp_path: Path) -> None:
     make_table(ro, "t1", 3000)

@@ -572,11 +572,14 @@ class Sim:
 
     def table_start(self, w: Worker, req: TableStartRequest) -> None:
         if w.phase == 0:
-            keys = self.db[req.table]
+            # Read-only: the max key as a snapshot that sees only the visible writes has
+            # it, with that read's fence.
+            keys = self.visible_rows(req.table) if req.fenced else self.db[req.table]
             top = (max(keys),) if keys else None
             schema, name = req.table.split(".")
             info = TableInfo(schema, name, ("id", "v", "t"), ("int", "int", "text"), ("id",))
-            self.emit(self.core.on_table_started(req.id, info, top))
+            fence = self.fence() if req.fenced else None
+            self.emit(self.core.on_table_started(req.id, info, top, fence=fence))
             w.phase = 1
             if req.watermark is None:
                 self.done(w)

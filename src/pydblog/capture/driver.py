@@ -304,8 +304,8 @@ class SnapshotDriver:
                 reader.write_watermark(request.watermark)
                 answer(lambda: [])
             elif isinstance(request, TableStartRequest):
-                info, max_key, error = self._start_table(request, reader)
-                answer(lambda: core.on_table_started(request.id, info, max_key, error))
+                info, max_key, error, start_fence = self._start_table(request, reader)
+                answer(lambda: core.on_table_started(request.id, info, max_key, error, start_fence))
                 if request.watermark is not None:  # the answer (even an error) lands there
                     reader.write_watermark(request.watermark)
             elif isinstance(request, KeyReadRequest):
@@ -388,22 +388,26 @@ class SnapshotDriver:
 
     def _start_table(
         self, req: TableStartRequest, reader: SnapshotReader
-    ) -> tuple[TableInfo | None, Any, str | None]:
+    ) -> tuple[TableInfo | None, Any, str | None, Any]:
+        """(info, max key, error, the max key read's fence if ``req.fenced``)."""
         try:
             info = reader.table_info(req.table, req.surrogate_key)
             if info is None:
-                return None, None, f"table {req.table} does not exist"
+                return None, None, f"table {req.table} does not exist", None
             if not info.key:
                 return info, None, (
                     f"table {req.table} has no primary key (nor a REPLICA IDENTITY USING "
                     "INDEX): name a column to chunk by with surrogate-key "
                     "(CLI: --surrogate-key COL)"
-                )
+                ), None
             if req.condition:
                 reader.check_filter(info, req.condition)
-            return info, reader.max_key(info, req.condition), None
+            if req.fenced:
+                max_key, fence = cast(FencedReader, reader).max_key_fenced(info, req.condition)
+                return info, max_key, None, fence
+            return info, reader.max_key(info, req.condition), None, None
         except SignalError as exc:
-            return None, None, str(exc)
+            return None, None, str(exc), None
 
     # -- blocking snapshots ------------------------------------------------------------------
     def run_blocking(self, position: Position, stop: threading.Event,

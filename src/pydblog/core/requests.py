@@ -77,7 +77,9 @@ class TableStartRequest:
     """Look the table up and take its max key (the snapshot's upper bound).
 
     ``concurrent``: the start of a table read in concurrent windows (``core.flight``):
-    the worker may run it beside the other tables' range and bounds requests."""
+    the worker may run it beside the other tables' range and bounds requests.
+    ``fenced``: read-only: the max key is read as a fenced chunk is, and answered with
+    its read's fence (``SnapshotCore.on_table_started``)."""
 
     id: str
     table: str
@@ -86,6 +88,7 @@ class TableStartRequest:
     condition: str | None
     watermark: str | None
     concurrent: bool = False
+    fenced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -449,6 +449,7 @@ class SnapshotCore:
                 job.surrogate_key,
                 job.condition,
                 f"{rid}:start" if marks else None,
+                fenced=not blocking and self._read_only,
             )
         assert job.key_columns is not None and job.max_key is not None
         return ChunkRequest(
@@ -589,7 +590,7 @@ class SnapshotCore:
         marks = not self._read_only
         request = TableStartRequest(
             rid, job.table, job.kind, job.surrogate_key, job.condition,
-            f"{rid}:start" if marks else None, concurrent=True,
+            f"{rid}:start" if marks else None, concurrent=True, fenced=self._read_only,
         )
         self._starting = _Pending(request)
         return request
@@ -743,12 +744,24 @@ class SnapshotCore:
         info: TableInfo | None,
         max_key: Sequence[Any] | None,
         error: str | None = None,
+        fence: ReadFence | None = None,
     ) -> list[Emitted]:
         """The answer to a TableStartRequest. ``info`` None: no such table; ``max_key``
         None: the table (with its filter) is empty. Incremental: takes effect at the
-        request's watermark (returns []). Blocking: takes effect now (returns events)."""
+        request's watermark (returns []). Blocking: takes effect now (returns events).
+        Read-only (``request.fenced``): ``fence`` is the max key's read's; a read that
+        does not cover the floor may have missed rows committed before the stream's
+        start (mode ``initial``: a lagging standby), so the start is read again."""
         starting = self._starting
-        if starting is not None and starting.request.id == request_id and starting.answer is None:
+        ours = starting is not None and starting.request.id == request_id
+        if fence is not None and self._read_only and error is None and not self._start_covered(fence):
+            if ours:
+                self._starting = None  # the next request starts the table again
+            elif self._answer(request_id) and self._pending is not None \
+                    and self._pending.request.id == request_id:
+                self._pending = None
+            return []
+        if ours and starting is not None and starting.answer is None:
             starting.answer = _StartAnswer(info, None if max_key is None else tuple(max_key), error)
             return []
         if not self._answer(request_id):
@@ -877,6 +890,13 @@ class SnapshotCore:
         self._rereads.done(window.schema, window.table, request.keys)
         self._watch()
         self._settle()
+
+    def _start_covered(self, fence: ReadFence) -> bool:
+        """A read-only start's fence sees everything the stream delivered before the
+        table was watched (events after that are in the log: a key it misses is not lost)."""
+        self._unsettled.prune(fence)
+        floor = self._unsettled.floor
+        return floor is None or floor.covered_by(fence)
 
     def _answer(self, request_id: str) -> bool:
         """Clear the busy flag; False for an answer nobody waits for any more."""

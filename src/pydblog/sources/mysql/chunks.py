@@ -321,7 +321,8 @@ class MySqlSnapshotReader:
         t = self._table(info)
         if not t.key_cols:
             raise SignalError(f"table {info.qualified} has no primary key: give a surrogate-key")
-        self._wait_replica()  # a lagging replica's max would miss rows older than the stream
+        if not self._fenced:  # (a fenced read has caught up already)
+            self._wait_replica()  # a lagging replica's max would miss rows older than the stream
         keys = _key_mapper(t, info)
         order = ", ".join(f"{quote_ident(k)} DESC" for k in info.key)
         where = f" WHERE ({condition})" if condition else ""
@@ -463,8 +464,23 @@ class MySqlSnapshotReader:
     ) -> tuple[list[dict[str, Any]], GtidFence]:
         """``read_chunk`` in one consistent-snapshot transaction, with the GTID fence of
         its snapshot (``sources.mysql.fences``). Writes nothing."""
+        return self._fenced_read(
+            info, f"reading a chunk of {info.qualified}",
+            lambda: self.read_chunk(info, after, max_key, limit, condition),
+        )
+
+    def max_key_fenced(
+        self, info: TableInfo, condition: str | None
+    ) -> tuple[tuple[Any, ...] | None, GtidFence]:
+        """``max_key`` fenced as ``read_chunk_fenced`` is (a read-only table start)."""
+        return self._fenced_read(
+            info, f"reading the max key of {info.qualified}", lambda: self.max_key(info, condition)
+        )
+
+    def _fenced_read(
+        self, info: TableInfo, doing: str, read: Callable[[], T]
+    ) -> tuple[T, GtidFence]:
         self._table(info)  # the column mapping, read before the snapshot's transaction
-        doing = f"reading a chunk of {info.qualified}"
         for attempt in (1, 2):
             with self._lock:
                 conn = self._connection()
@@ -475,7 +491,7 @@ class MySqlSnapshotReader:
                         fence = open_fenced(cur, self._mariadb, self.dsn.redacted, self._local)
                         self._fenced = True
                         try:
-                            rows = self.read_chunk(info, after, max_key, limit, condition)
+                            rows = read()
                         finally:
                             self._fenced = False
                             with contextlib.suppress(pymysql.Error):

@@ -638,9 +638,15 @@ class PgSnapshotReader:
         """``read_keys`` (a key re-read) fenced as ``read_chunk_fenced`` is."""
         return self._fenced(info, 0, lambda: self.read_keys(info, keys))
 
+    def max_key_fenced(
+        self, info: TableInfo, condition: str | None
+    ) -> tuple[tuple[Any, ...] | None, PgXidFence | PgLsnFence]:
+        """``max_key`` fenced as ``read_chunk_fenced`` is (a read-only table start)."""
+        return self._fenced(info, 0, lambda: self.max_key(info, condition))
+
     def _fenced(
-        self, info: TableInfo, limit: int, read: Callable[[], list[EncodedRow] | EncodedChunk]
-    ) -> tuple[list[EncodedRow] | EncodedChunk, PgXidFence | PgLsnFence]:
+        self, info: TableInfo, limit: int, read: Callable[[], _R]
+    ) -> tuple[_R, PgXidFence | PgLsnFence]:
         """``read()`` in one REPEATABLE READ transaction, and the fence of its snapshot
         (``limit``: the rows it may read, whether parallel sub-reads may share it)."""
         conn = self.conn
