@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -49,7 +50,11 @@ class Capture:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            stop_run(self.proc)
+            _, err = stop_run(self.proc)
+            keep = os.environ.get("DBLOG_TEST_LOG_DIR")
+            if keep:  # `dblog run`'s log (with DBLOG_TEST_VERBOSE=1: -v), kept for a look
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                (Path(keep) / f"{self.log_dir.parent.name}-{os.getpid()}-{time.time_ns()}.log").write_text(err)
         if self._reader is not None:
             self._reader.close()
             self._reader = None
