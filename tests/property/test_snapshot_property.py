@@ -175,6 +175,9 @@ class Sim:
     read_only: bool = False
     parallelism: int = 1
     by_xids: bool = False  # read-only: fences judge the floor by xids (a primary's)
+    # Watermark windows with fenced reads (``CoreSettings.fenced``): commits may stay
+    # invisible after the stream delivered them, as in read-only mode.
+    late: bool = False
     db: dict[str, dict[int, Row]] = field(default_factory=dict)
     # read-only: per key its writes (xid, row or None); xids committed but not visible
     versions: dict[tuple[str, int], list[tuple[int, Row | None]]] = field(default_factory=dict)
@@ -224,7 +227,7 @@ class Sim:
         size = self.data.draw(st.integers(1, top), label="chunk_size")
         cfg = CoreSettings(
             chunk_size=size, adaptive=adaptive, time_budget_ms=50, min_chunk=1, max_chunk=top + 2,
-            read_only=self.read_only, parallelism=self.parallelism,
+            read_only=self.read_only, parallelism=self.parallelism, fenced=self.late,
         )
         return SnapshotCore(cfg, state, instance=f"i{self.restarts}")
 
@@ -269,7 +272,7 @@ class Sim:
                 )
             items.extend(events)
         self.tx_lsn[xid] = self.append(items)
-        if self.read_only and self.data.draw(st.booleans(), label="stays invisible"):
+        if (self.read_only or self.late) and self.data.draw(st.booleans(), label="stays invisible"):
             self.invisible.add(xid)
 
     def held(self, table: str, key: int) -> bool:
@@ -535,7 +538,7 @@ class Sim:
         """A key-level re-read, in three steps like a chunk: L, SELECT, H (read-only:
         the SELECT and its fence, then the answer)."""
         assert req.identity == ("id",)
-        if req.fenced:
+        if req.fenced and req.low_watermark is None:
             self.fenced_reread(w, req)
             return
         assert req.low_watermark is not None and req.high_watermark is not None
@@ -543,12 +546,13 @@ class Sim:
             self.append([Wm(req.low_watermark)])
             w.phase = 1
         elif w.phase == 1:
-            rows = self.db[req.table]
+            rows = self.visible_rows(req.table) if self.late else self.db[req.table]
+            fence = self.fence() if req.fenced else None
             found: list[ChunkRow] = [dict(rows[k]) for (k,) in sorted(req.keys) if k in rows]
             if self.data.draw(st.booleans(), label="encoded rows"):
                 found = [encoded(r) for r in found]  # type: ignore[arg-type]
             self.rereads += 1
-            self.emit(self.core.on_chunk_read(req.id, found, 1.0))
+            self.emit(self.core.on_chunk_read(req.id, found, 1.0, fence=fence))
             w.phase = 2
         else:
             self.append([Wm(req.high_watermark)])
@@ -590,20 +594,25 @@ class Sim:
 
     def chunk(self, w: Worker, req: ChunkRequest | KeyReadRequest) -> None:
         assert isinstance(req, ChunkRequest)
-        if req.fenced:
+        if req.fenced and req.low_watermark is None:
             self.fenced_chunk(w, req)
             return
         if w.phase == 0 and req.low_watermark is not None:
             self.append([Wm(req.low_watermark)])
             w.phase = 1
         elif w.phase <= 1:
-            rows: list[ChunkRow] = list(self.select(req))
+            # Watermarks and a fence (``late``): the SELECT sees the visible writes only.
+            select = self.select_visible if self.late else self.select
+            fence = self.fence() if req.fenced else None
+            rows: list[ChunkRow] = list(select(req))
             if self.data.draw(st.booleans(), label="encoded rows"):  # a fast reader's rows
-                rows = [encoded(r) for r in self.select(req)]
+                rows = [encoded(r) for r in select(req)]
             if req.high_watermark is not None:
                 self.chunk_sizes[req.high_watermark] = len(rows)
             elapsed = (1.0, 30.0, 80.0)[zlib.crc32(req.id.encode()) % 3]
-            self.emit(self.core.on_chunk_read(req.id, rows, elapsed))
+            if fence is not None:
+                self.fenced_reads += 1
+            self.emit(self.core.on_chunk_read(req.id, rows, elapsed, fence=fence))
             w.phase = 2
             if req.high_watermark is None:
                 self.done(w)
@@ -684,6 +693,7 @@ class Sim:
                 + ["checkpoint"] * 3
                 + ["signal", "restart", "fail", "truncate"]
                 + (["publish"] * 4 + ["progress"] * 2 if self.read_only else [])
+                + (["publish"] * 4 if self.late else [])
             ),
             label="action",
         )
@@ -848,12 +858,13 @@ def assert_positions_increase(out: list[ChangeEvent]) -> None:
 
 
 def run(
-    data: st.DataObject, allow_blocking: bool, read_only: bool = False, parallel: bool = False
+    data: st.DataObject, allow_blocking: bool, read_only: bool = False, parallel: bool = False,
+    late: bool = False,
 ) -> Sim:
     parallelism = data.draw(st.integers(2, 4), label="parallelism") if parallel else 1
-    sim = Sim(data, allow_blocking, read_only, parallelism)
+    sim = Sim(data, allow_blocking, read_only, parallelism, late)
     sim.slow = parallel and data.draw(st.booleans(), label="slow reads")
-    sim.by_xids = read_only and data.draw(st.booleans(), label="fences judge the floor by xids")
+    sim.by_xids = (read_only or late) and data.draw(st.booleans(), label="fences judge the floor by xids")
     # Key re-reads hold every concurrent window back; without partial writes several
     # tables' windows stay open while writes go on.
     sim.partials = not parallel or data.draw(st.booleans(), label="partial writes")
@@ -862,7 +873,7 @@ def run(
     # waiting for a synchronous standby); they become visible later, in any order.
     for _ in range(data.draw(st.integers(0, 4), label="writes before the snapshot")):
         sim.write_txn()
-        if read_only:
+        if read_only or late:
             sim.invisible.add(sim.next_xid - 1)
             sim.early.add(sim.next_xid - 1)
     first = Signal("first", SignalType.EXECUTE_SNAPSHOT, ("s\\..*",))
@@ -883,8 +894,8 @@ def run(
         event(f"tables with windows open at once: {min(sim.tables_at_once, 3)}")
         event(f"requests taken while others were in flight: {'0' if not sim.overlaps else '1-10' if sim.overlaps <= 10 else '>10'}")
         event(f"bounds queries: {'0' if not sim.bounds else '1-5' if sim.bounds <= 5 else '>5'}")
-    if read_only:
-        event(f"read-only chunks: {'0' if not sim.fenced_reads else '1-10' if sim.fenced_reads <= 10 else '>10'}")
+    if read_only or late:
+        event(f"fenced chunks: {'0' if not sim.fenced_reads else '1-10' if sim.fenced_reads <= 10 else '>10'}")
     assert materialize(sim.out) == sim.db
     assert_positions_increase(sim.out)
     assert_no_time_travel(sim)
@@ -939,6 +950,22 @@ def test_concurrent_windows_materialize_without_time_travel(data: st.DataObject)
 def test_concurrent_read_only_windows_materialize_without_time_travel(data: st.DataObject) -> None:
     """Concurrent windows judged by their reads' fences (no watermarks)."""
     run(data, allow_blocking=False, read_only=True, parallel=True)
+
+
+@settings(PROFILE, max_examples=60)
+@given(st.data())
+def test_watermark_windows_with_late_visible_commits(data: st.DataObject) -> None:
+    """Watermark windows whose reads come with a fence (``CoreSettings.fenced``, the
+    PostgreSQL reader's): commits the stream delivers before a chunk's L may still be
+    invisible to its SELECT and become visible later, in any order; read-ahead,
+    restarts, re-reads, blocking snapshots."""
+    run(data, allow_blocking=True, late=True)
+
+
+@settings(PROFILE, max_examples=25)
+@given(st.data())
+def test_concurrent_watermark_windows_with_late_visible_commits(data: st.DataObject) -> None:
+    run(data, allow_blocking=True, parallel=True, late=True)
 
 
 @pytest.mark.slow

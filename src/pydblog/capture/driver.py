@@ -77,6 +77,7 @@ class SnapshotDriver:
                 max_chunk=s.max_chunk_size,
                 read_only=s.watermark == "read-only",
                 parallelism=self.parallelism,
+                fenced=s.watermark != "read-only" and _fences_windows(reader),
             ),
             state,
         )
@@ -444,6 +445,13 @@ def _parallelism(reader: SnapshotReader) -> int:
     if not all(hasattr(reader, m) for m in ("fork", "chunk_bounds", "parallelism")):
         return 1
     return max(1, cast(ConcurrentReader, reader).parallelism())
+
+
+def _fences_windows(reader: SnapshotReader) -> bool:
+    """The reader hands a ``ReadFence`` with every watermark window's rows
+    (``CoreSettings.fenced``): its ``fences_watermark_windows()`` says so."""
+    check = getattr(reader, "fences_watermark_windows", None)
+    return bool(check()) if callable(check) else False
 
 
 def _keyed(info: TableInfo, request: ChunkRequest) -> TableInfo:

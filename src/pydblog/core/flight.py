@@ -255,15 +255,15 @@ class Flight:
 
     def head_ready(self, passed: Callable[[FencedWindow], bool]) -> Range | None:
         """The first range, if its window may close now: its H has come back (table
-        watermarks), or the stream has passed its fence (read-only)."""
+        watermarks, fenced or not), or the stream has passed its fence (read-only)."""
         if not self.ranges:
             return None
         head = self.ranges[0]
         if head.request is None:
             return None
-        if head.fenced is not None:
-            return head if head.read and passed(head.fenced) else None
-        return head if head.high_seen else None
+        if head.request.high_watermark is not None:
+            return head if head.high_seen else None
+        return head if head.fenced is not None and head.read and passed(head.fenced) else None
 
     def forget(self, rng: Range) -> None:
         if rng.request is not None:

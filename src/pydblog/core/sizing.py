@@ -23,6 +23,11 @@ class CoreSettings:
     ``ReadFence`` instead (``core.fence``).
     ``parallelism``: chunks of a table read at once, each with its own window
     (``core.flight``); 1 reads one chunk at a time (with ``read_ahead``).
+    ``fenced``: watermark windows (L/H) are also judged by each read's ``ReadFence``:
+    an event the read did not see drops its key even if the stream delivered it before
+    L (PostgreSQL decodes a commit before it becomes visible). Every windowed request
+    then carries ``fenced`` as well as its watermarks (``core.fence``); implied by
+    ``read_only``.
     """
 
     chunk_size: int = 1024
@@ -34,6 +39,7 @@ class CoreSettings:
     read_ahead: bool = True
     read_only: bool = False
     parallelism: int = 1
+    fenced: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:

@@ -54,6 +54,9 @@ Invariants:
   the fence has passed; a
   table start and waiting notices take effect at the next ``on_progress``. Call
   ``on_progress`` only at transaction boundaries (a commit, or idle outside one).
+- Fenced watermark windows (``CoreSettings.fenced``): requests carry watermarks *and*
+  ``fenced``; windows are judged by the read's fence as read-only ones are (events
+  unseen by the read drop their keys, also those delivered before L), and close at H.
 """
 
 from __future__ import annotations
@@ -194,6 +197,8 @@ class SnapshotCore:
         self._anchor: PositionCursor | None = None
         self._rereads = RereadQueue()
         self._read_only = settings.read_only
+        # Windows judged by their reads' fences (read-only, or watermarks + fences).
+        self._fenced = settings.read_only or settings.fenced
         self._unsettled = Unsettled()
         self._watched: set[str] = set()  # read-only: tables in the incremental lane
         # Concurrent windows (``core.flight``): one flight per table being read, in lane
@@ -328,7 +333,7 @@ class SnapshotCore:
     def _watch(self) -> None:
         """Read-only: the tables whose events must be kept until a fence settles them
         (being snapshotted, or with keys waiting for a re-read)."""
-        if self._read_only:
+        if self._fenced:
             before = self._watched
             self._watched = set(self._incr.tables()) | self._rereads.tables()
             if not self._watched:
@@ -375,9 +380,9 @@ class SnapshotCore:
     def _fence(self, pending: _Pending) -> None:
         """Read-only: the chunk's window is judged by its read's fence; it sees every
         unsettled event of its table from now on (there is no L to wait for)."""
-        if self._read_only and pending.window is not None:
+        if self._fenced and pending.window is not None:
             pending.fenced = FencedWindow(pending.window, self._unsettled)
-            pending.low_seen = True
+            pending.low_seen = self._read_only  # else at its L
 
     def _read_ahead(self) -> Request | None:
         """Chunk n+1 of the current table while chunk n waits for its H (see the module
@@ -412,7 +417,7 @@ class SnapshotCore:
         marks = not self._read_only  # read-only: fenced by the read's own snapshot
         request = KeyReadRequest(
             rid, f"{schema}.{table}", identity, keys, f"{rid}:low" if marks else None,
-            f"{rid}:high" if marks else None, fenced=not marks,
+            f"{rid}:high" if marks else None, fenced=self._fenced,
         )
         window = ChunkWindow(schema, table, identity)
         self._pending = _Pending(request, window=window)
@@ -464,7 +469,7 @@ class SnapshotCore:
             condition=job.condition,
             low_watermark=f"{rid}:low" if marks else None,
             high_watermark=f"{rid}:high" if marks else None,
-            fenced=not blocking and self._read_only,
+            fenced=not blocking and self._fenced,
             identity=job.identity or (),
         )
 
@@ -616,10 +621,10 @@ class SnapshotCore:
             limit=self._chunk_size, condition=job.condition,
             low_watermark=f"{rid}:low" if marks else None,
             high_watermark=f"{rid}:high" if marks else None,
-            fenced=self._read_only, identity=job.identity or (), concurrent=True,
+            fenced=self._fenced, identity=job.identity or (), concurrent=True,
         )
         window = _window(job, request)
-        fenced = FencedWindow(window, self._unsettled) if self._read_only else None
+        fenced = FencedWindow(window, self._unsettled) if self._fenced else None
         flight.issue(rng, request, window, fenced)
         return request
 
@@ -937,7 +942,7 @@ class SnapshotCore:
             # A key change's create: no consumer has a value for its unchanged columns.
             self._rereads.add(event.schema, event.table, event.key)
             self._watch()  # read-only: from this event on, the table's events are kept
-        if self._read_only:
+        if self._fenced:
             self._observe_fenced(event)
             return
         if self._observers:
@@ -1242,7 +1247,7 @@ class SnapshotCore:
     def _advance(self, position: Position) -> None:
         if self._horizon is None or self._horizon < position:
             self._horizon = position
-        if self._read_only:
+        if self._fenced:
             self._unsettled.learn(position)
 
     # -- state ---------------------------------------------------------------------
@@ -1272,7 +1277,7 @@ class SnapshotCore:
 
     def _unsettled_state(self) -> dict[str, Any]:
         """Read-only: what a restart must still distrust (see ``Unsettled.summary``)."""
-        lost = self._unsettled.summary() if self._read_only else None
+        lost = self._unsettled.summary() if self._fenced else None
         return {} if lost is None else {"unsettled": lost.to_json()}
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -1290,7 +1295,7 @@ class SnapshotCore:
         self._horizon = None if horizon is None else decode_position(horizon)
         self._rereads = RereadQueue.from_json(state.get("rereads"))
         unsettled = state.get("unsettled")
-        if unsettled is not None and self._read_only:
+        if unsettled is not None and self._fenced:
             self._unsettled.lost = Lost.from_json(unsettled)
         self._watch()
 

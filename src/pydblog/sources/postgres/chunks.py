@@ -84,6 +84,14 @@ class PgSnapshotReader:
                 self.ordered_agg = conn.info.server_version >= 160000
         return self._conn
 
+    def fences_watermark_windows(self) -> bool:
+        """Watermark chunks are read fenced too (``CoreSettings.fenced``): PostgreSQL
+        decodes a commit before it becomes visible, so a transaction the stream delivered
+        before a chunk's low watermark can be invisible to the chunk's SELECT (while it
+        waits for a synchronous standby; for microseconds under CPU load otherwise), and
+        only the read's snapshot tells. Needs ``pg_current_snapshot()`` (PostgreSQL 13+)."""
+        return self.conn.info.server_version >= 130000
+
     def _open_read_conn(self) -> psycopg.Connection[Any]:
         dsn = self.cfg.snapshot.read_dsn or self.cfg.source.dsn
         conn = connect(dsn, timeout_s=self.cfg.source.connect_timeout_s)
