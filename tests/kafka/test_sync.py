@@ -93,11 +93,26 @@ def run_job(cfg: Path, fault: str, log: Path) -> int:
 
 @pytest.mark.usefixtures("spark")
 def test_sync_from_kafka_with_kill9(pg_db: str, tmp_path: Path, kafka_log: LogConfig) -> None:
+    """Killed after the first sink of batch 3 (the other sinks one batch behind): the
+    restart replays the batch from Kafka by the offsets Spark logged for it. (What each
+    sink does on a replay is the embedded log's tests/spark/test_crash.py's, with both
+    kill points; ``test_sync_from_kafka_with_two_kill9s`` runs both here too.)"""
+    sync_after_kills(pg_db, tmp_path, kafka_log, ("after-sink:3:0",))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("spark")
+def test_sync_from_kafka_with_two_kill9s(pg_db: str, tmp_path: Path, kafka_log: LogConfig) -> None:
+    """Also killed after every sink applied batch 1, before Spark's commit."""
+    sync_after_kills(pg_db, tmp_path, kafka_log, ("after-sinks:1", "after-sink:3:0"))
+
+
+def sync_after_kills(pg_db: str, tmp_path: Path, kafka_log: LogConfig, faults: tuple[str, ...]) -> None:
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=77))
     assert copy_to_kafka(tmp_path / "log", kafka_log) == end
     config = write_config(tmp_path, kafka_log, pg_db)
     assert "sync_lag_messages" not in status(config)["changelog"]  # no sync yet
-    for n, fault in enumerate(("after-sinks:1", "after-sink:3:0")):
+    for n, fault in enumerate(faults):
         code = run_job(config, fault, tmp_path / f"job-{n}.log")
         assert code == -signal.SIGKILL, (tmp_path / f"job-{n}.log").read_text()
     assert run_sync(load_config(config), available_now=True) == 0
