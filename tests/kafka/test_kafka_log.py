@@ -324,6 +324,36 @@ def test_read_seeks_instead_of_scanning(kafka_log: LogConfig) -> None:
     reader.close()
 
 
+def test_a_follower_forgets_the_commits_behind_it(kafka_log: LogConfig) -> None:
+    """A reader that keeps following the log (``dblog tail -f``, the API's event stream)
+    holds the commits around its window, not every commit since the log began; going
+    back re-reads the checkpoint topic and still gives every event once."""
+    kf = KafkaChangeLog(kafka_log)
+
+    def commit(i: int) -> None:
+        kf.append([row_event(Op.CREATE, "a", 1000 + 5 * i + j, {"id": 5 * i + j}, {"id": 5 * i + j})
+                   for j in range(5)], cp(i))
+
+    reader = KafkaChangeLogReader(kafka_log)
+    reader.WINDOW_MIN = 1
+    reader.KEEP_COMMITS = 4
+    offset, seen, held = 0, list[int](), list[int]()
+    for i in range(60):  # the capture commits, the follower reads what is new
+        commit(i)
+        while batch := reader.read(offset, 5):
+            seen.extend(r.offset for r in batch)
+            offset = batch[-1].offset + 1
+        held.append(max(len(reader._commits.bounds), *map(len, reader._commits.spans.values())))
+    kf.close()
+    assert seen == list(range(300))
+    assert max(held) <= 4 + 3, held  # commits: KEEP_COMMITS and the window's, of 60
+    assert reader._commits.floor > 0
+    assert [r.offset for r in reader.read(7, 3)] == [7, 8, 9]  # below the floor: re-read
+    assert reader.first_offset() == 0
+    assert reader.describe()["last_offset"] == 299
+    reader.close()
+
+
 @pytest.mark.skipif(not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
                     reason="Tansu 0.6 has no DeleteRecords (and no retention): needs a real Kafka")
 def test_records_deleted_before_read_are_reported(kafka_log: LogConfig) -> None:

@@ -110,3 +110,30 @@ def test_first_complete_offset_needs_nothing_retention_removed(
     if earlier:
         before = log.cut(earlier[-1])
         assert any(before.get(tp, 0) < low for tp, low in lows.items())
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps, st.integers(0, 60), st.integers(0, 60), st.integers(1, 20))
+def test_forgetting_keeps_every_read_from_the_floor(
+        script: list[tuple[int, bool, bool, int]], before: int, at: int, size: int) -> None:
+    """``forget(before)`` (a follower's bounded memory) changes no read at or above its
+    floor, and drops every commit boundary below it."""
+    whole, parts, total = build(script)
+    log, _, _ = build(script)
+    log.forget(before)
+    assert log.floor <= max(0, before)
+    assert all(b >= log.floor for b in log.bounds)
+    assert log.next_offset == whole.next_offset == total
+    assert sum(map(len, log.spans.values())) <= sum(map(len, whole.spans.values()))
+    f = max(log.floor, min(at, total))
+    seen: list[int] = []
+    start = f
+    while f < total:
+        assert log.window(f, size) == whole.window(f, size)
+        lo, hi = log.window(f, size)
+        assert log.cut(lo) == whole.cut(lo) and log.cut(hi) == whole.cut(hi)
+        got = read(log, parts, lo, hi)
+        assert got == read(whole, parts, lo, hi) == list(range(lo, hi))
+        seen.extend(s for s in got if s >= f)
+        f = hi
+    assert seen == list(range(start, total))

@@ -275,6 +275,11 @@ class CommitLog:
     """False: keep only the owner, the last commit and the partitions' ends (memory
     independent of the number of commits: ``KafkaLogFigures``); no seeking, no
     validity."""
+    floor: int = 0
+    """``forget`` dropped what only reads below this commit boundary need: ``cut``,
+    ``window``, ``span`` and ``valid`` answer as before for offsets ``>= floor`` (and
+    Kafka offsets at or above ``cut(floor)``); ``first_complete`` and ``history`` below
+    it are gone (0: nothing forgotten)."""
 
     def apply(self, rec: CommitRecord) -> bool:
         """Take one message; True if it is valid."""
@@ -341,6 +346,28 @@ class CommitLog:
         j = bisect.bisect_left(bounds, offset + max(size, 1), lo=i)
         hi = bounds[j] if j < len(bounds) else self.next_offset
         return lo, hi
+
+    def forget(self, before: int) -> None:
+        """Drop the commits that reads at global offsets ``>= floor`` no longer need,
+        ``floor`` being the last commit boundary ``<= before``: the boundaries below
+        it, per partition the history entries before the last one at or below it (that
+        one is ``cut(floor)`` there) and the spans ending at or below that cut. What is
+        kept grows with the commits from ``floor`` on, not with the whole log (a
+        follower that moves ``before`` along holds a bounded window)."""
+        i = bisect.bisect_right(self.bounds, before)
+        if i <= 1:
+            return
+        floor = self.bounds[i - 1]
+        del self.bounds[:i - 1]
+        for tp, (bs, es) in self.history.items():
+            j = bisect.bisect_right(bs, floor)  # entries [0, j) end at or below floor
+            if j > 1:
+                del bs[:j - 1]
+                del es[:j - 1]
+            spans = self.spans.get(tp)
+            if j and spans:
+                del spans[:bisect.bisect_right(spans, es[0], key=_span_end)]
+        self.floor = max(self.floor, floor)
 
     def first_complete(self, lows: Mapping[tuple[str, int], int]) -> int:
         """The first commit boundary from which on every valid record is at or above its
@@ -1076,10 +1103,18 @@ class KafkaChangeLogReader(ChangeLogReader):
     partition's start; memory holds one window (about ``limit`` events). A partition
     that only later commits wrote is read from its start once, as part of their window.
     A window that needs records retention already deleted raises ``ChangeLogError``
-    (``first_offset`` is the first offset whose events are all still there)."""
+    (``first_offset`` is the first offset whose events are all still there).
+
+    Memory stays bounded while a reader moves forward (``follow``, ``dblog tail -f``,
+    the API's event stream): once more than ``KEEP_COMMITS`` commits lie before the
+    current window, the commit log forgets them (``CommitLog.forget``). A read that
+    goes back below what was forgotten re-reads the checkpoint topic from its start;
+    ``first_offset`` and ``describe``, which need the whole history, read it into a
+    throwaway commit log."""
 
     WINDOW_MIN = 1_000
     WINDOW_MAX = 100_000
+    KEEP_COMMITS = 1_000
 
     def __init__(self, cfg: LogConfig) -> None:
         self.client = _Client(cfg)
@@ -1132,17 +1167,22 @@ class KafkaChangeLogReader(ChangeLogReader):
         self, from_offset: int, limit: int, tables: Sequence[str] | None = None
     ) -> list[LogRecord]:
         self._refresh()
+        offset = max(from_offset, 0)
+        if offset < self._commits.floor:  # forgotten: the whole checkpoint topic again
+            self._reset()
+            self._refresh()
         end = self._commits.next_offset
         wanted = set(tables) if tables else None
         size = min(max(limit, self.WINDOW_MIN), self.WINDOW_MAX)
         out: list[LogRecord] = []
-        offset = max(from_offset, 0)
         while offset < end and len(out) < limit:
             lo, hi, recs = self._window
             if not lo <= offset < hi:
                 lo, hi = self._commits.window(offset, size)
                 self._window = (lo, hi, self._read_window(lo, hi))
                 recs = self._window[2]
+                if bisect.bisect_left(self._commits.bounds, lo) > self.KEEP_COMMITS:
+                    self._commits.forget(lo)
             i = bisect.bisect_left(recs, offset, key=lambda r: r.offset)
             for r in recs[i:]:
                 if wanted is None or r.table in wanted:
@@ -1152,12 +1192,21 @@ class KafkaChangeLogReader(ChangeLogReader):
             offset = hi
         return out
 
-    def first_offset(self) -> int:
+    def _whole(self) -> CommitLog:
+        """The commit log with its whole history (read afresh if some was forgotten)."""
         self._refresh()
-        if not self._commits.ends:
+        if not self._commits.floor:
+            return self._commits
+        whole = CommitLog()
+        self.client.read_commits(whole, 0)
+        return whole
+
+    def first_offset(self) -> int:
+        commits = self._whole()
+        if not commits.ends:
             return 0
-        marks = self.client.watermarks(list(self._commits.ends))
-        return self._commits.first_complete({tp: lo for tp, (lo, _) in marks.items()})
+        marks = self.client.watermarks(list(commits.ends))
+        return commits.first_complete({tp: lo for tp, (lo, _) in marks.items()})
 
     def next_offset(self) -> int:
         self._refresh()
@@ -1186,8 +1235,7 @@ class KafkaChangeLogReader(ChangeLogReader):
                 time.sleep(poll_s)
 
     def describe(self) -> dict[str, Any]:
-        self._refresh()
-        commits = self._commits
+        commits = self._whole()
         topics: dict[str, dict[str, Any]] = {}
         marks = self.client.watermarks(sorted(commits.ends))
         for (t, _p), (lo, hi) in sorted(marks.items()):
