@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,6 +26,7 @@ import pyarrow.compute as pc
 from pydblog.changelog.sqlite import SqliteChangeLogReader, block_parts
 from pydblog.errors import ChangeLogError
 from pydblog.ports import LogRecord
+from pydblog.spark import scan
 from pydblog.spark.source import EVENT_COLUMNS, OffsetRange
 
 ARROW_SCHEMA = pa.schema(
@@ -129,47 +131,10 @@ def decode_bodies(
 # -- the fast decode of the mirror columns ------------------------------------------------
 # The change log's bodies are orjson's compact envelopes: ``{"op":..,"ts_ms":..,"source":
 # {"connector":..,"db":..,"schema":..,"table":..,<flat position fields>},"key":..,
-# "before":..,"after":..[,"unchanged":[..]]}``. ``_PREFIX_STRICT`` accepts exactly the
-# bodies of that form whose source, key and before are flat objects (no nested object or
-# array) and whose schema/table names need no unescaping; for those, anchored captures
-# and cuts at fixed substrings take the fields out (``_split``). In a valid JSON text a
-# string holds ``"`` only escaped, so no substring that contains an unescaped ``"``
-# (``,"after":``, ``},"key":``) can start or end inside a string, and in a flat object
-# the first ``}`` outside a string ends it: the first occurrence of each is the
-# envelope's own. Everything else (notifications, nested keys, an unknown envelope) is
-# decoded by ``decode_bodies``.
-_S = r'"(?:[^"\\\x00-\x1f]|\\.)*"'
-_FLAT = r"\{(?:[^{}\[\]\"]|" + _S + r")*\}"
-_NAME = r'"[^"\\\x00-\x1f]*"'
-_INT = r"-?(?:0|[1-9][0-9]{0,17})"
-_AFTER_AT = ',"after":'
-_PREFIX_STRICT = (
-    r'^\{"op":"[cudrt]","ts_ms":' + _INT + r',"source":\{"connector":(?:' + _S + r'|null),'
-    r'"db":(?:' + _S + r'|null),"schema":' + _NAME + r',"table":' + _NAME
-    + r'(?:[^{}\[\]"]|' + _S + r')*\},"key":(?:' + _FLAT + r'|null),"before":(?:null|'
-    + _FLAT + r')$'
-)
-_HEAD = (
-    r'^\{"op":"(?P<op>[cudrt])","ts_ms":(?P<ts>-?[0-9]+),"source":\{"connector":(?:"[^"]*"|null),'
-    r'"db":(?:"[^"]*"|null),"schema":"(?P<schema>[^"]*)","table":"(?P<table>[^"]*)"'
-)
-"""The envelope's fields up to the table name (anchored: the scan stops there)."""
-_OWN_OFFSET = r'^\{"offset":(?P<offset>0|[1-9][0-9]{0,17}),'
-"""The head of a body that carries its offset (a Kafka log's value): ``_HEAD`` and
-``_PREFIX_STRICT`` start with it instead of their ``{`` in ``own_offsets`` mode."""
-_KEY = r'^(?P<key>\{[^}]*\}|null),"before":'
-"""The key, from the text after ``},"key":``."""
-_TAIL_UNCHANGED = r'^\{.*\},"unchanged":\[(?:' + _S + r"(?:," + _S + r")*)?\]\}$"
-_KEY_NAME = r'"[^"\\\x00-\x1f]*"'
-_KEY_VALUE = r"(?:" + _INT + r'|"[^"\\\x00-\x1f]*")'
-_CANONICAL_KEY = r"^\{" + _KEY_NAME + ":" + _KEY_VALUE + r"\}$"
-"""Keys that are their own sorted orjson form: one field, an integer or plain string."""
-_PAIR_KEY = (
-    r"^\{(?P<a>" + _KEY_NAME + "):(?P<av>" + _KEY_VALUE + r"),(?P<b>" + _KEY_NAME + "):(?P<bv>"
-    + _KEY_VALUE + r")\}$"
-)
-"""Two-field keys of such values: put in sorted form by swapping the fields."""
-_UNCHANGED_AT = ',"unchanged":['
+# "before":..,"after":..[,"unchanged":[..]]}`` (a Kafka log's values start with their
+# ``"offset":N``). ``scan`` (compiled) finds the fields of every body of that strict form
+# in one pass over the batch's buffer and copies them out; everything else
+# (notifications, nested keys, an unknown envelope) is decoded by ``decode_bodies``.
 FAST_COLUMNS = frozenset({"offset", "op", "schema", "table", "key", "after", "unchanged", "ts_ms"})
 """The columns ``decode_fast`` builds without parsing every body (the sync's mirrors
 need only these)."""
@@ -186,156 +151,92 @@ def decode_fast(
     *, own_offsets: bool = False,
 ) -> pa.RecordBatch:
     """``decode_bodies(first, metas, bodies, schema)`` for ``schema`` within
-    ``FAST_COLUMNS``, without a JSON parse per event: the fields are cut out of the
-    bodies in Arrow (``_split``: a cut at ``"after":``, then two RE2 passes over the
-    part before it, one validating, one capturing),
-    ``after`` is kept as the stored text and only keys that are not already in sorted
-    form are parsed. The stored text equals the full decode's re-serialization for
-    bodies orjson wrote; a snapshot row whose JSON PostgreSQL wrote is equal in value
+    ``FAST_COLUMNS``, without a JSON parse per event: ``scan`` validates the strict form
+    (its module docstring) and cuts the fields out of the bodies in one compiled pass,
+    ``after`` is kept as the stored text, keys are put in sorted form by ``scan.keys``
+    (only keys that are neither one field nor two of plain values are parsed). The
+    stored text equals the full decode's re-serialization for bodies orjson wrote; a snapshot row whose JSON PostgreSQL wrote is equal in value
     only (a float's spelling, a ``json`` column's own spacing), which is all the
     reduce needs: it parses ``after``. Bodies of any other form are decoded by
     ``decode_bodies``. Same result, property-tested against it. ``own_offsets``: as
-    ``decode_bodies`` (the offsets are captured with the head: no extra pass)."""
+    ``decode_bodies`` (the scanner reads the ``offset`` field)."""
     n = len(bodies)
     if n == 0 or not set(schema.names) <= FAST_COLUMNS:
         texts = bodies.to_pylist() if isinstance(bodies, pa.Array) else bodies
         return decode_bodies(first, metas, texts, schema, own_offsets=own_offsets)
     arr = bodies if isinstance(bodies, pa.Array) else pa.array(bodies, type=pa.string())
-    parts, ok = _split(arr, own_offsets)
-    if own_offsets:  # (meaningless where not ``ok``: those rows come from the full decode)
-        offsets = pc.cast(pc.if_else(ok, parts.field("offset"), "0"), pa.int64())
-    else:
-        offsets = pa.array(range(first, first + n), type=pa.int64())
-    if not pc.all(ok).as_py():
-        slow_idx = pc.indices_nonzero(pc.invert(ok)).to_pylist()
-        fast_idx = pc.indices_nonzero(ok)
-        slow_bodies = pc.take(arr, pa.array(slow_idx, pa.int64())).to_pylist()
-        slow = decode_bodies(0, [metas[i] for i in slow_idx], slow_bodies, schema,
-                             own_offsets=own_offsets)
-        if "offset" in schema.names and not own_offsets:
-            slow = slow.set_column(
-                schema.get_field_index("offset"),
-                "offset",
-                pa.array([first + i for i in slow_idx], type=pa.int64()),
-            )
-        if len(fast_idx) == 0:
-            return slow
-        fast = _cut(pc.take(parts, fast_idx), pc.take(offsets, fast_idx), schema)
-        order = pc.sort_indices(pa.concat_arrays([fast_idx, pa.array(slow_idx, pa.uint64())]))
-        table = pa.Table.from_batches([fast, slow])
-        return table.take(order).combine_chunks().to_batches()[0]
-    return _cut(parts, offsets, schema)
+    if arr.null_count:
+        texts = arr.to_pylist()
+        return decode_bodies(first, metas, texts, schema, own_offsets=own_offsets)
+    data, fields = scan.scan(arr, own_offsets)
+    ok = fields[scan.OK].astype(np.bool_)
+    if ok.all():
+        return _cut(data, fields, first, own_offsets, schema)
+    slow_idx = np.flatnonzero(~ok)
+    fast_idx = np.flatnonzero(ok)
+    slow_bodies = pc.take(arr, pa.array(slow_idx)).to_pylist()
+    slow = decode_bodies(0, [metas[i] for i in slow_idx.tolist()], slow_bodies, schema,
+                         own_offsets=own_offsets)
+    if "offset" in schema.names and not own_offsets:
+        slow = slow.set_column(
+            schema.get_field_index("offset"), "offset", pa.array(first + slow_idx, pa.int64()))
+    if len(fast_idx) == 0:
+        return slow
+    fast = _cut(data, fields[:, fast_idx], first, own_offsets, schema, rows=fast_idx)
+    order = pc.sort_indices(pa.array(np.concatenate([fast_idx, slow_idx])))
+    table = pa.Table.from_batches([fast, slow])
+    return table.take(order).combine_chunks().to_batches()[0]
 
 
-def _cut_at(arr: pa.Array, pattern: str) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """Every text cut at its first ``pattern``: (the part before, the part after, whether
-    it had one). A text without it gives itself and an arbitrary text."""
-    halves = pc.split_pattern(arr, pattern, max_splits=1)
-    flat = pc.list_flatten(halves)
-    starts = halves.offsets.slice(0, len(arr))
-    after = pc.min_element_wise(pc.add(starts, 1), max(0, len(flat) - 1))
-    found = pc.equal(pc.list_value_length(halves), 2)
-    return pc.take(flat, starts), pc.take(flat, after), found
-
-
-def _split(arr: pa.Array, own_offsets: bool = False) -> tuple[pa.StructArray, pa.Array]:
-    """The mirror fields (``op, ts, schema, table, key`` and ``rest``: the body after
-    ``"after":``) of every body, and which bodies have the strict form (the fields of the
-    others are meaningless). The body is cut at its first ``,"after":``; the part before
-    must match ``_PREFIX_STRICT`` up to its end, which also proves that this was the
-    envelope's own ``after`` (a key, before or source field named ``after`` would end the
-    part inside a flat object). The rest must be ``null}``, ``{..}}`` or
-    ``{..},"unchanged":[..]}``: the envelope ends with ``after`` and the optional
-    ``unchanged`` (notifications go to the full decode). The fields up to the table
-    name come from an anchored capture (``_HEAD``: the scan ends there), the key from
-    one on the text after the first ``},"key":`` (``_KEY``); a body either capture
-    misses (an escaped quote in a name, a brace in a key's string) takes the full
-    decode too. ``own_offsets``: the bodies start with ``_OWN_OFFSET`` (captured as
-    ``offset``)."""
-    head_re, strict_re = _HEAD, _PREFIX_STRICT
-    if own_offsets:
-        head_re, strict_re = (_OWN_OFFSET + r[3:] for r in (_HEAD, _PREFIX_STRICT))
-    pre, rest, two = _cut_at(arr, _AFTER_AT)
-    head = pc.extract_regex(pre, head_re)
-    _, key_before, _ = _cut_at(pre, '},"key":')
-    key_text = pc.extract_regex(key_before, _KEY)
-    key = pc.struct_field(key_text, "key")
-    key = pc.if_else(pc.equal(key, "null"), pa.scalar(None, pa.string()), key)
-    with_unchanged = pc.ends_with(rest, "]}")
-    tail_ok = pc.or_(
-        pc.and_(pc.starts_with(rest, "{"), pc.ends_with(rest, "}}")),
-        pc.equal(rest, "null}"),
-    )
-    if pc.any(with_unchanged).as_py():
-        tail_ok = pc.or_(
-            tail_ok,
-            pc.and_(with_unchanged, pc.match_substring_regex(rest, _TAIL_UNCHANGED)),
-        )
-    ok = pc.and_kleene(
-        pc.and_kleene(pc.and_kleene(two, tail_ok), pc.is_valid(head)),
-        pc.and_kleene(pc.is_valid(key_text), pc.match_substring_regex(pre, strict_re)),
-    )
-    names = ["offset", "op", "ts", "schema", "table"] if own_offsets else ["op", "ts", "schema", "table"]
-    fields = [pc.struct_field(head, f) for f in names]
-    parts = pa.StructArray.from_arrays([*fields, key, rest], names=[*names, "key", "rest"])
-    return parts, pc.fill_null(ok, False)
-
-
-def _sorted_keys(key: pa.Array) -> pa.Array:
-    """Key texts in sorted orjson form (``_norm_key``): one-field keys of plain values
-    as they are, two-field ones by swapping their fields in Arrow, the rest parsed.
-    Only the keys that are not already in that form are worked on."""
-    canon = pc.match_substring_regex(key, _CANONICAL_KEY)
-    if pc.all(canon).as_py():
-        return key
-    todo = pc.invert(pc.fill_null(canon, True))  # null keys stay null
-    sub = key.filter(todo)
-    pair = pc.extract_regex(sub, _PAIR_KEY)
-    # (a null struct's children hold empty strings: take fields with the struct's nulls)
-    a, av, b, bv = (pc.struct_field(pair, f) for f in ("a", "av", "b", "bv"))
-    swap = pc.greater(a, b)
-    lo, hi = pc.if_else(swap, b, a), pc.if_else(swap, a, b)
-    lov, hiv = pc.if_else(swap, bv, av), pc.if_else(swap, av, bv)
-    fixed = pc.binary_join_element_wise(
-        "{", lo, ":", lov, ",", hi, ":", hiv, "}", "", null_handling="emit_null"
-    )
-    if fixed.null_count:  # not a pair of plain values: parsed
-        fixed = pa.array(
-            [f if f is not None else _norm_key(t) for t, f in zip(sub.to_pylist(), fixed.to_pylist(), strict=True)],
-            type=pa.string(),
-        )
-    return pc.replace_with_mask(key, todo, fixed)
-
-
-def _cut(parts: pa.StructArray, offsets: pa.Array, schema: pa.Schema) -> pa.RecordBatch:
-    """The columns of ``schema`` from ``_SPLIT``'s captures of validated bodies."""
+def _cut(data: np.ndarray, f: np.ndarray, first: int, own_offsets: bool, schema: pa.Schema,
+         rows: np.ndarray | None = None) -> pa.RecordBatch:
+    """The columns of ``schema`` from the scanner's fields ``f`` of strict bodies (``rows``:
+    their indexes in the batch, for offsets counted from ``first``; all rows if None)."""
+    n = f.shape[1]
     names = set(schema.names)
-    cols: dict[str, pa.Array] = {"offset": offsets}
-    for col in ("op", "schema", "table"):
-        if col in names:
-            cols[col] = parts.field(col)
+    cols: dict[str, pa.Array] = {}
+    if "offset" in names:
+        if own_offsets:
+            cols["offset"] = pa.array(f[scan.OFFSET])
+        else:
+            cols["offset"] = pa.array(first + (np.arange(n) if rows is None else rows), pa.int64())
+    if "op" in names:
+        ops = f[scan.OP].astype(np.uint8)
+        cols["op"] = pa.StringArray.from_buffers(
+            n, pa.py_buffer(np.arange(n + 1, dtype=np.int32)), pa.py_buffer(ops))
     if "ts_ms" in names:
-        cols["ts_ms"] = pc.cast(parts.field("ts"), pa.int64())
+        cols["ts_ms"] = pa.array(f[scan.TS])
+    every = np.ones(n, np.bool_)
+    for col, a, b in (("schema", scan.SCHEMA_A, scan.SCHEMA_B), ("table", scan.TABLE_A, scan.TABLE_B)):
+        if col in names:
+            cols[col] = scan.strings(data, f[a], f[b], every)
     if "key" in names:
-        cols["key"] = _sorted_keys(parts.field("key"))
-    if "after" in names or "unchanged" in names:
-        rest = parts.field("rest")
-        tail = pc.ends_with(rest, "]}")
-        after = pc.binary_slice(rest.cast(pa.binary()), 0, -1).cast(pa.string())
-        unchanged: pa.Array = pa.nulls(len(rest), type=pa.list_(pa.string()))
-        if pc.any(tail).as_py():
-            afters: list[str | None] = after.to_pylist()
-            lists: list[list[str] | None] = [None] * len(afters)
-            for i in pc.indices_nonzero(tail).to_pylist():
-                r = rest[i].as_py()
-                at = r.rfind(_UNCHANGED_AT)
-                afters[i] = r[:at]
-                lists[i] = orjson.loads(r[at + len(_UNCHANGED_AT) - 1 : -1])
-            after = pa.array(afters, type=pa.string())
-            unchanged = pa.array(lists, type=pa.list_(pa.string()))
-        cols["after"] = pc.if_else(pc.equal(after, "null"), pa.scalar(None, pa.string()), after)
+        key, todo = scan.keys(data, f[scan.KEY_A], f[scan.KEY_B])
+        if len(todo):
+            texts = [data[f[scan.KEY_A, i]:f[scan.KEY_B, i]].tobytes().decode() for i in todo]
+            mask = np.zeros(n, np.bool_)
+            mask[todo] = True
+            key = pc.replace_with_mask(key, pa.array(mask), pa.array([_norm_key(t) for t in texts], pa.string()))
+        cols["key"] = key
+    if "after" in names:
+        has = f[scan.AFTER_A] >= 0
+        cols["after"] = scan.strings(data, f[scan.AFTER_A], f[scan.AFTER_B], has)
+    if "unchanged" in names:
+        unchanged: pa.Array = pa.nulls(n, type=pa.list_(pa.string()))
+        listed = np.flatnonzero(f[scan.UNCH_A] > 0)
+        if len(listed):
+            values: list[str] = []
+            offs = np.zeros(n + 1, np.int32)
+            for i in listed:
+                values.extend(orjson.loads(data[f[scan.UNCH_A, i]:f[scan.UNCH_B, i]].tobytes()))
+                offs[i + 1] = len(values)
+            offs[1:] = np.maximum.accumulate(offs[1:])
+            has = np.zeros(n, np.bool_)
+            has[listed] = True
+            unchanged = pa.ListArray.from_arrays(
+                pa.array(offs), pa.array(values, pa.string()), mask=pa.array(~has))
         cols["unchanged"] = unchanged
-    return pa.RecordBatch.from_arrays([cols[f.name] for f in schema], schema=schema)
+    return pa.RecordBatch.from_arrays([cols[f_.name] for f_ in schema], schema=schema)
 
 
 def records_to_arrow(records: Sequence[LogRecord]) -> pa.RecordBatch:
@@ -478,8 +379,23 @@ def columns_schema(columns: Sequence[str]) -> pa.Schema:
     return pa.schema([ARROW_SCHEMA.field(n) for n in columns])
 
 
+_WARM_BODY = (
+    '{"offset":0,"op":"u","ts_ms":0,"source":{"connector":"c","db":"d","schema":"s",'
+    '"table":"t"},"key":{"b":1,"a":"x"},"before":null,"after":{"a":"x","b":1},'
+    '"unchanged":["c"]}'
+)
+
+
+def warm_up() -> None:
+    """Load the compiled scanner (``scan``) into this process: one body through every
+    kernel."""
+    decode_fast(0, [""], [_WARM_BODY], columns_schema(sorted(FAST_COLUMNS)), own_offsets=True)
+
+
 def pass_through(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The identity ``mapInArrow`` function of the job's start-up warm-up
     (``job.warm_up_workers``): running it makes an executor start its Python workers
-    and, unpickling it, import this module, before the first batch needs them."""
+    and, unpickling it, import this module and load the compiled scanner, before the
+    first batch needs them."""
+    warm_up()
     yield from batches
