@@ -356,3 +356,20 @@ def test_fast_decode_takes_the_common_case() -> None:
         source.decode_bodies = real
     assert calls == []
     assert fast.to_pylist() == real(7, metas, bodies, schema).to_pylist()
+
+
+def test_two_field_keys_sort_by_name_not_by_quoted_name() -> None:
+    """A key whose field names sort differently with their quotes (``"a!"`` before
+    ``"a"``, but ``a`` before ``a!``) gets the full decode's sorted form: the grouping
+    key must not depend on which decode took the event."""
+    bodies = [
+        '{"op":"c","ts_ms":1,"source":{"connector":"postgresql","db":"d","schema":"public",'
+        f'"table":"t"}},"key":{key},"before":null,"after":{key}}}'
+        for key in ('{"a!":1,"a":2}', '{"a":2,"a!":1}', '{"a b":"x","a":"y"}', '{"b":1,"a":2}')
+    ]
+    metas = ["public.t\x1fc\x1f1"] * len(bodies)
+    schema = pa.schema([ARROW_SCHEMA.field(n) for n in ("offset", "key")])
+    full = decode_bodies(0, metas, bodies, schema)
+    assert decode_fast(0, metas, bodies, schema).to_pylist() == full.to_pylist()
+    assert [r["key"] for r in full.to_pylist()] == [
+        '{"a":2,"a!":1}', '{"a":2,"a!":1}', '{"a":"y","a b":"x"}', '{"a":2,"b":1}']
