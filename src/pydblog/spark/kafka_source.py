@@ -178,26 +178,70 @@ def read_events(part: KafkaRange) -> Any:
     by offset, a ``consume`` batch at a time (no Python code per record); elsewhere each
     record's headers decide (``changelog.kafka``'s rules: the writer header names the
     span's writer; fan-out copies are skipped)."""
-    import pyarrow as pa
-
     from pydblog.changelog.kafka import _Client
 
     client = _Client(_config(part.log))
-    values: list[bytes | None] = []
+    values = _Values()
     try:
         for piece in part.pieces:
             _read_piece(client, piece, values)
     finally:
         client.close()
-    return pa.array(values, type=pa.string()).drop_null()
+    return values.array()
 
 
-def _read_piece(client: Any, piece: KafkaPiece, values: list[bytes | None]) -> None:
+class _Values:
+    """Message values gathered into Arrow string buffers a ``consume`` batch at a time
+    (one join per batch instead of an Arrow conversion per value); null values
+    (tombstones) are left out."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.lengths: list[Any] = []
+
+    def extend(self, values: Sequence[bytes | None] | Iterator[bytes | None]) -> None:
+        import numpy as np
+
+        vals = list(values)
+        if None in vals:
+            vals = [v for v in vals if v is not None]
+        if vals:
+            self.chunks.append(b"".join(vals))  # type: ignore[arg-type]
+            self.lengths.append(np.fromiter(map(len, vals), np.int64, len(vals)))  # type: ignore[arg-type]
+
+    def array(self) -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        if not self.chunks:
+            return pa.array([], pa.string())
+        lengths = np.concatenate(self.lengths)
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if offsets[-1] < 2**31:
+            arr = pa.StringArray.from_buffers(
+                len(lengths), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(self.chunks)))
+        else:  # more than 2 GiB of values in one task
+            arr = pa.LargeStringArray.from_buffers(
+                len(lengths), pa.py_buffer(offsets), pa.py_buffer(b"".join(self.chunks)))
+        arr.validate(full=True)  # UTF-8, as pa.array would have checked
+        return arr
+
+
+def _read_piece(client: Any, piece: KafkaPiece, values: _Values) -> None:
+    import confluent_kafka
+
+    value = confluent_kafka.Message.value
     spans = piece.spans
     k = 0
     for batch in client.read_batches({(piece.topic, piece.partition): (piece.start, piece.end)}):
+        n = len(batch)
+        if k < len(spans) and spans[k][1] >= 0 and spans[k][1] <= batch[0].offset() \
+                and batch[-1].offset() < spans[k][0]:
+            values.extend(map(value, batch))  # the whole batch lies in one run
+            continue
         offsets = [m.offset() for m in batch]
-        i, n = 0, len(batch)
+        i = 0
         while i < n and k < len(spans):
             end, first, tag = spans[k]
             if offsets[i] >= end:  # offsets only grow: the next span
@@ -205,7 +249,7 @@ def _read_piece(client: Any, piece: KafkaPiece, values: list[bytes | None]) -> N
                 continue
             j = bisect.bisect_left(offsets, end, i)  # batch[i:j] lies in this span
             if first >= 0:
-                values.extend([m.value() for m in batch[bisect.bisect_left(offsets, first, i, j):j]])
+                values.extend(map(value, batch[bisect.bisect_left(offsets, first, i, j):j]))
             else:
                 values.extend(_checked(batch[i:j], tag.encode()))
             i = j
