@@ -90,11 +90,12 @@ STALL_S = 5.0
 FETCH_WAITS_MS = (5, 500, 2000, 5000)
 """A read that gets nothing for ``STALL_S`` although the partition has records past its
 position reads on with the next of these fetch waits (``_Client._storage_stall``)."""
-READ_PREFETCH = {"fetch.max.bytes": 2 * 1024 * 1024, "queued.min.messages": 20_000}
+READ_PREFETCH = {"fetch.max.bytes": 8 * 1024 * 1024, "queued.min.messages": 50_000}
 """Reads are bounded (``read_range``'s ``hi``): librdkafka's default prefetch (100,000
-messages, fetches of up to 50 MB) made a reader of 50k records fetch and parse ~50k
-more past its end, and the broker serve them (a ``dblog sync`` task's piece of a
-partition: ~20 % more client CPU, ~2 x the broker's). ``[log.kafka]`` settings win."""
+messages, fetches of up to 50 MB) made a reader of 50k records (a ``dblog sync`` task's
+piece of a partition) fetch and parse up to ~50k more past its end, and the broker
+serve them. Smaller fetches (2 MB) saved more CPU but waited longer for Tansu's
+answers. ``[log.kafka]`` settings win."""
 _BAD_TOPIC_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
