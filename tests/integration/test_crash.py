@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.helpers import assert_oracle, kill9, start_run, stop_run, wait_for_marker, write_config
 
@@ -33,6 +34,17 @@ def writer(dsn: str, stop: threading.Event, seed: int) -> None:
 
 
 def test_kill9_during_load(pg_db: str, tmp_path: Path) -> None:
+    """Four kill -9s at random moments under a write load (``test_kill9_during_load_long``:
+    sixteen)."""
+    kill9_during_load(pg_db, tmp_path, kills=4)
+
+
+@pytest.mark.slow
+def test_kill9_during_load_long(pg_db: str, tmp_path: Path) -> None:
+    kill9_during_load(pg_db, tmp_path, kills=16)
+
+
+def kill9_during_load(pg_db: str, tmp_path: Path, kills: int) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE w (id int PRIMARY KEY, v text, n int)")
     config = write_config(tmp_path, pg_db, extra="batch_max_events = 200")
@@ -41,7 +53,7 @@ def test_kill9_during_load(pg_db: str, tmp_path: Path) -> None:
     load.start()
     rng = random.Random(9)
     try:
-        for _ in range(8):
+        for _ in range(kills):
             proc = start_run(config)
             time.sleep(rng.uniform(0.8, 2.5))
             kill9(proc)
