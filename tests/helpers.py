@@ -111,6 +111,25 @@ def tail(config: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in res.stdout.splitlines() if line]
 
 
+def read_log(config: Path) -> list[dict[str, Any]]:
+    """The whole change log as ``dblog tail --no-follow`` prints it (every event with its
+    offset), read in-process: a ``dblog tail`` subprocess per poll cost ~0.5-1 s of a
+    Python start and a JSON dump. (``dblog tail`` itself: ``tail`` below, and
+    ``tests/integration/test_capture.py::test_tail_filters_and_offsets``.)"""
+    from pydblog.changelog import log_exists, open_reader
+    from pydblog.config import load_config
+    from pydblog.events import decode_envelope
+
+    cfg = load_config(config).log
+    if not log_exists(cfg):
+        raise AssertionError(f"no change log at {cfg.path} yet")
+    reader = open_reader(cfg)
+    try:
+        return [decode_envelope(r.offset, r.body) for r in reader.read(reader.first_offset(), 10**9)]
+    finally:
+        reader.close()
+
+
 def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -122,7 +141,7 @@ def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "conditi
 def wait_for_marker(config: Path, dsn: str, timeout: float = 60,
                     read: Callable[[], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """Write a marker row and wait until it is in the change log; returns the log
-    (``read``: the whole log as ``dblog tail`` prints it; by default ``tail``).
+    (``read``: the whole log as ``dblog tail`` prints it; by default ``read_log``).
 
     The marker table may be new to a running capture (tables created after start are
     added to the publication at the next heartbeat), so a fresh marker is written
@@ -143,7 +162,7 @@ def wait_for_marker(config: Path, dsn: str, timeout: float = 60,
             tokens.add(token)
             last_write = time.monotonic()
         try:
-            events = tail(config) if read is None else read()
+            events = read_log(config) if read is None else read()
         except AssertionError:
             return False
         return any(
