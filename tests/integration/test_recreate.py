@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness
@@ -97,3 +98,51 @@ def test_table_recreated_during_its_snapshot(pg_db: str, tmp_path: Path) -> None
                        timeout=180, what="the re-created table's rows")
         events = cap.assert_oracle({"rs": ["id"]})
     assert max(e["key"]["id"] for e in snapshot_rows(events, "rs")) == 3000
+
+
+def test_table_dropped_while_the_publication_is_refreshed(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A captured table dropped between the refresh's listing of the tables and its
+    ALTER PUBLICATION (the interleaving forced here; it happened under load in
+    test_table_recreated_during_its_snapshot): the refresh took the listed table for a
+    re-created one and the ALTER failed with 'relation does not exist', a fatal error
+    that ended `dblog run` (its new relation was then never snapshotted). Now the
+    refresh lists again: the table is gone (one truncate), nothing fails."""
+    from pydblog.config import parse_config
+    from pydblog.ports import RelationReset, ResetKind
+    from pydblog.sources.postgres import setup
+    from pydblog.sources.postgres.source import PgLogSource
+
+    h = PgHarness(pg_db)
+    create(h, "rd", 1, 3, "old")
+    cfg = parse_config({"source": {"dsn": pg_db, "tables": ["public\\.(rd|dblog_test_marker)"],
+                                   "heartbeat_interval_s": 3600}})
+    source = PgLogSource(cfg)
+    source.open(None)
+    try:
+        listed = setup.list_tables
+        dropped: list[bool] = []
+
+        def list_then_drop(*args: Any, **kwargs: Any) -> list[setup.CapturedTable]:
+            tables = listed(*args, **kwargs)
+            if not dropped:  # the DROP commits right after the listing
+                dropped.append(True)
+                with psycopg.connect(pg_db, autocommit=True) as conn:
+                    conn.execute("DROP TABLE rd")
+            return tables
+
+        monkeypatch.setattr(setup, "list_tables", list_then_drop)
+        source.refresh_tables()
+        assert dropped
+        assert source.captured_tables == ["public.dblog_test_marker"]
+        h.execute("INSERT INTO dblog_test_marker VALUES ('end')")
+        resets = []
+        for item in source.stream():
+            if isinstance(item, RelationReset):
+                resets.append(item.kind)
+            elif getattr(item, "table", None) == "dblog_test_marker":
+                break
+        assert resets == [ResetKind.GONE]
+    finally:
+        source.close()

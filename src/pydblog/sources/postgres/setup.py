@@ -183,11 +183,21 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[st
             }
             if current != set(tables):
                 conn.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(sql.Identifier(name), idents))
+    except psycopg.errors.UndefinedTable as exc:
+        # A listed table was dropped since it was listed: the caller lists again.
+        raise TableDropped(f"publication {name!r}: {str(exc).strip().splitlines()[0]}") from None
     except psycopg.Error as exc:
         raise _privilege_error(
             exc, f"cannot create or alter publication {name!r}",
             f"as the tables' owner run: CREATE PUBLICATION {name} FOR TABLE {', '.join(tables)}",
         ) from None
+
+
+class TableDropped(SourceError):
+    """A table listed for the publication was dropped before the publication changed
+    (a concurrent DROP TABLE): list the tables again."""
+
+    retriable = True
 
 
 def published_tables(conn: psycopg.Connection[Any], name: str) -> set[str] | None:

@@ -12,7 +12,7 @@ Invariants:
 - An UPDATE that changes the key is emitted as a delete of the old key followed by a
   create of the new one, so materializing the log stays exact.
 - A captured table dropped, or dropped and created again, is reset: a transactional
-  message, committed before the table is added to the publication again, comes back
+  message, committed with the change that adds the table to the publication again, comes back
   through the stream as a ``RelationReset`` (a truncate), after every event of the old
   relation and before every event of the new one (``_reset_tables``).
 """
@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 WATERMARK_PREFIX = "dblog-watermark"
 HEARTBEAT_PREFIX = "dblog-heartbeat"
 RESET_PREFIX = "dblog-relation-reset"
+REFRESH_ATTEMPTS = 5
+"""Publication refreshes tried while captured tables keep being dropped meanwhile."""
 IDLE = Idle()
 PG_EPOCH_US = 946_684_800_000_000
 
@@ -146,7 +148,32 @@ class PgLogSource:
         moment they are added to the publication), and reset (``_reset_tables``) tables
         dropped, or dropped and created again under their name: a drop takes a table out
         of the publication, so a table captured before (``force``, at start: any table)
-        that is missing from it is a new relation."""
+        that is missing from it is a new relation.
+
+        One transaction: the reset messages commit with the publication change, or not
+        at all. A table dropped while this runs (listed, then gone before the ALTER
+        PUBLICATION: it may even look re-created, having left the publication) makes the
+        ALTER fail; the transaction is rolled back and the tables listed again."""
+        meta = self._meta
+        assert meta is not None
+        for attempt in range(REFRESH_ATTEMPTS):
+            try:
+                with meta.transaction():
+                    names = self._refresh(force)
+                break
+            except setup.TableDropped as exc:
+                if attempt == REFRESH_ATTEMPTS - 1:
+                    raise
+                log.info("tables changed while refreshing the publication (%s): listing again", exc)
+        else:  # pragma: no cover (the loop breaks or raises)
+            return
+        if names is not None:
+            self._captured = names
+            self._seen.update(names)
+
+    def _refresh(self, force: bool) -> list[str] | None:
+        """``refresh_tables``' work, inside its transaction; the captured tables, or None
+        when nothing changed."""
         meta = self._meta
         assert meta is not None
         own = {self.signal_table, self.watermark_table}
@@ -158,20 +185,20 @@ class PgLogSource:
         present = {t.qualified for t in listed}
         gone = [t for t in self._captured if t not in present]
         if names == self._captured and not joining and not force:
-            return
+            return None
         if force:
             self._reset_tables(joining, ResetKind.JOINED)
         else:
             self._reset_tables([t for t in joining if t in self._seen], ResetKind.RECREATED)
         self._reset_tables(gone, ResetKind.GONE)
-        self._captured = names
-        self._seen.update(names)
         if self.read_only:
             own = {t for t in own if setup.table_exists(meta, t)}
         setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)])
+        return names
 
     def _reset_tables(self, tables: list[str], kind: ResetKind) -> None:
-        """A reset message per table, committed before the publication changes: a table
+        """A reset message per table, committed with (so, in the stream, before any
+        event published by) the publication change: a table
         joins it with a relation whose rows the log has not described (created, or
         dropped and created again, since the last refresh: a drop takes a table out of
         the publication), or a captured table is gone. The old relation's events all
