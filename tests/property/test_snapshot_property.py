@@ -981,7 +981,7 @@ def test_concurrent_windows_long(data: st.DataObject, read_only: bool) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("mode", ["incremental", "blocking", "read-only"])
-@settings(PROFILE, max_examples=900)
+@settings(PROFILE, max_examples=600)
 @given(data=st.data())
 def test_snapshots_long(data: st.DataObject, mode: str) -> None:
     """The incremental, blocking and read-only tests above with many more examples
