@@ -501,6 +501,15 @@ class FencedReader(Protocol):
         ...
 
 
+class ReplayWaiter(Protocol):
+    """A ``FencedReader`` that may lag the stream (a hot standby) and can wait for it."""
+
+    def wait_replayed(self, position: Position) -> bool:
+        """Wait (bounded) until a read would see every commit up to ``position`` (its
+        own included); True if it would, False on timeout. At once on a primary."""
+        ...
+
+
 class FencedKeyReader(Protocol):
     """A ``FencedReader`` that can also re-read keys (``core.rereads``) in read-only
     snapshots (sources whose events can carry unchanged columns: PostgreSQL)."""

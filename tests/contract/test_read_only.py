@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from pydblog.capture.status import read_status
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.pgstandby import PgStandby
 from pydblog.sources.mysql.setup import OwnTables, signal_table_ddl
@@ -174,8 +175,23 @@ def test_read_only_snapshot_from_a_standby_that_has_not_replayed_the_stream(
             standby.execute("SELECT pg_wal_replay_resume()")
         cap.wait_notification("COMPLETED", timeout=60)
         events = cap.assert_oracle({"t1": ["id"]})
+        # The reads waited for replay instead of being read and thrown away.
+        assert reads_repeated(cap) == 0
     assert len(snapshot_rows(events, "t1")) == 300
     assert watermark_writes(pg) == 0
+
+
+def reads_repeated(cap: Capture) -> int:
+    """The capture's count of reads whose window was inconclusive (read again), from a
+    status written after this call."""
+    since = time.time()
+    deadline = since + 30
+    while time.time() < deadline:
+        status = read_status(cap.log_dir)
+        if status is not None and status["updated_at"] > since and status["snapshot"]:
+            return int(status["snapshot"]["reads_repeated"])
+        time.sleep(0.2)
+    raise AssertionError("no status written")
 
 
 def test_initial_read_only_snapshot_from_a_standby_behind_the_slots_start(

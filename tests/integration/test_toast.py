@@ -17,8 +17,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from pydblog.events import UNCHANGED_TOAST
 from tests.contract.capture import Capture
 from tests.contract.harness import PgHarness
+from tests.helpers import materialize
 
 BIG = "(SELECT string_agg(md5(random()::text || g::text), '') FROM generate_series(1, 400) g)"
 """~12.8 kB of hex: stored out of line (TOASTed) even after compression."""
@@ -70,6 +72,14 @@ def test_key_change_create_gets_the_full_row(pg_db: str, tmp_path: Path, waterma
         cap.wait_notification("COMPLETED")
         h.execute("UPDATE kc SET id = id + 1000, n = 1 WHERE id <= 5")
         h.execute("UPDATE kc SET id = 2000 WHERE id = 1001", "UPDATE kc SET n = 2 WHERE id = 2000")
+        # The key re-reads land asynchronously (read-only: once the stream passes their
+        # fence), possibly after the oracle's marker: wait for them first.
+        def re_read(ev: list[dict[str, Any]]) -> bool:
+            rows = materialize(ev).get("public.kc", {})
+            return (rows.get((2000,)) or {}).get("n") == 2 and all(
+                r.get("big") != UNCHANGED_TOAST for r in rows.values())
+
+        cap.wait_until(re_read, what="the key re-reads")
         events = cap.assert_oracle({"kc": ["id"]})
     creates = [e for e in events if e["op"] == "c" and e["source"]["table"] == "kc"]
     assert creates and all(e.get("unchanged") == ["big"] for e in creates)

@@ -44,6 +44,7 @@ from pydblog.ports import (
     ConcurrentReader,
     FencedKeyReader,
     FencedReader,
+    ReplayWaiter,
     ResetKind,
     SnapshotReader,
     TableInfo,
@@ -321,6 +322,7 @@ class SnapshotDriver:
                     raise SignalError(f"table {request.table} no longer exists")
                 t0 = time.perf_counter()
                 if request.fenced:
+                    _await_floor(reader, request.floor)
                     fenced = cast(FencedReader, reader)
                     rows, fence = fenced.read_chunk_fenced(
                         _keyed(info, request), request.after_key, request.max_key,
@@ -379,6 +381,7 @@ class SnapshotDriver:
                     f"the {type(self.reader).__name__} cannot re-read keys in a read-only "
                     "snapshot", hint='use snapshot.watermark = "table"',
                 )
+            _await_floor(self.reader, request.floor)
             rows, fence = cast(FencedKeyReader, self.reader).read_keys_fenced(keyed, request.keys)
         else:
             rows = self.reader.read_keys(keyed, request.keys)
@@ -404,6 +407,7 @@ class SnapshotDriver:
             if req.condition:
                 reader.check_filter(info, req.condition)
             if req.fenced:
+                _await_floor(reader, req.floor)
                 max_key, fence = cast(FencedReader, reader).max_key_fenced(info, req.condition)
                 return info, max_key, None, fence
             return info, reader.max_key(info, req.condition), None, None
@@ -437,6 +441,15 @@ class SnapshotDriver:
 
     def status(self) -> dict[str, Any]:
         return self.core.status()
+
+
+def _await_floor(reader: SnapshotReader, floor: Position | None) -> None:
+    """Before a fenced read: a reader that lags the stream (a hot standby) waits until
+    it has replayed the floor, so that the read is not wasted (its fence would not
+    cover it); bounded (``ReplayWaiter``), after which the read goes ahead anyway and
+    the core reads it again if it must."""
+    if floor is not None and hasattr(reader, "wait_replayed"):
+        cast(ReplayWaiter, reader).wait_replayed(floor)
 
 
 def _parallelism(reader: SnapshotReader) -> int:

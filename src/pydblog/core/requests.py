@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydblog.events import SnapshotKind
+from pydblog.positions import Position
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,7 @@ class TableStartRequest:
     watermark: str | None
     concurrent: bool = False
     fenced: bool = False
+    floor: Position | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,9 @@ class ChunkRequest:
     empty: as the reader says); the reader re-reads the other columns' list itself.
     ``concurrent``: one range of concurrent windows (``core.flight``): the worker may
     run it beside other such requests; every other request runs alone, in order.
+    ``floor`` (fenced requests, here and in ``KeyReadRequest``/``TableStartRequest``):
+    the read's fence must cover it (``core.fence.Floor``) or the read is wasted; a
+    reader that can (a hot standby) waits, bounded, until it has replayed past it.
     """
 
     id: str
@@ -116,6 +121,7 @@ class ChunkRequest:
     identity: tuple[str, ...] = ()
     fenced: bool = False
     concurrent: bool = False  # a range of ``core.flight``: may run beside others
+    floor: Position | None = None
 
     @property
     def blocking(self) -> bool:
@@ -135,6 +141,7 @@ class KeyReadRequest:
     low_watermark: str | None
     high_watermark: str | None
     fenced: bool = False
+    floor: Position | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,6 +200,7 @@ class SnapshotCore:
         # Windows judged by their reads' fences (read-only, or watermarks + fences).
         self._fenced = settings.read_only or settings.fenced
         self._unsettled = Unsettled()
+        self._read_again = 0  # reads whose window was inconclusive (this process)
         self._watched: set[str] = set()  # read-only: tables in the incremental lane
         # Concurrent windows (``core.flight``): one flight per table being read, in lane
         # order, keyed by the job's table and by (schema, name) for the stream's events.
@@ -417,7 +418,7 @@ class SnapshotCore:
         marks = not self._read_only  # read-only: fenced by the read's own snapshot
         request = KeyReadRequest(
             rid, f"{schema}.{table}", identity, keys, f"{rid}:low" if marks else None,
-            f"{rid}:high" if marks else None, fenced=self._fenced,
+            f"{rid}:high" if marks else None, fenced=self._fenced, floor=self._floor_hint(),
         )
         window = ChunkWindow(schema, table, identity)
         self._pending = _Pending(request, window=window)
@@ -455,6 +456,7 @@ class SnapshotCore:
                 job.condition,
                 f"{rid}:start" if marks else None,
                 fenced=not blocking and self._read_only,
+                floor=None if blocking else self._floor_hint(),
             )
         assert job.key_columns is not None and job.max_key is not None
         return ChunkRequest(
@@ -471,7 +473,13 @@ class SnapshotCore:
             high_watermark=f"{rid}:high" if marks else None,
             fenced=not blocking and self._fenced,
             identity=job.identity or (),
+            floor=None if blocking else self._floor_hint(),
         )
+
+    def _floor_hint(self) -> Position | None:
+        """Read-only: the floor's position while one is open (``ChunkRequest.floor``)."""
+        floor = self._unsettled.floor if self._fenced else None
+        return floor.position if floor is not None else None
 
     def _new_id(self, prefix: str) -> str:
         self._seq += 1
@@ -596,6 +604,7 @@ class SnapshotCore:
         request = TableStartRequest(
             rid, job.table, job.kind, job.surrogate_key, job.condition,
             f"{rid}:start" if marks else None, concurrent=True, fenced=self._read_only,
+            floor=self._floor_hint(),
         )
         self._starting = _Pending(request)
         return request
@@ -622,6 +631,7 @@ class SnapshotCore:
             low_watermark=f"{rid}:low" if marks else None,
             high_watermark=f"{rid}:high" if marks else None,
             fenced=self._fenced, identity=job.identity or (), concurrent=True,
+            floor=self._floor_hint(),
         )
         window = _window(job, request)
         fenced = FencedWindow(window, self._unsettled) if self._fenced else None
@@ -706,6 +716,7 @@ class SnapshotCore:
             else:
                 result = head.fenced.close() if head.fenced is not None else window.close()
             if not result.conclusive:
+                self._read_again += 1
                 flight.forget(head)
                 head.reset()  # read again; the ranges after it wait, their windows open
                 break
@@ -760,6 +771,7 @@ class SnapshotCore:
         starting = self._starting
         ours = starting is not None and starting.request.id == request_id
         if fence is not None and self._read_only and error is None and not self._start_covered(fence):
+            self._read_again += 1
             if ours:
                 self._starting = None  # the next request starts the table again
             elif self._answer(request_id) and self._pending is not None \
@@ -1058,6 +1070,7 @@ class SnapshotCore:
             return self._place(cursor, [])
         result = pending.fenced.close() if pending.fenced is not None else window.close()
         job = self._incr.current
+        self._read_again += not result.conclusive
         if job is None or job.table != request.table or not result.conclusive:
             self._drop_ahead()
             return self._place(cursor, [])
@@ -1081,6 +1094,7 @@ class SnapshotCore:
             return self._place(cursor, [])  # the keys stay queued: read again
         result = pending.fenced.close() if pending.fenced is not None else window.close()
         if not result.conclusive:
+            self._read_again += 1
             return self._place(cursor, [])
         schema, table = window.schema, window.table
         self._failures.pop(f"reread {schema}.{table}", None)
@@ -1317,6 +1331,7 @@ class SnapshotCore:
             "percent": self._percent(),
             "chunk_size": self._chunk_size,
             "rereads_queued": len(self._rereads),
+            "reads_repeated": self._read_again,
         }
 
     def _brief(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
@@ -31,7 +32,7 @@ from pydblog.core.sizing import default_parallelism
 from pydblog.errors import SignalError, SourceError
 from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow
 from pydblog.ports import TableInfo
-from pydblog.positions import Lsn
+from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.sources.postgres import native
 from pydblog.sources.postgres.connect import connect
 from pydblog.sources.postgres.fences import RUNNING_SQL, PgLsnFence, PgXidFence
@@ -44,6 +45,11 @@ from pydblog.sources.postgres.types import TypeRegistry
 
 log = logging.getLogger(__name__)
 _R = TypeVar("_R")
+
+REPLAY_WAIT_S = 10.0
+"""Longest a fenced read on a hot standby waits for replay to pass the floor
+(``wait_replayed``); past it the read goes ahead (and is read again if it must)."""
+REPLAY_POLL_S = 0.02
 
 
 class PgSnapshotReader:
@@ -694,6 +700,28 @@ class PgSnapshotReader:
                 hint="read chunks from a streaming standby, or from the primary",
             )
         return rows, PgLsnFence(low, end)
+
+    def wait_replayed(self, position: Position) -> bool:
+        """``ports.ReplayWaiter``: on a hot standby, poll ``pg_last_wal_replay_lsn()``
+        until it is past ``position``'s commit record (what ``PgLsnFence.covers`` asks
+        of the read's ``low``), at most ``REPLAY_WAIT_S``; at once on a primary."""
+        if not isinstance(position, PgPosition):
+            return True
+        target = position.commit_lsn.value
+        deadline = time.monotonic() + REPLAY_WAIT_S
+        conn = self.conn
+        while True:
+            row = conn.execute(
+                "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text"
+            ).fetchone()
+            conn.commit()
+            assert row is not None
+            standby, replayed = row
+            if not standby or (replayed is not None and Lsn.parse(replayed).value > target):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(REPLAY_POLL_S)
 
     def _before_fence(self) -> tuple[bool, int | None, list[str]]:
         """(in recovery, replayed LSN on a standby, running xids on a primary)."""
