@@ -1,6 +1,6 @@
 """`dblog run` against MariaDB (and MySQL 5.7 in `-m slow`): random load, snapshot, kill -9;
-the change log rebuilds the tables (materialize `dblog tail --no-follow`, compare with the
-source)."""
+the change log rebuilds the tables (materialize the log as `dblog tail --no-follow` prints
+it, read in-process, and compare with the source)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.mysql57 import TestServer
-from tests.helpers import dblog, kill9, start_run, stop_run, tail, wait_for
+from tests.helpers import dblog, kill9, read_log, start_run, stop_run, wait_for
 from tests.mysql.helpers import make
 
 TABLES = {
@@ -117,7 +117,7 @@ def catch_up(
         finally:
             reader.close()
         if any(token.encode() in r.body for r in records):
-            return tail(config)
+            return read_log(config)
         if records:
             offset, grown = records[-1].offset + 1, time.monotonic()
         now = time.monotonic()
@@ -172,7 +172,7 @@ def test_run_oracle_with_snapshot(server: TestServer, db: str, tmp_path: Path) -
         load.join()
     try:
         wait_for(
-            lambda: any(e["op"] == "r" and e["source"]["table"] == "wc" for e in tail(config)),
+            lambda: any(e["op"] == "r" and e["source"]["table"] == "wc" for e in read_log(config)),
             60,
             "snapshot rows of wc",
         )
