@@ -12,7 +12,15 @@ from pathlib import Path
 import orjson
 import psycopg
 
-from tests.helpers import assert_oracle, kill9, start_run, stop_run, tail, wait_for, write_config
+from tests.helpers import (
+    assert_oracle,
+    kill9,
+    read_log,
+    start_run,
+    stop_run,
+    wait_for,
+    write_config,
+)
 from tests.kafka.conftest import kafka_log_toml
 
 
@@ -27,7 +35,7 @@ def _signal_rows(dsn: str) -> int:
 
 
 def _notices(config: Path, kind: str) -> list[str]:
-    return [e["notification"]["signal_id"] for e in tail(config)
+    return [e["notification"]["signal_id"] for e in read_log(config)
             if e["op"] == "n" and e["notification"]["type"] == kind]
 
 
