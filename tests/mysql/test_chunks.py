@@ -63,6 +63,36 @@ def test_composite_key_chunks_bounded_by_max_key(server: TestServer, db: str) ->
         reader.close()
 
 
+def test_a_filter_holding_several_statements_changes_nothing(server: TestServer, db: str) -> None:
+    """A filter is user text inside the chunk queries: the reader's connection does not
+    ask for CLIENT.MULTI_STATEMENTS (pymysql's default), so the server refuses a text
+    of several statements, whichever query the filter lands in, and nothing changes."""
+    from pymysql.constants import CLIENT
+
+    from pydblog.errors import DblogError
+
+    server.execute("CREATE TABLE t (id INT PRIMARY KEY, n INT)", db)
+    server.execute("INSERT INTO t VALUES (1, 1), (2, 2)", db)
+    _, reader = make(server, db)
+    try:
+        info = reader.table_info(f"{db}.t")
+        assert info is not None
+        assert not reader._connection().client_flag & CLIENT.MULTI_STATEMENTS
+        cond = ("1 = 1) LIMIT 0; COMMIT; CREATE TABLE pwned (x INT); DELETE FROM t WHERE id = 2; "
+                "START TRANSACTION READ ONLY; SELECT id FROM t WHERE (1 = 1")
+        for attempt in (lambda: reader.check_filter(info, cond),
+                        lambda: reader.max_key(info, cond),
+                        lambda: reader.read_chunk(info, None, (2,), 10, cond)):
+            with pytest.raises(DblogError):
+                attempt()
+        assert server.execute("SELECT id, n FROM t ORDER BY id", db) == [(1, 1), (2, 2)]
+        assert server.execute(
+            f"SELECT count(*) FROM information_schema.tables WHERE table_schema = '{db}' "
+            "AND table_name = 'pwned'") == [(0,)]
+    finally:
+        reader.close()
+
+
 def test_check_filter(server: TestServer, db: str) -> None:
     server.execute("CREATE TABLE t (id INT PRIMARY KEY, n INT)", db)
     server.execute("INSERT INTO t VALUES (1, 1)", db)

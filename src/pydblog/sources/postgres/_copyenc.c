@@ -24,7 +24,10 @@ typedef void PGconn;
 typedef void PGresult;
 enum { PGRES_COMMAND_OK = 1, PGRES_COPY_OUT = 3 };
 
-static PGresult *(*p_PQexec)(PGconn *, const char *);
+/* The extended protocol's PQsendQueryParams, not PQexec: it runs exactly one statement
+ * (a snapshot filter holding "...; COMMIT; ..." is refused, never run). */
+static int (*p_PQsendQueryParams)(PGconn *, const char *, int, const unsigned int *,
+                                  const char *const *, const int *, const int *, int);
 static int (*p_PQresultStatus)(const PGresult *);
 static void (*p_PQclear)(PGresult *);
 static int (*p_PQgetCopyData)(PGconn *, char **, int);
@@ -435,12 +438,19 @@ static int run_copy(PGconn *conn, const char *query, const spec_t *sp, out_t *o,
     int nonblocking = p_PQisnonblocking(conn);
     if (nonblocking) p_PQsetnonblocking(conn, 0);
     int ok = 1;
-    PGresult *res = p_PQexec(conn, query);
+    PGresult *res = NULL;
+    if (!p_PQsendQueryParams(conn, query, 0, NULL, NULL, NULL, NULL, 0)) {
+        set_err(err, conn, NULL);
+        ok = 0;
+        goto done;
+    }
+    res = p_PQgetResult(conn);
     if (res == NULL || p_PQresultStatus(res) != PGRES_COPY_OUT) {
         set_err(err, conn, res);
         if (res) p_PQclear(res);
         ok = 0;
-        /* PQexec returned the last result: nothing left to read */
+        /* an error: read the results up to the end of the query */
+        while ((res = p_PQgetResult(conn)) != NULL) p_PQclear(res);
         goto done;
     }
     p_PQclear(res);
@@ -477,7 +487,7 @@ static PyObject *copy_chunk(PyObject *self, PyObject *args) {
     PyObject *types, *keys, *tail;
     if (!PyArg_ParseTuple(args, "KyO!OO", &ptr, &query, &PyBytes_Type, &types, &keys, &tail))
         return NULL;
-    if (p_PQexec == NULL) {
+    if (p_PQsendQueryParams == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "libpq not bound: call init() first");
         return NULL;
     }
@@ -572,7 +582,7 @@ out:
         *(void **)(&p_##name) = dlsym(handle, #name);                          \
         if (p_##name == NULL) {                                                \
             PyErr_Format(PyExc_OSError, "libpq at %s has no %s", path, #name); \
-            p_PQexec = NULL;                                                   \
+            p_PQsendQueryParams = NULL;                                        \
             return NULL;                                                       \
         }                                                                      \
     } while (0)
@@ -599,7 +609,7 @@ static PyObject *init(PyObject *self, PyObject *args) {
     BIND(PQresultErrorMessage);
     BIND(PQisnonblocking);
     BIND(PQsetnonblocking);
-    BIND(PQexec); /* last: non-NULL means bound */
+    BIND(PQsendQueryParams); /* last: non-NULL means bound */
     Py_RETURN_NONE;
 }
 

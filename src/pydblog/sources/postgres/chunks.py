@@ -102,6 +102,10 @@ class PgSnapshotReader:
         dsn = self.cfg.snapshot.read_dsn or self.cfg.source.dsn
         conn = connect(dsn, timeout_s=self.cfg.source.connect_timeout_s)
         conn.execute(f"SET statement_timeout = {int(self.cfg.snapshot.statement_timeout_ms)}")
+        # Two walls: every transaction begins READ ONLY (``read_only``), and the
+        # session's default is read-only too, so that even a transaction begun by other
+        # means (a COMMIT smuggled into a query) cannot write.
+        conn.execute("SET default_transaction_read_only = on")
         conn.read_only = True
         return conn
 
@@ -239,9 +243,14 @@ class PgSnapshotReader:
         default); with ``snapshot`` (an exported snapshot id) it reads exactly what that
         snapshot saw (REPEATABLE READ, ``SET TRANSACTION SNAPSHOT``)."""
         # No parameters: psycopg then sends the text as is, so a '%' in a column
-        # name or a filter (LIKE 'a%') is not taken for a placeholder.
+        # name or a filter (LIKE 'a%') is not taken for a placeholder. binary=True makes
+        # psycopg send it by the extended protocol (PQsendQueryParams), which runs
+        # exactly one statement: a filter holding "...; COMMIT; DELETE ..." is refused
+        # instead of leaving the READ ONLY transaction (the simple protocol, used for a
+        # text result without parameters, runs them all). Every column read here is
+        # text or an integer, whose binary forms load to the same values.
         def run(c: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-            return c.execute(query, params or None).fetchall()
+            return c.execute(query, params or None, binary=True).fetchall()
 
         return self._run_read_only(run, conn, snapshot)
 
@@ -260,7 +269,15 @@ class PgSnapshotReader:
                 return run(conn)
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             raise SignalError(f"a snapshot filter tried to write: {str(exc).strip()}") from None
-        except (psycopg.errors.SyntaxError, psycopg.errors.UndefinedColumn,
+        except psycopg.errors.SyntaxError as exc:
+            if "multiple commands" in str(exc):
+                raise SignalError(
+                    "a snapshot filter must be one SQL condition: it holds several "
+                    "statements (a ';'), and was not run",
+                    hint="remove the ';' and what follows it from the filter",
+                ) from None
+            raise SignalError(f"invalid snapshot query/filter: {str(exc).strip().splitlines()[0]}") from None
+        except (psycopg.errors.UndefinedColumn,
                 psycopg.errors.UndefinedFunction, psycopg.errors.DatatypeMismatch,
                 psycopg.errors.InvalidTextRepresentation) as exc:
             raise SignalError(f"invalid snapshot query/filter: {str(exc).strip().splitlines()[0]}") from None
@@ -271,12 +288,18 @@ class PgSnapshotReader:
             ) from None
 
     def check_filter(self, info: TableInfo, condition: str) -> None:
-        self._read_only(
-            sql.SQL("SELECT 1 FROM {} WHERE ({}) LIMIT 0").format(
-                sql.Identifier(info.schema, info.table), sql.SQL(condition)
-            ),
-            [],
-        )
+        """Refuses a filter that is not one read-only condition (a syntax error, an
+        unknown column, a write, several statements), naming it."""
+        try:
+            self._read_only(
+                sql.SQL("SELECT 1 FROM {} WHERE ({}) LIMIT 0").format(
+                    sql.Identifier(info.schema, info.table), sql.SQL(condition)
+                ),
+                [],
+            )
+        except SignalError as exc:
+            raise SignalError(f"snapshot filter {condition!r} of {info.qualified} refused: {exc.message}",
+                              hint=exc.hint) from None
 
     def _key_param(self, info: TableInfo, col: str, value: Any) -> sql.Composable:
         typ = info.types[info.columns.index(col)]
