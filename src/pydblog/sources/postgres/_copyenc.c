@@ -466,14 +466,28 @@ static int run_copy(PGconn *conn, const char *query, const spec_t *sp, out_t *o,
             continue;
         }
         if (line) p_PQfreemem(line);
-        break; /* -1: done (the result follows), -2: error */
+        if (n == -2) { /* an error (the connection was closed, no memory): rows are missing */
+            set_err(err, conn, NULL);
+            ok = 0;
+        }
+        break; /* -1: done (the result follows) */
     }
+    /* Success only with the COPY's PGRES_COMMAND_OK: a chunk cut short must never be
+     * taken for a complete one (fewer rows than asked means "the table's end"). */
+    int completed = 0;
     while ((res = p_PQgetResult(conn)) != NULL) {
-        if (ok && p_PQresultStatus(res) != PGRES_COMMAND_OK) {
+        int status = p_PQresultStatus(res);
+        if (status == PGRES_COMMAND_OK) {
+            completed = 1;
+        } else if (ok) {
             set_err(err, conn, res);
             ok = 0;
         }
         p_PQclear(res);
+    }
+    if (ok && !completed) {
+        set_err(err, conn, NULL);
+        ok = 0;
     }
 done:
     if (nonblocking) p_PQsetnonblocking(conn, 1);

@@ -33,7 +33,7 @@ from pydblog.errors import SignalError, SourceError
 from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
-from pydblog.sources.postgres import native
+from pydblog.sources.postgres import closing, native
 from pydblog.sources.postgres.connect import connect
 from pydblog.sources.postgres.fences import RUNNING_SQL, PgLsnFence, PgXidFence
 from pydblog.sources.postgres.parallel import MIN_SUB_ROWS, SubReadPool
@@ -797,8 +797,7 @@ class PgSnapshotReader:
             self._subreads.close()
             self._subreads = None
         for conn in (self._conn, self._wconn):
-            if conn is not None:
-                conn.close()
+            closing.close(conn)  # never freed under a read in progress on another thread
         self._conn = self._wconn = None
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import psycopg
 
+from pydblog.sources.postgres import closing
+
 MIN_SUB_ROWS = 2048
 """A chunk is split only into sub-reads of at least this many rows."""
 
@@ -76,9 +78,12 @@ class SubReadPool:
         return task(self.conn())
 
     def close(self) -> None:
+        """Closes the connections first (a sub-read in progress is ended at its socket,
+        ``closing``), then waits for the threads."""
+        with self._lock:
+            conns = list(self._conns)
+            self._conns.clear()
+        for conn in conns:
+            closing.close(conn)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        with self._lock:
-            for conn in self._conns:
-                conn.close()
-            self._conns.clear()
