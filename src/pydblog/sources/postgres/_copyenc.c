@@ -22,7 +22,7 @@
 
 typedef void PGconn;
 typedef void PGresult;
-enum { PGRES_COMMAND_OK = 1, PGRES_COPY_OUT = 3 };
+enum { PGRES_COMMAND_OK = 1, PGRES_COPY_OUT = 3, PGRES_COPY_IN = 4, PGRES_COPY_BOTH = 8 };
 
 /* The extended protocol's PQsendQueryParams, not PQexec: it runs exactly one statement
  * (a snapshot filter holding "...; COMMIT; ..." is refused, never run). */
@@ -432,6 +432,34 @@ static void set_err(pgerr_t *e, PGconn *conn, PGresult *res) {
     e->message = strdup(msg ? msg : "unknown libpq error");
 }
 
+/* Reads the results up to the end of the query; 0 if libpq cannot get there: a COPY_*
+ * result means the COPY was not ended (PQgetCopyData returned -2 for want of memory for
+ * a row, say, and every PQgetResult returns another COPY result: looping would spin
+ * forever holding the connection). Then the caller's connection is unusable; Python
+ * closes it. Sets ``err`` from the first error (if not set yet). */
+static int finish_results(PGconn *conn, int *ok, int *completed, pgerr_t *err) {
+    PGresult *res;
+    while ((res = p_PQgetResult(conn)) != NULL) {
+        int status = p_PQresultStatus(res);
+        if (status == PGRES_COPY_OUT || status == PGRES_COPY_IN || status == PGRES_COPY_BOTH) {
+            p_PQclear(res);
+            if (*ok) {
+                set_err(err, conn, NULL);
+                *ok = 0;
+            }
+            return 0;
+        }
+        if (status == PGRES_COMMAND_OK) {
+            *completed = 1;
+        } else if (*ok) {
+            set_err(err, conn, res);
+            *ok = 0;
+        }
+        p_PQclear(res);
+    }
+    return 1;
+}
+
 /* Runs the COPY and encodes every row; the GIL is not held. Returns 1 if the server's
  * part succeeded (o->bad may still be set), 0 with ``err`` set otherwise. */
 static int run_copy(PGconn *conn, const char *query, const spec_t *sp, out_t *o, pgerr_t *err) {
@@ -450,7 +478,8 @@ static int run_copy(PGconn *conn, const char *query, const spec_t *sp, out_t *o,
         if (res) p_PQclear(res);
         ok = 0;
         /* an error: read the results up to the end of the query */
-        while ((res = p_PQgetResult(conn)) != NULL) p_PQclear(res);
+        int ignored = 0, unused = 0;
+        finish_results(conn, &ignored, &unused, err);
         goto done;
     }
     p_PQclear(res);
@@ -475,16 +504,7 @@ static int run_copy(PGconn *conn, const char *query, const spec_t *sp, out_t *o,
     /* Success only with the COPY's PGRES_COMMAND_OK: a chunk cut short must never be
      * taken for a complete one (fewer rows than asked means "the table's end"). */
     int completed = 0;
-    while ((res = p_PQgetResult(conn)) != NULL) {
-        int status = p_PQresultStatus(res);
-        if (status == PGRES_COMMAND_OK) {
-            completed = 1;
-        } else if (ok) {
-            set_err(err, conn, res);
-            ok = 0;
-        }
-        p_PQclear(res);
-    }
+    finish_results(conn, &ok, &completed, err);
     if (ok && !completed) {
         set_err(err, conn, NULL);
         ok = 0;

@@ -180,6 +180,11 @@ def copy_chunk(conn: psycopg.Connection[Any], query: str, spec: NativeSpec) -> t
         result = module.copy_chunk(
             pgconn.pgconn_ptr, query.encode(), spec.types, spec.keys, spec.tail
         )
+        if result[0] is None and pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
+            # libpq could not end the COPY (no memory for a row): the connection is
+            # stuck in it; closed here, with its lock held (``closing``), and the
+            # reader opens another.
+            conn.close()
     if result[0] is not None:
         return int(result[0]), result[1], result[2]
     if len(result) == 4:
