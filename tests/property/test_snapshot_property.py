@@ -153,6 +153,10 @@ class SimFence:
         return self.visible(event) is True
 
     def settles_lost(self, lost: Lost) -> bool:
+        """By the lost events' own xids where known (``by_xids``, as ``PgXidFence``
+        does), else by the oldest invisible transaction."""
+        if self.by_xids and lost.max_tx is not None and lost.xids is not None:
+            return all(self.sees_tx(x) for x in lost.xids)
         horizon = min(self.invisible, default=self.next_xid)
         return lost.max_tx is not None and lost.max_tx < horizon
 

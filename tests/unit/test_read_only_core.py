@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from pydblog.core import ChunkRequest, CoreSettings, SnapshotCore, TableStartRequest, parse_signal
-from pydblog.core.fence import Delivered, Floor, Lost
+from pydblog.core.fence import LOST_XIDS, Delivered, Floor, Lost
 from pydblog.events import ChangeEvent, Op, expand
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
@@ -246,3 +246,45 @@ def test_after_a_start_every_running_transaction_the_read_misses_is_in_doubt() -
     core.on_chunk_read(third.id, rows(1), 1.0, fence=xid_fence(8, 9, "8", 5, {8}))
     out = expand(core.on_progress(commit(5), commit(5), 0))
     assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == [1]
+
+
+def test_after_a_restart_an_open_transaction_never_delivered_does_not_hold_the_lost_events() -> None:
+    """Review finding I: lost events (held before a restart) are judged by their own
+    xids, not by ``xmin``. Tx 5 is idle in transaction (it holds ``xmin`` at 5 for as
+    long as it lives) and was never delivered; a read that misses a lost one (tx 11)
+    cannot decide, the next, seeing tx 10 and 11 but not 5, does. (Fenced watermark
+    windows share this code: tests/integration/test_fence_liveness.py.)"""
+    settings = CoreSettings(chunk_size=4, read_only=True, read_ahead=False)
+    core = SnapshotCore(settings, instance="a")
+    started(core)
+    core.on_event(update(1, 3, tx=10))
+    core.on_event(update(2, 3, tx=11))
+    state = json.loads(json.dumps(core.state()))
+    assert state["unsettled"]["xids"] == [10, 11]
+    core = SnapshotCore(settings, state, instance="b")
+    for fence, end, emitted in ((xid_fence(5, 13, "5,11", 4, set()), 4, []),
+                                (xid_fence(5, 13, "5", 5, {5}), 5, [1, 2])):
+        req = core.next_request()
+        assert isinstance(req, ChunkRequest) and req.after_key is None
+        core.on_chunk_read(req.id, rows(1, 2), 1.0, fence=fence)
+        out = expand(core.on_progress(commit(end), commit(end), 0))
+        assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == emitted
+
+
+def test_lost_transactions_are_judged_by_their_ids_or_their_range() -> None:
+    """``PgXidFence.settles_lost``: by the lost xids; past ``LOST_XIDS`` by their range
+    (below ``xmax``, none running inside it); never by an older running transaction."""
+    blocker = xid_fence(5, 20, "5", 1, {5})
+    assert blocker.settles_lost(Lost(None, 12, {10, 12}, 10))
+    assert not xid_fence(5, 20, "5,12", 1, set()).settles_lost(Lost(None, 12, {10, 12}, 10))
+    assert not xid_fence(5, 12, "5", 1, set()).settles_lost(Lost(None, 12, {10, 12}, 10))
+    ranged = Lost(None, 12, None, 10)  # ids forgotten, range known
+    assert blocker.settles_lost(ranged)
+    assert not xid_fence(5, 20, "5,11", 1, set()).settles_lost(ranged)
+    assert not blocker.settles_lost(Lost(None, 12))  # an old state: by xmin only
+    assert not blocker.settles_lost(Lost(None, None))  # an event without a tx id
+    many = Lost(xids=set())
+    many.add([update(1, 3, tx=t) for t in range(100, 100 + LOST_XIDS + 1)])
+    assert many.xids is None and (many.min_tx, many.max_tx) == (100, 100 + LOST_XIDS)
+    back = Lost.from_json(json.loads(json.dumps(many.to_json())))
+    assert (back.xids, back.min_tx, back.max_tx) == (None, 100, 100 + LOST_XIDS)

@@ -54,40 +54,77 @@ load). Beyond it the oldest are forgotten and windows stay inconclusive until a 
 settles everything up to the last forgotten one."""
 
 
+LOST_XIDS = 10_000
+"""Distinct transaction ids ``Lost`` keeps (and a checkpoint persists) at most; past it
+only their range is known."""
+
+
 class Lost:
     """What is known of unsettled events the core no longer holds (forgotten past
     ``MAX_UNSETTLED``, or held before a restart): the position of the newest one in
-    stream order, and the largest numeric transaction id among them (None if one had
-    none). A fence that ``settles_lost`` proves every one of them visible for good."""
+    stream order, the largest and smallest numeric transaction ids among them (``max_tx``
+    None if one had none) and, up to ``LOST_XIDS`` of them, the ids themselves (``xids``;
+    None past it, or unknown). A fence that ``settles_lost`` proves every one of them
+    visible for good. Fences that judge by transaction ids judge them by their own ids
+    (or their range), never by transactions that were not delivered: an open transaction
+    that never committed must not keep them unsettled."""
 
-    __slots__ = ("last_position", "max_tx")
+    __slots__ = ("last_position", "max_tx", "min_tx", "xids")
 
-    def __init__(self, last_position: Position | None = None, max_tx: int | None = 0) -> None:
+    def __init__(self, last_position: Position | None = None, max_tx: int | None = 0,
+                 xids: set[int] | None = None, min_tx: int | None = None) -> None:
+        """``Lost(xids=set())``: nothing lost yet (``add`` then keeps everything)."""
         self.last_position = last_position
         self.max_tx = max_tx
+        self.min_tx = min_tx
+        self.xids = xids
 
     def add(self, events: Sequence[ChangeEvent]) -> None:
         for event in events:
             tx = getattr(event.position, "tx_id", None)
-            if self.max_tx is not None:
-                self.max_tx = max(self.max_tx, tx) if isinstance(tx, int) else None
+            if self.max_tx is None:
+                continue
+            if not isinstance(tx, int):
+                self.max_tx = self.min_tx = self.xids = None
+                continue
+            self.max_tx = max(self.max_tx, tx)
+            self.min_tx = tx if self.min_tx is None else min(self.min_tx, tx)
+            if self.xids is not None:
+                self.xids.add(tx)
+                if len(self.xids) > LOST_XIDS:
+                    self.xids = None
         if events:
             self.last_position = events[-1].position
 
     def merge(self, other: Lost) -> None:
         if other.last_position is not None:
             self.last_position = other.last_position
-        if self.max_tx is not None:
-            self.max_tx = None if other.max_tx is None else max(self.max_tx, other.max_tx)
+        if self.max_tx is None:
+            return
+        if other.max_tx is None:
+            self.max_tx = self.min_tx = self.xids = None
+            return
+        self.max_tx = max(self.max_tx, other.max_tx)
+        mins = [m for m in (self.min_tx, other.min_tx) if m is not None]
+        self.min_tx = min(mins) if mins else None
+        if self.xids is not None and other.xids is not None:
+            self.xids |= other.xids
+            if len(self.xids) > LOST_XIDS:
+                self.xids = None
+        else:
+            self.xids = None
 
     def to_json(self) -> dict[str, Any]:
         last = self.last_position
-        return {"last": None if last is None else encode_position(last), "max_tx": self.max_tx}
+        return {"last": None if last is None else encode_position(last), "max_tx": self.max_tx,
+                "min_tx": self.min_tx, "xids": None if self.xids is None else sorted(self.xids)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Lost:
         last = data.get("last")
-        return cls(None if last is None else decode_position(last), data.get("max_tx"))
+        xids = data.get("xids")  # absent in states written before it was kept: unknown
+        return cls(None if last is None else decode_position(last), data.get("max_tx"),
+                   None if xids is None else {int(x) for x in xids}, data.get("min_tx"))
 
 
 MAX_DELIVERED = 100_000
@@ -231,7 +268,7 @@ class Unsettled:
         if len(self.events) > self.limit:
             cut = len(self.events) - self.limit // 2
             if self.lost is None:
-                self.lost = Lost()
+                self.lost = Lost(xids=set())
             self.lost.add(self.events[:cut])
             del self.events[:cut]
 
@@ -255,7 +292,7 @@ class Unsettled:
         a fence settles them), or None when nothing is unsettled."""
         if not self.events and self.lost is None:
             return None
-        lost = Lost()
+        lost = Lost(xids=set())
         if self.lost is not None:
             lost.merge(self.lost)
         lost.add(self.events)

@@ -130,7 +130,20 @@ class PgXidFence:
         return self._sees(tx)
 
     def settles_lost(self, lost: Lost) -> bool:
-        return lost.max_tx is not None and self.full(lost.max_tx) < self.xmin
+        """The read sees every lost event's transaction: judged by their own xids (or,
+        past ``LOST_XIDS``, their range: below ``xmax`` and no running one inside it).
+        Not by ``xmin``: an open transaction that was never delivered (idle in
+        transaction, an orphaned prepared one) holds ``xmin`` below them for as long
+        as it lives. Only an old state without ids or range falls back to ``xmin``."""
+        if lost.max_tx is None:
+            return False
+        if lost.xids is not None:
+            return all(self._sees(x) for x in lost.xids)
+        high = self.full(lost.max_tx)
+        if lost.min_tx is None:
+            return high < self.xmin
+        low = self.full(lost.min_tx)
+        return low <= high < self.xmax and not any(low <= x <= high for x in self.xip)
 
     def passed(self, reached: Position) -> bool:
         return _reached(reached) >= self.end_lsn
