@@ -146,3 +146,24 @@ def test_table_dropped_while_the_publication_is_refreshed(
         assert resets == [ResetKind.GONE]
     finally:
         source.close()
+
+
+def test_table_recreated_while_capture_was_down(pg_db: str, tmp_path: Path) -> None:
+    """Dropped and created again while `dblog run` was down (or before the heartbeat
+    that would have noticed it, when it was killed): at start the table is found
+    outside the publication. The log holds the old relation's rows, so its truncate is
+    logged, and the new relation's rows, written before it joined the publication, are
+    in no event: it must be snapshotted also without mode = "initial" (it was only
+    truncated, and the materialized log stayed empty while the source had rows)."""
+    h = PgHarness(pg_db)
+    create(h, "rw", 1, 30, "old")
+    with Capture(h, tmp_path, "[snapshot]\nchunk_size = 8") as cap:
+        h.signal(sid(), "execute-snapshot", {"data-collections": ["public\\.rw"]})
+        cap.wait_notification("COMPLETED")
+        cap.kill()
+        h.execute("DROP TABLE rw")
+        create(h, "rw", 20, 45, "new")
+        cap.start()
+        cap.wait_until(rescanned, what="a truncate, then a completed scan")
+        h.execute("UPDATE rw SET v = 'y' WHERE id = 22")
+        cap.assert_oracle({"rw": ["id"]})

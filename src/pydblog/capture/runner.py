@@ -45,6 +45,7 @@ from pydblog.ports import (
     Lease,
     LogSource,
     RelationReset,
+    ResetKind,
     SchemaChanged,
     SnapshotReader,
     SourceState,
@@ -344,7 +345,13 @@ class Runner:
         self._in_tx = True
         self._position = ev.position
         driver.on_event(ev)
-        driver.restart_table(ev.qualified_table, item.kind)
+        kind = item.kind
+        if kind is ResetKind.JOINED and ev.qualified_table in self._known_schemas:
+            # Found at start outside the publication, yet the log holds rows of it: a
+            # relation that replaced the one captured before (while dblog was down, or
+            # before a heartbeat noticed it). Its rows are in no event: snapshot it.
+            kind = ResetKind.RECREATED
+        driver.restart_table(ev.qualified_table, kind)
         # The new relation's schema is recorded again (from its first event or row).
         self._known_schemas.pop(ev.qualified_table, None)
         self._driver_active = driver.active
