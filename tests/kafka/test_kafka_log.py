@@ -324,6 +324,30 @@ def test_read_seeks_instead_of_scanning(kafka_log: LogConfig) -> None:
     reader.close()
 
 
+def test_no_empty_batch_after_the_last_commit(kafka_log: LogConfig) -> None:
+    """A batch that ends at the last commit (``maxEventsPerTrigger``) leaves only
+    transaction markers behind it in the checkpoint topic: the next ``latestOffset`` is
+    no new data (the same offset), not an empty micro-batch that moves past them."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    kf = KafkaChangeLog(kafka_log)
+    for i in range(3):
+        kf.append([row_event(Op.CREATE, "a", 1000 + 10 * i + j, {"id": 10 * i + j}, {"id": 10 * i + j})
+                   for j in range(10)], cp(i))
+    kf.close()
+    reader = kafka_source.KafkaStreamReader({"log": kafka_log.model_dump_json()})
+    reader.prepareForTriggerAvailableNow()
+    offset = reader.initialOffset()
+    seqs = []
+    for _ in range(5):
+        end = reader.latestOffset(offset, ReadMaxRows(10))
+        if end == offset:
+            break
+        seqs.append(end["seq"])
+        offset = end
+    assert seqs == [10, 20, 30]
+
+
 def test_a_follower_forgets_the_commits_behind_it(kafka_log: LogConfig) -> None:
     """A reader that keeps following the log (``dblog tail -f``, the API's event stream)
     holds the commits around its window, not every commit since the log began; going

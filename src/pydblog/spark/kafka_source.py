@@ -383,6 +383,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         elif isinstance(limit, ReadAllAvailable):
             max_events = None
         end, log = plan(self.log, start, self.target, max_events)
+        if end["seq"] == int(start.get("seq", 0)) and end["ends"] == start.get("ends", {}):
+            # Nothing new to apply (transaction markers, begin messages, empty commits):
+            # no new data, not an empty micro-batch. The next plan reads them again from
+            # start["cp"] (planning is a pure function of the topic from there).
+            return start
         # ``partitions(start, end)`` usually follows in this process: the same commits
         # (those of the checkpoint topic from start["cp"] to end["cp"]) need not be read
         # again. A restarted query plans afresh (``partitions`` alone).
