@@ -363,6 +363,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting = options.get("startingoffset", "earliest")
         self.target: int | None = None
         self._planned: tuple[Offset, Offset, Any] | None = None  # start, end, CommitLog
+        self._published: Offset | None = None  # the offsets last committed to the group
 
     def initialOffset(self) -> Offset:
         start: Offset = {"cp": 0, "seq": 0, "owner": None, "ends": {}}
@@ -386,7 +387,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end["seq"] == int(start.get("seq", 0)) and end["ends"] == start.get("ends", {}):
             # Nothing new to apply (transaction markers, begin messages, empty commits):
             # no new data, not an empty micro-batch. The next plan reads them again from
-            # start["cp"] (planning is a pure function of the topic from there).
+            # start["cp"] (planning is a pure function of the topic from there). Spark
+            # calls ``commit`` for a batch only when it plans the next one: publish the
+            # last batch's offsets here (everything below ``start`` is applied: Spark
+            # re-runs an uncommitted batch before it asks for new offsets).
+            if self._published != start:
+                self.commit(start)
             return start
         # ``partitions(start, end)`` usually follows in this process: the same commits
         # (those of the checkpoint topic from start["cp"] to end["cp"]) need not be read
@@ -430,6 +436,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                            for (t, p), o in ((_tp(key), v) for key, v in end.get("ends", {}).items())]
                 if offsets:
                     consumer.commit(offsets=offsets, asynchronous=False)
+                self._published = end
             finally:
                 consumer.close()
                 client.close()
