@@ -426,7 +426,9 @@ typedef struct {
 
 static void set_err(pgerr_t *e, PGconn *conn, PGresult *res) {
     const char *state = res ? p_PQresultErrorField(res, 'C') : NULL;
-    const char *msg = res ? p_PQresultErrorMessage(res) : NULL;
+    /* the primary message ('M', as psycopg's errors carry it), not "ERROR:  ..." */
+    const char *msg = res ? p_PQresultErrorField(res, 'M') : NULL;
+    if ((msg == NULL || !*msg) && res) msg = p_PQresultErrorMessage(res);
     if (msg == NULL || !*msg) msg = p_PQerrorMessage(conn);
     if (state) { strncpy(e->sqlstate, state, 5); e->sqlstate[5] = 0; }
     e->message = strdup(msg ? msg : "unknown libpq error");
@@ -627,10 +629,13 @@ static PyObject *init(PyObject *self, PyObject *args) {
     (void)self;
     const char *path;
     if (!PyArg_ParseTuple(args, "s", &path)) return NULL;
+    /* RTLD_NOLOAD only: the library psycopg already loaded, never a second copy of
+     * libpq (two copies' PGconn structures are not interchangeable). */
     void *handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-    if (handle == NULL) handle = dlopen(path, RTLD_NOW);
     if (handle == NULL) {
-        PyErr_Format(PyExc_OSError, "cannot open libpq at %s: %s", path, dlerror());
+        const char *why = dlerror();
+        PyErr_Format(PyExc_OSError, "libpq at %s is not loaded in this process (%s)", path,
+                     why ? why : "RTLD_NOLOAD");
         return NULL;
     }
     BIND(PQresultStatus);
@@ -656,4 +661,16 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_copyenc", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__copyenc(void) { return PyModule_Create(&module); }
+/* The interface version native.py expects (native.ABI_VERSION): raise both together
+ * whenever the type codes, the spec or the results change, so that a stale build is
+ * detected (and the SQL path used) instead of failing every chunk. */
+#define COPYENC_VERSION 2
+
+PyMODINIT_FUNC PyInit__copyenc(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", COPYENC_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

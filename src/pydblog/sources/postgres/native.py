@@ -46,6 +46,11 @@ _BY_OID: dict[int, int] = {
     t.JSON: JSON, t.JSONB: JSONB,
 }
 
+ABI_VERSION = 2
+"""The ``_copyenc`` interface this module speaks (its ``VERSION``; raised together with
+``COPYENC_VERSION`` in _copyenc.c whenever codes, spec or results change): a stale
+build is not used."""
+
 DISABLE_ENV = "PYDBLOG_NATIVE_CHUNKS"
 """``PYDBLOG_NATIVE_CHUNKS=0`` turns the native encoder off (benchmarks compare both)."""
 
@@ -82,7 +87,10 @@ def _libpq_path() -> str | None:
     if impl == "binary":
         import psycopg_binary
 
-        wheel_libs = os.path.dirname(os.path.dirname(psycopg_binary.__file__ or "")) + os.sep + "psycopg_binary.libs" + os.sep
+        # Both sides resolved: /proc/self/maps names files by their real paths, and a
+        # venv reached through a symlink gives an unresolved __file__.
+        site = os.path.dirname(os.path.dirname(os.path.realpath(psycopg_binary.__file__ or "")))
+        wheel_libs = os.path.join(site, "psycopg_binary.libs") + os.sep
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
@@ -90,6 +98,7 @@ def _libpq_path() -> str | None:
                 name = os.path.basename(path)
                 if not (name.startswith("libpq") and ".so" in name):
                     continue
+                path = os.path.realpath(path)
                 if wheel_libs and path.startswith(wheel_libs):
                     return path
                 if not wheel_libs and ".libs/" not in path:
@@ -115,6 +124,13 @@ def encoder() -> Any:
     except ImportError as exc:
         log.warning("native chunk encoder not built (%s): snapshot chunks use the SQL path "
                     "(reinstall pydblog with a C compiler and Python's headers to build it)", exc)
+        return None
+    version = getattr(_copyenc, "VERSION", None)
+    if version != ABI_VERSION:
+        log.warning("native chunk encoder is stale (built for version %s, this pydblog needs "
+                    "%s): snapshot chunks use the SQL path; reinstall pydblog to rebuild it "
+                    "(pip install --force-reinstall pydblog, or pip install -e . in a checkout)",
+                    version, ABI_VERSION)
         return None
     _ = psycopg.pq.version()  # libpq is loaded
     path = _libpq_path()
@@ -192,5 +208,9 @@ def copy_chunk(conn: psycopg.Connection[Any], query: str, spec: NativeSpec) -> t
     _, sqlstate, message = result
     text = (message or "").strip()
     if sqlstate:
-        raise psycopg.errors.lookup(sqlstate)(text)
+        try:
+            cls: type[psycopg.Error] = psycopg.errors.lookup(sqlstate)
+        except KeyError:  # a SQLSTATE psycopg does not know (a function's own code)
+            cls = psycopg.DatabaseError
+        raise cls(text)
     raise psycopg.OperationalError(text)
