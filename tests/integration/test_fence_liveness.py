@@ -22,6 +22,7 @@ import pytest
 from pydblog.changelog import open_reader
 from tests.contract.capture import Capture
 from tests.contract.harness import PgHarness
+from tests.integration.test_late_visible_commit import sync_cluster, sync_db  # noqa: F401
 
 ROWS = 1200
 
@@ -74,6 +75,36 @@ def test_a_restarted_snapshot_finishes_while_an_undelivered_transaction_stays_op
         blocker.close()
     cap.assert_oracle({"t1": ["id"]})
     cap.stop()
+
+
+@pytest.mark.parametrize("watermark", ["table", "read-only"])
+def test_a_snapshot_with_a_synchronous_standby_finishes_while_a_session_idles_in_a_transaction(
+    sync_db: str, tmp_path: Path, watermark: str  # noqa: F811 - the fixture
+) -> None:
+    """Review finding H: with ``synchronous_standby_names`` set, a start's first read
+    resolves what the stream delivered before it conservatively (every transaction
+    running and unseen), and an idle-in-transaction session's xid held every later floor
+    until the session ended. It was never delivered: a backend idle in its transaction
+    is not committing, so its xids are not in doubt (``RUNNING_SQL``)."""
+    h = PgHarness(sync_db)
+    h.execute(
+        "CREATE TABLE t1 (id int PRIMARY KEY, v text)",
+        "INSERT INTO t1 SELECT g, 'old' FROM generate_series(1, 300) g",
+        "CREATE TABLE other (id int)",
+    )
+    extra = f'[snapshot]\nchunk_size = 100\nadaptive = false\nwatermark = "{watermark}"'
+    blocker = psycopg.connect(sync_db)
+    try:
+        with Capture(h, tmp_path, extra) as cap:
+            cap.caught_up()  # (the slot's creation waits for transactions with an xid)
+            blocker.execute("INSERT INTO other VALUES (1)")  # an xid, idle in transaction
+            h.signal(sid(), "execute-snapshot", {"data-collections": ["public\\.t1"]})
+            cap.wait_notification("COMPLETED", timeout=90)
+            assert blocker.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            blocker.rollback()
+            cap.assert_oracle({"t1": ["id"]})
+    finally:
+        blocker.close()
 
 
 def _state(cap: Capture) -> dict[str, object]:

@@ -49,11 +49,19 @@ RUNNING_SQL = (
     "FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xm) s, "
     "LATERAL (SELECT ((l.transactionid::text::bigint - s.xm) % 4294967296 + 4294967296) "
     "% 4294967296 AS d FROM pg_locks l WHERE l.locktype = 'transactionid' "
-    "AND l.mode = 'ExclusiveLock' AND l.granted) d) c) END"
+    "AND l.mode = 'ExclusiveLock' AND l.granted AND NOT EXISTS (SELECT 1 FROM "
+    "pg_stat_activity a WHERE a.pid = l.pid AND a.state IN ('idle in transaction', "
+    "'idle in transaction (aborted)'))) d) c) END"
 )
 """A primary's running transactions (``PgXidFence.running``): every transaction that
 has an xid holds an exclusive lock on it (a prepared one too) until after it became
 visible; ``pg_locks`` shows them to any user. 32-bit xids made 64-bit next to ``xmax``.
+Left out: the xids of a backend idle in its transaction (``pg_stat_activity.state``):
+it is not committing, so none of them was delivered and is still invisible (one it
+held when ``pg_locks`` was read but that ended before ``state`` was, is visible to the
+read, taken later). Without them an idle-in-transaction session held every floor until
+it ended (review finding H). ``state`` is NULL for other roles' sessions unless the
+reader has ``pg_read_all_stats``: their xids stay in doubt (conservative).
 None when ``synchronous_standby_names`` is empty: then no commit waits for a standby,
 and a commit is visible as soon as its backend leaves the proc array, microseconds
 after its record was flushed (assumed shorter than the stream's delivery, the core's
