@@ -28,9 +28,11 @@ import json, sys, threading, time, psycopg
 from pydblog.config import Config
 from pydblog.sources.postgres.chunks import PgSnapshotReader
 dsn, use_native, rows, cond, log = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4], sys.argv[5]
+split = sys.argv[6] == "1"
 class S: captured_tables = ()
-cfg = Config.model_validate({"source": {"dsn": dsn}, "log": {"path": log}})
-r = PgSnapshotReader(cfg, S(), split=False)
+cfg = Config.model_validate({"source": {"dsn": dsn}, "log": {"path": log},
+                             "snapshot": {"parallelism": 2}})
+r = PgSnapshotReader(cfg, S(), split=split)
 r.native = use_native
 info = r.table_info("public.big")
 out = {}
@@ -66,14 +68,19 @@ def db(pg_cluster: Any) -> Iterator[str]:
     yield dsn
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one", "split"])
 @pytest.mark.parametrize("use_native", [True, False], ids=["native", "sql"])
-def test_closing_a_reader_mid_read_fails_the_read(db: str, tmp_path: Any, use_native: bool) -> None:
+def test_closing_a_reader_mid_read_fails_the_read(
+    db: str, tmp_path: Any, use_native: bool, split: bool
+) -> None:
+    """``split``: the chunk is read as parallel sub-reads (``SubReadPool``), whose
+    connections are closed under them too."""
     if use_native and native.encoder() is None:
         pytest.skip("native encoder not built")
     env = {**os.environ, "MALLOC_PERTURB_": "165", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, db, "1" if use_native else "0", str(ROWS), SLOW,
-         str(tmp_path / "log")],
+         str(tmp_path / "log"), "1" if split else "0"],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, f"the reading process died ({proc.returncode}): {proc.stderr[-2000:]}"
