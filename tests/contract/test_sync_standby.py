@@ -87,8 +87,15 @@ def test_a_commit_waiting_for_a_synchronous_standby_is_not_read_as_visible(
             assert not done.is_set(), "the update did not wait for the synchronous standby"
             with psycopg.connect(pg.dsn) as conn:
                 assert conn.execute("SELECT v FROM t1 WHERE id = 7").fetchone() == ("v7",)
+            scans = _scans(pg.dsn)
             pg.signal(sid(), "execute-snapshot", {"data-collections": [q(pg, "t1")]})
-            time.sleep(2)  # chunks read while the update is invisible (and, wrongly, emitted)
+            # Evidence, not a fixed sleep: t1 scanned twice more (the start's max key and
+            # at least one chunk) while the update is invisible (wrongly emitted without
+            # the fence's floor check).
+            deadline = time.monotonic() + 60
+            while _scans(pg.dsn) < scans + 2:
+                assert time.monotonic() < deadline, "no chunk was read while the standby was down"
+                time.sleep(0.2)
         finally:
             standby.resume()
             th.join(timeout=60)
@@ -96,3 +103,12 @@ def test_a_commit_waiting_for_a_synchronous_standby_is_not_read_as_visible(
         cap.wait_notification("COMPLETED", timeout=60)
         events = cap.assert_oracle({"t1": ["id"]})
     assert len(snapshot_rows(events, "t1")) == 300
+
+
+def _scans(dsn: str) -> int:
+    """Scans of t1 so far (the statistics a backend flushed: at most ~1 s late)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) "
+                           "FROM pg_stat_user_tables WHERE relname = 't1'").fetchone()
+    assert row is not None
+    return int(row[0])
