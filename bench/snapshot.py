@@ -118,11 +118,16 @@ def updater(dsn: str, rows: int, stop: threading.Event, rate: int) -> None:
 
 def run_snapshot(
     dsn: str, rows: int, work: Path, extra: str, label: str, copy: float,
-    profile: Path | None = None,
+    profile: Path | None = None, trace: Path | None = None,
 ) -> None:
     name = re.sub(r"[^a-z0-9_]", "_", label.lower())
     # "env NAME=value" lines set the process's environment, not [snapshot]
     env = dict(os.environ)
+    trace_file = (trace or work) / f"{name}-lagtrace.txt"
+    if trace:
+        trace.mkdir(parents=True, exist_ok=True)
+        trace_file.unlink(missing_ok=True)
+        env["PYDBLOG_LAG_TRACE"] = str(trace_file)
     lines = []
     for line in extra.splitlines():
         key, eq, value = line.strip().removeprefix("env ").partition("=")
@@ -246,7 +251,46 @@ def run_snapshot(
         f", max {lag[-1] if lag else float('nan'):.0f} ms"
     )
     print(f"(d) {label}: dblog run peak RSS {rss / 1024:.0f} MB")
+    if trace:
+        report_trace(label, trace_file, t_first)
     shutil.rmtree(data, ignore_errors=True)
+
+
+def report_trace(label: str, path: Path, t_first: float | None) -> None:
+    """The stream's lag split into its terms (``pydblog.capture.lagtrace``): per event
+    p50/p99 of each term, and the capture thread's stalls."""
+    terms: dict[str, list[float]] = {k: [] for k in (
+        "server->capture thread", "capture thread->writer", "writer queue", "append+commit",
+        "total (commit->log)")}
+    stalls: dict[str, list[float]] = {}
+    appends: list[tuple[float, int, float, float]] = []
+    for line in path.read_text().splitlines():
+        f = line.split()
+        if f[0] == "e":
+            c, r, s, a, e = int(f[1]) / 1000, float(f[2]), float(f[3]), float(f[4]), float(f[5])
+            for k, sec in zip(terms, (r - c, s - r, a - s, e - a, e - c), strict=True):
+                terms[k].append(sec * 1000)
+        elif f[0] == "a":
+            appends.append((float(f[2]) * 1000, int(f[3]), float(f[5]) * 1000, float(f[6]) * 1000))
+        elif f[0] == "s":
+            stalls.setdefault(f[3], []).append(float(f[2]) * 1000)
+    for k, v in terms.items():
+        v.sort()
+        if v:
+            print(f"    {label} lag term {k}: p50 {statistics.median(v):.1f} ms, "
+                  f"p99 {v[int(len(v) * 0.99)]:.1f} ms, max {v[-1]:.1f} ms ({len(v):,} events)")
+    for what, sel in (("with > 4,096 events", [a for a in appends if a[1] > 4096]),
+                      ("with <= 4,096 events", [a for a in appends if a[1] <= 4096])):
+        ms = sorted(a[0] for a in sel)
+        if ms:
+            print(f"    {label} writer appends {what}: {len(ms):,}, p50 {statistics.median(ms):.1f} ms, "
+                  f"max {ms[-1]:.1f} ms, busy {sum(ms) / 1000:.2f} s, of which the writer's "
+                  f"CPU {sum(a[2] for a in sel) / 1000:.2f} s, waiting for a CPU "
+                  f"{sum(a[3] for a in sel) / 1000:.2f} s ({sum(a[1] for a in sel):,} events)")
+    for k, v in sorted(stalls.items(), key=lambda kv: -sum(kv[1])):
+        v.sort()
+        print(f"    {label} capture-thread stalls in {k}: {len(v):,} >= 5 ms, total "
+              f"{sum(v) / 1000:.2f} s, p50 {statistics.median(v):.1f} ms, max {v[-1]:.1f} ms")
 
 
 VARIANTS = {
@@ -263,6 +307,8 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[],
                     help="'name:k = v; k = v': a variant with these [snapshot] settings")
     ap.add_argument("--profile", type=Path)
+    ap.add_argument("--trace", type=Path, metavar="DIR",
+                    help="split the stream's lag into its terms (PYDBLOG_LAG_TRACE files in DIR)")
     args = ap.parse_args()
     variants = dict(VARIANTS)
     for spec in args.variant:
@@ -302,7 +348,7 @@ def main() -> None:
         )
         for label, extra in variants.items():
             if not args.only or label in args.only:
-                run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile)
+                run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile, args.trace)
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
     shutil.rmtree(work, ignore_errors=True)
 

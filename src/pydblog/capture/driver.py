@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from pydblog.capture import lagtrace
 from pydblog.config import Config
 from pydblog.core.requests import (
     BoundsRequest,
@@ -321,6 +322,7 @@ class SnapshotDriver:
                 if info is None:
                     raise SignalError(f"table {request.table} no longer exists")
                 t0 = time.perf_counter()
+                w0 = time.time() if lagtrace.ON else 0.0
                 if request.fenced:
                     _await_floor(reader, request.floor)
                     fenced = cast(FencedReader, reader)
@@ -335,6 +337,8 @@ class SnapshotDriver:
                         request.limit, request.condition,
                     )
                 elapsed = (time.perf_counter() - t0) * 1000
+                if lagtrace.ON:
+                    lagtrace.chunk_read(w0, len(rows))
                 answer(lambda: core.on_chunk_read(request.id, rows, elapsed, fence=fence))
                 if request.high_watermark is not None:
                     reader.write_watermark(request.high_watermark)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pydblog.capture import lagtrace
 from pydblog.capture.driver import SnapshotDriver
 from pydblog.capture.inbox import INBOX, REMEMBER
 from pydblog.capture.status import StatusWriter
@@ -89,6 +90,7 @@ class Runner:
         self._pending: list[Encoded] = []
         self._pending_extra = 0  # events in _pending beyond one per item (blocks)
         self._pending_since = 0.0
+        self._trace: list[tuple[int, float]] = []  # lagtrace: (commit ms, received)
         self._schemas: list[TableSchema] = []
         self._known_schemas: dict[str, TableSchema] = {
             s.qualified: s for _, s in changelog.schemas()
@@ -169,6 +171,7 @@ class Runner:
         self._read_only = driver.read_only
         pending = self._pending
         max_events = self.cfg.log.batch_max_events
+        trace = lagtrace.ON
         for item in self.source.stream():
             if type(item) is ChangeEvent:
                 # The hot path, kept inline: one captured row change.
@@ -190,12 +193,17 @@ class Runner:
                 if not pending:
                     self._pending_since = time.monotonic()
                 pending.append(encode_event(ev, self._connector, self._db, self._now_ms))
+                if trace:
+                    self._trace.append((ev.ts_ms, time.time()))
                 if len(pending) >= max_events:
                     self.flush()
                 continue
             handler = handlers.get(type(item))
+            t0 = time.time() if trace else 0.0
             if handler is not None and handler(item, stop) is False:
                 break
+            if trace:
+                lagtrace.stall(t0, type(item).__name__)
             if stop.is_set():
                 self.flush()
                 break
@@ -466,7 +474,9 @@ class Runner:
             writer.submit(Batch(
                 list(self._pending), checkpoint, list(self._schemas), self._ack,
                 len(self._pending) + self._pending_extra,
+                [(c, r, time.time()) for c, r in self._trace] if lagtrace.ON else None,
             ))
+            self._trace.clear()
             self._pending.clear()
             self._pending_extra = 0
             self._schemas.clear()

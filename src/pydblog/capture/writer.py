@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from pydblog.capture import lagtrace
 from pydblog.events import Encoded
 from pydblog.metrics import CAPTURE as METRICS
 from pydblog.ports import ChangeLogWriter, Checkpoint, StateStore, TableSchema
@@ -41,6 +42,7 @@ class Batch:
     schemas: Sequence[TableSchema]
     ack: Position | None
     size: int  # how many events ``events`` hold (an ``EncodedBlock`` holds several)
+    trace: list[tuple[int, float, float]] | None = None  # ``lagtrace``: its stream events
 
 
 class BatchWriter:
@@ -174,11 +176,17 @@ class BatchWriter:
         return Batch(
             [e for b in group for e in b.events], group[-1].checkpoint, batch.schemas,
             acks[-1] if acks else None, sum(b.size for b in group),
+            [t for b in group for t in b.trace or ()] if lagtrace.ON else None,
         )
 
     def _append(self, batch: Batch) -> None:
         t0 = time.perf_counter()
+        w0, c0, q0 = ((time.time(), time.thread_time(), lagtrace.run_wait())
+                      if batch.trace is not None else (0.0, 0.0, 0.0))
         end = self.changelog.append(batch.events, batch.checkpoint, batch.schemas)
+        if batch.trace is not None:
+            lagtrace.appended(batch.trace, w0, time.time(), batch.size,
+                              time.thread_time() - c0, lagtrace.run_wait() - q0)
         METRICS.observe_append(batch.events, batch.size, time.perf_counter() - t0, end)
         if self._crash_at == "after-log":
             os._exit(137)
