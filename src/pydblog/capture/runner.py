@@ -15,6 +15,7 @@ the last logged event's position, the ack stays at the last complete transaction
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -67,6 +68,14 @@ events are not queued behind more snapshot rows, and chunk reads still overlap w
 (Holding whenever the writer's queue was full held read-ahead back behind a few small
 stream batches most of the time.)"""
 
+HOLD_STREAM_WAIT_S = float(os.environ.get("PYDBLOG_HOLD_STREAM_WAIT_MS", "50")) / 1000
+"""New snapshot chunks also wait while a stream event received this long ago is not yet
+in the change log (pending, or queued to the writer). On a busy machine the writer and
+the capture thread wait for a CPU most of the time (``docs/benchmarks.md``, the lag
+trace): each chunk read in that state only queues more rows in front of the stream's
+next events. Measured on this process's own clock (no clock skew to the server).
+``PYDBLOG_HOLD_STREAM_WAIT_MS`` overrides it for benchmarks (0: off)."""
+
 
 MID_TX = "mid_tx"
 """Checkpoint ``extra`` key: the checkpoint's position is inside a transaction (a batch
@@ -91,6 +100,12 @@ class Runner:
         self._pending_extra = 0  # events in _pending beyond one per item (blocks)
         self._pending_since = 0.0
         self._trace: list[tuple[int, float]] = []  # lagtrace: (commit ms, received)
+        # When the oldest stream event in _pending was received (monotonic), and for
+        # each submitted batch holding stream events not yet appended: (its submission
+        # number, that time). Chunk reads wait while one waits too long.
+        self._stream_since: float | None = None
+        self._stream_inflight: list[tuple[int, float]] = []
+        self._submitted = 0
         self._schemas: list[TableSchema] = []
         self._known_schemas: dict[str, TableSchema] = {
             s.qualified: s for _, s in changelog.schemas()
@@ -149,7 +164,7 @@ class Runner:
             driver.wakeup = wakeup
             self.writer.on_drained = wakeup
             self._writer_wakes = True
-        driver.hold = lambda: self.writer.backlog() >= HOLD_BACKLOG_EVENTS
+        driver.hold = self._hold
         if wakeup is not None:
             INBOX.wake = wakeup
         self._skip = checkpoint.position if checkpoint else None
@@ -192,6 +207,8 @@ class Runner:
                     self._driver_active = driver.active
                 if not pending:
                     self._pending_since = time.monotonic()
+                if self._stream_since is None:
+                    self._stream_since = time.monotonic()
                 pending.append(encode_event(ev, self._connector, self._db, self._now_ms))
                 if trace:
                     self._trace.append((ev.ts_ms, time.time()))
@@ -477,6 +494,10 @@ class Runner:
                 [(c, r, time.time()) for c, r in self._trace] if lagtrace.ON else None,
             ))
             self._trace.clear()
+            if self._stream_since is not None:
+                self._stream_inflight.append((self._submitted, self._stream_since))
+                self._stream_since = None
+            self._submitted += 1
             self._pending.clear()
             self._pending_extra = 0
             self._schemas.clear()
@@ -490,6 +511,20 @@ class Runner:
             self.source.ack(ack)
             self._acked = ack
         self.status.count(writer.take_written())
+
+    def _hold(self) -> bool:
+        """Whether new snapshot chunks should wait (``HOLD_BACKLOG_EVENTS``,
+        ``HOLD_STREAM_WAIT_S``)."""
+        if self.writer.backlog() >= HOLD_BACKLOG_EVENTS:
+            return True
+        inflight = self._stream_inflight
+        if inflight:
+            done = self.writer.appended_batches()
+            while inflight and inflight[0][0] < done:
+                inflight.pop(0)
+        oldest = inflight[0][1] if inflight else self._stream_since
+        return (HOLD_STREAM_WAIT_S > 0 and oldest is not None
+                and time.monotonic() - oldest >= HOLD_STREAM_WAIT_S)
 
     def _retention(self) -> None:
         """Queued to the writer thread, which owns the change log's connection."""

@@ -43,6 +43,7 @@ class Batch:
     ack: Position | None
     size: int  # how many events ``events`` hold (an ``EncodedBlock`` holds several)
     trace: list[tuple[int, float, float]] | None = None  # ``lagtrace``: its stream events
+    batches: int = 1  # submitted batches this one stands for (group commit)
 
 
 class BatchWriter:
@@ -67,6 +68,7 @@ class BatchWriter:
         self._durable_ack: Position | None = None
         self._written = 0
         self._queued = 0  # events submitted and not yet appended
+        self._appended_batches = 0  # submitted batches appended so far (in order)
         self._lock = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()
@@ -98,6 +100,11 @@ class BatchWriter:
     def backlog(self) -> int:
         """Events submitted but not yet appended to the change log."""
         return self._queued
+
+    def appended_batches(self) -> int:
+        """How many of the submitted batches are appended (batches append in
+        submission order: the first ``n`` submitted)."""
+        return self._appended_batches
 
     def take_written(self) -> int:
         with self._lock:
@@ -177,6 +184,7 @@ class BatchWriter:
             [e for b in group for e in b.events], group[-1].checkpoint, batch.schemas,
             acks[-1] if acks else None, sum(b.size for b in group),
             [t for b in group for t in b.trace or ()] if lagtrace.ON else None,
+            sum(b.batches for b in group),
         )
 
     def _append(self, batch: Batch) -> None:
@@ -194,6 +202,7 @@ class BatchWriter:
         with self._lock:
             self._written += batch.size
             self._queued -= batch.size
+            self._appended_batches += batch.batches
         if time.monotonic() - self._last_save >= self._state_interval:
             self._save()
 
