@@ -11,13 +11,15 @@ In one run, against one throwaway PostgreSQL with a table of --rows rows:
  (d) peak RSS of `dblog run`.
 
 Usage: .venv/bin/python bench/snapshot.py [--rows 5000000] [--only default]
-           [--variant 'name:k = v; k = v' ...] [--profile DIR]
+           [--variant 'name:k = v; k = v' ...] [--profile DIR] [--trace DIR]
 
 ``--variant`` adds a variant with these ``[snapshot]`` settings (repeatable; ``--only``
 then picks among all); a setting ``env NAME=value`` sets the environment of its `dblog run`
 instead (variant ``sql-path`` is ``env PYDBLOG_NATIVE_CHUNKS=0``). ``--profile DIR`` records a py-spy profile (raw collapsed stacks
 of every thread while it is on CPU) of `dblog run` per variant into DIR; it slows the
-run down a little.
+run down a little. ``--trace DIR`` splits each variant's stream lag into its terms
+(``pydblog.capture.lagtrace``: receive, batching, writer queue, append; the writer's CPU
+and run-queue wait per append; the capture thread's long steps), traces kept in DIR.
 """
 
 from __future__ import annotations
