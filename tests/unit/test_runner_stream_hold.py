@@ -66,6 +66,13 @@ def test_chunks_wait_while_a_stream_event_waits_for_the_change_log(tmp_path: Pat
         log.gate.set()
         runner.writer.drain()
         assert not runner._hold()  # appended: chunks go again
+        # Without a snapshot nobody asks _hold: flushes alone keep the record bounded.
+        for _ in range(100):
+            runner._stream_since = time.monotonic()
+            runner._pending.append(encode_event(ev, "postgresql", "db", 1))
+            runner.flush()
+            runner.writer.drain()
+        assert len(runner._stream_inflight) <= 1
     finally:
         log.gate.set()
         runner.writer.close()

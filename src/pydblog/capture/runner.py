@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -104,7 +105,7 @@ class Runner:
         # each submitted batch holding stream events not yet appended: (its submission
         # number, that time). Chunk reads wait while one waits too long.
         self._stream_since: float | None = None
-        self._stream_inflight: list[tuple[int, float]] = []
+        self._stream_inflight: deque[tuple[int, float]] = deque()
         self._submitted = 0
         self._schemas: list[TableSchema] = []
         self._known_schemas: dict[str, TableSchema] = {
@@ -495,7 +496,7 @@ class Runner:
             ))
             self._trace.clear()
             if self._stream_since is not None:
-                self._stream_inflight.append((self._submitted, self._stream_since))
+                self._prune_stream_inflight().append((self._submitted, self._stream_since))
                 self._stream_since = None
             self._submitted += 1
             self._pending.clear()
@@ -517,14 +518,19 @@ class Runner:
         ``HOLD_STREAM_WAIT_S``)."""
         if self.writer.backlog() >= HOLD_BACKLOG_EVENTS:
             return True
+        inflight = self._prune_stream_inflight()
+        oldest = inflight[0][1] if inflight else self._stream_since
+        return (HOLD_STREAM_WAIT_S > 0 and oldest is not None
+                and time.monotonic() - oldest >= HOLD_STREAM_WAIT_S)
+
+    def _prune_stream_inflight(self) -> deque[tuple[int, float]]:
+        """Forget the submitted batches the writer has appended (the rest, oldest first)."""
         inflight = self._stream_inflight
         if inflight:
             done = self.writer.appended_batches()
             while inflight and inflight[0][0] < done:
-                inflight.pop(0)
-        oldest = inflight[0][1] if inflight else self._stream_since
-        return (HOLD_STREAM_WAIT_S > 0 and oldest is not None
-                and time.monotonic() - oldest >= HOLD_STREAM_WAIT_S)
+                inflight.popleft()
+        return inflight
 
     def _retention(self) -> None:
         """Queued to the writer thread, which owns the change log's connection."""
