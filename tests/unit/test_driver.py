@@ -70,3 +70,15 @@ def test_close_ends_the_worker_threads(tmp_path: Path) -> None:
     assert worker is not None and worker.is_alive()
     d.close()
     assert not worker.is_alive()
+
+
+def test_after_a_read_that_could_not_decide_the_next_request_waits(tmp_path: Path) -> None:
+    """Review finding K: an inconclusive read (an uncovered fenced start or chunk) is
+    not followed by the next request at once (``core.retry``)."""
+    d, reader = _driver(tmp_path)
+    d.core._read_again = 1  # as if the last read could not decide
+    d.submit_next()
+    assert not reader.called.wait(0.02)  # within the first wait (0.05 s)
+    threading.Event().wait(0.06)
+    d.submit_next()
+    assert reader.called.wait(5)

@@ -27,6 +27,7 @@ from typing import Any, cast
 
 from pydblog.capture import lagtrace
 from pydblog.config import Config
+from pydblog.core.fence import describe
 from pydblog.core.requests import (
     BoundsRequest,
     ChunkRequest,
@@ -35,6 +36,7 @@ from pydblog.core.requests import (
     Request,
     TableStartRequest,
 )
+from pydblog.core.retry import RetryBackoff
 from pydblog.core.signals import parse_signal
 from pydblog.core.sizing import CoreSettings
 from pydblog.core.snapshot import SnapshotCore
@@ -104,6 +106,8 @@ class SnapshotDriver:
         # True while new chunk requests should wait (the runner: the writer's backlog is long).
         self.hold: Callable[[], bool] = lambda: False
         self._held_since: float | None = None
+        self._backoff = RetryBackoff()  # after inconclusive reads (core.retry)
+        self._last_fence: object = None  # the last read's fence (for the log)
 
     # -- routing ----------------------------------------------------------------------
     @property
@@ -215,9 +219,21 @@ class SnapshotDriver:
             if now - self._held_since < MAX_HOLD_S:
                 return False
         self._held_since = None
+        now = time.monotonic()
+        if self._backoff.note(self.core.read_again, now):
+            log.warning(
+                "snapshot: %d reads in a row could not decide (the read did not see "
+                "everything the stream delivered: a lagging standby, a commit waiting for a "
+                "synchronous standby, or a transaction in doubt; last fence: %s); reading "
+                "again every %.1f s at most", self._backoff.streak,
+                describe(self._last_fence), self._backoff.max_s,
+            )
+        if not self._backoff.ready(now):
+            return False  # (the next tick, 50 ms at most on an idle stream, looks again)
         request = self.core.next_request()
         if request is None:
             return False
+        self._backoff.submitted()
         self._inflight.add(request.id)
         concurrent = isinstance(request, BoundsRequest) or (
             isinstance(request, ChunkRequest | TableStartRequest) and request.concurrent
@@ -308,6 +324,7 @@ class SnapshotDriver:
                 answer(lambda: [])
             elif isinstance(request, TableStartRequest):
                 info, max_key, error, start_fence = self._start_table(request, reader)
+                self._last_fence = start_fence
                 answer(lambda: core.on_table_started(request.id, info, max_key, error, start_fence))
                 if request.watermark is not None:  # the answer (even an error) lands there
                     reader.write_watermark(request.watermark)
@@ -339,6 +356,7 @@ class SnapshotDriver:
                 elapsed = (time.perf_counter() - t0) * 1000
                 if lagtrace.ON:
                     lagtrace.chunk_read(w0, len(rows))
+                self._last_fence = fence
                 answer(lambda: core.on_chunk_read(request.id, rows, elapsed, fence=fence))
                 if request.high_watermark is not None:
                     reader.write_watermark(request.high_watermark)
@@ -387,6 +405,7 @@ class SnapshotDriver:
                 )
             _await_floor(self.reader, request.floor)
             rows, fence = cast(FencedKeyReader, self.reader).read_keys_fenced(keyed, request.keys)
+            self._last_fence = fence
         else:
             rows = self.reader.read_keys(keyed, request.keys)
         elapsed = (time.perf_counter() - t0) * 1000

@@ -931,6 +931,12 @@ class SnapshotCore:
                 return request.identity
         return ()
 
+    @property
+    def read_again(self) -> int:
+        """Reads whose window could not decide, so far (this process): the driver backs
+        off while they come in a row (``core.retry``)."""
+        return self._read_again
+
     def _fenced_request(self, request_id: str) -> bool:
         return any(
             p is not None and p.request.id == request_id and p.fenced is not None
