@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from pydblog.core import ChunkRequest, CoreSettings, SnapshotCore, TableStartRequest, parse_signal
-from pydblog.core.fence import LOST_XIDS, Delivered, Floor, Lost
+from pydblog.core.fence import LOST_XIDS, Delivered, Floor, Lost, Unsettled
 from pydblog.events import ChangeEvent, Op, expand
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
@@ -288,3 +288,30 @@ def test_lost_transactions_are_judged_by_their_ids_or_their_range() -> None:
     assert many.xids is None and (many.min_tx, many.max_tx) == (100, 100 + LOST_XIDS)
     back = Lost.from_json(json.loads(json.dumps(many.to_json())))
     assert (back.xids, back.min_tx, back.max_tx) == (None, 100, 100 + LOST_XIDS)
+
+
+def test_a_fence_requested_before_a_floor_or_a_clear_does_not_judge_it() -> None:
+    """Review finding J: a fence's running xids were taken when its read ran; a
+    transaction that got its xid after that, was delivered, and still waits for a
+    synchronous standby is in no doubt set of that fence. Such a fence must not drop a
+    floor taken after its request (nor resolve what ``Delivered`` forgot after it)."""
+    u = Unsettled()
+    u.prune(xid_fence(5, 5, "", 1, set()))  # resolves the start: nothing ran
+    issued = u.delivered.epoch  # a read is requested; its running list: none
+    u.learn(PgPosition(Lsn(2), 0, None, 20))  # tx 20 delivered, waits for the standby
+    u.watch_from(PgPosition(Lsn(2), 0, None, 20))
+    late = xid_fence(20, 21, "20", 3, set())  # the read's snapshot misses tx 20
+    u.prune(late, issued)
+    assert u.floor is not None and u.floor.xids == {20}  # kept: tx 20 is unseen
+    u.prune(xid_fence(21, 22, "21", 4, {21}), u.delivered.epoch)  # a later read sees it
+    assert u.floor is None
+    # The same after Delivered forgot (past its limit): the stale fence resolves nothing.
+    d = Delivered(limit=1)
+    d.prune(xid_fence(5, 5, "", 1, set()))
+    issued = d.epoch
+    d.add(PgPosition(Lsn(2), 0, None, 20))
+    d.add(PgPosition(Lsn(3), 0, None, 21))  # cleared: 20 forgotten
+    d.prune(late, issued)
+    assert d.forgotten
+    d.prune(xid_fence(20, 22, "20", 4, {20}), d.epoch)  # requested after: resolves
+    assert not d.forgotten and d.xids == {20}

@@ -140,13 +140,18 @@ class Delivered:
     next fence that tells its doubtful transactions resolves that, conservatively, by
     taking all of them (every forgotten one still invisible is among them)."""
 
-    __slots__ = ("_last", "forgotten", "limit", "xids")
+    __slots__ = ("_last", "epoch", "forgotten", "limit", "xids")
 
     def __init__(self, limit: int = MAX_DELIVERED) -> None:
         self.xids: set[int] = set()
         self.forgotten = True
         self.limit = limit
         self._last: int | None = None
+        self.epoch = 0
+        """Clears and new floors so far. A fence resolves ``forgotten`` (and judges a
+        floor) only if its read was requested in the current epoch (``issued``) or the
+        floor's: one requested before the clear may have taken its running transactions
+        before some forgotten ones had an xid (review finding J)."""
 
     def add(self, position: Position) -> None:
         tx = getattr(position, "tx_id", None)
@@ -156,14 +161,16 @@ class Delivered:
         if len(self.xids) >= self.limit:
             self.xids.clear()
             self.forgotten = True
+            self.epoch += 1
         self.xids.add(tx)
 
-    def prune(self, fence: ReadFence) -> None:
-        """Forget what ``fence`` shows visible (visibility never goes back)."""
+    def prune(self, fence: ReadFence, issued: int | None = None) -> None:
+        """Forget what ``fence`` shows visible (visibility never goes back). ``issued``:
+        the epoch its read was requested in (None: now)."""
         doubt = fence.in_doubt()
         if doubt is None:
             return
-        if self.forgotten:
+        if self.forgotten and (issued is None or issued >= self.epoch):
             self.xids |= doubt
             self.forgotten = False
         self.xids = {x for x in self.xids if not fence.sees_tx(x)}
@@ -180,29 +187,40 @@ class Floor:
     still unknown is ever set in place; a window keeps the floor it was opened with,
     and ``narrowed`` makes a new one for later windows."""
 
-    __slots__ = ("forgotten", "position", "xids")
+    __slots__ = ("epoch", "forgotten", "position", "xids")
 
     def __init__(self, position: Position | None, xids: frozenset[int] = frozenset(),
-                 forgotten: bool = True) -> None:
+                 forgotten: bool = True, epoch: int = 0) -> None:
         self.position = position
         self.xids = xids
         self.forgotten = forgotten
+        self.epoch = epoch  # ``Delivered.epoch`` when it was taken
 
     @classmethod
     def at(cls, position: Position | None, delivered: Delivered) -> Floor:
-        return cls(position, frozenset(delivered.xids), delivered.forgotten)
+        return cls(position, frozenset(delivered.xids), delivered.forgotten, delivered.epoch)
+
+    def fresh(self, issued: int | None) -> bool:
+        """A read requested in ``Delivered`` epoch ``issued`` (None: now) was requested
+        after this floor was taken, so its fence may judge it: one requested before may
+        have taken its running transactions before some delivered ones had an xid."""
+        return issued is None or issued >= self.epoch
 
     def covered_by(self, fence: ReadFence) -> bool:
         return self.position is not None and fence.covers(self)
 
-    def narrowed(self, fence: ReadFence) -> Floor:
+    def narrowed(self, fence: ReadFence, issued: int | None = None) -> Floor:
         """This floor for reads after ``fence``'s: without the transactions it shows
-        visible for good (if forgotten: with every one it doubts instead)."""
+        visible for good (if forgotten: with every one it doubts instead, only if its
+        read was requested in the floor's ``Delivered`` epoch or later, ``issued``;
+        None: now)."""
         doubt = fence.in_doubt()
         if doubt is None:
             return self
-        xids = doubt | self.xids if self.forgotten else self.xids
-        return Floor(self.position, frozenset(x for x in xids if not fence.sees_tx(x)), False)
+        resolve = self.forgotten and self.fresh(issued)
+        xids = doubt | self.xids if resolve else self.xids
+        return Floor(self.position, frozenset(x for x in xids if not fence.sees_tx(x)),
+                     self.forgotten and not resolve, self.epoch)
 
 
 class ReadFence(Protocol):
@@ -254,6 +272,7 @@ class Unsettled:
         """A table is watched from now on; ``position``: the newest the stream has
         delivered (None: nothing yet). Replaces an older floor (a later position: a
         fence that covers it covers the older one)."""
+        self.delivered.epoch += 1  # reads requested before it cannot judge it (finding J)
         self.floor = Floor.at(position, self.delivered)
 
     def learn(self, position: Position) -> None:
@@ -272,14 +291,17 @@ class Unsettled:
             self.lost.add(self.events[:cut])
             del self.events[:cut]
 
-    def prune(self, fence: ReadFence) -> None:
-        """Forget what ``fence`` proves visible for good."""
+    def prune(self, fence: ReadFence, issued: int | None = None) -> None:
+        """Forget what ``fence`` proves visible for good. ``issued``: the
+        ``Delivered.epoch`` its read was requested in (None: now)."""
         self.events = [e for e in self.events if not fence.settles(e)]
         if self.lost is not None and fence.settles_lost(self.lost):
             self.lost = None
-        self.delivered.prune(fence)
-        if self.floor is not None:
-            self.floor = None if self.floor.covered_by(fence) else self.floor.narrowed(fence)
+        self.delivered.prune(fence, issued)
+        floor = self.floor
+        if floor is not None:
+            fresh = floor.fresh(issued)
+            self.floor = None if fresh and floor.covered_by(fence) else floor.narrowed(fence, issued)
 
     def clear(self) -> None:
         self.events.clear()

@@ -200,6 +200,7 @@ class SnapshotCore:
         # Windows judged by their reads' fences (read-only, or watermarks + fences).
         self._fenced = settings.read_only or settings.fenced
         self._unsettled = Unsettled()
+        self._issued: dict[str, int] = {}  # fenced request id -> Delivered epoch at issue
         self._read_again = 0  # reads whose window was inconclusive (this process)
         self._watched: set[str] = set()  # read-only: tables in the incremental lane
         # Concurrent windows (``core.flight``): one flight per table being read, in lane
@@ -352,6 +353,16 @@ class SnapshotCore:
     def next_request(self) -> Request | None:
         """The next thing for the worker, or None (idle, paused, or waiting for an answer,
         a watermark, or ``on_stream_paused``). Blocking work goes first."""
+        request = self._next_request()
+        if request is not None and self._fenced:
+            # Which Delivered epoch the read's fence comes from (core.fence, finding J).
+            self._issued[request.id] = self._unsettled.delivered.epoch
+        return request
+
+    def _issued_epoch(self, request_id: str) -> int:
+        return self._issued.pop(request_id, -1)  # unknown: too old to resolve anything
+
+    def _next_request(self) -> Request | None:
         if self._busy is not None:
             return None
         if self._block:
@@ -666,7 +677,7 @@ class SnapshotCore:
         flight.set_rows(request_id, rows, fence)
         self._resize(request, len(rows), elapsed_ms)
         if fence is not None:
-            self._unsettled.prune(fence)
+            self._unsettled.prune(fence, self._issued_epoch(request_id))
         return []
 
     def _flight_failed(
@@ -770,7 +781,7 @@ class SnapshotCore:
         start (mode ``initial``: a lagging standby), so the start is read again."""
         starting = self._starting
         ours = starting is not None and starting.request.id == request_id
-        if fence is not None and self._read_only and error is None and not self._start_covered(fence):
+        if fence is not None and self._read_only and error is None and not self._start_covered(fence, request_id):
             self._read_again += 1
             if ours:
                 self._starting = None  # the next request starts the table again
@@ -815,7 +826,7 @@ class SnapshotCore:
                 self._resize(pending.request, len(rows), elapsed_ms)
                 if pending.fenced is not None and fence is not None:
                     pending.fenced.set_answer(rows, fence)
-                    self._unsettled.prune(fence)
+                    self._unsettled.prune(fence, self._issued_epoch(request_id))
                 elif pending.window is not None:
                     pending.window.set_rows(rows)
                 return []
@@ -908,12 +919,13 @@ class SnapshotCore:
         self._watch()
         self._settle()
 
-    def _start_covered(self, fence: ReadFence) -> bool:
+    def _start_covered(self, fence: ReadFence, request_id: str) -> bool:
         """A read-only start's fence sees everything the stream delivered before the
         table was watched (events after that are in the log: a key it misses is not lost)."""
-        self._unsettled.prune(fence)
+        issued = self._issued_epoch(request_id)
+        self._unsettled.prune(fence, issued)
         floor = self._unsettled.floor
-        return floor is None or floor.covered_by(fence)
+        return floor is None or (floor.fresh(issued) and floor.covered_by(fence))
 
     def _answer(self, request_id: str) -> bool:
         """Clear the busy flag; False for an answer nobody waits for any more."""
