@@ -148,6 +148,10 @@ class _Totals:
     rows: int = 0
 
 
+MAX_ISSUED = 1024
+"""Fenced requests whose issue epoch the core remembers at most (``next_request``)."""
+
+
 class SnapshotCore:
     """DBLog snapshot state machine; see the module docstring for the protocol.
 
@@ -354,9 +358,14 @@ class SnapshotCore:
         """The next thing for the worker, or None (idle, paused, or waiting for an answer,
         a watermark, or ``on_stream_paused``). Blocking work goes first."""
         request = self._next_request()
-        if request is not None and self._fenced:
+        if request is not None and getattr(request, "fenced", False):
             # Which Delivered epoch the read's fence comes from (core.fence, finding J).
-            self._issued[request.id] = self._unsettled.delivered.epoch
+            # Bounded: an answer that never comes (a failed read) leaves its entry; one
+            # dropped here is judged as too old (conservative).
+            issued = self._issued
+            issued[request.id] = self._unsettled.delivered.epoch
+            if len(issued) > MAX_ISSUED:
+                del issued[next(iter(issued))]
         return request
 
     def _issued_epoch(self, request_id: str) -> int:
