@@ -27,53 +27,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Callable
+import sys
 from pathlib import Path
 
 import psycopg
 
 from pydblog.config import Config
 from pydblog.devtools.pgcluster import PgCluster
-from pydblog.devtools.proc import cpu_seconds
 from pydblog.events import EncodedChunk
 from pydblog.sources.postgres import native
 from pydblog.sources.postgres.chunks import PgSnapshotReader
 
-SERVER_PID = 0
-
-
-def server_cpu() -> float:
-    """CPU used so far by the throwaway cluster: the postmaster and its children (live
-    and ended)."""
-    # the postmaster's own CPU and that of its children it reaped (backends that ended)
-    fields = Path(f"/proc/{SERVER_PID}/stat").read_text().rsplit(")", 1)[1].split()
-    total = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[1]) == SERVER_PID:
-            total += cpu_seconds(int(stat.parent.name))
-    return total
-
-
-class _Source:
-    captured_tables: tuple[str, ...] = ()
-
-
-def measure(label: str, rows: int, run: Callable[[], int], base: float | None) -> float:
-    t0, c0, s0 = time.perf_counter(), time.process_time(), server_cpu()
-    n = run()
-    time.sleep(0.3)  # a closed connection's backend exits and is reaped
-    elapsed, cpu, server = time.perf_counter() - t0 - 0.3, time.process_time() - c0, server_cpu() - s0
-    assert n == rows, (label, n)
-    rate = rows / elapsed
-    ratio = f" = {rate / base:.2f} x (b)" if base else ""
-    print(f"{label}: {rate:,.0f} rows/s{ratio} (client CPU {cpu * 1e6 / rows:.2f} us/row, "
-          f"PostgreSQL CPU {server * 1e6 / rows:.2f} us/row)", flush=True)
-    return rate
+sys.path.insert(0, str(Path(__file__).parent))
+import arrow_chunks as cluster_cpu  # bench/arrow_chunks.py: the cluster CPU and measure helpers
 
 
 def main() -> None:
@@ -90,8 +56,7 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
     with PgCluster() as cluster:
         dsn = cluster.create_database("bench")
-        global SERVER_PID
-        SERVER_PID = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        cluster_cpu.SERVER_PID = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
                 "CREATE TABLE big (id bigint PRIMARY KEY, a int, b text, c numeric(12,2), "
@@ -109,7 +74,7 @@ def main() -> None:
         print(f"loaded {rows:,} rows, {len(ranges)} ranges of {size:,}", flush=True)
 
         cfg = Config.model_validate({"source": {"dsn": dsn}, "log": {"path": "/nonexistent"}})
-        reader = PgSnapshotReader(cfg, _Source(), split=False)  # type: ignore[arg-type]
+        reader = PgSnapshotReader(cfg, cluster_cpu._Source(), split=False)  # type: ignore[arg-type]
         info = reader.table_info("public.big")
         assert info is not None
         expected: list[tuple[str, str]] = []
@@ -163,13 +128,13 @@ def main() -> None:
             return n
 
         for _ in range(args.repeat):
-            base = measure("(b) raw COPY, whole table", rows, copy_all, None)
-            measure("(b2) raw COPY per key range (ORDER BY id)", rows, copy_ranges, base)
+            base = cluster_cpu.measure("(b) raw COPY, whole table", rows, copy_all, None)
+            cluster_cpu.measure("(b2) raw COPY per key range (ORDER BY id)", rows, copy_ranges, base)
             expected.clear()
-            measure("(a) read_chunk, SQL fast path (server JSON)", rows, lambda: read(False), base)
-            measure("(n) read_chunk, native encoder (checked byte-equal to (a))", rows,
+            cluster_cpu.measure("(a) read_chunk, SQL fast path (server JSON)", rows, lambda: read(False), base)
+            cluster_cpu.measure("(n) read_chunk, native encoder (checked byte-equal to (a))", rows,
                     lambda: read(True), base)
-            measure("(n0) the encoder alone, COPY text in memory", rows, encode_only, base)
+            cluster_cpu.measure("(n0) the encoder alone, COPY text in memory", rows, encode_only, base)
         reader.close()
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
 
