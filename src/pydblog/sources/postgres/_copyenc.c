@@ -516,6 +516,26 @@ done:
     return ok;
 }
 
+/* The Python answer for an encoded chunk: (count, keys, tails); (None, None, None,
+ * reason) when a value had an unknown form; NULL with an exception when memory ran out. */
+static PyObject *chunk_result(const out_t *o) {
+    if (o->keys.failed || o->tails.failed) return PyErr_NoMemory();
+    if (o->bad != NULL) return Py_BuildValue("(OOOs)", Py_None, Py_None, Py_None, o->bad);
+    PyObject *k = PyUnicode_DecodeUTF8(o->keys.data ? o->keys.data : "", (Py_ssize_t)o->keys.len, "strict");
+    PyObject *t = k ? PyUnicode_DecodeUTF8(o->tails.data ? o->tails.data : "", (Py_ssize_t)o->tails.len, "strict") : NULL;
+    if (k && t) return Py_BuildValue("(nNN)", o->count, k, t);
+    Py_XDECREF(k);
+    Py_XDECREF(t);
+    return NULL;
+}
+
+static void free_out(out_t *o) {
+    free(o->keys.data);
+    free(o->tails.data);
+    free(o->starts);
+    free(o->lens);
+}
+
 static PyObject *copy_chunk(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long ptr;
@@ -546,23 +566,10 @@ static PyObject *copy_chunk(PyObject *self, PyObject *args) {
                                (Py_ssize_t)(err.sqlstate[0] ? 5 : 0), err.message);
         goto out;
     }
-    if (o.keys.failed || o.tails.failed) { PyErr_NoMemory(); goto out; }
-    if (o.bad != NULL) {
-        result = Py_BuildValue("(OOOs)", Py_None, Py_None, Py_None, o.bad);
-        goto out;
-    }
-    {
-        PyObject *k = PyUnicode_DecodeUTF8(o.keys.data ? o.keys.data : "", (Py_ssize_t)o.keys.len, "strict");
-        PyObject *t = k ? PyUnicode_DecodeUTF8(o.tails.data ? o.tails.data : "", (Py_ssize_t)o.tails.len, "strict") : NULL;
-        if (k && t) result = Py_BuildValue("(nNN)", o.count, k, t);
-        else { Py_XDECREF(k); Py_XDECREF(t); }
-    }
+    result = chunk_result(&o);
 out:
     free(err.message);
-    free(o.keys.data);
-    free(o.tails.data);
-    free(o.starts);
-    free(o.lens);
+    free_out(&o);
     free_spec(&sp);
     return result;
 }
@@ -593,22 +600,9 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         a = end + 1;
     }
     Py_END_ALLOW_THREADS
-    if (o.keys.failed || o.tails.failed) { PyErr_NoMemory(); goto out; }
-    if (o.bad != NULL) {
-        result = Py_BuildValue("(OOOs)", Py_None, Py_None, Py_None, o.bad);
-        goto out;
-    }
-    {
-        PyObject *k = PyUnicode_DecodeUTF8(o.keys.data ? o.keys.data : "", (Py_ssize_t)o.keys.len, "strict");
-        PyObject *t = k ? PyUnicode_DecodeUTF8(o.tails.data ? o.tails.data : "", (Py_ssize_t)o.tails.len, "strict") : NULL;
-        if (k && t) result = Py_BuildValue("(nNN)", o.count, k, t);
-        else { Py_XDECREF(k); Py_XDECREF(t); }
-    }
+    result = chunk_result(&o);
 out:
-    free(o.keys.data);
-    free(o.tails.data);
-    free(o.starts);
-    free(o.lens);
+    free_out(&o);
     free_spec(&sp);
     return result;
 }
