@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,11 @@ def read_log(config: Path) -> list[dict[str, Any]]:
         return [decode_envelope(r.offset, r.body) for r in reader.read(reader.first_offset(), 10**9)]
     finally:
         reader.close()
+
+
+def sid() -> str:
+    """A fresh signal id."""
+    return f"sig-{uuid.uuid4().hex[:8]}"
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:

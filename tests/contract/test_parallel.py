@@ -18,7 +18,8 @@ from pydblog.changelog import log_exists, open_reader
 from pydblog.ports import ChangeLogReader
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import Harness
-from tests.contract.test_snapshots import q, sid, writer
+from tests.contract.test_snapshots import q, writer
+from tests.helpers import sid
 from tests.mysql.harness import MariaHarness
 
 

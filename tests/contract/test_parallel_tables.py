@@ -20,7 +20,8 @@ import pytest
 
 from tests.contract.capture import Capture, Event, snapshot_rows
 from tests.contract.harness import Harness
-from tests.contract.test_snapshots import q, sid, writer
+from tests.contract.test_snapshots import q, writer
+from tests.helpers import sid
 
 TABLES = [f"pt{i}" for i in range(8)]
 ROWS = 1500

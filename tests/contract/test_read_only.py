@@ -26,7 +26,8 @@ from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import Harness, PgHarness, Wrapped
 from tests.contract.test_parallel import big_table as parallel_table
 from tests.contract.test_parallel import sized
-from tests.contract.test_snapshots import make_table, q, sid, writer
+from tests.contract.test_snapshots import make_table, q, writer
+from tests.helpers import sid
 from tests.mysql.harness import MariaHarness
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import Harness
+from tests.helpers import sid
 
 
 def make_table(h: Harness, name: str, rows: int, start: int = 0) -> None:
@@ -23,10 +23,6 @@ def make_table(h: Harness, name: str, rows: int, start: int = 0) -> None:
     if rows:
         values = ", ".join(f"({i}, 'v{i}', {i % 7})" for i in range(start, start + rows))
         h.execute(f"INSERT INTO {name} (id, v, n) VALUES {values}")
-
-
-def sid() -> str:
-    return f"sig-{uuid.uuid4().hex[:8]}"
 
 
 def q(h: Harness, table: str) -> str:

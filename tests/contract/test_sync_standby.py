@@ -23,7 +23,8 @@ from pydblog.devtools.pgstandby import PgStandby
 from tests.conftest import drop_database
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness
-from tests.contract.test_snapshots import make_table, q, sid
+from tests.contract.test_snapshots import make_table, q
+from tests.helpers import sid
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ first chunk forever (0 rows after 60 s, ~445 transactions/s against the source).
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -22,13 +21,10 @@ import pytest
 from pydblog.changelog import open_reader
 from tests.contract.capture import Capture
 from tests.contract.harness import PgHarness
+from tests.helpers import sid
 from tests.integration.test_late_visible_commit import sync_cluster, sync_db  # noqa: F401
 
 ROWS = 1200
-
-
-def sid() -> str:
-    return f"sig-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.mark.parametrize("watermark", ["table", "read-only"])

@@ -7,15 +7,11 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness
-
-
-def sid() -> str:
-    return f"sig-{uuid.uuid4().hex[:8]}"
+from tests.helpers import sid
 
 
 def churn(h: PgHarness, table: str, stop: threading.Event, seed: int, space: int) -> None:

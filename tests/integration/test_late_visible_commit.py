@@ -27,6 +27,7 @@ from pydblog.devtools.pgcluster import PgCluster
 from tests.conftest import drop_database
 from tests.contract.capture import Capture
 from tests.contract.harness import PgHarness
+from tests.helpers import sid
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +52,6 @@ def sync_db(sync_cluster: PgCluster) -> Iterator[str]:
         yield dsn
     finally:
         drop_database(sync_cluster, name)  # and its slot: slot names are cluster-wide
-
-
-def sid() -> str:
-    return f"sig-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.mark.parametrize("watermark", ["table", "read-only"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,7 @@ import pytest
 
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness
-from tests.helpers import materialize, source_rows
-
-
-def sid() -> str:
-    return f"sig-{uuid.uuid4().hex[:8]}"
+from tests.helpers import materialize, sid, source_rows
 
 
 def create(h: PgHarness, name: str, first: int, last: int, tag: str) -> None:

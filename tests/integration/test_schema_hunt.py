@@ -5,20 +5,15 @@ in small chunks while it is written to, and the log must materialize to it."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import psycopg
 
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness
-from tests.helpers import materialize, source_rows
+from tests.helpers import materialize, sid, source_rows
 
 WIDE = 300
-
-
-def sid() -> str:
-    return f"sig-{uuid.uuid4().hex[:8]}"
 
 
 def test_domain_enum_quoted_and_wide_tables(pg_db: str, tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,10 @@ import pytest
 from pydblog.events import UNCHANGED_TOAST
 from tests.contract.capture import Capture
 from tests.contract.harness import PgHarness
-from tests.helpers import materialize
+from tests.helpers import materialize, sid
 
 BIG = "(SELECT string_agg(md5(random()::text || g::text), '') FROM generate_series(1, 400) g)"
 """~12.8 kB of hex: stored out of line (TOASTed) even after compression."""
-
-
-def sid() -> str:
-    return f"sig-{uuid.uuid4().hex[:8]}"
 
 
 def big_table(h: PgHarness, name: str, rows: int) -> None:

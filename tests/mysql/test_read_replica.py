@@ -24,7 +24,8 @@ from pydblog.sources.mysql.setup import OwnTables
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.test_parallel import LogProgress, big_table
 from tests.contract.test_read_only import ReadOnlyUser, assert_wrote_nothing
-from tests.contract.test_snapshots import q, sid, writer
+from tests.contract.test_snapshots import q, writer
+from tests.helpers import sid
 from tests.mysql.harness import MariaHarness
 from tests.mysql.test_failover import _pair, new_database
 
