@@ -11,7 +11,11 @@ In one run, against one throwaway PostgreSQL with a table of --rows rows:
  (d) peak RSS of `dblog run`.
 
 Usage: .venv/bin/python bench/snapshot.py [--rows 5000000] [--only default]
-           [--variant 'name:k = v; k = v' ...] [--profile DIR] [--trace DIR]
+           [--variant 'name:k = v; k = v' ...] [--keys dense|sparse|skewed]
+           [--profile DIR] [--trace DIR]
+
+``--keys`` picks the ids' distribution (``KEYS``); variant ``env PYDBLOG_INT_RANGES=0``
+cuts integer keys by bounds queries instead of arithmetic (``core.intsplit``).
 
 ``--variant`` adds a variant with these ``[snapshot]`` settings (repeatable; ``--only``
 then picks among all); a setting ``env NAME=value`` sets the environment of its `dblog run`
@@ -105,13 +109,46 @@ def copy_rate(dsn: str, rows: int) -> tuple[float, float, float]:
 UPDATER_PID: list[int] = []  # the updater's backend (its CPU is the load, not the snapshot)
 
 
-def updater(dsn: str, rows: int, stop: threading.Event, rate: int) -> None:
+MUL = 11400714819323198485  # odd: g -> g * MUL mod 2**k is a bijection (unique keys)
+KEYS = ("dense", "sparse", "skewed")
+"""Key distributions (``--keys``): ``dense`` ids 0 .. rows-1; ``sparse`` every id a
+pseudo-random bigint in [0, 2**62); ``skewed`` 40 % dense at the start, 20 % sparse over
+2**60 keys, 40 % dense again at 2**61 (the arithmetic ranges of ``core.intsplit`` must
+follow the density down and up again)."""
+
+
+def key_of(keys: str, rows: int, g: int) -> int:
+    """The id of the ``g``-th row (as ``key_sql`` computes it in the load)."""
+    if keys == "sparse":
+        return (g * MUL) % 2**62
+    if keys == "skewed":
+        if g < rows * 4 // 10:
+            return g
+        if g < rows * 6 // 10:
+            return rows + (g * MUL) % 2**60
+        return 2**61 + g
+    return g
+
+
+def key_sql(keys: str, rows: int) -> str:
+    """``key_of`` in SQL over ``generate_series`` column ``g`` (numeric: no overflow),
+    with ``%`` doubled for psycopg."""
+    if keys == "sparse":
+        return f"((g::numeric * {MUL}) %% {2**62})::bigint"
+    if keys == "skewed":
+        return (f"CASE WHEN g < {rows * 4 // 10} THEN g WHEN g < {rows * 6 // 10} THEN "
+                f"{rows} + ((g::numeric * {MUL}) %% {2**60})::bigint ELSE {2**61} + g END")
+    return "g"
+
+
+def updater(dsn: str, rows: int, stop: threading.Event, rate: int, keys: str = "dense") -> None:
     rng = random.Random(1)
     with psycopg.connect(dsn, autocommit=True) as conn:
         UPDATER_PID[:] = [conn.info.backend_pid]
         nxt = time.monotonic()
         while not stop.is_set():
-            conn.execute("UPDATE big SET n = n + 1 WHERE id = %s", (rng.randrange(rows),))
+            key = key_of(keys, rows, rng.randrange(rows))
+            conn.execute("UPDATE big SET n = n + 1 WHERE id = %s", (key,))
             nxt += 1 / rate
             delay = nxt - time.monotonic()
             if delay > 0:
@@ -120,7 +157,7 @@ def updater(dsn: str, rows: int, stop: threading.Event, rate: int) -> None:
 
 def run_snapshot(
     dsn: str, rows: int, work: Path, extra: str, label: str, copy: float,
-    profile: Path | None = None, trace: Path | None = None,
+    profile: Path | None = None, trace: Path | None = None, keys: str = "dense",
 ) -> None:
     name = re.sub(r"[^a-z0-9_]", "_", label.lower())
     # "env NAME=value" lines set the process's environment, not [snapshot]
@@ -165,7 +202,7 @@ def run_snapshot(
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
     stop = threading.Event()
-    upd = threading.Thread(target=updater, args=(dsn, rows, stop, 1000))
+    upd = threading.Thread(target=updater, args=(dsn, rows, stop, 1000, keys))
     upd.start()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
@@ -308,6 +345,8 @@ def main() -> None:
     ap.add_argument("--only", action="append", help="run only this variant (repeatable)")
     ap.add_argument("--variant", action="append", default=[],
                     help="'name:k = v; k = v': a variant with these [snapshot] settings")
+    ap.add_argument("--keys", choices=KEYS, default="dense",
+                    help="the ids' distribution (dense 0..rows-1, sparse, skewed)")
     ap.add_argument("--profile", type=Path)
     ap.add_argument("--trace", type=Path, metavar="DIR",
                     help="split the stream's lag into its terms (PYDBLOG_LAG_TRACE files in DIR)")
@@ -332,8 +371,8 @@ def main() -> None:
                 "d timestamptz, n int)"
             )
             conn.execute(
-                "INSERT INTO big SELECT g, g %% 1000, 'text-' || g, g * 1.5, now(), 0 "
-                "FROM generate_series(0, %s) g",
+                f"INSERT INTO big SELECT {key_sql(args.keys, args.rows)}, g %% 1000, "
+                "'text-' || g, g * 1.5, now(), 0 FROM generate_series(0, %s) g",
                 (args.rows - 1,),
             )
             conn.execute("VACUUM ANALYZE big")
@@ -342,7 +381,7 @@ def main() -> None:
             # fsyncs once per run (one 0.3-0.5 s lag spike: the p99 of a 20 s run).
             conn.execute("CHECKPOINT")
         os.sync()
-        print(f"loaded {args.rows:,} rows in {time.perf_counter() - t0:.0f}s")
+        print(f"loaded {args.rows:,} rows ({args.keys} ids) in {time.perf_counter() - t0:.0f}s")
         copy, copy_cpu, copy_server = copy_rate(dsn, args.rows)
         print(
             f"(a) COPY TO STDOUT as raw bytes: {copy:,.0f} rows/s (client CPU {copy_cpu:.2f} us/row, "
@@ -350,7 +389,8 @@ def main() -> None:
         )
         for label, extra in variants.items():
             if not args.only or label in args.only:
-                run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile, args.trace)
+                run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile, args.trace,
+                             args.keys)
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
     shutil.rmtree(work, ignore_errors=True)
 

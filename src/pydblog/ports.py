@@ -478,6 +478,18 @@ class ConcurrentReader(Protocol):
         ...
 
 
+class IntegerKeyReader(Protocol):
+    """A ``ConcurrentReader`` that can tell a single-column integer chunk key: its ranges
+    are then cut by arithmetic (``core.intsplit``) instead of by ``chunk_bounds``
+    queries, after the first."""
+
+    def integer_key(self, info: TableInfo) -> bool:
+        """``info.key`` is one column of an integer type of the database (signed or
+        unsigned, any width), whose values chunk keys carry as JSON integers; False
+        when ``PYDBLOG_INT_RANGES=0`` (``sources.intkeys``: benchmarks compare both)."""
+        ...
+
+
 class FencedReader(Protocol):
     """A ``SnapshotReader`` that can read chunks for read-only snapshots (``[snapshot]
     watermark = "read-only"``): no watermark, the read's ``core.fence.ReadFence``

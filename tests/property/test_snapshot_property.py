@@ -70,6 +70,7 @@ from pydblog.core import (
     TableStartRequest,
 )
 from pydblog.core.fence import Floor, Lost
+from pydblog.core.flight import Range
 from pydblog.core.window import ChunkWindow
 from pydblog.events import (
     UNCHANGED_TOAST,
@@ -204,6 +205,11 @@ class Sim:
     partial: int = 0
     rereads: int = 0
     bounds: int = 0
+    # The reader says the key is an integer (``on_bounds(integer=True)``): after the
+    # first bounds query ranges are cut by arithmetic (``core.intsplit``).
+    integer: bool = False
+    arithmetic: int = 0  # ranges cut by arithmetic, issued
+    splits: int = 0  # arithmetic reads that filled their LIMIT: their rest cut again
     overlaps: int = 0
     partials: bool = True  # partial (TOAST) writes, which queue key re-reads
     slow: bool = False  # some chunk reads take long (their table's tail stays open)
@@ -485,6 +491,8 @@ class Sim:
                     self.overlaps += 1
                 if isinstance(request, ChunkRequest) and self.parallelism > 1:
                     self.recent = [*self.recent[-3:], request]
+                    rng = self.range_of(request.id)
+                    self.arithmetic += rng is not None and rng.planned > 0
                     if self.slow and self.stalled is None and self.data.draw(
                         st.integers(0, 2), label="a slow read"
                     ) == 0:
@@ -517,6 +525,14 @@ class Sim:
             self.chunk(w, w.request)
         return True
 
+    def range_of(self, request_id: str) -> Range | None:
+        """The concurrent range a chunk request reads (None: not one, or forgotten)."""
+        for flight in self.core._flights.values():
+            rng = flight.range_of(request_id)
+            if rng is not None:
+                return rng
+        return None
+
     def ready(self) -> list[Worker]:
         """The workers that may take a step: as the driver runs requests, concurrent
         ones side by side, every other one on the one sequential worker, in order
@@ -535,7 +551,7 @@ class Sim:
         keys = sorted(k for k in self.db[req.table] if (after is None or k > after) and k <= top)
         picks = [(keys[i - 1],) for i in range(req.step, len(keys) + 1, req.step)][: req.count]
         self.bounds += 1
-        self.emit(self.core.on_bounds(req.id, picks))
+        self.emit(self.core.on_bounds(req.id, picks, self.integer))
         self.done(w)
 
     def reread(self, w: Worker, req: KeyReadRequest) -> None:
@@ -617,6 +633,8 @@ class Sim:
             if fence is not None:
                 self.fenced_reads += 1
             self.emit(self.core.on_chunk_read(req.id, rows, elapsed, fence=fence))
+            rng = self.range_of(req.id)
+            self.splits += rng is not None and rng.upper != req.max_key
             w.phase = 2
             if req.high_watermark is None:
                 self.done(w)
@@ -868,6 +886,7 @@ def run(
     parallelism = data.draw(st.integers(2, 4), label="parallelism") if parallel else 1
     sim = Sim(data, allow_blocking, read_only, parallelism, late)
     sim.slow = parallel and data.draw(st.booleans(), label="slow reads")
+    sim.integer = parallel and data.draw(st.booleans(), label="arithmetic ranges")
     sim.by_xids = (read_only or late) and data.draw(st.booleans(), label="fences judge the floor by xids")
     # Key re-reads hold every concurrent window back; without partial writes several
     # tables' windows stay open while writes go on.
@@ -898,6 +917,9 @@ def run(
         event(f"tables with windows open at once: {min(sim.tables_at_once, 3)}")
         event(f"requests taken while others were in flight: {'0' if not sim.overlaps else '1-10' if sim.overlaps <= 10 else '>10'}")
         event(f"bounds queries: {'0' if not sim.bounds else '1-5' if sim.bounds <= 5 else '>5'}")
+        if sim.integer:
+            event(f"arithmetic ranges: {'0' if not sim.arithmetic else '1-10' if sim.arithmetic <= 10 else '>10'}")
+            event(f"arithmetic ranges split after a full read: {min(sim.splits, 2)}{'+' if sim.splits > 2 else ''}")
     if read_only or late:
         event(f"fenced chunks: {'0' if not sim.fenced_reads else '1-10' if sim.fenced_reads <= 10 else '>10'}")
     assert materialize(sim.out) == sim.db
@@ -945,7 +967,8 @@ def test_read_only_snapshots_materialize_without_time_travel(data: st.DataObject
 def test_concurrent_windows_materialize_without_time_travel(data: st.DataObject) -> None:
     """Several chunks in flight at once (``parallelism`` 2-4), each with its own L/H
     window, overlapping in the log in any order; stale bounds, continuations,
-    failures before and after an answer, restarts, blocking snapshots."""
+    failures before and after an answer, restarts, blocking snapshots; ranges cut by
+    bounds queries or, for an integer key, by arithmetic (``core.intsplit``)."""
     run(data, allow_blocking=True, parallel=True)
 
 

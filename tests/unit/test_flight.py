@@ -251,3 +251,65 @@ def test_failures_count_per_table() -> None:
             core.on_request_failed(r.id, "boom")
             break
     assert core.status()["in_flight"] == ["public.u"]
+
+
+# -- integer keys: ranges cut by arithmetic (core.intsplit) ------------------------------
+
+
+def _read(core: ExpandingCore, r: ChunkRequest, keys: list[int], lsn: int) -> list[ChangeEvent]:
+    core.on_watermark(r.low_watermark or "", pos(lsn), 1000)
+    core.on_chunk_read(r.id, [row(k) for k in keys], 1.0)
+    return core.on_watermark(r.high_watermark or "", pos(lsn + 1), 1000)
+
+
+def test_integer_keys_are_cut_by_arithmetic_after_the_first_bounds() -> None:
+    """After one bounds query that says the key is an integer, no more bounds queries:
+    the next ranges are as wide as the measured density says ``chunk_size`` rows take,
+    each read with LIMIT 1.5 x that."""
+    core = started(max_key=100)
+    request = core.next_request()
+    assert isinstance(request, BoundsRequest)
+    core.on_bounds(request.id, [(10,), (20,), (30,), (40,)], integer=True)  # 0.2 rows/key
+    lsn = 10
+    for _ in range(2):
+        r1, r2 = chunk(core), chunk(core)
+        _read(core, r1, [r1.max_key[0] - 5, r1.max_key[0]], lsn)
+        _read(core, r2, [r2.max_key[0] - 5, r2.max_key[0]], lsn + 2)
+        lsn += 4
+    assert last_key(core) == [40]
+    a1, a2 = chunk(core), chunk(core)  # no BoundsRequest in between
+    assert (a1.after_key, a1.max_key, a1.limit) == ((40,), (50,), 3)
+    assert (a2.after_key, a2.max_key, a2.limit) == ((50,), (60,), 3)
+
+
+def test_an_integer_range_that_fills_its_limit_is_cut_again_at_once() -> None:
+    """A dense region: the read fills its LIMIT at key 43 of (40, 50]: the range covers
+    (40, 43] only and its rest is cut at the density just measured, read next (before
+    the ranges planned after it), and no key is skipped or read twice."""
+    core = started(max_key=60)
+    request = core.next_request()
+    assert isinstance(request, BoundsRequest)
+    core.on_bounds(request.id, [(10,), (20,), (30,), (40,)], integer=True)
+    lsn = 10
+    for _ in range(2):
+        r1, r2 = chunk(core), chunk(core)
+        _read(core, r1, [r1.max_key[0] - 5, r1.max_key[0]], lsn)
+        _read(core, r2, [r2.max_key[0] - 5, r2.max_key[0]], lsn + 2)
+        lsn += 4
+    a1, a2 = chunk(core), chunk(core)
+    assert (a1.after_key, a1.max_key, a2.after_key, a2.max_key) == ((40,), (50,), (50,), (60,))
+    out = _read(core, a1, [41, 42, 43], 30)  # full: 3 rows in 3 keys
+    assert ids(out) == [41, 42, 43] and last_key(core) == [43]
+    nxt = chunk(core)  # the rest of (40, 50], at 1 row per key: 2 keys wide
+    assert (nxt.after_key, nxt.max_key) == ((43,), (45,))
+    _read(core, a2, [55, 60], 40)  # a2 waits behind the rest
+    assert last_key(core) == [43]
+    out = _read(core, nxt, [44, 45], 50)
+    assert ids(out) == [44, 45] and last_key(core) == [45]
+    seen = [44, 45]
+    while (r := core.next_request()) is not None:
+        assert isinstance(r, ChunkRequest) and r.after_key is not None
+        keys = [k for k in range(r.after_key[0] + 1, r.max_key[0] + 1) if k <= 50][: r.limit]
+        out = _read(core, r, keys, 60 + len(seen))
+        seen += ids(out)
+    assert seen == [44, 45, 46, 47, 48, 49, 50, 55, 60]

@@ -382,8 +382,12 @@ class SnapshotDriver:
             keyed, request.after_key, request.max_key, request.step, request.count,
             request.condition,
         )
+        integer = _integer_key(reader, keyed)
+        if integer and request.after_key is None:
+            log.info("snapshot of %s: an integer key, its ranges after the first are cut "
+                     "by arithmetic", request.table)
         core = self.core
-        answer(lambda: core.on_bounds(request.id, keys))
+        answer(lambda: core.on_bounds(request.id, keys, integer))
 
     def _reread(self, request: KeyReadRequest, answer: Callable[[Answer], None]) -> None:
         """A key-level re-read (``core.rereads``): L, the rows of those keys, H (read-only
@@ -481,6 +485,14 @@ def _parallelism(reader: SnapshotReader) -> int:
     if not all(hasattr(reader, m) for m in ("fork", "chunk_bounds", "parallelism")):
         return 1
     return max(1, cast(ConcurrentReader, reader).parallelism())
+
+
+def _integer_key(reader: SnapshotReader, info: TableInfo) -> bool:
+    """The chunk key is one column of an integer type, so its ranges may be cut by
+    arithmetic (``core.intsplit``): the reader's ``integer_key`` says so (a reader
+    without one: never)."""
+    check = getattr(reader, "integer_key", None)
+    return bool(check(info)) if callable(check) else False
 
 
 def _fences_windows(reader: SnapshotReader) -> bool:

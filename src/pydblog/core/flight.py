@@ -35,6 +35,15 @@ is the table's max key ends the table when it finishes.
 watermarks); later ranges wait. Bounds only partition the key space: stale bounds cost
 a continuation or a short chunk, never exactness.
 
+**Integer keys** (``core.intsplit``): when the answer to the flight's first bounds query
+says the chunk key is one integer column (``on_bounds(..., integer=True)``), the next
+ranges are cut by arithmetic (``plan``) from the density that query and the ranges read
+since have measured, instead of by more bounds queries. Such a range's ``LIMIT`` is
+``intsplit.cap`` of the rows it was planned for; a read that fills it below the range's
+upper shrinks the range to ``(after, last key read]`` at once (``set_rows``) and its
+rest is cut into new ranges right after it, which may be read while it waits to be
+emitted (instead of the continuation after its emission above).
+
 This module keeps the ranges and their windows; ``SnapshotCore`` decides when to emit
 and moves the table's progress.
 """
@@ -46,7 +55,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydblog.core.fence import FencedWindow, ReadFence
-from pydblog.core.keys import RawKey, match_key
+from pydblog.core.intsplit import Density
+from pydblog.core.keys import RawKey, match_key, row_key
 from pydblog.core.requests import BoundsRequest, ChunkRequest
 from pydblog.core.window import ChunkWindow
 from pydblog.events import ChangeEvent, ChunkRow
@@ -60,11 +70,13 @@ class Range:
     flight (None: to be issued); ``window``/``fenced`` its window; ``low_seen``: L has
     come back (table watermarks); ``read``: its rows are in; ``high_seen``: H has come
     back (read-only: the fence is in ``fenced``; whether the stream passed it is asked
-    at emission)."""
+    at emission). ``planned``: the rows an arithmetic range was cut for (its read's
+    ``LIMIT`` is ``intsplit.cap`` of it); 0 for a range between bounds."""
 
     after: RawKey | None
     upper: RawKey
     last: bool
+    planned: int = 0
     request: ChunkRequest | None = None
     window: ChunkWindow | None = None
     fenced: FencedWindow | None = None
@@ -100,8 +112,8 @@ class Flight:
     """
 
     __slots__ = (
-        "_by_id", "bounds", "key_columns", "max_key", "name", "parallelism", "planned_all",
-        "ranges", "reading", "schema", "table",
+        "_by_id", "bounds", "density", "key_columns", "max_key", "name", "parallelism",
+        "planned_all", "ranges", "reading", "schema", "table",
     )
 
     def __init__(
@@ -120,6 +132,8 @@ class Flight:
         self.planned_all = False
         self.reading: set[str] = set()
         self._by_id: dict[str, Range] = {}
+        # Set when the first bounds answer says the key is one integer column.
+        self.density: Density | None = None
 
     # -- planning -----------------------------------------------------------------------
 
@@ -171,14 +185,21 @@ class Flight:
         self.bounds = request
         self.reading.add(request.id)
 
-    def on_bounds(self, request_id: str, keys: Sequence[RawKey]) -> bool:
+    def on_bounds(self, request_id: str, keys: Sequence[RawKey], integer: bool = False) -> bool:
         """The boundary keys after the planned end (ascending, each at most the max key).
-        Fewer than asked for: the rest of the table fits in one more range. Returns
-        False for an answer nobody waits for."""
+        Fewer than asked for: the rest of the table fits in one more range. ``integer``:
+        the chunk key is one integer column (the reader says so), so the next ranges
+        may be cut by arithmetic (``plan``). Returns False for an answer nobody waits
+        for."""
         if self.bounds is None or self.bounds.id != request_id:
             return False
         after = self.bounds.after_key
         asked = self.bounds.count
+        if integer and _ints(self.max_key, after, *keys):
+            self.density = self.density or Density()
+            self.density.calibrate(
+                None if after is None else after[0], [k[0] for k in keys], self.bounds.step
+            )
         self.bounds = None
         self.reading.discard(request_id)
         top = match_key(self.max_key)
@@ -194,6 +215,52 @@ class Flight:
             self.planned_all = True
         return True
 
+    def plan(self, progress: RawKey | None, target: int) -> bool:
+        """Integer keys: cut up to ``parallelism`` more ranges of about ``target`` rows
+        after the planned end by arithmetic (``core.intsplit``); False if this flight
+        cannot (not an integer key, no density measured yet, no integer start: a bounds
+        query then)."""
+        density = self.density
+        start = self.planned_end(progress)
+        if density is None or not density.calibrated or start is None or not _ints(start):
+            return False
+        top = self.max_key[0]
+        uppers = density.plan(start[0], top, target, self.parallelism)
+        if not uppers:
+            return False
+        after = start
+        for upper in uppers:
+            self.ranges.append(Range(after, (upper,), upper == top, planned=target))
+            after = (upper,)
+        self.planned_all = uppers[-1] == top
+        return True
+
+    def _measure(self, rng: Range, rows: Sequence[ChunkRow], target: int) -> None:
+        """An integer flight's range was read: its density is taken into account, and a
+        read that filled its ``LIMIT`` below its upper covers ``(after, last key read]``
+        only; its rest is cut into new ranges right after it (``core.intsplit``)."""
+        density, request = self.density, rng.request
+        if density is None or request is None or not _ints(rng.upper):
+            return
+        last = row_key(rows[-1], self.key_columns) if rows else None
+        if last is not None and not _ints(last):
+            return
+        after = rng.after[0] if rng.after is not None and _ints(rng.after) else None
+        upper = rng.upper[0]
+        end = last[0] if last is not None else None
+        if not density.after_read(after, upper, len(rows), end, request.limit):
+            return
+        assert end is not None
+        rest = density.rest(end, upper, max(1, target), self.parallelism)
+        was_last = rng.last
+        rng.upper, rng.last = (end,), False
+        at = next(i for i, r in enumerate(self.ranges) if r is rng) + 1
+        low = end
+        for i, high in enumerate(rest):
+            final = i == len(rest) - 1
+            self.ranges.insert(at + i, Range((low,), (high,), was_last and final, planned=target))
+            low = high
+
     # -- answers and the stream ---------------------------------------------------------
 
     def owns(self, request_id: str) -> bool:
@@ -205,7 +272,9 @@ class Flight:
         return self._by_id.get(request_id)
 
     def set_rows(self, request_id: str, rows: Sequence[ChunkRow],
-                 fence: ReadFence | None) -> Range | None:
+                 fence: ReadFence | None, target: int = 1) -> Range | None:
+        """A range's rows (``target``: the rows a range is cut for now, for the rest of
+        an integer range whose read filled its ``LIMIT``)."""
         rng = self._by_id.get(request_id)
         if rng is None or request_id not in self.reading:
             return None
@@ -215,6 +284,7 @@ class Flight:
             rng.fenced.set_answer(rows, fence)
         elif rng.window is not None:
             rng.window.set_rows(rows)
+        self._measure(rng, rows, target)
         return rng
 
     def failed(self, request_id: str) -> bool:
@@ -274,3 +344,8 @@ class Flight:
         rng = self.ranges.popleft()
         self.forget(rng)
         return rng
+
+
+def _ints(*keys: RawKey | None) -> bool:
+    """Every key given is one plain integer (``None``s are skipped; bool is not one)."""
+    return all(k is None or (len(k) == 1 and type(k[0]) is int) for k in keys)

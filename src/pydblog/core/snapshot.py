@@ -78,6 +78,7 @@ from pydblog.core.commands import (
 )
 from pydblog.core.fence import FencedWindow, Lost, ReadFence, Unsettled
 from pydblog.core.flight import Flight, Range
+from pydblog.core.intsplit import as_planned, cap
 from pydblog.core.keys import RawKey, match_key, row_key
 from pydblog.core.notices import (
     Notice,
@@ -604,6 +605,11 @@ class SnapshotCore:
             return self._issue_range(flight, job, rng)
         if flight.wants_bounds():
             assert job.key_columns is not None and job.max_key is not None
+            if flight.plan(job.last_key, max(1, self._chunk_size)):  # integer keys
+                rng = flight.next_range()
+                if rng is not None and (room or (oldest and rng is flight.ranges[0])):
+                    return self._issue_range(flight, job, rng)
+                return None
             rid = self._new_id("bnd")
             bounds = BoundsRequest(
                 rid, job.table, job.key_columns, flight.planned_end(job.last_key), job.max_key,
@@ -647,7 +653,7 @@ class SnapshotCore:
         request = ChunkRequest(
             id=rid, table=job.table, kind=job.kind, surrogate_key=None,
             key_columns=job.key_columns, after_key=rng.after, max_key=rng.upper,
-            limit=self._chunk_size, condition=job.condition,
+            limit=cap(rng.planned) if rng.planned else self._chunk_size, condition=job.condition,
             low_watermark=f"{rid}:low" if marks else None,
             high_watermark=f"{rid}:high" if marks else None,
             fenced=self._fenced, identity=job.identity or (), concurrent=True,
@@ -661,11 +667,16 @@ class SnapshotCore:
     def _owner(self, request_id: str) -> Flight | None:
         return next((f for f in self._flights.values() if f.owns(request_id)), None)
 
-    def on_bounds(self, request_id: str, keys: Sequence[Sequence[Any]]) -> list[Emitted]:
-        """The answer to a ``BoundsRequest``: boundary keys, ascending (returns [])."""
+    def on_bounds(
+        self, request_id: str, keys: Sequence[Sequence[Any]], integer: bool = False
+    ) -> list[Emitted]:
+        """The answer to a ``BoundsRequest``: boundary keys, ascending (returns []).
+        ``integer``: the chunk key is one column of an integer type (the reader's
+        ``integer_key``): the table's next ranges are cut by arithmetic
+        (``core.intsplit``) instead of by more bounds queries."""
         flight = self._owner(request_id)
         if flight is not None:
-            flight.on_bounds(request_id, [tuple(k) for k in keys])
+            flight.on_bounds(request_id, [tuple(k) for k in keys], integer)
         return []
 
     def _flight_rows(
@@ -683,8 +694,12 @@ class SnapshotCore:
         if not _keyed(rows, request.key_columns):
             error = "chunk rows lack a key column (the reader must select the key columns)"
             return self.on_request_failed(request_id, error, retriable=False)
-        flight.set_rows(request_id, rows, fence)
-        self._resize(request, len(rows), elapsed_ms)
+        if rng is not None and rng.planned:  # an arithmetic range (core.intsplit)
+            read, elapsed_ms = as_planned(rng.planned, len(rows), elapsed_ms)
+            self._chunk_size = next_chunk_size(self._settings, rng.planned, read, elapsed_ms)
+        else:
+            self._resize(request, len(rows), elapsed_ms)
+        flight.set_rows(request_id, rows, fence, max(1, self._chunk_size))
         if fence is not None:
             self._unsettled.prune(fence, self._issued_epoch(request_id))
         return []

@@ -36,6 +36,7 @@ from pydblog.config import TableMatcher
 from pydblog.core.sizing import default_parallelism
 from pydblog.errors import SignalError, SourceUnavailable
 from pydblog.ports import TableInfo, TableSchema
+from pydblog.sources import intkeys
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.connect import (
     ER_BAD_FIELD,
@@ -415,6 +416,14 @@ class MySqlSnapshotReader:
             return out
 
         return self._in_read_only(work, doing=f"reading chunk bounds of {info.qualified}")
+
+    def integer_key(self, info: TableInfo) -> bool:
+        """The chunk key is one integer column, signed or unsigned
+        (``ports.IntegerKeyReader``)."""
+        if len(info.key) != 1 or not intkeys.enabled():
+            return False
+        (col,) = self._table(info).key_cols
+        return col.data_type in intkeys.MYSQL_TYPES and not col.column_type.startswith("tinyint(1)")
 
     def read_chunk(
         self,

@@ -33,6 +33,7 @@ from pydblog.errors import SignalError, SourceError
 from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
+from pydblog.sources import intkeys
 from pydblog.sources.postgres import closing, native
 from pydblog.sources.postgres.connect import connect
 from pydblog.sources.postgres.fences import RUNNING_SQL, PgLsnFence, PgXidFence
@@ -140,6 +141,12 @@ class PgSnapshotReader:
             self._cols(info), self._tuple(info, max_key), cond
         )
         return self._step_keys(info, after, where, step, count)
+
+    def integer_key(self, info: TableInfo) -> bool:
+        """The chunk key is one smallint/integer/bigint column (``ports.IntegerKeyReader``)."""
+        if len(info.key) != 1 or not intkeys.enabled():
+            return False
+        return info.types[info.columns.index(info.key[0])] in intkeys.POSTGRES_TYPES
 
     def _step_keys(
         self, info: TableInfo, after: tuple[Any, ...] | None, where: sql.Composable,
