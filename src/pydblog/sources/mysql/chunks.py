@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -62,6 +63,7 @@ T = TypeVar("T")
 Run = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
 """Runs one SELECT (with its parameters) inside a read-only transaction."""
 TIMEOUTS = {ER_STATEMENT_TIMEOUT_MARIADB, ER_QUERY_TIMEOUT_MYSQL}
+log = logging.getLogger(__name__)
 IDLE_PING_S = 60.0
 
 
@@ -220,6 +222,42 @@ class MySqlSnapshotReader:
                 hint="raise [snapshot] statement_timeout_ms or lower chunk_size",
             )
         return classify(exc, self.dsn, doing)
+
+    def fences_watermark_windows(self) -> bool:
+        """Watermark chunks are read fenced too (``CoreSettings.fenced``) where commits
+        can become visible out of binlog order: MySQL with ``binlog_order_commits =
+        OFF`` (each session then commits in the engine on its own after its group's
+        binlog write, so a watermark L written after a transaction's binlog entry can
+        be visible, and the chunk read, before that transaction is). Elsewhere commits
+        become visible in binlog order (MariaDB always; MySQL with the default ``ON``),
+        also while a semi-synchronous commit waits for its replica: L then cannot commit
+        before it (tests/mysql/test_semisync.py). Fencing needs ``gtid_mode = ON``;
+        without it the hazard stays (logged as a warning; docs/snapshots.md)."""
+        if self._mariadb_server():
+            return False
+        try:
+            with self._lock, self._connection().cursor() as cur:
+                cur.execute("SELECT @@GLOBAL.binlog_order_commits, @@GLOBAL.gtid_mode")
+                ordered, mode = cur.fetchone()
+        except pymysql.Error as exc:
+            self._reset()
+            raise self._error(exc, "reading binlog_order_commits") from None
+        if int(ordered or 0):
+            return False
+        if str(mode).upper() != "ON":
+            log.warning(
+                "binlog_order_commits is OFF and gtid_mode is %s on %s: a watermark chunk can "
+                "read a row older than a commit the binlog already holds (turn "
+                "binlog_order_commits ON, or gtid_mode ON so that chunks are fenced)",
+                mode, self.dsn.redacted,
+            )
+            return False
+        return True
+
+    def _mariadb_server(self) -> bool:
+        with self._lock:
+            self._connection()
+            return self._mariadb
 
     # -- SnapshotReader ----------------------------------------------------------------------
     def captured_tables(self) -> list[str]:
