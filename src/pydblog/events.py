@@ -154,11 +154,40 @@ TAIL_SEP = ',"before":null,"after":'
 """Between the key and the row in an ``EncodedChunk`` row tail (and in an envelope)."""
 
 
+class TailBlocks(NamedTuple):
+    """Row tails already cut into the change log's blocks (as the native encoder hands
+    them over): ``texts[i]`` is ``sizes[i]`` (>= 1) tails joined by newlines, in order.
+    Kept as they are, they become ``EncodedBlock``s with no split and no join."""
+
+    sizes: list[int]
+    texts: list[str]
+
+    @classmethod
+    def cut(cls, count: int, texts: list[str], block_rows: int) -> TailBlocks:
+        """``count`` tails in ``texts`` of ``block_rows`` each but the last (the cut the
+        native encoder makes)."""
+        if not texts:
+            return cls([], [])
+        full = len(texts) - 1
+        return cls([block_rows] * full + [count - block_rows * full], texts)
+
+
+def join_tails(parts: Sequence[str | TailBlocks]) -> str | TailBlocks:
+    """Consecutive parts' tails as one (the parts' blocks kept if all are cut; an empty
+    text part stands for no rows)."""
+    if all(type(p) is TailBlocks for p in parts):
+        blocks = [p for p in parts if type(p) is TailBlocks]
+        return TailBlocks([n for b in blocks for n in b.sizes], [t for b in blocks for t in b.texts])
+    texts = [p if isinstance(p, str) else "\n".join(p.texts) for p in parts]
+    return "\n".join(t for t in texts if t)
+
+
 class EncodedChunk(Sequence[EncodedRow]):
     """A whole chunk as a bulk reader receives it from the database: the rows' texts
     joined into two strings, not one Python object per row.
 
-    - ``tails``: ``size`` row tails joined by newlines, in key order; a row's tail is
+    - ``tails``: ``size`` row tails joined by newlines (or cut into ``TailBlocks``:
+      ``blocks`` then hands them to the change log as they are), in key order; a row's tail is
       ``key_json + TAIL_SEP + after_json + "}"`` (the end of its envelope; see
       ``EncodedRow`` for the two JSON texts). JSON text never holds a raw newline, and
       ``TAIL_SEP`` cannot occur inside ``key_json`` (its quotes would be escaped).
@@ -173,21 +202,23 @@ class EncodedChunk(Sequence[EncodedRow]):
     one per row.
     """
 
-    __slots__ = ("_key_list", "_key_text", "_key_values", "_tail_list", "_tail_text", "arity",
-                 "decode_key", "int_keys", "size")
+    __slots__ = ("_key_list", "_key_text", "_key_values", "_tail_blocks", "_tail_list",
+                 "_tail_text", "arity", "decode_key", "int_keys", "size")
 
     def __init__(
-        self, size: int, tails: str | list[str], keys: str | list[Any],
+        self, size: int, tails: str | list[str] | TailBlocks, keys: str | list[Any],
         decode_key: Callable[[Any], tuple[Any, ...]], arity: int, *, int_keys: bool = False,
     ) -> None:
-        """``tails`` and ``keys`` as the joined texts, or as lists (tails, and the keys'
-        parsed JSON values) when a chunk is derived from another."""
+        """``tails`` and ``keys`` as the joined texts (tails possibly cut into blocks),
+        or as lists (tails, and the keys' parsed JSON values) when a chunk is derived
+        from another."""
         self.size = size
         self.decode_key = decode_key
         self.arity = arity
         self.int_keys = int_keys
+        self._tail_blocks: TailBlocks | None = tails if type(tails) is TailBlocks else None
         self._tail_text: str | None = tails if isinstance(tails, str) else None
-        self._tail_list: list[str] | None = None if isinstance(tails, str) else tails
+        self._tail_list: list[str] | None = tails if type(tails) is list else None
         self._key_text: str | None = keys if isinstance(keys, str) else None
         self._key_values: list[Any] | None = None if isinstance(keys, str) else keys
         self._key_list: list[tuple[Any, ...]] | None = None
@@ -201,7 +232,8 @@ class EncodedChunk(Sequence[EncodedRow]):
     @property
     def tails(self) -> str:
         if self._tail_text is None:
-            self._tail_text = "\n".join(self.tail_list())
+            blocks = self._tail_blocks
+            self._tail_text = "\n".join(blocks.texts if blocks is not None else self.tail_list())
         return self._tail_text
 
     @property
@@ -212,8 +244,25 @@ class EncodedChunk(Sequence[EncodedRow]):
 
     def tail_list(self) -> list[str]:
         if self._tail_list is None:
-            self._tail_list = self.tails.split("\n") if self.size else []
+            blocks = self._tail_blocks
+            if blocks is not None and self._tail_text is None:
+                self._tail_list = [t for text in blocks.texts for t in text.split("\n")]
+            else:
+                self._tail_list = self.tails.split("\n") if self.size else []
         return self._tail_list
+
+    def blocks(self, max_rows: int) -> list[tuple[int, str]]:
+        """The tails as ``(count, text)`` blocks of at most ``max_rows`` rows each, in
+        order: the blocks it was cut into if they are that small (no copy), else cut
+        here."""
+        blocks = self._tail_blocks
+        if blocks is not None and all(n <= max_rows for n in blocks.sizes):
+            return list(zip(blocks.sizes, blocks.texts, strict=True))
+        if self.size <= max_rows:
+            return [(self.size, self.tails)] if self.size else []
+        tails = self.tail_list()
+        return [(len(tails[a : a + max_rows]), "\n".join(tails[a : a + max_rows]))
+                for a in range(0, self.size, max_rows)]
 
     def key_values(self) -> list[Any]:
         """Every row's key line, parsed (once)."""
@@ -251,6 +300,8 @@ class EncodedChunk(Sequence[EncodedRow]):
 
     def _tail(self, i: int) -> str:
         if self._tail_list is None and i == self.size - 1:
+            if self._tail_blocks is not None and self._tail_text is None:
+                return self._tail_blocks.texts[-1].rpartition("\n")[2]
             return self.tails.rpartition("\n")[2]
         return self.tail_list()[i]
 
@@ -284,12 +335,43 @@ class EncodedChunk(Sequence[EncodedRow]):
             out += items[lo:]
             return out
 
-        tails = keep(self.tail_list())
-        chunk = EncodedChunk(len(tails), tails, keep(self.key_values()), self.decode_key,
+        blocks = self._tail_blocks
+        tails: list[str] | TailBlocks
+        if blocks is not None and self._tail_list is None:
+            tails = _without_in_blocks(blocks, cut)
+            size = sum(tails.sizes)
+        else:
+            tails = keep(self.tail_list())
+            size = len(tails)
+        chunk = EncodedChunk(size, tails, keep(self.key_values()), self.decode_key,
                              self.arity, int_keys=self.int_keys)
         if self._key_list is not None:
             chunk._key_list = keep(self._key_list)
         return chunk
+
+
+def _without_in_blocks(blocks: TailBlocks, cut: list[int]) -> TailBlocks:
+    """``blocks`` without the rows at the (sorted, distinct, in range) indexes ``cut``:
+    only the blocks holding one are split and joined again; a block left empty goes."""
+    sizes: list[int] = []
+    texts: list[str] = []
+    at, c = 0, 0
+    for n, text in zip(blocks.sizes, blocks.texts, strict=True):
+        end = at + n
+        if c < len(cut) and cut[c] < end:
+            drop = set()
+            while c < len(cut) and cut[c] < end:
+                drop.add(cut[c] - at)
+                c += 1
+            kept = [t for i, t in enumerate(text.split("\n")) if i not in drop]
+            if kept:
+                sizes.append(len(kept))
+                texts.append("\n".join(kept))
+        else:
+            sizes.append(n)
+            texts.append(text)
+        at = end
+    return TailBlocks(sizes, texts)
 
 
 class EncodedBlock(NamedTuple):
@@ -448,15 +530,14 @@ def encode_snapshot_rows(
     new = tuple.__new__  # a NamedTuple's own __new__ is a Python function: 4x slower
     chunk = rows.rows
     if type(chunk) is EncodedChunk:
-        n, first = chunk.size, rows.first
-        if n <= block_events:  # the database's text as it came: no split, no join
-            return [EncodedBlock(qualified, op, ts, n, chunk.tails, head, mid, first)]
-        tails = chunk.tail_list()
-        return [
-            EncodedBlock(qualified, op, ts, min(n, a + block_events) - a,
-                         "\n".join(tails[a : a + block_events]), head, mid, first + a)
-            for a in range(0, n, block_events)
-        ]
+        # The database's text as it came (cut into blocks by the encoder): no split,
+        # no join.
+        cut: list[EncodedBlock] = []
+        at = rows.first
+        for n, text in chunk.blocks(block_events):
+            cut.append(EncodedBlock(qualified, op, ts, n, text, head, mid, at))
+            at += n
+        return cut
     if all(type(r) is EncodedRow for r in chunk):
         return [
             new(EncodedEvent, (qualified, op, ts, f"{head}{i}{mid}{key_json}{sep}{after_json}}}"))

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pydblog.config import Config
-from pydblog.events import EncodedChunk
+from pydblog.events import EncodedChunk, TailBlocks
 from pydblog.ports import TableInfo
 from pydblog.sources.postgres import native
 from pydblog.sources.postgres.chunks import PgSnapshotReader
@@ -128,15 +128,20 @@ def reader(db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgSnap
         r.close()
 
 
-def _chunks(reader: PgSnapshotReader, info: TableInfo, use_native: bool, limit: int) -> list[tuple[int, str, str]]:
+def _chunks(reader: PgSnapshotReader, info: TableInfo, use_native: bool, limit: int) -> list[tuple[Any, ...]]:
     reader.native = use_native
     top = reader.max_key(info, None)
-    out: list[tuple[int, str, str]] = []
+    out: list[tuple[Any, ...]] = []
     after: tuple[Any, ...] | None = None
     while top is not None:
         chunk = reader.read_chunk(info, after, top, limit, None)
         assert isinstance(chunk, EncodedChunk)
-        out.append((chunk.size, chunk.keys, chunk.tails))
+        # (before ``tails`` joins them) the change log's blocks hold the same rows
+        blocks = chunk.blocks(2)
+        last = chunk[-1] if chunk.size else None
+        assert "\n".join(t for _, t in blocks) == chunk.tails
+        assert all(1 <= n <= 2 for n, _ in blocks) and sum(n for n, _ in blocks) == chunk.size
+        out.append((chunk.size, chunk.keys, chunk.tails, last))
         if chunk.size < limit or chunk.key_at(-1) == top:
             break
         after = chunk.key_at(-1)
@@ -144,20 +149,25 @@ def _chunks(reader: PgSnapshotReader, info: TableInfo, use_native: bool, limit: 
 
 
 def _both(reader: PgSnapshotReader, info: TableInfo, limit: int,
-          monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any]]:
+          monkeypatch: pytest.MonkeyPatch, block_rows: int = native.BLOCK_ROWS,
+          ) -> tuple[list[Any], list[Any]]:
     """The chunks by the SQL fast path and by the native encoder, which must have read
-    every chunk itself (no fallback to the SQL path)."""
+    every chunk itself (no fallback to the SQL path), its tails cut into blocks of
+    ``block_rows``."""
     calls: list[int] = []
     real = native.copy_chunk
 
-    def spy(*args: Any) -> tuple[int, str, str]:
+    def spy(*args: Any) -> tuple[int, str, TailBlocks]:
         result = real(*args)  # Unencodable propagates: the test fails
         calls.append(result[0])
+        assert all(1 <= n <= block_rows for n in result[2].sizes)
+        assert sum(result[2].sizes) == result[0]
         return result
 
     sql_path = _chunks(reader, info, False, limit)
     with monkeypatch.context() as m:
         m.setattr(native, "copy_chunk", spy)
+        m.setattr(native, "BLOCK_ROWS", block_rows)
         native_path = _chunks(reader, info, True, limit)
     assert len(calls) == len(native_path)
     return sql_path, native_path
@@ -168,10 +178,10 @@ _SETTINGS = settings(max_examples=25, deadline=None,
 
 
 @_SETTINGS
-@given(st.lists(rows(), min_size=1, max_size=12), st.integers(1, 5))
+@given(st.lists(rows(), min_size=1, max_size=12), st.integers(1, 5), st.sampled_from([1, 2, 1024]))
 def test_native_chunks_equal_the_sql_path(
     db: str, reader: PgSnapshotReader, monkeypatch: pytest.MonkeyPatch,
-    data: list[dict[str, Any]], limit: int,
+    data: list[dict[str, Any]], limit: int, block_rows: int,
 ) -> None:
     names = ["id", *COLUMNS]
     placeholders = ", ".join(["%s"] * len(names))
@@ -186,7 +196,7 @@ def test_native_chunks_equal_the_sql_path(
     info = reader.table_info("public.wide")
     assert info is not None
     assert reader._plan(info).native_spec is not None
-    sql_path, native_path = _both(reader, info, limit, monkeypatch)
+    sql_path, native_path = _both(reader, info, limit, monkeypatch, block_rows)
     assert native_path == sql_path
     assert sum(c[0] for c in native_path) == len(data)
 

@@ -88,3 +88,40 @@ def test_missing_extension_is_a_log_line(monkeypatch: pytest.MonkeyPatch, caplog
         assert native.encoder() is None
         assert native.encoder() is None  # once
     assert caplog.text.count("native chunk encoder not built") == 1
+
+
+@needs_encoder
+@pytest.mark.parametrize("block_rows", [1, 2, 3, 7, 8])
+def test_tails_cut_into_blocks(block_rows: int) -> None:
+    """With ``block_rows`` the tails come as a list of texts of that many rows (the
+    last one 1 to ``block_rows``): the same lines as the joined form, none empty."""
+    spec = native.build_spec([native.RAW, native.ESCAPE], [0], [True], ['{"id":', 0, '},"t":', 1, "}"])
+    text = b"".join(b"%d\tx%d\n" % (i, i) for i in range(7))
+    count, keys, joined = enc.encode(text, spec.types, spec.keys, spec.tail)
+    count2, keys2, blocks = enc.encode(text, spec.types, spec.keys, spec.tail, block_rows)
+    assert (count2, keys2) == (count, keys) == (7, "0\n1\n2\n3\n4\n5\n6")
+    assert isinstance(blocks, list)
+    assert [b.count("\n") + 1 for b in blocks] == [min(block_rows, 7 - a) for a in range(0, 7, block_rows)]
+    assert "\n".join(blocks) == joined
+    assert enc.encode(b"", spec.types, spec.keys, spec.tail, block_rows) == (0, "", [])
+
+
+def test_type_code_resolves_domains_and_enums_through_the_registry() -> None:
+    """``type_code`` asks ``TypeRegistry.base_oid`` (a public method, no private
+    attribute of the registry or of psycopg): a domain (of a domain) encodes as its
+    base type, an enum as text, an unknown or array type keeps the SQL path."""
+    from pydblog.sources.postgres import types as t
+
+    reg = t.TypeRegistry([
+        t.PgTypeInfo(t.INT4, "integer", "b", 0, "N", 0),
+        t.PgTypeInfo(t.TEXT, "text", "b", 0, "S", 0),
+        t.PgTypeInfo(90001, "public.small", "d", 0, "N", t.INT4, "public", "small"),
+        t.PgTypeInfo(90002, "public.tiny", "d", 0, "N", 90001, "public", "tiny"),
+        t.PgTypeInfo(90003, "public.mood", "e", 0, "E", 0, "public", "mood"),
+        t.PgTypeInfo(90004, "integer[]", "b", t.INT4, "A", 0),
+    ])
+    assert reg.base_oid(90002) == t.INT4
+    assert native.type_code(reg, 90002) == native.type_code(reg, t.INT4) == native.RAW
+    assert native.type_code(reg, 90003) == native.ESCAPE
+    assert native.type_code(reg, 90004) is None
+    assert native.type_code(reg, 123456789) is None

@@ -16,7 +16,10 @@ commit) into its terms:
         one chunk read of a snapshot worker;
     s <start> <seconds> <what>
         the capture thread spent ``seconds`` (>= STALL_S) in one step (``what``:
-        the stream item type, or a chunk's processing) without reading the stream.
+        the stream item type; ``Watermark``: a watermark row, with the window it
+        closes and the rows it emits; ``submit``: handing a batch to the writer,
+        waiting while its queue is full; ``flush``: a batch full at
+        ``batch_max_events``) without reading the stream.
 
 Invariant: with the variable unset, nothing is recorded (one module-level flag).
 """

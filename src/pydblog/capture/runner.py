@@ -199,7 +199,10 @@ class Runner:
                 self._in_tx = True
                 self._position = ev.position
                 if f"{ev.schema}.{ev.table}" in own:
+                    t0 = time.time() if trace else 0.0
                     self._route_own(ev)
+                    if trace:
+                        lagtrace.stall(t0, "Watermark")
                     continue
                 if self._driver_active:
                     driver.on_event(ev)
@@ -214,7 +217,10 @@ class Runner:
                 if trace:
                     self._trace.append((ev.ts_ms, time.time()))
                 if len(pending) >= max_events:
+                    t0 = time.time() if trace else 0.0
                     self.flush()
+                    if trace:
+                        lagtrace.stall(t0, "flush")
                 continue
             handler = handlers.get(type(item))
             t0 = time.time() if trace else 0.0
@@ -489,11 +495,14 @@ class Runner:
             checkpoint = Checkpoint(
                 self._position, driver.state() if driver is not None else None, extra
             )
+            t0 = time.time() if lagtrace.ON else 0.0
             writer.submit(Batch(
                 list(self._pending), checkpoint, list(self._schemas), self._ack,
                 len(self._pending) + self._pending_extra,
                 [(c, r, time.time()) for c, r in self._trace] if lagtrace.ON else None,
             ))
+            if lagtrace.ON:
+                lagtrace.stall(t0, "submit")
             self._trace.clear()
             if self._stream_since is not None:
                 self._prune_stream_inflight().append((self._submitted, self._stream_since))

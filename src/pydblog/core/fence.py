@@ -257,12 +257,16 @@ class Unsettled:
     in stream order. Bounded by ``limit``: past it the oldest half is forgotten into
     ``lost``, and windows stay inconclusive until a fence ``settles_lost``. ``floor``:
     where the newest watched table began to be kept (windows stay inconclusive until a
-    fence ``covers`` it)."""
+    fence ``covers`` it).
 
-    __slots__ = ("delivered", "events", "floor", "limit", "lost")
+    Invariant: ``_held`` is ``Lost(xids=set())`` with ``add(events)``, kept up to date
+    as events come (``summary`` runs at every checkpoint: it must not walk them)."""
+
+    __slots__ = ("_held", "delivered", "events", "floor", "limit", "lost")
 
     def __init__(self, limit: int = MAX_UNSETTLED) -> None:
         self.events: list[ChangeEvent] = []
+        self._held = Lost(xids=set())
         self.limit = limit
         self.lost: Lost | None = None
         self.floor: Floor | None = None
@@ -284,17 +288,26 @@ class Unsettled:
 
     def add(self, event: ChangeEvent) -> None:
         self.events.append(event)
+        self._held.add((event,))
         if len(self.events) > self.limit:
             cut = len(self.events) - self.limit // 2
             if self.lost is None:
                 self.lost = Lost(xids=set())
             self.lost.add(self.events[:cut])
             del self.events[:cut]
+            self._recount()
+
+    def _recount(self) -> None:
+        self._held = Lost(xids=set())
+        self._held.add(self.events)
 
     def prune(self, fence: ReadFence, issued: int | None = None) -> None:
         """Forget what ``fence`` proves visible for good. ``issued``: the
         ``Delivered.epoch`` its read was requested in (None: now)."""
-        self.events = [e for e in self.events if not fence.settles(e)]
+        kept = [e for e in self.events if not fence.settles(e)]
+        if len(kept) != len(self.events):
+            self.events = kept
+            self._recount()
         if self.lost is not None and fence.settles_lost(self.lost):
             self.lost = None
         self.delivered.prune(fence, issued)
@@ -305,6 +318,7 @@ class Unsettled:
 
     def clear(self) -> None:
         self.events.clear()
+        self._recount()
         self.lost = None
         self.floor = None
 
@@ -317,7 +331,7 @@ class Unsettled:
         lost = Lost(xids=set())
         if self.lost is not None:
             lost.merge(self.lost)
-        lost.add(self.events)
+        lost.merge(self._held)
         return lost
 
 

@@ -1,6 +1,6 @@
 /* A snapshot chunk read as COPY text, encoded straight into the fast path's texts.
  *
- * copy_chunk(pgconn_ptr, query, types, keys, tail) runs ``query`` (a
+ * copy_chunk(pgconn_ptr, query, types, keys, tail[, block_rows]) runs ``query`` (a
  * ``COPY (SELECT ...) TO STDOUT``) on psycopg's libpq connection, without the GIL, and
  * turns every COPY text row into the two lines the server-side fast path writes
  * (``pydblog.sources.postgres.chunks``): the chunk key's JSON text and the row tail
@@ -8,7 +8,10 @@
  * expressions give (``TypeRegistry.json_text_expr``; checked by
  * tests/integration/test_pg_native_chunks.py).
  *
- * Returns (count, keys, tails) with the lines joined by newlines; or
+ * Returns (count, keys, tails) with the lines joined by newlines (with ``block_rows``
+ * > 0, tails is a list of texts of ``block_rows`` lines each, the last one of 1 to
+ * ``block_rows``: the change log's blocks, cut while encoding instead of by splitting
+ * and joining the chunk in Python on the capture thread; empty for no rows); or
  * (None, sqlstate, message) when the server failed the query (sqlstate may be None);
  * or (None, None, None, reason) when a value has a form this encoder does not know:
  * the caller then reads the chunk by the SQL path. libpq is not linked: its few
@@ -315,7 +318,25 @@ typedef struct {
     const char **starts;
     size_t *lens;
     const char *bad; /* why a row could not be encoded */
+    Py_ssize_t block_rows; /* > 0: tails cut into blocks of this many rows */
+    size_t *cuts;          /* where each block after the first starts in tails */
+    size_t ncuts, cap_cuts;
+    int cuts_failed;
 } out_t;
+
+/* Row ``o->count`` starts a new block at ``at`` (tails' length): recorded instead of a
+ * newline. */
+static int add_cut(out_t *o, size_t at) {
+    if (o->ncuts == o->cap_cuts) {
+        size_t cap = o->cap_cuts ? o->cap_cuts * 2 : 64;
+        size_t *cuts = realloc(o->cuts, cap * sizeof(size_t));
+        if (cuts == NULL) { o->cuts_failed = 1; return 0; }
+        o->cuts = cuts;
+        o->cap_cuts = cap;
+    }
+    o->cuts[o->ncuts++] = at;
+    return 1;
+}
 
 /* One COPY text row (without its newline) into a key line and a tail line. */
 static int encode_row(const spec_t *sp, out_t *o, const char *row, size_t n) {
@@ -331,7 +352,11 @@ static int encode_row(const spec_t *sp, out_t *o, const char *row, size_t n) {
         }
     }
     if (col != sp->ncols) { o->bad = "fewer fields than columns"; return 0; }
-    if (o->count) { buf_byte(&o->keys, '\n'); buf_byte(&o->tails, '\n'); }
+    if (o->count) {
+        buf_byte(&o->keys, '\n');
+        if (o->block_rows > 0 && o->count % o->block_rows == 0) add_cut(o, o->tails.len);
+        else buf_byte(&o->tails, '\n');
+    }
     if (sp->nkeys > 1) buf_byte(&o->keys, '[');
     for (int k = 0; k < sp->nkeys; k++) {
         int c = sp->key_cols[k];
@@ -516,13 +541,28 @@ done:
     return ok;
 }
 
+/* The tails cut at ``o->cuts``: a list of texts (none for no rows). */
+static PyObject *tail_blocks(const out_t *o) {
+    size_t n = o->count ? o->ncuts + 1 : 0;
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (list == NULL) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        size_t a = i ? o->cuts[i - 1] : 0, b = i < o->ncuts ? o->cuts[i] : o->tails.len;
+        PyObject *t = PyUnicode_DecodeUTF8(o->tails.data + a, (Py_ssize_t)(b - a), "strict");
+        if (t == NULL) { Py_DECREF(list); return NULL; }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    return list;
+}
+
 /* The Python answer for an encoded chunk: (count, keys, tails); (None, None, None,
  * reason) when a value had an unknown form; NULL with an exception when memory ran out. */
 static PyObject *chunk_result(const out_t *o) {
-    if (o->keys.failed || o->tails.failed) return PyErr_NoMemory();
+    if (o->keys.failed || o->tails.failed || o->cuts_failed) return PyErr_NoMemory();
     if (o->bad != NULL) return Py_BuildValue("(OOOs)", Py_None, Py_None, Py_None, o->bad);
     PyObject *k = PyUnicode_DecodeUTF8(o->keys.data ? o->keys.data : "", (Py_ssize_t)o->keys.len, "strict");
-    PyObject *t = k ? PyUnicode_DecodeUTF8(o->tails.data ? o->tails.data : "", (Py_ssize_t)o->tails.len, "strict") : NULL;
+    PyObject *t = !k ? NULL : o->block_rows > 0 ? tail_blocks(o)
+        : PyUnicode_DecodeUTF8(o->tails.data ? o->tails.data : "", (Py_ssize_t)o->tails.len, "strict");
     if (k && t) return Py_BuildValue("(nNN)", o->count, k, t);
     Py_XDECREF(k);
     Py_XDECREF(t);
@@ -534,6 +574,7 @@ static void free_out(out_t *o) {
     free(o->tails.data);
     free(o->starts);
     free(o->lens);
+    free(o->cuts);
 }
 
 static PyObject *copy_chunk(PyObject *self, PyObject *args) {
@@ -541,7 +582,9 @@ static PyObject *copy_chunk(PyObject *self, PyObject *args) {
     unsigned long long ptr;
     const char *query;
     PyObject *types, *keys, *tail;
-    if (!PyArg_ParseTuple(args, "KyO!OO", &ptr, &query, &PyBytes_Type, &types, &keys, &tail))
+    Py_ssize_t block_rows = 0;
+    if (!PyArg_ParseTuple(args, "KyO!OO|n", &ptr, &query, &PyBytes_Type, &types, &keys, &tail,
+                          &block_rows))
         return NULL;
     if (p_PQsendQueryParams == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "libpq not bound: call init() first");
@@ -551,6 +594,7 @@ static PyObject *copy_chunk(PyObject *self, PyObject *args) {
     if (!parse_spec(&sp, types, keys, tail)) { free_spec(&sp); return NULL; }
     out_t o;
     memset(&o, 0, sizeof(o));
+    o.block_rows = block_rows;
     o.starts = calloc((size_t)sp.ncols + 1, sizeof(char *));
     o.lens = calloc((size_t)sp.ncols + 1, sizeof(size_t));
     pgerr_t err;
@@ -574,19 +618,23 @@ out:
     return result;
 }
 
-/* encode(copy_text, types, keys, tail): the same encoding of COPY text rows already
- * received (tests, benchmarks); returns (count, keys, tails) or (None, None, None, reason). */
+/* encode(copy_text, types, keys, tail[, block_rows]): the same encoding of COPY text rows
+ * already received (tests, benchmarks); returns (count, keys, tails) or (None, None, None,
+ * reason). */
 static PyObject *encode(PyObject *self, PyObject *args) {
     (void)self;
     const char *text;
     Py_ssize_t n;
     PyObject *types, *keys, *tail;
-    if (!PyArg_ParseTuple(args, "y#O!OO", &text, &n, &PyBytes_Type, &types, &keys, &tail))
+    Py_ssize_t block_rows = 0;
+    if (!PyArg_ParseTuple(args, "y#O!OO|n", &text, &n, &PyBytes_Type, &types, &keys, &tail,
+                          &block_rows))
         return NULL;
     spec_t sp;
     if (!parse_spec(&sp, types, keys, tail)) { free_spec(&sp); return NULL; }
     out_t o;
     memset(&o, 0, sizeof(o));
+    o.block_rows = block_rows;
     o.starts = calloc((size_t)sp.ncols + 1, sizeof(char *));
     o.lens = calloc((size_t)sp.ncols + 1, sizeof(size_t));
     PyObject *result = NULL;
@@ -658,7 +706,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_copyenc", NULL, -1,
 /* The interface version native.py expects (native.ABI_VERSION): raise both together
  * whenever the type codes, the spec or the results change, so that a stale build is
  * detected (and the SQL path used) instead of failing every chunk. */
-#define COPYENC_VERSION 2
+#define COPYENC_VERSION 3
 
 PyMODINIT_FUNC PyInit__copyenc(void) {
     PyObject *m = PyModule_Create(&module);

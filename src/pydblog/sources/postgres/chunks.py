@@ -30,7 +30,7 @@ from psycopg import sql
 from pydblog.config import Config
 from pydblog.core.sizing import default_parallelism
 from pydblog.errors import SignalError, SourceError
-from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow
+from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow, TailBlocks, join_tails
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.sources import intkeys
@@ -504,14 +504,14 @@ class PgSnapshotReader:
             results.append(self._bulk_read(plan, part, limit - total))
         filled = [r for r in results if r[0]]
         return EncodedChunk(
-            sum(r[0] for r in filled), "\n".join(r[2] for r in filled),
+            sum(r[0] for r in filled), join_tails([r[2] for r in filled]),
             "\n".join(r[1] for r in filled), bulk.decode_key, bulk.arity, int_keys=bulk.int_keys,
         )
 
     def _sub_read(
         self, plan: _ChunkPlan, where: sql.Composable, limit: int | None, snapshot: str | None,
         conn: psycopg.Connection[Any] | None,
-    ) -> tuple[int, str, str]:
+    ) -> tuple[int, str, str | TailBlocks]:
         """One sub-range; on a pool connection (``conn``) in a read-only chunk with the
         chunk's exported ``snapshot``, so that the read's fence holds for every row."""
         return self._bulk_read(plan, where, limit, conn, snapshot if conn is not None else None)
@@ -519,7 +519,7 @@ class PgSnapshotReader:
     def _bulk_read(
         self, plan: _ChunkPlan, where: sql.Composable, limit: int | None,
         conn: psycopg.Connection[Any] | None = None, snapshot: str | None = None,
-    ) -> tuple[int, str, str]:
+    ) -> tuple[int, str, str | TailBlocks]:
         """A bulk plan's rows ``where`` (at most ``limit``) as ``(count, keys, tails)``,
         in key order: by the native encoder where the plan has one (``native``), else
         as the one result row of the SQL fast path."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 
+from pydblog.events import BLOCK_EVENTS, TailBlocks
 from pydblog.sources.postgres import types as t
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,14 @@ _BY_OID: dict[int, int] = {
     t.JSON: JSON, t.JSONB: JSONB,
 }
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """The ``_copyenc`` interface this module speaks (its ``VERSION``; raised together with
 ``COPYENC_VERSION`` in _copyenc.c whenever codes, spec or results change): a stale
 build is not used."""
+
+BLOCK_ROWS = BLOCK_EVENTS
+"""Rows per tail block the encoder cuts (``TailBlocks``): the change log's block size,
+so a chunk's blocks go to the log as they are."""
 
 DISABLE_ENV = "PYDBLOG_NATIVE_CHUNKS"
 """``PYDBLOG_NATIVE_CHUNKS=0`` turns the native encoder off (benchmarks compare both)."""
@@ -58,7 +63,7 @@ DISABLE_ENV = "PYDBLOG_NATIVE_CHUNKS"
 def type_code(registry: t.TypeRegistry, oid: int) -> int | None:
     """How ``_copyenc`` encodes a column of ``oid`` (domains as their base type, enums
     as text); None: not natively (the table keeps the SQL path)."""
-    base = registry._base(oid)
+    base = registry.base_oid(oid)
     code = _BY_OID.get(base)
     if code is not None:
         return code
@@ -185,16 +190,20 @@ class Unencodable(Exception):
     """A value had a form the encoder does not know: read this chunk by the SQL path."""
 
 
-def copy_chunk(conn: psycopg.Connection[Any], query: str, spec: NativeSpec) -> tuple[int, str, str]:
+def copy_chunk(
+    conn: psycopg.Connection[Any], query: str, spec: NativeSpec,
+) -> tuple[int, str, TailBlocks]:
     """Runs ``query`` (``COPY (...) TO STDOUT``) on ``conn`` (inside the caller's
-    transaction) and returns ``(count, keys, tails)``; a server error raises the
-    psycopg error of its SQLSTATE, an unknown value form ``Unencodable``."""
+    transaction) and returns ``(count, keys, tails)``, the tails cut into blocks of
+    ``BLOCK_ROWS``; a server error raises the psycopg error of its SQLSTATE, an unknown
+    value form ``Unencodable``."""
+    block_rows = BLOCK_ROWS
     module = encoder()
     assert module is not None
     pgconn: Any = conn.pgconn  # (``pgconn_ptr``: the implementations have it, the protocol not)
     with conn.lock:
         result = module.copy_chunk(
-            pgconn.pgconn_ptr, query.encode(), spec.types, spec.keys, spec.tail
+            pgconn.pgconn_ptr, query.encode(), spec.types, spec.keys, spec.tail, block_rows
         )
         if result[0] is None and pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
             # libpq could not end the COPY (no memory for a row): the connection is
@@ -202,7 +211,7 @@ def copy_chunk(conn: psycopg.Connection[Any], query: str, spec: NativeSpec) -> t
             # reader opens another.
             conn.close()
     if result[0] is not None:
-        return int(result[0]), result[1], result[2]
+        return int(result[0]), result[1], TailBlocks.cut(int(result[0]), result[2], block_rows)
     if len(result) == 4:
         raise Unencodable(result[3])
     _, sqlstate, message = result

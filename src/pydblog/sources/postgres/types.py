@@ -429,7 +429,7 @@ class TypeRegistry:
             return "raw", conv
         if conv == _BOOL.__getitem__:
             return "bool", conv
-        if conv in _QUOTE_SAFE or (conv is str and self._base(oid) in _QUOTE_SAFE_STR_OIDS):
+        if conv in _QUOTE_SAFE or (conv is str and self.base_oid(oid) in _QUOTE_SAFE_STR_OIDS):
             return "quote", conv
         if conv is str or conv is _bpchar:
             return "escape", conv
@@ -446,7 +446,7 @@ class TypeRegistry:
         ``SESSION_SETTINGS``; the text never holds a raw newline. Equal values, not always equal bytes: PostgreSQL may print
         a float or escape a character differently than ``orjson``.
         """
-        base = self._base(oid)
+        base = self.base_oid(oid)
         conv = self.converter(oid)
         c = column_sql
         info = self._types.get(base)
@@ -495,7 +495,7 @@ class TypeRegistry:
             return f"to_json({c}::text)::text"
         return None
 
-    def _base(self, oid: int) -> int:
+    def base_oid(self, oid: int) -> int:
         """``oid`` with domains resolved to their base type."""
         for _ in range(33):
             info = self._types.get(oid)
