@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,8 +26,9 @@ from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.test_parallel import LogProgress, big_table
 from tests.contract.test_read_only import ReadOnlyUser, assert_wrote_nothing
 from tests.contract.test_snapshots import q, writer
-from tests.helpers import sid
+from tests.helpers import sid, start_run
 from tests.mysql.harness import MariaHarness
+from tests.mysql.helpers import make
 from tests.mysql.test_failover import _pair, new_database
 
 
@@ -113,13 +115,18 @@ def test_read_dsn_must_be_a_replica_of_the_source(pair: tuple[TestServer, TestSe
     r.close()
     # The primary as the "replica" of its replica: it never applies the replica's own GTIDs.
     r = reader(primary, replica, wait_ms=1000)
+    _, plain = make(primary, db)
     try:
-        info = r.table_info(f"{db}.t")
+        info = plain.table_info(f"{db}.t")
         assert info is not None
-        with pytest.raises(SourceUnavailable, match="did not apply the source's transactions"):
+        unapplied = "did not apply the source's transactions"
+        with pytest.raises(SourceUnavailable, match=unapplied):
             r.read_chunk_fenced(info, None, (3,), 10, None)
+        with pytest.raises(SourceUnavailable, match=unapplied):  # (definitions too)
+            r.table_info(f"{db}.t")
     finally:
         r.close()
+        plain.close()
     r = reader(replica, primary)
     try:
         info = r.table_info(f"{db}.t")
@@ -183,4 +190,55 @@ def test_replica_snapshot_resumes_after_kill9(
     assert mid >= 1
     done = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"]
     assert len(done) == 1
+    assert_wrote_nothing(h)
+
+
+@pytest.mark.parametrize(
+    "pair", ["mariadb", pytest.param("mysql57", marks=SLOW)], indirect=True
+)
+def test_initial_snapshot_on_a_replica_behind_the_streams_start(
+    pair: tuple[TestServer, TestServer], tmp_path: Path
+) -> None:
+    """mode "initial" with chunks read on a replica that has not applied the primary's
+    latest transactions when `dblog run` starts (its SQL thread stopped): a table
+    created, filled and changed only on the primary before the start, one that exists on
+    both with rows the replica lacks, and writes during the snapshot. The stream starts
+    at the primary's binlog end, so only the snapshot can carry those rows: which tables
+    are captured, their definitions and their max keys must come from a replica that
+    has caught up with the stream's start. The oracle: every table's log materializes to
+    the primary's table."""
+    primary, replica = pair
+    db = new_database(primary, replica)
+    h = ReadOnlyUser(MariaHarness(primary, db))  # (the user must exist on the replica)
+    h.execute("CREATE TABLE t0 (id INT PRIMARY KEY, v VARCHAR(40), n INT)",
+              "INSERT INTO t0 VALUES (1, 'both', 1)")
+    replica.wait_caught_up(primary)
+    replica.execute("STOP SLAVE SQL_THREAD")
+    try:
+        h.execute("INSERT INTO t0 VALUES (2, 'primary only', 2)",
+                  "UPDATE t0 SET v = 'changed', n = 3 WHERE id = 1")
+        big_table(h, 2000)  # t1: only on the primary
+        h.execute("UPDATE t1 SET v = 'late' WHERE id >= 1900", "DELETE FROM t1 WHERE id < 10")
+        read_dsn = replica.dsn(db, user=h.user, password="ro")
+        # (A wait for the replica longer than the statement timeout fails, and is retried.)
+        extra = ('[snapshot]\nmode = "initial"\nchunk_size = 128\nstatement_timeout_ms = 1000\n'
+                 f'watermark = "read-only"\nread_dsn = "{read_dsn}"')
+        cap = Capture(h, tmp_path, extra)
+        cap.proc = start_run(cap.config, wait=False)
+        time.sleep(4)  # the capture starts (and lists its tables) on the lagging replica
+    finally:
+        replica.execute("START SLAVE SQL_THREAD")
+    try:
+        stop = threading.Event()
+        th = threading.Thread(target=writer, args=(h, "t1", stop, 31, 2200))
+        th.start()
+        try:
+            cap.wait_notification("COMPLETED", timeout=180)
+        finally:
+            stop.set()
+            th.join()
+        events = cap.assert_oracle({"t0": ["id"], "t1": ["id"]})
+    finally:
+        cap.stop()
+    assert len(snapshot_rows(events, "t0")) == 2
     assert_wrote_nothing(h)

@@ -261,6 +261,10 @@ class MySqlSnapshotReader:
 
     # -- SnapshotReader ----------------------------------------------------------------------
     def captured_tables(self) -> list[str]:
+        """The captured tables that exist now (on a replica: once it has applied what the
+        source had written when asked, so a table created on the source before the
+        stream's start is listed: a ``mode = "initial"`` snapshot must read it)."""
+        self._wait_replica()
         try:
             with self._lock, self._connection().cursor() as cur:
                 names = schema_mod.list_tables(cur, self.db)
@@ -280,6 +284,8 @@ class MySqlSnapshotReader:
         that is not a column); ``()`` for a table without either."""
         db, _, table = qualified.rpartition(".")
         db = db or self.db
+        if not self._fenced:
+            self._wait_replica()  # a lagging replica's definition may be older than the stream's
         with self._lock:
             try:
                 with self._connection().cursor() as cur:
@@ -307,6 +313,7 @@ class MySqlSnapshotReader:
 
     def table_schema(self, qualified: str) -> TableSchema | None:
         db, _, table = qualified.rpartition(".")
+        self._wait_replica()
         with self._lock, self._connection().cursor() as cur:
             return schema_mod.table_schema(cur, db or self.db, table, self._mariadb)
 

@@ -10,8 +10,8 @@ Invariants (``sources.mysql.fenced`` says why each is needed for an exact fence)
 - the result is the read server's own name for its transactions: MySQL its
   ``server_uuid``, MariaDB its ``server_id`` (as text).
 
-Before each read-only chunk (and each max key, and each plain chunk: a blocking
-snapshot's), ``catch_up`` waits until the replica has applied every
+Before each read-only chunk (and each max key, each plain chunk: a blocking
+snapshot's, each table definition and the list of captured tables), ``catch_up`` waits until the replica has applied every
 transaction the source has written to its binlog so far (read there: MySQL
 ``gtid_executed`` and ``gtid_owned``, MariaDB ``gtid_binlog_pos``). Why: the core keeps
 (``core.fence.Unsettled``) only the events delivered since the table's snapshot began;
@@ -21,7 +21,8 @@ after the event: time travel). After the wait it holds again: the event was in t
 source's binlog before the chunk was asked for. A read server that never gets there is
 not a replica of the source (or stopped replicating): the wait times out with that said.
 A max key read on a lagging replica would miss rows written before the capture began (an
-initial snapshot at the first start), and a blocking snapshot's rows must be at least as
+initial snapshot at the first start; so would a list of tables missing one created
+there, tests/mysql/test_read_replica.py), and a blocking snapshot's rows must be at least as
 new as the stream's pause point: the same wait covers both.
 
 A replica that ran transactions of its own on the captured tables ("errant"
