@@ -8,6 +8,7 @@ has seen). The capture repairs both by key-level re-reads through the window."""
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import psycopg
 import pytest
 
 from pydblog.events import UNCHANGED_TOAST
-from tests.contract.capture import Capture
+from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness
 from tests.helpers import materialize, sid
 
@@ -93,34 +94,100 @@ def partial_updates(h: PgHarness, name: str, stop: threading.Event, rows: int) -
             time.sleep(0.001)
 
 
+_CHUNK_RANGE = re.compile(r"\(\(?\"id\"\)? > \(?'?(\d+)'?(?:::\w+)?\)?\) AND \(?\(?\"id\"\)? <= \(?'?(\d+)")
+"""A chunk read's key range in its query text: ``("id") > ('25'::integer) AND ("id") <=
+('30'::integer)`` (after, upper bound)."""
+
+GATE = 7_140_715
+"""The advisory lock the chunk reads of ``test_partial_updates_inside_chunk_windows``
+take (shared, through the snapshot's filter) and the test holds to stop them."""
+
+
+def _waiting_chunk_reads(conn: psycopg.Connection[Any]) -> list[str]:
+    """The queries of sessions waiting for the ``GATE`` that are chunk reads of the
+    capture: not its boundary (``OFFSET``) or max-key (``DESC``) queries."""
+    rows = conn.execute(
+        "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE NOT l.granted AND l.locktype = 'advisory' AND l.objid = %s",
+        (GATE,),
+    ).fetchall()
+    return [q for (q,) in rows
+            if "OFFSET" not in q and " DESC" not in q and _CHUNK_RANGE.search(q)]
+
+
+def update_inside_a_chunk_window(cap: Capture, h: PgHarness, table: str, chunk: int) -> set[int]:
+    """Forces what timing gave only sometimes: a partial UPDATE (``big`` untouched) of
+    every row, committed and logged while a chunk read is in progress (so inside its
+    window), before the read returns.
+
+    The snapshot's filter takes the shared advisory lock ``GATE`` in each chunk read's
+    transaction, after its snapshot (and, with watermarks, its low watermark); the test
+    holds the lock exclusively. Once a chunk read waits for it, the update commits, and
+    once the capture has logged the update's events the lock is let go. The read's rows
+    are from before the update (its snapshot is older) and the update's events come
+    before the read's answer, so every row of the chunk is dropped, and only a key
+    re-read (no filter) can give the rows' ``big``. (A boundary or max-key query may be
+    the one waiting: then the lock is let go and taken again.) Returns the keys of the
+    chunk(s) that waited."""
+    deadline = time.monotonic() + 90
+    with psycopg.connect(h.dsn, autocommit=True) as watch:
+        while time.monotonic() < deadline:
+            with psycopg.connect(h.dsn, autocommit=True) as gate:
+                gate.execute("SELECT pg_advisory_lock(%s)", (GATE,))
+                wait_until = time.monotonic() + 3
+                while time.monotonic() < wait_until:
+                    waiting = _waiting_chunk_reads(watch)
+                    if waiting:
+                        break
+                    time.sleep(0.02)
+                else:
+                    continue  # (closing the connection lets the lock go)
+                keys: set[int] = set()
+                for q in waiting:
+                    m = _CHUNK_RANGE.search(q)
+                    assert m is not None
+                    after, upper = int(m.group(1)), int(m.group(2))
+                    keys |= set(range(after + 1, min(after + chunk, upper) + 1))
+                watch.execute(f"UPDATE {table} SET n = n + 1")
+
+                def logged(ev: list[dict[str, Any]], keys: set[int] = keys) -> bool:
+                    done = {e["key"]["id"] for e in ev if e["op"] == "u" and e["source"]["table"] == table}
+                    return keys <= done
+
+                cap.wait_until(logged, what="the update's events")
+                assert _waiting_chunk_reads(watch), "the chunk read stopped waiting"
+                return keys
+    raise AssertionError(f"no chunk read of {table} waited for the gate within 90 s")
+
+
 @pytest.mark.parametrize("watermark", WATERMARKS)
 def test_partial_updates_inside_chunk_windows(pg_db: str, tmp_path: Path, watermark: str) -> None:
-    """Partial UPDATEs (``big`` untouched) while the table is snapshotted in small
-    chunks: every chunk row they drop must be re-read, or the key's only events carry the
-    placeholder."""
+    """A partial UPDATE (``big`` untouched) inside a chunk's window, forced
+    (``update_inside_a_chunk_window``): it drops the chunk's rows, whose keys' only
+    events then carry the placeholder, so each must be re-read (after the update: with
+    the updated ``n``), and materializing the log gives the table, ``big`` included."""
     h = PgHarness(pg_db)
     big_table(h, "pw", 300)
     extra = f'[snapshot]\nchunk_size = 5\nadaptive = false\nwatermark = "{watermark}"'
     with Capture(h, tmp_path, extra) as cap:
-        stop = threading.Event()
-        th = threading.Thread(target=partial_updates, args=(h, "pw", stop, 300))
-        th.start()
-        try:
-            h.signal(sid(), "execute-snapshot", {"data-collections": ["public\\.pw"]})
-            cap.wait_notification("COMPLETED", timeout=180)
-        finally:
-            stop.set()
-            th.join()
+        h.signal(sid(), "execute-snapshot", {
+            "data-collections": ["public\\.pw"],
+            "additional-conditions": [{"data-collection": "public.pw",
+                                       "filter": f"pg_advisory_xact_lock_shared({GATE}) IS NOT NULL"}],
+        })
+        cap.wait_until(lambda ev: len(snapshot_rows(ev, "pw")) >= 20, what="20 snapshot rows")
+        held = update_inside_a_chunk_window(cap, h, "pw", 5)
+        cap.wait_notification("COMPLETED", timeout=180)
         events = cap.assert_oracle({"pw": ["id"]})
-    ids = [e["key"]["id"] for e in events if e["op"] == "r" and e["source"]["table"] == "pw"]
-    assert len(ids) >= 300
+    assert held
+    for key in held:
+        reads = [e["after"] for e in snapshot_rows(events, "pw") if e["key"]["id"] == key]
+        updates = [e for e in events if e["op"] == "u" and e["key"]["id"] == key]
+        # The waiting read saw n = 0; its rows were dropped: only the re-read's (n = 1).
+        assert reads and all(r["n"] == 1 for r in reads), (key, reads)
+        assert updates and all(e.get("unchanged") == ["big"] for e in updates), (key, updates)
     if watermark == "read-only":
         assert watermark_writes(h) == 0
-    # Some rows were dropped from their chunk and re-read (read after a later chunk's
-    # rows) in most runs; in a run where timing put no partial update inside a window the
-    # oracle above still held, but the re-read path was not exercised: say so.
-    if ids == sorted(ids):
-        pytest.skip("no partial update landed inside a chunk window this run (timing)")
 
 
 @pytest.mark.slow
