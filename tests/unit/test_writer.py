@@ -8,6 +8,9 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
+from pydblog.capture import writer as writer_module
 from pydblog.capture.writer import Batch, BatchWriter
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.events import Encoded, EncodedEvent
@@ -72,5 +75,34 @@ def test_queued_batches_commit_together(tmp_path: Path) -> None:
     bodies = [r.body.decode() for r in reader.read_range(0, 13)]
     assert bodies == [f'{{"b":{i},"e":{j}}}' for i, n in enumerate([2, 3, 1, 4, 2, 1]) for j in range(n)]
     assert [o for o, _ in reader.schemas("s.t")] == [6]
+    reader.close()
+    log.close()
+
+
+def test_a_bulk_batch_starts_its_own_append(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of more than ``GROUP_BULK_EVENTS`` events (a snapshot chunk) is not
+    committed in one transaction with the small batches queued before it (the stream's
+    events do not wait for its write); those queued behind it join it. The log's order
+    is the submission order."""
+    monkeypatch.setattr(writer_module, "GROUP_BULK_EVENTS", 3)
+    log = GatedLog(tmp_path / "log")
+    writer = BatchWriter(log, FileStateStore(tmp_path / "state"), depth=16)
+    writer.submit(_batch(0, 1))
+    assert log.entered.wait(10)
+    writer.submit(_batch(1, 2))
+    writer.submit(_batch(2, 1))
+    writer.submit(_batch(3, 5))  # bulk: its own group
+    writer.submit(_batch(4, 1))  # joins the bulk batch's group
+    writer.submit(_batch(5, 4))  # bulk again
+    writer.submit(_batch(6, 3))  # at the limit: not bulk
+    log.gate.set()
+    writer.drain()
+    writer.close()
+    assert [(a, b, cp.extra["b"]) for a, b, cp, _ in log.appends] == [
+        (0, 1, 0), (1, 4, 2), (4, 10, 4), (10, 17, 6),
+    ]
+    reader = SqliteChangeLogReader(tmp_path / "log")
+    bodies = [r.body.decode() for r in reader.read_range(0, 17)]
+    assert bodies == [f'{{"b":{i},"e":{j}}}' for i, n in enumerate([1, 2, 1, 5, 1, 4, 3]) for j in range(n)]
     reader.close()
     log.close()

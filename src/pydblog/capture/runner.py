@@ -244,9 +244,20 @@ class Runner:
             # yields none while its transactions come closer than its idle interval).
             driver.submit_next()
         elif ev.after is not None:
+            self._flush_before_window()
             self._emit_events(driver.on_watermark(str(ev.after.get("value")), ev.position, ev.ts_ms))
             driver.submit_next()  # the next chunk starts now, not at the next idle moment
         self._driver_active = driver.active
+
+    def _flush_before_window(self) -> None:
+        """At a watermark, before the core sees it: the events pending so far go to
+        the writer as their own batch, so that they commit without waiting for the
+        rows the watermark may release (``writer.GROUP_BULK_EVENTS``). The checkpoint
+        holds the core's state before the watermark: a restart reads that chunk again
+        (the watermark itself is at or below the checkpoint, so it is skipped, as any
+        watermark of an interrupted chunk is ignored)."""
+        if self._pending:
+            self.flush()
 
     def _skipped(self, position: Position) -> bool:
         return self._skip is not None and position <= self._skip
@@ -361,6 +372,7 @@ class Runner:
             return
         driver = self.driver
         assert driver is not None
+        self._flush_before_window()
         self._emit_events(driver.on_watermark(item.id, item.position, 0))
         self._advance(item.position)
         driver.submit_next()

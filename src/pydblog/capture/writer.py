@@ -34,6 +34,11 @@ from pydblog.threads import name_native_thread
 GROUP_MAX_BATCHES = 64
 """At most this many queued batches are committed together."""
 
+GROUP_BULK_EVENTS = 4096
+"""A batch of more events than this (a snapshot chunk's rows) starts a new group: the
+small batches queued before it (the stream's events) commit without waiting for its
+write, instead of in one transaction with it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Batch:
@@ -164,15 +169,17 @@ class BatchWriter:
     def _group(self, batch: Batch) -> Batch:
         """Group commit: ``batch`` and the batches queued behind it, as one append (one
         transaction, one fsync) described by the last one's checkpoint. A batch with
-        schemas starts a new group (a schema applies from its append's first offset);
-        a task or the end stays queued (``_carry``) for the next turn."""
+        schemas starts a new group (a schema applies from its append's first offset),
+        and so does one of more than ``GROUP_BULK_EVENTS`` events; a task or the end
+        stays queued (``_carry``) for the next turn. Groups append in submission
+        order: the change log's order is the batches' whatever the grouping."""
         group = [batch]
         while len(group) < GROUP_MAX_BATCHES:
             try:
                 nxt = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(nxt, Batch) and not nxt.schemas:
+            if isinstance(nxt, Batch) and not nxt.schemas and nxt.size <= GROUP_BULK_EVENTS:
                 group.append(nxt)
             else:
                 self._carry.append(nxt)

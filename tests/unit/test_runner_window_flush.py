@@ -1,0 +1,103 @@
+"""At a watermark the events pending so far go to the change log writer as their own
+batch, checkpointed with the snapshot core's state from before the watermark, and the
+rows the watermark releases follow in the next batch: the stream's events received
+before a high watermark do not wait for the chunk's rows to be written
+(``writer.GROUP_BULK_EVENTS`` keeps the writer from joining them again), and a crash
+between the two appends reads that chunk again (its rows are in neither the log nor
+the checkpointed progress)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pydblog.capture import writer as writer_module
+from pydblog.capture.runner import Runner
+from pydblog.changelog import open_writer
+from pydblog.config import Config
+from pydblog.events import ChangeEvent, Emitted, Op, SnapshotKind, SnapshotRows, encode_event
+from pydblog.ports import Checkpoint, WatermarkSeen
+from pydblog.positions import Lsn, PgPosition, Position
+from pydblog.state.file import FileStateStore
+
+
+class RecordingLog:
+    """The real change log; records each append's events count and checkpoint."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.appends: list[tuple[int, Checkpoint]] = []
+        self.gate = threading.Event()
+
+    def append(self, events: Sequence[Any], checkpoint: Any, schemas: Sequence[Any] = ()) -> int:
+        assert self.gate.wait(10)
+        start = self.inner.next_offset
+        end: int = self.inner.append(events, checkpoint, schemas)
+        self.appends.append((end - start, checkpoint))
+        return end
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class Driver:
+    """The snapshot core's side: a watermark releases 3 chunk rows and moves progress."""
+
+    active = True
+
+    def __init__(self) -> None:
+        self.progress = "before H"
+
+    def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:
+        self.progress = "after H"
+        return [SnapshotRows("public", "t", SnapshotKind.INCREMENTAL, position, 1, 5,
+                             [{"id": i} for i in range(3)], ("id",))]
+
+    def state(self) -> dict[str, Any]:
+        return {"progress": self.progress}
+
+    def submit_next(self) -> None:
+        pass
+
+
+def test_events_before_a_watermark_are_a_batch_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(writer_module, "GROUP_BULK_EVENTS", 2)  # the 3 rows: a chunk
+    cfg = Config.model_validate({
+        "source": {"dsn": "postgresql://u@127.0.0.1/db"},
+        "log": {"path": str(tmp_path / "data")},
+        "api": {"listen": ""},
+    })
+    inner = open_writer(cfg.log)
+    log = RecordingLog(inner)
+    runner = Runner(cfg, None, None, log, FileStateStore(cfg.log_dir))  # type: ignore[arg-type]
+    runner.driver = Driver()  # type: ignore[assignment]
+    runner._known_schemas = {"public.t": None}  # type: ignore[dict-item]  # (no catalog to ask)
+    try:
+        for i in range(2):
+            ev = ChangeEvent(Op.UPDATE, "public", "t", PgPosition(Lsn(0x100 + i), 0), 1,
+                             key={"id": 10 + i}, after={"id": 10 + i})
+            runner._pending.append(encode_event(ev, "postgresql", "db", 1))
+            runner._position = ev.position
+        runner._on_watermark_seen(WatermarkSeen("h-1", PgPosition(Lsn(0x200), 0)), threading.Event())
+        runner.flush()
+        log.gate.set()
+        runner.writer.drain()
+        assert [(n, cp.snapshot) for n, cp in log.appends] == [
+            (2, {"progress": "before H"}),  # the stream's events, the core's state before H
+            (3, {"progress": "after H"}),  # the rows H released, with the progress they make
+        ]
+        # Nothing pending at a watermark: no empty batch.
+        runner._on_watermark_seen(WatermarkSeen("h-2", PgPosition(Lsn(0x300), 0)), threading.Event())
+        runner.flush()
+        runner.writer.drain()
+        assert [n for n, _ in log.appends] == [2, 3, 3]
+    finally:
+        log.gate.set()
+        runner.writer.close()
+        inner.close()
