@@ -373,3 +373,39 @@ def test_two_field_keys_sort_by_name_not_by_quoted_name() -> None:
     assert decode_fast(0, metas, bodies, schema).to_pylist() == full.to_pylist()
     assert [r["key"] for r in full.to_pylist()] == [
         '{"a":2,"a!":1}', '{"a":2,"a!":1}', '{"a":"y","a b":"x"}', '{"a":2,"b":1}']
+
+
+def test_the_scanner_has_one_machine_code_version_for_every_input() -> None:
+    """Bodies in a writable Arrow buffer (``pa.array``: the embedded log, the start-up
+    warm-up) and in a read-only one (over ``bytes``: the Kafka source's values) run the
+    same compiled version of each kernel: numba types the two as different arrays, and
+    a second version was loaded (or compiled, ~30 s on a busy machine) on the first
+    Kafka batch of every Python worker although the warm-up had loaded the first."""
+    from pydblog.spark import scan
+
+    events = list(SyntheticLoad(seed=5).events(50))
+    bodies = [e.body if isinstance(e.body, str) else e.body.decode()
+              for e in (encode_event(ev, "postgresql", "app", 1) for ev in events)]
+    joined = "".join(bodies).encode()
+    offsets = [0]
+    for b in bodies:
+        offsets.append(offsets[-1] + len(b.encode()))
+    readonly = pa.StringArray.from_buffers(
+        len(bodies), pa.py_buffer(pa.array(offsets, pa.int32()).buffers()[1]), pa.py_buffer(joined))
+    writable = pa.array(bodies, pa.string())
+    assert not np_view(readonly).flags.writeable and np_view(writable).flags.writeable
+    schema = pa.schema([ARROW_SCHEMA.field(n) for n in sorted(FAST_COLUMNS)])
+    metas = ["\x1f\x1f0"] * len(bodies)
+    a = decode_fast(0, metas, writable, schema)
+    b = decode_fast(0, metas, readonly, schema)
+    assert a.to_pylist() == b.to_pylist()
+    kernels: list[Any] = [scan._scan, scan._keys, scan._gather]
+    for kernel in kernels:
+        assert kernel.signatures, kernel
+        assert all(not sig[0].mutable for sig in kernel.signatures), kernel.signatures
+
+
+def np_view(arr: pa.Array) -> Any:
+    import numpy as np
+
+    return np.frombuffer(arr.buffers()[2], np.uint8)

@@ -234,7 +234,7 @@ def _check(cfg: Config) -> None:
         )
 
 
-def warm_up_workers(spark: Any) -> threading.Thread:
+def warm_up_workers(spark: Any, kafka: bool = False) -> threading.Thread:
     """Start the executors' Python workers in the background while Spark plans the
     query, instead of on the first batch's critical path (a fresh worker daemon imports
     pyspark, pandas and pyarrow, each forked worker then the decoder): a tiny
@@ -242,13 +242,17 @@ def warm_up_workers(spark: Any) -> threading.Thread:
     kind of worker as the source's reads (the same worker factory), and workers are
     reused, so the first batch's tasks find them ready (first query of a 1M-event
     drain, 5 alternating runs each: median 8.21 s against 8.59 s without; docs/sync.md,
-    "Start-up"). Best effort: a failure only costs the head start."""
+    "Start-up"). ``kafka``: the workers also import the Kafka reader's modules
+    (``kafka_source.pass_through``). Best effort: a failure only costs the head start."""
+    fn = pass_through
+    if kafka:
+        from pydblog.spark.kafka_source import pass_through as fn
 
     def run() -> None:
         try:
             spark.sparkContext.setJobDescription("dblog sync: start the Python workers")
             n = max(1, spark.sparkContext.defaultParallelism)
-            spark.range(0, n, 1, n).mapInArrow(pass_through, "id long").collect()
+            spark.range(0, n, 1, n).mapInArrow(fn, "id long").collect()
         except Exception as exc:  # e.g. the session stopping under it
             log.debug("Python worker warm-up failed: %s", exc)
 
@@ -258,7 +262,7 @@ def warm_up_workers(spark: Any) -> threading.Thread:
 
 
 def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now: bool) -> Any:
-    warm_up_workers(spark)
+    warm_up_workers(spark, kafka=cfg.log.type == "kafka")
     if cfg.log.type == "kafka":
         from pydblog.spark.kafka_source import NAME as KAFKA_NAME
         from pydblog.spark.kafka_source import KafkaDataSource

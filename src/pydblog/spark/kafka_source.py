@@ -270,6 +270,19 @@ def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
             yield m.value()
 
 
+def pass_through(batches: Iterator[Any]) -> Iterator[Any]:
+    """``decode.pass_through`` for a Kafka log (``job.warm_up_workers``): also imports
+    what a read needs besides the decoder (confluent-kafka, the config models: ~0.3 s
+    of CPU that the first task of each Python worker paid otherwise)."""
+    import confluent_kafka  # noqa: F401
+
+    import pydblog.changelog.kafka
+    import pydblog.config  # noqa: F401
+    from pydblog.spark import decode
+
+    yield from decode.pass_through(batches)
+
+
 def _read(part: KafkaRange, packed: bool, columns: list[str]) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -298,42 +311,48 @@ def _read(part: KafkaRange, packed: bool, columns: list[str]) -> Iterator[Any]:
 
 
 MIN_RANGE_RECORDS = 20_000
-"""``split_ranges`` cuts no partition's range into pieces smaller than this."""
+"""``split_ranges`` makes no task smaller than this (unless the batch is)."""
 
 
 def split_ranges(
     log: str, ranges: Sequence[tuple[tuple[str, int], int, int, Sequence[tuple[int, int, str]]]],
     parts: int,
 ) -> list[KafkaRange]:
-    """The input partitions of a batch: each Kafka partition's range ``[lo, hi)`` (with
-    its spans, in offset order) cut into pieces of at most ``1 / (2 * parts)`` of the
-    batch's records (at least ``MIN_RANGE_RECORDS``), so that ``parts`` cores share the
-    work evenly whatever the topics' partition counts; consecutive small pieces are read
-    by one task up to that size (a task's consumer costs ~0.1 s before its first
-    record). Each piece carries the spans that cover it (a record's validity depends
-    only on the span it lies in)."""
+    """The input partitions of a batch: ``2 * parts`` tasks of nearly equal record
+    counts (``size`` each; fewer tasks where that would make them smaller than
+    ``MIN_RANGE_RECORDS``), so that ``parts`` cores share the work evenly whatever the
+    topics' partition counts. The partitions' ranges ``[lo, hi)`` (with their spans, in
+    offset order) are laid end to end and cut at the tasks' boundaries, a boundary
+    moved to a partition's edge if one is within ``size / 8`` (no tiny pieces); a task
+    reads its pieces one after another with one consumer (which costs ~0.1 s before its
+    first record). Each piece carries the spans that cover it (a record's validity
+    depends only on the span it lies in).
+
+    Filling each task up to ``size`` in turn left, e.g., 75k + 75k + 75k + 50k + 25k
+    records for 12 partitions of ~25k: three rounds of tasks on two cores, not two."""
     total = sum(hi - lo for _, lo, hi, _ in ranges)
-    size = max(MIN_RANGE_RECORDS, -(-total // max(1, 2 * parts)))
-    pieces: list[KafkaPiece] = []
-    for (topic, p), lo, hi, spans in ranges:
+    tasks = max(1, min(2 * parts, total // MIN_RANGE_RECORDS))
+    size = -(-total // tasks)
+    edges = list(itertools.accumulate((hi - lo for _, lo, hi, _ in ranges), initial=0))
+    bounds: list[int] = []
+    for k in range(1, tasks):
+        b = total * k // tasks
+        i = bisect.bisect_left(edges, b)
+        near = min(edges[max(0, i - 1):i + 1], key=lambda e: abs(e - b))
+        b = near if abs(near - b) <= size // 8 else b
+        if 0 < b < total and (not bounds or b > bounds[-1]):
+            bounds.append(b)
+    groups: list[list[KafkaPiece]] = [[] for _ in range(len(bounds) + 1)]
+    for ((topic, p), lo, hi, spans), at in zip(ranges, edges, strict=False):
         ends = [s[0] for s in spans]
-        n = -(-(hi - lo) // size)
-        cuts = [lo + (hi - lo) * i // n for i in range(n + 1)]
-        for a, b in itertools.pairwise(cuts):
+        inner = [lo + b - at for b in bounds if at < b < at + hi - lo]
+        for a, b in itertools.pairwise([lo, *inner, hi]):
             i = bisect.bisect_right(ends, a)  # the first span ending above a
             j = bisect.bisect_left(ends, b, i)  # ... up to the first ending at or above b
-            if i < len(spans):
-                pieces.append(KafkaPiece(topic, p, a, b, tuple(spans[i:j + 1])))
-    out: list[KafkaRange] = []
-    group: list[KafkaPiece] = []
-    for piece in pieces:
-        if group and sum(g.end - g.start for g in group) + piece.end - piece.start > size:
-            out.append(KafkaRange(log, tuple(group)))
-            group = []
-        group.append(piece)
-    if group:
-        out.append(KafkaRange(log, tuple(group)))
-    return out
+            if b > a and i < len(spans):
+                task = bisect.bisect_right(bounds, at + a - lo)
+                groups[task].append(KafkaPiece(topic, p, a, b, tuple(spans[i:j + 1])))
+    return [KafkaRange(log, tuple(g)) for g in groups if g]
 
 
 class KafkaDataSource(DataSource):

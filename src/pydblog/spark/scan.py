@@ -414,13 +414,21 @@ def _gather(data: Any, starts: Any, ends: Any, mask: Any) -> Any:
 
 
 def buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """The data buffer (uint8) and the row offsets (int64, ``len(arr) + 1``) of a string
-    array (sliced or not) without copying the data."""
+    """The data buffer (uint8, read-only) and the row offsets (int64, ``len(arr) + 1``)
+    of a string array (sliced or not) without copying the data.
+
+    The data is always a read-only view: numba compiles (and caches, and loads) one
+    machine-code version per argument type, and a writable and a read-only array are two
+    types. Arrow buffers built by ``pa.array`` are writable, those over ``bytes`` (the
+    Kafka source's values) are not: without this the first Kafka batch of a process
+    loaded (or, after a source change, compiled: ~30 s on a busy machine) a second
+    version of every kernel, which the start-up warm-up had not."""
     if arr.type != pa.string():
         arr = arr.cast(pa.string())
     _, offs, data = arr.buffers()
     offsets = np.frombuffer(offs, np.int32)[arr.offset: arr.offset + len(arr) + 1].astype(np.int64)
     raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    raw.flags.writeable = False
     return raw, offsets
 
 
