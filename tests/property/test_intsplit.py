@@ -141,7 +141,8 @@ class Sim:
         r.read = True
         self.read.extend(got)
         last = got[-1] if got else None
-        if self.density.after_read(r.after, r.upper, len(got), last, r.limit):
+        first = got[0] if got else None
+        if self.density.after_read(r.after, r.upper, len(got), first, last, r.limit):
             assert last is not None and (r.after is None or r.after < last < r.upper)
             self.splits += 1
             rest = self.density.rest(last, r.upper, self.target, self.parallel)
@@ -227,6 +228,21 @@ def test_bounds_never_leave_the_domain_at_bigint_limits() -> None:
     d2 = Density()
     d2.calibrate(hi - 10, [hi - 2, hi], 4)  # 8 rows in 10 keys
     assert d2.plan(hi - 1, hi, 1000, 5) == [hi]
+
+
+def test_a_gap_is_crossed_by_one_keyset_range() -> None:
+    """After a range that read no row, the next range reaches the max key (its LIMIT
+    stops it at the next keys); the rest after a full read is cut at the density of the
+    rows read, not counting the gap before them."""
+    d = Density()
+    d.calibrate(0, [10, 20], 10)  # dense: 1 row per key
+    assert d.plan(20, 10**12, 10, 3) == [30, 40, 50]
+    assert not d.after_read(20, 30, 0, None, None, 15)  # a gap begins
+    assert d.plan(30, 10**12, 10, 3) == [10**12]
+    # that keyset range finds 15 rows (its LIMIT) at 10**9 .. 10**9 + 28, every 2nd key
+    assert d.after_read(30, 10**12, 15, 10**9, 10**9 + 28, 15)
+    assert d.width(10) == 20
+    assert d.rest(10**9 + 28, 10**12, 10, 2) == [10**9 + 48, 10**9 + 68, 10**12]
 
 
 def test_width_follows_the_last_ranges_density() -> None:

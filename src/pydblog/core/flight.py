@@ -242,13 +242,15 @@ class Flight:
         density, request = self.density, rng.request
         if density is None or request is None or not _ints(rng.upper):
             return
+        first = row_key(rows[0], self.key_columns) if rows else None
         last = row_key(rows[-1], self.key_columns) if rows else None
-        if last is not None and not _ints(last):
+        if not _ints(first, last) or (rows and (first is None or last is None)):
             return
         after = rng.after[0] if rng.after is not None and _ints(rng.after) else None
         upper = rng.upper[0]
         end = last[0] if last is not None else None
-        if not density.after_read(after, upper, len(rows), end, request.limit):
+        begin = first[0] if first is not None else None
+        if not density.after_read(after, upper, len(rows), begin, end, request.limit):
             return
         assert end is not None
         rest = density.rest(end, upper, max(1, target), self.parallelism)

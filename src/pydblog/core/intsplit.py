@@ -9,8 +9,10 @@ unit), so a range planned for ``target`` rows is ``w = ceil(target / d)`` keys w
 Where ``d`` comes from (``Density``): the first bounds query of a table's flight (the
 flight still asks one, which also tells it that the key is an integer: ``calibrate``),
 then every range read (``observe``): the density of the last ``HISTORY`` ranges read
-predicts the next ones. A range that read no row at all makes the next width ``GROW``
-times its span (a gap in the keys is crossed in a few ranges, whatever its size).
+predicts the next ones. After a range that read no row at all (a gap in the keys, of
+unknown size) the next range reaches the max key: a keyset chunk, whose ``LIMIT`` stops
+it at the next keys wherever they are (measured on a skewed 5M-row table: 6 empty
+windows in 79 instead of 63 in 136 when widths only grew by ``GROW`` per empty range).
 
 Exactness never depends on the estimate. Ranges only partition the key space: each
 range ``(a, u]`` is read with ``LIMIT cap(target)``; a read that returns ``cap`` rows
@@ -92,7 +94,12 @@ class Density:
 
     def plan(self, start: int, top: int, target: int, count: int) -> list[int]:
         """The uppers of up to ``count`` ranges after ``start``, each ``width(target)``
-        wide: ``start < u1 < u2 < ... <= top``; the last is ``top`` iff they reach it."""
+        wide: ``start < u1 < u2 < ... <= top``; the last is ``top`` iff they reach it.
+        After a range that read no row (a gap in the keys, of unknown size): one range
+        to ``top``, a keyset chunk whose ``LIMIT`` stops it at the next keys, wherever
+        they are (``after_read`` then measures their density and cuts the rest)."""
+        if self._seen and self._seen[-1][0] == 0:
+            return [top] if start < top else []
         w = self.width(target)
         out: list[int] = []
         at = start
@@ -110,14 +117,18 @@ class Density:
         return out
 
     def after_read(
-        self, after: int | None, upper: int, read: int, last: int | None, limit: int
+        self, after: int | None, upper: int, read: int, first: int | None, last: int | None,
+        limit: int,
     ) -> bool:
         """Take a range's read into account: ``read`` rows of ``(after, upper]`` under
-        ``LIMIT limit``, the last at ``last``. True if the read stopped below ``upper``
-        (full): the range covers ``(after, last]`` only and its rest must be cut again
-        (``rest``)."""
+        ``LIMIT limit``, the first at ``first``, the last at ``last``. True if the read
+        stopped below ``upper`` (full): the range covers ``(after, last]`` only and its
+        rest must be cut again (``rest``), at the density of the rows read (from the
+        first to the last: a gap before them says nothing of the keys after them)."""
         full = read >= limit and last is not None and last < upper
-        if after is not None:
+        if full and first is not None and last is not None and last > first:
+            self.observe(read - 1, last - first, full=True)
+        elif after is not None:
             end = last if full and last is not None else upper
             self.observe(read, end - after, full=full)
         return full
