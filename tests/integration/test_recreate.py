@@ -162,3 +162,111 @@ def test_table_recreated_while_capture_was_down(pg_db: str, tmp_path: Path) -> N
         cap.wait_until(rescanned, what="a truncate, then a completed scan")
         h.execute("UPDATE rw SET v = 'y' WHERE id = 22")
         cap.assert_oracle({"rw": ["id"]})
+
+
+def test_table_with_no_rows_logged_recreated_while_capture_was_down(
+    pg_db: str, tmp_path: Path
+) -> None:
+    """Captured, but empty (no row of it in the log), then dropped and created again
+    with rows while `dblog run` was down: at start the table is found outside the
+    publication, and nothing in the change log tells it from a table created for the
+    first time. It was captured before (the capture remembers which tables it captured,
+    in its checkpoint), so the new relation's rows, written before it joined the
+    publication and so in no event, must be snapshotted also without mode = "initial"."""
+    h = PgHarness(pg_db)
+    h.execute("CREATE TABLE re (id int PRIMARY KEY, v text)")
+    with Capture(h, tmp_path, "[snapshot]\nchunk_size = 8") as cap:
+        cap.caught_up()
+        cap.kill()
+        h.execute("DROP TABLE re")
+        create(h, "re", 1, 20, "new")
+        cap.start()
+        cap.wait_until(rescanned, what="a truncate, then a completed scan")
+        h.execute("UPDATE re SET v = 'y' WHERE id = 2")
+        cap.assert_oracle({"re": ["id"]})
+
+
+def test_publication_refresh_that_keeps_failing(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Captured tables dropped between the listing and the ALTER PUBLICATION in every
+    one of the refresh's attempts (forced: the listing always names a dropped table).
+    At a heartbeat that refresh raised TableDropped out of the capture loop: `dblog run`
+    tore the capture down and restarted it, and the restart (a fresh source, nothing
+    captured yet) never logged the truncate of a table dropped meanwhile, whose rows
+    then stayed in every mirror. Now a heartbeat's refresh that keeps failing changes
+    nothing (its transaction rolled back), says so, and the next heartbeat tries again;
+    at start it is an error that names the cause."""
+    from pydblog.config import parse_config
+    from pydblog.errors import SourceError
+    from pydblog.ports import RelationReset, ResetKind
+    from pydblog.sources.postgres import setup
+    from pydblog.sources.postgres.source import PgLogSource
+
+    h = PgHarness(pg_db)
+    create(h, "rk", 1, 3, "k")
+    create(h, "rg", 1, 3, "g")
+    cfg = parse_config({"source": {"dsn": pg_db, "tables": ["public\\.(rk|rg|dblog_test_marker)"],
+                                   "heartbeat_interval_s": 3600}})
+    listed = setup.list_tables
+
+    def with_a_dropped_table(*args: Any, **kwargs: Any) -> list[setup.CapturedTable]:
+        return [*listed(*args, **kwargs), setup.CapturedTable("public", "rz_dropped", True, "d")]
+
+    source = PgLogSource(cfg)
+    source.open(None)
+    try:
+        before = source.captured_tables
+        h.execute("DROP TABLE rg")
+        monkeypatch.setattr(setup, "list_tables", with_a_dropped_table)
+        source.refresh_tables()  # a heartbeat's: no exception
+        assert source.captured_tables == before
+        assert "the publication was not refreshed" in caplog.text
+        monkeypatch.setattr(setup, "list_tables", listed)
+        source.refresh_tables()  # the next heartbeat's
+        assert "public.rg" not in source.captured_tables
+        h.execute("INSERT INTO dblog_test_marker VALUES ('end')")
+        resets = []
+        for item in source.stream():
+            if isinstance(item, RelationReset):
+                resets.append((item.event.table, item.kind))
+            elif getattr(item, "table", None) == "dblog_test_marker":
+                break
+        assert resets == [("rg", ResetKind.GONE)]
+    finally:
+        source.close()
+    monkeypatch.setattr(setup, "list_tables", with_a_dropped_table)
+    again = PgLogSource(cfg)
+    with pytest.raises(SourceError, match="kept being dropped") as err:
+        again.open(None)
+    again.close()
+    assert "rz_dropped" in str(err.value)
+
+
+def test_table_dropped_while_capture_was_down(pg_db: str, tmp_path: Path) -> None:
+    """Dropped for good while `dblog run` was down (or before the heartbeat that would
+    have noticed it, when it was killed): nothing in the new relation list names it,
+    but the checkpoint lists the tables captured, so at start its truncate is logged
+    and its rows leave the materialized log (they stayed there for good). A captured
+    table that still exists but that the configuration no longer matches is not
+    truncated: it is no longer captured, its rows were not deleted."""
+    h = PgHarness(pg_db)
+    create(h, "rx", 1, 10, "x")
+    create(h, "ry", 1, 5, "y")
+    create(h, "rkeep", 1, 5, "k")
+    with Capture(h, tmp_path, "[snapshot]\nmode = \"initial\"\nchunk_size = 8") as cap:
+        cap.wait_notification("COMPLETED")
+        cap.caught_up()
+        cap.kill()
+        h.execute("DROP TABLE rx", "DROP TABLE ry")
+        create(h, "ry", 3, 4, "again")  # dropped and created again: truncate, rescan
+        cap.config.write_text(cap.config.read_text().replace(
+            "[source]", '[source]\ntables = ["public\\\\.(rx|ry|dblog_test_marker)"]'))
+        cap.start()
+        cap.wait_until(rescanned, what="a truncate, then a completed scan")
+        events = cap.assert_oracle({"ry": ["id"]})
+    got = materialize(events)
+    assert not got.get("public.rx")
+    assert len(got.get("public.rkeep", {})) == 5
+    truncated = {e["source"]["table"] for e in events if e["op"] == "t"}
+    assert truncated == {"rx", "ry"}

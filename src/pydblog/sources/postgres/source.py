@@ -15,6 +15,12 @@ Invariants:
   message, committed with the change that adds the table to the publication again, comes back
   through the stream as a ``RelationReset`` (a truncate), after every event of the old
   relation and before every event of the new one (``_reset_tables``).
+- The captured tables are part of the checkpoint (``CAPTURED_KEY``, a ``SourceState``),
+  so at start, as at every heartbeat: a table found outside the publication is a new
+  relation of a table captured before (``RECREATED``: snapshotted, its rows from before
+  it joined are in no event) when it was, else a table new to the capture (``JOINED``);
+  and a table captured when the checkpoint was written that no longer exists is
+  ``GONE``.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from pydblog.ports import (
     RelationReset,
     ResetKind,
     SchemaChanged,
+    SourceState,
     StreamItem,
     StreamPassed,
     TableSchema,
@@ -66,6 +73,9 @@ log = logging.getLogger(__name__)
 WATERMARK_PREFIX = "dblog-watermark"
 HEARTBEAT_PREFIX = "dblog-heartbeat"
 RESET_PREFIX = "dblog-relation-reset"
+CAPTURED_KEY = "pg_captured"
+"""Checkpoint ``extra`` key: ``{"captured": [...], "seen": [...]}``, the qualified names
+of the tables captured now and of every table captured so far (sorted)."""
 REFRESH_ATTEMPTS = 5
 """Publication refreshes tried while captured tables keep being dropped meanwhile."""
 IDLE = Idle()
@@ -92,7 +102,10 @@ class PgLogSource:
         self._types: TypeRegistry | None = None
         self._relations: dict[int, RelationState] = {}
         self._captured: list[str] = []
-        self._seen: set[str] = set()  # every table captured in this session
+        # Every table captured, in this session or (from the checkpoint) an earlier
+        # one; whether the runner is to be handed them (a ``SourceState``).
+        self._seen: set[str] = set()
+        self._report = True
         self._acked: int = 0
         self._last_hb = 0.0
         self._wake: tuple[int, int] | None = None  # self-pipe: wakeup() -> stream yields Idle
@@ -112,6 +125,10 @@ class PgLogSource:
         setup.check_server(meta)
         if not self.read_only:
             setup.ensure_own_tables(meta, self.signal_table, self.watermark_table)
+        raw = checkpoint.extra.get(CAPTURED_KEY) if checkpoint is not None else None
+        if isinstance(raw, dict):
+            self._captured = [str(t) for t in raw.get("captured") or ()]
+            self._seen.update(str(t) for t in raw.get("seen") or ())
         self._refresh_publication()
         setup.ensure_slot(meta, self.src.slot)
         self._types = TypeRegistry.load(meta)
@@ -162,14 +179,26 @@ class PgLogSource:
                     names = self._refresh(force)
                 break
             except setup.TableDropped as exc:
-                if attempt == REFRESH_ATTEMPTS - 1:
-                    raise
-                log.info("tables changed while refreshing the publication (%s): listing again", exc)
-        else:  # pragma: no cover (the loop breaks or raises)
+                if attempt < REFRESH_ATTEMPTS - 1:
+                    log.info("tables changed while refreshing the publication (%s): listing again", exc)
+                    continue
+                what = (f"captured tables kept being dropped while dblog refreshed its "
+                        f"publication ({REFRESH_ATTEMPTS} attempts; the last: {exc.message})")
+                if force:  # at start: nothing is captured without the publication
+                    raise setup.TableDropped(
+                        what, hint="start dblog again once the tables stop being dropped "
+                        "(a running capture retries on its own)") from None
+                # A heartbeat's: its transaction rolled back (no reset logged, the
+                # publication unchanged), and the next heartbeat lists the tables again.
+                log.warning("%s: the publication was not refreshed; the next heartbeat "
+                            "tries again", what)
+                return
+        else:  # pragma: no cover (the loop breaks or returns)
             return
         if names is not None:
             self._captured = names
             self._seen.update(names)
+            self._report = True
 
     def _refresh(self, force: bool) -> list[str] | None:
         """``refresh_tables``' work, inside its transaction; the captured tables, or None
@@ -184,12 +213,18 @@ class PgLogSource:
         joining = [] if published is None else [t for t in names if t not in published]
         present = {t.qualified for t in listed}
         gone = [t for t in self._captured if t not in present]
+        if force:
+            # At start the captured tables are the checkpoint's: one that still exists
+            # and that the configuration no longer matches is only no longer captured.
+            gone = [t for t in gone if not setup.table_exists(meta, t)]
         if names == self._captured and not joining and not force:
             return None
+        # A table captured before (in this session, or an earlier one) that joins is a
+        # new relation under its name; at start (``force``) any other joining table is
+        # reset too (created, or re-created before it was ever captured, meanwhile).
+        self._reset_tables([t for t in joining if t in self._seen], ResetKind.RECREATED)
         if force:
-            self._reset_tables(joining, ResetKind.JOINED)
-        else:
-            self._reset_tables([t for t in joining if t in self._seen], ResetKind.RECREATED)
+            self._reset_tables([t for t in joining if t not in self._seen], ResetKind.JOINED)
         self._reset_tables(gone, ResetKind.GONE)
         if self.read_only:
             own = {t for t in own if setup.table_exists(meta, t)}
@@ -230,6 +265,10 @@ class PgLogSource:
             except psycopg2.Error as exc:
                 raise replication_error(exc, self.src.slot) from None
             if msg is None:
+                if begin is None and self._report:
+                    self._report = False
+                    yield SourceState(CAPTURED_KEY, {"captured": sorted(self._captured),
+                                                     "seen": sorted(self._seen)})
                 now = time.monotonic()
                 if now - self._last_hb >= interval:
                     self._heartbeat()
