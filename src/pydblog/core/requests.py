@@ -79,8 +79,10 @@ class TableStartRequest:
 
     ``concurrent``: the start of a table read in concurrent windows (``core.flight``):
     the worker may run it beside the other tables' range and bounds requests.
-    ``fenced``: read-only: the max key is read as a fenced chunk is, and answered with
-    its read's fence (``SnapshotCore.on_table_started``)."""
+    ``fenced`` (read-only, and fenced watermark windows, ``CoreSettings.fenced``): the
+    max key is read as a fenced chunk is (``max_key_fenced``), and answered with its
+    read's fence (``SnapshotCore.on_table_started``); a watermark, if any, is still
+    written after the answer."""
 
     id: str
     table: str

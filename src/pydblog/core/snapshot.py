@@ -476,7 +476,7 @@ class SnapshotCore:
                 job.surrogate_key,
                 job.condition,
                 f"{rid}:start" if marks else None,
-                fenced=not blocking and self._read_only,
+                fenced=not blocking and self._fenced,
                 floor=None if blocking else self._floor_hint(),
             )
         assert job.key_columns is not None and job.max_key is not None
@@ -629,7 +629,7 @@ class SnapshotCore:
         marks = not self._read_only
         request = TableStartRequest(
             rid, job.table, job.kind, job.surrogate_key, job.condition,
-            f"{rid}:start" if marks else None, concurrent=True, fenced=self._read_only,
+            f"{rid}:start" if marks else None, concurrent=True, fenced=self._fenced,
             floor=self._floor_hint(),
         )
         self._starting = _Pending(request)
@@ -800,12 +800,15 @@ class SnapshotCore:
         """The answer to a TableStartRequest. ``info`` None: no such table; ``max_key``
         None: the table (with its filter) is empty. Incremental: takes effect at the
         request's watermark (returns []). Blocking: takes effect now (returns events).
-        Read-only (``request.fenced``): ``fence`` is the max key's read's; a read that
-        does not cover the floor may have missed rows committed before the stream's
-        start (mode ``initial``: a lagging standby), so the start is read again."""
+        Fenced (``request.fenced``: read-only, and fenced watermark windows too):
+        ``fence`` is the max key's read's; a read that does not cover the floor may have
+        missed rows that no event carries (committed before the stream's start, or
+        before the table joined the publication) and that were not visible to it (a
+        lagging standby, a commit waiting for a synchronous standby), so the start is
+        read again (its watermark, if any, is then ignored)."""
         starting = self._starting
         ours = starting is not None and starting.request.id == request_id
-        if fence is not None and self._read_only and error is None and not self._start_covered(fence, request_id):
+        if fence is not None and self._fenced and error is None and not self._start_covered(fence, request_id):
             self._read_again += 1
             if ours:
                 self._starting = None  # the next request starts the table again
@@ -944,7 +947,7 @@ class SnapshotCore:
         self._settle()
 
     def _start_covered(self, fence: ReadFence, request_id: str) -> bool:
-        """A read-only start's fence sees everything the stream delivered before the
+        """A fenced start's fence sees everything the stream delivered before the
         table was watched (events after that are in the log: a key it misses is not lost)."""
         issued = self._issued_epoch(request_id)
         self._unsettled.prune(fence, issued)
