@@ -37,6 +37,7 @@ def sync_cluster() -> Iterator[PgCluster]:
     asks for the standby)."""
     cluster = PgCluster(settings={
         "synchronous_standby_names": "'ghost'", "synchronous_commit": "local",
+        "max_prepared_transactions": "4",  # (tests/integration/test_fence_doubt.py)
     }).start()
     try:
         yield cluster

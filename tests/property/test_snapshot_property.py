@@ -139,6 +139,10 @@ class SimFence:
         """The running (committed, not yet visible) transactions: every one here."""
         return self.invisible if self.by_xids else None
 
+    def in_commit(self) -> frozenset[int] | None:
+        """Every running one here is committing (its commit is written, not visible)."""
+        return self.in_doubt()
+
     def sees_tx(self, tx: int) -> bool:
         return self._sees(tx) is True
 

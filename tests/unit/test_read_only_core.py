@@ -35,6 +35,9 @@ class Fence:
     def in_doubt(self) -> None:
         return None
 
+    def in_commit(self) -> None:
+        return None
+
     def sees_tx(self, tx: int) -> bool:
         return False
 
@@ -246,6 +249,33 @@ def test_after_a_start_every_running_transaction_the_read_misses_is_in_doubt() -
     core.on_chunk_read(third.id, rows(1), 1.0, fence=xid_fence(8, 9, "8", 5, {8}))
     out = expand(core.on_progress(commit(5), commit(5), 0))
     assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == [1]
+
+
+def test_after_a_start_only_committing_transactions_are_in_doubt() -> None:
+    """With the running transactions' states known (``PgXidFence.committing``: waiting
+    for a synchronous standby), what was delivered before the start is resolved by the
+    committing ones the read misses: tx 7 executes a statement (or is prepared and
+    left) and holds nothing; tx 8 commits, unseen, and holds the first read; the second
+    read sees 8, and 7 (delivered by no one) still does not count."""
+    core = SnapshotCore(CoreSettings(chunk_size=4, read_only=True, read_ahead=False), instance="t")
+    started(core)
+
+    def fence(xmax: int, xip: str, end: int, running: set[int], committing: set[int]) -> PgXidFence:
+        return PgXidFence.parse(f"7:{xmax}:{xip}", f"0/{end:X}", running, committing)
+
+    for f, end, emitted in ((fence(9, "7,8", 3, {7, 8}, {8}), 3, []),
+                            (fence(9, "7", 4, {7}, set()), 4, [1])):
+        req = core.next_request()
+        assert isinstance(req, ChunkRequest) and req.after_key is None
+        core.on_chunk_read(req.id, rows(1), 1.0, fence=f)
+        out = expand(core.on_progress(commit(end), commit(end), 0))
+        assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == emitted
+    floor = Floor(PgPosition(Lsn(2)))  # forgotten: by the committing ones only
+    assert fence(9, "7", 4, {7}, set()).covers(floor)
+    assert not fence(9, "7,8", 4, {7, 8}, {8}).covers(floor)
+    assert not PgXidFence.parse("7:9:7", "0/4", ["7"]).covers(floor)  # states unknown
+    known = Floor(PgPosition(Lsn(2)), frozenset({7}), forgotten=False)  # 7 was delivered
+    assert not fence(9, "7", 4, {7}, set()).covers(known)
 
 
 def test_after_a_restart_an_open_transaction_never_delivered_does_not_hold_the_lost_events() -> None:

@@ -296,7 +296,9 @@ class Runner:
         return True
 
     def _on_stream_passed(self, item: StreamPassed, stop: threading.Event) -> None:
-        if self._read_only and self._driver_active and not self._in_tx:
+        driver = self.driver
+        waiting = self._driver_active or (driver is not None and driver.waiting_for_progress)
+        if self._read_only and waiting and not self._in_tx:
             self._progress(item.position)
 
     def _progress(self, reached: Position) -> None:

@@ -138,7 +138,9 @@ class Delivered:
     visible (while it waits for a synchronous standby). ``forgotten``: some delivered
     ids may be missing (at a start: those delivered before it; past ``limit``); the
     next fence that tells its doubtful transactions resolves that, conservatively, by
-    taking all of them (every forgotten one still invisible is among them)."""
+    taking every committing one (``ReadFence.in_commit``: every forgotten one still
+    invisible is among them; one still executing, or prepared and left, was not
+    delivered, and must not hold every snapshot for as long as it lives)."""
 
     __slots__ = ("_last", "epoch", "forgotten", "limit", "xids")
 
@@ -167,7 +169,7 @@ class Delivered:
     def prune(self, fence: ReadFence, issued: int | None = None) -> None:
         """Forget what ``fence`` shows visible (visibility never goes back). ``issued``:
         the epoch its read was requested in (None: now)."""
-        doubt = fence.in_doubt()
+        doubt = fence.in_commit()
         if doubt is None:
             return
         if self.forgotten and (issued is None or issued >= self.epoch):
@@ -211,10 +213,11 @@ class Floor:
 
     def narrowed(self, fence: ReadFence, issued: int | None = None) -> Floor:
         """This floor for reads after ``fence``'s: without the transactions it shows
-        visible for good (if forgotten: with every one it doubts instead, only if its
+        visible for good (if forgotten: with every committing one it doubts instead
+        (``ReadFence.in_commit``), only if its
         read was requested in the floor's ``Delivered`` epoch or later, ``issued``;
         None: now)."""
-        doubt = fence.in_doubt()
+        doubt = fence.in_commit()
         if doubt is None:
             return self
         resolve = self.forgotten and self.fresh(issued)
@@ -237,6 +240,14 @@ class ReadFence(Protocol):
         """Transaction ids (as the stream numbers them) that were running just before
         the read and that it does not see: every delivered transaction it does not see
         is among them. None: this fence judges the floor by its position only."""
+        ...
+
+    def in_commit(self) -> frozenset[int] | None:
+        """Of ``in_doubt``, the transactions that may have been delivered before the
+        read was requested (their commit record was written: e.g. waiting for a
+        synchronous standby); one still executing, or prepared and left, was not. What
+        a forgotten ``Delivered`` (and floor) resolves to, and what ``covers`` judges a
+        forgotten floor by. None iff ``in_doubt`` is None."""
         ...
 
     def sees_tx(self, tx: int) -> bool:

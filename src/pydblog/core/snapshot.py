@@ -234,10 +234,13 @@ class SnapshotCore:
 
     @property
     def waiting_for_progress(self) -> bool:
-        """Read-only: an answered request waits for ``on_progress`` (a passed fence, or
-        a table start); the runner should make the stream report how far it is."""
+        """Read-only: an answered request, or a notification (a table rejected when no
+        other was left), waits for ``on_progress`` (a passed fence, a table start, a
+        position); the runner should make the stream report how far it is."""
         if not self._read_only:
             return False
+        if self._notices:
+            return True
         for flight in self._flights.values():
             if any(r.read and r.fenced is not None for r in flight.ranges):
                 return True

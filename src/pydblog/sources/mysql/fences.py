@@ -121,6 +121,9 @@ class GtidFence:
     def in_doubt(self) -> None:
         return None
 
+    def in_commit(self) -> None:
+        return None
+
     def sees_tx(self, tx: int) -> bool:
         return False
 

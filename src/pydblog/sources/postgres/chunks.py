@@ -36,7 +36,13 @@ from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.sources import intkeys
 from pydblog.sources.postgres import closing, native
 from pydblog.sources.postgres.connect import connect
-from pydblog.sources.postgres.fences import RUNNING_SQL, PgLsnFence, PgXidFence
+from pydblog.sources.postgres.fences import (
+    RUNNING_SQL,
+    SYNC_COLUMNS,
+    PgLsnFence,
+    PgXidFence,
+    stats_grant_error,
+)
 from pydblog.sources.postgres.parallel import MIN_SUB_ROWS, SubReadPool
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
 from pydblog.sources.postgres.relations import TABLE_COLUMNS_SQL, compile_encoder, identity_columns
@@ -700,7 +706,7 @@ class PgSnapshotReader:
         pool = self.subreads if split else None  # created (it asks the server) before
         # Before the read's snapshot: on a standby what it had replayed, on a primary
         # the running transactions (``fences`` module docstring).
-        standby, low, running = self._before_fence()
+        standby, low, running, committing = self._before_fence()
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             # The snapshot is taken when this statement starts; the insert position is
@@ -722,7 +728,7 @@ class PgSnapshotReader:
                 self._shared_snapshot = None
             end = self._lsn("pg_last_wal_receive_lsn()", commit=False) if standby else None
         if not standby:
-            return rows, PgXidFence.parse(row[0], row[1], running)
+            return rows, PgXidFence.parse(row[0], row[1], running, committing)
         if low is None or end is None:
             raise SourceError(
                 "read-only snapshots on a standby need streaming replication: "
@@ -753,18 +759,28 @@ class PgSnapshotReader:
                 return False
             time.sleep(REPLAY_POLL_S)
 
-    def _before_fence(self) -> tuple[bool, int | None, list[str]]:
-        """(in recovery, replayed LSN on a standby, running xids on a primary)."""
-        row = self.conn.execute(
-            "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, CASE WHEN "
-            f"pg_is_in_recovery() THEN NULL ELSE ({RUNNING_SQL}) END"
+    def _before_fence(self) -> tuple[bool, int | None, list[int], list[int] | None]:
+        """(in recovery, replayed LSN on a standby, running and committing xids on a
+        primary with synchronous standbys; ``fences.RUNNING_SQL``). Raises
+        ``fences.stats_grant_error`` where the role cannot see other roles' wait states."""
+        conn = self.conn
+        row = conn.execute(
+            f"SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, {SYNC_COLUMNS}"
         ).fetchone()
-        self.conn.commit()
         assert row is not None
-        standby, replayed, running = row
+        standby, replayed, sync, stats, user = row
         if standby:
-            return True, None if replayed is None else Lsn.parse(replayed).value, []
-        return False, None, list(running or ())
+            conn.commit()
+            return True, None if replayed is None else Lsn.parse(replayed).value, [], None
+        if not sync:
+            conn.commit()
+            return False, None, [], []
+        if not stats:
+            conn.rollback()
+            raise stats_grant_error(str(user))
+        rows = conn.execute(RUNNING_SQL).fetchall()
+        conn.commit()
+        return False, None, [int(r[0]) for r in rows], [int(r[0]) for r in rows if r[1]]
 
     def _lsn(self, function: str, *, commit: bool) -> int | None:
         """An LSN function's value (None for NULL); ``commit`` ends the implicit

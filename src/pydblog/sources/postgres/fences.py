@@ -16,7 +16,8 @@ first statement share its snapshot S):
   standby's acknowledgement, while the logical stream delivered it) was running then:
   its xid is ``in_doubt``. S ``covers`` the floor (``core.fence.Floor``) iff none of
   those was delivered by the floor (``core.fence.Delivered`` keeps the delivered xids
-  no fence has shown visible yet; where it may have forgotten some, iff S doubts none).
+  no fence has shown visible yet; where it may have forgotten some, iff S sees every
+  running transaction that was *committing*, ``in_commit``: waiting for the standby).
   Only with ``synchronous_standby_names`` set (``RUNNING_SQL``): without it no commit
   waits after its record is flushed.
 - on a hot standby (``PgLsnFence``; its snapshots list running transactions outside
@@ -37,35 +38,74 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydblog.core.fence import Floor, Lost
+from pydblog.errors import SourceError
 from pydblog.events import ChangeEvent
 from pydblog.positions import Lsn, PgPosition, Position
 
 XID_SPAN = 1 << 32
 
 RUNNING_SQL = (
-    "SELECT CASE WHEN current_setting('synchronous_standby_names') = '' THEN '{}' ELSE "
-    "(SELECT coalesce(array_agg(f::text), '{}') FROM (SELECT DISTINCT "
-    "s.xm + d.d - CASE WHEN d.d >= 2147483648 THEN 4294967296 ELSE 0 END AS f "
-    "FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xm) s, "
+    "SELECT DISTINCT s.xm + d.d - CASE WHEN d.d >= 2147483648 THEN 4294967296 ELSE 0 END, "
+    "d.committing FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xm) s, "
     "LATERAL (SELECT ((l.transactionid::text::bigint - s.xm) % 4294967296 + 4294967296) "
-    "% 4294967296 AS d FROM pg_locks l WHERE l.locktype = 'transactionid' "
-    "AND l.mode = 'ExclusiveLock' AND l.granted AND NOT EXISTS (SELECT 1 FROM "
-    "pg_stat_activity a WHERE a.pid = l.pid AND a.state IN ('idle in transaction', "
-    "'idle in transaction (aborted)'))) d) c) END"
+    "% 4294967296 AS d, CASE WHEN l.pid IS NULL THEN EXISTS (SELECT 1 FROM pg_stat_activity w "
+    "WHERE w.wait_event = 'SyncRep' AND w.backend_xid IS NULL) "
+    "ELSE a.state IS NULL OR a.wait_event IS NOT DISTINCT FROM 'SyncRep' END AS committing "
+    "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted "
+    "AND (a.state IS NULL OR a.state NOT IN ('idle in transaction', "
+    "'idle in transaction (aborted)'))) d"
 )
-"""A primary's running transactions (``PgXidFence.running``): every transaction that
-has an xid holds an exclusive lock on it (a prepared one too) until after it became
-visible; ``pg_locks`` shows them to any user. 32-bit xids made 64-bit next to ``xmax``.
-Left out: the xids of a backend idle in its transaction (``pg_stat_activity.state``):
-it is not committing, so none of them was delivered and is still invisible (one it
-held when ``pg_locks`` was read but that ended before ``state`` was, is visible to the
-read, taken later). Without them an idle-in-transaction session held every floor until
-it ended (review finding H). ``state`` is NULL for other roles' sessions unless the
-reader has ``pg_read_all_stats``: their xids stay in doubt (conservative).
-None when ``synchronous_standby_names`` is empty: then no commit waits for a standby,
-and a commit is visible as soon as its backend leaves the proc array, microseconds
-after its record was flushed (assumed shorter than the stream's delivery, the core's
-watch and the read's start together)."""
+"""A primary's running transactions (``PgXidFence.running``), one row each: the 64-bit
+xid (32-bit xids made 64-bit next to ``xmax``) and whether it is *committing*. Every
+transaction that has an xid holds an exclusive lock on it (a prepared one too, with no
+backend) until after it became visible; ``pg_locks`` shows them to any user. Left out:
+the xids of a backend idle in its transaction (``pg_stat_activity.state``): it is not
+committing, so none of them was delivered and is still invisible (one it held when
+``pg_locks`` was read but that ended before ``state`` was, is visible to the read, taken
+later); without them an idle-in-transaction session held every floor until it ended
+(review finding H).
+
+Committing (``PgXidFence.committing``): the backend waits for a synchronous standby
+(``wait_event = 'SyncRep'``: its commit record is flushed, so the stream may have
+delivered it, and it stays invisible until the standby answers), or its state is
+unknown; a prepared transaction (no backend) iff some backend without an xid of its own
+waits for the standby (a ``COMMIT PREPARED`` does; which one it commits is not shown).
+One executing a statement (a batch job) or prepared and left (``PREPARE TRANSACTION``
+never committed) has no commit record yet: it was not delivered. What the stream may
+have delivered before the core knew (``core.fence.Delivered.forgotten``) is judged by
+these, not by every running one (they held a restarted snapshot for as long as they
+lived). The moments around the wait (between the commit record's flush and the wait,
+and between the standby's answer and leaving the proc array) are microseconds, assumed
+shorter than the stream's delivery, the core's watch and the read's request together,
+as without a synchronous standby (below). Wait states of other roles' sessions need
+``pg_read_all_stats`` (``stats_grant_error``).
+
+Only read when ``synchronous_standby_names`` is set: without it no commit waits after
+its record is flushed, and a commit is visible as soon as its backend leaves the proc
+array, microseconds after its record was flushed (assumed shorter than the stream's
+delivery, the core's watch and the read's start together)."""
+
+SYNC_COLUMNS = (
+    "current_setting('synchronous_standby_names') <> '', "
+    "pg_has_role('pg_read_all_stats', 'USAGE'), current_user"
+)
+"""Whether commits may wait for a synchronous standby, whether the role sees other
+roles' wait states (``RUNNING_SQL``; superusers and ``pg_monitor`` members do), and
+its name."""
+
+
+def stats_grant_error(user: str) -> SourceError:
+    """A fenced read on a primary with synchronous standbys, by a role that cannot see
+    other roles' wait states: it could not tell a commit waiting for the standby from
+    a session executing a statement, and would wait for every one of them to end."""
+    return SourceError(
+        f"with synchronous_standby_names set, fenced snapshot reads must tell which "
+        f"sessions wait for the synchronous standby, and role {user!r} cannot see other "
+        "roles' wait states (pg_stat_activity)",
+        hint=f"GRANT pg_read_all_stats TO {user} (or GRANT pg_monitor TO {user}), then "
+        "signal the snapshot again",
+    )
 
 
 def record_end(insert_lsn: int, block_size: int = 8192, segment_size: int = 16 << 20) -> int:
@@ -96,14 +136,19 @@ class PgXidFence:
     end_lsn: int
     running: frozenset[int] = frozenset()
     """64-bit xids running just before the read (module docstring)."""
+    committing: frozenset[int] | None = None
+    """Those of ``running`` that were committing (``RUNNING_SQL``); None: not known
+    (every running one counts)."""
 
     @classmethod
-    def parse(cls, snapshot: str, insert_lsn: str, running: Iterable[str] = ()) -> PgXidFence:
+    def parse(cls, snapshot: str, insert_lsn: str, running: Iterable[str | int] = (),
+              committing: Iterable[str | int] | None = None) -> PgXidFence:
         """From ``pg_current_snapshot()::text``, ``pg_current_wal_insert_lsn()::text``
-        and the running xids (64-bit, as text; ``RUNNING_SQL``)."""
+        and the running and committing xids (64-bit; ``RUNNING_SQL``)."""
         xmin, xmax, xip = snapshot.split(":")
         return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x),
-                   record_end(Lsn.parse(insert_lsn).value), frozenset(int(x) for x in running))
+                   record_end(Lsn.parse(insert_lsn).value), frozenset(int(x) for x in running),
+                   None if committing is None else frozenset(int(x) for x in committing))
 
     def full(self, xid: int) -> int:
         """A 32-bit xid from the stream as the 64-bit xid nearest to ``xmax``."""
@@ -125,14 +170,22 @@ class PgXidFence:
 
     def covers(self, floor: Floor) -> bool:
         """The read sees every transaction the stream delivered up to the floor: none
-        of those it doubts was delivered by then (if the floor forgot some: it doubts
-        none)."""
-        doubt = self.in_doubt()
-        return not doubt if floor.forgotten else doubt.isdisjoint(floor.xids)
+        of those it doubts was delivered by then (if the floor forgot which were: it
+        sees every one that was committing)."""
+        if floor.forgotten:
+            return not self.in_commit()
+        return self.in_doubt().isdisjoint(floor.xids)
 
     def in_doubt(self) -> frozenset[int]:
         """The running transactions (as 32-bit stream xids) the read does not see."""
         return frozenset(x & (XID_SPAN - 1) for x in self.running if not self._sees_full(x))
+
+    def in_commit(self) -> frozenset[int]:
+        """Of ``in_doubt``, those that were committing (``RUNNING_SQL``): the only
+        ones the stream may have delivered before the read was requested."""
+        if self.committing is None:
+            return self.in_doubt()
+        return frozenset(x & (XID_SPAN - 1) for x in self.committing if not self._sees_full(x))
 
     def sees_tx(self, tx: int) -> bool:
         return self._sees(tx)
@@ -183,6 +236,9 @@ class PgLsnFence:
         return isinstance(position, PgPosition) and position.commit_lsn.value < self.low_lsn
 
     def in_doubt(self) -> None:
+        return None
+
+    def in_commit(self) -> None:
         return None
 
     def sees_tx(self, tx: int) -> bool:
