@@ -108,6 +108,7 @@ class SnapshotDriver:
         self._held_since: float | None = None
         self._backoff = RetryBackoff()  # after inconclusive reads (core.retry)
         self._last_fence: object = None  # the last read's fence (for the log)
+        self._closing = False  # close() began: a request failing now was cut by it
 
     # -- routing ----------------------------------------------------------------------
     @property
@@ -300,6 +301,7 @@ class SnapshotDriver:
     def close(self, timeout_s: float = 2.0) -> None:
         """Stop the worker threads (each ends after its request in flight; the caller
         closes the readers, which ends a request stuck on the server)."""
+        self._closing = True
         for _ in self._pool:
             self._pool_requests.put(None)
         if self._worker is not None:
@@ -367,6 +369,14 @@ class SnapshotDriver:
         core = self.core
         retriable = exc.retriable if isinstance(exc, DblogError) else None
         msg = str(exc) if isinstance(exc, DblogError) else f"{type(exc).__name__}: {exc}"
+        if self._closing:
+            # The capture is stopping and closed the request's connection under it (the
+            # error then reads like a server crash): nothing takes this answer any more,
+            # and the request runs again from the checkpoint at the next start.
+            log.info("snapshot request for %s stopped: the capture is stopping and closed "
+                     "its connection", getattr(request, "table", "?"))
+            log.debug("the stopped request's error: %s", msg)
+            return
         log.warning("snapshot request for %s failed: %s", getattr(request, "table", "?"), msg)
         answer(lambda: core.on_request_failed(request.id, msg, retriable=retriable))
 
