@@ -32,6 +32,9 @@ class _Below:
     def in_doubt(self) -> None:
         return None
 
+    def in_commit(self) -> None:
+        return None
+
 
 def _from_scratch(u: Unsettled) -> Lost | None:
     if not u.events and u.lost is None:
