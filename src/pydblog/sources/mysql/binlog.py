@@ -71,7 +71,7 @@ from pydblog.ports import (
     TableSchema,
 )
 from pydblog.positions import Position
-from pydblog.sources.mysql import fastrows
+from pydblog.sources.mysql import dumpstart, fastrows
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.connect import (
     ER_MASTER_FATAL_READING_BINLOG,
@@ -85,6 +85,7 @@ from pydblog.sources.mysql.connect import (
     is_mariadb,
 )
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
+from pydblog.sources.mysql.dumpstart import DUMP_SERVER_KEY, DumpConnection, DumpStart
 from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
 from pydblog.sources.mysql.history import SchemaHistory, signature
@@ -144,10 +145,16 @@ class _Reconnect(Exception):
 
 class _OneConnection:
     """``pymysql_wrapper`` for one ``BinLogStreamReader``: one stream and one control
-    connection, never a silent second one."""
+    connection, never a silent second one. MySQL (``mysql``): the stream connection
+    learns its server's ``server_uuid`` and, if ``start`` holds there, starts the GTID
+    dump at its coordinates (``sources.mysql.dumpstart``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, mysql: bool = False, start: DumpStart | None = None) -> None:
         self.opened: set[str] = set()
+        self.mysql = mysql
+        self.start = start
+        self.server_uuid: str | None = None
+        self.started_at: DumpStart | None = None
 
     def __call__(self, **kwargs: Any) -> Any:
         # The library names some arguments the old way; pymysql warns about those.
@@ -158,7 +165,20 @@ class _OneConnection:
         if role in self.opened:
             raise _Reconnect(role)
         self.opened.add(role)
-        return pymysql.connect(**kwargs)
+        if role == "ctl" or not self.mysql:
+            return pymysql.connect(**kwargs)
+        conn = DumpConnection(**kwargs)
+        try:
+            self.server_uuid = dumpstart.server_uuid(conn)
+            start = self.start
+            if start is not None and start.server_uuid == self.server_uuid and dumpstart.holds(
+                conn, start
+            ):
+                conn.start = self.started_at = start
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
 
 @dataclass(slots=True)
@@ -250,6 +270,10 @@ class MySqlLogSource:
         self._defs: dict[tuple[str, str], tuple[SchemaTable, bool, bool]] = {}
         self._lookahead = DdlLookahead()
         self._opening_state: SourceState | None = None
+        # MySQL GTID dumps: the current one's connection wrapper (its server_uuid, and
+        # whether it started at a checkpoint's coordinates), recorded once per dump.
+        self._dump: _OneConnection | None = None
+        self._dump_recorded = True
 
     # -- LogSource ---------------------------------------------------------------------
     def open(self, checkpoint: Checkpoint | None) -> None:
@@ -310,7 +334,12 @@ class MySqlLogSource:
                 # delivered ``pos.gtids`` already, which read-only fences may wait for.
                 self._last_done = pos
             self._require_executed(pos)
-            self._start_gtid_dump(state)
+            start = None
+            if not self.mariadb and checkpoint is not None:
+                start = dumpstart.from_record(
+                    checkpoint.extra.get(DUMP_SERVER_KEY), pos.epoch, pos.file, pos.pos, pos.gtid
+                )
+            self._start_gtid_dump(state, start)
             return
         self._require_file(pos)
         self._epoch = pos.epoch
@@ -344,6 +373,9 @@ class MySqlLogSource:
                 yield Idle()
                 continue
             event = self._fetch()
+            record = self._dump_record()
+            if record is not None:  # before any item of this dump (its epoch)
+                yield record
             for item in self._handle(event):
                 if self._drop(item):
                     continue
@@ -352,6 +384,25 @@ class MySqlLogSource:
             if time.monotonic() - last_yield >= self.idle_s:
                 last_yield = time.monotonic()
                 yield Idle()
+
+    def _dump_record(self) -> SourceState | None:
+        """Once per MySQL GTID dump, when connected: which server's coordinates this
+        epoch's positions are (``sources.mysql.dumpstart``)."""
+        dump = self._dump
+        if self._dump_recorded or dump is None or dump.server_uuid is None:
+            return None
+        self._dump_recorded = True
+        if dump.started_at is not None:
+            at = dump.started_at
+            log.info("GTID resume reads the binlog from the checkpoint's coordinates %s:%d "
+                     "(transaction %s)", at.file, at.offset, at.gtid)
+        return SourceState(DUMP_SERVER_KEY, dumpstart.record(self._epoch, dump.server_uuid))
+
+    @property
+    def dump_started_at(self) -> DumpStart | None:
+        """Where the current GTID dump started reading, if at a checkpoint's
+        coordinates (else the server found the place from the GTID set alone)."""
+        return self._dump.started_at if self._dump is not None else None
 
     def ack(self, position: Position) -> None:
         """MySQL has no server-side acknowledgement: the runner's state store keeps the
@@ -561,6 +612,8 @@ class MySqlLogSource:
 
     def _start_dump(self, file: str, offset: int, state: GtidState | None) -> None:
         """Dump from binlog coordinates; ``state`` is the GTID state there (if known)."""
+        self._dump = None
+        self._dump_recorded = True
         self._reader = BinLogStreamReader(
             connection_settings=self._dump_settings(),
             server_id=self.server_id,
@@ -582,10 +635,13 @@ class MySqlLogSource:
         self._defs.clear()
         self._lookahead.reset()
 
-    def _start_gtid_dump(self, state: GtidState) -> None:
+    def _start_gtid_dump(self, state: GtidState, start: DumpStart | None = None) -> None:
         """Dump every transaction after ``state`` (MariaDB ``@slave_connect_state``,
         MySQL COM_BINLOG_DUMP_GTID). The server starts with a Rotate to the file where
-        that is; coordinates are read from the events as usual."""
+        that is; coordinates are read from the events as usual. MySQL: at ``start``'s
+        coordinates where they hold (``sources.mysql.dumpstart``)."""
+        self._dump = _OneConnection(mysql=not self.mariadb, start=start)
+        self._dump_recorded = False
         self._reader = BinLogStreamReader(
             connection_settings=self._dump_settings(),
             server_id=self.server_id,
@@ -594,7 +650,7 @@ class MySqlLogSource:
             is_mariadb=self.mariadb,
             slave_heartbeat=self.idle_s,
             filter_non_implemented_events=False,
-            pymysql_wrapper=_OneConnection(),
+            pymysql_wrapper=self._dump,
             enable_logging=False,
         )
         self._file = ""
