@@ -3,7 +3,9 @@
 ``pydblog.sources.postgres._copyenc`` (C, no dependency but CPython's headers) encodes
 snapshot chunks read as COPY text; ``optional=True``: a machine without a C compiler
 or Python's headers still installs pydblog, which then reads chunks by the SQL path and
-says so in its log.
+says so in its log. ``pydblog.changelog._kafkaread`` (C, the same) hands the Kafka
+source a consume batch's values without a Python object per message; without it the
+reads go through confluent-kafka's ``Message`` objects.
 """
 
 from setuptools import Extension, setup
@@ -16,6 +18,13 @@ setup(
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             libraries=["dl"],
             optional=True,
-        )
+        ),
+        Extension(
+            "pydblog.changelog._kafkaread",
+            ["src/pydblog/changelog/_kafkaread.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            libraries=["dl"],
+            optional=True,
+        ),
     ]
 )

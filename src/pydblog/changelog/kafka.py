@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from pydblog.changelog import kafka_native
 from pydblog.errors import ChangeLogError, ChangeLogUnavailable, DblogError, Fenced
 from pydblog.events import TAIL_SEP, Encoded, EncodedBlock
 from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
@@ -453,12 +454,15 @@ class _Client:
     """The Kafka clients a log needs: an admin client and a consumer for bounded reads
     (``read_range``), with the topic metadata cached."""
 
-    def __init__(self, cfg: LogConfig) -> None:
+    def __init__(self, cfg: LogConfig, native: bool = False) -> None:
         self.k = _kafka()
         self.cfg = cfg
         self.prefix = _prefix(cfg)
         self._admin: Any = None
         self._consumer: Any = None
+        # ``read_values`` by ``kafka_native`` (its consumer then has no logger)
+        self.native = native and kafka_native.available()
+        self._client_id = ""
         self._partitions: dict[str, int] = {}
         self._consumer_topics: set[str] = set()  # topics whose metadata the consumer has
         self.fetched = 0  # messages ``read_range`` returned (how much a read cost)
@@ -473,13 +477,16 @@ class _Client:
 
     def consumer(self) -> Any:
         if self._consumer is None:
-            self._consumer = self.k.Consumer(_for_consumer(client_config(
+            conf = _for_consumer(client_config(
                 self.cfg,
                 **{"group.id": f"dblog-reader-{uuid.uuid4().hex[:8]}",
                    "enable.auto.commit": False, "isolation.level": "read_committed",
                    "auto.offset.reset": "error", "fetch.wait.max.ms": self.fetch_wait_ms,
                    "enable.partition.eof": True, **READ_PREFETCH},
-            )))
+            ))
+            if self.native:
+                conf, self._client_id = kafka_native.consumer_config(conf)
+            self._consumer = self.k.Consumer(conf)
         return self._consumer
 
     def partitions(self, topic: str, refresh: bool = False) -> int:
@@ -633,6 +640,61 @@ class _Client:
         finally:
             c.unassign()
 
+    def read_values(self, tp: tuple[str, int], lo: int, hi: int) -> Iterator[kafka_native.RawBatch]:
+        """``read_batches({tp: (lo, hi)})`` a ``kafka_native.RawBatch`` at a time: the
+        same messages (data messages with ``lo <= offset < hi``, in offset order) and the
+        same errors, without a Python object per message. Needs ``native``."""
+        if hi <= lo:
+            return
+        assert self.native, "read_values needs a client made with native=True"
+        import numpy as np  # the spark extra's, as is every caller of this
+
+        k = self.k
+        c = self.consumer()
+        self._know_topics(c, {tp[0]})
+        c.assign([k.TopicPartition(tp[0], tp[1], lo)])
+        todo: dict[tuple[str, int], tuple[int, int | None]] = {tp: (lo, hi)}
+        deadline = time.monotonic() + TIMEOUT_S
+        stalled_at = time.monotonic() + STALL_S
+        try:
+            while todo:
+                b = kafka_native.consume(c, self._client_id, 10_000, 0.01)
+                done = False
+                for _, code, topic, part, offset, why in b.errors:
+                    if code == k.KafkaError._PARTITION_EOF:
+                        done = True  # caught up: what is left below hi is markers
+                    elif code in (k.KafkaError._AUTO_OFFSET_RESET, k.KafkaError.OFFSET_OUT_OF_RANGE):
+                        raise self._deleted_at(topic, part, offset, why, todo)
+                    else:
+                        raise _unavailable("reading", self.cfg, k.KafkaException(k.KafkaError(code, why)))
+                if len(b):
+                    if (b.partitions != tp[1]).any():
+                        raise ChangeLogError(f"a read of {tp} got records of another partition")
+                    deadline = time.monotonic() + TIMEOUT_S
+                    stalled_at = time.monotonic() + STALL_S
+                    cut = int(np.searchsorted(b.offsets, hi))
+                    if cut < len(b):
+                        size = int(b.lengths[:cut].clip(min=0).sum())
+                        b = kafka_native.RawBatch(b.data[:size], b.lengths[:cut], b.offsets[:cut],
+                                                  b.partitions[:cut], [])
+                        done = True
+                    if len(b):
+                        self.fetched += len(b)
+                        yield b
+                        done = done or int(b.offsets[-1]) + 1 >= hi
+                if done:
+                    return
+                self._check_positions(c, todo)
+                if not len(b) and todo:
+                    if time.monotonic() > stalled_at and self._storage_stall(c, todo):
+                        c = self.consumer()  # the same position, a longer fetch wait
+                        stalled_at = time.monotonic() + STALL_S
+                    if time.monotonic() > deadline:
+                        raise ChangeLogUnavailable(
+                            f"Kafka at {self.cfg.bootstrap_servers}: reading {tp} timed out")
+        finally:
+            c.unassign()
+
     def _know_topics(self, c: Any, topics: set[str]) -> None:
         """Ask for the metadata of ``topics`` the consumer has not seen before assigning
         them: librdkafka otherwise looks a newly assigned topic up on its own timer, and a
@@ -680,14 +742,17 @@ class _Client:
         return True
 
     def _deleted(self, m: Any, todo: Mapping[tuple[str, int], tuple[int, int | None]]) -> DblogError:
+        return self._deleted_at(m.topic(), m.partition(), m.offset(), m.error().str(), todo)
+
+    def _deleted_at(self, topic: str, part: int, offset: int, why: str,
+                    todo: Mapping[tuple[str, int], tuple[int, int | None]]) -> DblogError:
         """A read below a partition's first kept offset: retention deleted records
         before they were read. Never skipped silently (the events would be missing)."""
-        topic, part = m.topic(), m.partition()
-        wanted = todo.get((topic, part), (m.offset(), None))[0]
+        wanted = todo.get((topic, part), (offset, None))[0]
         return ChangeLogError(
             f"Kafka at {self.cfg.bootstrap_servers}: {topic} partition {part} no longer "
             f"holds offset {wanted} (retention deleted records before they were read: "
-            f"{m.error().str()})",
+            f"{why})",
             hint="start at the first offset still complete (`dblog tail` without "
                  "--from-offset starts there; `dblog status` shows the topics' offsets), "
                  "or raise the topics' retention.ms / retention.bytes",

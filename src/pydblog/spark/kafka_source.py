@@ -180,7 +180,7 @@ def read_events(part: KafkaRange) -> Any:
     span's writer; fan-out copies are skipped)."""
     from pydblog.changelog.kafka import _Client
 
-    client = _Client(_config(part.log))
+    client = _Client(_config(part.log), native=True)
     values = _Values()
     try:
         for piece in part.pieces:
@@ -209,6 +209,20 @@ class _Values:
             self.chunks.append(b"".join(vals))  # type: ignore[arg-type]
             self.lengths.append(np.fromiter(map(len, vals), np.int64, len(vals)))  # type: ignore[arg-type]
 
+    def extend_raw(self, data: bytes, lengths: Any, keep: Any) -> None:
+        """The values of a ``kafka_native.RawBatch`` (``data``, ``lengths``) whose
+        ``keep`` is true (a numpy mask), null values left out."""
+        import numpy as np
+
+        keep = keep & (lengths >= 0)
+        if keep.all():
+            self.chunks.append(data)
+            self.lengths.append(lengths)
+        elif keep.any():
+            sizes = lengths.clip(min=0)
+            self.chunks.append(np.frombuffer(data, np.uint8)[np.repeat(keep, sizes)].tobytes())
+            self.lengths.append(lengths[keep])
+
     def array(self) -> Any:
         import numpy as np
         import pyarrow as pa
@@ -229,6 +243,9 @@ class _Values:
 
 
 def _read_piece(client: Any, piece: KafkaPiece, values: _Values) -> None:
+    if client.native and all(first >= 0 for _, first, _ in piece.spans):
+        _read_runs(client, piece, values)
+        return
     import confluent_kafka
 
     value = confluent_kafka.Message.value
@@ -253,6 +270,27 @@ def _read_piece(client: Any, piece: KafkaPiece, values: _Values) -> None:
             else:
                 values.extend(_checked(batch[i:j], tag.encode()))
             i = j
+
+
+def _read_runs(client: Any, piece: KafkaPiece, values: _Values) -> None:
+    """A piece whose spans all have runs (the valid records of span ``(end, first, _)``
+    are exactly the offsets ``first <= o < end``): by offset alone, a
+    ``kafka_native.RawBatch`` at a time (no Python object per record)."""
+    import numpy as np
+
+    for b in client.read_values((piece.topic, piece.partition), piece.start, piece.end):
+        offsets = b.offsets
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        keep: Any = None
+        for end, first, _ in piece.spans:
+            if first <= lo and hi < end:  # the whole batch lies in one run
+                keep = np.ones(len(offsets), np.bool_)
+                break
+        if keep is None:
+            keep = np.zeros(len(offsets), np.bool_)
+            for end, first, _ in piece.spans:
+                keep |= (offsets >= first) & (offsets < end)
+        values.extend_raw(b.data, b.lengths, keep)
 
 
 def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
