@@ -77,6 +77,7 @@ from pydblog.sources.mysql.connect import (
     ER_MASTER_FATAL_READING_BINLOG,
     ER_PARSE_ERROR,
     UNAVAILABLE,
+    Connection,
     MySqlDsn,
     classify,
     connect,
@@ -166,7 +167,7 @@ class _OneConnection:
             raise _Reconnect(role)
         self.opened.add(role)
         if role == "ctl" or not self.mysql:
-            return pymysql.connect(**kwargs)
+            return Connection(**kwargs)
         conn = DumpConnection(**kwargs)
         try:
             self.server_uuid = dumpstart.server_uuid(conn)

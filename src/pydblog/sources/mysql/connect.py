@@ -7,11 +7,14 @@ are shown redacted).
 
 from __future__ import annotations
 
+import ssl
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pymysql
+import pymysql.connections
 
 from pydblog.config import redact_dsn
 from pydblog.errors import ConfigError, SourceError, SourceUnavailable
@@ -142,11 +145,36 @@ def classify(exc: BaseException, dsn: MySqlDsn, doing: str) -> SourceError:
     return SourceError(f"MySQL at {where} failed {doing}: [{code}] {msg}")
 
 
+_TLS_LOCK = threading.Lock()
+_TLS_PREFERRED: ssl.SSLContext | None = None
+
+
+class Connection(pymysql.connections.Connection):  # type: ignore[misc]
+    """pymysql's connection, with one TLS context per process for its default TLS
+    (pymysql 1.2 tries TLS whenever the server offers it, unverified, as the C client's
+    ``--ssl-mode=PREFERRED`` does). pymysql builds that context in every connection's
+    constructor (``ssl.create_default_context()``, which loads the system's CA store:
+    ~30-140 ms here, more than the rest of a connection; docs/benchmarks.md); the
+    context is the same each time, so it is built once (by pymysql's own code, whatever
+    its settings are in this pymysql version) and shared: an ``SSLContext`` may wrap
+    sockets of several threads. Explicit TLS options (none are exposed today) would
+    still get a context of their own."""
+
+    def _create_ssl_ctx(self, sslp: Any) -> Any:
+        if not (isinstance(sslp, dict) and not sslp):
+            return super()._create_ssl_ctx(sslp)
+        global _TLS_PREFERRED
+        with _TLS_LOCK:
+            if _TLS_PREFERRED is None:
+                _TLS_PREFERRED = super()._create_ssl_ctx({})
+            return _TLS_PREFERRED
+
+
 def connect(dsn: MySqlDsn, *, timeout_s: float = 10.0, autocommit: bool = True) -> Any:
     """A pymysql connection to the captured database (UTC session time zone, so
     ``TIMESTAMP`` values read as UTC, as the binlog carries them)."""
     try:
-        conn = pymysql.connect(
+        conn = Connection(
             **dsn.settings(timeout_s=timeout_s),
             autocommit=autocommit,
             init_command="SET time_zone = '+00:00'",

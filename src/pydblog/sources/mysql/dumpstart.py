@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pymysql
-import pymysql.connections
+
+from pydblog.sources.mysql.connect import Connection
 
 DUMP_SERVER_KEY = "mysql_dump_server"
 """Checkpoint ``extra`` key: ``{"epoch": e, "server_uuid": u}``, positions of epoch ``e``
@@ -119,7 +120,7 @@ def with_start(packet: bytes, file: str, offset: int) -> bytes:
     return struct.pack("<I", len(body))[:3] + b"\x00" + body
 
 
-class DumpConnection(pymysql.connections.Connection):  # type: ignore[misc]
+class DumpConnection(Connection):
     """The binlog dump's connection: writes the GTID dump command with ``start``'s
     coordinates when ``start`` is set (checked on this connection first)."""
 
