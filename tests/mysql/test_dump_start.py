@@ -116,3 +116,36 @@ def test_kill9_under_writes_resumes_at_coordinates(
         cap.assert_oracle({"t1": ["id"]})
         err = cap.stop()
     assert "from the checkpoint's coordinates" in err
+
+
+def test_reconnect_reads_from_where_the_lost_dump_was(mysql57: MySQL57, my57_db: str) -> None:
+    """A binlog dump killed on the server side (between transactions, then inside one):
+    the reconnect starts at the lost dump's coordinates, and nothing is lost or twice."""
+    db = my57_db
+    mysql57.execute("CREATE TABLE t (id INT PRIMARY KEY)", db)
+    src, stream = opened(mysql57, db)
+
+    def kill_dump() -> None:
+        for row in mysql57.execute("SHOW PROCESSLIST"):
+            if str(row[4]).startswith("Binlog Dump"):
+                mysql57.execute(f"KILL {row[0]}")
+
+    try:
+        run_sql(mysql57, db, "INSERT INTO t VALUES (1), (2)")
+        items = read_until(stream, commits(1))
+        assert src.dump_started_at is None  # a fresh start: the GTID set alone
+        kill_dump()
+        run_sql(mysql57, db, "INSERT INTO t VALUES (3), (4)")
+        items += read_until(stream, commits(1), timeout=30)
+        assert src.dump_started_at is not None
+        run_sql(mysql57, db, "INSERT INTO t VALUES (5), (6)")
+        for item in stream:  # into the next transaction: its first row
+            items.append(item)
+            if any(e.after == {"id": 5} for e in changes([item])):
+                break
+        kill_dump()
+        items += read_until(stream, commits(1), timeout=30)
+        assert src.dump_started_at is not None
+    finally:
+        src.close()
+    assert [e.after["id"] for e in changes(items) if e.after] == [1, 2, 3, 4, 5, 6]

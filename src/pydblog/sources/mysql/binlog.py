@@ -749,13 +749,14 @@ class MySqlLogSource:
         pending = self._skip_upto  # a file resume's skip not passed yet
         if resume is not None:
             state, skip = resume
+            start = self._reconnect_start()
             self._epoch += 1
             for s in (skip, (pending.gtid, pending.index) if pending and pending.gtid else None):
                 if s is not None:
                     self._skip_tx[s[0]] = max(self._skip_tx.get(s[0], -1), s[1])
             self._skip_upto = None
             try:
-                self._start_gtid_dump(state)
+                self._start_gtid_dump(state, start)
             except pymysql.Error as exc:
                 log.warning("reconnect failed: %s", exc)
             return
@@ -771,6 +772,18 @@ class MySqlLogSource:
             self._start_dump(file, offset, known)
         except pymysql.Error as exc:
             log.warning("reconnect failed: %s", exc)
+
+    def _reconnect_start(self) -> DumpStart | None:
+        """MySQL: where a reconnect's GTID dump may start reading (``dumpstart``): the
+        open transaction's start, else the last finished one's (its GTID is in the
+        resume state, so the server skips it), in the lost dump's binlog."""
+        dump = self._dump
+        if self.mariadb or dump is None or dump.server_uuid is None:
+            return None
+        at = self._tx.position(0) if self._tx is not None else self._last_done
+        if at is None or not at.gtid or at.epoch != self._epoch:
+            return None
+        return DumpStart(at.file, at.pos, at.gtid, dump.server_uuid)
 
     def _gtid_resume_point(self) -> tuple[GtidState, tuple[str, int] | None] | None:
         """``(state, skip)`` to resume the current stream by GTID, or None."""
