@@ -103,14 +103,17 @@ GATE = 7_140_715
 take (shared, through the snapshot's filter) and the test holds to stop them."""
 
 
-def _waiting_chunk_reads(conn: psycopg.Connection[Any]) -> list[str]:
+def _waiting_chunk_reads(conn: psycopg.Connection[Any], seen: set[str] | None = None) -> list[str]:
     """The queries of sessions waiting for the ``GATE`` that are chunk reads of the
-    capture: not its boundary (``OFFSET``) or max-key (``DESC``) queries."""
+    capture: not its boundary (``OFFSET``) or max-key (``DESC``) queries (every query
+    waiting for it is added to ``seen``)."""
     rows = conn.execute(
         "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
         "WHERE NOT l.granted AND l.locktype = 'advisory' AND l.objid = %s",
         (GATE,),
     ).fetchall()
+    if seen is not None:
+        seen.update(q for (q,) in rows)
     return [q for (q,) in rows
             if "OFFSET" not in q and " DESC" not in q and _CHUNK_RANGE.search(q)]
 
@@ -130,13 +133,14 @@ def update_inside_a_chunk_window(cap: Capture, h: PgHarness, table: str, chunk: 
     the one waiting: then the lock is let go and taken again.) Returns the keys of the
     chunk(s) that waited."""
     deadline = time.monotonic() + 90
+    seen: set[str] = set()
     with psycopg.connect(h.dsn, autocommit=True) as watch:
         while time.monotonic() < deadline:
             with psycopg.connect(h.dsn, autocommit=True) as gate:
                 gate.execute("SELECT pg_advisory_lock(%s)", (GATE,))
                 wait_until = time.monotonic() + 3
                 while time.monotonic() < wait_until:
-                    waiting = _waiting_chunk_reads(watch)
+                    waiting = _waiting_chunk_reads(watch, seen)
                     if waiting:
                         break
                     time.sleep(0.02)
@@ -157,7 +161,9 @@ def update_inside_a_chunk_window(cap: Capture, h: PgHarness, table: str, chunk: 
                 cap.wait_until(logged, what="the update's events")
                 assert _waiting_chunk_reads(watch), "the chunk read stopped waiting"
                 return keys
-    raise AssertionError(f"no chunk read of {table} waited for the gate within 90 s")
+    raise AssertionError(
+        f"no chunk read of {table} waited for the gate within 90 s; the queries that did "
+        f"(a chunk read must match _CHUNK_RANGE): {sorted(seen)[:5]}")
 
 
 @pytest.mark.parametrize("watermark", WATERMARKS)
