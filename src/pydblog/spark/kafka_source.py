@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
+import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,10 +94,23 @@ def _log_json(options: dict[str, str]) -> str:
     return raw
 
 
+_CLIENT_FIELDS = frozenset({"type", "bootstrap_servers", "topic_prefix", "kafka", "partitions",
+                            "replication_factor", "tombstones", "transactional_id"})
+
+
 def _config(log_json: str) -> Any:
+    """The ``[log]`` config the Kafka clients read (``LogConfig``'s fields). The option
+    is normally ``LogConfig.model_dump_json()`` (validated, every field present): then
+    its fields as attributes, without importing the config models (pydantic: ~0.2 s of
+    CPU in each Python process that plans a query or reads a task); anything else is
+    validated as a ``LogConfig``."""
+    raw = json.loads(log_json)
+    if isinstance(raw, dict) and raw.keys() >= _CLIENT_FIELDS and raw["type"] == "kafka" \
+            and isinstance(raw["kafka"], dict):
+        return types.SimpleNamespace(**raw)
     from pydblog.config import LogConfig
 
-    return LogConfig.model_validate_json(log_json)
+    return LogConfig.model_validate(raw)
 
 
 def _tp_key(tp: tuple[str, int]) -> str:
@@ -309,14 +324,13 @@ def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
 
 
 def pass_through(batches: Iterator[Any]) -> Iterator[Any]:
-    """``decode.pass_through`` for a Kafka log (``job.warm_up_workers``): also imports
-    what a read needs besides the decoder (confluent-kafka, the config models: ~0.3 s
+    """``decode.pass_through`` for a Kafka log (``job.warm_up_workers``): also loads
+    what a read needs besides the decoder (confluent-kafka and the native read: ~0.1 s
     of CPU that the first task of each Python worker paid otherwise)."""
-    import confluent_kafka  # noqa: F401
-
-    import pydblog.changelog.kafka
-    import pydblog.config  # noqa: F401
+    from pydblog.changelog import kafka_native
     from pydblog.spark import decode
+
+    kafka_native.available()
 
     yield from decode.pass_through(batches)
 
