@@ -44,6 +44,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import orjson
+
 from pydblog.core.window import ChunkWindow, WindowResult
 from pydblog.events import ChangeEvent, ChunkRow
 from pydblog.positions import Position, decode_position, encode_position
@@ -52,6 +54,40 @@ MAX_UNSETTLED = 200_000
 """Events kept while no fence proves them visible (e.g. a paused snapshot under write
 load). Beyond it the oldest are forgotten and windows stay inconclusive until a fence
 settles everything up to the last forgotten one."""
+
+MAX_UNSETTLED_BYTES = 64 << 20
+"""...and their estimated size (``weight``) at most: kept events are ``slim`` (no row
+images beyond the identity), but an identity can be the whole row (``REPLICA IDENTITY
+FULL`` without a key)."""
+
+EVENT_OVERHEAD = 400
+"""Estimated bytes of a kept event besides its values (the tuple, its position, three
+small dicts): what ``weight`` adds to twice the length of its values' JSON."""
+
+
+def slim(event: ChangeEvent) -> ChangeEvent:
+    """What a window needs of a stream event (``window.ChunkWindow.observe``): its op,
+    table, position, key, unchanged columns, and its images' identity values (the key's
+    columns: a window's chunk key is the identity, or it windows by identity). The rest
+    of a wide row is not kept. An image whose identity values equal the key is the
+    key's own dict."""
+    key = event.key
+    if not key or (event.before is None and event.after is None):
+        return event
+
+    def cut(image: dict[str, Any] | None) -> dict[str, Any] | None:
+        if image is None:
+            return None
+        part = {c: image[c] for c in key if c in image}
+        return key if part == key else part
+
+    return event._replace(before=cut(event.before), after=cut(event.after))
+
+
+def weight(event: ChangeEvent) -> int:
+    """Estimated bytes ``event`` holds (``MAX_UNSETTLED_BYTES``)."""
+    values = orjson.dumps((event.key, event.before, event.after), default=str)
+    return EVENT_OVERHEAD + 2 * len(values)
 
 
 LOST_XIDS = 10_000
@@ -265,20 +301,25 @@ class ReadFence(Protocol):
 
 class Unsettled:
     """Stream events of the tables being read that no fence has proven visible yet,
-    in stream order. Bounded by ``limit``: past it the oldest half is forgotten into
-    ``lost``, and windows stay inconclusive until a fence ``settles_lost``. ``floor``:
+    in stream order, ``slim``. Bounded by ``limit`` events and ``limit_bytes`` of their
+    ``weight``: past either, the oldest are forgotten into ``lost`` (down to half of
+    each bound), and windows stay inconclusive until a fence ``settles_lost``. ``floor``:
     where the newest watched table began to be kept (windows stay inconclusive until a
     fence ``covers`` it).
 
     Invariant: ``_held`` is ``Lost(xids=set())`` with ``add(events)``, kept up to date
     as events come (``summary`` runs at every checkpoint: it must not walk them)."""
 
-    __slots__ = ("_held", "delivered", "events", "floor", "limit", "lost")
+    __slots__ = ("_held", "_weights", "delivered", "events", "floor", "limit", "limit_bytes",
+                 "lost", "weight")
 
-    def __init__(self, limit: int = MAX_UNSETTLED) -> None:
+    def __init__(self, limit: int = MAX_UNSETTLED, limit_bytes: int = MAX_UNSETTLED_BYTES) -> None:
         self.events: list[ChangeEvent] = []
+        self._weights: list[int] = []  # each event's ``weight``, in step with ``events``
+        self.weight = 0
         self._held = Lost(xids=set())
         self.limit = limit
+        self.limit_bytes = limit_bytes
         self.lost: Lost | None = None
         self.floor: Floor | None = None
         self.delivered = Delivered()
@@ -298,15 +339,30 @@ class Unsettled:
             floor.position = position  # (in place: windows already open share it)
 
     def add(self, event: ChangeEvent) -> None:
+        """Keep ``event`` (``slim``)."""
+        event = slim(event)
+        w = weight(event)
         self.events.append(event)
+        self._weights.append(w)
+        self.weight += w
         self._held.add((event,))
-        if len(self.events) > self.limit:
-            cut = len(self.events) - self.limit // 2
-            if self.lost is None:
-                self.lost = Lost(xids=set())
-            self.lost.add(self.events[:cut])
-            del self.events[:cut]
-            self._recount()
+        if len(self.events) > self.limit or self.weight > self.limit_bytes:
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        """The oldest events into ``lost``, until at most half of each bound is kept."""
+        total, cut = self.weight, 0
+        count = len(self.events) - self.limit // 2
+        while cut < len(self.events) and (cut < count or total > self.limit_bytes // 2):
+            total -= self._weights[cut]
+            cut += 1
+        if self.lost is None:
+            self.lost = Lost(xids=set())
+        self.lost.add(self.events[:cut])
+        del self.events[:cut]
+        del self._weights[:cut]
+        self.weight = total
+        self._recount()
 
     def _recount(self) -> None:
         self._held = Lost(xids=set())
@@ -315,9 +371,12 @@ class Unsettled:
     def prune(self, fence: ReadFence, issued: int | None = None) -> None:
         """Forget what ``fence`` proves visible for good. ``issued``: the
         ``Delivered.epoch`` its read was requested in (None: now)."""
-        kept = [e for e in self.events if not fence.settles(e)]
+        kept = [(e, w) for e, w in zip(self.events, self._weights, strict=True)
+                if not fence.settles(e)]
         if len(kept) != len(self.events):
-            self.events = kept
+            self.events = [e for e, _ in kept]
+            self._weights = [w for _, w in kept]
+            self.weight = sum(self._weights)
             self._recount()
         if self.lost is not None and fence.settles_lost(self.lost):
             self.lost = None
@@ -329,6 +388,8 @@ class Unsettled:
 
     def clear(self) -> None:
         self.events.clear()
+        self._weights.clear()
+        self.weight = 0
         self._recount()
         self.lost = None
         self.floor = None

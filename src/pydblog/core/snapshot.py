@@ -76,7 +76,7 @@ from pydblog.core.commands import (
     stop_matcher,
     stop_notice,
 )
-from pydblog.core.fence import FencedWindow, Lost, ReadFence, Unsettled
+from pydblog.core.fence import FencedWindow, Lost, ReadFence, Unsettled, slim
 from pydblog.core.flight import Flight, Range
 from pydblog.core.intsplit import as_planned, cap
 from pydblog.core.keys import RawKey, match_key, row_key
@@ -1018,6 +1018,7 @@ class SnapshotCore:
         self._unsettled.learn(event.position)
         if not self._watched or f"{event.schema}.{event.table}" not in self._watched:
             return
+        event = slim(event)  # windows need only its identity; a wide row is not held
         self._unsettled.add(event)
         flight = self._observers.get((event.schema, event.table))
         if flight is not None:
