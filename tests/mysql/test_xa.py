@@ -122,3 +122,27 @@ def test_xa_one_phase_and_xa_on_other_tables_are_captured(
         with server_admin.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {other}")
         server_admin.close()
+
+
+def test_fresh_start_warns_about_prepared_xa_transactions(
+    server: Server, db: str, tmp_path: Path
+) -> None:
+    """An XA transaction prepared before a fresh start has its rows in the binlog before
+    the start position: its XA COMMIT would commit changes capture never sees. The
+    fresh start names it in a warning (``XA RECOVER``)."""
+    h = MariaHarness(server, db)
+    h.execute("CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(20))", "INSERT INTO t1 VALUES (1, 'a')")
+    xa = server.connect(db)
+    xa.autocommit(True)
+    try:
+        with xa.cursor() as cur:
+            for sql in ("XA START 'early'", "UPDATE t1 SET v = 'b' WHERE id = 1",
+                        "XA END 'early'", "XA PREPARE 'early'"):
+                cur.execute(sql)
+        cap = Capture(h, tmp_path, "").start()
+        err = cap.stop()
+        assert "prepared XA transaction" in err and "'early'" in err, err[-3000:]
+    finally:
+        with xa.cursor() as cur:
+            cur.execute("XA ROLLBACK 'early'")
+        xa.close()
