@@ -14,7 +14,13 @@ from pydblog.devtools.pgstandby import PgStandby
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
 from pydblog.sources.postgres.chunks import PgSnapshotReader
-from pydblog.sources.postgres.fences import PgLsnFence, PgXidFence, record_end
+from pydblog.sources.postgres.fences import (
+    PgLsnFence,
+    PgXidFence,
+    record_end,
+    running_sql,
+    snapshot_sql,
+)
 from pydblog.sources.postgres.source import PgLogSource
 
 
@@ -148,3 +154,41 @@ def test_first_read_only_chunk_of_a_fresh_reader_can_split(pg_db: str) -> None:
     assert r.subreads.parallelism >= 2
     assert len(rows) == 8192 and isinstance(fence, PgXidFence)
     r.close()
+
+
+def test_postgresql_12_fences_by_the_txid_snapshot_functions(
+    pg_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL 12 has no ``pg_current_snapshot()``: its fences take
+    ``txid_current_snapshot()`` (the same text, 64-bit xids), which PostgreSQL 15 still
+    has, so the PostgreSQL 12 path runs here against this server: a fenced read sees the
+    committed transaction and not the running one, and the running-xid query finds it.
+    (Before, fenced watermark windows were off below 13, and read-only reads failed with
+    'function pg_current_snapshot() does not exist'.)"""
+    assert snapshot_sql(120000)[0] == "txid_current_snapshot()"
+    assert snapshot_sql(130000)[0] == "pg_current_snapshot()"
+    monkeypatch.setattr(PgSnapshotReader, "server_version", property(lambda self: 120000))
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+        done = conn.execute("SELECT txid_current()").fetchone()
+    assert done is not None
+    running = psycopg.connect(pg_db)
+    try:
+        running.execute("UPDATE t SET v = 'x' WHERE id = 1")
+        row = running.execute("SELECT txid_current()").fetchone()
+        assert row is not None
+        r = reader(pg_db)
+        assert r.fences_watermark_windows()
+        info = r.table_info("public.t")
+        assert info is not None
+        rows, fence = r.read_chunk_fenced(info, None, (2,), 10, None)
+        assert isinstance(fence, PgXidFence) and len(rows) == 2
+        assert fence.visible(event(done[0] & 0xFFFFFFFF)) is True
+        assert fence.visible(event(row[0] & 0xFFFFFFFF)) is False
+        # (asked by the running session itself: 'active' while it asks, not idle)
+        held = {int(x) for x, _ in running.execute(running_sql(120000)).fetchall()}
+        assert row[0] in held
+        r.close()
+    finally:
+        running.close()

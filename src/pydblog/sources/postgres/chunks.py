@@ -37,10 +37,11 @@ from pydblog.sources import intkeys
 from pydblog.sources.postgres import closing, native
 from pydblog.sources.postgres.connect import connect
 from pydblog.sources.postgres.fences import (
-    RUNNING_SQL,
     SYNC_COLUMNS,
     PgLsnFence,
     PgXidFence,
+    running_sql,
+    snapshot_sql,
     stats_grant_error,
 )
 from pydblog.sources.postgres.parallel import MIN_SUB_ROWS, SubReadPool
@@ -102,8 +103,14 @@ class PgSnapshotReader:
         decodes a commit before it becomes visible, so a transaction the stream delivered
         before a chunk's low watermark can be invisible to the chunk's SELECT (while it
         waits for a synchronous standby; for microseconds under CPU load otherwise), and
-        only the read's snapshot tells. Needs ``pg_current_snapshot()`` (PostgreSQL 13+)."""
-        return self.conn.info.server_version >= 130000
+        only the read's snapshot tells. Every supported version can (``fences.snapshot_sql``:
+        ``txid_current_snapshot()`` before PostgreSQL 13)."""
+        return self.server_version >= 120000
+
+    @property
+    def server_version(self) -> int:
+        """The read connection's server (``fences.snapshot_sql`` picks its functions)."""
+        return self.conn.info.server_version
 
     def _open_read_conn(self) -> psycopg.Connection[Any]:
         dsn = self.cfg.snapshot.read_dsn or self.cfg.source.dsn
@@ -712,7 +719,8 @@ class PgSnapshotReader:
             # The snapshot is taken when this statement starts; the insert position is
             # read while it runs, so after the snapshot.
             row = conn.execute(
-                "SELECT pg_current_snapshot()::text, CASE WHEN pg_is_in_recovery() THEN NULL "
+                f"SELECT {snapshot_sql(self.server_version)[0]}::text, "
+                "CASE WHEN pg_is_in_recovery() THEN NULL "
                 "ELSE pg_current_wal_insert_lsn()::text END"
             ).fetchone()
             assert row is not None
@@ -778,7 +786,7 @@ class PgSnapshotReader:
         if not stats:
             conn.rollback()
             raise stats_grant_error(str(user))
-        rows = conn.execute(RUNNING_SQL).fetchall()
+        rows = conn.execute(running_sql(self.server_version)).fetchall()
         conn.commit()
         return False, None, [int(r[0]) for r in rows], [int(r[0]) for r in rows if r[1]]
 

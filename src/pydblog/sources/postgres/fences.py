@@ -46,7 +46,7 @@ XID_SPAN = 1 << 32
 
 RUNNING_SQL = (
     "SELECT DISTINCT s.xm + d.d - CASE WHEN d.d >= 2147483648 THEN 4294967296 ELSE 0 END, "
-    "d.committing FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xm) s, "
+    "d.committing FROM (SELECT {xmax}::text::bigint AS xm) s, "
     "LATERAL (SELECT ((l.transactionid::text::bigint - s.xm) % 4294967296 + 4294967296) "
     "% 4294967296 AS d, CASE WHEN l.pid IS NULL THEN EXISTS (SELECT 1 FROM pg_stat_activity w "
     "WHERE w.wait_event = 'SyncRep' AND w.backend_xid IS NULL) "
@@ -85,6 +85,23 @@ Only read when ``synchronous_standby_names`` is set: without it no commit waits 
 its record is flushed, and a commit is visible as soon as its backend leaves the proc
 array, microseconds after its record was flushed (assumed shorter than the stream's
 delivery, the core's watch and the read's start together)."""
+
+
+
+def snapshot_sql(server_version: int) -> tuple[str, str]:
+    """The current snapshot as ``xmin:xmax:xip`` text with 64-bit xids, and its
+    ``xmax``: ``pg_current_snapshot()`` from PostgreSQL 13 on; before, the older
+    ``txid_current_snapshot()`` (also 64-bit, epoch included, the same text), which
+    PostgreSQL 13 deprecated but keeps."""
+    if server_version >= 130000:
+        return "pg_current_snapshot()", "pg_snapshot_xmax(pg_current_snapshot())"
+    return "txid_current_snapshot()", "txid_snapshot_xmax(txid_current_snapshot())"
+
+
+def running_sql(server_version: int) -> str:
+    """``RUNNING_SQL`` with the snapshot functions of ``server_version``."""
+    return RUNNING_SQL.replace("{xmax}", snapshot_sql(server_version)[1])
+
 
 SYNC_COLUMNS = (
     "current_setting('synchronous_standby_names') <> '', "
