@@ -299,10 +299,15 @@ class EncodedChunk(Sequence[EncodedRow]):
         return i
 
     def _tail(self, i: int) -> str:
-        if self._tail_list is None and i == self.size - 1:
-            if self._tail_blocks is not None and self._tail_text is None:
-                return self._tail_blocks.texts[-1].rpartition("\n")[2]
-            return self.tails.rpartition("\n")[2]
+        """Row ``i``'s tail; the first and the last without splitting the chunk (a
+        flight measures every chunk by them, on the capture thread)."""
+        if self._tail_list is None and i in (0, self.size - 1):
+            blocks = self._tail_blocks
+            if blocks is not None and self._tail_text is None:
+                text = blocks.texts[0] if i == 0 else blocks.texts[-1]
+            else:
+                text = self.tails
+            return text.partition("\n")[0] if i == 0 else text.rpartition("\n")[2]
         return self.tail_list()[i]
 
     @overload

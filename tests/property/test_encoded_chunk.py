@@ -105,6 +105,18 @@ def test_sequence_like_the_rows(case: tuple[EncodedChunk, list[EncodedRow]], dat
     assert list(rebuilt) == kept
 
 
+@given(chunks())
+@settings(deadline=None)
+def test_first_and_last_rows_without_splitting(case: tuple[EncodedChunk, list[EncodedRow]]) -> None:
+    """A fresh chunk's first and last rows (what a concurrent window measures a chunk
+    by, ``core.flight``) come without splitting its tails into one string per row."""
+    chunk, rows = case
+    if not rows:
+        return
+    assert chunk[0] == rows[0] and chunk[-1] == rows[-1]
+    assert chunk._tail_list is None
+
+
 def _window(rows: Any, events: list[ChangeEvent]) -> list[Any]:
     w = ChunkWindow("s", "t", ("id",))
     w.set_rows(rows)
