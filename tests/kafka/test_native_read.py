@@ -72,3 +72,13 @@ def test_a_consumer_of_another_client_id_is_refused(kafka_bootstrap: str) -> Non
         assert len(kafka_native.consume(c, "mine", 10, 0.0)) == 0  # nothing assigned
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("thing", [12345, "a string", [1, 2], object()])
+def test_anything_but_a_consumer_is_a_type_error(thing: object) -> None:
+    """The C side reads a Consumer's handle layout: other objects must not reach it
+    (they crashed the process with SIGSEGV before the check)."""
+    if not kafka_native.available():
+        pytest.skip("the _kafkaread extension is not built")
+    with pytest.raises(TypeError, match=r"confluent_kafka\.Consumer"):
+        kafka_native.consume(thing, "dblog-read-x", 1, 0.0)

@@ -120,8 +120,17 @@ def consumer_config(conf: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 def consume(consumer: Any, client_id: str, max_messages: int, timeout_s: float) -> RawBatch:
-    """``consumer.consume(max_messages, timeout_s)`` as one ``RawBatch``."""
+    """``consumer.consume(max_messages, timeout_s)`` as one ``RawBatch``.
+
+    ``consumer`` must be exactly a ``confluent_kafka.Consumer`` (the C side reads its
+    handle's layout): anything else is a ``TypeError`` here, never a read of the wrong
+    memory."""
     import numpy as np
+    from confluent_kafka import Consumer
+
+    if type(consumer) is not Consumer:
+        raise TypeError(f"kafka_native.consume needs a confluent_kafka.Consumer, "
+                        f"not {type(consumer).__name__}")
 
     data, lengths, offsets, partitions, errors = _module.consume(
         consumer, client_id, max_messages, max(0, int(timeout_s * 1000)))
