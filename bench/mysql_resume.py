@@ -9,7 +9,9 @@ its last Commit position and its dump record. Then one more transaction, and eac
 (a) the raw baseline, a file + offset binlog dump from the checkpoint's coordinates
     (mysql-replication, no GTIDs: what reading from there costs the server);
 (b) plain: the checkpoint without the dump record (the GTID set alone);
-(c) coordinates: with the record.
+(c) coordinates: with the record;
+and a fresh start (no checkpoint) timed until one transaction written right after it:
+(d) the plain GTID dump from ``gtid_executed``, (e) the dump from the binlog's end.
 Figures are the median of ``--repeat`` resumes, with ratios to (a).
 
 Usage: .venv/bin/python bench/mysql_resume.py [--tx 20000] [--repeat 3]
@@ -50,6 +52,28 @@ def timed_resume(server: MySQL57, checkpoint: Checkpoint, marker: str) -> tuple[
         for item in src.stream():
             if isinstance(item, ChangeEvent) and (item.after or {}).get("v") == marker:
                 return time.perf_counter() - t0, src.dump_started_at is not None
+    finally:
+        src.close()
+    raise AssertionError("stream ended")
+
+
+def timed_fresh_start(server: MySQL57, *, settle: bool) -> float:
+    """A fresh start (no checkpoint), then one transaction: until its event. Without
+    ``settle`` the dump asks with the GTID set alone (the behaviour before)."""
+    src = source(server)
+    if not settle:
+        def plain(file: str, offset: int) -> tuple[Any, None]:
+            executed, _ = MySqlLogSource._settled_executed(src, file, offset)
+            return executed, None
+        src._settled_executed = plain  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    src.open(None)
+    marker = f"fresh{time.monotonic_ns()}"
+    try:
+        server.execute(f"INSERT INTO b.t (v) VALUES ('{marker}')")
+        for item in src.stream():
+            if isinstance(item, ChangeEvent) and (item.after or {}).get("v") == marker:
+                return time.perf_counter() - t0
     finally:
         src.close()
     raise AssertionError("stream ended")
@@ -113,11 +137,18 @@ def main() -> None:
                                  "marker")
             assert at
             fast.append(t)
+        fresh_plain, fresh = [], []
+        for _ in range(args.repeat):
+            fresh_plain.append(timed_fresh_start(server, settle=False))
+            fresh.append(timed_fresh_start(server, settle=True))
         a, b, c = (statistics.median(x) for x in (raw, plain, fast))
         print(f"(a) raw file+offset dump: {a * 1000:.0f} ms")
         print(f"(b) plain GTID resume:    {b * 1000:.0f} ms ({b / a:.1f} x a; "
               f"{size / 1e6 / b:.1f} MB/s of binlog skipped)")
         print(f"(c) at the coordinates:   {c * 1000:.0f} ms ({c / a:.1f} x a; {b / c:.0f} x faster than b)")
+        d, e = statistics.median(fresh_plain), statistics.median(fresh)
+        print(f"(d) fresh start, plain GTID dump from gtid_executed: {d * 1000:.0f} ms")
+        print(f"(e) fresh start at the binlog's end: {e * 1000:.0f} ms ({d / e:.0f} x faster than d)")
     finally:
         server.stop()
 

@@ -89,6 +89,7 @@ from pydblog.sources.mysql.connect import (
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
 from pydblog.sources.mysql.dumpstart import DUMP_SERVER_KEY, DumpConnection, DumpStart
 from pydblog.sources.mysql.fenced import gtid_mode_error
+from pydblog.sources.mysql.fences import parse_owned
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
 from pydblog.sources.mysql.history import SchemaHistory, signature
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, file_sequence
@@ -112,6 +113,8 @@ from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
 from pydblog.sources.mysql.wake import Wakeup
 
 log = logging.getLogger(__name__)
+SETTLE_S = 1.0
+"""Longest a fresh MySQL start waits for the GTIDs being committed to be executed."""
 
 HISTORY_KEY = "mysql_schema_history"
 """``Checkpoint.extra`` key of the schema history (servers without binlog_row_metadata)."""
@@ -305,18 +308,20 @@ class MySqlLogSource:
         if pos is None:
             self._warn_prepared_xa()
             file, offset, _ = self._master_status()
-            executed = self._executed_set()
+            executed, start = self._settled_executed(file, offset)
             if self._history is not None:
                 self._baseline(self._history, file, offset)
             if executed:
-                # MySQL: capture starts after the executed GTID set, and the server finds
-                # where that is (no scan of the current binlog file for the set at an
-                # offset). A transaction it sends may lie before ``offset`` (it was
-                # written, not yet executed, when the status was read): the dump is the
-                # next epoch, above the start position whatever its coordinates.
+                # MySQL: capture starts after the executed GTID set (no scan of the
+                # current binlog file for the set at an offset). Where that set holds
+                # every transaction before ``offset`` (``_settled_executed``) the server
+                # starts reading there; else it finds the place itself, and a transaction
+                # it sends may lie before ``offset`` (written, not yet executed, when the
+                # status was read): the dump is the next epoch, above the start position
+                # whatever its coordinates.
                 self._last_done = BinlogPosition(file, offset, BEFORE_TX, None, executed)
                 self._epoch = 1
-                self._start_gtid_dump(executed)
+                self._start_gtid_dump(executed, start)
                 return
             state = self._state_at(file, offset)
             # Where capture begins, offered at once as a Heartbeat so that the runner
@@ -395,10 +400,12 @@ class MySqlLogSource:
         if self._dump_recorded or dump is None or dump.server_uuid is None:
             return None
         self._dump_recorded = True
-        if dump.started_at is not None:
-            at = dump.started_at
+        at = dump.started_at
+        if at is not None and at.gtid is not None:
             log.info("GTID resume reads the binlog from the checkpoint's coordinates %s:%d "
                      "(transaction %s)", at.file, at.offset, at.gtid)
+        elif at is not None:
+            log.info("GTID dump starts at the binlog's end %s:%d", at.file, at.offset)
         return SourceState(DUMP_SERVER_KEY, dumpstart.record(self._epoch, dump.server_uuid))
 
     @property
@@ -586,16 +593,36 @@ class MySqlLogSource:
             return None
         return MariaGtidPos.parse(str(row[0]))
 
-    def _executed_set(self) -> MySqlGtidSet | None:
-        """MySQL with GTIDs: ``gtid_executed`` (None on MariaDB, with GTIDs off, or
-        while it is empty: a dump cannot ask for "everything")."""
+    def _settled_executed(
+        self, file: str, offset: int
+    ) -> tuple[MySqlGtidSet | None, DumpStart | None]:
+        """MySQL fresh start: ``(gtid_executed, where its dump may start)``, the set read
+        (again, for up to ``SETTLE_S``) until it holds every GTID owned after the
+        binlog's end ``(file, offset)`` was read. A transaction written before that end
+        was then owned or executed, and stays in the set once executed, so the set
+        holds every transaction before ``offset``: a dump from ``offset`` asking for
+        the transactions not in it sends exactly what the server would find itself
+        (``sources.mysql.dumpstart``). Not settled in time: no start (the server
+        finds the place). ``(None, None)`` on MariaDB, with GTIDs off, or while the set
+        is empty (a dump cannot ask for "everything")."""
         if self.mariadb or not self._gtid_mode:
-            return None
+            return None, None
+        deadline = time.monotonic() + SETTLE_S
         with self._ctl_lock, self._ctl_cursor() as cur:
-            cur.execute("SELECT @@GLOBAL.gtid_executed")
-            row = cur.fetchone()
-        found = MySqlGtidSet.parse(str(row[0] or "") if row else "")
-        return found or None
+            cur.execute("SELECT @@GLOBAL.server_uuid, @@GLOBAL.gtid_owned")
+            uuid, owned_text = cur.fetchone()
+            owned = parse_owned(str(owned_text or ""))
+            while True:
+                cur.execute("SELECT @@GLOBAL.gtid_executed")
+                executed = MySqlGtidSet.parse(str(cur.fetchone()[0] or ""))
+                if owned <= executed or time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+        if not executed:
+            return None, None
+        if not owned <= executed:
+            return executed, None
+        return executed, DumpStart(file, offset, None, str(uuid).lower())
 
     def _require_executed(self, pos: BinlogPosition) -> None:
         """The server must hold every transaction the change log holds, up to and

@@ -54,11 +54,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class DumpStart:
     """Where a GTID dump may start: ``(file, offset)`` holding transaction ``gtid``, in
-    the binlog of server ``server_uuid``."""
+    the binlog of server ``server_uuid``; ``gtid`` None: the binlog's end as that server
+    reported it a moment ago (a fresh start, ``MySqlLogSource._settled_executed``)."""
 
     file: str
     offset: int
-    gtid: str
+    gtid: str | None
     server_uuid: str
 
 
@@ -84,7 +85,10 @@ def server_uuid(conn: Any) -> str:
 
 def holds(conn: Any, start: DumpStart) -> bool:
     """Whether ``(start.file, start.offset)`` on this connection's server is the start
-    of transaction ``start.gtid`` (a ``Gtid`` event there)."""
+    of transaction ``start.gtid`` (a ``Gtid`` event there); a binlog end just read (no
+    ``gtid``) holds on its server."""
+    if start.gtid is None:
+        return True
     try:
         with conn.cursor() as cur:
             cur.execute(
