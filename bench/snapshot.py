@@ -15,7 +15,9 @@ Usage: .venv/bin/python bench/snapshot.py [--rows 5000000] [--only default]
            [--profile DIR] [--trace DIR]
 
 ``--keys`` picks the ids' distribution (``KEYS``); variant ``env PYDBLOG_INT_RANGES=0``
-cuts integer keys by bounds queries instead of arithmetic (``core.intsplit``).
+cuts integer keys by bounds queries instead of arithmetic (``core.intsplit``). ``--gil``
+(needs ``pip install py-spy``) prints the share of the snapshot's time some thread of
+`dblog run` held the GIL, and the rows/s that bounds on a machine with many cores.
 
 ``--variant`` adds a variant with these ``[snapshot]`` settings (repeatable; ``--only``
 then picks among all); a setting ``env NAME=value`` sets the environment of its `dblog run`
@@ -158,6 +160,7 @@ def updater(dsn: str, rows: int, stop: threading.Event, rate: int, keys: str = "
 def run_snapshot(
     dsn: str, rows: int, work: Path, extra: str, label: str, copy: float,
     profile: Path | None = None, trace: Path | None = None, keys: str = "dense",
+    gil: bool = False,
 ) -> None:
     name = re.sub(r"[^a-z0-9_]", "_", label.lower())
     # "env NAME=value" lines set the process's environment, not [snapshot]
@@ -194,11 +197,13 @@ def run_snapshot(
     while reader.last_checkpoint() is None:
         time.sleep(0.1)
     spy = None
+    if gil and profile is None:
+        profile = work
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
         spy = subprocess.Popen(
             [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw", "--rate", "200", "--pid",
-             str(proc.pid), "--output", str(profile / f"{label}.txt")],
+             str(proc.pid), "--output", str(profile / f"{label}.txt"), *(["--gil"] if gil else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
     stop = threading.Event()
@@ -290,9 +295,25 @@ def run_snapshot(
         f", max {lag[-1] if lag else float('nan'):.0f} ms"
     )
     print(f"(d) {label}: dblog run peak RSS {rss / 1024:.0f} MB")
+    if gil and profile is not None:
+        report_gil(label, profile / f"{label}.txt", elapsed, snap_rows)
     if trace:
         report_trace(label, trace_file, t_first)
     shutil.rmtree(data, ignore_errors=True)
+
+
+def report_gil(label: str, path: Path, elapsed: float, rows: int) -> None:
+    """``py-spy record --gil`` keeps only the samples of the thread holding the GIL (at
+    most one per tick, 200 a second): their count over the snapshot's time is the share
+    of it during which some thread of `dblog run` held the GIL (the samples before the
+    first and after the last snapshot row, when the process is idle, are few). A process
+    whose Python threads need the GIL for a share ``s`` of the time cannot go faster than
+    ``rows/s / s``, however many cores it gets."""
+    samples = sum(int(line.rsplit(" ", 1)[1]) for line in path.read_text().splitlines() if line.strip())
+    share = samples / (200 * elapsed) if elapsed else float("nan")
+    print(f"(e) {label}: GIL held {share:.0%} of the snapshot's time ({samples:,} samples in "
+          f"{elapsed:.1f} s): at most ~{rows / elapsed / max(share, 1e-9):,.0f} rows/s with "
+          f"every core it wants, unless less of the work holds the GIL")
 
 
 def report_trace(label: str, path: Path, t_first: float | None) -> None:
@@ -348,6 +369,8 @@ def main() -> None:
     ap.add_argument("--keys", choices=KEYS, default="dense",
                     help="the ids' distribution (dense 0..rows-1, sparse, skewed)")
     ap.add_argument("--profile", type=Path)
+    ap.add_argument("--gil", action="store_true",
+                    help="measure the share of time dblog run holds the GIL (py-spy --gil)")
     ap.add_argument("--trace", type=Path, metavar="DIR",
                     help="split the stream's lag into its terms (PYDBLOG_LAG_TRACE files in DIR)")
     args = ap.parse_args()
@@ -390,7 +413,7 @@ def main() -> None:
         for label, extra in variants.items():
             if not args.only or label in args.only:
                 run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile, args.trace,
-                             args.keys)
+                             args.keys, args.gil)
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
     shutil.rmtree(work, ignore_errors=True)
 
