@@ -78,7 +78,12 @@ def start_run(
             finally:
                 reader.close()
 
-        wait_for(ready, 60, "dblog run to start")
+        try:
+            wait_for(ready, 60, "dblog run to start")
+        except BaseException:  # not left running (a test that fails here never stops it)
+            proc.kill()
+            proc.wait()
+            raise
     return proc
 
 
