@@ -153,6 +153,7 @@ def test_reconnect_reads_from_where_the_lost_dump_was(mysql57: MySQL57, my57_db:
     assert [e.after["id"] for e in changes(items) if e.after] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_fresh_start_at_the_binlog_end_under_writes(mysql57: MySQL57, my57_db: str) -> None:
     """A fresh start reads from the binlog's end once ``gtid_executed`` holds every GTID
     owned then (``MySqlLogSource._settled_executed``): while a writer commits all the
