@@ -11,7 +11,7 @@ Invariants (``sources.mysql.fenced`` says why each is needed for an exact fence)
   ``server_uuid``, MariaDB its ``server_id`` (as text).
 
 Before each read-only chunk (and each max key, each plain chunk: a blocking
-snapshot's, each table definition and the list of captured tables), ``catch_up`` waits until the replica has applied every
+snapshot's, each table definition), ``catch_up`` waits until the replica has applied every
 transaction the source has written to its binlog so far (read there: MySQL
 ``gtid_executed`` and ``gtid_owned``, MariaDB ``gtid_binlog_pos``). Why: the core keeps
 (``core.fence.Unsettled``) only the events delivered since the table's snapshot began;
@@ -21,8 +21,9 @@ after the event: time travel). After the wait it holds again: the event was in t
 source's binlog before the chunk was asked for. A read server that never gets there is
 not a replica of the source (or stopped replicating): the wait times out with that said.
 A max key read on a lagging replica would miss rows written before the capture began (an
-initial snapshot at the first start; so would a list of tables missing one created
-there, tests/mysql/test_read_replica.py), and a blocking snapshot's rows must be at least as
+initial snapshot at the first start; so would its definition of a table created
+there, tests/mysql/test_read_replica.py; the captured tables are listed on the source,
+without a wait: the capture thread lists them), and a blocking snapshot's rows must be at least as
 new as the stream's pause point: the same wait covers both.
 
 A replica that ran transactions of its own on the captured tables ("errant"
