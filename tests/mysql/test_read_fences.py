@@ -12,6 +12,7 @@ message naming the setting, by the reader and by the stream.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -28,14 +29,24 @@ from tests.mysql.servers import require_mysql57
 READS = 25
 
 
-def _writer(server: TestServer, db: str, stop: threading.Event) -> None:
+def _writer(server: TestServer, db: str, stop: threading.Event, done: list[int]) -> None:
     conn = server.connect(db)
     try:
         with conn.cursor() as cur:
             while not stop.is_set():
                 cur.execute("INSERT INTO t (w) VALUES (1)")
+                done.append(1)
     finally:
         conn.close()
+
+
+def _wait_rows(done: list[int], n: int) -> None:
+    """Until the writers have committed ``n`` rows (a quiet machine read all the table
+    before the first insert once: nothing was checked)."""
+    deadline = time.monotonic() + 60
+    while len(done) < n:
+        assert time.monotonic() < deadline, f"the writers committed {len(done)} rows in 60 s"
+        time.sleep(0.01)
 
 
 def test_fences_match_what_each_read_saw(server: TestServer, db: str) -> None:
@@ -43,17 +54,20 @@ def test_fences_match_what_each_read_saw(server: TestServer, db: str) -> None:
     src, stream = opened(server, db)
     _, reader = make(server, db)
     stop = threading.Event()
-    writers = [threading.Thread(target=_writer, args=(server, db, stop)) for _ in range(4)]
+    done: list[int] = []
+    writers = [threading.Thread(target=_writer, args=(server, db, stop, done)) for _ in range(4)]
     for th in writers:
         th.start()
     reads: list[tuple[set[int], GtidFence]] = []
     try:
         info = reader.table_info(f"{db}.t")
         assert info is not None
+        _wait_rows(done, 20)  # the reads run while rows are being committed
         for _ in range(READS):
             rows, fence = reader.read_chunk_fenced(info, None, (2**31 - 1,), 10**9, None)
             assert isinstance(fence, GtidFence)
             reads.append(({int(r["id"]) for r in rows}, fence))
+        _wait_rows(done, 101)
     finally:
         stop.set()
         for th in writers:
