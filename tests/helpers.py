@@ -62,21 +62,11 @@ def start_run(
         env={**os.environ, **(env or {})},
     )
     if wait:
-        from pydblog.changelog import log_exists, open_reader
-        from pydblog.config import load_config
-
-        log_cfg = load_config(config).log
 
         def ready() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"dblog run exited: {proc.communicate()[1].decode()[-3000:]}")
-            if not log_exists(log_cfg):
-                return False
-            reader = open_reader(log_cfg)
-            try:
-                return reader.last_checkpoint() is not None
-            finally:
-                reader.close()
+            return first_checkpoint(config)
 
         try:
             wait_for(ready, 60, "dblog run to start")
@@ -85,6 +75,22 @@ def start_run(
             proc.wait()
             raise
     return proc
+
+
+def first_checkpoint(config: Path) -> bool:
+    """Whether the change log of ``config`` holds a checkpoint (`dblog run` has its slot:
+    writes from then on are captured)."""
+    from pydblog.changelog import log_exists, open_reader
+    from pydblog.config import load_config
+
+    log_cfg = load_config(config).log
+    if not log_exists(log_cfg):
+        return False
+    reader = open_reader(log_cfg)
+    try:
+        return reader.last_checkpoint() is not None
+    finally:
+        reader.close()
 
 
 def stop_run(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str]:

@@ -4,11 +4,12 @@ change marker): /health's idle rule, reachability and the binlog lag, through a 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from pydblog.devtools.mysql57 import TestServer
-from tests.helpers import start_run, stop_run, wait_for
+from tests.helpers import first_checkpoint, start_run, stop_run, wait_for
 from tests.integration.test_api import TOKEN, Api
 from tests.mysql.helpers import run_sql
 
@@ -24,7 +25,7 @@ def test_mysql_probe_and_idle_rule(server: TestServer, db: str, tmp_path: Path) 
         f'[api]\nlisten = "127.0.0.1:0"\ntoken = "{TOKEN}"\n'
         "[health]\nprobe_interval_s = 0.3\nmax_idle_minutes = 0.03\n"
     )
-    proc = start_run(config)
+    proc = start_run(config, wait=False)
     try:
         api = Api(config)
 
@@ -33,6 +34,17 @@ def test_mysql_probe_and_idle_rule(server: TestServer, db: str, tmp_path: Path) 
             found: dict[str, Any] = next(c for c in report["checks"] if c["name"] == name)
             return found
 
+        # From the API's first answer until the capture loop's first status: a runner
+        # still opening the source (or making its first binlog read) is starting, never
+        # "stuck" (a loaded CI machine took seconds there, and /health said 503 "has
+        # not reported for over 30 s" at once).
+        seen: set[str] = set()
+        deadline = time.monotonic() + 60
+        while (capture := check("capture"))["detail"] != "running":
+            seen.add(capture["detail"])
+            assert proc.poll() is None and time.monotonic() < deadline, seen
+        assert not [d for d in seen if "stuck" in d], seen
+        wait_for(lambda: first_checkpoint(config), 30, "the first checkpoint")
         wait_for(lambda: check("source")["ok"], 30, "the probe reaching the source")
         # quiet source (heartbeats write nothing to the binlog): past the limit, healthy
         wait_for(lambda: "has not changed" in check("idle")["detail"], 30, "idle, unchanged")

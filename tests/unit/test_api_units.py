@@ -71,6 +71,10 @@ HEALTHY = HealthInputs(
     ({}, None),
     ({"capture_state": "retrying", "capture_error": "server closed"}, "capture"),
     ({"status_age_s": 120.0}, "capture"),
+    # no status yet: the runner is starting (opening the source), stuck after 30 s
+    ({"status_age_s": None, "runner_age_s": 5.0}, None),
+    ({"status_age_s": None, "runner_age_s": 31.0}, "capture"),
+    ({"status_age_s": None}, "capture"),
     ({"reachable": False, "probe_error": "connection refused"}, "source"),
     ({"idle_s": 3600.0, "source_moved": True}, "idle"),
     ({"idle_s": 3600.0, "source_moved": False}, None),

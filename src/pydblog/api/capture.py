@@ -138,7 +138,7 @@ class CaptureApi:
     def health_report(self) -> tuple[bool, dict[str, Any]]:
         now = time.time()
         live, probe, metrics = self.live, self.probe, self.metrics
-        status = live.status()
+        status, runner = live.status(), live.runner
         snap = (status or {}).get("snapshot") or {}
         last = metrics.last_event_time or live.started_at
         log_dir = self.cfg.log_dir
@@ -166,6 +166,7 @@ class CaptureApi:
             snapshot_running=bool(snap.get("active")),
             snapshot_paused=bool(snap.get("paused")),
             progress_age_s=now - metrics.progress_time,
+            runner_age_s=None if runner is None else now - runner.status.started_at,
         )
         ok, checks = evaluate(inp, self.cfg.health)
         return ok, {"status": "ok" if ok else "unhealthy", "role": live.role, "checks": checks}

@@ -3,7 +3,9 @@
 The checks (thresholds from ``[health]``):
 
 - ``capture``: the capture loop runs and wrote its status in the last 30 s (a loop
-  stuck in a call stops writing it);
+  stuck in a call stops writing it); before its first status (the runner is opening the
+  source or making its first log read), the 30 s count from the runner's start: a start
+  is not a stuck loop, a start that hangs becomes one;
 - ``role``: leader or standby (a standby is healthy; the capture checks then do not
   apply);
 - ``source``: the probe reached the source within the last three probe intervals;
@@ -33,6 +35,7 @@ class HealthInputs:
     capture_state: str
     capture_error: str | None
     status_age_s: float | None
+    """Age of the capture loop's last status; None before its first."""
     reachable: bool | None
     probe_error: str | None
     probe_age_s: float | None
@@ -46,6 +49,8 @@ class HealthInputs:
     snapshot_running: bool
     snapshot_paused: bool
     progress_age_s: float
+    runner_age_s: float | None = None
+    """Time since the runner was created (None: unknown, taken as long ago)."""
 
 
 def evaluate(inp: HealthInputs, cfg: HealthConfig) -> tuple[bool, list[dict[str, Any]]]:
@@ -69,9 +74,16 @@ def _capture(inp: HealthInputs) -> dict[str, Any]:
     if inp.capture_state != "running":
         why = f": {inp.capture_error}" if inp.capture_error else ""
         return _check("capture", False, f"capture is {inp.capture_state}{why}")
-    if inp.status_age_s is None or inp.status_age_s > STATUS_MAX_AGE_S:
-        return _check("capture", False, "the capture loop has not reported for over "
-                      f"{STATUS_MAX_AGE_S:.0f} s (stuck?)")
+    if inp.status_age_s is None:
+        age = inp.runner_age_s
+        if age is not None and age <= STATUS_MAX_AGE_S:
+            return _check("capture", True, f"starting: opening the source ({age:.0f} s)")
+        since = "" if age is None else f" since it started {age:.0f} s ago"
+        return _check("capture", False, f"the capture loop has not reported{since} (stuck "
+                      "opening the source?)")
+    if inp.status_age_s > STATUS_MAX_AGE_S:
+        return _check("capture", False, "the capture loop has not reported for "
+                      f"{inp.status_age_s:.0f} s (over {STATUS_MAX_AGE_S:.0f} s: stuck?)")
     return _check("capture", True, "running")
 
 

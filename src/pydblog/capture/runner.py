@@ -188,6 +188,7 @@ class Runner:
         pending = self._pending
         max_events = self.cfg.log.batch_max_events
         trace = lagtrace.ON
+        self.status.maybe_write(self, force=True)  # opened (api.health: not stuck)
         for item in self.source.stream():
             if type(item) is ChangeEvent:
                 # The hot path, kept inline: one captured row change.

@@ -31,6 +31,8 @@ class StatusWriter:
         self._last_write = 0.0
         self._rate = 0.0
         self._started = time.time()
+        self.started_at = self._started
+        """When this runner was created (``api.health``: a start is not a stuck loop)."""
         self.latest: dict[str, Any] | None = None
         """The last status written (read by the HTTP API's threads)."""
 
