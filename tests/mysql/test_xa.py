@@ -1,90 +1,151 @@
-"""XA transactions in the binlog (MariaDB and MySQL 5.7).
+"""XA transactions in the binlog (MariaDB 10.11 and MySQL 5.7).
 
 An XA transaction's rows are written to the binlog at ``XA PREPARE`` but commit (or
 vanish) only at a later, separate ``XA COMMIT`` / ``XA ROLLBACK`` group. pydblog used to
 log them at the PREPARE as committed: a rolled-back XA transaction left phantom rows in
 the change log, and a snapshot chunk read between PREPARE and COMMIT logged the old row
-after the new one (review E). Until prepared transactions are held to their COMMIT, a
-prepared XA transaction that changes captured tables stops capture with a clear error
-before any of its rows is logged (and again after a restart); ``XA COMMIT ... ONE
-PHASE`` and XA transactions on other tables are captured as usual.
+after the new one (review E). Now the source holds a prepared transaction's rows (in the
+checkpoint too) and logs them at its ``XA COMMIT`` group, as one transaction there, or
+drops them at its ``XA ROLLBACK`` (``sources.mysql.xa``). The oracle: materialize the log
+and compare it with the tables, every column.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from pydblog.errors import SourceError
+import pytest
+
 from tests.contract.capture import Capture
-from tests.helpers import start_run, stop_run, wait_for
+from tests.contract.test_read_only import ReadOnlyUser
+from tests.helpers import sid
 from tests.mysql.harness import MariaHarness
 from tests.mysql.servers import Server
 
+T1 = "CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(20), n INT)"
 
-def _t1(events: list[dict]) -> list[tuple[str, object, object]]:  # type: ignore[type-arg]
+
+def _t1(events: list[dict[str, Any]]) -> list[tuple[str, object, object]]:
     return [
         (e["op"], e["key"]["id"], (e.get("after") or {}).get("v"))
         for e in events
-        if e.get("source", {}).get("table") == "t1"
+        if e.get("source", {}).get("table") == "t1" and e["op"] != "n"
     ]
 
 
-def _stops_on_xa(cap: Capture) -> str:
-    """The run exits by itself with a SourceError naming the XA PREPARE."""
-    proc = cap.proc
-    assert proc is not None
-    wait_for(lambda: proc.poll() is not None, 60, "dblog run to stop at the XA PREPARE")
-    code, err = stop_run(proc)
-    cap.proc = None
-    assert code == SourceError.exit_code, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-    assert "XA PREPARE" in err and "two-phase XA" in err, err[-3000:]
-    return err
+@contextmanager
+def _session(server: Server, db: str) -> Iterator[Any]:
+    conn = server.connect(db)
+    conn.autocommit(True)
+    try:
+        with conn.cursor() as cur:
+            yield cur
+    finally:
+        conn.close()
 
 
-def test_xa_rollback_after_prepare_logs_nothing(server: Server, db: str, tmp_path: Path) -> None:
-    """Review E, repro 1: XA PREPARE then XA ROLLBACK. Before: the change log held the
-    rolled-back insert and update ('1 extra, 1 differ'). Now: capture stops at the
-    PREPARE with nothing of it logged, and stops there again after a restart."""
+def _prepare(cur: Any, xid: str, *statements: str) -> None:
+    cur.execute(f"XA START {xid}")
+    for sql in statements:
+        cur.execute(sql)
+    cur.execute(f"XA END {xid}")
+    cur.execute(f"XA PREPARE {xid}")
+
+
+def test_xa_commit_and_rollback_are_exact(server: Server, db: str, tmp_path: Path) -> None:
+    """Review E, repro 1 (PREPARE then ROLLBACK: before, '1 extra, 1 differ'), and a
+    committed one interleaved with ordinary transactions: the rolled-back rows are never
+    logged; the committed ones are logged at the XA COMMIT, after what committed between
+    PREPARE and COMMIT, as one transaction there (one GTID); an xid with bqual and
+    formatID is matched too."""
     h = MariaHarness(server, db)
-    h.execute("CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(20))", "INSERT INTO t1 VALUES (1, 'kept')")
-    with Capture(h, tmp_path, "") as cap:
+    h.execute(T1, "INSERT INTO t1 VALUES (1, 'kept', 0), (2, 'two', 0)")
+    with Capture(h, tmp_path, "") as cap, _session(server, db) as xa:
         cap.caught_up()
-        h.execute("XA START 'x1'", "INSERT INTO t1 VALUES (2, 'phantom')",
-                  "UPDATE t1 SET v = 'phantom' WHERE id = 1",
-                  "XA END 'x1'", "XA PREPARE 'x1'", "XA ROLLBACK 'x1'")
-        _stops_on_xa(cap)
-        assert not [e for e in _t1(cap.events()) if e[2] == "phantom"], _t1(cap.events())
-        # The checkpoint stayed before the XA transaction: a restart stops there again.
-        proc = start_run(cap.config, wait=False)
-        cap.proc = proc
-        err = _stops_on_xa(cap)
-        assert "x1" in err
-        assert not [e for e in _t1(cap.events()) if e[2] == "phantom"], _t1(cap.events())
+        _prepare(xa, "'x1'", "INSERT INTO t1 VALUES (3, 'phantom', 0)",
+                 "UPDATE t1 SET v = 'phantom' WHERE id = 1")
+        xa.execute("XA ROLLBACK 'x1'")
+        _prepare(xa, "'x2', 'b q', 7", "UPDATE t1 SET v = 'xa', n = n + 1 WHERE id = 2",
+                 "INSERT INTO t1 VALUES (4, 'xa', 4)", "DELETE FROM t1 WHERE id = 1")
+        h.execute("INSERT INTO t1 VALUES (5, 'between', 5)")
+        cap.caught_up()
+        assert ("u", 2, "xa") not in _t1(cap.events())  # prepared, not committed
+        xa.execute("XA COMMIT 'x2', 'b q', 7")
+        events = cap.assert_oracle({"t1": ["id"]})
+    t1 = _t1(events)
+    assert not [e for e in t1 if e[2] == "phantom"], t1
+    assert t1.index(("u", 2, "xa")) > t1.index(("c", 5, "between")), t1
+    committed = [e for e in events if e.get("source", {}).get("table") == "t1"
+                 and e["op"] != "r" and e["key"]["id"] in (1, 2, 4)]
+    tail = committed[-3:]
+    assert [(e["op"], e["key"]["id"]) for e in tail] == [("u", 2), ("c", 4), ("d", 1)], t1
+    assert len({(e["source"]["file"], e["source"]["pos"], e["source"]["gtid"]) for e in tail}) == 1
+    assert [e["source"]["index"] for e in tail] == [0, 1, 2]
 
 
-def test_xa_prepared_during_a_snapshot_stops_capture(server: Server, db: str, tmp_path: Path) -> None:
-    """Review E, repro 2 (in part): an UPDATE prepared with XA PREPARE (detached) is not
-    logged as committed; before, it was logged at once and a later snapshot chunk logged
-    the old row after it."""
+@pytest.mark.parametrize("watermark", ["table", "read-only"])
+def test_snapshot_chunk_between_prepare_and_commit(
+    server: Server, db: str, tmp_path: Path, watermark: str
+) -> None:
+    """Review E, repro 2: a chunk read while an UPDATE is prepared reads the old row
+    (prepared changes are invisible); the UPDATE is logged at its XA COMMIT, after the
+    chunk's window, so the log ends with the new row. Before: the UPDATE was logged at
+    the PREPARE and the chunk's old row after it, for good."""
+    inner = MariaHarness(server, db)
+    h = ReadOnlyUser(inner) if watermark == "read-only" else inner
+    inner.execute(T1, "INSERT INTO t1 VALUES (1, 'old', 1), (2, 'old', 2), (3, 'old', 3)")
+    config = f'[snapshot]\nwatermark = "{watermark}"\nchunk_size = 2'
+    with Capture(h, tmp_path, config) as cap, _session(server, db) as xa:
+        cap.caught_up()
+        _prepare(xa, "'x2'", "UPDATE t1 SET v = 'new', n = 20 WHERE id = 2",
+                 "DELETE FROM t1 WHERE id = 3")
+        h.signal(sid(), "execute-snapshot", {"data-collections": [f"{db}\\.t1"]})
+        cap.wait_notification("COMPLETED", timeout=60)
+        read = {(e["key"]["id"], e["after"]["v"]) for e in cap.events()
+                if e["op"] == "r" and e["source"]["table"] == "t1"}
+        assert read == {(1, "old"), (2, "old"), (3, "old")}, read
+        xa.execute("XA COMMIT 'x2'")
+        events = cap.assert_oracle({"t1": ["id"]})
+    t1 = _t1(events)
+    assert t1[-2:] == [("u", 2, "new"), ("d", 3, None)], t1
+
+
+def test_kill9_while_prepared(server: Server, db: str, tmp_path: Path) -> None:
+    """kill -9 while two XA transactions are prepared (their rows only in the
+    checkpoint): one commits and a third is prepared and committed while capture is
+    down, the second rolls back after the restart; a kill -9 once more right after a
+    commit was logged. The log holds every committed change once, nothing rolled back."""
     h = MariaHarness(server, db)
-    h.execute("CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(20))",
-              "INSERT INTO t1 VALUES (1, 'old'), (2, 'old'), (3, 'old')")
-    with Capture(h, tmp_path, '[snapshot]\nwatermark = "table"') as cap:
+    h.execute(T1)
+    cap = Capture(h, tmp_path, "")
+    with cap, _session(server, db) as k1, _session(server, db) as k2, _session(server, db) as k3:
         cap.caught_up()
-        xa = server.connect(db)
-        xa.autocommit(True)
-        try:
-            with xa.cursor() as cur:
-                for sql in ("XA START 'x2'", "UPDATE t1 SET v = 'new' WHERE id = 2",
-                            "XA END 'x2'", "XA PREPARE 'x2'"):
-                    cur.execute(sql)
-            _stops_on_xa(cap)
-            assert ("u", 2, "new") not in _t1(cap.events())
-        finally:
-            with xa.cursor() as cur:
-                cur.execute("XA ROLLBACK 'x2'")
-            xa.close()
+        h.execute("INSERT INTO t1 VALUES (1, 'a', 1), (2, 'a', 2), (3, 'a', 3)")
+        _prepare(k1, "'k1'", "UPDATE t1 SET v = 'k1' WHERE id = 1",
+                 "INSERT INTO t1 VALUES (10, 'k1', 10)")
+        _prepare(k2, "'k2'", "DELETE FROM t1 WHERE id = 3", "UPDATE t1 SET v = 'k2' WHERE id = 2")
+        h.execute("INSERT INTO t1 VALUES (20, 'plain', 20)")
+        cap.caught_up()  # a checkpoint after both PREPAREs is durable
+        cap.kill()
+        k1.execute("XA COMMIT 'k1'")
+        _prepare(k3, "'k3'", "INSERT INTO t1 VALUES (11, 'k3', 11)")
+        k3.execute("XA COMMIT 'k3'")
+        cap.start()
+        cap.caught_up()
+        k2.execute("XA ROLLBACK 'k2'")
+        _prepare(k1, "'k4'", "UPDATE t1 SET v = 'k4', n = 4 WHERE id = 2")
+        k1.execute("XA COMMIT 'k4'")
+        cap.wait_until(lambda ev: ("u", 2, "k4") in _t1(ev), 60, "k4's update")
+        cap.kill()
+        cap.start()
+        events = cap.assert_oracle({"t1": ["id"]})
+    t1 = _t1(events)
+    assert not [e for e in t1 if e[2] == "k2"], t1
+    for change in (("u", 1, "k1"), ("c", 10, "k1"), ("c", 11, "k3"), ("u", 2, "k4")):
+        assert t1.count(change) == 1, (change, t1)
 
 
 def test_xa_one_phase_and_xa_on_other_tables_are_captured(
@@ -124,25 +185,23 @@ def test_xa_one_phase_and_xa_on_other_tables_are_captured(
         server_admin.close()
 
 
-def test_fresh_start_warns_about_prepared_xa_transactions(
-    server: Server, db: str, tmp_path: Path
-) -> None:
+def test_xa_prepared_before_a_fresh_start(server: Server, db: str, tmp_path: Path) -> None:
     """An XA transaction prepared before a fresh start has its rows in the binlog before
-    the start position: its XA COMMIT would commit changes capture never sees. The
-    fresh start names it in a warning (``XA RECOVER``)."""
+    the start position: its XA COMMIT commits changes capture never saw. The fresh start
+    names it in a warning (``XA RECOVER``), and so does its commit, asking for a
+    snapshot; the snapshot then logs the rows as committed."""
     h = MariaHarness(server, db)
-    h.execute("CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(20))", "INSERT INTO t1 VALUES (1, 'a')")
-    xa = server.connect(db)
-    xa.autocommit(True)
-    try:
-        with xa.cursor() as cur:
-            for sql in ("XA START 'early'", "UPDATE t1 SET v = 'b' WHERE id = 1",
-                        "XA END 'early'", "XA PREPARE 'early'"):
-                cur.execute(sql)
+    h.execute(T1, "INSERT INTO t1 VALUES (1, 'a', 1), (2, 'a', 2)")
+    with _session(server, db) as xa:
+        _prepare(xa, "'early'", "UPDATE t1 SET v = 'b' WHERE id = 1")
         cap = Capture(h, tmp_path, "").start()
-        err = cap.stop()
-        assert "prepared XA transaction" in err and "'early'" in err, err[-3000:]
-    finally:
-        with xa.cursor() as cur:
-            cur.execute("XA ROLLBACK 'early'")
-        xa.close()
+        try:
+            cap.caught_up()
+            xa.execute("XA COMMIT 'early'")
+            h.signal(sid(), "execute-snapshot", {"data-collections": [f"{db}\\.t1"]})
+            cap.wait_notification("COMPLETED", timeout=60)
+            cap.assert_oracle({"t1": ["id"]})
+        finally:
+            err = cap.stop()
+    assert "prepared XA transaction" in err and "'early'" in err, err[-3000:]
+    assert "X'6561726c79',X'',1, prepared before capture started, committed" in err, err[-3000:]

@@ -111,6 +111,14 @@ from pydblog.sources.mysql.tablemap import (
 )
 from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
 from pydblog.sources.mysql.wake import Wakeup
+from pydblog.sources.mysql.xa import (
+    XA_KEY,
+    PreparedXa,
+    Xid,
+    parse_statement,
+    recover_xids,
+    xid_text,
+)
 
 log = logging.getLogger(__name__)
 SETTLE_S = 1.0
@@ -142,6 +150,8 @@ def _not_the_version_advice(record: logging.LogRecord) -> bool:
 logging.getLogger("pymysqlreplication").addFilter(_not_the_version_advice)
 
 MAX_RECONNECT_S = 30.0
+FL_PREPARED_XA = 64
+"""MariaDB GTID event flag: the group is an XA transaction's ``XA PREPARE``."""
 
 
 class _Reconnect(Exception):
@@ -198,6 +208,9 @@ class _Tx:
     gtids: GtidState | None  # the GTID state before this transaction
     epoch: int
     count: int = 0
+    # An XA transaction's group (XA START, or MariaDB's FL_PREPARED_XA): its captured
+    # rows, held until the group says whether it commits here (one phase) or later.
+    xa: list[ChangeEvent] | None = None
 
     def position(self, index: int) -> BinlogPosition:
         return BinlogPosition(self.file, self.start, index, self.gtid, self.gtids, self.epoch)
@@ -275,6 +288,8 @@ class MySqlLogSource:
         self._defs: dict[tuple[str, str], tuple[SchemaTable, bool, bool]] = {}
         self._lookahead = DdlLookahead()
         self._opening_state: SourceState | None = None
+        self._xa = PreparedXa()  # prepared XA transactions held to their commit (xa.py)
+        self._opening_xa: SourceState | None = None
         # MySQL GTID dumps: the current one's connection wrapper (its server_uuid, and
         # whether it started at a checkpoint's coordinates), recorded once per dump.
         self._dump: _OneConnection | None = None
@@ -305,6 +320,8 @@ class MySqlLogSource:
                 hint="this log directory was written by another source type; use a fresh [log] path",
             )
         self._history = self._load_history(checkpoint)
+        if checkpoint is not None and pos is not None:
+            self._xa = self._load_xa(checkpoint, pos)
         if pos is None:
             self._warn_prepared_xa()
             file, offset, _ = self._master_status()
@@ -364,6 +381,9 @@ class MySqlLogSource:
         if self._opening_state is not None:  # a fresh start's schema history
             yield self._opening_state
             self._opening_state = None
+        if self._opening_xa is not None:  # a fresh start's XA transactions prepared then
+            yield self._opening_xa
+            self._opening_xa = None
         for item in self._heartbeat(force=True):
             if not self._drop(item):
                 yield item
@@ -515,10 +535,12 @@ class MySqlLogSource:
 
     def _warn_prepared_xa(self) -> None:
         """A fresh start: XA transactions prepared now have their rows in the binlog
-        before the start position, and commit later in a group without rows (see
-        ``_xa_prepare``): if they change captured tables, those changes are missed (and a
-        snapshot reads the rows as before them). ``XA RECOVER`` lists them (all of them
-        on MariaDB and MySQL 5.7; MySQL 8 shows others' only with XA_RECOVER_ADMIN)."""
+        before the start position, and commit later in a group without rows (``xa.py``):
+        if they change captured tables, those changes are not in the change log (and a
+        snapshot chunk read before their commit reads the rows as before them). ``XA
+        RECOVER`` lists them (all of them on MariaDB and MySQL 5.7; MySQL 8 shows
+        others' only with XA_RECOVER_ADMIN): warned about now, and again when one of
+        them commits (``PreparedXa.before_start``, kept in the checkpoint)."""
         try:
             with self._ctl_lock, self._ctl_cursor() as cur:
                 cur.execute("XA RECOVER")
@@ -528,17 +550,29 @@ class MySqlLogSource:
             return
         if not rows:
             return
-        xids = [
-            (r[3].decode(errors="replace") if isinstance(r[3], bytes) else str(r[3]))
-            for r in rows[:5]
-        ]
+        xids = recover_xids(rows)
+        self._xa.note_before_start(xids)
+        self._opening_xa = SourceState(XA_KEY, self._xa.to_json())
+        names = [x[1].decode(errors="replace") for x in xids[:5]]
         log.warning(
             "MySQL at %s has %d prepared XA transaction(s) (%s): if they change captured "
-            "tables, their changes are missed when they commit (their rows were written to "
-            "the binlog at XA PREPARE, before capture starts); resolve them (XA COMMIT / XA "
-            "ROLLBACK) and start capture again with a fresh [log] path",
-            self.dsn.redacted, len(rows), ", ".join(repr(x) for x in xids),
+            "tables, their changes are not captured when they commit (their rows were "
+            "written to the binlog at XA PREPARE, before capture starts); a warning names "
+            "each one when it commits: then snapshot the tables it changed again "
+            "(or resolve them before starting capture)",
+            self.dsn.redacted, len(rows), ", ".join(repr(x) for x in names),
         )
+
+    def _load_xa(self, checkpoint: Checkpoint, pos: BinlogPosition) -> PreparedXa:
+        """The prepared XA transactions the checkpoint holds (``xa.py``)."""
+        try:
+            return PreparedXa.from_json(checkpoint.extra.get(XA_KEY), pos)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise SourceError(
+                f"the checkpoint's prepared XA transactions cannot be read: {exc!r}",
+                hint="this change log was written by a newer pydblog; use that version, or "
+                "start with a fresh [log] path and snapshot the tables again",
+            ) from None
 
     def _server_has_gtids(self) -> bool:
         """MariaDB writes a GTID for every event group; MySQL only with gtid_mode=ON."""
@@ -881,10 +915,21 @@ class MySqlLogSource:
         if end > 0 and not isinstance(event, HeartbeatLogEvent | RotateEvent):
             self._last_end = end  # before yielding: the consumer may stop at any item
         if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+            tx = self._tx
+            if tx is not None and tx.xa is not None:
+                held = tx.xa
+                for item in self._rows(event, start):
+                    if type(item) is ChangeEvent:
+                        held.append(item)  # until the group's end says when it commits
+                    else:
+                        yield item
+                return
             yield from self._rows(event, start)
         elif isinstance(event, MariadbGtidEvent):
             standalone = bool(event.flags & 1)
             self._tx = self._gtid_tx(event, end, start, not standalone)
+            if event.flags & FL_PREPARED_XA:
+                self._tx.xa = []  # MariaDB 10.5+ writes no XA START query
         elif isinstance(event, GtidEvent):
             self._tx = self._gtid_tx(event, end, start, False)
         elif isinstance(event, MariadbGtidListEvent):
@@ -933,21 +978,22 @@ class MySqlLogSource:
         query = str(event.query).strip()
         head = query[:10].upper()
         ts_ms = event.timestamp * 1000
-        if head.startswith("BEGIN") or head.startswith("XA START"):
+        if head.startswith("BEGIN"):
             self._begin_if_needed(start, ts_ms).explicit = True
             return
-        if head.startswith("XA END"):
-            # Not the end of the group: an XA_PREPARE event (or, on MariaDB, an
-            # "XA COMMIT ... ONE PHASE" query) follows and says what it is (_xa_prepare).
+        if head.startswith("XA START") or head.startswith("XA BEGIN"):
+            tx = self._begin_if_needed(start, ts_ms)
+            tx.explicit = True
+            tx.xa = []
             return
-        if (
-            head.startswith("COMMIT")
-            or head.startswith("ROLLBACK")
-            or head.startswith("XA COMMIT")
-            or head.startswith("XA ROLLBAC")
-        ):
-            # An "XA COMMIT ... ONE PHASE" ends its own group (its rows commit here); a
-            # two-phase XA COMMIT / XA ROLLBACK is a group of its own, without rows.
+        if head.startswith("XA END"):
+            # Not the end of the group: an XA_PREPARE event (or, on MariaDB before 10.5,
+            # an "XA COMMIT ... ONE PHASE" query) follows and says what it is.
+            return
+        if head.startswith("XA COMMIT") or head.startswith("XA ROLLBAC"):
+            yield from self._xa_end(query, start, ts_ms)
+            return
+        if head.startswith("COMMIT") or head.startswith("ROLLBACK"):
             yield from self._end_tx(ts_ms)
             return
         tx = self._begin_if_needed(start, ts_ms)
@@ -961,33 +1007,65 @@ class MySqlLogSource:
             yield from self._end_tx(ts_ms)
 
     def _xa_prepare(self, event: Any) -> Iterator[Any]:
-        """The end of an XA transaction's group in the binlog. ``one_phase`` (MySQL's
+        """The end of an XA transaction's first group (``xa.py``). ``one_phase`` (MySQL's
         ``XA COMMIT ... ONE PHASE``): committed here, like any transaction. Otherwise an
-        ``XA PREPARE``: its rows are written to the binlog now but become visible (or
-        vanish) only at a later, separate ``XA COMMIT`` / ``XA ROLLBACK`` group. Logging
-        them here would log rows that may be rolled back, and place them before the
-        commit in the change log (a snapshot chunk read in between would then log the old
-        row after the new one). pydblog does not hold prepared transactions yet, so a
-        prepared XA transaction with captured rows stops capture (``SourceError``),
-        before any of its rows is logged: the checkpoint stays before it, and a restart
-        stops at the same place. One without captured rows passes (nothing to log)."""
+        ``XA PREPARE``: its rows are in the binlog now but become visible (or vanish)
+        only at a later, separate ``XA COMMIT`` / ``XA ROLLBACK`` group, so they are held
+        (``PreparedXa``) and logged there, at that group's position, as one transaction.
+        The checkpoint carries them from here on (``SourceState`` at this group): a
+        restart or kill -9 before their commit finds them in it, one before this group
+        reads the group again."""
         ts_ms = event.timestamp * 1000
         tx = self._tx
-        if event.one_phase or tx is None or tx.count == 0:
+        if event.one_phase or tx is None:
             yield from self._end_tx(ts_ms)
             return
-        raise SourceError(
-            f"the binlog of MySQL at {self.dsn.redacted} has an XA transaction "
-            f"(xid {event.xid!r}, {tx.file}:{tx.start}"
-            f"{f', GTID {tx.gtid}' if tx.gtid else ''}) prepared with XA PREPARE that "
-            f"changes captured tables: pydblog does not capture two-phase XA "
-            f"transactions yet (their rows are in the binlog at XA PREPARE, but commit or "
-            f"roll back only at a later XA COMMIT / XA ROLLBACK); nothing of it was logged",
-            hint="do not use XA PREPARE on captured tables (XA COMMIT ... ONE PHASE and "
-            "ordinary transactions are captured), or leave these tables out of "
-            "[source] tables; to go on past it: start with a fresh [log] path and "
-            "snapshot the tables again",
-        )
+        held, tx.xa = tx.xa or [], None
+        tx.count = 0  # none of them is at this group's position
+        if held:
+            xid: Xid = (int(event.xid_format_id), bytes(event.xid_gtrid), bytes(event.xid_bqual))
+            self._xa.prepare(xid, str(tx.position(0)), held)
+            log.info("XA transaction %s prepared at %s with %d captured row change(s): held "
+                     "until its XA COMMIT / XA ROLLBACK", xid_text(xid), tx.position(0),
+                     len(held))
+            yield SourceState(XA_KEY, self._xa.to_json(), tx.position(0))
+        yield from self._end_tx(ts_ms)
+
+    def _xa_end(self, query: str, start: int, ts_ms: int) -> Iterator[Any]:
+        """An ``XA COMMIT`` / ``XA ROLLBACK`` query. Two-phase, it is a group of its own
+        (``xa.py``): a COMMIT logs the rows its PREPARE held, at this group's positions
+        (index 0..n-1, its ``Commit`` at n: the commit is where they become visible, so
+        snapshot windows and read fences judge them there); a ROLLBACK forgets them.
+        Either way the checkpoint's held transactions change at this group (a restart
+        before its ``Commit`` is durable reads it again, with the rows still held).
+        ``XA COMMIT ... ONE PHASE`` (MariaDB before 10.5) ends its own group."""
+        parsed = parse_statement(query)
+        tx = self._tx
+        if parsed is None or (tx is not None and tx.xa is not None):
+            yield from self._end_tx(ts_ms)  # one phase: the group's own rows commit here
+            return
+        verb, xid, _ = parsed
+        rows = self._xa.take(xid)
+        tx = self._begin_if_needed(start, ts_ms)
+        if rows is None:
+            if self._xa.prepared_before_start(xid) and verb == "COMMIT":
+                log.warning(
+                    "XA transaction %s, prepared before capture started, committed at %s: "
+                    "its row changes were written to the binlog at its XA PREPARE, before "
+                    "the start position, and are not in the change log; if it changed "
+                    "captured tables, snapshot them again (dblog snapshot ...) to log their "
+                    "rows as they are now",
+                    xid_text(xid), tx.position(0),
+                )
+                yield SourceState(XA_KEY, self._xa.to_json(), tx.position(0))
+            yield from self._end_tx(ts_ms)
+            return
+        if verb == "COMMIT":
+            for ev in rows:
+                yield ev._replace(position=tx.position(tx.count), ts_ms=ts_ms)
+                tx.count += 1
+        yield SourceState(XA_KEY, self._xa.to_json(), tx.position(tx.count))
+        yield from self._end_tx(ts_ms)
 
     def _ddl(
         self, tx: _Tx, kind: DdlKind, tables: tuple[tuple[str, str], ...], ts_ms: int
@@ -1005,6 +1083,9 @@ class MySqlLogSource:
         self._mappers.clear()
 
     def _end_tx(self, ts_ms: int) -> Iterator[Any]:
+        held = self._tx.xa if self._tx is not None else None
+        if held:  # an XA transaction committed in its own group (one phase)
+            yield from held
         tx, self._tx = self._tx, None
         if tx is None:
             return

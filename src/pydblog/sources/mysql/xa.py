@@ -1,0 +1,169 @@
+"""Two-phase XA transactions in the binlog: held from their ``XA PREPARE`` to their
+``XA COMMIT``, dropped at their ``XA ROLLBACK`` (docs/exactness.md, "XA transactions").
+
+What the servers write (read from MariaDB 10.11 and MySQL 5.7.29 binlogs):
+
+- the PREPARE group: MySQL ``GTID; Query "XA START X'7831',X'',1"; rows; Query "XA END
+  ..."; XA_PREPARE_LOG_EVENT``; MariaDB 10.5+ the same without the ``XA START`` query
+  (its GTID event carries the xid and the flag ``FL_PREPARED_XA``). The rows are in the
+  binlog here, but invisible to every reader until the commit;
+- the COMMIT (or ROLLBACK) group, later and separate: ``GTID; Query "XA COMMIT
+  X'7831',X'',1"`` (MariaDB's GTID flagged ``FL_COMPLETED_XA``); on MySQL a GTID of its
+  own. The rows become visible here, in binlog order like any commit;
+- ``XA COMMIT ... ONE PHASE``: MySQL, one group ending in an XA_PREPARE_LOG_EVENT with
+  ``one_phase`` set; MariaDB 10.11, an ordinary transaction (``GTID; rows; XID``).
+
+Both servers print an xid the same way in every query: ``X'<gtrid hex>',X'<bqual
+hex>',<formatID>``, and the XA_PREPARE event carries the same three parts, so an xid is
+keyed here by ``(formatID, gtrid, bqual)`` (``Xid``), written ``fmt:gtrid-hex:bqual-hex``
+in the checkpoint.
+
+Invariants of ``PreparedXa`` (the source owns one):
+- it holds every transaction prepared (and not yet committed or rolled back) since
+  capture began whose group has captured rows, with those rows in binlog order, as
+  JSON-ready values (the row mapper's output, so they round-trip through the checkpoint);
+- ``to_json`` is what the checkpoint carries (``SourceState`` at the PREPARE, COMMIT or
+  ROLLBACK group that changed it): a checkpoint at or after a PREPARE holds its rows, one
+  before it does not (the PREPARE group is then read again);
+- ``before_start``: xids ``XA RECOVER`` listed at a fresh start (prepared before the
+  start position: their rows are not here); their commit is reported once, loudly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydblog.events import ChangeEvent, Op
+
+XA_KEY = "mysql_xa_prepared"
+"""``Checkpoint.extra`` key of the prepared XA transactions."""
+
+Xid = tuple[int, bytes, bytes]
+"""``(formatID, gtrid, bqual)``."""
+
+_LITERAL = r"(?:[xX]'[0-9a-fA-F]*'|0[xX][0-9a-fA-F]+|'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\")"
+_XID = re.compile(
+    rf"\s*({_LITERAL})\s*(?:,\s*({_LITERAL})\s*(?:,\s*(\d+)\s*)?)?", re.DOTALL
+)
+_STATEMENT = re.compile(r"\s*XA\s+(COMMIT|ROLLBACK|START|BEGIN|END|PREPARE)\s+(.*)$",
+                        re.IGNORECASE | re.DOTALL)
+
+
+def _literal(text: str) -> bytes:
+    if text[:2] in ("X'", "x'"):
+        return bytes.fromhex(text[2:-1])
+    if text[:2] in ("0x", "0X"):
+        digits = text[2:]
+        return bytes.fromhex(digits if len(digits) % 2 == 0 else "0" + digits)
+    quote = text[0]
+    body = text[1:-1].replace(quote * 2, quote)
+    body = re.sub(r"\\(.)", lambda m: m.group(1), body)
+    return body.encode()
+
+
+def parse_statement(query: str) -> tuple[str, Xid, str] | None:
+    """``"XA COMMIT X'7831',X'',1"`` -> ``("COMMIT", (1, b"x1", b""), rest)`` (``rest``:
+    what follows the xid, e.g. ``ONE PHASE``); None if not an XA statement with an xid."""
+    m = _STATEMENT.match(query)
+    if m is None:
+        return None
+    verb, tail = m.group(1).upper(), m.group(2)
+    x = _XID.match(tail)
+    if x is None:
+        return None
+    gtrid, bqual, fmt = x.group(1), x.group(2), x.group(3)
+    xid = (int(fmt) if fmt else 1, _literal(gtrid), _literal(bqual) if bqual else b"")
+    return verb, xid, tail[x.end():].strip()
+
+
+def xid_key(xid: Xid) -> str:
+    """The checkpoint's name of an xid."""
+    return f"{xid[0]}:{xid[1].hex()}:{xid[2].hex()}"
+
+
+def xid_text(xid: Xid) -> str:
+    """An xid as the servers print it (``X'7831',X'',1``)."""
+    return f"X'{xid[1].hex()}',X'{xid[2].hex()}',{xid[0]}"
+
+
+def _key_xid(key: str) -> Xid:
+    fmt, gtrid, bqual = key.split(":")
+    return int(fmt), bytes.fromhex(gtrid), bytes.fromhex(bqual)
+
+
+@dataclass(slots=True)
+class _Prepared:
+    at: str  # where its PREPARE group is, for messages
+    rows: list[ChangeEvent]
+
+
+@dataclass(slots=True)
+class PreparedXa:
+    """The prepared XA transactions with captured rows (see the module docstring)."""
+
+    prepared: dict[str, _Prepared] = field(default_factory=dict)
+    before_start: set[str] = field(default_factory=set)
+
+    def prepare(self, xid: Xid, at: str, rows: list[ChangeEvent]) -> None:
+        self.prepared[xid_key(xid)] = _Prepared(at, rows)
+
+    def take(self, xid: Xid) -> list[ChangeEvent] | None:
+        """The prepared rows of ``xid`` (None: not prepared here), forgotten."""
+        found = self.prepared.pop(xid_key(xid), None)
+        return found.rows if found is not None else None
+
+    def prepared_before_start(self, xid: Xid) -> bool:
+        """Whether ``xid`` was prepared before a fresh start (reported once)."""
+        key = xid_key(xid)
+        if key in self.before_start:
+            self.before_start.discard(key)
+            return True
+        return False
+
+    def note_before_start(self, xids: Iterable[Xid]) -> None:
+        self.before_start.update(xid_key(x) for x in xids)
+
+    def rows(self) -> int:
+        return sum(len(p.rows) for p in self.prepared.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prepared": {
+                key: {
+                    "at": p.at,
+                    "rows": [[e.op.value, e.schema, e.table, e.ts_ms, e.key, e.before, e.after]
+                             for e in p.rows],
+                }
+                for key, p in self.prepared.items()
+            },
+            "before_start": sorted(self.before_start),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, position: Any) -> PreparedXa:
+        """Back from ``to_json``; rows get ``position`` until their commit places them."""
+        out = cls()
+        if not data:
+            return out
+        for key, p in dict(data.get("prepared") or {}).items():
+            _key_xid(key)  # checks the name
+            rows = [
+                ChangeEvent(Op(op), str(schema), str(table), position, int(ts), k, before, after)
+                for op, schema, table, ts, k, before, after in p["rows"]
+            ]
+            out.prepared[key] = _Prepared(str(p["at"]), rows)
+        out.before_start = {str(k) for k in data.get("before_start") or ()}
+        return out
+
+
+def recover_xids(rows: Iterable[tuple[Any, ...]]) -> list[Xid]:
+    """``XA RECOVER``'s rows (formatID, gtrid_length, bqual_length, data) as xids."""
+    out: list[Xid] = []
+    for r in rows:
+        fmt, glen, blen, data = int(r[0]), int(r[1]), int(r[2]), r[3]
+        raw = data if isinstance(data, bytes) else str(data).encode()
+        out.append((fmt, raw[:glen], raw[glen:glen + blen]))
+    return out
