@@ -259,6 +259,8 @@ class PgLogSource:
         idx = 0
         ts_ms = 0
         tx_id = 0
+        if self._report:  # the set as ``open`` left it, before the stream's first event
+            yield self._captured_state()
         while True:
             try:
                 msg = cur.read_message()
@@ -266,9 +268,7 @@ class PgLogSource:
                 raise replication_error(exc, self.src.slot) from None
             if msg is None:
                 if begin is None and self._report:
-                    self._report = False
-                    yield SourceState(CAPTURED_KEY, {"captured": sorted(self._captured),
-                                                     "seen": sorted(self._seen)})
+                    yield self._captured_state()
                 now = time.monotonic()
                 if now - self._last_hb >= interval:
                     self._heartbeat()
@@ -309,6 +309,21 @@ class PgLogSource:
                 if type(item) is not SchemaChanged:
                     idx += 1
                 yield item
+            if self._report and begin is None:
+                # The runner refreshed the publication at a heartbeat (a message
+                # between transactions): the new set goes into the checkpoint now, not
+                # at the next idle moment, which a busy stream may not reach for long.
+                yield self._captured_state()
+
+    def _captured_state(self) -> SourceState:
+        """The captured tables for the checkpoint (``CAPTURED_KEY``), yielded at a
+        transaction boundary after every refresh that changed them: before the reset
+        messages that refresh committed come back through the stream, so a restart from
+        any later checkpoint neither misses a change of the set nor resets a table a
+        second time (the reset messages are replayed from the slot, not emitted again)."""
+        self._report = False
+        return SourceState(CAPTURED_KEY, {"captured": sorted(self._captured),
+                                          "seen": sorted(self._seen)})
 
     def _handlers(self) -> dict[type, Any]:
         return {
