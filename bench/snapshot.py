@@ -12,9 +12,14 @@ In one run, against one throwaway PostgreSQL with a table of --rows rows:
 
 Usage: .venv/bin/python bench/snapshot.py [--rows 5000000] [--only default]
            [--variant 'name:k = v; k = v' ...] [--keys dense|sparse|skewed]
-           [--profile DIR] [--trace DIR]
+           [--profile DIR] [--trace DIR] [--updates-per-s 1000]
 
-``--keys`` picks the ids' distribution (``KEYS``); variant ``env PYDBLOG_INT_RANGES=0``
+``--standby`` starts a streaming hot standby of the loaded cluster; ``{standby}`` in a
+variant's settings is its DSN (``read_dsn = "{standby}"`` with ``watermark =
+"read-only"``: chunks read on the standby, the stream from the primary; the standby's
+CPU is not counted). ``--updates-per-s N`` sets the background writer's rate (default 1,000; 0: no writes, an
+idle stream, where a read-only snapshot's fences are passed only by the keepalives it
+asks for). ``--keys`` picks the ids' distribution (``KEYS``); variant ``env PYDBLOG_INT_RANGES=0``
 cuts integer keys by bounds queries instead of arithmetic (``core.intsplit``). ``--gil``
 (needs ``pip install py-spy``) prints the share of the snapshot's time some thread of
 `dblog run` held the GIL, and the rows/s that bounds on a machine with many cores.
@@ -160,7 +165,7 @@ def updater(dsn: str, rows: int, stop: threading.Event, rate: int, keys: str = "
 def run_snapshot(
     dsn: str, rows: int, work: Path, extra: str, label: str, copy: float,
     profile: Path | None = None, trace: Path | None = None, keys: str = "dense",
-    gil: bool = False,
+    gil: bool = False, rate: int = 1000,
 ) -> None:
     name = re.sub(r"[^a-z0-9_]", "_", label.lower())
     # "env NAME=value" lines set the process's environment, not [snapshot]
@@ -207,8 +212,9 @@ def run_snapshot(
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
     stop = threading.Event()
-    upd = threading.Thread(target=updater, args=(dsn, rows, stop, 1000, keys))
-    upd.start()
+    upd = threading.Thread(target=updater, args=(dsn, rows, stop, rate, keys))
+    if rate > 0:
+        upd.start()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO dblog_signal VALUES (%s, 'execute-snapshot', %s)",
@@ -266,7 +272,8 @@ def run_snapshot(
     load_pid = UPDATER_PID[0] if UPDATER_PID else 0
     updates = cpu_seconds(load_pid) - server_first.get(load_pid, 0.0) if load_pid else 0.0
     stop.set()
-    upd.join()
+    if rate > 0:
+        upd.join()
     rss = peak_rss_kb(proc.pid)
     if spy is not None:
         spy.send_signal(2)
@@ -287,7 +294,7 @@ def run_snapshot(
         for name, c in sorted(threads.items(), key=lambda t: -t[1]) if c > 0))
     print(f"    {label}: PostgreSQL CPU by process: " + "; ".join(
         f"{t.split(' (')[0][:60]} {c * 1e6 / max(snap_rows, 1):.2f} us/row" for t, c in top))
-    print(f"    {label}: PostgreSQL CPU without the updater's backend (the 1k updates/s): "
+    print(f"    {label}: PostgreSQL CPU without the updater's backend ({rate:,} updates/s): "
           f"{(server - updates) * 1e6 / max(snap_rows, 1):.2f} us/row (updater "
           f"{updates * 1e6 / max(snap_rows, 1):.2f})")
     print(
@@ -371,6 +378,11 @@ def main() -> None:
     ap.add_argument("--profile", type=Path)
     ap.add_argument("--gil", action="store_true",
                     help="measure the share of time dblog run holds the GIL (py-spy --gil)")
+    ap.add_argument("--updates-per-s", type=int, default=1000, metavar="N",
+                    help="the background updates' rate during each variant (0: an idle stream)")
+    ap.add_argument("--standby", action="store_true",
+                    help="start a hot standby of the table's cluster (pg_basebackup -R); a "
+                    "variant's '{standby}' is its DSN, e.g. 'read_dsn = \"{standby}\"'")
     ap.add_argument("--trace", type=Path, metavar="DIR",
                     help="split the stream's lag into its terms (PYDBLOG_LAG_TRACE files in DIR)")
     args = ap.parse_args()
@@ -398,6 +410,10 @@ def main() -> None:
                 "'text-' || g, g * 1.5, now(), 0 FROM generate_series(0, %s) g",
                 (args.rows - 1,),
             )
+            # The signal table, as an administrator creates it for read-only snapshots
+            # (which create nothing): a read-only variant can then run first or alone.
+            conn.execute("CREATE TABLE dblog_signal (id text PRIMARY KEY, type text NOT NULL, "
+                         "data text)")
             conn.execute("VACUUM ANALYZE big")
             # The load's dirty pages (~1 GB) go to disk now, not during the measurements:
             # written back by the kernel seconds later, they stalled the change log's
@@ -405,15 +421,32 @@ def main() -> None:
             conn.execute("CHECKPOINT")
         os.sync()
         print(f"loaded {args.rows:,} rows ({args.keys} ids) in {time.perf_counter() - t0:.0f}s")
+        standby = None
+        if args.standby:
+            # A streaming hot standby of the loaded cluster, for variants that read their
+            # chunks there ('read_dsn = "{standby}"'; its CPU is not in the figures).
+            from pydblog.devtools.pgstandby import PgStandby
+
+            standby = PgStandby(cluster).start()
+            standby.wait_caught_up(timeout=600)
+            print(f"hot standby streaming on port {standby.port}")
         copy, copy_cpu, copy_server = copy_rate(dsn, args.rows)
         print(
             f"(a) COPY TO STDOUT as raw bytes: {copy:,.0f} rows/s (client CPU {copy_cpu:.2f} us/row, "
             f"PostgreSQL CPU {copy_server:.2f} us/row)"
         )
-        for label, extra in variants.items():
-            if not args.only or label in args.only:
-                run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile, args.trace,
-                             args.keys, args.gil)
+        try:
+            for label, extra in variants.items():
+                if not args.only or label in args.only:
+                    if "{standby}" in extra:
+                        if standby is None:
+                            raise SystemExit(f"variant {label} reads from the standby: add --standby")
+                        extra = extra.replace("{standby}", standby.dsn("bench"))
+                    run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile,
+                                 args.trace, args.keys, args.gil, args.updates_per_s)
+        finally:
+            if standby is not None:
+                standby.stop()
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -9,6 +9,7 @@ the checkpointed progress)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from pydblog.capture.runner import Runner
 from pydblog.changelog import open_writer
 from pydblog.config import Config
 from pydblog.events import ChangeEvent, Emitted, Op, SnapshotKind, SnapshotRows, encode_event
-from pydblog.ports import Checkpoint, WatermarkSeen
+from pydblog.ports import Checkpoint, Commit, WatermarkSeen
 from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.state.file import FileStateStore
 
@@ -97,6 +98,67 @@ def test_events_before_a_watermark_are_a_batch_of_their_own(
         runner.flush()
         runner.writer.drain()
         assert [n for n, _ in log.appends] == [2, 3, 3]
+    finally:
+        log.gate.set()
+        runner.writer.close()
+        inner.close()
+
+
+class ReadOnlyDriver(Driver):
+    """A read-only snapshot: the rows land at the first progress past their fence (0x200)."""
+
+    fence_end = 0x200
+
+    def closes_at(self, reached: Position) -> bool:
+        assert isinstance(reached, PgPosition)
+        return self.progress == "before H" and reached.ack_lsn.value >= self.fence_end
+
+    def on_progress(self, position: Position, reached: Position) -> list[Emitted]:
+        if not self.closes_at(reached):
+            return []
+        return self.on_watermark("", position, 0)
+
+    waiting_for_progress = True
+
+
+def test_events_before_a_read_only_window_closes_are_a_batch_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Read-only snapshots close a window at a commit (or a keepalive) past its fence:
+    the stream's events pending then go to the writer first, with the core's state from
+    before, as at a watermark; commits that close nothing flush nothing."""
+    monkeypatch.setattr(writer_module, "GROUP_BULK_EVENTS", 2)
+    cfg = Config.model_validate({
+        "source": {"dsn": "postgresql://u@127.0.0.1/db"},
+        "log": {"path": str(tmp_path / "data"), "batch_max_ms": 600_000},  # no flush by age
+        "snapshot": {"watermark": "read-only"},
+        "api": {"listen": ""},
+    })
+    inner = open_writer(cfg.log)
+    log = RecordingLog(inner)
+    runner = Runner(cfg, None, None, log, FileStateStore(cfg.log_dir))  # type: ignore[arg-type]
+    runner.driver = ReadOnlyDriver()  # type: ignore[assignment]
+    runner._read_only = True
+    runner._driver_active = True
+    runner._known_schemas = {"public.t": None}  # type: ignore[dict-item]  # (no catalog to ask)
+    stop = threading.Event()
+    try:
+        for i, lsn in enumerate((0x100, 0x180, 0x200)):
+            ev = ChangeEvent(Op.UPDATE, "public", "t", PgPosition(Lsn(lsn), 0), 1,
+                             key={"id": 10 + i}, after={"id": 10 + i})
+            if not runner._pending:
+                runner._pending_since = time.monotonic()
+            runner._pending.append(encode_event(ev, "postgresql", "db", 1))
+            runner._position = ev.position
+            runner._in_tx = True
+            runner._on_commit(Commit(PgPosition(Lsn(lsn), 1, Lsn(lsn + 8)), 1), stop)
+        runner.flush()
+        log.gate.set()
+        runner.writer.drain()
+        assert [(n, cp.snapshot) for n, cp in log.appends] == [
+            (3, {"progress": "before H"}),  # the stream's events, before the window closed
+            (3, {"progress": "after H"}),  # the rows, with the progress they make
+        ]
     finally:
         log.gate.set()
         runner.writer.close()

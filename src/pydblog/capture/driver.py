@@ -169,6 +169,11 @@ class SnapshotDriver:
         out = self.take()
         return out + self.core.on_progress(position, reached, _now_ms())
 
+    def closes_at(self, reached: Position) -> bool:
+        """Read-only: ``on_progress`` at ``reached`` would close a window (answers not
+        yet taken aside: ``SnapshotCore.closes_at``)."""
+        return self.core.closes_at(reached)
+
     @property
     def waiting_for_progress(self) -> bool:
         return self.core.waiting_for_progress

@@ -304,11 +304,15 @@ class Runner:
 
     def _progress(self, reached: Position) -> None:
         """Read-only snapshots, at a transaction boundary: rows whose fence the stream
-        has passed land here, after everything logged so far."""
+        has passed land here, after everything logged so far. As at a watermark, the
+        stream's pending events first go to the writer as their own batch
+        (``_flush_before_window``) when a window closes here."""
         driver = self.driver
         assert driver is not None
         if self._position is None:  # nothing logged yet to place rows after
             return
+        if self._pending and driver.closes_at(reached):
+            self._flush_before_window()
         self._emit_events(driver.on_progress(self._position, reached))
         driver.submit_next()
         self._driver_active = driver.active

@@ -1028,6 +1028,26 @@ class SnapshotCore:
             if fenced is not None and event.table == fenced.table and event.schema == fenced.schema:
                 fenced.observe(event)
 
+    def closes_at(self, reached: Position) -> bool:
+        """Read-only: ``on_progress(..., reached)`` would close a chunk's (or a key
+        re-read's) window: the stream has passed the fence of a read whose rows are in
+        (the head range of a table's flight, or the request pending). Pure: the runner
+        asks it at every commit, and hands the stream's pending events to the writer
+        before such a call (as it does before a watermark), so that they do not wait
+        for the rows the window releases."""
+        if not self._read_only:
+            return False
+
+        def passed(fenced: FencedWindow) -> bool:
+            return fenced.passed(reached)
+
+        for flight in self._flights.values():
+            if flight.head_ready(passed) is not None:
+                return True
+        pending = self._pending
+        return (pending is not None and isinstance(pending.request, ChunkRequest | KeyReadRequest)
+                and pending.fenced is not None and pending.fenced.passed(reached))
+
     def on_progress(self, position: Position, reached: Position, ts_ms: int) -> list[Emitted]:
         """Read-only snapshots: the stream is at a transaction boundary; ``position`` is
         the highest position logged so far (events returned here are placed after it),
