@@ -106,7 +106,7 @@ class MySqlSnapshotReader:
         self.source = source
         self._local: str | None = None  # the replica's own GTID name (sources.mysql.replica)
         self._src: Any = None  # on a replica: a connection to the source (its GTID state)
-        self._catalog: Any = None  # on a replica: the source, listing tables (own lock)
+        self._catalog: Any = None  # the source, listing tables (own lock)
         self._catalog_lock = threading.Lock()
         self.db = dsn.database
         self.matcher = matcher
@@ -263,21 +263,15 @@ class MySqlSnapshotReader:
 
     # -- SnapshotReader ----------------------------------------------------------------------
     def captured_tables(self) -> list[str]:
-        """The captured tables that exist now. With a read replica they are listed on the
-        source (authoritative: a table created there before the stream's start is listed,
+        """The captured tables that exist now, listed on the source (with a read replica
+        too: authoritative, a table created there before the stream's start is listed,
         and a ``mode = "initial"`` snapshot must read it), on a connection and lock of
         their own: the capture thread calls this for every signal, and must never wait
-        for a lagging replica nor for a chunk read holding ``self._lock`` while it waits
-        (tests/mysql/test_read_replica.py); the chunks' definitions wait (``table_info``)."""
-        if self.source is not None:
-            names = self._list_on_source()
-        else:
-            try:
-                with self._lock, self._connection().cursor() as cur:
-                    names = schema_mod.list_tables(cur, self.db)
-            except pymysql.Error as exc:
-                self._reset()
-                raise self._error(exc, "listing the captured tables") from None
+        for a lagging replica (tests/mysql/test_read_replica.py) nor for a chunk read
+        holding ``self._lock`` while it waits on the server, up to
+        ``statement_timeout_ms`` (tests/mysql/test_signal_during_chunk.py); the chunks'
+        definitions wait (``table_info``)."""
+        names = self._list_on_source()
         return [
             f"{self.db}.{t}"
             for t in names
@@ -598,20 +592,22 @@ class MySqlSnapshotReader:
         catch_up(cur, self._mariadb, state, self.statement_timeout_ms / 1000, self.dsn.redacted)
 
     def _list_on_source(self) -> list[str]:
-        """``self.db``'s tables as the source lists them (``captured_tables``)."""
-        assert self.source is not None
+        """``self.db``'s tables as the source lists them (``captured_tables``), on the
+        catalog connection (to the source: ``self.source`` with a read replica, else
+        ``self.dsn``)."""
+        where = self.source if self.source is not None else self.dsn
         with self._catalog_lock:
             for attempt in (1, 2):
                 try:
                     if self._catalog is None:
-                        self._catalog = connect(self.source, timeout_s=self.connect_timeout_s)
+                        self._catalog = connect(where, timeout_s=self.connect_timeout_s)
                     with self._catalog.cursor() as cur:
                         return schema_mod.list_tables(cur, self.db)
                 except pymysql.Error as exc:
                     self._close_catalog()
                     if errno(exc) in UNAVAILABLE and attempt == 1:
                         continue
-                    raise classify(exc, self.source, "listing the captured tables") from None
+                    raise classify(exc, where, "listing the captured tables") from None
         raise AssertionError("unreachable")
 
     def _close_catalog(self) -> None:

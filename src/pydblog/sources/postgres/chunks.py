@@ -210,6 +210,9 @@ class PgSnapshotReader:
         return self._wconn
 
     def captured_tables(self) -> list[str]:
+        """The log source's list (its last publication refresh): no query, so the
+        capture thread, which asks for every signal, never waits behind a chunk read on
+        this reader's connection (tests/integration/test_signal_during_chunk.py)."""
         return self._source.captured_tables
 
     def table_info(self, qualified: str, surrogate_key: str | None = None) -> TableInfo | None:
