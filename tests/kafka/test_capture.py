@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from tests.helpers import (
+    LogFollower,
     assert_oracle,
     dblog,
     kill9,
@@ -122,12 +123,18 @@ def test_signal_topic(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
                                          "data": {"data-collections": ["public\\.w"]}}), prefix.encode())
         p.flush(10)
 
+        follow = LogFollower(config)  # in-process: a `dblog tail` per poll cost ~1 s of CPU
+
         def done() -> bool:
             return any(e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
-                       for e in tail(config))
+                       for e in follow())
 
-        wait_for(done, 120, "the snapshot's COMPLETED notification")
+        try:
+            wait_for(done, 120, "the snapshot's COMPLETED notification")
+        finally:
+            follow.close()
         events = _check(config, pg_db)
+        assert tail(config)[:len(events)] == events  # `dblog tail` on Kafka prints the same
         reads = [e for e in events if e["op"] == "r"]
         assert len(reads) == 300
         started = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "STARTED"]
