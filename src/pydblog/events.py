@@ -324,6 +324,47 @@ class EncodedChunk(Sequence[EncodedRow]):
     def __iter__(self) -> Iterator[EncodedRow]:
         return (self[i] for i in range(self.size))
 
+    def span(self, start: int, max_rows: int, max_bytes: int = 0) -> int:
+        """Where a part starting at row ``start`` of at most ``max_rows`` rows (and, if
+        ``max_bytes``, about that many bytes of tails, at least one block) ends: at a
+        block boundary when the tails are cut into blocks (``part`` then copies no
+        text), else at ``start + max_rows``. Always ``> start`` unless at the end."""
+        stop = min(self.size, start + max(1, max_rows))
+        blocks = self._tail_blocks
+        if blocks is None or self._tail_list is not None or start >= self.size:
+            return stop
+        at, size = 0, 0
+        for n, text in zip(blocks.sizes, blocks.texts, strict=True):
+            if at >= start:
+                if at > start and (at >= stop or (max_bytes and size >= max_bytes)):
+                    return at
+                size += len(text)
+            at += n
+        return self.size
+
+    def part(self, start: int, stop: int) -> EncodedChunk:
+        """Rows ``[start, stop)`` as a chunk of their own (keys parsed once for the
+        whole chunk; whole blocks taken as they are when the part is block-aligned)."""
+        start, stop = max(0, start), min(self.size, stop)
+        if start == 0 and stop == self.size:
+            return self
+        stop = max(start, stop)
+        tails: list[str] | TailBlocks
+        blocks = self._tail_blocks
+        aligned = None
+        if blocks is not None and self._tail_list is None:
+            aligned = _block_range(blocks, start, stop)
+        if aligned is not None:
+            a, b = aligned
+            tails = TailBlocks(blocks.sizes[a:b], blocks.texts[a:b])  # type: ignore[union-attr]
+        else:
+            tails = self.tail_list()[start:stop]
+        chunk = EncodedChunk(stop - start, tails, self.key_values()[start:stop], self.decode_key,
+                             self.arity, int_keys=self.int_keys)
+        if self._key_list is not None:
+            chunk._key_list = self._key_list[start:stop]
+        return chunk
+
     def without(self, drop: Collection[int]) -> EncodedChunk:
         """The chunk without the rows at these indexes (order kept). The kept rows are
         list slices between the dropped ones: a few drops cost a few slices."""
@@ -353,6 +394,26 @@ class EncodedChunk(Sequence[EncodedRow]):
         if self._key_list is not None:
             chunk._key_list = keep(self._key_list)
         return chunk
+
+
+def _block_range(blocks: TailBlocks, start: int, stop: int) -> tuple[int, int] | None:
+    """The blocks ``[a, b)`` holding exactly rows ``[start, stop)``, if both ends are
+    block boundaries."""
+    a = b = None
+    at = 0
+    for i, n in enumerate(blocks.sizes):
+        if at == start:
+            a = i
+        if at == stop:
+            b = i
+            break
+        at += n
+    else:
+        if at == stop:
+            b = len(blocks.sizes)
+        if at == start:
+            a = len(blocks.sizes)
+    return None if a is None or b is None else (a, b)
 
 
 def _without_in_blocks(blocks: TailBlocks, cut: list[int]) -> TailBlocks:

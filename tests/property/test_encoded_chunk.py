@@ -142,6 +142,42 @@ def test_window_drops_like_the_rows(case: tuple[EncodedChunk, list[EncodedRow]],
     assert _window(chunk, events) == _window(rows, events)
 
 
+@given(chunks(), st.data())
+@settings(max_examples=300, deadline=None)
+def test_slices_cover_the_chunk_once(case: tuple[EncodedChunk, list[EncodedRow]], data: st.DataObject) -> None:
+    """``span``/``part`` (a window's slices): consecutive parts, each ending at a block
+    boundary where the tails are cut into blocks (then not split into rows), cover the
+    chunk's rows once, in order; a window's slices with events between them hand out
+    what the same slices of the rows as a list do."""
+    chunk, rows = case
+    at, parts = 0, []
+    while at < len(chunk):
+        stop = chunk.span(at, data.draw(st.integers(1, 5)), data.draw(st.sampled_from([0, 1, 40])))
+        assert at < stop <= len(chunk)
+        part = chunk.part(at, stop)
+        assert len(part) == stop - at
+        parts.append(part)
+        at = stop
+    if chunk._tail_blocks is not None and len(parts) > 1:
+        assert chunk._tail_list is None  # block-aligned parts: no split of the chunk
+    assert [r for p in parts for r in p] == rows
+    if chunk.arity != 1:
+        return
+    a, b = ChunkWindow("s", "t", ("id",)), ChunkWindow("s", "t", ("id",))
+    a.set_rows(chunk)
+    b.set_rows(rows)
+    keys = [r.chunk_key[0] for r in rows]
+    while a.taken < len(rows):
+        for k in data.draw(st.lists(st.sampled_from(keys), max_size=2)):
+            event = ChangeEvent(Op.UPDATE, "s", "t", PgPosition(Lsn(9), 0), 1, {"id": k}, None, {"id": k})
+            a.observe(event)
+            b.observe(event)
+        sa = a.take(data.draw(st.integers(1, 5), label="slice"))
+        sb = b.take(sa.read)  # the list's slice of the same rows
+        assert list(sa.rows) == list(sb.rows)
+        assert (sa.read, sa.last_key, sa.left) == (sb.read, sb.last_key, sb.left)
+
+
 @given(chunks(), st.integers(1, 7), st.integers(0, 200))
 @settings(max_examples=80, deadline=None)
 def test_blocks_encode_like_single_events(

@@ -220,6 +220,8 @@ class Sim:
     stalled: Request | None = None  # the slow read: it takes no step until released
     tables_at_once: int = 0  # most tables with concurrent requests in flight at once
     chunk_sizes: dict[str, int] = field(default_factory=dict)
+    sliced: bool = False  # windows hand their rows out in slices (``slice_rows``)
+    slices: int = 0  # slices handed out at a boundary after H
     core: SnapshotCore = field(init=False)
     saved: Checkpoint = field(init=False)
 
@@ -237,11 +239,17 @@ class Sim:
     def new_core(self, state: dict[str, Any] | None) -> SnapshotCore:
         adaptive = self.data.draw(st.booleans(), label="adaptive")
         # Concurrent windows: small chunks, so that a table has several ranges.
-        top = 6 if self.parallelism == 1 else 3
+        top = 6 if self.parallelism == 1 or self.sliced else 3
         size = self.data.draw(st.integers(1, top), label="chunk_size")
+        # Slices (concurrent windows): a window's rows handed out a few at a time, at H
+        # and at later transaction boundaries (``on_boundary``), or whole (0).
+        slice_rows = 0
+        if self.parallelism > 1 and self.sliced:
+            slice_rows = self.data.draw(st.sampled_from([1, 1, 2, 3]), label="slice rows")
         cfg = CoreSettings(
             chunk_size=size, adaptive=adaptive, time_budget_ms=50, min_chunk=1, max_chunk=top + 2,
             read_only=self.read_only, parallelism=self.parallelism, fenced=self.late,
+            slice_rows=slice_rows,
         )
         return SnapshotCore(cfg, state, instance=f"i{self.restarts}")
 
@@ -315,6 +323,17 @@ class Sim:
     def target(self) -> tuple[str, int]:
         """Where to write: half the time into the chunk the worker is reading (the
         adversarial case for the window), else anywhere."""
+        if self.sliced:
+            # A range being handed out in slices, or waiting to be: its rest is the
+            # window still open after H.
+            issued = [(f.table, r) for f in self.core._flights.values() for r in f.ranges
+                      if r.request is not None and r.read]
+            open_ranges = [(t, r) for t, r in issued if r.draining or r.high_seen] or issued
+            into_open: bool = bool(open_ranges) and self.data.draw(st.booleans(), label="into an open range")
+            if into_open:
+                table, rng = self.data.draw(st.sampled_from(open_ranges), label="open range")
+                low = rng.after[0] if rng.after is not None else 0
+                return table, self.data.draw(st.integers(low + 1, max(low + 1, rng.upper[0])))
         w = self.data.draw(st.sampled_from(self.workers)) if self.workers else None
         if w is not None and isinstance(w.request, KeyReadRequest) and self.data.draw(st.booleans()):
             return w.request.table, self.data.draw(st.sampled_from(w.request.keys))[0]
@@ -448,6 +467,20 @@ class Sim:
         if self.read_only:  # the transaction's commit: a boundary the stream has passed
             commit = PgPosition(Lsn(lsn), len(items), Lsn(lsn))
             self.emit(self.core.on_progress(commit, commit, lsn))
+        if self.core.draining and self.data.draw(st.integers(0, 2), label="slice at the commit") == 0:
+            self.boundary()
+
+    def boundary(self) -> bool:
+        """The runner at a transaction boundary (after the last transaction delivered)
+        hands out the next slices, as many rows as it likes; True if any came."""
+        if not self.core.draining or not self.cursor:
+            return False
+        budget = self.data.draw(st.sampled_from([None, 1, 2, 5]), label="slice budget")
+        at = PgPosition(Lsn(self.cursor), len(self.log[self.cursor - 1]), Lsn(self.cursor))
+        events = self.core.on_boundary(at, self.cursor, budget)
+        self.slices += any(e.op is Op.READ for e in expand(events))
+        self.emit(events)
+        return True
 
     def idle_progress(self) -> bool:
         """Read-only: the stream is idle and has delivered everything (a keepalive);
@@ -720,6 +753,7 @@ class Sim:
                 + ["signal", "restart", "fail", "truncate"]
                 + (["publish"] * 4 + ["progress"] * 2 if self.read_only else [])
                 + (["publish"] * 4 if self.late else [])
+                + (["boundary"] * 3 if self.sliced else [])
             ),
             label="action",
         )
@@ -739,6 +773,8 @@ class Sim:
             self.publish()
         elif action == "progress":
             self.idle_progress()
+        elif action == "boundary":
+            self.boundary()
         elif action in ("restart", "fail", "truncate"):
             rare = self.data.draw(st.integers(0, 3), label="rare")
             if action == "restart" and rare < 2:
@@ -757,7 +793,7 @@ class Sim:
             if self.can_deliver():
                 self.deliver()
                 continue
-            if self.idle_progress():
+            if self.idle_progress() or self.boundary():
                 continue
             return
         raise AssertionError("the snapshot does not finish")
@@ -885,10 +921,11 @@ def assert_positions_increase(out: list[ChangeEvent]) -> None:
 
 def run(
     data: st.DataObject, allow_blocking: bool, read_only: bool = False, parallel: bool = False,
-    late: bool = False,
+    late: bool = False, sliced: bool = False,
 ) -> Sim:
     parallelism = data.draw(st.integers(2, 4), label="parallelism") if parallel else 1
-    sim = Sim(data, allow_blocking, read_only, parallelism, late)
+    sliced = parallel and (sliced or data.draw(st.booleans(), label="slices"))
+    sim = Sim(data, allow_blocking, read_only, parallelism, late=late, sliced=sliced)
     sim.slow = parallel and data.draw(st.booleans(), label="slow reads")
     sim.integer = parallel and data.draw(st.booleans(), label="arithmetic ranges")
     sim.by_xids = (read_only or late) and data.draw(st.booleans(), label="fences judge the floor by xids")
@@ -921,6 +958,8 @@ def run(
         event(f"tables with windows open at once: {min(sim.tables_at_once, 3)}")
         event(f"requests taken while others were in flight: {'0' if not sim.overlaps else '1-10' if sim.overlaps <= 10 else '>10'}")
         event(f"bounds queries: {'0' if not sim.bounds else '1-5' if sim.bounds <= 5 else '>5'}")
+        if sim.sliced:
+            event(f"slices handed out after H: {'0' if not sim.slices else '1-10' if sim.slices <= 10 else '>10'}")
         if sim.integer:
             event(f"arithmetic ranges: {'0' if not sim.arithmetic else '1-10' if sim.arithmetic <= 10 else '>10'}")
             event(f"arithmetic ranges split after a full read: {min(sim.splits, 2)}{'+' if sim.splits > 2 else ''}")
@@ -999,6 +1038,19 @@ def test_concurrent_watermark_windows_with_late_visible_commits(data: st.DataObj
     run(data, allow_blocking=True, parallel=True, late=True)
 
 
+@settings(PROFILE, max_examples=40)
+@given(st.data())
+def test_sliced_windows_materialize_without_time_travel(data: st.DataObject) -> None:
+    """Concurrent windows that hand their rows out in slices (``slice_rows`` 1-3):
+    one at H, the rest at transaction boundaries the runner picks at random, each
+    judged by the events until then (the window stays open after H); restarts
+    between slices resume from the last slice's key; watermark windows, fenced
+    (late visible commits) or not, and read-only windows."""
+    mode = data.draw(st.sampled_from(["watermarks", "late", "read-only"]), label="windows")
+    run(data, allow_blocking=mode != "read-only", read_only=mode == "read-only", parallel=True,
+        late=mode == "late", sliced=True)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("read_only", [False, True])
@@ -1007,6 +1059,17 @@ def test_concurrent_watermark_windows_with_late_visible_commits(data: st.DataObj
 def test_concurrent_windows_long(data: st.DataObject, read_only: bool) -> None:
     """The two tests above with many more examples (``pytest -m slow``)."""
     run(data, allow_blocking=not read_only, read_only=read_only, parallel=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("mode", ["watermarks", "late", "read-only"])
+@settings(PROFILE, max_examples=500)
+@given(data=st.data())
+def test_sliced_windows_long(data: st.DataObject, mode: str) -> None:
+    """``test_sliced_windows_materialize_without_time_travel`` with many more examples."""
+    run(data, allow_blocking=mode != "read-only", read_only=mode == "read-only", parallel=True,
+        late=mode == "late", sliced=True)
 
 
 @pytest.mark.slow
@@ -1072,3 +1135,57 @@ def encoded(row: Row) -> EncodedRow:
     return EncodedRow(
         (row["id"],), orjson.dumps({"id": row["id"]}).decode(), orjson.dumps(row).decode()
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.sets(st.integers(0, 15)),
+    steps=st.lists(
+        st.one_of(WINDOW_EVENT, st.tuples(st.just("take"), st.integers(1, 4))), max_size=16
+    ),
+    encode=st.booleans(),
+)
+def test_window_slices_keep_the_rows_without_events_before_their_slice(
+    keys: set[int], steps: list[tuple[Any, int]], encode: bool,
+) -> None:
+    """Slices (``ChunkWindow.take``) taken at any points after H: a row is handed out
+    in its slice unless an event of its key (or a truncate) came before that slice;
+    the slices cover the rows read in order, once each, and the last one's key is the
+    chunk's last key read."""
+    rows: list[ChunkRow] = [{"id": k, "v": 0} for k in sorted(keys)]
+    if encode:
+        rows = [encoded({"id": k, "v": 0}) for k in sorted(keys)]
+    window = ChunkWindow("s", "a", ("id",))
+    window.set_rows(rows)
+    at = PgPosition(Lsn(1))
+    seen: set[int] = set()
+    truncated = False
+    ordered = sorted(keys)
+    handed: list[int] = []
+    read = 0
+    last: Any = None
+    for what, n in [*steps, ("take", 100)]:
+        if what != "take":
+            op = what
+            window.observe(ChangeEvent(op, "s", "a", at, 0, key={"id": n},
+                                       after=None if op is Op.DELETE else {"id": n}))
+            truncated = truncated or op is Op.TRUNCATE
+            seen.add(n)
+            continue
+        if read == len(ordered) and read:
+            continue
+        result = window.take(n)
+        assert result.conclusive
+        part = ordered[read : read + result.read]
+        assert 1 <= result.read <= n or not ordered
+        got = [r["id"] if isinstance(r, dict) else r[0][0] for r in result.rows]
+        assert got == ([] if truncated else [k for k in part if k not in seen])
+        handed += part
+        read += result.read
+        assert result.left == len(ordered) - read
+        last = result.last_key
+        if not ordered:
+            break
+    assert handed == ordered
+    assert last == ((ordered[-1],) if ordered else None)
+    assert window.taken == len(ordered)

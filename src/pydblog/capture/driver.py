@@ -19,6 +19,7 @@ concurrent request of its own is in flight).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -62,6 +63,17 @@ Answer = Callable[[], list[Emitted]]
 MAX_HOLD_S = 1.0
 """Longest a chunk request waits for the change log writer's backlog to clear."""
 
+SLICE_ROWS = int(os.environ.get("PYDBLOG_SLICE_ROWS", "4096"))
+"""Concurrent windows hand their rows to the change log in slices of this many rows
+(``CoreSettings.slice_rows``; four of the log's blocks): one at H, the next ones at
+the stream's transaction boundaries while the writer's backlog is short
+(``runner.SLICE_BACKLOG``), so a stream event after H waits for a slice's write, not
+for the whole chunk's. ``PYDBLOG_SLICE_ROWS`` overrides it for benchmarks (0: whole
+chunks at H, as before)."""
+
+SLICE_BYTES = 1 << 20
+"""... and of at most about this many bytes of encoded rows (wide rows)."""
+
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -82,6 +94,8 @@ class SnapshotDriver:
                 read_only=s.watermark == "read-only",
                 parallelism=self.parallelism,
                 fenced=s.watermark != "read-only" and _fences_windows(reader),
+                slice_rows=SLICE_ROWS,
+                slice_bytes=SLICE_BYTES,
             ),
             state,
         )
@@ -173,6 +187,17 @@ class SnapshotDriver:
         """Read-only: ``on_progress`` at ``reached`` would close a window (answers not
         yet taken aside: ``SnapshotCore.closes_at``)."""
         return self.core.closes_at(reached)
+
+    def on_boundary(self, position: Position) -> list[Emitted]:
+        """The stream is at a transaction boundary, ``position`` the highest logged:
+        the next slices of the windows being handed out (``SnapshotCore.on_boundary``)."""
+        out = self.take()
+        return out + self.core.on_boundary(position, _now_ms())
+
+    @property
+    def draining(self) -> bool:
+        """Some window has a slice to hand out (``on_boundary``)."""
+        return self.core.draining
 
     @property
     def waiting_for_progress(self) -> bool:

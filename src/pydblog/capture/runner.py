@@ -10,6 +10,12 @@ Batching: a batch is flushed when the stream has momentarily nothing more to giv
 (``Idle``), at a heartbeat, at a commit once the batch is ``batch_max_ms`` old, or when
 it holds ``batch_max_events`` (then possibly mid-transaction: the checkpoint records
 the last logged event's position, the ack stays at the last complete transaction).
+
+Snapshot slices: a concurrent window's rows go to the writer a slice at a time
+(``driver.SLICE_ROWS``), the first at its high watermark, the next ones at the stream's
+transaction boundaries while the writer's backlog is short (``_slices``), each in the
+batch whose checkpoint holds the progress it makes: the stream's events after H wait
+for a slice's write, not for the chunk's.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pydblog.capture import lagtrace
-from pydblog.capture.driver import SnapshotDriver
+from pydblog.capture.driver import SLICE_ROWS, SnapshotDriver
 from pydblog.capture.inbox import INBOX, REMEMBER
 from pydblog.capture.status import StatusWriter
 from pydblog.capture.writer import Batch, BatchWriter
@@ -76,6 +82,13 @@ the capture thread wait for a CPU most of the time (``docs/benchmarks.md``, the 
 trace): each chunk read in that state only queues more rows in front of the stream's
 next events. Measured on this process's own clock (no clock skew to the server).
 ``PYDBLOG_HOLD_STREAM_WAIT_MS`` overrides it for benchmarks (0: off)."""
+
+SLICE_BACKLOG = 2 * max(1, SLICE_ROWS)
+"""The next slice of a snapshot window (``driver.SLICE_ROWS``) goes to the writer at a
+transaction boundary only while it has fewer events than this queued: a stream event
+then waits for at most about two slices' writes, whatever the chunk's size, and the
+writer always has the next slice queued (it wakes the stream when its backlog falls
+below this, ``BatchWriter.wake_below``)."""
 
 
 MID_TX = "mid_tx"
@@ -250,6 +263,28 @@ class Runner:
             driver.submit_next()  # the next chunk starts now, not at the next idle moment
         self._driver_active = driver.active
 
+    def _slices(self) -> None:
+        """At a transaction boundary: the next slices of the snapshot windows being
+        handed out (``driver.SLICE_ROWS``; the first one lands at H), while the
+        writer has fewer than ``SLICE_BACKLOG`` events queued. Each goes to the writer
+        in one batch with the stream's events received before it, checkpointed with
+        the progress it makes (the table's progress at the slice's last key: a restart
+        reads the rest of that chunk again). A stream event received after H thus
+        waits for a slice's write, not for the whole chunk's (``core.flight``, "Slices")."""
+        driver = self.driver
+        if driver is None or self._in_tx or self._position is None:
+            return
+        writer = self.writer
+        while driver.draining and writer.backlog() + len(self._pending) < SLICE_BACKLOG:
+            events = driver.on_boundary(self._position)
+            if not events:
+                break
+            self._emit_events(events)
+            self.flush()
+        writer.wake_below = SLICE_BACKLOG if driver.draining else 0
+        driver.submit_next()  # a range done makes room for the next read
+        self._driver_active = driver.active
+
     def _flush_before_window(self) -> None:
         """At a watermark, before the core sees it: the events pending so far go to
         the writer as their own batch, so that they commit without waiting for the
@@ -274,6 +309,8 @@ class Runner:
             self._progress(item.position)
         if INBOX.waiting:
             self._take_signals()
+        if self._driver_active:
+            self._slices()
         max_age = self.cfg.log.batch_max_ms / 1000.0
         if self._pending and time.monotonic() - self._pending_since >= max_age:
             self.flush()
@@ -287,6 +324,8 @@ class Runner:
         if not (self._pending and self._writer_wakes and self.writer.backlog()):
             self.flush()
         self._tick(stop)
+        if self._driver_active:
+            self._slices()
         self._now_ms = int(time.time() * 1000)
         if stop.is_set():
             return False
@@ -363,6 +402,8 @@ class Runner:
         self._ack = item.position
         self._in_tx = False
         self.flush(force=True)
+        if self._driver_active:
+            self._slices()
         refresh = getattr(self.source, "refresh_tables", None)
         if refresh is not None:
             refresh()

@@ -69,6 +69,9 @@ class BatchWriter:
         # Called on the writer thread whenever it has appended everything submitted (the
         # runner: wake the stream, which holds small batches back while a commit runs).
         self.on_drained: Callable[[], None] = lambda: None
+        # Also called after an append that leaves fewer than this many events queued
+        # (0: never; the runner sets it while snapshot slices wait to be handed over).
+        self.wake_below = 0
         self._error: BaseException | None = None
         self._durable_ack: Position | None = None
         self._written = 0
@@ -165,6 +168,8 @@ class BatchWriter:
                 self.on_drained()
                 if self._unsaved is None:
                     self._idle.set()
+            elif self.wake_below and self._queued < self.wake_below:
+                self.on_drained()
 
     def _group(self, batch: Batch) -> Batch:
         """Group commit: ``batch`` and the batches queued behind it, as one append (one

@@ -468,6 +468,13 @@ class FencedWindow:
             return WindowResult([], result.read, None, False)
         return result
 
+    def take(self, max_rows: int, max_bytes: int = 0) -> WindowResult:
+        """The next slice (``ChunkWindow.take``): events after the fence are all unseen
+        by the read, so each drops its key until the slice holding it is taken."""
+        if not self.conclusive_so_far:
+            return WindowResult([], 0, None, False)
+        return self.window.take(max_rows, max_bytes)
+
 
 def describe(fence: Any) -> str:
     """A fence for logs (its repr, shortened)."""

@@ -44,6 +44,19 @@ upper shrinks the range to ``(after, last key read]`` at once (``set_rows``) and
 rest is cut into new ranges right after it, which may be read while it waits to be
 emitted (instead of the continuation after its emission above).
 
+**Slices** (``CoreSettings.slice_rows`` > 0). The head range's window hands its rows
+out in consecutive slices of the rows read (``ChunkWindow.take``): the first at its H
+(read-only: the passed fence), the next ones whenever ``SnapshotCore.on_boundary`` is
+called (the runner calls it at the stream's transaction boundaries). A range whose
+first slice is out is ``draining``: it stays the head, its window stays open (it keeps
+dropping the keys of later events from the rows not yet out, the same extension as a
+window waiting behind an earlier range above), and each slice moves the table's
+progress and the range's ``after`` to the slice's last key read, so ``ranges[0].after``
+is still the progress and a restart after any slice reads only the rest of the range
+again. The last slice finishes the range as a whole chunk (its read count and last key
+decide a continuation). The argument, invariant by invariant, is in
+``docs/snapshots.md`` ("Concurrent windows", item 6).
+
 This module keeps the ranges and their windows; ``SnapshotCore`` decides when to emit
 and moves the table's progress.
 """
@@ -83,6 +96,7 @@ class Range:
     low_seen: bool = False
     read: bool = False
     high_seen: bool = False
+    draining: bool = False
 
     def reset(self, after: RawKey | None = None) -> None:
         """To be read again (from ``after`` if given: a continuation)."""
@@ -91,7 +105,7 @@ class Range:
         self.request = None
         self.window = None
         self.fenced = None
-        self.low_seen = self.read = self.high_seen = False
+        self.low_seen = self.read = self.high_seen = self.draining = False
 
     def observes(self) -> ChunkWindow | FencedWindow | None:
         """The window that takes the table's stream events now, if any."""
@@ -333,9 +347,20 @@ class Flight:
         head = self.ranges[0]
         if head.request is None:
             return None
+        if head.draining:  # its first slice is out: the rest may follow at any point
+            return head
         if head.request.high_watermark is not None:
             return head if head.high_seen else None
         return head if head.fenced is not None and head.read and passed(head.fenced) else None
+
+    @property
+    def emitting(self) -> bool:
+        """The head range may hand out rows now without waiting for anything (its H
+        came back, or a slice of it is out): ``SnapshotCore.on_boundary`` has work."""
+        head = self.ranges[0] if self.ranges else None
+        if head is None or head.request is None:
+            return False
+        return head.draining or (head.request.high_watermark is not None and head.high_seen)
 
     def forget(self, rng: Range) -> None:
         if rng.request is not None:

@@ -58,12 +58,13 @@ class TableJob:
             identity=identity,
         )
 
-    def advance(self, last_key: RawKey | None, emitted: int) -> TableJob:
-        """After a chunk: progress moves to ``last_key`` (unchanged for an empty chunk)."""
+    def advance(self, last_key: RawKey | None, emitted: int, *, chunk: bool = True) -> TableJob:
+        """After a chunk (``chunk`` False: a slice of one, ``core.flight``): progress
+        moves to ``last_key`` (unchanged for an empty chunk)."""
         return dataclasses.replace(
             self,
             last_key=self.last_key if last_key is None else last_key,
-            chunks=self.chunks + 1,
+            chunks=self.chunks + chunk,
             rows=self.rows + emitted,
         )
 

@@ -28,6 +28,10 @@ class CoreSettings:
     L (PostgreSQL decodes a commit before it becomes visible). Every windowed request
     then carries ``fenced`` as well as its watermarks (``core.fence``); implied by
     ``read_only``.
+    ``slice_rows``: concurrent windows (``parallelism > 1``) hand their rows out in
+    slices of this many rows read (and of about ``slice_bytes`` of an encoded chunk's
+    tails, if set): one at H, the next ones at each ``on_boundary`` the runner calls
+    (``core.flight``, "Slices"); 0 emits each window whole at H.
     """
 
     chunk_size: int = 1024
@@ -40,8 +44,12 @@ class CoreSettings:
     read_only: bool = False
     parallelism: int = 1
     fenced: bool = False
+    slice_rows: int = 0
+    slice_bytes: int = 0
 
     def __post_init__(self) -> None:
+        if self.slice_rows < 0 or self.slice_bytes < 0:
+            raise ValueError(f"slice_rows and slice_bytes must be >= 0, not {self.slice_rows}, {self.slice_bytes}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, not {self.chunk_size}")
         if not 1 <= self.min_chunk <= self.max_chunk:

@@ -18,9 +18,10 @@ API (see docs/snapshots.md for the whole protocol)::
                            *, retriable=None)                -> [events] (blocking only)
     core.on_watermark(watermark_id, position, ts_ms)          -> [r rows, notifications]
     core.on_event(event) -> None          # every captured stream event, in stream order
+    core.on_boundary(position, ts_ms, budget=None) -> [r rows, notifications]  # slices
     core.on_stream_paused(position, ts_ms) -> None            # blocking: stream stopped
     core.state() -> dict | None           # persist with the checkpoint
-    core.status() -> dict;  core.active;  core.blocking;  core.paused
+    core.status() -> dict;  core.active;  core.blocking;  core.paused;  core.draining
 
 Invariants:
 
@@ -54,6 +55,10 @@ Invariants:
   the fence has passed; a
   table start and waiting notices take effect at the next ``on_progress``. Call
   ``on_progress`` only at transaction boundaries (a commit, or idle outside one).
+- Slices (``CoreSettings.slice_rows``, concurrent windows only): a range's rows land
+  a slice at a time, the first at its H (or passed fence), the rest at
+  ``on_boundary`` calls while ``draining``; call it only at transaction boundaries.
+  Each slice moves the table's progress to its last key read (``core.flight``).
 - Fenced watermark windows (``CoreSettings.fenced``): requests carry watermarks *and*
   ``fenced``; windows are judged by the read's fence as read-only ones are (events
   unseen by the read drop their keys, also those delivered before L), and close at H.
@@ -721,38 +726,55 @@ class SnapshotCore:
         self._forget_gone()
         self._notices.extend(notices)
 
-    def _flights_emit(self, cursor: PositionCursor, reached: Position | None) -> list[Emitted]:
-        """``_flight_emit`` for every table's flight, in lane order."""
+    def _flights_emit(
+        self, cursor: PositionCursor, reached: Position | None, budget: int | None = None,
+    ) -> list[Emitted]:
+        """``_flight_emit`` for every table's flight, in lane order, sharing one
+        budget of rows (None: ``settings.slice_rows``)."""
         out: list[Emitted] = []
+        left = self._settings.slice_rows if budget is None else budget
         for table in list(self._flights):
-            out += self._flight_emit(table, cursor, reached)
+            events, left = self._flight_emit(table, cursor, reached, left)
+            out += events
         return out
 
     def _flight_emit(
-        self, table: str, cursor: PositionCursor, reached: Position | None
-    ) -> list[Emitted]:
+        self, table: str, cursor: PositionCursor, reached: Position | None,
+        budget: int | None = None,
+    ) -> tuple[list[Emitted], int]:
         """Emit, in key order, every range at the head of ``table``'s flight whose window
         may close (its H came back; read-only: the stream passed its fence, ``reached``).
         A range that cannot close conclusively is read again and the ones after it
-        wait; their windows stay open meanwhile (see ``core.flight``)."""
+        wait; their windows stay open meanwhile (see ``core.flight``).
+
+        Slices (``settings.slice_rows`` > 0): at most ``budget`` rows read (None:
+        ``slice_rows``) are handed out; a head range not emitted whole stays the head,
+        its window open, its progress at its last slice's last key (``core.flight``,
+        "Slices"). Returns the events and the budget left (0 without slices)."""
         out: list[Emitted] = []
+        slicing = self._settings.slice_rows > 0
+        left = (self._settings.slice_rows if budget is None else budget) if slicing else 0
 
         def passed(fenced: FencedWindow) -> bool:
             return reached is not None and fenced.passed(reached)
 
         while (flight := self._flights.get(table)) is not None:
             head = flight.head_ready(passed)
-            if head is None:
+            if head is None or (slicing and left <= 0):
                 break
             job = self._incr.job(table)
             window = head.window
             if job is None or window is None:
                 self._drop_flight(table)
                 break
+            source = head.fenced if head.fenced is not None else window
             if not head.read or not (head.low_seen or head.fenced is not None):
                 result = WindowResult([], 0, None, False)
+            elif slicing:
+                result = source.take(left, self._settings.slice_bytes)
+                left -= result.read
             else:
-                result = head.fenced.close() if head.fenced is not None else window.close()
+                result = source.close()
             if not result.conclusive:
                 self._read_again += 1
                 flight.forget(head)
@@ -760,8 +782,42 @@ class SnapshotCore:
                 break
             out += self._rows(job, result.rows, cursor)
             self._rereads.add_all(job.schema_name, job.table_name, result.reread)
+            if result.left:  # a slice: the rest of the range follows later
+                self._slice_done(head, job, result)
+                continue
+            if window.taken:  # the last slice: the range is done as a whole chunk
+                result = WindowResult(result.rows, window.read_count, window.last_read_key, True)
             out += self._place(cursor, self._range_done(flight, job, head, result))
-        return out
+        return out, left
+
+    def _slice_done(self, head: Range, job: TableJob, result: WindowResult) -> None:
+        """A slice of the head range is out: the table's progress (what a restart
+        resumes after) moves to the slice's last key read, and so does the range's
+        start (``Flight``: ``ranges[0].after`` is the progress). Its window stays
+        open for the rest, which ``head_ready`` now offers at any point."""
+        assert result.last_key is not None
+        head.after = result.last_key
+        head.draining = True
+        self._incr.put(job.advance(result.last_key, len(result.rows), chunk=False))
+        self._totals.rows += len(result.rows)
+
+    @property
+    def draining(self) -> bool:
+        """Some window has rows to hand out now (slices, ``on_boundary``)."""
+        return self._settings.slice_rows > 0 and any(f.emitting for f in self._flights.values())
+
+    def on_boundary(self, position: Position, ts_ms: int, budget: int | None = None) -> list[Emitted]:
+        """The stream is at a transaction boundary and ``position`` is the highest
+        position logged so far: the next slices of the windows being emitted
+        (``draining``), at most ``budget`` rows read (None: ``settings.slice_rows``),
+        and the notifications that land with them, placed after ``position``. Call
+        it only at transaction boundaries (a commit, or idle outside one)."""
+        self._advance(position)
+        if not self.draining:
+            return []
+        assert self._horizon is not None
+        cursor = PositionCursor(self._horizon, ts_ms)
+        return self._flights_emit(cursor, None, budget) + self._place(cursor, [])
 
     def _range_done(
         self, flight: Flight, job: TableJob, head: Range, result: WindowResult
@@ -1093,7 +1149,7 @@ class SnapshotCore:
         for table, flight in self._flights.items():
             if flight.on_watermark(watermark_id):
                 cursor = PositionCursor(position, ts_ms)
-                return self._flight_emit(table, cursor, None) + self._place(cursor, [])
+                return self._flight_emit(table, cursor, None)[0] + self._place(cursor, [])
         starting = self._starting
         if starting is not None and watermark_id == getattr(starting.request, "watermark", None):
             return self._apply_starting(PositionCursor(position, ts_ms))

@@ -17,6 +17,11 @@ or after the rows (the SELECT runs concurrently with the stream); both orders gi
 same answer because drops are remembered as a set of keys until the window closes.
 Memory: the rows (at most one chunk) plus one key per table event in the window.
 
+Slices (``take``): the rows may also be handed out a part at a time at points after H;
+each part is judged by every event observed until it is taken (the window's end moves
+from H to that point: an event after H is newer than the row, so dropping its key is
+as exact as at H). See ``core.flight``, "Slices".
+
 If a table event's chunk key cannot be determined (see ``keys.event_keys``) the window
 is *inconclusive*: nothing is emitted at H and the same chunk is read again.
 
@@ -44,14 +49,15 @@ Row = ChunkRow
 
 @dataclass(frozen=True, slots=True)
 class WindowResult:
-    """What a window yields at H.
+    """What a window yields at H (``close``), or one slice of it (``take``).
 
     ``rows``: the chunk rows to emit, in key order. ``read``: how many rows the SELECT
-    returned. ``last_key``: the raw key of the last row *read* (progress moves there even
-    if that row was dropped), None for an empty chunk. ``conclusive``: False when the
-    window could not decide (nothing may be emitted and progress must not move).
-    ``reread``: identities (column -> value) of rows read but dropped by a partial
-    event (unchanged TOAST), to be re-read.
+    returned (a slice: how many of them the slice covers). ``last_key``: the raw key of
+    the last row *read* (progress moves there even if that row was dropped), None for
+    an empty chunk. ``conclusive``: False when the window could not decide (nothing may
+    be emitted and progress must not move). ``reread``: identities (column -> value) of
+    rows read but dropped by a partial event (unchanged TOAST), to be re-read.
+    ``left``: rows read and not yet handed out (``take``: more slices to come).
     """
 
     rows: Sequence[Row]
@@ -59,13 +65,14 @@ class WindowResult:
     last_key: RawKey | None
     conclusive: bool
     reread: tuple[dict[str, Any], ...] = ()
+    left: int = 0
 
 
 class ChunkWindow:
     """Window state for one chunk of one table (mutable; owned by the core)."""
 
     __slots__ = (
-        "_dropped", "_ident_cols", "_inconclusive", "_partial", "_rows", "_truncated",
+        "_dropped", "_ident_cols", "_inconclusive", "_partial", "_rows", "_taken", "_truncated",
         "by_identity", "columns", "identity", "schema", "table",
     )
 
@@ -86,6 +93,12 @@ class ChunkWindow:
         self._ident_cols: tuple[str, ...] = self.identity
         self._truncated = False
         self._inconclusive = False
+        self._taken = 0  # rows handed out by ``take`` so far
+
+    @property
+    def taken(self) -> int:
+        """Rows of the chunk handed out by ``take`` so far (0: none)."""
+        return self._taken
 
     @property
     def has_rows(self) -> bool:
@@ -145,11 +158,42 @@ class ChunkWindow:
 
     def close(self) -> WindowResult:
         """The outcome at H; call once, after ``set_rows``."""
-        result = self._close()
-        if not self._partial or not result.conclusive or self._truncated or not self._rows:
+        result = self._judge(self._rows)
+        return self._with_reread(result, self._rows)
+
+    def take(self, max_rows: int, max_bytes: int = 0) -> WindowResult:
+        """The next slice of the chunk: its next ``max_rows`` rows read (an encoded
+        chunk's: whole blocks, at most about ``max_bytes`` of them), judged by every
+        event observed until now. The window stays open: the rows after the slice
+        are judged by the events that come until their own slice is taken, so a
+        slice may be taken at any point of the stream after H (see
+        ``docs/snapshots.md``, "Slices"). An inconclusive window hands out nothing
+        (``conclusive`` False) and keeps its position; after the last slice ``left``
+        is 0. The slices' ``read`` add up to the chunk's, the last one's
+        ``last_key`` is the chunk's last key read."""
+        rows = self._rows
+        if rows is None:
+            return WindowResult([], 0, None, False)
+        start = self._taken
+        if type(rows) is EncodedChunk:
+            stop = rows.span(start, max_rows, max_bytes)
+            part: Sequence[Row] = rows.part(start, stop)
+        else:
+            stop = min(len(rows), start + max(1, max_rows))
+            part = rows if start == 0 and stop == len(rows) else rows[start:stop]
+        result = self._judge(part)
+        if not result.conclusive:
+            return result
+        self._taken = stop
+        result = self._with_reread(result, part)
+        left = len(rows) - stop
+        return dataclasses.replace(result, left=left) if left else result
+
+    def _with_reread(self, result: WindowResult, rows: Sequence[Row] | None) -> WindowResult:
+        if not self._partial or not result.conclusive or self._truncated or not rows:
             return result
         reread = []
-        for row in self._rows:
+        for row in rows:
             ident = self._identity_of(row)
             if _ident_key(ident) in self._partial:
                 reread.append(ident)
@@ -162,8 +206,8 @@ class ChunkWindow:
         assert isinstance(row, dict)
         return {c: row.get(c) for c in self.identity}
 
-    def _close(self) -> WindowResult:
-        rows = self._rows
+    def _judge(self, rows: Sequence[Row] | None) -> WindowResult:
+        """``rows`` (the chunk, or a slice of it) less the ones the window drops."""
         if rows is None or self._inconclusive:
             return WindowResult([], 0 if rows is None else len(rows), None, False)
         last = row_key(rows[-1], self.columns) if rows else None
