@@ -49,6 +49,7 @@ class Driver:
     """The snapshot core's side: a watermark releases 3 chunk rows and moves progress."""
 
     active = True
+    draining = False  # no slices (``SnapshotCore.on_boundary``) to hand out
 
     def __init__(self) -> None:
         self.progress = "before H"

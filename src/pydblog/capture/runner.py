@@ -275,6 +275,9 @@ class Runner:
         if driver is None or self._in_tx or self._position is None:
             return
         writer = self.writer
+        if not driver.draining:
+            writer.wake_below = 0
+            return
         while driver.draining and writer.backlog() + len(self._pending) < SLICE_BACKLOG:
             events = driver.on_boundary(self._position)
             if not events:
