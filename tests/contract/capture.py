@@ -96,10 +96,27 @@ class Capture:
         wait_for(check, timeout, what)
         return box[0]
 
-    def wait_notification(self, kind: str, count: int = 1, timeout: float = 120) -> list[Event]:
+    def end(self) -> int:
+        """The offset the next logged event gets: a mark taken before an action, so
+        that ``wait_notification(after=mark)`` waits for the action's own notification
+        (one already in the log, of an earlier run or an earlier snapshot, does not
+        count)."""
+        if self._reader is None and not log_exists(self.log_cfg):
+            return 0
+        events = self.events()
+        return int(events[-1]["offset"]) + 1 if events else 0
+
+    def wait_notification(self, kind: str, count: int = 1, timeout: float = 120,
+                          *, after: int | None = None) -> list[Event]:
+        """Until ``count`` notifications of ``kind`` are in the log; with ``after``
+        (``end()`` taken before the action) only those logged at or after it count.
+        Without it every one in the log counts, which an earlier run's or snapshot's
+        can satisfy: pass ``after`` whenever the log may already hold one."""
+        first = 0 if after is None else after
         return self.wait_until(
-            lambda ev: sum(1 for e in ev if e["op"] == "n" and e["notification"]["type"] == kind) >= count,
-            timeout, f"{count} {kind} notification(s)",
+            lambda ev: sum(1 for e in ev if e["op"] == "n" and e["notification"]["type"] == kind
+                           and e["offset"] >= first) >= count,
+            timeout, f"{count} {kind} notification(s)" + (f" from offset {after}" if after else ""),
         )
 
     def caught_up(self, timeout: float = 60) -> list[Event]:

@@ -72,6 +72,7 @@ def test_commit_decoded_before_it_is_visible(
         # snapshot is judged conservatively: see docs/snapshots.md, read-only snapshots).
         h.signal(sid(), "execute-snapshot", {"data-collections": ["public\\.warm"]})
         cap.wait_notification("COMPLETED")
+        mark = cap.end()
         h.signal(sid(), "execute-snapshot", {"data-collections": ["public\\.lv"]})
         h.signal(sid(), "pause-snapshot", {})
         cap.wait_notification("PAUSED")
@@ -91,7 +92,7 @@ def test_commit_decoded_before_it_is_visible(
                 row = conn.execute("SELECT v FROM lv WHERE id = %s", (key,)).fetchone()
                 assert row == ("old",)
             h.signal(sid(), "resume-snapshot", {})
-            cap.wait_notification("COMPLETED", count=2, timeout=120)
+            cap.wait_notification("COMPLETED", timeout=120, after=mark)
         finally:
             with psycopg.connect(h.dsn, autocommit=True) as conn:
                 conn.execute("SELECT pg_cancel_backend(%s)", (pid,))  # commits locally

@@ -34,10 +34,11 @@ def test_partitioned_table_under_parent_name(pg_db: str, tmp_path: Path) -> None
         h.execute("CREATE TABLE orders_ap PARTITION OF orders FOR VALUES IN ('ap')")
         h.execute("INSERT INTO orders VALUES (500, 'ap', 5), (501, 'ap', 6)")
         h.execute("UPDATE orders SET qty = 7 WHERE id = 500")
+        mark = cap.end()
         h.execute("INSERT INTO dblog_signal (id, type, data) VALUES "
                   f"('{uuid.uuid4().hex}', 'execute-snapshot', "
                   """'{"data-collections": ["public\\\\.orders"]}')""")
-        cap.wait_notification("COMPLETED", count=2)
+        cap.wait_notification("COMPLETED", after=mark)
         events = cap.assert_oracle({"orders": ["id", "region"]})
     tables = {e["source"]["table"] for e in events if e["op"] != "n"} - {"dblog_test_marker"}
     assert tables == {"orders"}

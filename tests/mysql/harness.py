@@ -25,6 +25,8 @@ class MariaHarness:
 
     def config(self, directory: Path, extra: str = "") -> Path:
         directory.mkdir(parents=True, exist_ok=True)
+        if "[api]" not in extra:  # a free port each: tests run side by side
+            extra = f'{extra}\n[api]\nlisten = "127.0.0.1:0"\n'
         path = directory / "dblog.toml"
         path.write_text(
             f'[source]\ntype = "mysql"\ndsn = "{self.server.dsn(self.schema)}"\n'

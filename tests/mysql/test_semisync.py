@@ -100,6 +100,7 @@ def test_commit_streamed_before_it_is_visible(
         # the capture started is still invisible (see test_late_visible_commit.py).
         h.signal(sid(), "execute-snapshot", {"data-collections": [f"{semi_db}\\.warm"]})
         cap.wait_notification("COMPLETED")
+        mark = cap.end()  # (warm's STARTED and COMPLETED are in the log)
         lv = {"data-collections": [f"{semi_db}\\.lv"]}
         if late:
             pass  # asked for through the API once the stuck commit is in the log
@@ -115,7 +116,7 @@ def test_commit_streamed_before_it_is_visible(
             locker.begin()
             locker.cursor().execute("SELECT * FROM dblog_watermark WHERE id = 1 FOR UPDATE")
             h.signal(sid(), "execute-snapshot", lv)
-            cap.wait_notification("STARTED", count=2)
+            cap.wait_notification("STARTED", after=mark)
         stuck = semisync.connect(semi_db)
         _semisync(semisync, True)
         committing = threading.Thread(
@@ -145,11 +146,11 @@ def test_commit_streamed_before_it_is_visible(
                 assert committing.is_alive() and _read_up_to(cap.events()) == 0
             else:
                 post_signal(load_config(cap.config), sid(), "resume-snapshot", {})
-                cap.wait_notification("COMPLETED", count=2, timeout=120)
+                cap.wait_notification("COMPLETED", timeout=120, after=mark)
                 assert committing.is_alive()  # read past the key while it was invisible
             _semisync(semisync, False)
             released = True
-            cap.wait_notification("COMPLETED", count=2, timeout=120)
+            cap.wait_notification("COMPLETED", timeout=120, after=mark)
         finally:
             if not released:
                 _semisync(semisync, False)

@@ -24,7 +24,7 @@ def test_a_signal_while_a_chunk_read_waits_does_not_stall_the_stream(
     h.execute("CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(40))",
               "INSERT INTO t1 VALUES (1, 'a'), (2, 'b'), (3, 'c')",
               "CREATE TABLE t2 (id INT PRIMARY KEY, v VARCHAR(40))")
-    with Capture(h, tmp_path, "[snapshot]\nchunk_size = 2\nparallelism = 1\n[api]\nlisten = \"127.0.0.1:0\"") as cap:
+    with Capture(h, tmp_path, "[snapshot]\nchunk_size = 2\nparallelism = 1") as cap:
         cap.caught_up()
         with server.admin(db) as holder:
             holder.execute("LOCK TABLES t1 WRITE")  # the snapshot's reads of t1 wait
