@@ -80,4 +80,7 @@ def test_fenced_watermark_snapshot_under_writes(
             stop.set()
             th.join()
         events = cap.assert_oracle({"t1": ["id"]})
+        err = cap.stop()
+    # It ran fenced (unfenced it would pass too whenever no commit became visible late).
+    assert "watermark windows are read fenced" in err, err[-2000:]
     assert len(snapshot_rows(events, "t1")) > rows // 2

@@ -84,6 +84,10 @@ class SnapshotDriver:
         s = cfg.snapshot
         self.reader = reader
         self.parallelism = _parallelism(reader)
+        fenced = s.watermark != "read-only" and _fences_windows(reader)
+        if fenced:
+            log.info("snapshot watermark windows are read fenced: commits can become visible "
+                     "out of log order on this source (docs/snapshots.md)")
         self.core = SnapshotCore(
             CoreSettings(
                 chunk_size=s.chunk_size,
@@ -93,7 +97,7 @@ class SnapshotDriver:
                 max_chunk=s.max_chunk_size,
                 read_only=s.watermark == "read-only",
                 parallelism=self.parallelism,
-                fenced=s.watermark != "read-only" and _fences_windows(reader),
+                fenced=fenced,
                 slice_rows=SLICE_ROWS,
                 slice_bytes=SLICE_BYTES,
             ),
