@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import psycopg
 
 from pydblog.devtools.pgcluster import PgCluster, free_port
-from tests.helpers import dblog, start_run, stop_run, write_config
+from tests.helpers import dblog, start_run, stop_run, wait_for, write_config
 
 
 def run_once(config: Path) -> tuple[int, str]:
@@ -58,9 +57,13 @@ def test_slot_in_use(pg_db: str, tmp_path: Path) -> None:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
     config = write_config(tmp_path / "one", pg_db)
     other = write_config(tmp_path / "two", pg_db)
-    proc = start_run(config)
+    proc = start_run(config)  # returns once the slot exists and is streamed from
     try:
-        time.sleep(3)
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            wait_for(lambda: conn.execute(
+                "SELECT count(*) FROM pg_replication_slots"
+                " WHERE database = current_database() AND active").fetchone() == (1,),
+                30, "the slot to be active")
         code2, err2 = run_once(other)
     finally:
         code, err = stop_run(proc)
@@ -74,8 +77,7 @@ def test_table_without_key_is_warned_not_captured(pg_db: str, tmp_path: Path) ->
         conn.execute("CREATE TABLE fullkey (x int)")
         conn.execute("ALTER TABLE fullkey REPLICA IDENTITY FULL")
     config = write_config(tmp_path, pg_db)
-    proc = start_run(config)
-    time.sleep(3)
+    proc = start_run(config)  # (returns once streaming: the tables' warnings are logged)
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("INSERT INTO nokey VALUES (1)")
         conn.execute("UPDATE nokey SET x = 2")  # must still work on the source
