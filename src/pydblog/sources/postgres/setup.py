@@ -29,6 +29,7 @@ class CapturedTable:
     table: str
     has_pk: bool
     replica_identity: str  # d, n, f, i
+    oid: int = 0  # the relation (a rename keeps it; a drop and create does not)
 
     @property
     def qualified(self) -> str:
@@ -68,7 +69,8 @@ def list_tables(conn: psycopg.Connection[Any], matcher: TableMatcher, own: set[s
     rows = conn.execute(
         """
         SELECT n.nspname, c.relname, c.relreplident,
-               EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+               EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+               c.oid
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
           AND n.nspname NOT IN ('pg_catalog', 'information_schema')
@@ -77,11 +79,11 @@ def list_tables(conn: psycopg.Connection[Any], matcher: TableMatcher, own: set[s
         """
     ).fetchall()
     out = []
-    for schema, table, ident, has_pk in rows:
+    for schema, table, ident, has_pk, oid in rows:
         q = f"{schema}.{table}"
         if q in own or not matcher(q):
             continue
-        out.append(CapturedTable(schema, table, bool(has_pk), str(ident)))
+        out.append(CapturedTable(schema, table, bool(has_pk), str(ident), int(oid)))
     return out
 
 

@@ -74,8 +74,9 @@ WATERMARK_PREFIX = "dblog-watermark"
 HEARTBEAT_PREFIX = "dblog-heartbeat"
 RESET_PREFIX = "dblog-relation-reset"
 CAPTURED_KEY = "pg_captured"
-"""Checkpoint ``extra`` key: ``{"captured": [...], "seen": [...]}``, the qualified names
-of the tables captured now and of every table captured so far (sorted)."""
+"""Checkpoint ``extra`` key: ``{"captured": [...], "seen": [...], "oids": {...}}``, the
+qualified names of the tables captured now and of every table captured so far (sorted),
+and each captured table's relation oid."""
 REFRESH_ATTEMPTS = 5
 """Publication refreshes tried while captured tables keep being dropped meanwhile."""
 IDLE = Idle()
@@ -105,6 +106,10 @@ class PgLogSource:
         # Every table captured, in this session or (from the checkpoint) an earlier
         # one; whether the runner is to be handed them (a ``SourceState``).
         self._seen: set[str] = set()
+        # Each captured table's relation (``pg_class.oid``), and whether ``_captured``
+        # is known (a checkpoint without the list, before the first refresh: not).
+        self._oids: dict[str, int] = {}
+        self._known = False
         self._report = True
         self._acked: int = 0
         self._last_hb = 0.0
@@ -129,6 +134,8 @@ class PgLogSource:
         if isinstance(raw, dict):
             self._captured = [str(t) for t in raw.get("captured") or ()]
             self._seen.update(str(t) for t in raw.get("seen") or ())
+            self._oids = {str(t): int(o) for t, o in (raw.get("oids") or {}).items()}
+            self._known = True
         self._refresh_publication()
         setup.ensure_slot(meta, self.src.slot)
         self._types = TypeRegistry.load(meta)
@@ -176,7 +183,7 @@ class PgLogSource:
         for attempt in range(REFRESH_ATTEMPTS):
             try:
                 with meta.transaction():
-                    names = self._refresh(force)
+                    names, oids = self._refresh(force)
                 break
             except setup.TableDropped as exc:
                 if attempt < REFRESH_ATTEMPTS - 1:
@@ -195,14 +202,24 @@ class PgLogSource:
                 return
         else:  # pragma: no cover (the loop breaks or returns)
             return
-        if names is not None:
-            self._captured = names
-            self._seen.update(names)
+        self._known = True
+        if names is not None or oids != self._oids:
+            if names is not None:
+                self._captured = names
+                self._seen.update(names)
+            self._oids = oids
             self._report = True
 
-    def _refresh(self, force: bool) -> list[str] | None:
-        """``refresh_tables``' work, inside its transaction; the captured tables, or None
-        when nothing changed."""
+    def _refresh(self, force: bool) -> tuple[list[str] | None, dict[str, int]]:
+        """``refresh_tables``' work, inside its transaction: the captured tables, or None
+        when nothing changed, and their relations.
+
+        A table renamed (``ALTER TABLE … RENAME``) stays in the publication under its
+        new name: a captured table renamed away is ``GONE`` (its rows leave the old
+        name), and a relation found in the publication under a matching name it was not
+        captured under (renamed onto it, also onto a captured name whose relation was
+        another) is a new relation there, reset as ``RECREATED`` (truncated, then
+        snapshotted: its rows were logged under another name, or not at all)."""
         meta = self._meta
         assert meta is not None
         own = {self.signal_table, self.watermark_table}
@@ -211,14 +228,23 @@ class PgLogSource:
         names = [t.qualified for t in tables]
         published = setup.published_tables(meta, self.src.publication)
         joining = [] if published is None else [t for t in names if t not in published]
+        oids = {t.qualified: t.oid for t in tables}
+        moved = [] if published is None else [
+            t for t in names if t in published
+            and ((self._known and t not in self._captured)
+                 or self._oids.get(t, oids[t]) != oids[t])]
         present = {t.qualified for t in listed}
         gone = [t for t in self._captured if t not in present]
         if force:
             # At start the captured tables are the checkpoint's: one that still exists
             # and that the configuration no longer matches is only no longer captured.
             gone = [t for t in gone if not setup.table_exists(meta, t)]
-        if names == self._captured and not joining and not force:
-            return None
+        if names == self._captured and not joining and not moved and not force:
+            return None, oids
+        for t in moved:
+            log.warning("table %s: a relation renamed onto this name (ALTER TABLE … RENAME); "
+                        "its rows were logged under another name, if at all", t)
+        self._reset_tables(moved, ResetKind.RECREATED)
         # A table captured before (in this session, or an earlier one) that joins is a
         # new relation under its name; at start (``force``) any other joining table is
         # reset too (created, or re-created before it was ever captured, meanwhile).
@@ -229,7 +255,7 @@ class PgLogSource:
         if self.read_only:
             own = {t for t in own if setup.table_exists(meta, t)}
         setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)])
-        return names
+        return names, oids
 
     def _reset_tables(self, tables: list[str], kind: ResetKind) -> None:
         """A reset message per table, committed with (so, in the stream, before any
@@ -323,7 +349,8 @@ class PgLogSource:
         second time (the reset messages are replayed from the slot, not emitted again)."""
         self._report = False
         return SourceState(CAPTURED_KEY, {"captured": sorted(self._captured),
-                                          "seen": sorted(self._seen)})
+                                          "seen": sorted(self._seen),
+                                          "oids": dict(sorted(self._oids.items()))})
 
     def _handlers(self) -> dict[type, Any]:
         return {
