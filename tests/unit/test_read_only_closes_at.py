@@ -70,3 +70,30 @@ def test_concurrent_windows_close_at_the_head_range_only() -> None:
 def test_watermark_snapshots_never_close_at_progress() -> None:
     core = SnapshotCore(CoreSettings(chunk_size=4, read_ahead=False, fenced=True), instance="t")
     assert not core.closes_at(commit(1))
+
+
+def test_a_window_handing_out_slices_closes_nothing_more() -> None:
+    """With slices (``slice_rows``), the head window's first slice lands where it closes;
+    while the rest is handed out (``draining``) no commit closes it again: the runner
+    must not flush the stream's events before every one of them."""
+    core = SnapshotCore(CoreSettings(chunk_size=4, read_only=True, parallelism=2, slice_rows=1),
+                        instance="t")
+    signal = parse_signal("s1", "execute-snapshot", '{"data-collections": ["public\\\\.t"]}')
+    core.on_signal(signal, ["public.t"], commit(1), 0)
+    start = core.next_request()
+    assert isinstance(start, TableStartRequest)
+    info = TableInfo("public", "t", ("id", "v"), ("int", "text"), ("id",))
+    core.on_table_started(start.id, info, (8,), None, Fence(frozenset(), end=2))
+    core.on_progress(commit(2), commit(2), 0)
+    b = core.next_request()
+    assert isinstance(b, BoundsRequest)
+    core.on_bounds(b.id, [(4,), (8,)])
+    r1 = core.next_request()
+    assert isinstance(r1, ChunkRequest)
+    core.on_chunk_read(r1.id, rows(1, 2, 3, 4), 1.0, fence=Fence(frozenset(), end=3))
+    assert core.closes_at(commit(3))
+    assert read_ids(core.on_progress(commit(3), commit(3), 0)) == [1]  # the first slice
+    assert core.draining
+    assert not core.closes_at(commit(4))  # handing out, not closing
+    assert read_ids(core.on_boundary(commit(4), 0)) == [2]
+    assert not core.closes_at(commit(5))

@@ -1098,7 +1098,11 @@ class SnapshotCore:
             return fenced.passed(reached)
 
         for flight in self._flights.values():
-            if flight.head_ready(passed) is not None:
+            head = flight.head_ready(passed)
+            # A head already handing out slices closes nothing: its slices go with the
+            # stream's events before them (``on_boundary``); flushing those first at
+            # every commit queued one tiny batch per commit and filled the writer's queue.
+            if head is not None and not head.draining:
                 return True
         pending = self._pending
         return (pending is not None and isinstance(pending.request, ChunkRequest | KeyReadRequest)
