@@ -93,7 +93,7 @@ class Capture:
             box[0] = self.events()
             return pred(box[0])
 
-        wait_for(check, timeout, what)
+        wait_for(check, timeout, what, 0.1)  # (a poll reads only what is new)
         return box[0]
 
     def end(self) -> int:
