@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -66,6 +67,8 @@ from pydblog.ports import (
     Commit,
     Heartbeat,
     Idle,
+    RelationReset,
+    ResetKind,
     SchemaChanged,
     SourceState,
     StreamPassed,
@@ -121,6 +124,8 @@ from pydblog.sources.mysql.xa import (
 )
 
 log = logging.getLogger(__name__)
+_TEMPORARY = re.compile(r"\s*(?:/\*.*?\*/\s*)*DROP\s+TEMPORARY\b", re.I | re.S)
+"""A DROP TEMPORARY TABLE: a session's own table, never a captured one."""
 SETTLE_S = 1.0
 """Longest a fresh MySQL start waits for the GTIDs being committed to be executed."""
 
@@ -1002,7 +1007,8 @@ class MySqlLogSource:
             yield from self._history_ddl(tx, query, default_db)
         ddl = parse_ddl(query, default_db)
         if ddl is not None:
-            yield from self._ddl(tx, ddl.kind, ddl.tables, ts_ms)
+            temporary = ddl.kind == DdlKind.DROP and _TEMPORARY.match(query) is not None
+            yield from self._ddl(tx, ddl.kind, () if temporary else ddl.tables, ts_ms)
         if not tx.explicit:
             yield from self._end_tx(ts_ms)
 
@@ -1078,9 +1084,29 @@ class MySqlLogSource:
             if kind == DdlKind.TRUNCATE:
                 yield ChangeEvent(Op.TRUNCATE, db, table, tx.position(tx.count), ts_ms)
                 tx.count += 1
+            elif kind == DdlKind.DROP:
+                yield self._reset(tx, db, table, ResetKind.GONE, ts_ms)
+        if kind == DdlKind.RENAME or (kind == DdlKind.ALTER and len(tables) == 2):
+            # (old, new) pairs: the old name's rows leave it; the new name's relation
+            # had its rows logged under the old name (or not at all): truncated and
+            # snapshotted there (``ports.RelationReset``).
+            for (db, old), (new_db, new) in zip(tables[0::2], tables[1::2], strict=False):
+                if self._captured(db, old):
+                    yield self._reset(tx, db, old, ResetKind.GONE, ts_ms)
+                if self._captured(new_db, new):
+                    log.warning("table %s.%s: renamed from %s.%s; logging a truncate and "
+                                "snapshotting it", new_db, new, db, old)
+                    yield self._reset(tx, new_db, new, ResetKind.RECREATED, ts_ms)
         # The next TABLE_MAP of a changed table carries its new columns; SchemaChanged
         # is yielded then, before its first row event.
         self._mappers.clear()
+
+    def _reset(self, tx: _Tx, db: str, table: str, kind: ResetKind, ts_ms: int) -> RelationReset:
+        """A truncate of ``table`` at the DDL's place in the binlog (after every row
+        event of the old relation, before every one of the new), as a reset."""
+        event = ChangeEvent(Op.TRUNCATE, db, table, tx.position(tx.count), ts_ms)
+        tx.count += 1
+        return RelationReset(event, kind)
 
     def _end_tx(self, ts_ms: int) -> Iterator[Any]:
         held = self._tx.xa if self._tx is not None else None

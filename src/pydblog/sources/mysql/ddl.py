@@ -33,7 +33,8 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("rename", re.compile(r"^RENAME\s+TABLES?\s+(.*)$", re.I | re.S)),
     ("truncate", re.compile(rf"^TRUNCATE\s+(?:TABLE\s+)?{_NAME}", re.I)),
 ]
-_RENAME_TO = re.compile(rf"\bRENAME\s+(?:TO\s+|AS\s+)?{_NAME}", re.I)
+_RENAME_TO = re.compile(rf"\bRENAME\s+(?!(?:COLUMN|INDEX|KEY)\b)(?:TO\s+|AS\s+)?{_NAME}", re.I)
+"""ALTER TABLE's table rename (not RENAME COLUMN / INDEX / KEY: their names are no table's)."""
 _NAME_RE = re.compile(_NAME)
 
 
