@@ -111,6 +111,50 @@ def test_captured_tables_reach_the_checkpoint_of_a_stream_never_idle(pg_db: str)
         source.close()
 
 
+def test_a_stream_never_idle_sends_heartbeats_and_refreshes(pg_db: str) -> None:
+    """Heartbeats (and the publication refresh at their return) were sent at idle
+    moments only: under a steady load a table created meanwhile was not captured, nor a
+    drop noticed, until the load paused. Now a busy stream sends one at a transaction
+    boundary once the interval has passed, one in flight at a time."""
+    h = PgHarness(pg_db)
+    create(h, "ha", 1, 0, "a")
+    cfg = parse_config({"source": {"dsn": pg_db, "heartbeat_interval_s": 0.2}})
+    source = PgLogSource(cfg)
+    source.open(None)
+    try:
+        source._cur = NeverIdle(source._cur)
+        items = source.stream()
+        got: list[StreamItem] = []
+        created = False
+        deadline = time.monotonic() + 60
+        n = 0
+        while not any(getattr(i, "table", None) == "hnew" for i in got):
+            assert time.monotonic() < deadline, [type(i).__name__ for i in got[-20:]]
+            n += 1
+            h.execute(f"INSERT INTO ha VALUES ({n}, 'busy')")
+            if not created and any(type(i) is Heartbeat for i in got):
+                h.execute("CREATE TABLE hnew (id int PRIMARY KEY)")
+                created = True
+            if created:
+                h.execute(f"INSERT INTO hnew VALUES ({n})")
+            got += until_row(items, source, "ha", n)
+        assert created
+    finally:
+        source.close()
+
+
+def until_row(items: Iterator[StreamItem], source: PgLogSource, table: str, key: int) -> list[StreamItem]:
+    """As ``until_marker``, up to the row ``key`` of ``table``."""
+    out: list[StreamItem] = []
+    for item in items:
+        out.append(item)
+        if type(item) is Heartbeat:
+            source.refresh_tables()
+        elif getattr(item, "table", None) == table and (getattr(item, "after", None) or {}).get("id") == key:
+            return out
+    raise AssertionError("the stream ended")
+
+
 @pytest.mark.slow  # ~20 s; the deterministic test of the same rule is the one above
 def test_restart_after_a_kill_during_a_catch_up(pg_db: str, tmp_path: Path) -> None:
     """kill -9 while `dblog run` catches up a backlog (its stream not idle): a table

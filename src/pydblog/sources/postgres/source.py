@@ -113,6 +113,7 @@ class PgLogSource:
         self._report = True
         self._acked: int = 0
         self._last_hb = 0.0
+        self._hb_out = False  # a heartbeat sent has not come back through the stream yet
         self._wake: tuple[int, int] | None = None  # self-pipe: wakeup() -> stream yields Idle
         self._passed = 0  # the last WAL end reported as StreamPassed
         self._asked = 0.0  # when request_progress last asked for a keepalive
@@ -327,6 +328,12 @@ class PgLogSource:
                 c: po.Commit = m  # type: ignore[assignment]
                 begin = None
                 yield Commit(PgPosition(Lsn(c.commit_lsn), idx, Lsn(c.end_lsn), tx_id), c.commit_ts_us // 1000)
+                if not self._hb_out and time.monotonic() - self._last_hb >= interval:
+                    # A stream never idle (a steady load) refreshes the publication too,
+                    # at the heartbeat's return: one heartbeat in flight at a time (a
+                    # backlog's catch-up would otherwise get one per interval at its end).
+                    self._heartbeat()
+                    self._last_hb = time.monotonic()
                 continue
             handler = handlers.get(kind)
             if handler is None:
@@ -470,6 +477,7 @@ class PgLogSource:
             pos = PgPosition(lsn, idx, None, tx) if in_tx else _between(m.lsn)
             return [WatermarkSeen(m.content.decode(), pos)]
         if m.prefix == HEARTBEAT_PREFIX and not in_tx:
+            self._hb_out = False
             return [Heartbeat(_between(m.lsn))]
         if m.prefix == RESET_PREFIX and in_tx:
             schema, table, kind = orjson.loads(m.content)
@@ -531,6 +539,7 @@ class PgLogSource:
         assert self._meta is not None
         try:
             self._meta.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
+            self._hb_out = True
         except psycopg.Error as exc:
             log.warning("heartbeat failed: %s", str(exc).strip())
 
