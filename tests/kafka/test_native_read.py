@@ -47,9 +47,9 @@ def test_native_read_gives_the_rows_of_the_message_read(
     runs: list[int] = []
     real = kafka_source._read_runs
 
-    def spy(client: object, piece: kafka_source.KafkaPiece, values: object) -> None:
+    def spy(client: object, piece: kafka_source.KafkaPiece, values: object, check: object) -> None:
         runs.append(piece.end - piece.start)
-        real(client, piece, values)  # type: ignore[arg-type]
+        real(client, piece, values, check)  # type: ignore[arg-type]
 
     monkeypatch.setattr(kafka_source, "_read_runs", spy)
     columns = ["offset", "op", "table", "key", "after", "unchanged", "ts_ms"]

@@ -91,8 +91,8 @@ STALL_S = 5.0
 FETCH_WAITS_MS = (5, 500, 2000, 5000)
 """A read that gets nothing for ``STALL_S`` although the partition has records past its
 position reads on with the next of these fetch waits (``_Client._storage_stall``)."""
-READ_PREFETCH = {"fetch.max.bytes": 8 * 1024 * 1024, "queued.min.messages": 50_000,
-                 "fetch.queue.backoff.ms": 10}
+READ_PREFETCH = {"fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
+                 "queued.min.messages": 50_000, "fetch.queue.backoff.ms": 10}
 """Reads are bounded (``read_range``'s ``hi``): librdkafka's default prefetch (100,000
 messages, fetches of up to 50 MB) made a reader of 50k records (a ``dblog sync`` task's
 piece of a partition) fetch and parse up to ~50k more past its end, and the broker
@@ -100,7 +100,9 @@ serve them. Smaller fetches (2 MB) saved more CPU but waited longer for Tansu's
 answers. Once the queue holds ``queued.min.messages`` librdkafka pauses the partition's
 fetches for ``fetch.queue.backoff.ms`` (default 1 s) even after the reader has emptied
 the queue: a 99k-record read stalled 0.8-1.0 s in the middle (1.5-1.8 s in all, 0.7-0.8 s
-with 10 ms). ``[log.kafka]`` settings win."""
+with 10 ms). A fetch returns at most ``max.partition.fetch.bytes`` of a partition
+(librdkafka's default 1 MB: a read of one partition waited for one broker round trip
+per ~1 MB). ``[log.kafka]`` settings win."""
 _BAD_TOPIC_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 

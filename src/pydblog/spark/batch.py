@@ -31,9 +31,10 @@ class Batch:
     batch_id: int
     start: int
     end: int
-    events: pa.Table
+    events: pa.Table  # in any order (a Kafka log's partitions interleave): ``events_since``
     recorded: dict[str, TableSchema] = field(default_factory=dict)
     _reduced: dict[int, dict[str, TableChanges]] = field(default_factory=dict, repr=False)
+    _sorted: bool = field(default=False, repr=False)
 
     @classmethod
     def of(
@@ -50,8 +51,6 @@ class Batch:
         for from_offset, s in schemas:
             if from_offset < end:
                 recorded[s.qualified] = merge_schemas(recorded.get(s.qualified), s)
-        if not _ascending(offsets):  # the packed source delivers them in order
-            events = events.sort_by("offset")
         return cls(batch_id, start, end, events, recorded)
 
     def changes(self, since: int | None = None) -> dict[str, TableChanges]:
@@ -66,6 +65,11 @@ class Batch:
         return cached
 
     def events_since(self, since: int) -> pa.Table:
+        """The events with ``offset >= since``, in offset order."""
+        if not self._sorted:
+            if not _ascending(self.events["offset"]):
+                self.events = self.events.sort_by("offset")
+            self._sorted = True
         if since <= self.start:
             return self.events
         return self.events.filter(pc.greater_equal(self.events["offset"], since))

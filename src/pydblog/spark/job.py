@@ -268,7 +268,11 @@ def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now
         from pydblog.spark.kafka_source import KafkaDataSource
 
         spark.dataSource.register(KafkaDataSource)
-        reader = spark.readStream.format(KAFKA_NAME).option("log", cfg.log.model_dump_json())
+        # Mirrors apply each key's newest event: a compacted topic's gaps are fine for
+        # them; a history sink needs every event (docs/kafka.md, "Compacted topics").
+        history = any(isinstance(s, HistorySink) for s in applier.sinks)
+        reader = (spark.readStream.format(KAFKA_NAME).option("log", cfg.log.model_dump_json())
+                  .option("allowGaps", "false" if history else "true"))
     else:
         spark.dataSource.register(DblogDataSource)
         reader = spark.readStream.format(NAME).option("path", cfg.log.path)
@@ -302,9 +306,11 @@ def _query_error(query: Any, applier: BatchApplier) -> DblogError | None:
     # of a Java exception: recover our own error's class and message from it.
     lines = str(exc).splitlines() or ["unknown error"]
     marker = "pydblog.errors.ChangeLogError: "
-    for ln in lines:
+    for i, ln in enumerate(lines):
         if marker in ln:
-            return ChangeLogError(ln.split(marker, 1)[1].strip())
+            nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            hint = nxt[len("hint: "):] if nxt.startswith("hint: ") else None
+            return ChangeLogError(ln.split(marker, 1)[1].strip(), hint=hint)
     first = next((ln for ln in lines if "Error" in ln), lines[0])
     return SinkError(f"the sync query failed: {first.strip()}", hint="see the log above")
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import logging
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ from pydblog.spark.source import (
     _packed,
     _partitions,
 )
+
+log = logging.getLogger(__name__)
 
 NAME = "dblog-kafka"
 Offset = dict[str, Any]
@@ -187,32 +190,112 @@ def _checkpoint_end(log_json: str) -> int:
         client.close()
 
 
-def read_events(part: KafkaRange) -> Any:
-    """The values of the valid records of ``part`` (envelopes with their ``offset``,
-    Arrow strings), in Kafka offset order. Where a span has a run the records are taken
-    by offset, a ``consume`` batch at a time (no Python code per record); elsewhere each
-    record's headers decide (``changelog.kafka``'s rules: the writer header names the
-    span's writer; fan-out copies are skipped)."""
-    from pydblog.changelog.kafka import _Client
+READ_THREADS = 2
+"""Consumers that read one task's pieces at once (each piece is read by one of them,
+in its own thread: a read mostly waits for the broker's fetches, with the GIL released
+in librdkafka and ``kafka_native``)."""
+READ_QUEUE = 16
+"""``consume`` batches (up to 10,000 values each) read ahead of the decode, per task:
+readers wait when the decode is this far behind (bounded memory)."""
 
-    client = _Client(_config(part.log), native=True)
+
+def read_events(part: KafkaRange, allow_gaps: bool = False) -> Any:
+    """The values of the valid records of ``part`` (envelopes with their ``offset``,
+    Arrow strings): ``stream_values`` gathered into one array."""
     values = _Values()
-    try:
-        for piece in part.pieces:
-            _read_piece(client, piece, values)
-    finally:
-        client.close()
+    for data, lengths in stream_values(part, allow_gaps):
+        values.add(data, lengths)
     return values.array()
 
 
-class _Values:
-    """Message values gathered into Arrow string buffers a ``consume`` batch at a time
-    (one join per batch instead of an Arrow conversion per value); null values
-    (tombstones) are left out."""
+def stream_values(part: KafkaRange, allow_gaps: bool = False,
+                  threads: int | None = None) -> Iterator[tuple[bytes, Any]]:
+    """The values of the valid records of ``part`` as chunks ``(data, lengths)`` (the
+    values joined, numpy int64 lengths), each piece's in Kafka offset order; pieces are
+    read concurrently by up to ``READ_THREADS`` consumers, one thread each, so chunks of
+    different pieces interleave. Where a span has a run the records are taken by offset
+    (``_read_runs``: no Python code per record); elsewhere each record's headers decide
+    (``changelog.kafka``'s rules: the writer header names the span's writer; fan-out
+    copies are skipped). Run records that are missing (``_RunCheck``) raise
+    ``ChangeLogError`` unless ``allow_gaps``.
 
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.lengths: list[Any] = []
+    The readers stop when the consumer of this generator stops (closed early, or an
+    error): at most ``READ_QUEUE`` chunks wait between them and the caller."""
+    import queue
+    import threading
+
+    from pydblog.changelog import kafka_native
+
+    kafka_native.available()  # decided once, before the threads
+    pieces = list(part.pieces)
+    n = max(1, min(threads or READ_THREADS, len(pieces)))
+    chunks: queue.Queue[Any] = queue.Queue(READ_QUEUE)
+    stop = threading.Event()
+    lock = threading.Lock()
+    done = object()
+
+    def put(item: Any) -> None:
+        while not stop.is_set():
+            try:
+                chunks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def reader() -> None:
+        from pydblog.changelog.kafka import _Client
+
+        try:
+            client = _Client(_config(part.log), native=True)
+            try:
+                while not stop.is_set():
+                    with lock:
+                        if not pieces:
+                            break
+                        piece = pieces.pop(0)
+                    _read_piece(client, piece, _Sink(put), _RunCheck(piece, allow_gaps))
+            finally:
+                client.close()
+            put(done)
+        except _Stopped:
+            return
+        except BaseException as exc:  # handed to the caller, which raises it
+            try:
+                put(exc)
+            except _Stopped:
+                return
+
+    workers = [threading.Thread(target=reader, name=f"dblog-kafka-read-{i}", daemon=True)
+               for i in range(n)]
+    for w in workers:
+        w.start()
+    try:
+        finished = 0
+        while finished < n:
+            item = chunks.get()
+            if item is done:
+                finished += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+
+
+class _Stopped(Exception):
+    """The caller stopped reading: a reader thread ends."""
+
+
+class _Sink:
+    """Where ``_read_piece`` puts a ``consume`` batch's kept values: one chunk
+    ``(data, lengths)`` each, null values (tombstones) left out."""
+
+    def __init__(self, put: Any) -> None:
+        self.put = put
 
     def extend(self, values: Sequence[bytes | None] | Iterator[bytes | None]) -> None:
         import numpy as np
@@ -221,8 +304,8 @@ class _Values:
         if None in vals:
             vals = [v for v in vals if v is not None]
         if vals:
-            self.chunks.append(b"".join(vals))  # type: ignore[arg-type]
-            self.lengths.append(np.fromiter(map(len, vals), np.int64, len(vals)))  # type: ignore[arg-type]
+            self.put((b"".join(vals),  # type: ignore[arg-type]
+                      np.fromiter(map(len, vals), np.int64, len(vals))))  # type: ignore[arg-type]
 
     def extend_raw(self, data: bytes, lengths: Any, keep: Any) -> None:
         """The values of a ``kafka_native.RawBatch`` (``data``, ``lengths``) whose
@@ -231,12 +314,25 @@ class _Values:
 
         keep = keep & (lengths >= 0)
         if keep.all():
-            self.chunks.append(data)
-            self.lengths.append(lengths)
+            self.put((data, lengths))
         elif keep.any():
             sizes = lengths.clip(min=0)
-            self.chunks.append(np.frombuffer(data, np.uint8)[np.repeat(keep, sizes)].tobytes())
-            self.lengths.append(lengths[keep])
+            self.put((np.frombuffer(data, np.uint8)[np.repeat(keep, sizes)].tobytes(), lengths[keep]))
+
+
+class _Values:
+    """Chunks of values gathered into one Arrow string array (one join instead of an
+    Arrow conversion per value)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.lengths: list[Any] = []
+        self.count = 0
+
+    def add(self, data: bytes, lengths: Any) -> None:
+        self.chunks.append(data)
+        self.lengths.append(lengths)
+        self.count += len(lengths)
 
     def array(self) -> Any:
         import numpy as np
@@ -257,11 +353,102 @@ class _Values:
         return arr
 
 
-def _read_piece(client: Any, piece: KafkaPiece, values: _Values) -> None:
+class _RunCheck:
+    """Every offset of a run is a record of its commit (``changelog.kafka.commit_ends``:
+    the delivery reports filled it), so a read of a piece must see each offset its
+    spans' runs cover, ``[max(first, start), min(end, piece end))``, and nothing else
+    takes those offsets: transaction markers and aborted records lie outside runs. A
+    missing one was removed from the partition after it was written: compaction
+    (``cleanup.policy=compact``) keeps only the newest record of each key.
+
+    ``see(offsets, nulls, upto)`` takes the run offsets a ``consume`` batch returned
+    (ascending; ``nulls``: which of them are tombstones) once every offset below
+    ``upto`` has been read, ``finish()`` after the piece's last batch. A gap raises
+    ``ChangeLogError`` unless ``allow``; with ``allow`` (a sync with mirror sinks only: the
+    newest event of each key is what they apply) a tombstone whose delete event (the
+    record just before it, written with it) is missing still raises: a mirror would
+    keep the deleted row."""
+
+    def __init__(self, piece: KafkaPiece, allow: bool) -> None:
+        self.piece = piece
+        self.allow = allow
+        self.runs = [(max(first, piece.start), min(end, piece.end))
+                     for end, first, _ in piece.spans if first >= 0]
+        self.runs = [(a, b) for a, b in self.runs if b > a]
+        self.pos = piece.start
+        self.gaps = 0  # records found missing (allowed)
+
+    def covered(self, lo: int, hi: int) -> int:
+        return sum(max(0, min(b, hi) - max(a, lo)) for a, b in self.runs)
+
+    def see(self, offsets: Any, nulls: Any, upto: int) -> None:
+        if not self.runs:
+            return
+        want = self.covered(self.pos, upto)
+        if want != len(offsets):
+            self._gap(offsets, nulls, upto)
+        self.pos = max(self.pos, upto)
+
+    def finish(self) -> None:
+        import numpy as np
+
+        self.see(np.zeros(0, np.int64), np.zeros(0, np.bool_), self.piece.end)
+
+    def _gap(self, offsets: Any, nulls: Any, upto: int) -> None:
+        import numpy as np
+
+        expected = np.concatenate(
+            [np.arange(max(a, self.pos), min(b, upto), dtype=np.int64) for a, b in self.runs
+             if min(b, upto) > max(a, self.pos)] or [np.zeros(0, np.int64)])
+        missing = np.setdiff1d(expected, offsets, assume_unique=True)
+        if not len(missing):
+            return
+        p = self.piece
+        where = f"topic {p.topic} partition {p.partition}"
+        first, last = int(missing[0]), int(missing[-1])
+        if not self.allow:
+            raise ChangeLogError(
+                f"{len(missing)} record(s) of the change log are missing from {where} "
+                f"(offsets {first}..{last}, written by committed transactions): the topic "
+                f"was compacted (cleanup.policy=compact keeps only each key's newest "
+                f"record), or records were deleted; a history sink needs every event",
+                hint=f"use cleanup.policy=delete on the change log's topics for a history "
+                     f"sink (kafka-configs --alter --entity-type topics --entity-name "
+                     f"{p.topic} --add-config cleanup.policy=delete), and rebuild the "
+                     f"history from a complete log; mirror sinks alone accept compacted "
+                     f"topics",
+            )
+        dropped = set(missing.tolist())
+        for off in offsets[nulls].tolist() if len(nulls) else ():
+            if off - 1 in dropped:
+                raise ChangeLogError(
+                    f"{where}: compaction removed the delete event at offset {off - 1} "
+                    f"and kept only its tombstone (offset {off}): a mirror cannot apply "
+                    f"a delete it never sees",
+                    hint="with cleanup.policy=compact set [log] tombstones = false (the "
+                         "delete event is then each deleted key's newest record and "
+                         "compaction keeps it), or use cleanup.policy=delete",
+                )
+        self.gaps += len(missing)
+
+
+def _read_piece(client: Any, piece: KafkaPiece, values: _Sink, check: _RunCheck) -> None:
     if client.native and all(first >= 0 for _, first, _ in piece.spans):
-        _read_runs(client, piece, values)
-        return
+        _read_runs(client, piece, values, check)
+    else:
+        _read_messages(client, piece, values, check)
+    check.finish()
+    if check.gaps:
+        log.warning("%s partition %d, offsets %d..%d: %d record(s) missing (compacted "
+                    "topic): accepted, the sync has mirror sinks only", piece.topic,
+                    piece.partition, piece.start, piece.end - 1, check.gaps)
+
+
+def _read_messages(client: Any, piece: KafkaPiece, values: _Sink, check: _RunCheck) -> None:
+    """A piece read through confluent-kafka's ``Message`` objects (the headers of the
+    records in spans without a run decide)."""
     import confluent_kafka
+    import numpy as np
 
     value = confluent_kafka.Message.value
     spans = piece.spans
@@ -270,9 +457,13 @@ def _read_piece(client: Any, piece: KafkaPiece, values: _Values) -> None:
         n = len(batch)
         if k < len(spans) and spans[k][1] >= 0 and spans[k][1] <= batch[0].offset() \
                 and batch[-1].offset() < spans[k][0]:
-            values.extend(map(value, batch))  # the whole batch lies in one run
+            vals = list(map(value, batch))  # the whole batch lies in one run
+            values.extend(vals)
+            check.see(np.fromiter((m.offset() for m in batch), np.int64, n),
+                      np.array([v is None for v in vals], np.bool_), batch[-1].offset() + 1)
             continue
         offsets = [m.offset() for m in batch]
+        in_runs: list[int] = []
         i = 0
         while i < n and k < len(spans):
             end, first, tag = spans[k]
@@ -281,13 +472,18 @@ def _read_piece(client: Any, piece: KafkaPiece, values: _Values) -> None:
                 continue
             j = bisect.bisect_left(offsets, end, i)  # batch[i:j] lies in this span
             if first >= 0:
-                values.extend(map(value, batch[bisect.bisect_left(offsets, first, i, j):j]))
+                a = bisect.bisect_left(offsets, first, i, j)
+                values.extend(map(value, batch[a:j]))
+                in_runs.extend(range(a, j))
             else:
                 values.extend(_checked(batch[i:j], tag.encode()))
             i = j
+        check.see(np.array([offsets[x] for x in in_runs], np.int64),
+                  np.array([batch[x].value() is None for x in in_runs], np.bool_),
+                  offsets[-1] + 1)
 
 
-def _read_runs(client: Any, piece: KafkaPiece, values: _Values) -> None:
+def _read_runs(client: Any, piece: KafkaPiece, values: _Sink, check: _RunCheck) -> None:
     """A piece whose spans all have runs (the valid records of span ``(end, first, _)``
     are exactly the offsets ``first <= o < end``): by offset alone, a
     ``kafka_native.RawBatch`` at a time (no Python object per record)."""
@@ -306,6 +502,10 @@ def _read_runs(client: Any, piece: KafkaPiece, values: _Values) -> None:
             for end, first, _ in piece.spans:
                 keep |= (offsets >= first) & (offsets < end)
         values.extend_raw(b.data, b.lengths, keep)
+        if keep.all():
+            check.see(offsets, b.lengths < 0, hi + 1)
+        else:
+            check.see(offsets[keep], b.lengths[keep] < 0, hi + 1)
 
 
 def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
@@ -335,7 +535,9 @@ def pass_through(batches: Iterator[Any]) -> Iterator[Any]:
     yield from decode.pass_through(batches)
 
 
-def _read(part: KafkaRange, packed: bool, columns: list[str]) -> Iterator[Any]:
+def _read(part: KafkaRange, packed: bool, columns: list[str], allow_gaps: bool = False) -> Iterator[Any]:
+    """The task: Arrow batches of about ``ARROW_BATCH_EVENTS`` events, each decoded (and
+    packed) while the readers fetch the next records (``stream_values``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -343,23 +545,31 @@ def _read(part: KafkaRange, packed: bool, columns: list[str]) -> Iterator[Any]:
 
     schema = decode.columns_schema(columns)
     with_offset = schema if "offset" in schema.names else decode.columns_schema(["offset", *columns])
-    values = read_events(part)
     step = decode.ARROW_BATCH_EVENTS
-    for a in range(0, len(values), step):
-        b = values.slice(a, step)
+
+    def emit(values: _Values) -> Any:
+        b = values.array()
         batch = decode.decode_fast(0, ["\x1f\x1f0"] * len(b), b, with_offset, own_offsets=True)
         offsets = batch.column("offset")
         if with_offset is not schema:
             batch = batch.select(schema.names)
         if not packed:
-            yield batch
-            continue
-        yield pa.RecordBatch.from_arrays(
+            return batch
+        return pa.RecordBatch.from_arrays(
             [pa.array([pc.min(offsets).as_py()], type=pa.int64()),
              pa.array([pc.max(offsets).as_py() + 1], type=pa.int64()),
              pa.array([decode.pack(batch)], type=pa.binary())],
             schema=decode.PACKED_SCHEMA,
         )
+
+    values = _Values()
+    for data, lengths in stream_values(part, allow_gaps):
+        values.add(data, lengths)
+        if values.count >= step:
+            yield emit(values)
+            values = _Values()
+    if values.count:
+        yield emit(values)
 
 
 MIN_RANGE_RECORDS = 20_000
@@ -407,10 +617,20 @@ def split_ranges(
     return [KafkaRange(log, tuple(g)) for g in groups if g]
 
 
+def _allow_gaps(options: dict[str, str]) -> bool:
+    raw = options.get("allowgaps", "false").lower()
+    if raw not in ("true", "false"):
+        raise ChangeLogError(f"allowGaps must be true or false, got {raw!r}")
+    return raw == "true"
+
+
 class KafkaDataSource(DataSource):
     """Options: ``log`` (required: the ``[log]`` config as JSON), ``maxEventsPerTrigger``,
     ``startingOffset`` (``earliest`` or ``latest``), ``numPartitions`` (the cores to share
-    a batch's reads: ``split_ranges``), ``packed``, ``columns`` (as the ``dblog`` source)."""
+    a batch's reads: ``split_ranges``), ``packed``, ``columns`` (as the ``dblog`` source),
+    ``allowGaps`` (``true``: records missing from a partition, i.e. a compacted topic,
+    are accepted, for readers that need only each key's newest event; default
+    ``false``: they fail the read, ``_RunCheck``)."""
 
     @classmethod
     def name(cls) -> str:
@@ -432,6 +652,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.packed = _packed(options)
         self.columns = _columns(options) if self.packed else list(EVENT_COLUMNS)
         self.starting = options.get("startingoffset", "earliest")
+        self.allow_gaps = _allow_gaps(options)
         self.target: int | None = None
         self._planned: tuple[Offset, Offset, Any] | None = None  # start, end, CommitLog
         self._published: Offset | None = None  # the offsets last committed to the group
@@ -489,7 +710,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, KafkaRange)
-        return _read(partition, self.packed, self.columns)
+        return _read(partition, self.packed, self.columns, self.allow_gaps)
 
     def commit(self, end: Offset) -> None:
         """Publish the applied offsets to ``dblog-sync.<prefix>`` (monitoring only)."""

@@ -99,10 +99,12 @@ Pending = dict[tuple[str, str], tuple[dict[str, Any], list[str], TableChanges, i
 
 def _fill_unchanged(rows: pa.Table, pending: Pending) -> None:
     """Fill ``pending[(table, key)]``'s unchanged columns from earlier events of that key
-    (``rows`` in offset order); what no earlier event has stays unchanged."""
+    (``rows`` in any order); what no earlier event has stays unchanged."""
     qk = pc.binary_join_element_wise(rows["_q"], rows["key"], "\x00")
     wanted = pa.array(["\x00".join(k) for k in pending], type=pa.string())
     earlier = rows.filter(pc.is_in(qk, value_set=wanted))
+    if not _ascending(earlier["offset"]):
+        earlier = earlier.sort_by("offset")
     history: dict[tuple[str, str], list[tuple[str, str | None, list[str] | None]]] = {}
     for q, k, op, after, unch in zip(
         earlier["_q"].to_pylist(),
@@ -198,12 +200,6 @@ def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
     ev = events if pc.all(keep).as_py() else events.filter(keep)
     if ev.num_rows == 0:
         return {}
-    offs = ev["offset"]
-    if (
-        ev.num_rows > 1
-        and not pc.all(pc.less(offs.slice(0, ev.num_rows - 1), offs.slice(1))).as_py()
-    ):
-        ev = ev.sort_by("offset")
     out: dict[str, TableChanges] = {}
     if pc.any(pc.equal(ev["op"], "t")).as_py():
         ev = ev.append_column("_q", _qualified(ev))
@@ -214,14 +210,15 @@ def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
         ev = ev.drop_columns(["_q"])
         if ev.num_rows == 0:
             return out
-    # The last event of each (table, key): the highest row index of its group (rows are
-    # in offset order), taken back in offset order, per table only the columns needed.
+    # The last event of each (table, key): the highest offset of its group (offsets are
+    # unique), its rows taken in offset order, per table only the columns needed. The
+    # batch itself need not be in offset order (a Kafka log's partitions interleave):
+    # only the few last events are sorted, not every row of the batch.
     codes, names = _table_codes(ev)
-    groups = pa.table(
-        {"q": codes, "key": ev["key"], "_i": pa.array(range(ev.num_rows), type=pa.int64())}
-    )
-    idx = groups.group_by(["q", "key"], use_threads=False).aggregate([("_i", "max")])["_i_max"]
-    idx = pc.take(idx, pc.sort_indices(idx))
+    groups = pa.table({"q": codes, "key": ev["key"], "offset": ev["offset"]})
+    last = groups.group_by(["q", "key"], use_threads=False).aggregate([("offset", "max")])
+    idx = pc.indices_nonzero(pc.is_in(ev["offset"], value_set=last["offset_max"]))
+    idx = pc.take(idx, pc.sort_indices(pc.take(ev["offset"], idx)))
     last_codes = pc.take(codes, idx)
     needed = ev.select(["offset", "op", "key", "after", "unchanged"])
     pending: Pending = {}
@@ -236,3 +233,8 @@ def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
     if pending:
         _fill_unchanged(ev.append_column("_q", _qualified(ev)), pending)
     return out
+
+
+def _ascending(values: pa.ChunkedArray | pa.Array) -> bool:
+    n = len(values)
+    return n < 2 or bool(pc.all(pc.less(values.slice(0, n - 1), values.slice(1))).as_py())
