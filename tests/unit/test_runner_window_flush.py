@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,84 @@ def test_events_before_a_read_only_window_closes_are_a_batch_of_their_own(
             (3, {"progress": "before H"}),  # the stream's events, before the window closed
             (3, {"progress": "after H"}),  # the rows, with the progress they make
         ]
+    finally:
+        log.gate.set()
+        runner.writer.close()
+        inner.close()
+
+
+class SlicingDriver(Driver):
+    """A window being handed out in slices: each ``on_boundary`` releases 2 rows and
+    moves progress to them; 3 slices are left."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = 3
+        self.draining = True
+        self.boundaries: list[Position] = []
+
+    def on_boundary(self, position: Position) -> list[Emitted]:
+        self.boundaries.append(position)
+        self.left -= 1
+        self.draining = self.left > 0
+        self.progress = f"slice {3 - self.left}"
+        first = 2 * (3 - self.left)
+        return [SnapshotRows("public", "t", SnapshotKind.INCREMENTAL, position, 1, 5,
+                             [{"id": first + i} for i in range(2)], ("id",))]
+
+
+def test_slices_go_out_at_commits_while_the_writer_backlog_is_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At a commit a window's next slices go to the writer, each in a batch with the
+    stream's events received before it and the progress it makes (what a restart
+    resumes after); no slice inside a transaction, and none while the writer has
+    ``SLICE_BACKLOG`` events queued."""
+    from pydblog.capture import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "SLICE_BACKLOG", 2)  # one 2-row slice queued at most
+    cfg = Config.model_validate({
+        "source": {"dsn": "postgresql://u@127.0.0.1/db"},
+        "log": {"path": str(tmp_path / "data"), "batch_max_ms": 600_000},  # no flush by age
+        "api": {"listen": ""},
+    })
+    inner = open_writer(cfg.log)
+    log = RecordingLog(inner)
+    acks: list[Position] = []
+    source = types.SimpleNamespace(ack=acks.append)
+    runner = Runner(cfg, source, None, log, FileStateStore(cfg.log_dir))  # type: ignore[arg-type]
+    driver = runner.driver = SlicingDriver()  # type: ignore[assignment]
+    runner._driver_active = True
+    runner._read_only = False
+    runner._known_schemas = {"public.t": None}  # type: ignore[dict-item]  # (no catalog to ask)
+    stop = threading.Event()
+    try:
+        ev = ChangeEvent(Op.UPDATE, "public", "t", PgPosition(Lsn(0x100), 0), 1,
+                         key={"id": 10}, after={"id": 10})
+        runner._in_tx = True
+        runner._pending.append(encode_event(ev, "postgresql", "db", 1))
+        runner._position = ev.position
+        runner._slices()  # inside a transaction: nothing
+        assert driver.boundaries == []
+        runner._on_commit(Commit(PgPosition(Lsn(0x100), 1, Lsn(0x101)), 1), stop)
+        # The writer is gated: the first slice is queued (2 events + the stream's 1),
+        # over the backlog's limit, so the second waits for the next boundary.
+        assert len(driver.boundaries) == 1
+        for n, lsn in enumerate((0x110, 0x120), start=2):
+            log.gate.set()
+            runner.writer.drain()
+            log.gate.clear()
+            runner._on_commit(Commit(PgPosition(Lsn(lsn), 0, Lsn(lsn + 1)), 1), stop)
+            assert len(driver.boundaries) == n
+        log.gate.set()
+        runner.writer.drain()
+        assert [(n, cp.snapshot) for n, cp in log.appends] == [
+            (3, {"progress": "slice 1"}),  # the stream's event, then the slice it waited for
+            (2, {"progress": "slice 2"}),
+            (2, {"progress": "slice 3"}),
+        ]
+        assert runner.writer.wake_below == 0  # nothing left to hand out
+        assert acks  # the source is acknowledged as batches become durable
     finally:
         log.gate.set()
         runner.writer.close()
