@@ -278,15 +278,18 @@ class Runner:
         if not driver.draining:
             writer.wake_below = 0
             return
+        handed = False
         while driver.draining and writer.backlog() + len(self._pending) < SLICE_BACKLOG:
             events = driver.on_boundary(self._position)
             if not events:
                 break
+            handed = True
             self._emit_events(events)
             self.flush()
         writer.wake_below = SLICE_BACKLOG if driver.draining else 0
-        driver.submit_next()  # a range done makes room for the next read
-        self._driver_active = driver.active
+        if handed:
+            driver.submit_next()  # a range done makes room for the next read
+            self._driver_active = driver.active
 
     def _flush_before_window(self) -> None:
         """At a watermark, before the core sees it: the events pending so far go to
