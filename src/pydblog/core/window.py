@@ -33,6 +33,7 @@ re-read (``core.rereads``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -185,9 +186,20 @@ class ChunkWindow:
         if not result.conclusive:
             return result
         self._taken = stop
+        if (self._dropped and type(rows) is EncodedChunk and rows.int_keys
+                and not self.by_identity and stop < len(rows)):
+            self._keep_drops_ahead(rows, stop)
         result = self._with_reread(result, part)
         left = len(rows) - stop
         return dataclasses.replace(result, left=left) if left else result
+
+    def _keep_drops_ahead(self, rows: EncodedChunk, start: int) -> None:
+        """Integer keys: forget the dropped keys outside the rows not yet handed out
+        (most of a busy table's events are of keys in no window); the next slices test
+        fewer. Keys of another type are all kept."""
+        lo, hi = rows.key_at(start), rows.key_at(-1)
+        with contextlib.suppress(TypeError):
+            self._dropped = {d for d in self._dropped if lo <= d <= hi}
 
     def _with_reread(self, result: WindowResult, rows: Sequence[Row] | None) -> WindowResult:
         if not self._partial or not result.conclusive or self._truncated or not rows:
