@@ -63,13 +63,16 @@ Answer = Callable[[], list[Emitted]]
 MAX_HOLD_S = 1.0
 """Longest a chunk request waits for the change log writer's backlog to clear."""
 
-SLICE_ROWS = int(os.environ.get("PYDBLOG_SLICE_ROWS", "4096"))
+SLICE_ROWS = int(os.environ.get("PYDBLOG_SLICE_ROWS", "0"))
 """Concurrent windows hand their rows to the change log in slices of this many rows
-(``CoreSettings.slice_rows``; four of the log's blocks): one at H, the next ones at
-the stream's transaction boundaries while the writer's backlog is short
-(``runner.SLICE_BACKLOG``), so a stream event after H waits for a slice's write, not
-for the whole chunk's. ``PYDBLOG_SLICE_ROWS`` overrides it for benchmarks (0: whole
-chunks at H, as before)."""
+(``CoreSettings.slice_rows``): one at H, the next ones at the stream's transaction
+boundaries while the writer's backlog is short (``runner.SLICE_BACKLOG``), so a
+stream event after H waits for a slice's write, not for the whole chunk's. **Off (0,
+whole chunks at H) by default**: measured on the 2-core machine under load (session
+11, ``docs/benchmarks.md``), 4,096-row slices halved the writer's terms of the lag but
+added ~0.15-0.25 µs of capture-thread CPU per row and 4-5 x the appends, so the wait
+moved to the capture thread and rows/s fell in three of five runs.
+``PYDBLOG_SLICE_ROWS`` turns them on (e.g. 4096: four of the log's blocks)."""
 
 SLICE_BYTES = 1 << 20
 """... and of at most about this many bytes of encoded rows (wide rows)."""

@@ -11,8 +11,8 @@ Batching: a batch is flushed when the stream has momentarily nothing more to giv
 it holds ``batch_max_events`` (then possibly mid-transaction: the checkpoint records
 the last logged event's position, the ack stays at the last complete transaction).
 
-Snapshot slices: a concurrent window's rows go to the writer a slice at a time
-(``driver.SLICE_ROWS``), the first at its high watermark, the next ones at the stream's
+Snapshot slices (off by default, ``driver.SLICE_ROWS``): a concurrent window's rows
+go to the writer a slice at a time, the first at its high watermark, the next ones at the stream's
 transaction boundaries while the writer's backlog is short (``_slices``), each in the
 batch whose checkpoint holds the progress it makes: the stream's events after H wait
 for a slice's write, not for the chunk's.
