@@ -23,12 +23,13 @@ from typing import Any
 
 import pytest
 
+from pydblog.devtools.mysql57 import MySQL57
 from pydblog.sources.mysql.xa import recover_xids, xid_text
 from tests.contract.capture import Capture
 from tests.contract.test_read_only import ReadOnlyUser
 from tests.helpers import sid
 from tests.mysql.harness import MariaHarness
-from tests.mysql.servers import Server
+from tests.mysql.servers import Server, require_mysql57
 
 T1 = "CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(20), n INT)"
 
@@ -145,7 +146,24 @@ def test_kill9_while_prepared(server: Server, db: str, tmp_path: Path) -> None:
     """kill -9 while two XA transactions are prepared (their rows only in the
     checkpoint): one commits and a third is prepared and committed while capture is
     down, the second rolls back after the restart; a kill -9 once more right after a
-    commit was logged. The log holds every committed change once, nothing rolled back."""
+    commit was logged. The log holds every committed change once, nothing rolled back.
+    (Resumes by GTID: MariaDB always, this MySQL 5.7 with gtid_mode = ON.)"""
+    _kill9_while_prepared(server, db, tmp_path)
+
+
+@pytest.mark.slow
+def test_kill9_while_prepared_gtid_mode_off(tmp_path: Path) -> None:
+    """The same on MySQL 5.7 with gtid_mode = OFF: resumes by binlog file and offset
+    (the XA COMMIT group is read again from its start, its logged part dropped by
+    position)."""
+    require_mysql57()
+    with MySQL57(server_id=8, settings={"gtid_mode": "OFF",
+                                        "enforce_gtid_consistency": "OFF"}) as s:
+        s.create_database("xa_nogtid")
+        _kill9_while_prepared(s, "xa_nogtid", tmp_path)
+
+
+def _kill9_while_prepared(server: Server, db: str, tmp_path: Path) -> None:
     h = MariaHarness(server, db)
     h.execute(T1)
     cap = Capture(h, tmp_path, "")
