@@ -21,6 +21,7 @@ import pytest
 
 from pydblog.capture.driver import SnapshotDriver
 from pydblog.devtools.mysql57 import MySQL57
+from pydblog.errors import SourceError
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.test_parallel import big_table
 from tests.contract.test_snapshots import q, writer
@@ -57,8 +58,27 @@ def test_fenced_only_where_commits_can_be_out_of_binlog_order(
 ) -> None:
     assert not _fences(server, db)  # MariaDB; MySQL with binlog_order_commits = ON
     if isinstance(server, MySQL57):
-        request.getfixturevalue("unordered")
-        assert _fences(server, db)
+        # A capture that started with it ON notices a SET GLOBAL ... OFF at its next
+        # table start (on a fork too): the table is rejected (not retried), saying how
+        # to get fenced chunks; a new start fences.
+        server.execute("CREATE TABLE t (id INT PRIMARY KEY)", db)
+        server.execute("INSERT INTO t VALUES (1), (2)", db)
+        _, reader = make(server, db)
+        try:
+            assert not reader.fences_watermark_windows()
+            info = reader.table_info(f"{db}.t")
+            assert info is not None and reader.max_key(info, None) == (2,)
+            fork = reader.fork()
+            request.getfixturevalue("unordered")
+            for r in (reader, fork):
+                with pytest.raises(SourceError, match="binlog_order_commits was turned OFF") as exc:
+                    r.max_key(info, None)
+                assert not exc.value.retriable
+            assert _fences(server, db)
+            server.execute("SET GLOBAL binlog_order_commits = ON")
+            assert reader.max_key(info, None) == (2,)
+        finally:
+            reader.close()
 
 
 @pytest.mark.parametrize("parallelism", [1, pytest.param(4, marks=pytest.mark.slow)])

@@ -144,6 +144,19 @@ def test_read_dsn_must_be_a_replica_of_the_source(pair: tuple[TestServer, TestSe
         assert r.max_key(info, None) == (99,)
         primary.execute("INSERT INTO t VALUES (100)", db)
         assert [row["id"] for row in r.read_chunk(info, (3,), (100,), 10, None)] == [99, 100]
+        # One wait per snapshot request (the driver's begin_request): a chunk's
+        # definition and its fenced read (and a table start's definition and max key)
+        # wait once; the next request waits again and sees what the source had then.
+        for key in (101, 102):
+            r.begin_request()
+            primary.execute(f"INSERT INTO t VALUES ({key})", db)
+            waits = r.replica_waits
+            info = r.table_info(f"{db}.t")
+            assert info is not None
+            rows, _ = r.read_chunk_fenced(info, (100,), (key,), 10, None)
+            assert [row["id"] for row in rows] == [101, 102][: key - 100]
+            assert r.max_key_fenced(info, None)[0] == (key,)
+            assert r.replica_waits == waits + 1
     finally:
         r.close()
 

@@ -357,6 +357,10 @@ class SnapshotDriver:
         ``reader`` (the driver's own by default)."""
         core = self.core
         reader = reader if reader is not None else self.reader
+        for used in {id(reader): reader, id(self.reader): self.reader}.values():
+            begin = getattr(used, "begin_request", None)  # (a replica reader waits once)
+            if begin is not None:
+                begin()
         try:
             if isinstance(request, MarkRequest):
                 reader.write_watermark(request.watermark)

@@ -35,7 +35,7 @@ import pymysql
 
 from pydblog.config import TableMatcher
 from pydblog.core.sizing import default_parallelism
-from pydblog.errors import SignalError, SourceUnavailable
+from pydblog.errors import SignalError, SourceError, SourceUnavailable
 from pydblog.ports import TableInfo, TableSchema
 from pydblog.sources import intkeys
 from pydblog.sources.mysql import schema as schema_mod
@@ -84,6 +84,18 @@ class _Table:
         self.name = f"{quote_ident(info.schema)}.{quote_ident(info.table)}"
 
 
+class _CommitOrder:
+    """Shared by a reader and its forks. ``watch``: ``fences_watermark_windows`` said
+    no because MySQL ran with ``binlog_order_commits = ON``; each table start (``max_key``)
+    then checks it still does."""
+
+    __slots__ = ("warned", "watch")
+
+    def __init__(self) -> None:
+        self.watch = False
+        self.warned = False
+
+
 class MySqlSnapshotReader:
     """Chunk reads and watermark writes on their own connection (see module docstring)."""
 
@@ -122,6 +134,11 @@ class MySqlSnapshotReader:
         self._pks: dict[str, tuple[str, ...]] = {}  # table -> primary key (() without one)
         self._parallelism = parallelism
         self._forks: list[MySqlSnapshotReader] = []
+        self._order = _CommitOrder()
+        self._asked: float | None = None  # when the driver's current request began
+        self._waited_at: float | None = None  # the last replica wait's source state read then
+        self.replica_waits = 0
+        """Waits for the read replica (``_catch_up``) so far (tests, benchmarks)."""
 
     # -- connection ------------------------------------------------------------------------
     def _connection(self) -> Any:
@@ -149,7 +166,13 @@ class MySqlSnapshotReader:
         self._used = now
         return self._conn
 
+    def begin_request(self) -> None:
+        """The driver starts one snapshot request on this reader (``_catch_up``: one wait
+        for the replica covers every read of it)."""
+        self._asked = time.monotonic()
+
     def _reset(self) -> None:
+        self._waited_at = None  # (a new connection may reach another server)
         if self._conn is not None:
             with contextlib.suppress(pymysql.Error):
                 self._conn.close()
@@ -245,6 +268,7 @@ class MySqlSnapshotReader:
             self._reset()
             raise self._error(exc, "reading binlog_order_commits") from None
         if int(ordered or 0):
+            self._order.watch = True
             return False
         if str(mode).upper() != "ON":
             log.warning(
@@ -255,6 +279,33 @@ class MySqlSnapshotReader:
             )
             return False
         return True
+
+    def _check_order(self, info: TableInfo, ordered: Any, mode: Any) -> None:
+        """At a table start of a capture whose watermark windows are not fenced because
+        MySQL had ``binlog_order_commits = ON`` at its start: if it is OFF now (``SET
+        GLOBAL``), this table's chunks could read a row older than a commit the binlog
+        already holds (``fences_watermark_windows``). With ``gtid_mode = ON`` a restart
+        fences them: the table is rejected, saying so; without, as at a start: a warning.
+        (Checked per table start, with its max key: tables already being read when the
+        variable changes keep unfenced windows to their end.)"""
+        if int(ordered or 0):
+            return
+        if str(mode).upper() == "ON":
+            raise SourceError(
+                f"binlog_order_commits was turned OFF on {self.dsn.redacted} after dblog run "
+                f"started: the chunks of {info.qualified} would not be fenced, and commits can "
+                "now become visible out of binlog order",
+                hint="restart dblog run (it then fences watermark chunks) and signal the "
+                "snapshot again, or SET GLOBAL binlog_order_commits = ON",
+            )
+        if not self._order.warned:
+            self._order.warned = True
+            log.warning(
+                "binlog_order_commits was turned OFF on %s and gtid_mode is %s: a watermark "
+                "chunk can read a row older than a commit the binlog already holds (turn "
+                "binlog_order_commits ON, or gtid_mode ON and restart so that chunks are "
+                "fenced)", self.dsn.redacted, mode,
+            )
 
     def _mariadb_server(self) -> bool:
         with self._lock:
@@ -371,10 +422,20 @@ class MySqlSnapshotReader:
         if not self._fenced:  # (a fenced read has caught up already)
             self._wait_replica()  # a lagging replica's max would miss rows older than the stream
         keys = _key_mapper(t, info)
-        order = ", ".join(f"{quote_ident(k)} DESC" for k in info.key)
+        desc = ", ".join(f"{quote_ident(k)} DESC" for k in info.key)
         where = f" WHERE ({condition})" if condition else ""
-        sql = f"SELECT {keys.select_list} FROM {t.name}{where} ORDER BY {order} LIMIT 1"
-        rows = self._read_only(sql, (), doing=f"reading the max key of {info.qualified}")
+        sql = f"SELECT {keys.select_list} FROM {t.name}{where} ORDER BY {desc} LIMIT 1"
+        watch = self._order.watch and not self._fenced
+
+        def work(run: Run) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]:
+            found = run(sql, ())
+            if not watch:
+                return found, None
+            return found, run("SELECT @@GLOBAL.binlog_order_commits, @@GLOBAL.gtid_mode", ())[0]
+
+        rows, order = self._in_read_only(work, doing=f"reading the max key of {info.qualified}")
+        if order is not None:
+            self._check_order(info, *order)
         if not rows:
             return None
         mapped = keys.map(rows[0])
@@ -407,6 +468,7 @@ class MySqlSnapshotReader:
             statement_timeout_ms=self.statement_timeout_ms,
             connect_timeout_s=self.connect_timeout_s, parallelism=1, source=self.source,
         )
+        child._order = self._order
         with self._lock:
             self._forks.append(child)
         return child
@@ -579,8 +641,18 @@ class MySqlSnapshotReader:
 
     def _catch_up(self, cur: Any) -> None:
         """On a replica: wait until it has applied everything the source has binlogged
-        so far (``sources.mysql.replica`` says why), on the source's own connection."""
+        so far (``sources.mysql.replica`` says why), on the source's own connection.
+
+        Once per request (``begin_request``): a wait for the source's state ``S`` read
+        after the request began covers every later read of that request on the same
+        connection (what a read needs is everything binlogged before it was asked for;
+        ``S`` holds that, and the replica's applied state only grows). So a chunk waits
+        once, in ``table_info``, not again in its read. A new connection waits again."""
         assert self.source is not None
+        asked, waited = self._asked, self._waited_at
+        if asked is not None and waited is not None and waited >= asked:
+            return
+        t0 = time.monotonic()
         try:
             if self._src is None:
                 self._src = connect(self.source, timeout_s=self.connect_timeout_s)
@@ -590,6 +662,8 @@ class MySqlSnapshotReader:
             self._close_source()
             raise classify(exc, self.source, "reading the source's GTID state") from None
         catch_up(cur, self._mariadb, state, self.statement_timeout_ms / 1000, self.dsn.redacted)
+        self._waited_at = t0
+        self.replica_waits += 1
 
     def _list_on_source(self) -> list[str]:
         """``self.db``'s tables as the source lists them (``captured_tables``), on the

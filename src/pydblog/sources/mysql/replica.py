@@ -13,7 +13,10 @@ Invariants (``sources.mysql.fenced`` says why each is needed for an exact fence)
 Before each read-only chunk (and each max key, each plain chunk: a blocking
 snapshot's, each table definition), ``catch_up`` waits until the replica has applied every
 transaction the source has written to its binlog so far (read there: MySQL
-``gtid_executed`` and ``gtid_owned``, MariaDB ``gtid_binlog_pos``). Why: the core keeps
+``gtid_executed`` and ``gtid_owned``, MariaDB ``gtid_binlog_pos``). Once per snapshot
+request (``MySqlSnapshotReader.begin_request``): the wait in a chunk's ``table_info``
+read the source's state after the chunk was asked for, so it covers the chunk's read
+too (one wait per chunk, not two; a new connection waits again). Why: the core keeps
 (``core.fence.Unsettled``) only the events delivered since the table's snapshot began;
 an event delivered before that is taken as seen by every read. On the source that holds;
 on a lagging replica it would not (its row, read before the event was applied, would land
