@@ -34,7 +34,8 @@ def produce(bootstrap: str, topic: str, transactions: list[list[bytes | None]]) 
     """Each list one committed transaction of ``topic`` partition 0 (None: a tombstone):
     each commit marker takes the offset after the transaction's records."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result()
