@@ -110,16 +110,19 @@ class Capture:
         return int(events[-1]["offset"]) + 1 if events else 0
 
     def wait_notification(self, kind: str, count: int = 1, timeout: float = 120,
-                          *, after: int | None = None) -> list[Event]:
+                          *, after: int | None = None, signal_id: str | None = None) -> list[Event]:
         """Until ``count`` notifications of ``kind`` are in the log; with ``after``
-        (``end()`` taken before the action) only those logged at or after it count.
-        Without it every one in the log counts, which an earlier run's or snapshot's
-        can satisfy: pass ``after`` whenever the log may already hold one."""
+        (``end()`` taken before the action) only those logged at or after it count, with
+        ``signal_id`` only that signal's (an earlier snapshot's may be logged late).
+        Without either every one in the log counts, which an earlier run's or snapshot's
+        can satisfy: pass one whenever the log may already hold one."""
         first = 0 if after is None else after
         return self.wait_until(
             lambda ev: sum(1 for e in ev if e["op"] == "n" and e["notification"]["type"] == kind
-                           and e["offset"] >= first) >= count,
-            timeout, f"{count} {kind} notification(s)" + (f" from offset {after}" if after else ""),
+                           and e["offset"] >= first
+                           and signal_id in (None, e["notification"].get("signal_id"))) >= count,
+            timeout, f"{count} {kind} notification(s)" + (f" from offset {after}" if after else "")
+            + (f" of signal {signal_id}" if signal_id else ""),
         )
 
     def caught_up(self, timeout: float = 60) -> list[Event]:

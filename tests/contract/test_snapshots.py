@@ -248,10 +248,10 @@ def test_stop_pause_resume_then_new_snapshot(harness: Harness, tmp_path: Path) -
         cap.wait_notification("SKIPPED")
         # a new snapshot afterwards completes normally (its own COMPLETED: the stopped
         # one's may be in the log already)
-        mark = cap.end()
-        harness.signal(sid(), "execute-snapshot",
+        new = sid()
+        harness.signal(new, "execute-snapshot",
                        {"data-collections": [q(harness, "s2"), q(harness, "s3")]})
-        events = cap.wait_notification("COMPLETED", timeout=180, after=mark)
+        events = cap.wait_notification("COMPLETED", timeout=180, signal_id=new)
         assert len({e["key"]["id"] for e in snapshot_rows(events, "s3")}) == 2000
         cap.assert_oracle({"s1": ["id"], "s2": ["id"], "s3": ["id"]})
 
@@ -286,10 +286,11 @@ def test_bad_signals_are_rejected_and_capture_goes_on(harness: Harness, tmp_path
         ids = {e["notification"]["signal_id"] for e in events
                if e["op"] == "n" and e["notification"]["type"] == "REJECTED"}
         assert {"bad1", "bad2", "bad3", "bad4"} <= ids
-        # the rejected tables already closed their snapshot with a COMPLETED notification
-        mark = cap.end()
-        harness.signal(sid(), "execute-snapshot", {"data-collections": [q(harness, "g1")]})
-        cap.wait_notification("COMPLETED", after=mark)
+        # (the rejected tables close their snapshot with a COMPLETED notification too,
+        # maybe logged after the REJECTED: wait for this signal's own)
+        good = sid()
+        harness.signal(good, "execute-snapshot", {"data-collections": [q(harness, "g1")]})
+        cap.wait_notification("COMPLETED", signal_id=good)
         cap.assert_oracle({"g1": ["id"]})
 
 
