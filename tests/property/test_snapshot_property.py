@@ -473,8 +473,8 @@ class Sim:
     def boundary(self) -> bool:
         """The runner at a transaction boundary (after the last transaction delivered)
         hands out the next slices, as many rows as it likes; True if any came."""
-        if not self.core.draining or not self.cursor:
-            return False
+        if not self.core.draining or not self.cursor or self.stream_paused:
+            return False  # (no boundary while the stream is paused for a blocking snapshot)
         budget = self.data.draw(st.sampled_from([None, 1, 2, 5]), label="slice budget")
         at = PgPosition(Lsn(self.cursor), len(self.log[self.cursor - 1]), Lsn(self.cursor))
         events = self.core.on_boundary(at, self.cursor, budget)

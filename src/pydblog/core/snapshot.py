@@ -813,8 +813,8 @@ class SnapshotCore:
         and the notifications that land with them, placed after ``position``. Call
         it only at transaction boundaries (a commit, or idle outside one)."""
         self._advance(position)
-        if not self.draining:
-            return []
+        if not self.draining or self._anchor is not None:
+            return []  # (a blocking snapshot owns the positions after its anchor)
         assert self._horizon is not None
         cursor = PositionCursor(self._horizon, ts_ms)
         return self._flights_emit(cursor, None, budget) + self._place(cursor, [])
