@@ -76,7 +76,7 @@ def test_sliced_windows_survive_kill9_at_random_points(
     materializes to the table."""
     h = harness
     monkeypatch.setenv("PYDBLOG_SLICE_ROWS", "1024")
-    rows, chunk = sized(h, 120_000, 8192)
+    rows, chunk = sized(h, 600_000, 8192)  # (at 120k rows it ended before the first kill)
     big_table(h, rows)
     rng = random.Random(16)
     with Capture(h, tmp_path, f"[snapshot]\nchunk_size = {chunk}\nparallelism = 2") as cap:
