@@ -7,6 +7,7 @@ snapshot (like a re-created PostgreSQL table)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,42 @@ def test_rename_column_names_no_table() -> None:
         assert ddl is not None and ddl.tables == (("db", "t"),), q
     ddl = parse_ddl("ALTER TABLE t RENAME TO `column`", "db")
     assert ddl is not None and ddl.tables == (("db", "t"), ("db", "column"))
+
+
+@pytest.mark.parametrize("server", ["mariadb"], indirect=True)
+def test_ddl_that_is_no_drop_or_rename(server: TestServer, db: str, tmp_path: Path) -> None:
+    """Review s11: none of these truncated a table before 0a8e021's fix was fixed:
+    - a string literal holding "rename x" (ALTER TABLE ... COMMENT) is no rename;
+    - the server's own ``DROP /*!40005 TEMPORARY */ TABLE IF EXISTS`` of a session's
+      temporary table shadowing a captured one (statement format, at its disconnect);
+    - DROP TABLE IF EXISTS of a missing table, a table created and dropped without a row:
+      no truncate of a table without recorded schema (the Delta sink cannot apply one).
+    And MariaDB's CREATE OR REPLACE TABLE of a captured table empties it: truncated and
+    snapshotted again."""
+    h = MariaHarness(server, db)
+    rows(h, "orders", 1, 20, "v")
+    rows(h, "cor", 1, 10, "c")
+    with Capture(h, tmp_path, "") as cap:
+        h.signal(sid(), "execute-snapshot", {"data-collections": [f"{db}\\.(orders|cor)"]})
+        cap.wait_notification("COMPLETED")
+        mark = cap.end()
+        h.execute("ALTER TABLE orders COMMENT 'rename me later'",
+                  "ALTER TABLE orders ALTER COLUMN v SET DEFAULT 'please rename this'")
+        conn = server.connect(db)
+        conn.autocommit(True)
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION binlog_format = 'STATEMENT'")
+            cur.execute("CREATE TEMPORARY TABLE orders (id INT PRIMARY KEY, v VARCHAR(40))")
+            cur.execute("INSERT INTO orders VALUES (1, 'temp')")
+        conn.close()
+        time.sleep(1)  # the server logs the temporary table's drop at the disconnect
+        h.execute("DROP TABLE IF EXISTS nothere",
+                  "CREATE TABLE staging (id INT PRIMARY KEY)", "DROP TABLE staging",
+                  "CREATE OR REPLACE TABLE cor (id INT PRIMARY KEY, v VARCHAR(40))",
+                  "INSERT INTO cor VALUES (5, 'new')",
+                  "INSERT INTO orders VALUES (99, 'marker')")
+        cap.wait_notification("TABLE_SCAN_COMPLETED", after=mark, timeout=60)
+        events = cap.assert_oracle({"orders": ["id"], "cor": ["id"]})
+    truncated = sorted(e["source"]["table"] for e in events if e["op"] == "t")
+    assert truncated == ["cor"], truncated
+    assert len(materialize(events)[f"{db}.orders"]) == 21

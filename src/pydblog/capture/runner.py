@@ -451,8 +451,16 @@ class Runner:
             kind = ResetKind.RECREATED
         driver.restart_table(ev.qualified_table, kind)
         # The new relation's schema is recorded again (from its first event or row).
-        self._known_schemas.pop(ev.qualified_table, None)
+        known = self._known_schemas.pop(ev.qualified_table, None) is not None
         self._driver_active = driver.active
+        if kind is ResetKind.GONE and not known:
+            # Dropped, with no schema recorded since its last truncate: no row of it is in
+            # the log, so the truncate changes nothing (a DROP TABLE IF EXISTS of a missing
+            # table, a table created and dropped without a row), and a sink could not
+            # apply a truncate of a table it has no columns for. (A re-created table's
+            # truncate stays: its snapshot follows and records the schema.)
+            driver.submit_next()
+            return
         if not self._pending:
             self._pending_since = time.monotonic()
         self._pending.append(encode_event(ev, self._connector, self._db, self._now_ms))

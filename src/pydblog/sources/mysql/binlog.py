@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -124,7 +123,6 @@ from pydblog.sources.mysql.xa import (
 )
 
 log = logging.getLogger(__name__)
-_TEMPORARY = re.compile(r"\s*(?:/\*.*?\*/\s*)*DROP\s+TEMPORARY\b", re.I | re.S)
 """A DROP TEMPORARY TABLE: a session's own table, never a captured one."""
 SETTLE_S = 1.0
 """Longest a fresh MySQL start waits for the GTIDs being committed to be executed."""
@@ -1007,8 +1005,10 @@ class MySqlLogSource:
             yield from self._history_ddl(tx, query, default_db)
         ddl = parse_ddl(query, default_db)
         if ddl is not None:
-            temporary = ddl.kind == DdlKind.DROP and _TEMPORARY.match(query) is not None
-            yield from self._ddl(tx, ddl.kind, () if temporary else ddl.tables, ts_ms)
+            # A TEMPORARY table's name may shadow a captured table's: never it.
+            kind = DdlKind.DROP if ddl.or_replace and not ddl.temporary else ddl.kind
+            yield from self._ddl(tx, kind, () if ddl.temporary else ddl.tables, ts_ms,
+                                 recreated=ddl.or_replace)
         if not tx.explicit:
             yield from self._end_tx(ts_ms)
 
@@ -1074,8 +1074,13 @@ class MySqlLogSource:
         yield from self._end_tx(ts_ms)
 
     def _ddl(
-        self, tx: _Tx, kind: DdlKind, tables: tuple[tuple[str, str], ...], ts_ms: int
+        self, tx: _Tx, kind: DdlKind, tables: tuple[tuple[str, str], ...], ts_ms: int,
+        recreated: bool = False,
     ) -> Iterator[Any]:
+        """``recreated``: a DROP that is MariaDB's CREATE OR REPLACE TABLE (the table is
+        dropped and a new one made under its name: truncated, then snapshotted, as a table
+        re-created while dblog runs; ``CREATE OR REPLACE ... SELECT`` rows follow as row
+        events and the snapshot re-reads them, harmlessly)."""
         for db, table in tables:
             self._json_cols.pop((db, table), None)
             self._defs.pop((db, table), None)
@@ -1085,7 +1090,8 @@ class MySqlLogSource:
                 yield ChangeEvent(Op.TRUNCATE, db, table, tx.position(tx.count), ts_ms)
                 tx.count += 1
             elif kind == DdlKind.DROP:
-                yield self._reset(tx, db, table, ResetKind.GONE, ts_ms)
+                reset = ResetKind.RECREATED if recreated else ResetKind.GONE
+                yield self._reset(tx, db, table, reset, ts_ms)
         if kind == DdlKind.RENAME or (kind == DdlKind.ALTER and len(tables) == 2):
             # (old, new) pairs: the old name's rows leave it; the new name's relation
             # had its rows logged under the old name (or not at all): truncated and

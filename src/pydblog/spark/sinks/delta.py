@@ -127,6 +127,10 @@ class DeltaSink:
             if changes is None:
                 return
             schema = batch.schema_for(changes)
+            if dt is None and not changes.ops and not schema.columns:
+                # Only a truncate of a table with no schema and no target (dropped before
+                # any row was logged): nothing to empty, nothing to create.
+                return
             dt = ensure_table(path, arrow_schema(schema))
             txn = CommitProperties(app_transactions=[Transaction(APP_ID, batch.end)])
             target = dt.schema().to_arrow()
