@@ -6,7 +6,10 @@ the window stays open until each slice is out. The oracle must hold, also across
 kill -9s at random points while chunks are half handed out.
 
 The slices are made small here (``PYDBLOG_SLICE_ROWS=1024``: one of the change log's
-blocks) against chunks of several blocks, so every chunk is cut into several slices."""
+blocks) against chunks of several blocks, so every chunk is cut into several slices.
+PostgreSQL's watermark windows are fenced, where slices have a known wrong-result bug
+(docs/snapshots.md): there the setting must be ignored, with a warning, and every
+window logged whole."""
 
 from __future__ import annotations
 
@@ -62,8 +65,13 @@ def test_slices_interleave_stream_events(
             stop.set()
             th.join()
         events = cap.assert_oracle({"t1": ["id"]})
-        cap.stop()
-    assert between_slices(events, "t1") > 0
+        err = cap.stop()
+    if h.name.startswith("postgres"):  # fenced windows: slices ignored (a known bug)
+        assert "PYDBLOG_SLICE_ROWS=1024 ignored" in err, err[-3000:]
+        assert between_slices(events, "t1") == 0
+    else:
+        assert "PYDBLOG_SLICE_ROWS" not in err, err[-3000:]
+        assert between_slices(events, "t1") > 0
 
 
 @pytest.mark.slow
@@ -75,6 +83,8 @@ def test_sliced_windows_survive_kill9_at_random_points(
     restart resumes after the last slice logged (the table's progress moves slice by
     slice), and the change log materializes to the table."""
     h = harness
+    if h.name.startswith("postgres"):
+        pytest.skip("PostgreSQL's windows are fenced: slices are ignored there (a known bug)")
     monkeypatch.setenv("PYDBLOG_SLICE_ROWS", "1024")
     rows, chunk = sized(h, 2_000_000, 8192)  # (at 120k-600k rows PostgreSQL's snapshot
     # ended before the kills meant for its middle)

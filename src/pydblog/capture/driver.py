@@ -91,6 +91,7 @@ class SnapshotDriver:
         if fenced:
             log.info("snapshot watermark windows are read fenced: commits can become visible "
                      "out of log order on this source (docs/snapshots.md)")
+        slice_rows = _slice_rows(SLICE_ROWS, fenced or s.watermark == "read-only")
         self.core = SnapshotCore(
             CoreSettings(
                 chunk_size=s.chunk_size,
@@ -101,7 +102,7 @@ class SnapshotDriver:
                 read_only=s.watermark == "read-only",
                 parallelism=self.parallelism,
                 fenced=fenced,
-                slice_rows=SLICE_ROWS,
+                slice_rows=slice_rows,
                 slice_bytes=SLICE_BYTES,
             ),
             state,
@@ -544,6 +545,19 @@ def _integer_key(reader: SnapshotReader, info: TableInfo) -> bool:
     without one: never)."""
     check = getattr(reader, "integer_key", None)
     return bool(check(info)) if callable(check) else False
+
+
+def _slice_rows(wanted: int, fenced: bool) -> int:
+    """``PYDBLOG_SLICE_ROWS`` unless the windows are fenced (PostgreSQL's watermark
+    windows, read-only windows): slices of fenced windows have a known wrong-result bug
+    (docs/snapshots.md, test_sliced_windows_long[late]), so they are ignored there with
+    one warning, and windows are emitted whole at H."""
+    if wanted > 0 and fenced:
+        log.warning("PYDBLOG_SLICE_ROWS=%d ignored: snapshot windows are fenced on this source "
+                    "(or read-only), and slices of fenced windows have a known wrong-result "
+                    "bug (docs/snapshots.md); windows are emitted whole", wanted)
+        return 0
+    return wanted
 
 
 def _fences_windows(reader: SnapshotReader) -> bool:
