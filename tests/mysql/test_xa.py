@@ -27,7 +27,7 @@ from pydblog.devtools.mysql57 import MySQL57
 from pydblog.sources.mysql.xa import recover_xids, xid_text
 from tests.contract.capture import Capture
 from tests.contract.test_read_only import ReadOnlyUser
-from tests.helpers import sid
+from tests.helpers import sid, stop_run
 from tests.mysql.harness import MariaHarness
 from tests.mysql.servers import Server, require_mysql57
 
@@ -270,3 +270,73 @@ def test_xa_under_kill9_at_random_points(server: Server, db: str, tmp_path: Path
         if cap.proc is None:
             cap.start()
         cap.assert_oracle({"t1": ["id"]})
+
+
+def _stopped(cap: Capture, timeout: float = 90) -> str:
+    """``dblog run``'s stderr once it exits by itself (code 3: a SourceError)."""
+    assert cap.proc is not None
+    cap.proc.wait(timeout=timeout)
+    code, err = stop_run(cap.proc)
+    cap.proc = None
+    assert code == 3, (code, err[-3000:])
+    return err
+
+
+def _big_prepare(xa: Any, xid: str, rows: int) -> None:
+    xa.execute(f"XA START {xid}")
+    for base in range(100, 100 + rows, 1000):
+        xa.execute("INSERT INTO t1 VALUES " + ", ".join(
+            f"({i}, 'held', {i})" for i in range(base, min(base + 1000, 100 + rows))))
+    xa.execute(f"XA END {xid}")
+    xa.execute(f"XA PREPARE {xid}")
+
+
+def test_held_rows_over_the_limit_stop_capture_loudly(
+    server: Server, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review s11 F1: every checkpoint carries a prepared XA transaction's rows, so their
+    encoded size is bounded (``PYDBLOG_XA_MAX_HELD_BYTES``): above it capture stops with a
+    SourceError naming the xid, the size and the fix, instead of writing ever larger
+    checkpoints; with the limit raised, a restart re-reads the PREPARE and the XA COMMIT
+    logs its rows exactly."""
+    h = MariaHarness(server, db)
+    h.execute(T1)
+    monkeypatch.setenv("PYDBLOG_XA_MAX_HELD_BYTES", "20000")
+    with Capture(h, tmp_path, "") as cap, _session(server, db) as xa, \
+            _session(server, db) as small:
+        cap.caught_up()
+        _prepare(small, "'small'", "INSERT INTO t1 VALUES (2, 'small', 2)")  # under the limit
+        _big_prepare(xa, "'big'", 500)
+        err = _stopped(cap)
+        assert "XA transaction X'626967',X'',1" in err, err[-3000:]
+        assert "PYDBLOG_XA_MAX_HELD_BYTES" in err and "over the limit of 20,000 bytes" in err, err[-3000:]
+        monkeypatch.setenv("PYDBLOG_XA_MAX_HELD_BYTES", str(1 << 20))
+        cap.start()
+        xa.execute("XA COMMIT 'big'")
+        small.execute("XA ROLLBACK 'small'")
+        h.execute("INSERT INTO t1 VALUES (3, 'after', 3)")
+        events = cap.assert_oracle({"t1": ["id"]})
+    t1 = _t1(events)
+    assert ("c", 2, "small") not in t1
+    assert len([e for e in t1 if e[2] == "held"]) == 500
+
+
+@pytest.mark.parametrize("server", ["mariadb"], indirect=True)
+def test_held_rows_over_a_kafka_message_stop_capture_loudly(
+    server: Server, db: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Review s11 F1 with the Kafka change log: 8,000 held rows (~1.5 MB of checkpoint)
+    made every commit fail (message too large) and stalled capture silently; now the
+    default limit stops it at the PREPARE with the SourceError."""
+    pytest.importorskip("confluent_kafka", reason="pip install 'pydblog[kafka]'")
+    from tests.kafka.conftest import kafka_log_toml
+
+    h = MariaHarness(server, db)
+    h.execute(T1)
+    with Capture(h, tmp_path, kafka_log_toml(request.getfixturevalue("kafka_bootstrap"))) as cap, \
+            _session(server, db) as xa:
+        cap.caught_up()
+        _big_prepare(xa, "'big'", 8000)
+        err = _stopped(cap)
+    assert "XA transaction X'626967',X'',1" in err and "8000 rows" in err, err[-3000:]
+    assert "Message size too large" not in err, err[-3000:]

@@ -114,6 +114,7 @@ from pydblog.sources.mysql.tablemap import (
 from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
 from pydblog.sources.mysql.wake import Wakeup
 from pydblog.sources.mysql.xa import (
+    MAX_HELD_BYTES,
     XA_KEY,
     PreparedXa,
     Xid,
@@ -1034,6 +1035,21 @@ class MySqlLogSource:
             log.info("XA transaction %s prepared at %s with %d captured row change(s): held "
                      "until its XA COMMIT / XA ROLLBACK", xid_text(xid), tx.position(0),
                      len(held))
+            size = self._xa.encoded_size()
+            if size > MAX_HELD_BYTES:
+                raise SourceError(
+                    f"XA transaction {xid_text(xid)}, prepared at {tx.position(0)} with "
+                    f"{len(held)} captured row change(s), brings the held rows of prepared XA "
+                    f"transactions ({self._xa.rows()} rows, {size:,} bytes encoded) over the "
+                    f"limit of {MAX_HELD_BYTES:,} bytes: every checkpoint carries them until "
+                    "their XA COMMIT / XA ROLLBACK (a Kafka change log cannot commit a "
+                    "checkpoint above its 1 MB message limit). Fix: set "
+                    "PYDBLOG_XA_MAX_HELD_BYTES higher and restart (with a Kafka change log "
+                    "only if the checkpoint topic's max.message.bytes and the broker's limits "
+                    "allow it); capture resumes before this PREPARE, so resolving the XA "
+                    "alone does not help. Keep XA transactions on captured tables small "
+                    "(README, Limits)"
+                )
             yield SourceState(XA_KEY, self._xa.to_json(), tx.position(0))
         yield from self._end_tx(ts_ms)
 
