@@ -47,7 +47,29 @@ def between_slices(events: list[Event], table: str) -> int:
     return found
 
 
+def test_slices_ignored_on_fenced_windows(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's windows are fenced: PYDBLOG_SLICE_ROWS is ignored there (a known
+    wrong-result bug, docs/snapshots.md), with a warning, and the log stays exact."""
+    if not harness.name.startswith("postgres"):
+        pytest.skip("windows are fenced on PostgreSQL only")
+    _sliced_snapshot(harness, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
 def test_slices_interleave_stream_events(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MySQL/MariaDB (unfenced windows): stream events land between slices of a chunk.
+    Slow: whether a stream event falls between two slices depends on the timing (it
+    failed 1 run in 2-3 on a loaded machine); slices are off by default."""
+    if harness.name.startswith("postgres"):
+        pytest.skip("slices are ignored on fenced windows")
+    _sliced_snapshot(harness, tmp_path, monkeypatch)
+
+
+def _sliced_snapshot(
     harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     h = harness
