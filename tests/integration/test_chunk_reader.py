@@ -209,3 +209,44 @@ def test_chunk_bounds_are_every_step_th_key(
     # max_key bounds the boundaries: none past it
     assert reader.chunk_bounds(info, None, every[11], 4, 10, condition) == [every[3], every[7], every[11]]
     assert reader.chunk_bounds(info, every[-1], top, 1, 3, condition) == []
+
+
+@pytest.mark.parametrize("key", ["composite", "text"])
+def test_boundary_query_is_index_only(pg_db: str, reader: PgSnapshotReader, key: str) -> None:
+    """The boundary queries that cut a non-integer key into ranges (``chunk_bounds``)
+    read the key's index only: an Index Only Scan in key order, no sort, no heap (a
+    query that read the table's rows to skip them would cost the server a pass over
+    every row of the range)."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        if key == "composite":
+            conn.execute("CREATE TABLE wide (k text, id int, pad text, PRIMARY KEY (k, id))")
+            conn.execute("INSERT INTO wide SELECT 'k' || (g % 7), g, repeat('x', 200) "
+                         "FROM generate_series(1, 20000) g")
+        else:
+            conn.execute("CREATE TABLE wide (k text PRIMARY KEY, pad text)")
+            conn.execute("INSERT INTO wide SELECT 'k' || lpad(g::text, 6, '0'), "
+                         "repeat('x', 200) FROM generate_series(1, 20000) g")
+        conn.execute("VACUUM ANALYZE wide")
+    info = reader.table_info("public.wide")
+    assert info is not None
+    top = reader.max_key(info, None)
+    assert top is not None
+    seen: list[Any] = []
+    real = reader._read_only
+
+    def spy(query: Any, params: list[Any], *args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        seen.append(query)
+        return real(query, params, *args, **kwargs)
+
+    reader._read_only = spy  # type: ignore[method-assign]
+    bounds = reader.chunk_bounds(info, None, top, 1000, 3, None)
+    assert len(bounds) == 3 and len(seen) == 3
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for query in seen:
+            text = query.as_string(conn)
+            assert "OFFSET" in text
+            row = conn.execute(f"EXPLAIN (FORMAT JSON) {text}").fetchone()
+            assert row is not None
+            plan = orjson.dumps(row[0]).decode()
+            assert '"Index Only Scan"' in plan, plan
+            assert '"Sort"' not in plan and '"Seq Scan"' not in plan, plan
