@@ -54,6 +54,9 @@ class Dsn(str):
 class SourceConfig(_Model):
     type: Literal["postgres", "mysql"] = "postgres"
     dsn: str
+    primary_dsn: str | None = None
+    """PostgreSQL, when ``dsn`` is a hot standby (capture from a standby, PostgreSQL
+    16+): the primary, used only to log heartbeats and table resets (never for rows)."""
     tables: list[str] | None = None
     exclude_tables: list[str] = Field(default_factory=list)
     slot: str = "dblog"
@@ -81,6 +84,14 @@ class SourceConfig(_Model):
                 "(lower-case letters, digits and _, at most 63 characters)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _primary_dsn_postgres(self) -> SourceConfig:
+        if self.primary_dsn is not None and self.type != "postgres":
+            raise ValueError(
+                "primary_dsn (capture from a PostgreSQL hot standby) is for type = "
+                '"postgres" only; remove it')
+        return self
 
     def __repr__(self) -> str:
         return f"SourceConfig(type={self.type!r}, dsn={redact_dsn(self.dsn)!r}, ...)"

