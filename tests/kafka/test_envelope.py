@@ -1,26 +1,57 @@
-"""Debezium envelope conformance: what a consumer written for Debezium's PostgreSQL JSON
-change events (``value.converter.schemas.enable=false``) reads from the topics, field by
-field, and the documented differences (docs/kafka.md) are exactly the ones there are."""
+"""Debezium envelope conformance: what a consumer written for Debezium's PostgreSQL or
+MySQL JSON change events (``value.converter.schemas.enable=false``) reads from the
+topics, field by field, for creates, updates, deletes, incremental snapshot reads and
+truncates; the documented differences (docs/kafka.md) are exactly the ones there are.
+
+Debezium's ``source`` blocks, from its connector docs: PostgreSQL ``version, connector,
+name, ts_ms, snapshot, db, sequence, schema, table, txId, lsn, xmin``; MySQL ``version,
+connector, name, ts_ms, snapshot, db, sequence, table, server_id, gtid, file, pos, row,
+thread, query``."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg
+import pytest
 
-from tests.helpers import start_run, stop_run, wait_for_marker, write_config
+from tests.contract.capture import Capture
+from tests.contract.harness import Harness, PgHarness
 from tests.kafka.conftest import kafka_log_toml
 
-# Debezium's PostgreSQL connector value payload: field -> JSON types allowed per op.
 DEBEZIUM_VALUE = {"op", "ts_ms", "before", "after", "source"}
-DEBEZIUM_SOURCE = {"connector": str, "db": str, "schema": str, "table": str, "ts_ms": int,
-                   "snapshot": str, "txId": int, "lsn": int}
-ABSENT = {"source": {"version", "name", "sequence", "xmin"}, "value": {"transaction", "ts_us", "ts_ns"}}
-"""Debezium fields pydblog does not write (docs/kafka.md, 'Differences')."""
-ADDED = {"value": {"offset", "key"}, "source": {"index"}}
+ABSENT_VALUE = {"transaction", "ts_us", "ts_ns"}
+ADDED_VALUE = {"offset", "key"}
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """One Debezium connector's ``source`` block as pydblog writes it."""
+
+    connector: str
+    source: dict[str, type | tuple[type, ...]]  # Debezium's fields pydblog writes: JSON types
+    absent: frozenset[str]  # Debezium's fields pydblog does not write
+    added: frozenset[str]  # pydblog's fields Debezium has not
+
+
+POSTGRES = Flavour(
+    "postgresql",
+    {"connector": str, "db": str, "schema": str, "table": str, "ts_ms": int, "snapshot": str,
+     "txId": int, "lsn": int},
+    frozenset({"version", "name", "sequence", "xmin", "ts_us", "ts_ns"}),
+    frozenset({"index"}),
+)
+MYSQL = Flavour(
+    "mysql",
+    {"connector": str, "db": str, "table": str, "ts_ms": int, "snapshot": str,
+     "gtid": (str, type(None)), "file": str, "pos": int},
+    frozenset({"version", "name", "sequence", "server_id", "row", "thread", "query",
+               "ts_us", "ts_ns"}),
+    frozenset({"index", "schema"}),
+)
 
 
 def read_topic(bootstrap: str, topic: str) -> list[Any]:
@@ -44,51 +75,57 @@ def read_topic(bootstrap: str, topic: str) -> list[Any]:
     return out
 
 
-def test_debezium_postgres_envelope(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute("CREATE TABLE customers (id int PRIMARY KEY, email text, n int)")
+def _capture_scenario(h: Harness, tmp_path: Path, bootstrap: str) -> tuple[str, str]:
+    """Two rows snapshotted, then a create, an update, a delete and a truncate; the
+    topic and the schema (database) of the table."""
+    h.execute("CREATE TABLE customers (id INT PRIMARY KEY, email VARCHAR(40), n INT)",
+              "INSERT INTO customers VALUES (10, 's@x', 10), (11, 't@x', 11)")
     prefix = f"e{uuid.uuid4().hex[:8]}"
-    config = write_config(tmp_path, pg_db, extra=kafka_log_toml(
-        kafka_bootstrap, prefix, "partitions = 2\ntombstones = true\n"))
-    proc = start_run(config)
-    try:
-        with psycopg.connect(pg_db, autocommit=True) as conn:
-            conn.execute("INSERT INTO customers VALUES (1, 'a@x', 1), (2, 'b@x', 2)")
-            conn.execute("UPDATE customers SET n = 5 WHERE id = 1")
-            conn.execute("DELETE FROM customers WHERE id = 2")
-            conn.execute("TRUNCATE customers")
-        wait_for_marker(config, pg_db)
-    finally:
-        code, out = stop_run(proc)
-    assert code == 0, out
-    msgs = read_topic(kafka_bootstrap, f"{prefix}.public.customers")
+    with Capture(h, tmp_path, kafka_log_toml(bootstrap, prefix, "partitions = 2\ntombstones = true\n")) as cap:
+        mark = cap.end()
+        h.signal("snap", "execute-snapshot", {"data-collections": [f"{h.schema}\\.customers"]})
+        cap.wait_notification("COMPLETED", after=mark, signal_id="snap")
+        h.execute("INSERT INTO customers VALUES (1, 'a@x', 1), (2, 'b@x', 2)")
+        h.execute("UPDATE customers SET n = 5 WHERE id = 1")
+        h.execute("DELETE FROM customers WHERE id = 2")
+        h.execute("TRUNCATE customers")
+        cap.caught_up()
+    return f"{prefix}.{h.schema}.customers", h.schema
+
+
+def check_envelope(msgs: list[Any], flavour: Flavour, schema: str) -> None:
     data = [m for m in msgs if m.value() is not None]
     ops = sorted(orjson.loads(m.value())["op"] for m in data)
-    assert ops == ["c", "c", "d", "t", "t", "u"]  # the truncate once per partition
+    # a truncate and the snapshot's notifications once per partition (the ordering rule)
+    assert ops == ["c", "c", "d", "n", "n", "n", "n", "r", "r", "t", "t", "u"], ops
     for m in data:
         v = orjson.loads(m.value())
         assert set(v) >= DEBEZIUM_VALUE, v
-        assert not ABSENT["value"] & set(v) and ADDED["value"] <= set(v)
+        assert not ABSENT_VALUE & set(v) and set(v) >= ADDED_VALUE, sorted(v)
         op, src = v["op"], v["source"]
         assert isinstance(v["ts_ms"], int)
-        for name, typ in DEBEZIUM_SOURCE.items():
+        for name, typ in flavour.source.items():
             assert isinstance(src[name], typ), (name, src)
-        assert src["connector"] == "postgresql" and src["schema"] == "public"
-        assert src["table"] == "customers" and src["snapshot"] == "false"
-        assert not ABSENT["source"] & set(src) and ADDED["source"] <= set(src)
+        assert set(src) == set(flavour.source) | flavour.added, sorted(src)
+        assert not flavour.absent & set(src)
+        assert src["connector"] == flavour.connector and src["table"] == "customers"
+        assert src["schema"] == schema
         assert dict(m.headers())["dblog.source"] == orjson.dumps(src)
-        if op == "t":
+        if op in ("t", "n"):
             assert m.key() is None and v["before"] is None and v["after"] is None
+            assert src["snapshot"] == ("false" if op == "t" else "incremental"), src
             continue
         key = orjson.loads(m.key())
-        row = v["after"] if op in ("c", "u") else v["before"]
+        row = v["after"] if op in ("c", "u", "r") else v["before"]
         assert key == {"id": row["id"]} == v["key"]
-        if op == "c":
+        assert src["snapshot"] == ("incremental" if op == "r" else "false"), src
+        if op in ("c", "r"):
             assert v["before"] is None and set(v["after"]) == {"id", "email", "n"}
+            assert (op == "r") == (row["id"] >= 10) and row["n"] == row["id"], v
         elif op == "u":
-            assert v["after"]["n"] == 5  # before: null under REPLICA IDENTITY DEFAULT, as in Debezium
+            assert v["after"] == {"id": 1, "email": "a@x", "n": 5}
         else:
-            assert v["after"] is None and v["before"]["id"] == 2  # the old key (replica identity)
+            assert v["after"] is None and v["before"]["id"] == 2  # the old key (or row)
     # The tombstone follows its delete in the same partition, with the same key.
     by_part: dict[int, list[Any]] = {}
     for m in msgs:
@@ -98,3 +135,36 @@ def test_debezium_postgres_envelope(pg_db: str, tmp_path: Path, kafka_bootstrap:
     p, i = tombstones[0]
     delete = by_part[p][i - 1]
     assert orjson.loads(delete.value())["op"] == "d" and delete.key() == by_part[p][i].key() == b'{"id":2}'
+
+
+def test_debezium_postgres_envelope(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
+    topic, schema = _capture_scenario(PgHarness(pg_db), tmp_path, kafka_bootstrap)
+    msgs = read_topic(kafka_bootstrap, topic)
+    check_envelope(msgs, POSTGRES, schema)
+    before = [orjson.loads(m.value())["before"] for m in msgs if m.value() is not None]
+    assert {"id": 2} in before  # a delete's before: the key only (REPLICA IDENTITY DEFAULT)
+    updates = [orjson.loads(m.value()) for m in msgs if m.value() and b'"op":"u"' in m.value()]
+    assert updates[0]["before"] is None  # as in Debezium without REPLICA IDENTITY FULL
+
+
+def test_debezium_mariadb_envelope(tmp_path: Path, kafka_bootstrap: str,
+                                   request: pytest.FixtureRequest) -> None:
+    from tests.mysql.harness import MariaHarness
+
+    server = request.getfixturevalue("mariadb")
+    db = request.getfixturevalue("my_db")
+    h = MariaHarness(server, db)
+    topic, schema = _capture_scenario(h, tmp_path, kafka_bootstrap)
+    msgs = read_topic(kafka_bootstrap, topic)
+    check_envelope(msgs, MYSQL, schema)
+    for m in msgs:
+        if m.value() is None:
+            continue
+        v = orjson.loads(m.value())
+        src = v["source"]
+        assert src["db"] == db and src["file"] and src["pos"] > 0, src
+        assert src["gtid"] is None or src["gtid"].count("-") == 2, src  # MariaDB's domain-server-seq
+        if v["op"] == "u":
+            assert v["before"] == {"id": 1, "email": "a@x", "n": 1}  # binlog_row_image=FULL
+        if v["op"] == "d":
+            assert v["before"] == {"id": 2, "email": "b@x", "n": 2}

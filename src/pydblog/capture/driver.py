@@ -162,14 +162,17 @@ class SnapshotDriver:
 
     def on_direct_signal(
         self, signal_id: str, kind: str, data: dict[str, Any], captured: list[str],
-        position: Position,
+        position: Position, problem: str | None = None,
     ) -> tuple[list[Emitted], str | None]:
         """A signal handed to the capture (``capture.inbox``), applied at ``position``
         (the last logged event's) as a signal row read there would be. Returns the
-        events and the rejection's reason, if the signal was rejected."""
+        events and the rejection's reason, if the signal was rejected (always, with
+        ``problem``: a message that was no valid signal, rejected for that reason)."""
         import orjson
 
         try:
+            if problem is not None:
+                raise SignalError(problem)
             signal = parse_signal(signal_id, kind, orjson.dumps(data).decode())
         except SignalError as exc:
             log.warning("rejected signal %s: %s", signal_id, exc)

@@ -6,7 +6,9 @@ the signals that otherwise become a row in the source's signal table (``POST
 process instead: ``INBOX.offer`` queues one, the capture loop takes it at the next
 transaction boundary of the stream, applies it to the snapshot core as if the signal
 row had been read there, and writes a checkpoint (with the core's new state) before
-the offer is answered.
+the offer is answered. In every watermark mode the Kafka signal channel also hands
+over the messages it rejects (``Offer.problem``: not JSON, no ``type``, an invalid
+signal): the capture logs their REJECTED notification, as it does for a bad signal row.
 
 Invariants:
 - an offer is answered ``applied`` only once the checkpoint holding its effect is
@@ -44,6 +46,9 @@ class Offer:
     outcome: str = ""  # "applied" | "duplicate" | "rejected"
     error: str | None = None
     notification: dict[str, Any] | None = None  # the core's answer (STARTED, SKIPPED, ...)
+    problem: str | None = None
+    """Set for a message that is no signal at all (the Kafka channel's malformed
+    values): the capture only logs a REJECTED notification with this reason."""
 
     def answer(self, outcome: str, error: str | None = None,
                notification: dict[str, Any] | None = None) -> None:
@@ -58,8 +63,9 @@ class SignalInbox:
         self.waiting = False  # read without the lock by the capture loop (a hint)
         self.wake: Callable[[], None] = lambda: None
 
-    def offer(self, signal_id: str, kind: str, data: dict[str, Any]) -> Offer:
-        item = Offer(signal_id, kind, data)
+    def offer(self, signal_id: str, kind: str, data: dict[str, Any],
+              problem: str | None = None) -> Offer:
+        item = Offer(signal_id, kind, data, problem=problem)
         with self._lock:
             self._queue.append(item)
             self.waiting = True
@@ -97,14 +103,16 @@ INBOX = SignalInbox()
 def deliver(
     signal_id: str, kind: str, data: dict[str, Any], timeout_s: float,
     stop: threading.Event | None = None, inbox: SignalInbox = INBOX,
+    problem: str | None = None,
 ) -> Offer | None:
     """Offer a signal and wait for its answer.
 
     None: no capture took it within ``timeout_s`` (or before ``stop``); it was withdrawn
     and never applies. Otherwise the offer: answered (``done`` set), or, rarely, taken
     and unanswered (``done`` not set; its outcome is unknown: still being applied after
-    ``TAKEN_WAIT_S`` more, or put back by a capture that failed and withdrawn)."""
-    item = inbox.offer(signal_id, kind, data)
+    ``TAKEN_WAIT_S`` more, or put back by a capture that failed and withdrawn). With
+    ``problem`` the offer is a rejection: the capture logs its REJECTED notification."""
+    item = inbox.offer(signal_id, kind, data, problem)
     deadline = time.monotonic() + timeout_s
     while not item.done.wait(0.1):
         if time.monotonic() > deadline or (stop is not None and stop.is_set()):

@@ -2,26 +2,40 @@
 
 A message whose key is the ``[log] topic_prefix`` and whose value is
 ``{"type": "execute-snapshot" | "stop-snapshot" | "pause-snapshot" | "resume-snapshot",
-"data": {...}}`` is a signal for this capture; other keys are ignored (another
-capture's), as Debezium does. The listener (a thread of ``dblog run``) forwards each
-signal into the source's signal table, so it reaches the snapshot core through the
-log like any other signal: the same validation, the same notifications, a position in
-the source's order, and nothing new to make exactly once in the core. Read-only
-snapshots write nothing to the source: there the listener hands each signal straight to
-the capture (``capture.inbox``), which applies a signal id at most once (the ids are
-kept in its checkpoint), and commits the offset once the capture answered.
+"data": {...}}`` is a signal for this capture. Messages with another key (or none) are
+another capture's and are ignored, as Debezium does; so are tombstones (a null value:
+a compacted signal topic dropping old signals). Every other message is a signal, valid
+or not, and gets exactly the signal table's answer:
 
-At least once in, exactly once through: the signal row's id is
-``kafka-<partition>-<offset>-<timestamp>``, inserted only if absent, and the consumer
-group ``dblog-signals.<prefix>`` commits a message's offset only after its row is in the
-signal table. A crash in between forwards it again and the insert does nothing. The
-listener assigns the topic's partitions itself (no group join) and starts at the group's
-committed offsets, or at the topic's end the first time (signals sent before the first
-start are not replayed). Malformed messages are logged and skipped.
+- a valid one goes to the source's signal table, so it reaches the snapshot core
+  through the log like any other signal (a position in the source's order; STARTED,
+  SKIPPED for unknown tables, a table REJECTED later for a bad filter, ...);
+  read-only snapshots write nothing to the source: there it is handed straight to the
+  capture (``capture.inbox``);
+- an invalid one (its value not JSON, not ``{"type", "data"}``, or a signal
+  ``core.signals.parse_signal`` refuses: unknown type, bad ``data``) is handed to the
+  capture as a rejection (``Offer.problem``), in any watermark mode: the capture logs
+  a REJECTED notification whose reason names the problem and the fix (for a bad signal
+  the very text a bad signal row gets). Nothing is written to the source for it.
+
+At least once in, exactly once through: the signal's id is
+``kafka-<partition>-<offset>-<timestamp>``; a signal row is inserted only if absent,
+and the capture applies a handed-over id at most once (it keeps the ids in its
+checkpoint). The consumer group ``dblog-signals.<prefix>`` commits a message's offset
+only after the signal row is in, or the capture answered the hand-over (its effect is
+then in the change log), and never past a message that was not: a crash in between
+forwards it again, without effect. The listener assigns the topic's partitions itself
+(no group join). Its first start ever (no committed offset in any partition) starts at
+the topic's end and commits that position at once (signals sent before the first start
+are not replayed; those sent while ``dblog run`` is down later are); a partition
+without a committed offset when others have one was added later and is read from its
+start. Partitions added while the listener runs are read from the next start of the
+capture on.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any
@@ -29,18 +43,61 @@ from typing import Any
 import orjson
 
 from pydblog.config import Config
-from pydblog.errors import ConfigError, DblogError
+from pydblog.core.signals import SignalType, parse_signal
+from pydblog.errors import ConfigError, DblogError, SignalError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("execute-snapshot", "stop-snapshot", "pause-snapshot", "resume-snapshot")
+KINDS = tuple(t.value for t in SignalType)
 GROUP = "dblog-signals.{prefix}"
+EXAMPLE = '{"type": "execute-snapshot", "data": {"data-collections": ["public\\\\.orders"]}}'
 
 
 def signal_prefix(cfg: Config) -> str:
     """Debezium's key: the topic prefix (the Kafka log's, or the signal topic's name
     when the change log is embedded and has no prefix)."""
     return cfg.log.topic_prefix or cfg.snapshot.signal_topic or ""
+
+
+def decode_message(signal_id: str, value: bytes) -> tuple[str, str | None]:
+    """A message's value as the signal table's ``(type, data)`` columns: ``data`` is
+    the JSON text of the value's ``data`` (a string there is taken as that text, as
+    the table's column is), None when absent or null.
+
+    Raises ``SignalError`` naming the problem when the value is no ``{"type", "data"}``
+    object; what the type and data hold is ``parse_signal``'s to judge."""
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise SignalError(
+            f"signal {signal_id!r}: the Kafka message's value is not JSON ({exc})",
+            hint=f"send a JSON object as the value, e.g. {EXAMPLE}",
+        ) from None
+    if not isinstance(doc, dict):
+        raise SignalError(
+            f"signal {signal_id!r}: the Kafka message's value must be a JSON object "
+            f'{{"type": ..., "data": {{...}}}}, not {type(doc).__name__}',
+            hint=f"e.g. {EXAMPLE}",
+        )
+    extra = sorted(set(doc) - {"type", "data"})
+    if extra:
+        raise SignalError(
+            f"signal {signal_id!r}: unknown field(s) {', '.join(extra)} in the Kafka "
+            "message's value",
+            hint=f'the value has only "type" and "data" (the signal\'s fields go in "data"), '
+                 f"e.g. {EXAMPLE}",
+        )
+    kind = doc.get("type")
+    if not isinstance(kind, str):
+        raise SignalError(
+            f"signal {signal_id!r}: the Kafka message's value needs \"type\", a string "
+            f"(got {orjson.dumps(kind).decode()})",
+            hint=f"use one of: {', '.join(KINDS)}",
+        )
+    data = doc.get("data")
+    if data is None:
+        return kind, None
+    return kind, data if isinstance(data, str) else orjson.dumps(data).decode()
 
 
 class KafkaSignalListener:
@@ -65,6 +122,7 @@ class KafkaSignalListener:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dblog-kafka-signals", daemon=True)
         self._assigned = False
+        self.assigned = threading.Event()  # set once the partitions are assigned (tests)
         self._thread.start()
 
     def _assign(self) -> bool:
@@ -75,15 +133,26 @@ class KafkaSignalListener:
             return False
         tps = [k.TopicPartition(self.topic, p) for p in sorted(t.partitions)]
         committed = self.consumer.committed(tps, timeout=10)
-        start = []
+        first_start = all(tp.offset < 0 for tp in committed)
+        start, fresh = [], []
         for tp in committed:
             if tp.offset >= 0:
                 start.append(k.TopicPartition(self.topic, tp.partition, tp.offset))
-            else:
+                continue
+            if first_start:  # the end: signals sent before the first start are not replayed
                 _, hi = self.consumer.get_watermark_offsets(tp, timeout=10)
-                start.append(k.TopicPartition(self.topic, tp.partition, max(hi, 0)))
+                offset = max(hi, 0)
+            else:  # added after the first start: everything in it is newer
+                offset, _ = self.consumer.get_watermark_offsets(tp, timeout=10)
+                offset = max(offset, 0)
+            tp_start = k.TopicPartition(self.topic, tp.partition, offset)
+            start.append(tp_start)
+            fresh.append(tp_start)
+        if fresh:  # so that a restart goes on from here, not from a later end
+            self.consumer.commit(offsets=fresh, asynchronous=False)
         self.consumer.assign(start)
         log.info("listening for signals on Kafka topic %s", self.topic)
+        self.assigned.set()
         return True
 
     def _run(self) -> None:
@@ -95,47 +164,70 @@ class KafkaSignalListener:
                         self._stop.wait(2.0)
                         continue
                 for m in self.consumer.consume(100, 0.5):
-                    if m.error() is None:
-                        self._forward(m)
+                    if m.error() is None and not self._forward(m):
+                        # Not forwarded (closing): nothing after it may be committed;
+                        # the next listener reads from the committed offset.
+                        return
             except (DblogError, self.k.KafkaException) as exc:
                 log.warning("Kafka signal channel: %s; retrying", exc)
-                self._assigned = False
+                self._assigned = False  # again from the committed offsets
                 self._stop.wait(2.0)
 
-    def _forward(self, m: Any) -> None:
-        """One message: forward it (retrying until the source takes it), then commit."""
-        from pydblog.capture.signals import send_signal, signals_go_direct
+    def _forward(self, m: Any) -> bool:
+        """One message: forward it (retrying until the source or the capture takes it),
+        then commit its offset. False if closed before it was forwarded (not
+        committed)."""
+        from pydblog.capture.signals import signals_go_direct
 
         signal_id = f"kafka-{m.partition()}-{m.offset()}-{m.timestamp()[1]}"
-        parsed = self._parse(m, signal_id)
-        if parsed is not None and signals_go_direct(self.cfg):
-            if not self._hand_over(signal_id, *parsed):
-                return  # not applied: not committed either
-            parsed = None
-        while parsed is not None and not self._stop.is_set():
+        if m.key() != self.key or m.value() is None:
+            done = True  # another capture's signal, or a tombstone
+        else:
             try:
-                send_signal(self.cfg, signal_id, parsed[0], parsed[1], once=True)
-                break
-            except DblogError as exc:
-                log.warning("cannot forward Kafka signal %s: %s; retrying", signal_id, exc)
-                self._stop.wait(1.0)
-        if self._stop.is_set() and parsed is not None:
-            return  # not forwarded: not committed either
+                kind, data = decode_message(signal_id, m.value())
+                parse_signal(signal_id, kind, data)  # the signal table's own validation
+            except SignalError as exc:
+                log.warning("Kafka signal %s rejected: %s", signal_id, exc)
+                done = self._hand_over(signal_id, "", {}, problem=str(exc))
+            else:
+                # (parse_signal took it: an object, or empty / null)
+                fields: dict[str, Any] = (json.loads(data) if data and data.strip() else None) or {}
+                if signals_go_direct(self.cfg):
+                    done = self._hand_over(signal_id, kind, fields)
+                else:
+                    done = self._insert(signal_id, kind, fields)
+        if not done:
+            return False
         self.consumer.commit(
             offsets=[self.k.TopicPartition(m.topic(), m.partition(), m.offset() + 1)],
             asynchronous=False,
         )
+        return True
 
-    def _hand_over(self, signal_id: str, kind: str, data: dict[str, Any]) -> bool:
-        """Read-only snapshots: hand the signal to this process's capture and wait
-        until its effect is durable (or it was a duplicate, or rejected); False if
-        stopped first."""
+    def _insert(self, signal_id: str, kind: str, data: dict[str, Any]) -> bool:
+        """The signal row, inserted if absent; False if closed first."""
+        from pydblog.capture.signals import send_signal
+
+        while not self._stop.is_set():
+            try:
+                send_signal(self.cfg, signal_id, kind, data, once=True)
+                return True
+            except DblogError as exc:
+                log.warning("cannot forward Kafka signal %s: %s; retrying", signal_id, exc)
+                self._stop.wait(1.0)
+        return False
+
+    def _hand_over(self, signal_id: str, kind: str, data: dict[str, Any],
+                   problem: str | None = None) -> bool:
+        """Hand the signal (or, with ``problem``, its rejection) to this process's
+        capture and wait until its effect is durable (or it was a duplicate, or
+        rejected); False if closed first."""
         from pydblog.capture.inbox import deliver
 
         while not self._stop.is_set():
-            item = deliver(signal_id, kind, data, 5.0, stop=self._stop)
+            item = deliver(signal_id, kind, data, 5.0, stop=self._stop, problem=problem)
             if item is not None and item.done.is_set():
-                if item.outcome == "rejected":
+                if item.outcome == "rejected" and problem is None:
                     log.warning("Kafka signal %s rejected: %s", signal_id, item.error)
                 return True
             if not self._stop.is_set():
@@ -143,20 +235,12 @@ class KafkaSignalListener:
                          signal_id)
         return False
 
-    def _parse(self, m: Any, signal_id: str) -> tuple[str, dict[str, Any]] | None:
-        if m.key() != self.key:
-            return None  # another capture's signal
-        try:
-            value = orjson.loads(m.value() or b"null")
-            kind, data = value["type"], value.get("data") or {}
-            if kind not in KINDS or not isinstance(data, dict):
-                raise ValueError(f"type must be one of {', '.join(KINDS)} and data an object")
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            log.warning("ignored Kafka signal %s (not {\"type\", \"data\"}): %s", signal_id, exc)
-            return None
-        return str(kind), data
-
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            # Still inside a forward (a source or capture that does not answer): it
+            # commits nothing once it sees the stop; its consumer is left to it.
+            log.warning("the Kafka signal listener did not stop within 10 s")
+            return
         self.consumer.close()

@@ -384,7 +384,8 @@ class Runner:
                 # transaction commits later): one notification per signal, like a
                 # signal row's own position.
                 at = at_index(self._position, position_index(self._position) + 1)
-                events, error = driver.on_direct_signal(item.id, item.kind, item.data, captured, at)
+                events, error = driver.on_direct_signal(item.id, item.kind, item.data, captured, at,
+                                                       item.problem)
                 self._emit_events(events)
                 seen.append(item.id)
                 notice = next((e.notification for e in events if type(e) is ChangeEvent

@@ -1,0 +1,263 @@
+"""The Kafka signal channel (``[snapshot] signal_topic``) on a real broker: the same
+answers as the signal table. Every kind of bad message gets one REJECTED notification
+whose reason names the problem (for a bad signal, the very text ``parse_signal`` gives a
+bad signal row); execute / pause / stop / resume work through the topic with their
+notifications; a message with another key is ignored; no good signal is lost or applied
+twice (the listener's offsets: a first start, a close in the middle of a batch)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from pydblog.config import Config, load_config
+from pydblog.core.signals import parse_signal
+from pydblog.errors import SignalError
+from tests.contract.capture import Capture
+from tests.contract.harness import PgHarness
+from tests.helpers import wait_for, write_config
+from tests.kafka.conftest import kafka_log_toml
+
+W = "public\\.w"
+PROGRESS = ("TABLE_SCAN_STARTED", "IN_PROGRESS", "TABLE_SCAN_COMPLETED")
+
+
+class Topic:
+    """A fresh one-partition signal topic, and a producer that returns offsets."""
+
+    def __init__(self, bootstrap: str, name: str) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.cimpl import NewTopic
+
+        self.name = name
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for f in admin.create_topics([NewTopic(name, 1, 1)]).values():
+            f.result()
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+
+    def send(self, key: bytes | None, value: Any) -> int:
+        """One message (``value``: bytes as is, None a tombstone, else JSON); its offset."""
+        raw = value if isinstance(value, bytes) or value is None else orjson.dumps(value)
+        box: list[int] = []
+        self.producer.produce(self.name, raw, key,
+                              on_delivery=lambda err, msg: box.append(-1 if err else msg.offset() or 0))
+        self.producer.flush(10)
+        assert box and box[0] >= 0, "not delivered"
+        return box[0]
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        return int(c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset)
+    finally:
+        c.close()
+
+
+def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        c.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+    finally:
+        c.close()
+
+
+def _by_offset(events: list[dict[str, Any]], offset: int) -> list[dict[str, Any]]:
+    """The notifications of the signal sent at ``offset`` (ids ``kafka-0-<offset>-<ts>``),
+    but a table scan's progress ones."""
+    return [e["notification"] for e in events
+            if e["op"] == "n" and e["notification"]["type"] not in PROGRESS
+            and e["notification"].get("signal_id", "").startswith(f"kafka-0-{offset}-")]
+
+
+def _table_reason(kind: str, data: str | None) -> str:
+    """What a signal row with these columns is rejected with (id replaced by ``ID``)."""
+    try:
+        parse_signal("ID", kind, data)
+    except SignalError as exc:
+        return str(exc)
+    raise AssertionError(f"{kind} {data} is a valid signal")
+
+
+# (value sent, what its REJECTED reason must hold: the table's reason for these
+# columns, or words naming the problem and the fix)
+BAD: list[tuple[Any, str | tuple[str, ...]]] = [
+    (b"{not json", ("value is not JSON", "hint:", "execute-snapshot")),
+    (b"[1, 2]", ("must be a JSON object", "hint:")),
+    ({"data": {"data-collections": [W]}}, ('needs "type"', "execute-snapshot")),
+    ({"type": 7, "data": {}}, ('needs "type"', "got 7")),
+    ({"id": "x", "type": "execute-snapshot", "data": {"data-collections": [W]}},
+     ("unknown field(s) id", "hint:")),
+    ({"type": "explode", "data": {}}, _table_reason("explode", "{}")),
+    ({"type": "execute-snapshot", "data": "{not json"}, _table_reason("execute-snapshot", "{not json")),
+    ({"type": "execute-snapshot", "data": [W]}, _table_reason("execute-snapshot", orjson.dumps([W]).decode())),
+    ({"type": "execute-snapshot", "data": {"data-collection": [W]}},
+     _table_reason("execute-snapshot", orjson.dumps({"data-collection": [W]}).decode())),
+    ({"type": "execute-snapshot", "data": {"data-collections": ["("]}},
+     _table_reason("execute-snapshot", '{"data-collections": ["("]}')),
+    ({"type": "execute-snapshot"}, _table_reason("execute-snapshot", None)),
+    ({"type": "pause-snapshot", "data": {"data-collections": [W]}},
+     _table_reason("pause-snapshot", orjson.dumps({"data-collections": [W]}).decode())),
+]
+
+
+@pytest.mark.parametrize("watermark", ["table", "read-only"])
+def test_signal_topic_answers_like_the_signal_table(
+    pg_db: str, tmp_path: Path, kafka_bootstrap: str, watermark: str
+) -> None:
+    h = PgHarness(pg_db)
+    h.execute("CREATE TABLE w (id int PRIMARY KEY, v text, n int)",
+              "INSERT INTO w SELECT g, 'v' || g, g FROM generate_series(1, 2000) g")
+    prefix = f"g{uuid.uuid4().hex[:8]}"
+    topic = Topic(kafka_bootstrap, f"{prefix}-signals")
+    extra = kafka_log_toml(kafka_bootstrap, prefix, "partitions = 2\n"
+                           f'[snapshot]\nsignal_topic = "{topic.name}"\nchunk_size = 10\n'
+                           f'watermark = "{watermark}"\n')
+    group = f"dblog-signals.{prefix}"
+    with Capture(h, tmp_path, extra) as cap:
+        # The listener's first start commits the topic's end: from then on nothing is missed.
+        wait_for(lambda: _committed(kafka_bootstrap, group, topic.name) >= 0, 60,
+                 "the listener's first committed offset")
+        ours = prefix.encode()
+        bad = [(topic.send(ours, value), want) for value, want in BAD]
+        other = topic.send(b"other", {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+        topic.send(ours, None)  # a tombstone: nothing
+        unknown = topic.send(ours, {"type": "execute-snapshot",
+                                    "data": {"data-collections": ["public\\.nope"]}})
+        bad_filter = topic.send(ours, {"type": "execute-snapshot", "data": {
+            "data-collections": [W],
+            "additional-conditions": [{"data-collection": W, "filter": "n = (((("}]}})
+        events = cap.wait_until(lambda ev: all(_by_offset(ev, o) for o, _ in bad)
+                                and bool(_by_offset(ev, unknown)) and any(
+                                    n["type"] == "COMPLETED" for n in _by_offset(ev, bad_filter)),
+                                120, "an answer to every bad signal")
+        for offset, want in bad:
+            notes = _by_offset(events, offset)
+            assert [n["type"] for n in notes] == ["REJECTED"], (offset, notes)
+            reason = notes[0]["additional_data"]["reason"]
+            if isinstance(want, str):  # the signal table's own reason, word for word
+                assert reason == want.replace("'ID'", repr(notes[0]["signal_id"])), (reason, want)
+            else:
+                assert all(w in reason for w in want), (reason, want)
+        skipped = _by_offset(events, unknown)
+        assert [n["type"] for n in skipped] == ["SKIPPED"] and skipped[0]["additional_data"]["unknown"] == ["public\\.nope"]
+        filtered = [n["type"] for n in _by_offset(events, bad_filter)]
+        assert filtered == ["STARTED", "REJECTED", "COMPLETED"], filtered
+        assert "filter" in _by_offset(events, bad_filter)[1]["additional_data"]["reason"]
+
+        # execute + pause in one go: the 200-chunk snapshot is paused while it runs
+        execute = topic.send(ours, {"type": "execute-snapshot",
+                                    "data": {"data-collections": [W], "type": "INCREMENTAL"}})
+        pause = topic.send(ours, {"type": "pause-snapshot", "data": {}})
+        events = cap.wait_until(lambda ev: bool(_by_offset(ev, pause)), 60, "PAUSED")
+        assert [n["type"] for n in _by_offset(events, execute)] == ["STARTED"]
+        assert [n["type"] for n in _by_offset(events, pause)] == ["PAUSED"]
+        # resume + pause in one go: running again, then paused again (deterministic below)
+        resume = topic.send(ours, {"type": "resume-snapshot"})
+        pause2 = topic.send(ours, {"type": "pause-snapshot"})
+        events = cap.wait_until(lambda ev: bool(_by_offset(ev, pause2)), 60, "PAUSED again")
+        assert [n["type"] for n in _by_offset(events, resume)] == ["RESUMED"]
+        assert [n["type"] for n in _by_offset(events, pause2)] == ["PAUSED"]
+        stop = topic.send(ours, {"type": "stop-snapshot", "data": {"data-collections": [W]}})
+        events = cap.wait_until(lambda ev: bool(_by_offset(ev, stop)), 60, "ABORTED")
+        assert [n["type"] for n in _by_offset(events, stop)] == ["ABORTED"]
+        assert _by_offset(events, stop)[0]["additional_data"]["data_collections"] == ["public.w"]
+        resume2 = topic.send(ours, {"type": "resume-snapshot"})  # nothing paused any more
+        again = topic.send(ours, {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+        events = cap.wait_until(lambda ev: any(n["type"] == "COMPLETED" for n in _by_offset(ev, again)),
+                                120, "the second snapshot's COMPLETED")
+        assert [n["type"] for n in _by_offset(events, resume2)] == ["SKIPPED"]
+        assert [n["type"] for n in _by_offset(events, again)] == ["STARTED", "COMPLETED"]
+        assert [n["type"] for n in _by_offset(events, execute)] == ["STARTED"]
+        assert not _by_offset(events, other), "a message with another key was applied"
+        cap.assert_oracle({"w": ["id"]})
+        assert _committed(kafka_bootstrap, group, topic.name) == again + 1
+
+
+def _listener_config(tmp_path: Path, dsn: str, bootstrap: str, topic: str) -> Config:
+    return load_config(write_config(tmp_path, dsn, extra=kafka_log_toml(
+        bootstrap, f"l{uuid.uuid4().hex[:8]}", f'[snapshot]\nsignal_topic = "{topic}"\n')))
+
+
+def _signal_ids(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT id FROM dblog_signal ORDER BY id")]
+
+
+def test_first_start_commits_its_position(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
+    """A signal sent while `dblog run` is down after its first start is forwarded at the
+    next start (the listener used to start at the topic's end again: lost)."""
+    from pydblog.capture.kafka_signals import KafkaSignalListener
+
+    PgHarness(pg_db)  # the signal table
+    topic = Topic(kafka_bootstrap, f"f{uuid.uuid4().hex[:8]}-signals")
+    cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, topic.name)
+    first = KafkaSignalListener(cfg)
+    assert first.assigned.wait(30)
+    first.close()
+    offset = topic.send(cfg.log.topic_prefix.encode() if cfg.log.topic_prefix else b"",
+                        {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+    second = KafkaSignalListener(cfg)
+    try:
+        wait_for(lambda: bool(_signal_ids(pg_db)), 30, "the signal row")
+    finally:
+        second.close()
+    [row] = _signal_ids(pg_db)
+    assert row.startswith(f"kafka-0-{offset}-")
+
+
+def test_close_commits_nothing_past_an_unforwarded_signal(
+    pg_db: str, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """The listener is closed while a signal cannot be forwarded (no signal table yet)
+    and the same batch holds another capture's message after it: the group's offset
+    stays before the signal (committing the later message's offset lost it), and the
+    next listener forwards it."""
+    from pydblog.capture.kafka_signals import GROUP, KafkaSignalListener
+
+    topic = Topic(kafka_bootstrap, f"c{uuid.uuid4().hex[:8]}-signals")
+    cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, topic.name)
+    prefix = str(cfg.log.topic_prefix)
+    group = GROUP.format(prefix=prefix)
+    _commit(kafka_bootstrap, group, topic.name, 0)  # both messages in the first batch
+    good = topic.send(prefix.encode(), {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+    topic.send(b"other", {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+    tried = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "cannot forward Kafka signal" in record.getMessage():
+                tried.set()
+
+    handler = Seen()
+    logging.getLogger("pydblog.capture.kafka_signals").addHandler(handler)
+    try:
+        listener = KafkaSignalListener(cfg)
+        try:
+            assert tried.wait(30), "the listener never tried to forward the signal"
+        finally:
+            listener.close()
+    finally:
+        logging.getLogger("pydblog.capture.kafka_signals").removeHandler(handler)
+    assert _committed(kafka_bootstrap, group, topic.name) == good == 0
+    PgHarness(pg_db)  # the signal table, now
+    listener = KafkaSignalListener(cfg)
+    try:
+        wait_for(lambda: bool(_signal_ids(pg_db)), 30, "the signal row")
+        wait_for(lambda: _committed(kafka_bootstrap, group, topic.name) == 2, 30, "offset 2 committed")
+    finally:
+        listener.close()
+    [row] = _signal_ids(pg_db)
+    assert row.startswith(f"kafka-0-{good}-")
