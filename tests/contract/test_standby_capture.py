@@ -12,10 +12,14 @@ import contextlib
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import orjson
 import psycopg
 import pytest
 
@@ -27,6 +31,7 @@ from pydblog.sources.postgres.source import PgLogSource
 from tests.conftest import drop_database
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness, Wrapped
+from tests.contract.test_read_only_signals import TOKEN, post
 from tests.contract.test_snapshots import make_table, q, writer
 from tests.helpers import sid, start_run, stop_run, wait_for, write_config
 
@@ -197,6 +202,63 @@ def test_capture_from_a_standby_snapshot_while_the_primary_writes(
     with psycopg.connect(pg.dsn) as conn:
         assert conn.execute("SELECT to_regclass('dblog_watermark')").fetchone() == (None,)
         assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (0,)
+
+
+def source_check(cap: Capture) -> dict[str, Any]:
+    """The ``source`` check of the capture's ``GET /health``."""
+    url = orjson.loads((cap.log_dir / "api.json").read_bytes())["url"]
+    req = urllib.request.Request(f"{url}/health", headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = orjson.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        body = orjson.loads(exc.read())
+    return next(c for c in body["checks"] if c["name"] == "source")  # type: ignore[no-any-return]
+
+
+def test_the_standby_stream_waits_for_replay(
+    db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
+) -> None:
+    """Deterministic: the standby's stream never runs ahead of its replay, so its reads
+    never miss a commit it delivered. With replay paused, updates committed on the
+    primary are neither logged nor let a snapshot (signalled through the API, which
+    writes nothing) complete with the rows the paused standby still shows; once replay
+    resumes, the updates and the snapshot land and the log equals the primary."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=False)
+    make_table(pg, "t1", 300)
+    h.publish()
+    standby18.wait_caught_up()
+    extra = RO + (f'[api]\nlisten = "127.0.0.1:0"\ntoken = "{TOKEN}"\n'
+                  "[health]\nprobe_interval_s = 0.2\n")
+    with standby_snapshots(pg.dsn):
+        cap = Capture(h, tmp_path, extra).start()
+    try:
+        cap.caught_up()
+        # The API's source probe reads the standby too (slot lag from its replay).
+        time.sleep(1)  # probes after the slot exists (every 0.2 s)
+        assert source_check(cap) == {"name": "source", "ok": True, "detail": "reachable"}
+        with psycopg.connect(standby18.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_wal_replay_pause()")
+            try:
+                pg.execute("UPDATE t1 SET n = 100, v = 'new' WHERE id IN (7, 123, 299)")
+                signal = sid()
+                code, answer = post(cap, {"id": signal, "type": "execute-snapshot",
+                                          "data": {"data-collections": [q(pg, "t1")]}})
+                assert code == 202 and answer["applied"] is True, answer
+                time.sleep(2)  # the chunks are read on the paused standby meanwhile
+                events = cap.events()
+                assert not [e for e in events if e["op"] == "u"], "logged before replay"
+                assert not [e for e in events if e["op"] == "n"
+                            and e["notification"]["type"] == "COMPLETED"]
+            finally:
+                conn.execute("SELECT pg_wal_replay_resume()")
+        cap.wait_notification("COMPLETED", signal_id=signal, timeout=60)
+        events = cap.assert_oracle({"t1": ["id"]})
+        assert len([e for e in events if e["op"] == "u"]) == 3
+        assert len(snapshot_rows(events, "t1")) >= 297
+    finally:
+        cap.stop()
 
 
 def test_capture_from_a_standby_resumes_after_kill9(

@@ -111,7 +111,9 @@ class SourceProbe:
             self._conn = connect(self.cfg.source.dsn, timeout_s=min(5.0, self.interval_s * 2))
         row = self._conn.execute(
             "SELECT txid_snapshot_xmax(txid_current_snapshot())::text, "
-            "(SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint "
+            # (a hot standby's capture: its WAL position is what it has replayed)
+            "(SELECT ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+            "ELSE pg_current_wal_lsn() END) - confirmed_flush_lsn)::bigint "
             " FROM pg_replication_slots WHERE slot_name = %s)",
             (self.cfg.source.slot,),
         ).fetchone()
