@@ -213,7 +213,7 @@ def source_check(cap: Capture) -> dict[str, Any]:
             body = orjson.loads(resp.read())
     except urllib.error.HTTPError as exc:
         body = orjson.loads(exc.read())
-    return next(c for c in body["checks"] if c["name"] == "source")  # type: ignore[no-any-return]
+    return next(c for c in body["checks"] if c["name"] == "source")
 
 
 def test_the_standby_stream_waits_for_replay(
