@@ -403,3 +403,47 @@ def test_capture_on_a_postgresql_18_primary(pg18: PgCluster, tmp_path: Path) -> 
     finally:
         drop_database(pg18, name)
 
+
+
+@pytest.mark.slow
+def test_capture_from_a_standby_survives_kill9s_under_load(
+    db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
+) -> None:
+    """Slow: without ``primary_dsn``, four concurrent windows, 20,000 + 3,000 rows while
+    the primary writes to both tables, and three ``kill -9`` during the snapshot: the
+    resumed capture completes it once, and the log equals the primary's tables."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=False)
+    pg.execute("CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(40), n INT)",
+               "INSERT INTO t1 SELECT i, 'v' || i, i % 7 FROM generate_series(0, 19999) i")
+    make_typed(pg, 3000)
+    h.publish()
+    standby18.wait_caught_up()
+    extra = '[snapshot]\nchunk_size = 200\nwatermark = "read-only"\nparallelism = 4\n'
+    with standby_snapshots(pg.dsn):
+        cap = Capture(h, tmp_path, extra).start()
+    stop = threading.Event()
+    threads = [threading.Thread(target=writer, args=(pg, "t1", stop, 21, 22000)),
+               threading.Thread(target=typed_writer, args=(pg, stop, 22, 3500))]
+    signal = sid()
+    try:
+        for th in threads:
+            th.start()
+        pg.signal(signal, "execute-snapshot",
+                  {"data-collections": [q(pg, "t1"), q(pg, "typed")]})
+        for count in (5, 20, 40):
+            cap.wait_notification("IN_PROGRESS", count=count, timeout=180)
+            cap.kill()
+            cap.start()
+        cap.wait_notification("COMPLETED", signal_id=signal, timeout=300)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+    try:
+        events = cap.assert_oracle({"t1": ["id"], "typed": ["id"]})
+    finally:
+        cap.stop()
+    completed = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
+                 and e["notification"].get("signal_id") == signal]
+    assert len(completed) == 1
