@@ -28,6 +28,7 @@ from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.pgstandby import PgStandby
 from pydblog.errors import SourceError
 from pydblog.sources.postgres.source import PgLogSource
+from pydblog.sources.postgres.standby import TableSetChanged
 from tests.conftest import drop_database
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness, Wrapped
@@ -368,6 +369,66 @@ def test_standby_refusals(db18: tuple[PgHarness, str], standby18: PgStandby,
         _open(h.config(tmp_path / "b", RO))
     assert "publication 'dblog' does not exist" in err.value.message
     assert "on the primary" in str(err.value.hint) and "CREATE PUBLICATION dblog" in str(err.value.hint)
+
+
+def test_standby_checks(db18: tuple[PgHarness, str], pg18: PgCluster, standby18: PgStandby,
+                        tmp_path: Path) -> None:
+    """In process: ``primary_dsn`` checked to be the standby's primary in the same
+    database; ``hot_standby_feedback = off`` refused; without ``primary_dsn`` a captured
+    table dropped on the primary stops the capture at the next heartbeat."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=False)
+    make_table(pg, "t1", 3)
+    make_table(pg, "t2", 3)
+    h.publish()
+    standby18.wait_caught_up()
+    base = h.config(tmp_path / "base", RO).read_text()
+
+    def config(name: str, source: str) -> Path:
+        path = tmp_path / name / "dblog.toml"
+        path.parent.mkdir()
+        path.write_text(base.replace("[source]\n", f"[source]\n{source}\n", 1))
+        return path
+
+    with pytest.raises(SourceError) as err:
+        _open(config("standby", f'primary_dsn = "{standby18.dsn(dbname)}"'))
+    assert "is a standby too" in err.value.message
+    with pytest.raises(SourceError) as err:
+        _open(config("otherdb", f'primary_dsn = "{pg18.dsn()}"'))
+    assert "names database 'postgres'" in err.value.message
+    with psycopg.connect(standby18.dsn(), autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET hot_standby_feedback = off")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            wait_for(lambda: _setting(standby18, "hot_standby_feedback") == "off", 30, "reload")
+            with pytest.raises(SourceError) as err:
+                _open(config("feedback", ""))
+            assert "hot_standby_feedback is off" in err.value.message
+        finally:
+            conn.execute("ALTER SYSTEM RESET hot_standby_feedback")
+            conn.execute("SELECT pg_reload_conf()")
+            wait_for(lambda: _setting(standby18, "hot_standby_feedback") == "on", 30, "reload")
+
+    source = PgLogSource(load_config(config("fixed", "")))
+    try:
+        with standby_snapshots(pg.dsn):
+            source.open(None)
+        assert source.captured_tables == ["public.dblog_test_marker", "public.t1", "public.t2"]
+        source._heartbeat()  # nothing changed
+        pg.execute("DROP TABLE t2")
+        standby18.wait_caught_up()
+        with pytest.raises(TableSetChanged) as changed:
+            source._heartbeat()
+        assert "captured table public.t2 was dropped or renamed" in changed.value.message
+        assert "primary_dsn" in str(changed.value.hint)
+    finally:
+        source.close()
+
+
+def _setting(standby: PgStandby, name: str) -> str:
+    with psycopg.connect(standby.dsn()) as conn:
+        row = conn.execute(f"SHOW {name}").fetchone()
+    return str(row[0]) if row else ""
 
 
 def test_a_postgresql_15_standby_is_refused(pg_db: str, pg_cluster: PgCluster,
