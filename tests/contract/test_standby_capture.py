@@ -26,7 +26,7 @@ import pytest
 from pydblog.config import load_config
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.pgstandby import PgStandby
-from pydblog.errors import SourceError
+from pydblog.errors import ConfigError, SourceError
 from pydblog.sources.postgres.source import PgLogSource
 from pydblog.sources.postgres.standby import TableSetChanged
 from tests.conftest import drop_database
@@ -508,3 +508,13 @@ def test_capture_from_a_standby_survives_kill9s_under_load(
     completed = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
                  and e["notification"].get("signal_id") == signal]
     assert len(completed) == 1
+
+
+def test_primary_dsn_is_postgresql_only(tmp_path: Path) -> None:
+    path = tmp_path / "dblog.toml"
+    path.write_text('[source]\ntype = "mysql"\ndsn = "mysql://u:p@127.0.0.1/db"\n'
+                    'primary_dsn = "mysql://u:secret@127.0.0.1/db"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "primary_dsn" in str(err.value) and 'type = "postgres" only' in str(err.value)
+    assert "secret" not in str(err.value)
