@@ -105,17 +105,35 @@ class Wrapped:
 
 class KafkaLogHarness(Wrapped):
     """A source harness whose capture writes to Kafka (a fresh topic prefix, three
-    partitions per table) instead of the embedded log."""
+    partitions per table) instead of the embedded log. Every capture of one harness
+    (restarts, another host's) shares its topics."""
 
-    def __init__(self, inner: Harness, bootstrap: str) -> None:
+    def __init__(self, inner: Harness, bootstrap: str, log_keys: str | None = None) -> None:
         import uuid
 
         super().__init__(inner)
         self.name = f"{inner.name}+kafka"
-        self.log_keys = (
+        self.log_keys = log_keys or (
             f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\n'
             f'topic_prefix = "c{uuid.uuid4().hex[:10]}"\npartitions = 3\n'
         )
+        self.bootstrap = bootstrap
 
     def config(self, directory: Path, extra: str = "") -> Path:
         return self.inner.config(directory, self.log_keys + extra)
+
+    def around(self, inner: Harness) -> KafkaLogHarness:
+        """The same Kafka log (topics) in front of another source harness (``inner``
+        wrapped: a read-only capture user, say)."""
+        return KafkaLogHarness(inner, self.bootstrap, self.log_keys)
+
+
+def without_kafka(h: Harness) -> Harness:
+    """The source harness behind a Kafka log (``h`` itself on the embedded log): for
+    scenarios that look at the source directly."""
+    return h.inner if isinstance(h, KafkaLogHarness) else h
+
+
+def source_name(h: Harness) -> str:
+    """``postgres``, ``mysql`` or ``mysql57``, whichever log the capture writes."""
+    return without_kafka(h).name

@@ -20,7 +20,6 @@ from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import Harness
 from tests.contract.test_snapshots import q, writer
 from tests.helpers import sid
-from tests.mysql.harness import MariaHarness
 
 
 def big_table(h: Harness, rows: int) -> None:
@@ -146,10 +145,10 @@ def test_parallel_chunks_survive_kill9_at_random_points(
     write load; every restart resumes after the emitted prefix, and the change log
     materializes to the table."""
     h = harness
-    if watermark == "read-only" and isinstance(h, MariaHarness):
-        from tests.contract.test_read_only import ReadOnlyUser  # (it imports this module)
+    if watermark == "read-only":
+        from tests.contract.test_read_only import read_only  # (it imports this module)
 
-        h = ReadOnlyUser(h)  # a capture user that cannot write; the signal table made
+        h = read_only(h)  # MySQL: a capture user that cannot write; the signal table made
     rows, chunk = sized(h, 120_000, 512)
     big_table(h, rows)
     rng = random.Random(watermark)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.contract.capture import Capture, Event, snapshot_rows
-from tests.contract.harness import Harness
+from tests.contract.harness import Harness, source_name
 from tests.contract.test_snapshots import q, writer
 from tests.helpers import sid
 
@@ -124,7 +124,7 @@ def test_many_tables_in_flight_survive_kill9(
     (under writes): each restart resumes every table in flight after its emitted
     prefix; the change log materializes to the tables and each table's notifications
     stay in order."""
-    if watermark == "read-only" and harness.name != "postgres":
+    if watermark == "read-only" and source_name(harness) != "postgres":
         pytest.skip("the MySQL read-only scenarios are in test_read_only.py")
     _tables(harness, BIG)
     rng = random.Random(f"{harness.name}-{watermark}")

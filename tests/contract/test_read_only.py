@@ -23,7 +23,7 @@ from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.pgstandby import PgStandby
 from pydblog.sources.mysql.setup import OwnTables, signal_table_ddl
 from tests.contract.capture import Capture, snapshot_rows
-from tests.contract.harness import Harness, PgHarness, Wrapped
+from tests.contract.harness import Harness, KafkaLogHarness, PgHarness, Wrapped, without_kafka
 from tests.contract.test_parallel import big_table as parallel_table
 from tests.contract.test_parallel import sized
 from tests.contract.test_snapshots import make_table, q, writer
@@ -59,10 +59,18 @@ class ReadOnlyUser(Wrapped):
         return path
 
 
+def read_only(h: Harness) -> Harness:
+    """``h``; MySQL/MariaDB's with a capture user that cannot write (in front of the
+    same Kafka log, if ``h`` writes one)."""
+    if isinstance(h, KafkaLogHarness):
+        return h.around(read_only(h.inner))
+    return ReadOnlyUser(h) if isinstance(h, MariaHarness) else h
+
+
 @pytest.fixture
 def ro(harness: Harness) -> Harness:
     """The contract harness; MySQL/MariaDB's with a capture user that cannot write."""
-    return ReadOnlyUser(harness) if isinstance(harness, MariaHarness) else harness
+    return read_only(harness)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +90,7 @@ def pg(pg_db: str) -> PgHarness:
 def watermark_writes(h: Harness) -> int:
     """Updates of the watermark table's row so far (it starts with value ''); 0 when
     there is no watermark table (read-only captures create none)."""
+    h = without_kafka(h)
     with psycopg.connect(h.dsn) as conn:  # type: ignore[attr-defined]
         if conn.execute("SELECT to_regclass('dblog_watermark')").fetchone() == (None,):
             return 0
@@ -92,6 +101,7 @@ def watermark_writes(h: Harness) -> int:
 def assert_wrote_nothing(h: Harness) -> None:
     """No watermark table was even created (MySQL/MariaDB: the capture user cannot
     write at all; PostgreSQL: read-only captures create no table)."""
+    h = without_kafka(h)
     if isinstance(h, ReadOnlyUser):
         server = h.inner.server
         found = server.execute(
@@ -253,6 +263,7 @@ def test_read_only_snapshot_resumes_after_kill9(ro: Harness, tmp_path: Path) -> 
 
 def _transactions_logged(h: Harness) -> int | None:
     """MySQL/MariaDB: how many transactions the server's binlog holds so far (GTIDs)."""
+    h = without_kafka(h)
     if not isinstance(h, ReadOnlyUser):
         return None
     server = h.inner.server
@@ -272,7 +283,8 @@ def test_read_only_chunks_close_on_an_idle_stream(ro: Harness, tmp_path: Path) -
     while a chunk waits) that it has passed the read's fence. MySQL/MariaDB: from the
     capture's start to the snapshot's end the binlog gains exactly one transaction,
     the test's signal."""
-    from pydblog.changelog.sqlite import SqliteChangeLogReader
+    from pydblog.changelog import open_reader
+    from pydblog.config import load_config
     from tests.helpers import start_run, stop_run
 
     make_table(ro, "t1", 1000)
@@ -284,7 +296,7 @@ def test_read_only_chunks_close_on_an_idle_stream(ro: Harness, tmp_path: Path) -
     try:
         t0 = time.monotonic()
         ro.signal(sid(), "execute-snapshot", {"data-collections": [q(ro, "t1")]})
-        reader = SqliteChangeLogReader(tmp_path / "data")
+        reader = open_reader(load_config(config).log)
         while time.monotonic() - t0 < 60:
             if any(b'"COMPLETED"' in r.body for r in reader.read(0, 10**6)):
                 break

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.contract.capture import Capture
-from tests.contract.harness import Harness, PgHarness, Wrapped
+from tests.contract.harness import Harness, KafkaLogHarness, PgHarness, Wrapped, without_kafka
 from tests.contract.test_read_only import ReadOnlyUser
 from tests.contract.test_snapshots import make_table, q
 from tests.helpers import dblog
@@ -53,17 +53,25 @@ class PgReadOnlyUser(Wrapped):
         return path
 
 
-@pytest.fixture
-def ro(harness: Harness) -> Harness:
-    """A capture user with no write grant at all, on every server."""
+def read_only_user(harness: Harness) -> Harness:
+    """A capture user with no write grant at all, on every server (in front of the
+    same Kafka log, if the harness writes one)."""
+    if isinstance(harness, KafkaLogHarness):
+        return harness.around(read_only_user(harness.inner))
     if isinstance(harness, MariaHarness):
         return ReadOnlyUser(harness)
     assert isinstance(harness, PgHarness)
     return PgReadOnlyUser(harness)
 
 
+@pytest.fixture
+def ro(harness: Harness) -> Harness:
+    return read_only_user(harness)
+
+
 def signal_rows(h: Harness) -> int:
     """Rows in the source's signal table (created by an administrator on MySQL)."""
+    h = without_kafka(h)
     if isinstance(h, PgReadOnlyUser):
         with psycopg.connect(h.inner.dsn) as conn:
             found = conn.execute("SELECT to_regclass('dblog_signal')").fetchone()
@@ -96,8 +104,9 @@ def completed(events: list[dict[str, Any]]) -> int:
 @pytest.mark.mysql57
 def test_read_only_signals_go_to_the_capture(ro: Harness, tmp_path: Path) -> None:
     make_table(ro, "t1", 400)
-    assert isinstance(ro, PgReadOnlyUser | ReadOnlyUser)
-    assert f"{ro.user}:ro@" in ro.config(tmp_path / "probe").read_text()
+    user = without_kafka(ro)
+    assert isinstance(user, PgReadOnlyUser | ReadOnlyUser)
+    assert f"{user.user}:ro@" in ro.config(tmp_path / "probe").read_text()
     before = signal_rows(ro)
     first = f"ro-{uuid.uuid4().hex[:8]}"
     body = {"id": first, "type": "execute-snapshot", "data": {"data-collections": [q(ro, "t1")]}}

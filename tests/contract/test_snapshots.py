@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.contract.capture import Capture, snapshot_rows
-from tests.contract.harness import Harness
+from tests.contract.harness import Harness, source_name
 from tests.helpers import sid
 
 
@@ -382,7 +382,7 @@ def test_keyless_table_whole_row_identity(harness: Harness, tmp_path: Path) -> N
     the snapshot materialize exactly (MySQL's binlog events of such tables were keyed
     null)."""
     harness.execute("CREATE TABLE kl (a INT, b VARCHAR(10), c INT)")
-    if harness.name == "postgres":
+    if source_name(harness) == "postgres":
         harness.execute("ALTER TABLE kl REPLICA IDENTITY FULL")
     values = ", ".join(
         f"({i}, {'NULL' if i % 5 == 0 else repr(f'b{i}')}, {'NULL' if i % 7 == 0 else i})"
