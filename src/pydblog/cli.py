@@ -110,9 +110,9 @@ def tail(config_path: str, from_offset: int | None, follow: bool, tables: tuple[
         _fail(exc)
         return
     out = sys.stdout.buffer
-    start = reader.first_offset() if from_offset is None else from_offset
     table_list = list(tables) or None
-    try:
+    try:  # (a Kafka reader connects at its first read: its errors come from here on)
+        start = reader.first_offset() if from_offset is None else from_offset
         if follow:
             for rec in reader.follow(start, 0.1, table_list):
                 out.write(with_offset(rec.offset, rec.body) + b"\n")

@@ -109,16 +109,16 @@ class KafkaSignalListener:
                 "[snapshot] signal_topic needs Kafka: set [log] bootstrap_servers",
                 hint="the signal topic is read from the cluster in [log] bootstrap_servers",
             )
-        from pydblog.changelog.kafka import _for_consumer, _kafka, client_config
+        from pydblog.changelog.kafka import _for_consumer, _kafka, client_config, make_client
 
         self.cfg = cfg
         self.k = _kafka()
         self.topic = str(cfg.snapshot.signal_topic)
         self.key = signal_prefix(cfg).encode()
-        self.consumer = self.k.Consumer(_for_consumer(client_config(
+        self.consumer = make_client(self.k.Consumer, _for_consumer(client_config(
             cfg.log, **{"group.id": GROUP.format(prefix=signal_prefix(cfg)),
                         "enable.auto.commit": False, "auto.offset.reset": "latest",
-                        "isolation.level": "read_committed"})))
+                        "isolation.level": "read_committed"})), cfg.log)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dblog-kafka-signals", daemon=True)
         self._assigned = False

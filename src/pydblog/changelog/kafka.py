@@ -62,14 +62,14 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from pydblog.changelog import kafka_native
-from pydblog.errors import ChangeLogError, ChangeLogUnavailable, DblogError, Fenced
+from pydblog.errors import ChangeLogError, ChangeLogUnavailable, ConfigError, DblogError, Fenced
 from pydblog.events import TAIL_SEP, Encoded, EncodedBlock
 from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
 
@@ -143,6 +143,42 @@ def client_config(cfg: LogConfig, **extra: Any) -> dict[str, Any]:
                             "logger": logging.getLogger("pydblog.kafka.client"), **extra}
     conf.update(cfg.kafka)
     return conf
+
+
+def make_client(factory: Callable[[dict[str, Any]], Any], conf: dict[str, Any],
+                cfg: LogConfig) -> Any:
+    """``factory(conf)``: a confluent-kafka ``Producer``, ``Consumer`` or ``AdminClient``.
+    A setting librdkafka refuses (an unknown key, a bad value, settings that conflict:
+    ``[log.kafka]``) is a ``ConfigError`` naming it (exit code 2), not a Kafka error a
+    retry could cure."""
+    k = _kafka()
+    try:
+        return factory(conf)
+    except k.KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], k.KafkaError) else None
+        if err is None or err.code() != k.KafkaError._INVALID_ARG:
+            raise
+        raise bad_setting(cfg, err.str()) from None
+
+
+def bad_setting(cfg: LogConfig, why: str) -> ConfigError:
+    """The error for settings librdkafka refused with ``why``, naming the ``[log.kafka]``
+    keys it is about (by name, or by their value: librdkafka names an alias's canonical
+    key, ``compression.codec`` for ``compression.type``); secret values are masked."""
+    from pydblog.config import _SECRET_SETTING
+
+    for key, value in cfg.kafka.items():
+        if _SECRET_SETTING.search(key) and str(value):
+            why = why.replace(str(value), "***")
+    named = [key for key, value in cfg.kafka.items()
+             if any(f"{q}{key}{q}" in why for q in '"`')
+             or (not _SECRET_SETTING.search(key) and f'"{value}"' in why)]
+    where = ", ".join(f'"{key}"' for key in named) if named else "a setting"
+    return ConfigError(
+        f"[log.kafka] {where}: the Kafka client (librdkafka) refuses it: {why}",
+        hint="fix or remove it in the [log.kafka] table of the config; its keys and values "
+             "are librdkafka's (CONFIGURATION.md of librdkafka)",
+    )
 
 
 _PRODUCER_ONLY = ("compression.", "linger.", "batch.", "queue.buffering", "acks",
@@ -474,7 +510,8 @@ class _Client:
     def admin(self) -> Any:
         """The admin client, made on first use (a read of given offsets needs none)."""
         if self._admin is None:
-            self._admin = self.k.admin.AdminClient(_for_consumer(client_config(self.cfg)))
+            self._admin = make_client(
+                self.k.admin.AdminClient, _for_consumer(client_config(self.cfg)), self.cfg)
         return self._admin
 
     def consumer(self) -> Any:
@@ -488,7 +525,7 @@ class _Client:
             ))
             if self.native:
                 conf, self._client_id = kafka_native.consumer_config(conf)
-            self._consumer = self.k.Consumer(conf)
+            self._consumer = make_client(self.k.Consumer, conf, self.cfg)
         return self._consumer
 
     def partitions(self, topic: str, refresh: bool = False) -> int:
@@ -853,7 +890,7 @@ class KafkaChangeLog(ChangeLogWriter):
             client.ensure_topics(
                 [checkpoint_topic(self.prefix), schemas_topic(self.prefix),
                  notifications_topic(self.prefix)], 1)
-            self._producer = k.Producer(conf)
+            self._producer = make_client(k.Producer, conf, cfg)
             self._producer.init_transactions(TIMEOUT_S)
         except k.KafkaException as exc:
             raise _unavailable("starting the transactional producer", cfg, exc) from None
