@@ -96,8 +96,9 @@ def test_crash_at_each_step_of_a_kafka_commit(
 
 def test_signal_topic(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
     """Debezium's Kafka signal channel: execute-snapshot sent to [snapshot] signal_topic
-    (key = topic prefix) snapshots the table; a message with another key and a
-    malformed one are ignored; each signal is handled once."""
+    (key = topic prefix) snapshots the table; a message with another key is ignored, a
+    malformed one is REJECTED; each signal is handled once (every kind of bad message,
+    stop / pause / resume: tests/kafka/test_signals.py)."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
@@ -139,6 +140,10 @@ def test_signal_topic(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
         assert len(reads) == 300
         started = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "STARTED"]
         assert len(started) == 1 and started[0]["notification"]["signal_id"].startswith("kafka-0-")
+        rejected = [e["notification"] for e in events
+                    if e["op"] == "n" and e["notification"]["type"] == "REJECTED"]
+        assert len(rejected) == 1 and "not JSON" in rejected[0]["additional_data"]["reason"]
+        assert rejected[0]["signal_id"].startswith("kafka-0-0-")  # the first message
     finally:
         code, out = stop_run(proc)
     assert code == 0, out
