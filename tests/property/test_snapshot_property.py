@@ -1054,12 +1054,14 @@ def test_sliced_windows_materialize_without_time_travel(data: st.DataObject) -> 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("read_only", [False, True])
+@pytest.mark.parametrize("mode", ["watermarks", "read-only", "late"])
 @settings(PROFILE, max_examples=800)
 @given(data=st.data())
-def test_concurrent_windows_long(data: st.DataObject, read_only: bool) -> None:
-    """The two tests above with many more examples (``pytest -m slow``)."""
-    run(data, allow_blocking=not read_only, read_only=read_only, parallel=True)
+def test_concurrent_windows_long(data: st.DataObject, mode: str) -> None:
+    """The concurrent tests above with many more examples (``pytest -m slow``); "late"
+    is PostgreSQL's default: watermark windows fenced against late-visible commits."""
+    run(data, allow_blocking=mode != "read-only", read_only=mode == "read-only",
+        parallel=True, late=mode == "late")
 
 
 @pytest.mark.slow
@@ -1081,13 +1083,14 @@ def test_sliced_windows_long(data: st.DataObject, mode: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("mode", ["incremental", "blocking", "read-only"])
+@pytest.mark.parametrize("mode", ["incremental", "blocking", "read-only", "late"])
 @settings(PROFILE, max_examples=600)
 @given(data=st.data())
 def test_snapshots_long(data: st.DataObject, mode: str) -> None:
-    """The incremental, blocking and read-only tests above with many more examples
-    (``pytest -m slow``)."""
-    run(data, allow_blocking=mode == "blocking", read_only=mode == "read-only")
+    """The incremental, blocking, read-only and late-visible (fenced watermark windows,
+    with blocking snapshots) tests above with many more examples (``pytest -m slow``)."""
+    run(data, allow_blocking=mode in ("blocking", "late"), read_only=mode == "read-only",
+        late=mode == "late")
 
 
 # -- the window alone --------------------------------------------------------------------
