@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from pydblog.config import load_config
-from pydblog.devtools.pgcluster import PgCluster
+from pydblog.devtools.pgcluster import PgCluster, find_bindir
 from pydblog.devtools.pgstandby import PgStandby
 from pydblog.errors import ConfigError, SourceError
 from pydblog.sources.postgres.source import PgLogSource
@@ -164,15 +164,15 @@ def test_capture_from_a_standby_snapshot_while_the_primary_writes(
     the slot only on the standby)."""
     pg, dbname = db18
     h = StandbyHarness(pg, standby18, dbname, primary=False)
-    make_table(pg, "t1", 1500)
-    make_typed(pg, 800)
+    make_table(pg, "t1", 1000)
+    make_typed(pg, 500)
     h.publish()
     standby18.wait_caught_up()
     with standby_snapshots(pg.dsn):
         cap = Capture(h, tmp_path, RO).start()
     stop = threading.Event()
-    threads = [threading.Thread(target=writer, args=(pg, "t1", stop, 11, 1800)),
-               threading.Thread(target=typed_writer, args=(pg, stop, 12, 1000))]
+    threads = [threading.Thread(target=writer, args=(pg, "t1", stop, 11, 1200)),
+               threading.Thread(target=typed_writer, args=(pg, stop, 12, 600))]
     try:
         for th in threads:
             th.start()
@@ -247,7 +247,7 @@ def test_the_standby_stream_waits_for_replay(
                 code, answer = post(cap, {"id": signal, "type": "execute-snapshot",
                                           "data": {"data-collections": [q(pg, "t1")]}})
                 assert code == 202 and answer["applied"] is True, answer
-                time.sleep(2)  # the chunks are read on the paused standby meanwhile
+                time.sleep(1.5)  # the chunks are read on the paused standby meanwhile
                 events = cap.events()
                 assert not [e for e in events if e["op"] == "u"], "logged before replay"
                 assert not [e for e in events if e["op"] == "n"
@@ -262,28 +262,29 @@ def test_the_standby_stream_waits_for_replay(
         cap.stop()
 
 
+@pytest.mark.slow
 def test_capture_from_a_standby_resumes_after_kill9(
     db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
 ) -> None:
-    """With ``primary_dsn`` (heartbeats logged on the primary): ``dblog run`` killed
+    """Slow (default-run time). With ``primary_dsn`` (heartbeats logged on the primary): ``dblog run`` killed
     -9 in the middle of a snapshot while the primary writes resumes from the standby's
     slot without a gap, and a table dropped and created again on the primary is reset
     in the log (the reset logged on the primary, ordered in the standby's stream)."""
     pg, dbname = db18
     h = StandbyHarness(pg, standby18, dbname, primary=True)
-    make_table(pg, "t1", 3000)
+    make_table(pg, "t1", 1500)
     make_table(pg, "t2", 20)
     h.publish()
     standby18.wait_caught_up()
     extra = '[snapshot]\nchunk_size = 40\nwatermark = "read-only"\n'
     cap = Capture(h, tmp_path, extra).start()
     stop = threading.Event()
-    th = threading.Thread(target=writer, args=(pg, "t1", stop, 5, 3500))
+    th = threading.Thread(target=writer, args=(pg, "t1", stop, 5, 1800))
     th.start()
     try:
         signal = sid()
         pg.signal(signal, "execute-snapshot", {"data-collections": [q(pg, "t1")]})
-        cap.wait_notification("IN_PROGRESS", count=10, timeout=120)
+        cap.wait_notification("IN_PROGRESS", count=8, timeout=120)
         cap.kill()
         pg.execute("DROP TABLE t2")
         make_table(pg, "t2", 30, start=100)
@@ -435,7 +436,7 @@ def test_a_postgresql_15_standby_is_refused(pg_db: str, pg_cluster: PgCluster,
                                             tmp_path: Path) -> None:
     """PostgreSQL before 16 cannot decode on a standby: the error says to stream from
     the primary and read chunks on the standby (``read_dsn``)."""
-    if pg_cluster.bindir == PgCluster(version=18).bindir:
+    if pg_cluster.bindir == find_bindir(18):
         pytest.skip("the session cluster is PostgreSQL 16+")
     standby = PgStandby(pg_cluster).start()
     try:
