@@ -14,7 +14,10 @@ In one run, on one machine, against one throwaway PostgreSQL (1M inserts by defa
  (d) peak RSS of the `dblog run` process.
 Each figure is printed as a ratio against (a) and (a2) of the same run.
 
-Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 10]
+Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 10] [--profile DIR]
+
+``--profile DIR`` (needs ``pip install py-spy``) records a py-spy profile of `dblog run`
+during (b) as raw collapsed stacks in ``DIR/stream.txt`` (`--idle` off: CPU only).
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ def main() -> None:
     ap.add_argument("--tx", type=int, default=10)
     ap.add_argument("--steady-seconds", type=float, default=20.0)
     ap.add_argument("--steady-rate", type=int, default=5000)
+    ap.add_argument("--profile", type=Path, help="py-spy profile of (b) into DIR/stream.txt")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
     with PgCluster() as cluster:
@@ -149,6 +153,15 @@ def main() -> None:
             [sys.executable, "-m", "pydblog", "run", "--config", str(config)],
             stderr=subprocess.DEVNULL,
         )
+        spy = None
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
+                 "--rate", "200", "--pid", str(proc.pid), "--output",
+                 str(args.profile / "stream.txt")],
+                stdout=subprocess.DEVNULL,
+            )
         reader = SqliteChangeLogReader(work / "data")
         first: tuple[float, int, float, dict[int, float]] | None = None
         while True:
@@ -162,6 +175,9 @@ def main() -> None:
         dblog_cpu = cpu_seconds(proc.pid)
         server_cpu = cpu_since(family_cpu(postmaster), first[3]) if first else 0.0
         rss_bulk = peak_rss_kb(proc.pid)
+        if spy is not None:
+            spy.send_signal(2)  # SIGINT: py-spy writes its profile and exits
+            spy.wait()
         assert first is not None
         counted = args.rows - first[1]
         e2e = counted / (end - first[0])
