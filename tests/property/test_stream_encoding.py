@@ -1,0 +1,79 @@
+"""``encode_event`` writes a ``PgPosition`` event from a cached envelope template (the
+stream's hot path); these properties pin it to the envelope path: ``orjson.dumps`` of
+``event.envelope(...)``, byte for byte, for any op, snapshot kind, names, positions,
+values and optional fields."""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pydblog import events
+from pydblog.events import ChangeEvent, EncodedEvent, Op, SnapshotKind, encode_event
+from pydblog.positions import Lsn, PgPosition, Position
+from pydblog.sources.mysql.position import BinlogPosition
+
+texts = st.text(st.characters(codec="utf-8"), max_size=10)
+names = st.one_of(
+    st.text(string.ascii_letters + '"\\é {}:,', min_size=1, max_size=8),
+    st.sampled_from(["-7306185142901", '"lsn":-7306185142902', 'key":null,"before":null,"after":null}']),
+)
+values = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), texts,
+                   st.floats(allow_nan=False, allow_infinity=False), st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3))
+rows = st.one_of(st.none(), st.dictionaries(texts, values, max_size=4))
+positions: st.SearchStrategy[Position] = st.one_of(
+    st.builds(lambda lsn, i, end, tx: PgPosition(Lsn(lsn), i, Lsn(end) if end else None, tx),
+              st.integers(0, 2**64 - 1), st.integers(0, 10**9), st.integers(0, 2**40),
+              st.one_of(st.none(), st.integers(0, 2**32))),
+    st.builds(lambda n, pos, i, g: BinlogPosition(f"bin.{n:06d}", pos, i, g),
+              st.integers(1, 999), st.integers(4, 2**32), st.integers(-1, 1000),
+              st.one_of(st.none(), st.just("0-1-42"))),
+)
+
+
+def slow(event: ChangeEvent, connector: str, db: str, now_ms: int) -> EncodedEvent:
+    return EncodedEvent(f"{event.schema}.{event.table}", event.op, event.ts_ms,
+                        orjson.dumps(event.envelope(connector, db, now_ms)).decode())
+
+
+@given(
+    st.sampled_from(list(Op)), names, names, positions, st.integers(0, 2**45), rows, rows, rows,
+    st.sampled_from(list(SnapshotKind)), st.lists(texts, max_size=3).map(tuple),
+    st.one_of(st.none(), st.dictionaries(texts, values, max_size=2)), names, names,
+    st.integers(0, 2**45),
+)
+@settings(max_examples=200)
+def test_encode_event_equals_the_envelope(
+    op: Op, schema: str, table: str, pos: Position, ts: int, key: Any, before: Any, after: Any,
+    snapshot: SnapshotKind, unchanged: tuple[str, ...], notification: Any, connector: str,
+    db: str, now_ms: int,
+) -> None:
+    event = ChangeEvent(op, schema, table, pos, ts, key, before, after, snapshot, unchanged,
+                        notification)
+    got = encode_event(event, connector, db, now_ms)
+    assert got == slow(event, connector, db, now_ms)
+    assert type(got) is EncodedEvent
+    orjson.loads(got.body)  # valid JSON whatever the names
+
+
+def test_odd_values_take_the_envelope_path() -> None:
+    """Integers that are not ``int`` (bool, a float ts) are written as orjson writes them."""
+    pos = PgPosition(Lsn(7), 1, None, 3)
+    for event in (
+        ChangeEvent(Op.CREATE, "s", "t", pos, True, {"id": 1}),
+        ChangeEvent(Op.CREATE, "s", "t", pos, 12.5, {"id": 1}),  # type: ignore[arg-type]
+        ChangeEvent(Op.CREATE, "s", "t", PgPosition(Lsn(7), True, None, False), 5),
+    ):
+        assert encode_event(event, "postgresql", "db", 9) == slow(event, "postgresql", "db", 9)
+
+
+def test_template_cache_is_bounded() -> None:
+    pos = PgPosition(Lsn(7), 1, None, 3)
+    for i in range(events._TEMPLATES_MAX + 10):
+        event = ChangeEvent(Op.UPDATE, "s", f"t{i}", pos, 5, {"id": i}, None, {"id": i})
+        assert encode_event(event, "c", "d", 1) == slow(event, "c", "d", 1)
+    assert len(events._TEMPLATES) <= events._TEMPLATES_MAX
