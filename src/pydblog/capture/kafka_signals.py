@@ -168,8 +168,9 @@ class KafkaSignalListener:
                         # Not forwarded (closing): nothing after it may be committed;
                         # the next listener reads from the committed offset.
                         return
-            except (DblogError, self.k.KafkaException) as exc:
-                log.warning("Kafka signal channel: %s; retrying", exc)
+            except Exception as exc:  # (a dead listener would take no signal until a restart)
+                known = isinstance(exc, DblogError | self.k.KafkaException)
+                log.warning("Kafka signal channel: %s; retrying", exc, exc_info=not known)
                 self._assigned = False  # again from the committed offsets
                 self._stop.wait(2.0)
 
