@@ -137,6 +137,11 @@ class PgPosition:
 
 
 _KINDS: dict[str, type[Any]] = {"pg": PgPosition}
+_MODULES = {"mysql": "pydblog.sources.mysql.position"}
+"""Where the other sources' position types live: imported (and so registered) on the
+first decode of their kind, so a process that reads a change log without opening the
+source (`dblog tail`/`status`/`snapshot --wait`, the sync's readers of a Kafka log,
+whose commits carry checkpoints) decodes them too."""
 
 
 def register_position(cls: type[Any]) -> type[Any]:
@@ -151,6 +156,12 @@ def encode_position(pos: Position) -> str:
 
 def decode_position(text: str | bytes | dict[str, Any]) -> Position:
     data = text if isinstance(text, dict) else orjson.loads(text)
+    kind = data.get("kind") if isinstance(data, dict) else None
+    module = _MODULES.get(kind) if isinstance(kind, str) else None
+    if module is not None and kind not in _KINDS:
+        import importlib
+
+        importlib.import_module(module)  # registers its kind
     try:
         cls = _KINDS[data["kind"]]
     except KeyError as exc:

@@ -38,3 +38,23 @@ def test_round_trip(p: PgPosition) -> None:
 def test_lsn_text() -> None:
     assert str(Lsn.parse("16/B374D848")) == "16/B374D848"
     assert Lsn.parse("0/10") - Lsn.parse("0/8") == 8
+
+
+def test_a_mysql_position_decodes_without_the_mysql_source_imported() -> None:
+    """A reader of a MySQL capture's Kafka log (`dblog snapshot --wait`, `dblog tail`,
+    `dblog status`) decodes the commits' checkpoints, MySQL positions, without ever
+    importing the MySQL source (it failed with "unknown position kind")."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pydblog.positions import decode_position\n"
+        "assert 'pydblog.sources.mysql.position' not in sys.modules\n"
+        "p = decode_position({'kind': 'mysql', 'file': 'mariadb-bin.000009', 'pos': 14420,"
+        " 'i': 3, 'gtids': '0-1-397'})\n"
+        "print(type(p).__name__, p.source_fields()['file'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["BinlogPosition", "mariadb-bin.000009"]
