@@ -102,6 +102,19 @@ class SourceConfig(_Model):
 
 KafkaSetting = str | int | float | bool
 _SECRET_SETTING = re.compile(r"password|secret|token|key\.pem|credentials", re.I)
+_OWNED_SETTINGS = {
+    "bootstrap.servers": "set [log] bootstrap_servers instead",
+    "metadata.broker.list": "set [log] bootstrap_servers instead",
+    "transactional.id": "set [log] transactional_id instead",
+    "enable.idempotence": "the capture's exactly-once commits need the idempotent producer",
+    "group.id": "each consumer has its own group (dblog-sync.<prefix>, "
+                "dblog-signals.<prefix>: shared, one would commit the other's offsets)",
+    "enable.auto.commit": "offsets are committed only once the work behind them is done",
+    "isolation.level": "readers read committed records",
+    "auto.offset.reset": "a reader must fail, not skip, when records it needs are gone",
+    "enable.partition.eof": "readers need the end-of-partition events",
+}
+"""``[log.kafka]`` keys pydblog sets itself because its guarantees rest on them."""
 
 
 class LogConfig(_Model):
@@ -124,6 +137,15 @@ class LogConfig(_Model):
     tombstones: bool = False
     transactional_id: str | None = None
     kafka: dict[str, KafkaSetting] = Field(default_factory=dict)
+
+    @field_validator("kafka")
+    @classmethod
+    def _not_owned(cls, value: dict[str, KafkaSetting]) -> dict[str, KafkaSetting]:
+        for key in value:
+            why = _OWNED_SETTINGS.get(key.strip().lower())
+            if why is not None:
+                raise ValueError(f'"{key}" is set by pydblog ({why}): remove it from [log.kafka]')
+        return value
 
     @model_validator(mode="after")
     def _kafka_needs(self) -> LogConfig:

@@ -140,3 +140,21 @@ def test_status_never_shows_the_password(pg_db: str, tmp_path: Path, kafka_boots
     assert SECRET not in out.stdout + out.stderr
     status = orjson.dumps(collect_status(load_config(config))).decode()  # `dblog status --json`
     assert "changelog" in status and SECRET not in status, status
+
+
+@pytest.mark.parametrize("key", ["group.id", "enable.idempotence", "auto.offset.reset",
+                                 "isolation.level", "enable.auto.commit", "transactional.id",
+                                 "bootstrap.servers", "enable.partition.eof"])
+def test_settings_pydblog_relies_on_are_refused_at_load(key: str) -> None:
+    """A user's ``group.id`` made every consumer share one group (the signal listener's
+    committed offsets then belonged to whichever capture committed last), an
+    ``auto.offset.reset`` skipped records retention removed, ...: refused, naming why."""
+    from pydblog.config import parse_config
+    from pydblog.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"source": {"type": "postgres", "dsn": "postgresql://u@h/db"},
+                      "log": {"type": "kafka", "bootstrap_servers": "h:9092", "topic_prefix": "p",
+                              "kafka": {key: "x", "sasl.password": SECRET}}})
+    assert f'"{key}" is set by pydblog' in str(caught.value) and "remove it" in str(caught.value)
+    assert caught.value.exit_code == 2 and SECRET not in str(caught.value)
