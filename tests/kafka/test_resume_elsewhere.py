@@ -1,11 +1,13 @@
 """`dblog run` on another host resumes from Kafka alone: the first capture is killed
-with -9 in the middle of an incremental snapshot under a write load, and a capture with
-a fresh, empty ``[log] path`` (same source, same Kafka topics) takes over from the
-checkpoint in Kafka (source position and snapshot progress). It is killed in turn and
-the first host comes back, its own ``state.json`` now older than Kafka's checkpoint
-(Kafka's, the newer, must win). The oracle: the topics materialize to the source, no
-source position is logged twice, and the snapshot was resumed each time, not restarted
-(at most the interrupted chunk is read again)."""
+with -9 in the middle of an incremental snapshot under a write load, a column is added
+while no capture runs, and a capture with a fresh, empty ``[log] path`` (same source,
+same Kafka topics) takes over from the checkpoint in Kafka (source position, snapshot
+progress, MySQL's schema history). It is killed in turn and the first host comes back,
+its own ``state.json`` now older than Kafka's checkpoint (Kafka's, the newer, must win).
+The oracle: the topics materialize to the source, no source position is logged twice,
+and the snapshot was resumed each time, not restarted (at most the interrupted chunk is
+read again). On PostgreSQL in the default run; on MariaDB and MySQL 5.7 (MySQL 5.7
+names binlog columns from the schema history) with ``-m slow``."""
 
 from __future__ import annotations
 
@@ -15,18 +17,32 @@ from pathlib import Path
 import pytest
 
 from tests.contract.capture import Capture, snapshot_rows
-from tests.contract.harness import KafkaLogHarness, PgHarness
+from tests.contract.harness import Harness, KafkaLogHarness, PgHarness
 from tests.contract.test_snapshots import make_table, q, writer
 from tests.helpers import sid
+from tests.mysql.harness import MariaHarness
 
 ROWS = 3000
 CHUNK = 20
 
 
-def test_resume_on_another_host_mid_snapshot(pg_db: str, tmp_path: Path,
-                                             kafka_bootstrap: str) -> None:
+def source(request: pytest.FixtureRequest, name: str) -> Harness:
+    if name == "postgres":
+        return PgHarness(request.getfixturevalue("pg_db"))
+    if name == "mariadb":
+        return MariaHarness(request.getfixturevalue("mariadb"), request.getfixturevalue("my_db"))
+    return MariaHarness(request.getfixturevalue("mysql57"), request.getfixturevalue("my57_db"))
+
+
+@pytest.mark.parametrize("name", [
+    "postgres",
+    pytest.param("mariadb", marks=pytest.mark.slow),
+    pytest.param("mysql57", marks=pytest.mark.slow),
+])
+def test_resume_on_another_host_mid_snapshot(request: pytest.FixtureRequest, name: str,
+                                             tmp_path: Path, kafka_bootstrap: str) -> None:
     pytest.importorskip("confluent_kafka", reason="pip install 'pydblog[kafka]'")
-    h = KafkaLogHarness(PgHarness(pg_db), kafka_bootstrap)
+    h = KafkaLogHarness(source(request, name), kafka_bootstrap)
     make_table(h, "t1", ROWS)
     extra = f"[snapshot]\nchunk_size = {CHUNK}\nadaptive = false"
     host_a = Capture(h, tmp_path / "host-a", extra)
@@ -41,6 +57,11 @@ def test_resume_on_another_host_mid_snapshot(pg_db: str, tmp_path: Path,
         host_a.kill()
         done_a = len(snapshot_rows(host_a.events(), "t1"))
 
+        # a column added while no capture runs: the next one reads the DDL from the
+        # stream with the table's definition from the checkpoint (MySQL 5.7's schema
+        # history)
+        h.execute("ALTER TABLE t1 ADD COLUMN extra INT")
+        h.execute("UPDATE t1 SET extra = id WHERE id < 200")
         # another host: nothing local at all, the same source and Kafka
         assert not host_b.log_dir.exists()
         host_b.start()
