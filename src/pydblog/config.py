@@ -107,8 +107,9 @@ _OWNED_SETTINGS = {
     "metadata.broker.list": "set [log] bootstrap_servers instead",
     "transactional.id": "set [log] transactional_id instead",
     "enable.idempotence": "the capture's exactly-once commits need the idempotent producer",
-    "group.id": "each consumer has its own group (dblog-sync.<prefix>, "
-                "dblog-signals.<prefix>: shared, one would commit the other's offsets)",
+    "group.id": "each consumer has its own group: dblog-signals.<prefix> holds the signal "
+                "listener's position, dblog-sync.<prefix> the sync's progress; one group for "
+                "all mixes them, across captures too",
     "enable.auto.commit": "offsets are committed only once the work behind them is done",
     "isolation.level": "readers read committed records",
     "auto.offset.reset": "a reader must fail, not skip, when records it needs are gone",
