@@ -198,7 +198,8 @@ def _signal_ids(dsn: str) -> list[str]:
 
 def test_first_start_commits_its_position(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
     """A signal sent while `dblog run` is down after its first start is forwarded at the
-    next start (the listener used to start at the topic's end again: lost)."""
+    next start (the listener used to start at the topic's end again: lost); forwarded
+    again after a crash before its offset was committed, it is one signal row still."""
     from pydblog.capture.kafka_signals import KafkaSignalListener
 
     PgHarness(pg_db)  # the signal table
@@ -209,13 +210,23 @@ def test_first_start_commits_its_position(pg_db: str, tmp_path: Path, kafka_boot
     first.close()
     offset = topic.send(cfg.log.topic_prefix.encode() if cfg.log.topic_prefix else b"",
                         {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+    group = f"dblog-signals.{cfg.log.topic_prefix}"
     second = KafkaSignalListener(cfg)
     try:
-        wait_for(lambda: bool(_signal_ids(pg_db)), 30, "the signal row")
+        wait_for(lambda: _committed(kafka_bootstrap, group, topic.name) == offset + 1, 30,
+                 "the signal's offset committed")
     finally:
         second.close()
     [row] = _signal_ids(pg_db)
     assert row.startswith(f"kafka-0-{offset}-")
+    _commit(kafka_bootstrap, group, topic.name, offset)  # as if it crashed before committing
+    third = KafkaSignalListener(cfg)
+    try:
+        wait_for(lambda: _committed(kafka_bootstrap, group, topic.name) == offset + 1, 30,
+                 "the signal's offset committed again")
+    finally:
+        third.close()
+    assert _signal_ids(pg_db) == [row]
 
 
 def test_close_commits_nothing_past_an_unforwarded_signal(
