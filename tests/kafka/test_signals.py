@@ -21,7 +21,7 @@ from pydblog.config import Config, load_config
 from pydblog.core.signals import parse_signal
 from pydblog.errors import SignalError
 from tests.contract.capture import Capture
-from tests.contract.harness import PgHarness
+from tests.contract.harness import Harness, PgHarness
 from tests.helpers import wait_for, write_config
 from tests.kafka.conftest import kafka_log_toml
 
@@ -113,13 +113,30 @@ BAD: list[tuple[Any, str | tuple[str, ...]]] = [
 ]
 
 
-@pytest.mark.parametrize("watermark", ["table", "read-only"])
+def _harness(source: str, request: pytest.FixtureRequest) -> Harness:
+    """The source with a table ``w`` of 2,000 rows."""
+    if source == "postgres":
+        h: Harness = PgHarness(request.getfixturevalue("pg_db"))
+        rows = "SELECT g, 'v' || g, g FROM generate_series(1, 2000) g"
+    else:
+        from tests.mysql.harness import MariaHarness
+
+        h = MariaHarness(request.getfixturevalue("mariadb"), request.getfixturevalue("my_db"))
+        rows = "SELECT seq, CONCAT('v', seq), seq FROM seq_1_to_2000"
+    h.execute("CREATE TABLE w (id int PRIMARY KEY, v text, n int)", f"INSERT INTO w {rows}")
+    return h
+
+
+@pytest.mark.parametrize(("source", "watermark"), [
+    ("postgres", "table"), ("postgres", "read-only"),
+    pytest.param("mariadb", "table", marks=pytest.mark.slow),
+])
 def test_signal_topic_answers_like_the_signal_table(
-    pg_db: str, tmp_path: Path, kafka_bootstrap: str, watermark: str
+    tmp_path: Path, kafka_bootstrap: str, source: str, watermark: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    h = PgHarness(pg_db)
-    h.execute("CREATE TABLE w (id int PRIMARY KEY, v text, n int)",
-              "INSERT INTO w SELECT g, 'v' || g, g FROM generate_series(1, 2000) g")
+    h = _harness(source, request)
+    W = f"{h.schema}\\.w"  # (the module's W, in this source's schema)
     prefix = f"g{uuid.uuid4().hex[:8]}"
     topic = Topic(kafka_bootstrap, f"{prefix}-signals")
     extra = kafka_log_toml(kafka_bootstrap, prefix, "partitions = 2\n"
@@ -173,7 +190,7 @@ def test_signal_topic_answers_like_the_signal_table(
         stop = topic.send(ours, {"type": "stop-snapshot", "data": {"data-collections": [W]}})
         events = cap.wait_until(lambda ev: bool(_by_offset(ev, stop)), 60, "ABORTED")
         assert [n["type"] for n in _by_offset(events, stop)] == ["ABORTED"]
-        assert _by_offset(events, stop)[0]["additional_data"]["data_collections"] == ["public.w"]
+        assert _by_offset(events, stop)[0]["additional_data"]["data_collections"] == [f"{h.schema}.w"]
         resume2 = topic.send(ours, {"type": "resume-snapshot"})  # nothing paused any more
         again = topic.send(ours, {"type": "execute-snapshot", "data": {"data-collections": [W]}})
         events = cap.wait_until(lambda ev: any(n["type"] == "COMPLETED" for n in _by_offset(ev, again)),
