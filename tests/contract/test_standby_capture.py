@@ -336,6 +336,33 @@ def test_capture_from_a_standby_without_primary_dsn_stops_at_a_recreated_table(
         cap.stop()
 
 
+def test_a_lost_standby_slot_is_not_recreated(
+    db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
+) -> None:
+    """The standby's slot lost while `dblog run` was down (the standby rebuilt, or an
+    administrator dropped it): a new slot would start at the standby's current
+    position, and the changes committed meanwhile would be missing from the log
+    silently. The restart refuses, naming the gap and the fix, and creates no slot."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=True)
+    make_table(pg, "t1", 3)
+    h.publish()
+    standby18.wait_caught_up()
+    cap = Capture(h, tmp_path, RO).start()
+    cap.caught_up()
+    cap.stop()
+    drop_standby_slots(standby18, dbname)
+    pg.execute("UPDATE t1 SET n = -5 WHERE id = 1")  # would be lost
+    standby18.wait_caught_up()
+    cap.proc = start_run(cap.config, wait=False)
+    err = _stopped(cap)
+    assert "replication slot 'dblog' does not exist" in err, err[-2000:]
+    assert "missing from the log" in err and "fresh change log" in err, err[-2000:]
+    with psycopg.connect(standby18.dsn(dbname)) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE database = %s",
+                            (dbname,)).fetchone() == (0,)
+
+
 def _stopped(cap: Capture) -> str:
     """``dblog run``'s stderr once it exits on its own, with an error."""
     proc = cap.proc

@@ -7,7 +7,7 @@ from pathlib import Path
 import psycopg
 
 from pydblog.devtools.pgcluster import PgCluster, free_port
-from tests.helpers import dblog, start_run, stop_run, wait_for, write_config
+from tests.helpers import dblog, read_log, start_run, stop_run, wait_for, write_config
 
 
 def run_once(config: Path) -> tuple[int, str]:
@@ -129,3 +129,57 @@ def test_run_without_ha_on_a_claimed_log(tmp_path: Path) -> None:
     assert res.returncode == 4, res.stderr  # past the claim: now the source is unreachable
     assert "released the high-availability claim (epoch 9)" in res.stderr
     assert "s3cret" not in res.stderr
+
+
+def test_a_lost_slot_is_not_recreated(pg_db: str, tmp_path: Path) -> None:
+    """The slot dropped (or lost with a rebuilt server) while `dblog run` was down: a
+    new slot would start at the current WAL position and the changes committed
+    meanwhile would be missing from the log without a word. The restart refuses,
+    naming the gap and the fix, and creates no slot."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    config = write_config(tmp_path, pg_db)
+    proc = start_run(config)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO t VALUES (1)")
+        wait_for(lambda: any(e["op"] == "c" for e in read_log(config)), 30, "the insert logged")
+        code, err = stop_run(proc)
+        assert code == 0, err
+        conn.execute("SELECT pg_drop_replication_slot('dblog')")
+        conn.execute("INSERT INTO t VALUES (2)")  # would be lost
+        code, err = run_once(config)
+        assert code == 3, err
+        assert "replication slot 'dblog' does not exist" in err and "missing from the log" in err
+        assert "fresh change log" in err and 'mode = "initial"' in err
+        slots = conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()
+        assert slots == (0,)
+
+
+def test_an_invalidated_slot_is_fatal(pg_db: str, pg_cluster: PgCluster, tmp_path: Path) -> None:
+    """The slot invalidated while `dblog run` was down (its WAL removed: past
+    max_slot_wal_keep_size): it can give no more changes; the restart refuses with a
+    fatal error (exit 3, not the retried "unavailable") naming the fix."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    config = write_config(tmp_path, pg_db)
+    proc = start_run(config)
+    code, err = stop_run(proc)
+    assert code == 0, err
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            wait_for(lambda: conn.execute("SHOW max_slot_wal_keep_size").fetchone() == ("1MB",),
+                     30, "reload")
+            for i in range(3):
+                conn.execute("INSERT INTO t VALUES (%s)", (i,))
+                conn.execute("SELECT pg_switch_wal()")
+            conn.execute("CHECKPOINT")
+            assert conn.execute("SELECT wal_status FROM pg_replication_slots "
+                                "WHERE slot_name = 'dblog'").fetchone() == ("lost",)
+        finally:
+            conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            conn.execute("SELECT pg_reload_conf()")
+    code, err = run_once(config)
+    assert code == 3, err
+    assert "replication slot 'dblog' is invalidated" in err and "fresh change log" in err

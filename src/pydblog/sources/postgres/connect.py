@@ -24,6 +24,7 @@ INVALID_AUTHORIZATION = {"28000", "28P01"}
 INSUFFICIENT_PRIVILEGE = "42501"
 OBJECT_IN_USE = "55006"
 INVALID_CATALOG_NAME = "3D000"
+OBJECT_NOT_IN_PREREQUISITE_STATE = "55000"
 
 
 def _options() -> str:
@@ -107,4 +108,12 @@ def replication_error(exc: psycopg2.Error, slot: str) -> SourceError:
             f"not allowed to stream from slot {slot!r}: {detail}",
             hint="grant the role REPLICATION (ALTER ROLE <user> REPLICATION) and allow replication connections in pg_hba.conf",
         )
+    if exc.pgcode == OBJECT_NOT_IN_PREREQUISITE_STATE:
+        # "can no longer get changes from replication slot" (invalidated), wal_level or
+        # a standby's prerequisites: no retry helps.
+        return SourceError(
+            f"cannot stream from replication slot {slot!r}: {detail}",
+            hint="an invalidated slot has lost the changes since the change log's last "
+            "checkpoint: drop it and start a fresh change log with [snapshot] mode = "
+            '"initial"; otherwise fix the setting the message names')
     return SourceUnavailable(f"replication stream failed: {detail}")

@@ -18,6 +18,7 @@ from psycopg import sql
 
 from pydblog.config import TableMatcher
 from pydblog.errors import SlotInUse, SourceError
+from pydblog.positions import Lsn
 from pydblog.sources.postgres.connect import INSUFFICIENT_PRIVILEGE
 
 log = logging.getLogger(__name__)
@@ -224,6 +225,48 @@ def missing_tables(conn: psycopg.Connection[Any], publication: str, tables: list
         )
     }
     return [t for t in tables if t not in current]
+
+
+LOST_FIX = ("start a fresh change log (another [log] path, or topic_prefix with Kafka) with "
+            "[snapshot] mode = \"initial\": the slot is created and every captured table "
+            "snapshotted; the old log stays readable as it is")
+
+
+def check_slot_continues(conn: psycopg.Connection[Any], slot: str, acked: int | None) -> None:
+    """The slot can give every change after the checkpoint (``acked``: its position's
+    ack LSN; None without a checkpoint position). A slot that is missing (dropped, or
+    lost with a rebuilt server) would be created at the current WAL position, and an
+    invalidated one (WAL removed, a standby's conflict) gives nothing more: the changes
+    since the checkpoint would be in no event, and nothing would say so. Fatal: only a
+    fresh log (a snapshot of everything) makes the log exact again.
+
+    A slot confirmed past the checkpoint is not refused: psycopg2 itself confirms an
+    idle stream's keepalive position once the last message was acknowledged, so a
+    healthy slot is often ahead of the checkpoint (with nothing for us in between)."""
+    row = conn.execute(
+        "SELECT to_jsonb(s) ->> 'wal_status', to_jsonb(s) ->> 'conflicting', "
+        "to_jsonb(s) ->> 'invalidation_reason' FROM pg_replication_slots s "
+        "WHERE slot_name = %s", (slot,)).fetchone()
+    if row is None:
+        if acked is not None:
+            raise SourceError(
+                f"replication slot {slot!r} does not exist, but the change log has a "
+                f"checkpoint at LSN {Lsn(acked)}: the slot was dropped or lost (a rebuilt "
+                "or replaced server), and a new slot would start at the current WAL "
+                f"position: every change after {Lsn(acked)} until then would be missing "
+                "from the log, so dblog does not create it",
+                hint=LOST_FIX)
+        return
+    wal_status, conflicting, reason = row
+    if wal_status == "lost" or conflicting == "true" or reason is not None:
+        why = reason or ("conflict with recovery" if conflicting == "true"
+                         else "required WAL removed")
+        raise SourceError(
+            f"replication slot {slot!r} is invalidated ({why}): it can no longer give "
+            "changes, so the changes since the change log's last checkpoint are lost",
+            hint=f"drop the slot (SELECT pg_drop_replication_slot('{slot}')) and {LOST_FIX}. "
+            "Against a repeat: raise max_slot_wal_keep_size (-1: unlimited) and, on a "
+            "standby, set hot_standby_feedback = on with a physical slot (primary_slot_name)")
 
 
 def ensure_slot(conn: psycopg.Connection[Any], slot: str) -> bool:

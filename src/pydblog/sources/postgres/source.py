@@ -154,6 +154,11 @@ class PgLogSource:
             self._seen.update(str(t) for t in raw.get("seen") or ())
             self._oids = {str(t): int(o) for t, o in (raw.get("oids") or {}).items()}
             self._known = True
+        # Before anything is written or the slot created: a lost slot must not be
+        # replaced silently (``setup.check_slot_continues``).
+        pos = checkpoint.position if checkpoint is not None else None
+        setup.check_slot_continues(
+            meta, self.src.slot, pos.ack_lsn.value if isinstance(pos, PgPosition) else None)
         self._refresh_publication()
         if self.standby:
             standby.ensure_slot(meta, self.src.slot, self._primary)
