@@ -6,6 +6,8 @@ or Python's headers still installs pydblog, which then reads chunks by the SQL p
 says so in its log. ``pydblog.changelog._kafkaread`` (C, the same) hands the Kafka
 source a consume batch's values without a Python object per message; without it the
 reads go through confluent-kafka's ``Message`` objects.
+``pydblog.sources.postgres._pgrow`` (C, the same) decodes the stream's row changes
+straight into row dicts; without it they are decoded in Python.
 """
 
 from setuptools import Extension, setup
@@ -17,6 +19,12 @@ setup(
             ["src/pydblog/sources/postgres/_copyenc.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             libraries=["dl"],
+            optional=True,
+        ),
+        Extension(
+            "pydblog.sources.postgres._pgrow",
+            ["src/pydblog/sources/postgres/_pgrow.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),
         Extension(

@@ -140,6 +140,8 @@ class RelationState:
     captured: bool
     table_schema: TableSchema
     row: Callable[[Any], dict[str, Any]]
+    key_names: tuple[str, ...] = ()
+    """``names[i] for i in key_idx``: the event key's columns, in order."""
 
     def key_of(self, values: tuple[Any, ...]) -> dict[str, Any]:
         names = self.names
@@ -182,4 +184,5 @@ def build_relation(
         captured=captured,
         table_schema=schema,
         row=compile_row(names, tuple(types.converter(c.type_oid) for c in rel.columns)),
+        key_names=tuple(names[i] for i in key_idx),
     )

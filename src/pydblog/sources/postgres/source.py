@@ -57,7 +57,7 @@ from pydblog.ports import (
 )
 from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.sources.postgres import pgoutput as po
-from pydblog.sources.postgres import setup, standby
+from pydblog.sources.postgres import rowdecode, setup, standby
 from pydblog.sources.postgres.connect import connect, connect_replication, replication_error
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
 from pydblog.sources.postgres.relations import (
@@ -80,6 +80,7 @@ and each captured table's relation oid."""
 REFRESH_ATTEMPTS = 5
 """Publication refreshes tried while captured tables keep being dropped meanwhile."""
 IDLE = Idle()
+_INSERT, _DELETE = ord("I"), ord("D")
 PG_EPOCH_US = 946_684_800_000_000
 
 
@@ -102,6 +103,8 @@ class PgLogSource:
         self._cur: Any = None
         self._types: TypeRegistry | None = None
         self._relations: dict[int, RelationState] = {}
+        # The captured relations as the native row decoder takes them (``rowdecode``).
+        self._specs: dict[int, rowdecode.Spec] = {}
         self._captured: list[str] = []
         # Every table captured, in this session or (from the checkpoint) an earlier
         # one; whether the runner is to be handed them (a ``SourceState``).
@@ -332,6 +335,9 @@ class PgLogSource:
         wake = self._wake[0]
         interval = self.src.heartbeat_interval_s
         handlers = self._handlers()
+        native = rowdecode.decoder()
+        specs = self._specs
+        unchanged = po.UNCHANGED
         begin: po.Begin | None = None
         lsn: Lsn = Lsn(0)
         idx = 0
@@ -371,7 +377,26 @@ class PgLogSource:
                             os.read(wake, 4096)
                         yield IDLE  # someone has work for the runner between stream reads
                 continue
-            m = po.decode(msg.payload)
+            payload = msg.payload
+            if native is not None:
+                # A captured relation's row change, decoded into row dicts in C (None:
+                # another message, or one the Python path decides: ``rowdecode``).
+                d = native(payload, specs, unchanged)
+                if d is not None:
+                    if d[0] == _INSERT:  # the hot path, inline
+                        rel = d[1]
+                        after = d[2]
+                        assert after is not None
+                        yield ChangeEvent(Op.CREATE, rel.schema, rel.table,
+                                          PgPosition(lsn, idx, None, tx_id), ts_ms,
+                                          {n: after[n] for n in rel.key_names}, None, after)
+                        idx += 1
+                    else:
+                        for item in self._native_change(d, lsn, idx, ts_ms, tx_id):
+                            idx += 1
+                            yield item
+                    continue
+            m = po.decode(payload)
             kind = type(m)
             if kind is po.Begin:
                 begin = m  # type: ignore[assignment]
@@ -494,6 +519,53 @@ class PgLogSource:
         return [ChangeEvent(Op.DELETE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
                             key, before, None)]
 
+    def _native_change(self, d: rowdecode.Decoded, lsn: Lsn, idx: int, ts: int, tx: int) -> list[StreamItem]:
+        """An Update or Delete the native decoder decoded (``rowdecode``): the events
+        ``_on_update``/``_on_delete`` give for the same message, from its row dicts."""
+        kind, rel, new, old, key_only, n_unchanged = d
+        keys = rel.key_names
+        if kind == _DELETE:
+            assert old is not None
+            if key_only:
+                before = {n: None if old[n] is po.UNCHANGED else old[n] for n in keys}
+                key = before
+            else:
+                before = old
+                key = {n: old[n] for n in keys}
+            return [ChangeEvent(Op.DELETE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+                                key, before, None)]
+        after = new
+        assert after is not None
+        unchanged: list[str] = []
+        if n_unchanged:
+            for name in rel.names:
+                if after[name] is po.UNCHANGED:
+                    if old is not None and not key_only and old[name] is not po.UNCHANGED:
+                        after[name] = old[name]
+                    else:
+                        unchanged.append(name)
+            for name in unchanged:
+                after[name] = UNCHANGED_TOAST
+        key = {n: after[n] for n in keys}
+        before_: dict[str, Any] | None = None
+        old_key = key
+        if old is not None:
+            if key_only:
+                before_ = {n: None if old[n] is po.UNCHANGED else old[n] for n in keys}
+                old_key = before_
+            else:
+                before_ = old
+                old_key = {n: old[n] for n in keys}
+        if old_key != key:
+            return [
+                ChangeEvent(Op.DELETE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+                            old_key, before_, None),
+                ChangeEvent(Op.CREATE, rel.schema, rel.table, PgPosition(lsn, idx + 1, None, tx), ts,
+                            key, None, after, unchanged=tuple(unchanged)),
+            ]
+        return [ChangeEvent(Op.UPDATE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+                            key, before_, after, unchanged=tuple(unchanged))]
+
     def _on_truncate(self, m: po.Truncate, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
         out: list[StreamItem] = []
         for oid in m.relation_oids:
@@ -518,6 +590,10 @@ class PgLogSource:
         rel = build_relation(m, self._types, pk, captured)
         prev = self._relations.get(m.oid)
         self._relations[m.oid] = rel
+        if rel.captured:
+            self._specs[m.oid] = rowdecode.spec(rel)
+        else:
+            self._specs.pop(m.oid, None)
         if self._fixed is not None and not own:
             self._fixed.check_relation(m.oid, qualified, captured)
         if own or not captured:
