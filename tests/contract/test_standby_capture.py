@@ -385,7 +385,8 @@ def _open(config: Path) -> None:
 def test_standby_refusals(db18: tuple[PgHarness, str], standby18: PgStandby,
                           tmp_path: Path) -> None:
     """Clear errors, each naming the fix: a watermark that writes; a publication that
-    does not exist on the standby."""
+    does not exist on the standby; one that does not publish a captured partitioned
+    table by its root."""
     pg, dbname = db18
     h = StandbyHarness(pg, standby18, dbname, primary=False)
     make_table(pg, "t1", 1)
@@ -397,6 +398,16 @@ def test_standby_refusals(db18: tuple[PgHarness, str], standby18: PgStandby,
         _open(h.config(tmp_path / "b", RO))
     assert "publication 'dblog' does not exist" in err.value.message
     assert "on the primary" in str(err.value.hint) and "CREATE PUBLICATION dblog" in str(err.value.hint)
+    # Without publish_via_partition_root (and without primary_dsn to set it) a
+    # partitioned table's changes would come under its partitions: dropped.
+    pg.execute("CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id)",
+               "CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100)",
+               "CREATE PUBLICATION dblog FOR ALL TABLES")
+    standby18.wait_caught_up()
+    with pytest.raises(SourceError) as err:
+        _open(h.config(tmp_path / "c", RO))
+    assert "public.parted is partitioned" in err.value.message, err.value.message
+    assert "ALTER PUBLICATION dblog SET (publish_via_partition_root = true)" in str(err.value.hint)
 
 
 def test_standby_checks(db18: tuple[PgHarness, str], pg18: PgCluster, standby18: PgStandby,

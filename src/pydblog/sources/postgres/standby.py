@@ -92,13 +92,35 @@ def check(conn: psycopg.Connection[Any], cfg: Config) -> None:
             "disconnected), then reload it",
         )
     pub = cfg.source.publication
-    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (pub,)).fetchone() is None:
+    row = conn.execute("SELECT to_jsonb(p) ->> 'pubviaroot' FROM pg_publication p "
+                       "WHERE pubname = %s", (pub,)).fetchone()
+    if row is None:
         raise SourceError(
             f"publication {pub!r} does not exist on the standby (a standby cannot create it)",
             hint=f"on the primary, in database {conn.info.dbname!r}, run: CREATE PUBLICATION "
-            f"{pub} FOR TABLE <the tables> WITH (publish_via_partition_root = true) (or FOR "
-            "ALL TABLES); the standby has it once it has replayed it",
+            f"{pub} FOR ALL TABLES WITH (publish_via_partition_root = true) (or FOR TABLE "
+            "<the tables> WITH (...)); the standby has it once it has replayed it",
         )
+    if row[0] != "true" and cfg.source.primary_dsn is None:
+        # Without it a partitioned table's changes come under its leaves, which are not
+        # captured (only roots are): they would be dropped. With primary_dsn the
+        # publication is set so there (``setup.ensure_publication``).
+        matcher = cfg.source.table_matcher()
+        parted = [f"{n}.{c}" for n, c in conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE c.relkind = 'p' AND NOT c.relispartition "
+            "ORDER BY 1, 2").fetchall() if matcher(f"{n}.{c}")]
+        conn.commit()
+        if parted:
+            raise SourceError(
+                f"publication {pub!r} does not publish partitioned tables by their root "
+                f"(publish_via_partition_root is off), and {', '.join(parted)} "
+                f"{'is' if len(parted) == 1 else 'are'} partitioned: their changes would "
+                "come under the partitions' names and not be captured",
+                hint=f"on the primary run: ALTER PUBLICATION {pub} SET "
+                "(publish_via_partition_root = true) (or set [source] primary_dsn, which "
+                "does it)",
+            )
 
 
 def connect_primary(cfg: Config, standby: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
