@@ -39,6 +39,7 @@ import psycopg2
 import psycopg2.extras
 
 from pydblog.config import Config, TableMatcher
+from pydblog.errors import SourceUnavailable
 from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op
 from pydblog.ports import (
     Checkpoint,
@@ -79,6 +80,10 @@ qualified names of the tables captured now and of every table captured so far (s
 and each captured table's relation oid."""
 REFRESH_ATTEMPTS = 5
 """Publication refreshes tried while captured tables keep being dropped meanwhile."""
+HB_RESEND = 3
+"""A heartbeat out this many intervals (lost: a server restarted meanwhile) does not
+hold back the next one of a busy stream (which also finds a lost connection): one is
+sent every HB_RESEND intervals until one comes back."""
 IDLE = Idle()
 _INSERT, _DELETE = ord("I"), ord("D")
 PG_EPOCH_US = 946_684_800_000_000
@@ -117,6 +122,7 @@ class PgLogSource:
         self._acked: int = 0
         self._last_hb = 0.0
         self._hb_out = False  # a heartbeat sent has not come back through the stream yet
+        self._hb_sent = 0.0  # when the last heartbeat was sent
         self._wake: tuple[int, int] | None = None  # self-pipe: wakeup() -> stream yields Idle
         self._passed = 0  # the last WAL end reported as StreamPassed
         self._asked = 0.0  # when request_progress last asked for a keepalive
@@ -217,6 +223,9 @@ class PgLogSource:
                 with meta.transaction():
                     names, oids = self._refresh(force)
                 break
+            except psycopg.OperationalError as exc:
+                self._check_writes(exc)
+                raise
             except setup.TableDropped as exc:
                 if attempt < REFRESH_ATTEMPTS - 1:
                     log.info("tables changed while refreshing the publication (%s): listing again", exc)
@@ -410,7 +419,9 @@ class PgLogSource:
                 c: po.Commit = m  # type: ignore[assignment]
                 begin = None
                 yield Commit(PgPosition(Lsn(c.commit_lsn), idx, Lsn(c.end_lsn), tx_id), c.commit_ts_us // 1000)
-                if not self._hb_out and time.monotonic() - self._last_hb >= interval:
+                now = time.monotonic()
+                if (not self._hb_out or now - self._hb_sent >= HB_RESEND * interval) \
+                        and now - self._last_hb >= interval:
                     # A stream never idle (a steady load) refreshes the publication too,
                     # at the heartbeat's return: one heartbeat in flight at a time (a
                     # backlog's catch-up would otherwise get one per interval at its end).
@@ -679,9 +690,26 @@ class PgLogSource:
             return
         try:
             self._writes.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
+            self._hb_sent = time.monotonic()
             self._hb_out = True
         except psycopg.Error as exc:
+            self._check_writes(exc)
             log.warning("heartbeat failed: %s", str(exc).strip())
+
+    def _check_writes(self, exc: psycopg.Error) -> None:
+        """Raise ``SourceUnavailable`` when ``exc`` broke the connection heartbeats,
+        resets and the publication are written on (a restart of the server, an idle
+        timeout): the service opens the source again, and with it that connection
+        (``open``, ``standby.connect_primary``). Left alone, heartbeats would fail
+        forever, and no drop or re-creation of a table would be noticed again."""
+        conn = self._writes
+        if not (conn.closed or conn.broken):
+            return
+        which = "[source] primary_dsn" if self._primary is not None else "[source] dsn"
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceUnavailable(
+            f"the connection to {which} was lost ({detail}): reconnecting",
+            hint=f"is the server of {which} running and reachable?") from None
 
     # -- ack ----------------------------------------------------------------------
     def ack(self, position: Position) -> None:
