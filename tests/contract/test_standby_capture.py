@@ -28,6 +28,8 @@ from pydblog.config import load_config
 from pydblog.devtools.pgcluster import PgCluster, _as_postgres, find_bindir
 from pydblog.devtools.pgstandby import PgStandby
 from pydblog.errors import ConfigError, SourceError
+from pydblog.sources.postgres.chunks import PgSnapshotReader
+from pydblog.sources.postgres.fences import PgLsnFence
 from pydblog.sources.postgres.source import PgLogSource
 from pydblog.sources.postgres.standby import TableSetChanged
 from tests.conftest import drop_database
@@ -394,6 +396,48 @@ def test_primary_dsn_reconnects_after_the_primary_restarts(
         cap.assert_oracle({"t1": ["id"]})
     finally:
         cap.stop()
+
+
+def test_the_fence_of_a_standby_that_streams_no_wal(
+    db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
+) -> None:
+    """A standby restarted without streaming (no primary_conninfo: it replays local or
+    archived WAL only) has no received position (``pg_last_wal_receive_lsn()`` is
+    NULL; after a restart it can also be behind replay): a read's fence ends at the
+    greater of received and replayed, never below what the read saw, and the read
+    does not fail."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=False)
+    make_table(pg, "t1", 5)
+    h.publish()
+    standby18.wait_caught_up()
+    cfg = load_config(h.config(tmp_path, RO))
+    auto = standby18.datadir / "postgresql.auto.conf"
+    saved = auto.read_text()
+    standby18.halt()
+    try:
+        auto.write_text(saved + "primary_conninfo = ''\n")
+        subprocess.run(_as_postgres([str(standby18.primary.bindir / "pg_ctl"), "-D",
+                                     str(standby18.datadir), "-l",
+                                     str(standby18.root / "server.log"), "-w", "start"]),
+                       capture_output=True, check=True)
+        with psycopg.connect(standby18.dsn(dbname)) as conn:
+            row = conn.execute("SELECT pg_last_wal_receive_lsn(), "
+                               "(pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::bigint").fetchone()
+        assert row is not None and row[0] is None
+        reader = PgSnapshotReader(cfg, PgLogSource(cfg))
+        try:
+            info = reader.table_info("public.t1")
+            assert info is not None
+            key, fence = reader.max_key_fenced(info, None)
+        finally:
+            reader.close()
+        assert key == (4,)
+        assert isinstance(fence, PgLsnFence) and fence.end_lsn >= row[1] >= fence.low_lsn
+    finally:
+        standby18.halt()
+        auto.write_text(saved)
+        standby18.resume()
 
 
 def _stopped(cap: Capture) -> str:

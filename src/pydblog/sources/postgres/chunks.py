@@ -737,14 +737,21 @@ class PgSnapshotReader:
             finally:
                 self._in_fenced_read = False
                 self._shared_snapshot = None
-            end = self._lsn("pg_last_wal_receive_lsn()", commit=False) if standby else None
+            # After the read: past every commit its snapshot can see (they were
+            # replayed). Received WAL can be behind replay (after a restart the
+            # walreceiver starts again at the replay point's segment, and it is NULL
+            # while a standby replays archived or local WAL without streaming): the
+            # greater of the two (GREATEST skips a NULL).
+            end = self._lsn(
+                "GREATEST(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())",
+                commit=False) if standby else None
         if not standby:
             return rows, PgXidFence.parse(row[0], row[1], running, committing)
         if low is None or end is None:
             raise SourceError(
-                "read-only snapshots on a standby need streaming replication: "
-                "pg_last_wal_replay_lsn()/pg_last_wal_receive_lsn() returned NULL",
-                hint="read chunks from a streaming standby, or from the primary",
+                "read-only snapshots on a standby need a hot standby that has replayed "
+                "WAL: pg_last_wal_replay_lsn() returned NULL",
+                hint="read chunks from a hot standby, or from the primary",
             )
         return rows, PgLsnFence(low, end)
 

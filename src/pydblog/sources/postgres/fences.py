@@ -22,12 +22,14 @@ first statement share its snapshot S):
   waits after its record is flushed.
 - on a hot standby (``PgLsnFence``; its snapshots list running transactions outside
   ``xip``, so xids cannot decide): ``pg_last_wal_replay_lsn()`` *before* the
-  transaction (``low``) and ``pg_last_wal_receive_lsn()`` after the SELECT (``end``).
+  transaction (``low``) and the greater of ``pg_last_wal_receive_lsn()`` and
+  ``pg_last_wal_replay_lsn()`` after the SELECT (``end``; the received position alone
+  can be behind replay after a restart, and NULL while no WAL is streamed).
   A standby's snapshot sees exactly the commits replayed before it was taken. A commit
   record that starts before ``low`` was replayed before S (``low`` is a replayed
   record's end, records do not straddle it): visible. Any other may or may not be: the
-  row's key is dropped (always safe). The standby replays only WAL it has received and
-  flushed, so every commit S saw ends at or before ``end``. The core trusts a standby's
+  row's key is dropped (always safe). Every commit S saw was replayed before the
+  SELECT ended, so it ends at or before ``end``. The core trusts a standby's
   fence only once ``low`` is past every commit the stream delivered before the table's
   snapshot began (``covers``; ``core.fence.Floor``): the standby may lag the stream.
 """
