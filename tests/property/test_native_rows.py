@@ -102,6 +102,7 @@ def _run(src: PgLogSource, payloads: list[bytes]) -> Any:
             items.append(item)
             if type(item) is ChangeEvent:
                 items.append(encode_event(item, "postgresql", "db", 1234).body)
+                items.append((repr(item), item.position.to_json(), hash(item.position)))
                 items.append([(k, type(v)) for k, v in (item.after or {}).items()])
                 items.append([(k, type(v)) for k, v in (item.before or {}).items()])
     except End:
@@ -222,3 +223,26 @@ def test_codes_cover_the_common_types() -> None:
     assert codes[t.TIMESTAMPTZ] == rowdecode.TSTZ
     assert codes[t.BOOL] == rowdecode.BOOL
     assert codes[t.FLOAT8] == rowdecode.FLOAT
+
+
+def test_hot_path_position_is_a_pg_position() -> None:
+    """The stream's fast ``PgPosition`` (slots set directly) is the class's own object:
+    equal fields, order, hash, JSON, and as frozen."""
+    import dataclasses
+
+    from pydblog.positions import Lsn, PgPosition
+    from pydblog.sources.postgres import source as src_mod
+
+    assert src_mod._position is not PgPosition  # the fast one is in use
+    for args in [(Lsn(5), 3, None, 7), (Lsn(2**63), 0, Lsn(9), None)]:
+        fast, slow = src_mod._position(*args), PgPosition(*args)
+        assert type(fast) is PgPosition
+        assert dataclasses.astuple(fast) == dataclasses.astuple(slow)
+        assert repr(fast) == repr(slow) and fast == slow and hash(fast) == hash(slow)
+        assert fast.to_json() == slow.to_json()
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fast.index = 4  # type: ignore[misc]
+    event = src_mod._new_event(ChangeEvent, ("c", "s", "t", slow, 1, {}, None, {},
+                                             *src_mod._EVENT_DEFAULTS))
+    assert event == ChangeEvent("c", "s", "t", slow, 1, {}, None, {})  # type: ignore[arg-type]
+    assert type(event) is ChangeEvent

@@ -26,11 +26,12 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import select
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -86,6 +87,37 @@ hold back the next one of a busy stream (which also finds a lost connection): on
 sent every HB_RESEND intervals until one comes back."""
 IDLE = Idle()
 _INSERT, _DELETE = ord("I"), ord("D")
+_CREATE = Op.CREATE
+
+
+def _position_factory() -> Callable[[Lsn, int, Lsn | None, int | None], PgPosition]:
+    """``PgPosition(commit_lsn, index, end_lsn, tx_id)`` for the stream's hot path: its
+    four slots set directly, not by the frozen dataclass's ``__init__`` (two and a half
+    times cheaper: that ``__init__`` goes through ``object.__setattr__`` per field). The
+    class itself if it ever has another shape (other fields, a ``__post_init__``)."""
+    names = [f.name for f in dataclasses.fields(PgPosition)]
+    if names != ["commit_lsn", "index", "end_lsn", "tx_id"] or hasattr(PgPosition, "__post_init__"):
+        return PgPosition
+    new = object.__new__
+    s_lsn, s_index, s_end, s_tx = (getattr(PgPosition, n).__set__ for n in names)
+
+    def position(lsn: Lsn, index: int, end: Lsn | None, tx: int | None) -> PgPosition:
+        p: PgPosition = new(PgPosition)
+        s_lsn(p, lsn)
+        s_index(p, index)
+        s_end(p, end)
+        s_tx(p, tx)
+        return p
+
+    return position
+
+
+_position = _position_factory()
+_new_event = tuple.__new__  # a NamedTuple's own __new__ is a Python function: 4x slower
+_EVENT_DEFAULTS = tuple(ChangeEvent._field_defaults[f] for f in ChangeEvent._fields[8:])
+"""``ChangeEvent``'s fields after ``after``, at their defaults (the hot path builds the
+tuple itself; tests/property/test_native_rows.py checks the result equals the class's)."""
+assert ChangeEvent._fields[:8] == ("op", "schema", "table", "position", "ts_ms", "key", "before", "after")
 PG_EPOCH_US = 946_684_800_000_000
 
 
@@ -396,9 +428,10 @@ class PgLogSource:
                         rel = d[1]
                         after = d[2]
                         assert after is not None
-                        yield ChangeEvent(Op.CREATE, rel.schema, rel.table,
-                                          PgPosition(lsn, idx, None, tx_id), ts_ms,
-                                          {n: after[n] for n in rel.key_names}, None, after)
+                        yield _new_event(ChangeEvent, (
+                            _CREATE, rel.schema, rel.table, _position(lsn, idx, None, tx_id),
+                            ts_ms, {n: after[n] for n in rel.key_names}, None, after,
+                            *_EVENT_DEFAULTS))
                         idx += 1
                     else:
                         for item in self._native_change(d, lsn, idx, ts_ms, tx_id):
@@ -543,7 +576,7 @@ class PgLogSource:
             else:
                 before = old
                 key = {n: old[n] for n in keys}
-            return [ChangeEvent(Op.DELETE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+            return [ChangeEvent(Op.DELETE, rel.schema, rel.table, _position(lsn, idx, None, tx), ts,
                                 key, before, None)]
         after = new
         assert after is not None
@@ -569,12 +602,12 @@ class PgLogSource:
                 old_key = {n: old[n] for n in keys}
         if old_key != key:
             return [
-                ChangeEvent(Op.DELETE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+                ChangeEvent(Op.DELETE, rel.schema, rel.table, _position(lsn, idx, None, tx), ts,
                             old_key, before_, None),
-                ChangeEvent(Op.CREATE, rel.schema, rel.table, PgPosition(lsn, idx + 1, None, tx), ts,
+                ChangeEvent(Op.CREATE, rel.schema, rel.table, _position(lsn, idx + 1, None, tx), ts,
                             key, None, after, unchanged=tuple(unchanged)),
             ]
-        return [ChangeEvent(Op.UPDATE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
+        return [ChangeEvent(Op.UPDATE, rel.schema, rel.table, _position(lsn, idx, None, tx), ts,
                             key, before_, after, unchanged=tuple(unchanged))]
 
     def _on_truncate(self, m: po.Truncate, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
