@@ -9,6 +9,7 @@ the primary's tables (every column).
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import subprocess
 import threading
@@ -24,10 +25,11 @@ import orjson
 import psycopg
 import pytest
 
-from pydblog.config import load_config
+from pydblog.config import Config, load_config
 from pydblog.devtools.pgcluster import PgCluster, _as_postgres, find_bindir
 from pydblog.devtools.pgstandby import PgStandby
 from pydblog.errors import ConfigError, SourceError
+from pydblog.sources.postgres import standby
 from pydblog.sources.postgres.chunks import PgSnapshotReader
 from pydblog.sources.postgres.fences import PgLsnFence
 from pydblog.sources.postgres.source import PgLogSource
@@ -539,6 +541,45 @@ def test_standby_checks(db18: tuple[PgHarness, str], pg18: PgCluster, standby18:
         assert "primary_dsn" in str(changed.value.hint)
     finally:
         source.close()
+
+
+def test_primary_dsn_errors_name_it(db18: tuple[PgHarness, str], pg18: PgCluster,
+                                    standby18: PgStandby, tmp_path: Path,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A connection error of ``primary_dsn`` names ``primary_dsn`` (not ``dsn``), and a
+    primary whose system identifier the role may not read is not silently taken for
+    the standby's primary: a warning says the check was skipped."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=False)
+    make_table(pg, "t1", 1)
+    h.publish()
+    standby18.wait_caught_up()
+    base = h.config(tmp_path / "base", RO).read_text()
+
+    def config(name: str, primary: str) -> Config:
+        path = tmp_path / name / "dblog.toml"
+        path.parent.mkdir()
+        path.write_text(base.replace("[source]\n", f'[source]\nprimary_dsn = "{primary}"\n', 1))
+        return load_config(path)
+
+    role = f"r_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(standby18.dsn(dbname)) as conn:
+        with pytest.raises(SourceError) as err:
+            standby.connect_primary(config("pw", pg18.dsn(dbname, password="wrong-pw")), conn)
+        assert "refused the connection" in err.value.message
+        assert "[source] primary_dsn" in err.value.message and "primary_dsn" in str(err.value.hint)
+        assert "wrong-pw" not in str(err.value)
+        pg.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'",
+                   "REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+        try:
+            with caplog.at_level(logging.WARNING, logger="pydblog.sources.postgres.standby"):
+                standby.connect_primary(
+                    config("sysid", pg18.dsn(dbname, user=role, password="pw")), conn).close()
+        finally:
+            pg.execute("GRANT EXECUTE ON FUNCTION pg_control_system() TO PUBLIC",
+                       f"DROP ROLE {role}")
+    assert "not checked to be the standby's primary" in caplog.text, caplog.text
+    assert "pg_control_system()" in caplog.text
 
 
 def _setting(standby: PgStandby, name: str) -> str:

@@ -114,7 +114,9 @@ class PgSnapshotReader:
 
     def _open_read_conn(self) -> psycopg.Connection[Any]:
         dsn = self.cfg.snapshot.read_dsn or self.cfg.source.dsn
-        conn = connect(dsn, timeout_s=self.cfg.source.connect_timeout_s)
+        conn = connect(dsn, timeout_s=self.cfg.source.connect_timeout_s,
+                       setting="[snapshot] read_dsn" if self.cfg.snapshot.read_dsn
+                       else "[source] dsn")
         conn.execute(f"SET statement_timeout = {int(self.cfg.snapshot.statement_timeout_ms)}")
         # Two walls: every transaction begins READ ONLY (``read_only``), and the
         # session's default is read-only too, so that even a transaction begun by other

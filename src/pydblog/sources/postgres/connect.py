@@ -49,36 +49,40 @@ def _reachable(dsn: str) -> bool:
         return False
 
 
-def _connect_error(dsn: str, exc: Exception, sqlstate: str | None) -> SourceError:
+def _connect_error(dsn: str, exc: Exception, sqlstate: str | None,
+                   setting: str = "[source] dsn") -> SourceError:
     detail = " ".join(str(exc).split()) or type(exc).__name__
     detail = detail.removeprefix("connection failed: ")
     where = redact_dsn(dsn)
     if sqlstate is None and _reachable(dsn):
         return SourceError(
-            f"PostgreSQL at {where} refused the connection: {detail}",
-            hint="check the user, password and database name in [source] dsn, and pg_hba.conf",
+            f"PostgreSQL at {where} ({setting}) refused the connection: {detail}",
+            hint=f"check the user, password and database name in {setting}, and pg_hba.conf",
         )
     if sqlstate in INVALID_AUTHORIZATION:
         return SourceError(
-            f"PostgreSQL at {where} refused the login: {detail}",
-            hint="check the user and password in [source] dsn",
+            f"PostgreSQL at {where} ({setting}) refused the login: {detail}",
+            hint=f"check the user and password in {setting}",
         )
     if sqlstate == INVALID_CATALOG_NAME:
-        return SourceError(f"PostgreSQL at {where}: {detail}", hint="check the database name in [source] dsn")
+        return SourceError(f"PostgreSQL at {where} ({setting}): {detail}",
+                           hint=f"check the database name in {setting}")
     return SourceUnavailable(
-        f"cannot connect to PostgreSQL at {where}: {detail}",
-        hint="is the server running and reachable, and are host/port/user/password in [source] dsn right?",
+        f"cannot connect to PostgreSQL at {where} ({setting}): {detail}",
+        hint=f"is the server running and reachable, and are host/port/user/password in {setting} right?",
     )
 
 
-def connect(dsn: str, *, timeout_s: float = 10.0, autocommit: bool = True) -> psycopg.Connection[Any]:
-    """An ordinary psycopg 3 connection with pydblog's session settings."""
+def connect(dsn: str, *, timeout_s: float = 10.0, autocommit: bool = True,
+            setting: str = "[source] dsn") -> psycopg.Connection[Any]:
+    """An ordinary psycopg 3 connection with pydblog's session settings (``setting``:
+    the configuration key of ``dsn``, named in errors)."""
     try:
         return psycopg.connect(
             dsn, autocommit=autocommit, connect_timeout=max(1, int(timeout_s)), options=_options()
         )
     except psycopg.Error as exc:
-        raise _connect_error(dsn, exc, exc.sqlstate) from None
+        raise _connect_error(dsn, exc, exc.sqlstate, setting) from None
 
 
 def connect_replication(dsn: str, *, timeout_s: float = 10.0) -> psycopg2.extras.LogicalReplicationConnection:

@@ -129,7 +129,7 @@ def connect_primary(cfg: Config, standby: psycopg.Connection[Any]) -> psycopg.Co
     decoded only by slots of its own database)."""
     dsn = cfg.source.primary_dsn
     assert dsn is not None
-    conn = connect(dsn, timeout_s=cfg.source.connect_timeout_s)
+    conn = connect(dsn, timeout_s=cfg.source.connect_timeout_s, setting="[source] primary_dsn")
     where = redact_dsn(dsn)
     try:
         if in_recovery(conn):
@@ -148,7 +148,16 @@ def connect_primary(cfg: Config, standby: psycopg.Connection[Any]) -> psycopg.Co
             except psycopg.Error:  # not allowed to read it: the check is skipped
                 c.rollback()
                 ids.append(None)
-        if None not in ids and ids[0] != ids[1]:
+        if None in ids:
+            log.warning(
+                "[source] primary_dsn (%s): not checked to be the standby's primary (the "
+                "role may not read pg_control_system() on %s): make sure it is, or "
+                "heartbeats and resets go to a server whose WAL the standby never sees. "
+                "To have it checked: GRANT EXECUTE ON FUNCTION pg_control_system() TO the "
+                "role (or GRANT pg_monitor)", where,
+                " and ".join(n for n, i in zip(("the primary", "the standby"), ids, strict=True)
+                             if i is None))
+        elif ids[0] != ids[1]:
             raise SourceError(
                 f"[source] primary_dsn ({where}) is not the primary of the standby in dsn "
                 "(another system identifier)",
