@@ -194,6 +194,96 @@ class StateStore(Protocol):
     def save(self, checkpoint: Checkpoint) -> None: ...
 
 
+# -- the sync's reads -------------------------------------------------------------------
+# What ``dblog sync``'s Spark data source (``spark.source``) needs from a change log,
+# besides the schemas (``ChangeLogReader.schemas``). ``changelog.open_stream`` gives the
+# backend's ``ChangeLogStream`` by ``[log] type``; Spark's code knows no backend.
+# ``ChangeLogStream`` runs in the short-lived Python processes Spark starts to plan a
+# query and each micro-batch (keep its imports light: no pyarrow, no config models); a
+# ``LogPartition`` is pickled to an executor and read there with nothing else.
+
+SyncOffset = dict[str, Any]
+"""A position in a change log as Spark's checkpoint stores it: JSON-able, its form the
+backend's own (the embedded log: ``{"offset": n}``). A micro-batch ``(start, end]`` is
+the events a backend places between two of them; the same two always mean the same
+events (a replayed batch re-reads exactly what it read)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedValues:
+    """Some events of a ``LogPartition``, as the decoder (``spark.decode``) takes them.
+
+    ``bodies``: the envelopes' JSON texts (a pyarrow string array; ``dblog tail``'s
+    form, possibly without ``op``/``ts_ms``, which ``metas`` then gives). ``first``: the
+    events are the dense offsets ``first, first + 1, ...`` in order; ``None``: each body
+    carries its own ``"offset"`` (then in any order across partitions). ``metas``: one
+    ``table US op US ts_ms`` entry per body (``None``: every body has its ``op`` and
+    ``ts_ms``)."""
+
+    bodies: Any
+    first: int | None = None
+    metas: Sequence[str] | None = None
+
+
+class LogPartition(Protocol):
+    """One Spark task's share of a micro-batch: picklable and self-contained (where the
+    log is, which events, the gap rule), read in an executor."""
+
+    def read(self, batch_events: int) -> Iterator[EncodedValues]:
+        """Exactly the partition's events, in chunks of about ``batch_events`` (each
+        body once; a backend whose offsets are dense gives them in offset order). Raises
+        ``ChangeLogError`` naming the fix when events of the range are gone (retention,
+        a compacted topic) unless the backend was opened to allow gaps."""
+        ...
+
+
+class ChangeLogStream(Protocol):
+    """A change log as the source of a Spark stream: the planner's side (offsets,
+    splitting a batch into ``LogPartition``s) and the executors' start-up."""
+
+    dense: bool
+    """Every partition's events are one dense offset range and a batch's partitions tile
+    the batch's range exactly (what ``spark.decode.unpack`` can check); False when a
+    partition's events carry their own offsets (Kafka's partitions interleave)."""
+
+    def initial_offset(self, starting: str) -> SyncOffset:
+        """Where a new query starts: ``"earliest"``, ``"latest"`` or a backend's own
+        position (the embedded log: an offset). Raises ``ChangeLogError`` for a value
+        the backend does not understand."""
+        ...
+
+    def prepare_available_now(self) -> None:
+        """Fix the log's current end as the end of every later ``latest_offset``
+        (``Trigger.AvailableNow``)."""
+        ...
+
+    def latest_offset(self, start: SyncOffset, max_events: int | None) -> SyncOffset:
+        """The end of the next batch after ``start``: at most ``max_events`` events
+        (``None``: no limit; a backend may round up to a whole commit) and not past the
+        end fixed by ``prepare_available_now``. ``start`` itself when there is nothing
+        new (no empty batch)."""
+        ...
+
+    def report_latest_offset(self) -> SyncOffset | None:
+        """The log's end for Spark's progress report (``None``: not known cheaply)."""
+        ...
+
+    def partitions(self, start: SyncOffset, end: SyncOffset, parts: int) -> Sequence[LogPartition]:
+        """The events of the batch ``(start, end]`` as partitions for about ``parts``
+        cores; a pure function of the log and the offsets (a replayed batch is the same
+        batch)."""
+        ...
+
+    def commit(self, end: SyncOffset) -> None:
+        """Spark applied everything up to ``end`` (monitoring, release; best effort)."""
+        ...
+
+    def warm_up(self) -> None:
+        """Load what ``LogPartition.read`` needs into this process (an executor's Python
+        worker at the job's start), so that the first batch does not wait for it."""
+        ...
+
+
 # -- sources ---------------------------------------------------------------------------
 # A source turns a database's log into one flat, ordered stream of items. Row events
 # of captured tables, of the signal table and of the watermark table all come through

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from pydblog.changelog import kafka as kafka_log_mod
-from pydblog.changelog import kafka_native
+from pydblog.changelog import kafka_native, kafka_spark
 from pydblog.config import LogConfig, load_config
 from pydblog.errors import ChangeLogError
-from pydblog.spark import kafka_source
 from pydblog.spark.job import run_sync
 from pydblog.spark.synth import SyntheticLoad
 from tests.kafka.test_sync import copy_to_kafka
@@ -51,9 +50,9 @@ def produce(bootstrap: str, topic: str, transactions: list[list[bytes | None]]) 
 def read(bootstrap: str, topic: str, spans: tuple[tuple[int, int, str], ...], end: int,
          allow_gaps: bool) -> list[str]:
     cfg = LogConfig(type="kafka", path="/unused", bootstrap_servers=bootstrap, topic_prefix="p")
-    part = kafka_source.KafkaRange(cfg.model_dump_json(),
-                                   (kafka_source.KafkaPiece(topic, 0, 0, end, spans),))
-    out: list[str] = kafka_source.read_events(part, allow_gaps).to_pylist()
+    part = kafka_spark.KafkaRange(cfg.model_dump_json(),
+                                   (kafka_spark.KafkaPiece(topic, 0, 0, end, spans),))
+    out: list[str] = kafka_spark.read_events(part, allow_gaps).to_pylist()
     return out
 
 

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pydblog.changelog import kafka_native
+from pydblog.changelog import kafka_native, kafka_spark
 from pydblog.changelog.kafka import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.config import LogConfig
 from pydblog.events import Op
-from pydblog.spark import kafka_source
 from tests.kafka.test_kafka_log import batches, cp, embedded_rows, row_event, source_rows
 
 pytest.importorskip("pyspark")
@@ -43,15 +42,15 @@ def test_native_read_gives_the_rows_of_the_message_read(
     cfg = LogConfig(type="kafka", path=str(tmp_path / "k"), bootstrap_servers=kafka_bootstrap,
                     topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3, tombstones=True)
     write_both(cfg, tmp_path / "sq")
-    monkeypatch.setattr(kafka_source, "MIN_RANGE_RECORDS", 7)  # pieces cut inside partitions
+    monkeypatch.setattr(kafka_spark, "MIN_RANGE_RECORDS", 7)  # pieces cut inside partitions
     runs: list[int] = []
-    real = kafka_source._read_runs
+    real = kafka_spark._read_runs
 
-    def spy(client: object, piece: kafka_source.KafkaPiece, values: object, check: object) -> None:
+    def spy(client: object, piece: kafka_spark.KafkaPiece, values: object, check: object) -> None:
         runs.append(piece.end - piece.start)
         real(client, piece, values, check)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(kafka_source, "_read_runs", spy)
+    monkeypatch.setattr(kafka_spark, "_read_runs", spy)
     columns = ["offset", "op", "table", "key", "after", "unchanged", "ts_ms"]
     native = source_rows(cfg, columns)
     assert sum(runs) > 200, "most pieces read natively"

@@ -1,6 +1,7 @@
-"""`dblog sync` from a Kafka change log (the dblog-kafka Spark source) into Delta, the
-change history and PostgreSQL, with kill -9 of the job between a sink's write and
-Spark's commit: the mirrors equal the oracle and every offset is applied exactly once.
+"""`dblog sync` from a Kafka change log (the dblog Spark source over the backend's
+stream, ``changelog.kafka_spark``) into Delta, the change history and PostgreSQL, with
+kill -9 of the job between a sink's write and Spark's commit: the mirrors equal the
+oracle and every offset is applied exactly once.
 
 The Kafka log holds the same events as an embedded log built by the sync tests'
 scenario (copied append by append), so the embedded log is the oracle."""

@@ -1,4 +1,4 @@
-"""How the ``dblog-kafka`` Spark source cuts a batch into tasks (``split_ranges``): every
+"""How a Kafka log's Spark stream (``changelog.kafka_spark``) cuts a batch into tasks (``split_ranges``): every
 record of every partition's range lies in exactly one piece, each piece carries exactly
 the spans that cover it, the tasks are nearly equal (within a quarter), and there are never more than two
 per core nor (unless the batch is) any smaller than ``MIN_RANGE_RECORDS``."""
@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("pyspark")
-
-from pydblog.spark import kafka_source
-from pydblog.spark.kafka_source import MIN_RANGE_RECORDS, split_ranges
+from pydblog.changelog import kafka_spark
+from pydblog.changelog.kafka_spark import MIN_RANGE_RECORDS, split_ranges
 
 # One partition: (records in the range, its first offset, span lengths over it)
 partition = st.tuples(
@@ -71,4 +68,4 @@ def test_twelve_small_partitions_make_four_equal_tasks() -> None:
     tasks = split_ranges("{}", ranges, 2)
     assert [sum(p.end - p.start for p in t.pieces) for t in tasks] == [75_300, 75_000, 75_000, 75_500]
     assert all(len(t.pieces) == 3 for t in tasks)  # whole partitions, none cut
-    assert kafka_source.MIN_RANGE_RECORDS == MIN_RANGE_RECORDS
+    assert kafka_spark.MIN_RANGE_RECORDS == MIN_RANGE_RECORDS

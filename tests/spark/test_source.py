@@ -17,6 +17,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
+from pydblog.changelog.sqlite_spark import OffsetRange, plan_partitions
 from pydblog.errors import ChangeLogError
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
@@ -28,7 +29,7 @@ from pydblog.spark.decode import (
     read_range,
     unpack,
 )
-from pydblog.spark.source import DblogStreamReader, OffsetRange, plan_partitions
+from pydblog.spark.source import DblogStreamReader
 from pydblog.spark.synth import SyntheticLoad, append_events, write_load
 
 
@@ -71,7 +72,7 @@ def test_stream_reader_offsets_and_limits(log_dir: Path) -> None:
     assert r.latestOffset({"offset": 2500}, ReadMaxRows(1000)) == {"offset": 2500}
     latest = DblogStreamReader({"path": str(log_dir), "startingOffset": "latest"})
     assert latest.initialOffset() == {"offset": 2500}
-    parts = r.partitions({"offset": 10}, {"offset": 2500})
+    parts = [p.value for p in r.partitions({"offset": 10}, {"offset": 2500})]
     assert [(p.start, p.end) for p in parts if isinstance(p, OffsetRange)] == [(10, 2500)]
     assert len(parts) == 1
     assert [(p.start, p.end) for p in plan_partitions("x", 0, 25_001, 2)] == [

@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pydblog.changelog.sqlite import SqliteChangeLog
+from pydblog.changelog.sqlite_spark import OffsetRange
 from pydblog.config import Config, LogConfig, parse_config
 from pydblog.errors import ChangeLogError, ConfigError, SinkError
 from pydblog.events import ChangeEvent, Op
@@ -20,7 +21,6 @@ from pydblog.spark.batch import Batch
 from pydblog.spark.decode import read_range
 from pydblog.spark.job import BatchApplier, run_sync
 from pydblog.spark.sinks import build_sink
-from pydblog.spark.source import OffsetRange
 from pydblog.spark.synth import ORDERS, SyntheticLoad, append_events, write_load
 from tests.spark.helpers import assert_mirrors, history_offsets
 

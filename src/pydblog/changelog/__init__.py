@@ -1,16 +1,27 @@
 """Change log backends, chosen by ``[log] type``: the embedded SQLite log (default,
 ``changelog.sqlite``) or Kafka topics (``changelog.kafka``). Everything else (the
-capture runner, ``dblog tail``/``status``) reaches a log only through these functions
-and the ``ports`` protocols ``ChangeLogWriter``/``ChangeLogReader``."""
+capture runner, ``dblog tail``/``status``, ``dblog sync``'s Spark source) reaches a log
+only through these functions and the ``ports`` protocols ``ChangeLogWriter``/
+``ChangeLogReader``/``ChangeLogStream``/``LogPartition``.
+
+A new backend adds a branch to each function here (``open_stream`` included: its
+``ChangeLogStream`` beside the backend, like ``sqlite_spark``/``kafka_spark``); nothing
+in ``pydblog.spark`` names a backend."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydblog.errors import ChangeLogError
+
 if TYPE_CHECKING:  # the package is imported by Spark's executors: keep it light
     from pydblog.config import LogConfig
-    from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint
+    from pydblog.ports import ChangeLogReader, ChangeLogStream, ChangeLogWriter, Checkpoint
+
+LOG_TYPES = ("embedded", "kafka")
+"""``[log] type``'s values (``LogConfig.type``); the first is the default."""
 
 
 def open_writer(cfg: LogConfig) -> ChangeLogWriter:
@@ -57,3 +68,30 @@ def describe(cfg: LogConfig) -> tuple[dict[str, Any] | None, Checkpoint | None]:
         return reader.describe(), reader.last_checkpoint()
     finally:
         reader.close()
+
+
+def open_stream(log_json: str, *, allow_gaps: bool = False) -> ChangeLogStream:
+    """The change log as the source of ``dblog sync``'s Spark stream. ``log_json``: the
+    ``[log]`` config as JSON (``LogConfig.model_dump_json()``; a partial table such as
+    ``{"path": "./dblog-data"}`` means its defaults, ``type`` the embedded log), read
+    without the config models (Spark's planning processes import little). ``allow_gaps``:
+    the reader needs only each key's newest event (mirror sinks), so records a backend
+    finds removed from its storage (compaction) are accepted where it can tell."""
+    try:
+        raw = json.loads(log_json)
+    except ValueError as exc:
+        raise ChangeLogError(f"the [log] option is not JSON: {exc}",
+                             hint='.option("log", cfg.log.model_dump_json())') from None
+    kind = raw.get("type", LOG_TYPES[0]) if isinstance(raw, dict) else None
+    if kind not in LOG_TYPES:
+        raise ChangeLogError(
+            f"the [log] option names no change log type this version knows ({kind!r})",
+            hint="type = " + " or ".join(f'"{t}"' for t in LOG_TYPES),
+        )
+    if kind == "kafka":
+        from pydblog.changelog.kafka_spark import KafkaStream
+
+        return KafkaStream(log_json, allow_gaps=allow_gaps)
+    from pydblog.changelog.sqlite_spark import SqliteStream
+
+    return SqliteStream.from_json(log_json)

@@ -8,14 +8,15 @@ planner) do not pay for importing pyarrow and the decoder.
 Invariants:
 - ``ARROW_SCHEMA`` is the source's row schema (``source.EVENT_SCHEMA_DDL``, the names
   of ``source.EVENT_COLUMNS``).
-- Offsets are dense, so a partition ``[a, b)`` must return exactly ``b - a`` rows:
-  ``read_range`` fails loudly instead of skipping missing events.
+- A partition (``ports.LogPartition``) gives exactly its events or raises (a dense
+  log's range ``[a, b)``: exactly ``b - a``); ``read_range`` decodes what it gives,
+  backend-blind (``ports.EncodedValues``).
 - Deterministic: the same stored events always decode to the same Arrow batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,11 +24,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pydblog.changelog.sqlite import SqliteChangeLogReader, block_parts
 from pydblog.errors import ChangeLogError
-from pydblog.ports import LogRecord
+from pydblog.ports import EncodedValues, LogPartition, LogRecord
 from pydblog.spark import scan
-from pydblog.spark.source import EVENT_COLUMNS, OffsetRange
+from pydblog.spark.source import EVENT_COLUMNS
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -251,55 +251,35 @@ def records_to_arrow(records: Sequence[LogRecord]) -> pa.RecordBatch:
     return decode_bodies(first, metas, bodies)
 
 
-def _body_array(texts: str | list[str]) -> pa.Array:
-    """A block's bodies as an Arrow string array: a plain block's stored text is split
-    in Arrow (no Python string per event)."""
-    if isinstance(texts, list):
-        return pa.array(texts, type=pa.string())
-    return pc.list_flatten(pc.split_pattern(pa.array([texts], type=pa.string()), "\n"))
+_NO_META = "\x1f\x1f0"
+"""The meta entry of a body that carries its own ``op`` and ``ts_ms``."""
 
 
-def read_range(part: OffsetRange, schema: pa.Schema = ARROW_SCHEMA) -> Iterator[pa.RecordBatch]:
-    """Exactly the events of ``part``, in offset order, as Arrow batches (columns of
-    ``schema``) of at most ``ARROW_BATCH_EVENTS`` events; raises ``ChangeLogError`` if
-    any offset of the range is missing from the log."""
-    reader = SqliteChangeLogReader(part.path)
-    try:
-        pos = part.start
-        while pos < part.end:
-            stop = min(part.end, pos + ARROW_BATCH_EVENTS)
-            metas: list[str] = []
-            arrays: list[pa.Array] = []
-            expect = pos
-            for first, meta, stored in reader.read_range_stored(pos, stop):
-                entries, texts = block_parts(meta, stored)
-                lo, hi = max(0, pos - first), min(len(entries), stop - first)
-                if lo >= hi:
-                    continue
-                if first + lo != expect:
-                    break
-                bodies = _body_array(texts)
-                if len(bodies) != len(entries):
-                    raise ChangeLogError(
-                        f"change log {part.path}: the block at offset {first} holds "
-                        f"{len(entries)} meta entries but {len(bodies)} bodies"
-                    )
-                metas.extend(entries[lo:hi])
-                arrays.append(bodies.slice(lo, hi - lo))
-                expect += hi - lo
-            if expect != stop:
-                first_now = reader.first_offset()
-                raise ChangeLogError(
-                    f"change log {part.path} no longer holds offsets [{pos}, {stop}) "
-                    f"(first offset now {first_now}, got {expect - pos} events): retention "
-                    "removed events the sync had not applied",
-                    hint="raise [log] retention_hours/retention_bytes and re-sync the "
-                    "targets from a fresh snapshot",
-                )
-            yield decode_fast(pos, metas, pa.concat_arrays(arrays), schema)
-            pos = stop
-    finally:
-        reader.close()
+def decode_values(values: EncodedValues, schema: pa.Schema = ARROW_SCHEMA) -> tuple[pa.RecordBatch, int, int]:
+    """One chunk of a partition as an Arrow batch of ``schema``'s columns, and the
+    offsets it spans, ``first <= offset < end`` (every offset between for a dense
+    chunk; the lowest and one past the highest when the bodies carry their offsets)."""
+    bodies, first = values.bodies, values.first
+    metas = values.metas if values.metas is not None else [_NO_META] * len(bodies)
+    if first is not None:
+        batch = decode_fast(first, metas, bodies, schema)
+        return batch, first, first + batch.num_rows
+    with_offset = schema if "offset" in schema.names else columns_schema(["offset", *schema.names])
+    batch = decode_fast(0, metas, bodies, with_offset, own_offsets=True)
+    offsets = batch.column("offset")
+    lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+    if with_offset is not schema:
+        batch = batch.select(schema.names)
+    return batch, int(lo), int(hi) + 1
+
+
+def read_range(part: LogPartition, schema: pa.Schema = ARROW_SCHEMA) -> Iterator[pa.RecordBatch]:
+    """Exactly the events of ``part`` as Arrow batches (columns of ``schema``) of about
+    ``ARROW_BATCH_EVENTS`` events (in offset order within a dense partition); raises
+    ``ChangeLogError`` if the log no longer holds events of the partition (and the
+    backend was not told to accept that)."""
+    for values in part.read(ARROW_BATCH_EVENTS):
+        yield decode_values(values, schema)[0]
 
 
 PACK_COMPRESSION = "lz4"
@@ -318,34 +298,34 @@ def pack(batch: pa.RecordBatch) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def read_packed(part: OffsetRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def read_packed(part: LogPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """``read_range(part, schema)`` with every Arrow batch packed into one row of
-    ``PACKED_SCHEMA``: ``(first_offset, end_offset, events)``, the payload holding exactly
-    the events ``first_offset <= offset < end_offset``. One row per ~20k events spares
-    Spark converting every event to a JVM row and back when the batch is collected."""
-    pos = part.start
-    for batch in read_range(part, schema):
-        end = pos + batch.num_rows
+    ``PACKED_SCHEMA``: ``(first_offset, end_offset, events)``, the payload holding the
+    events of ``first_offset <= offset < end_offset`` that the batch has (all of them
+    for a dense partition). One row per ~20k events spares Spark converting every event
+    to a JVM row and back when the batch is collected."""
+    for values in part.read(ARROW_BATCH_EVENTS):
+        batch, first, end = decode_values(values, schema)
         yield pa.RecordBatch.from_arrays(
             [
-                pa.array([pos], type=pa.int64()),
+                pa.array([first], type=pa.int64()),
                 pa.array([end], type=pa.int64()),
                 pa.array([pack(batch)], type=pa.binary()),
             ],
             schema=PACKED_SCHEMA,
         )
-        pos = end
 
 
 def unpack(packed: pa.Table, schema: pa.Schema = ARROW_SCHEMA, *, dense: bool = True) -> pa.Table:
     """The events of packed rows (any order; ``schema`` = the packed columns) as one
     table in offset order. Raises ``ChangeLogError`` if the rows are not one dense
     range (each payload must hold exactly ``end_offset - first_offset`` events). With
-    ``dense = False`` (Kafka: one payload per partition range) the payloads are only
-    concatenated (``Batch.of`` sorts by offset)."""
+    ``dense = False`` (``ChangeLogStream.dense``: payloads whose events carry their own
+    offsets, e.g. a Kafka log's partition ranges) the payloads are only concatenated
+    (``Batch.of`` sorts by offset where a sink needs it)."""
     if packed.num_rows == 0:
         return schema.empty_table()
-    if not dense:  # the Kafka source: each payload is one partition's events, in order
+    if not dense:  # each payload holds its part of the batch, offsets its own
         return pa.concat_tables(
             [pa.ipc.open_stream(p.as_buffer()).read_all() for p in packed["events"]])
     order = pc.sort_indices(packed["first_offset"]).to_pylist()
@@ -399,3 +379,17 @@ def pass_through(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     first batch needs them."""
     warm_up()
     yield from batches
+
+
+def pass_through_for(log_json: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """``pass_through`` that also loads what reading the change log ``log_json`` (the
+    ``[log]`` config as JSON) needs: ``ChangeLogStream.warm_up`` (Kafka: confluent-kafka
+    and the native read)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pydblog.changelog import open_stream
+
+        open_stream(log_json).warm_up()
+        yield from pass_through(batches)
+
+    return run

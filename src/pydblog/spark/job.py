@@ -35,14 +35,14 @@ from typing import Any
 import pyarrow as pa
 
 from pydblog.api.sync import SYNC, start_sync_api
-from pydblog.changelog import log_exists, open_reader
+from pydblog.changelog import log_exists, open_reader, open_stream
 from pydblog.config import Config, LogConfig, load_config
 from pydblog.console import jvm_output
 from pydblog.errors import ChangeLogError, ConfigError, DblogError, SinkError
 from pydblog.spark.batch import Batch
 from pydblog.spark.cds import driver_java_options as cds_java_options
 from pydblog.spark.cds import record_dump_context
-from pydblog.spark.decode import ARROW_SCHEMA, pass_through, unpack
+from pydblog.spark.decode import ARROW_SCHEMA, pass_through_for, unpack
 from pydblog.spark.pyexec import worker_python
 from pydblog.spark.sinks import Sink, apply_with_retry, build_sink
 from pydblog.spark.sinks.history import HistorySink
@@ -140,6 +140,8 @@ class BatchApplier:
             else list(MIRROR_COLUMNS)
         )
         self.schema = pa.schema([ARROW_SCHEMA.field(n) for n in self.columns])
+        # Whether the packed payloads of a batch tile one dense offset range (checked).
+        self.dense = open_stream(log.model_dump_json()).dense
         self.retries = retries
         self.backoff_s = backoff_s
         self.error: DblogError | None = None
@@ -153,7 +155,7 @@ class BatchApplier:
             if "first_offset" in df.columns:
                 # ``start_query`` reads the source with packed = true: a few rows, each
                 # an Arrow IPC payload of ~20k events (``source.read_packed``).
-                events = unpack(df.toArrow(), self.schema, dense=self.log.type != "kafka")
+                events = unpack(df.toArrow(), self.schema, dense=self.dense)
             else:  # a stream of the source's plain rows
                 events = df.select(*self.columns).toArrow()
             log.debug(
@@ -234,19 +236,17 @@ def _check(cfg: Config) -> None:
         )
 
 
-def warm_up_workers(spark: Any, kafka: bool = False) -> threading.Thread:
+def warm_up_workers(spark: Any, log_json: str) -> threading.Thread:
     """Start the executors' Python workers in the background while Spark plans the
     query, instead of on the first batch's critical path (a fresh worker daemon imports
     pyspark, pandas and pyarrow, each forked worker then the decoder): a tiny
-    ``mapInArrow`` job of ``pass_through`` over one row per core. It runs in the same
-    kind of worker as the source's reads (the same worker factory), and workers are
-    reused, so the first batch's tasks find them ready (first query of a 1M-event
-    drain, 5 alternating runs each: median 8.21 s against 8.59 s without; docs/sync.md,
-    "Start-up"). ``kafka``: the workers also import the Kafka reader's modules
-    (``kafka_source.pass_through``). Best effort: a failure only costs the head start."""
-    fn = pass_through
-    if kafka:
-        from pydblog.spark.kafka_source import pass_through as fn
+    ``mapInArrow`` job of ``decode.pass_through_for(log_json)`` over one row per core.
+    It runs in the same kind of worker as the source's reads (the same worker factory),
+    and workers are reused, so the first batch's tasks find them ready (first query of a
+    1M-event drain, 5 alternating runs each: median 8.21 s against 8.59 s without;
+    docs/sync.md, "Start-up"). The workers also load what the change log's reads need
+    (``ChangeLogStream.warm_up``). Best effort: a failure only costs the head start."""
+    fn = pass_through_for(log_json)
 
     def run() -> None:
         try:
@@ -262,22 +262,17 @@ def warm_up_workers(spark: Any, kafka: bool = False) -> threading.Thread:
 
 
 def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now: bool) -> Any:
-    warm_up_workers(spark, kafka=cfg.log.type == "kafka")
-    if cfg.log.type == "kafka":
-        from pydblog.spark.kafka_source import NAME as KAFKA_NAME
-        from pydblog.spark.kafka_source import KafkaDataSource
-
-        spark.dataSource.register(KafkaDataSource)
-        # Mirrors apply each key's newest event: a compacted topic's gaps are fine for
-        # them; a history sink needs every event (docs/kafka.md, "Compacted topics").
-        history = any(isinstance(s, HistorySink) for s in applier.sinks)
-        reader = (spark.readStream.format(KAFKA_NAME).option("log", cfg.log.model_dump_json())
-                  .option("allowGaps", "false" if history else "true"))
-    else:
-        spark.dataSource.register(DblogDataSource)
-        reader = spark.readStream.format(NAME).option("path", cfg.log.path)
+    log_json = cfg.log.model_dump_json()
+    warm_up_workers(spark, log_json)
+    spark.dataSource.register(DblogDataSource)
+    # Mirrors apply each key's newest event: a compacted topic's gaps are fine for them;
+    # a history sink needs every event (docs/kafka.md, "Compacted topics").
+    history = any(isinstance(s, HistorySink) for s in applier.sinks)
     stream = (
-        reader.option("numPartitions", str(spark.sparkContext.defaultParallelism))
+        spark.readStream.format(NAME)
+        .option("log", log_json)
+        .option("allowGaps", "false" if history else "true")
+        .option("numPartitions", str(spark.sparkContext.defaultParallelism))
         .option("maxEventsPerTrigger", str(cfg.sync.max_events_per_trigger))
         .option("packed", "true")
         .option("columns", ",".join(applier.columns))

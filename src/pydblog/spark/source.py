@@ -1,31 +1,37 @@
-"""The ``dblog`` Spark Python Data Source: the embedded change log as a table/stream.
+"""The ``dblog`` Spark Python Data Source: a change log (any ``[log] type``) as a table/stream.
 
-``spark.readStream.format("dblog").option("path", DIR).load()`` (or ``spark.read``)
-yields one row per change-log event with the columns of ``EVENT_SCHEMA``.
+``spark.readStream.format("dblog").option("log", cfg.log.model_dump_json()).load()``
+(or ``.option("path", DIR)`` for an embedded log; ``spark.read`` for a batch) yields one
+row per change-log event with the columns of ``EVENT_SCHEMA_DDL``.
+
+This module knows Spark, not the backends: it reaches the log only through the ports
+``ChangeLogStream`` (offsets, splitting a batch into partitions, given by
+``changelog.open_stream`` from the ``[log]`` option's ``type``) and ``LogPartition``
+(read in the executors), and decodes what a partition gives (``decode``). A new backend
+needs nothing here.
 
 Invariants:
-- Stream offsets are change-log offsets: ``{"offset": n}`` means "everything below
-  ``n``". A micro-batch ``(start, end]`` in Spark's terms is exactly the events with
-  ``start <= offset < end``.
-- Offsets are dense, so a partition ``[a, b)`` must return exactly ``b - a`` rows. A read
-  that finds fewer (retention removed events the sync never applied) fails loudly instead
-  of skipping them; a batch re-read therefore returns exactly the same rows or fails.
+- Stream offsets are the backend's (``ports.SyncOffset``, JSON in Spark's checkpoint);
+  the events between two offsets are fixed, so a replayed batch re-reads the same
+  events or fails (``ChangeLogError``) when the log no longer holds them.
 - No state lives in the driver: the offset methods run in a separate Python worker and
-  ``read`` runs in executors; both reopen the change log from the ``path`` option. The
-  only state in the stream reader is the availableNow target, which Spark asks for in the
-  same worker that later calls ``latestOffset``.
+  ``read`` runs in executors; both reopen the change log from the options. The only
+  state in the stream reader is the backend's (the availableNow target, a Kafka plan
+  that ``partitions`` reuses), which Spark asks for in the same worker that later calls
+  ``latestOffset``/``partitions``.
 - ``maxEventsPerTrigger`` bounds a batch (``ReadMaxRows``); with ``Trigger.AvailableNow``
   the reader drains up to the log's end at query start, in batches of that size.
 - This module imports neither pyarrow nor the decoder (``decode.py``, loaded by
-  ``read`` in the executors): the Python processes Spark starts one after another to
-  plan a query (``create_data_source``, the streaming planner) import only this.
+  ``read`` in the executors) nor a backend before it is asked for one: the Python
+  processes Spark starts one after another to plan a query (``create_data_source``,
+  the streaming planner) import only this.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -41,8 +47,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pydblog.changelog.sqlite import SqliteChangeLogReader
+from pydblog.changelog import open_stream
 from pydblog.errors import ChangeLogError
+
+if TYPE_CHECKING:
+    from pydblog.ports import ChangeLogStream, LogPartition, SyncOffset
 
 NAME = "dblog"
 
@@ -61,25 +70,17 @@ EVENT_COLUMNS = tuple(c.split()[0] for c in EVENT_SCHEMA_DDL.split(", "))
 """The columns of ``EVENT_SCHEMA_DDL`` (``decode.ARROW_SCHEMA``) in order."""
 
 DEFAULT_MAX_EVENTS = 500_000
-MIN_PARTITION_EVENTS = 10_000
 DEFAULT_PARTITIONS = 2
-"""A batch is split into ``numPartitions`` (option) input partitions of at least
-``MIN_PARTITION_EVENTS`` events, one Spark task each; the job sets it to Spark's default
-parallelism so that every core decodes one equal share."""
+"""A batch is split for ``numPartitions`` (option) cores, one or more Spark tasks each
+(the backend decides: ``ChangeLogStream.partitions``); the job sets it to Spark's
+default parallelism so that every core decodes one equal share."""
 
 
-@dataclass(frozen=True)
-class OffsetRange(InputPartition):
-    """Events ``start <= offset < end`` of the change log in ``path`` (picklable)."""
-
-    path: str
-    start: int
-    end: int
-
-
-def _read(part: OffsetRange, packed: bool, columns: list[str]) -> Iterator[Any]:
+def _read(part: LogPartition | None, packed: bool, columns: list[str]) -> Iterator[Any]:
     """The executor side of ``read``: Arrow batches of ``part`` (``decode``, imported
     here so that the planning processes never load it)."""
+    if part is None:  # Spark's stand-in partition of a batch read with none
+        return iter(())
     from pydblog.spark import decode
 
     if packed:
@@ -87,16 +88,13 @@ def _read(part: OffsetRange, packed: bool, columns: list[str]) -> Iterator[Any]:
     return decode.read_range(part)
 
 
-def plan_partitions(
-    path: str, start: int, end: int, parts: int = DEFAULT_PARTITIONS
-) -> list[OffsetRange]:
-    """``[start, end)`` in at most ``parts`` contiguous, nearly equal ranges."""
-    n = end - start
-    if n <= 0:
-        return []
-    parts = max(1, min(parts, -(-n // MIN_PARTITION_EVENTS)))
-    size = -(-n // parts)
-    return [OffsetRange(path, a, min(end, a + size)) for a in range(start, end, size)]
+def _part(partition: InputPartition) -> LogPartition | None:
+    """The backend's partition that ``partitions`` wrapped (Spark wants an
+    ``InputPartition``); a bare one as is."""
+    if type(partition) is InputPartition:
+        value: LogPartition | None = partition.value
+        return value
+    return partition  # type: ignore[return-value]
 
 
 def _partitions(options: dict[str, str]) -> int:
@@ -142,14 +140,31 @@ def _lower(options: Any) -> dict[str, str]:
     return {str(k).lower(): str(v) for k, v in dict(options).items()}
 
 
-def _path(options: dict[str, str]) -> str:
+def _log_json(options: dict[str, str]) -> str:
+    """The ``[log]`` config as JSON: option ``log``, or ``path`` (a log directory: the
+    ``[log]`` table with only ``path``, i.e. the default type)."""
+    raw = options.get("log")
+    if raw:
+        return raw
     path = options.get("path")
-    if not path:
-        raise ChangeLogError(
-            "the dblog data source needs option 'path' (the change log directory)",
-            hint='spark.readStream.format("dblog").option("path", "./dblog-data")',
-        )
-    return path
+    if path:
+        return json.dumps({"path": path})
+    raise ChangeLogError(
+        "the dblog data source needs option 'log' (the [log] config as JSON) or 'path' "
+        "(an embedded change log's directory)",
+        hint='.option("log", cfg.log.model_dump_json()) or .option("path", "./dblog-data")',
+    )
+
+
+def _allow_gaps(options: dict[str, str]) -> bool:
+    raw = options.get("allowgaps", "false").lower()
+    if raw not in ("true", "false"):
+        raise ChangeLogError(f"allowGaps must be true or false, got {raw!r}")
+    return raw == "true"
+
+
+def _open(options: dict[str, str]) -> ChangeLogStream:
+    return open_stream(_log_json(options), allow_gaps=_allow_gaps(options))
 
 
 def _max_events(options: dict[str, str]) -> int:
@@ -166,12 +181,16 @@ def _max_events(options: dict[str, str]) -> int:
 
 
 class DblogDataSource(DataSource):
-    """Options: ``path`` (required), ``maxEventsPerTrigger`` (streaming, default
-    500000), ``startingOffset`` (``earliest`` (default), ``latest`` or a number),
-    ``numPartitions`` (input partitions per batch, default 2), for batch reads
-    ``startOffset``/``endOffset``; ``packed`` (``true``: rows of ``PACKED_SCHEMA``, one
-    per ~20k events, instead of one per event) with ``columns`` (the packed columns,
-    comma-separated; all by default)."""
+    """Options: ``log`` (the ``[log]`` config as JSON: ``cfg.log.model_dump_json()``) or
+    ``path`` (an embedded log's directory); ``maxEventsPerTrigger`` (streaming, default
+    500000), ``startingOffset`` (``earliest`` (default), ``latest`` or, for the embedded
+    log, an offset), ``numPartitions`` (the cores a batch's reads are split for, default
+    2), for batch reads ``startOffset``/``endOffset`` (as ``startingOffset``);
+    ``packed`` (``true``: rows of ``PACKED_SCHEMA``, one per ~20k events, instead of one
+    per event) with ``columns`` (the packed columns, comma-separated; all by default);
+    ``allowGaps`` (``true``: events a backend finds removed from its storage, i.e. a
+    compacted Kafka topic, are accepted, for readers that need only each key's newest
+    event; default ``false``: they fail the read)."""
 
     @classmethod
     def name(cls) -> str:
@@ -193,76 +212,68 @@ class DblogBatchReader(DataSourceReader):
 
     def __init__(self, options: dict[str, str]) -> None:
         options = _lower(options)
-        self.path = _path(options)
+        self.stream = _open(options)
         self.parts = _partitions(options)
         self.packed = _packed(options)
         self.columns = _columns(options) if self.packed else list(EVENT_COLUMNS)
-        reader = SqliteChangeLogReader(self.path)
-        try:
-            first, nxt = reader.first_offset(), reader.next_offset()
-        finally:
-            reader.close()
-        self.start = int(options.get("startoffset", first))
-        self.end = int(options.get("endoffset", nxt))
+        self.start = self.stream.initial_offset(options.get("startoffset", "earliest"))
+        end = options.get("endoffset")
+        self.end = (self.stream.initial_offset(end) if end is not None
+                    else self.stream.latest_offset(self.start, None))
 
     def partitions(self) -> Sequence[InputPartition]:
-        return plan_partitions(self.path, self.start, self.end, self.parts)
+        return [InputPartition(p) for p in self.stream.partitions(self.start, self.end, self.parts)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, OffsetRange)
-        return _read(partition, self.packed, self.columns)
+        return _read(_part(partition), self.packed, self.columns)
 
 
 class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         options = _lower(options)
-        self.path = _path(options)
+        self.stream = _open(options)
         self.max_events = _max_events(options)
         self.parts = _partitions(options)
         self.packed = _packed(options)
         self.columns = _columns(options) if self.packed else list(EVENT_COLUMNS)
         self.starting = options.get("startingoffset", "earliest")
-        self.target: int | None = None
 
-    def _bounds(self) -> tuple[int, int]:
-        reader = SqliteChangeLogReader(self.path)
-        try:
-            return reader.first_offset(), reader.next_offset()
-        finally:
-            reader.close()
-
-    def initialOffset(self) -> dict[str, int]:
-        first, nxt = self._bounds()
-        if self.starting == "earliest":
-            return {"offset": first}
-        if self.starting == "latest":
-            return {"offset": nxt}
-        return {"offset": int(self.starting)}
+    def initialOffset(self) -> SyncOffset:
+        return self.stream.initial_offset(self.starting)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._bounds()[1]
+        self.stream.prepare_available_now()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_events)
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        begin = int(start["offset"])
-        end = self._bounds()[1] if self.target is None else self.target
+    def latestOffset(self, start: SyncOffset, limit: ReadLimit) -> SyncOffset:
+        max_events: int | None = self.max_events
         if isinstance(limit, ReadMaxRows):
-            end = min(end, begin + int(limit.max_rows))
-        elif not isinstance(limit, ReadAllAvailable):
-            end = min(end, begin + self.max_events)
-        return {"offset": max(begin, end)}
+            max_events = int(limit.max_rows)
+        elif isinstance(limit, ReadAllAvailable):
+            max_events = None
+        return self.stream.latest_offset(start, max_events)
 
-    def reportLatestOffset(self) -> dict[str, int]:
-        return {"offset": self._bounds()[1]}
+    def reportLatestOffset(self) -> SyncOffset | None:
+        return self.stream.report_latest_offset()
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        return plan_partitions(self.path, int(start["offset"]), int(end["offset"]), self.parts)
+    def partitions(self, start: SyncOffset, end: SyncOffset) -> Sequence[InputPartition]:
+        return [InputPartition(p) for p in self.stream.partitions(start, end, self.parts)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, OffsetRange)
-        return _read(partition, self.packed, self.columns)
+        return _read(_part(partition), self.packed, self.columns)
 
-    def commit(self, end: dict[str, int]) -> None:
-        """Nothing to release: the change log's retention is time/size based."""
+    def commit(self, end: SyncOffset) -> None:
+        self.stream.commit(end)
+
+
+def __getattr__(name: str) -> Any:
+    """``OffsetRange``: the 0.x name of the embedded log's partition, now its backend's
+    (``changelog.sqlite_spark.OffsetRange``: the partition class of the default
+    ``[log] type``); kept for callers outside pydblog. Nothing in pydblog uses it."""
+    if name == "OffsetRange":
+        import sys
+
+        return sys.modules[type(open_stream("{}")).__module__].OffsetRange
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,14 +14,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
+from pydblog.changelog import open_reader, open_writer
 from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op, encode_event
-from pydblog.ports import Checkpoint, ColumnSchema, TableSchema
+from pydblog.ports import ChangeLogWriter, Checkpoint, ColumnSchema, TableSchema
 from pydblog.positions import Lsn, PgPosition
+
+if TYPE_CHECKING:
+    from pydblog.config import LogConfig
 
 Row = dict[str, Any]
 
@@ -199,8 +202,15 @@ class SyntheticLoad:
             yield self.next_event()
 
 
+def _embedded(directory: str | Path) -> LogConfig:
+    """The ``[log]`` of the embedded change log in ``directory``."""
+    from pydblog.config import LogConfig
+
+    return LogConfig(path=str(directory))
+
+
 def append_events(
-    log: SqliteChangeLog, events: list[ChangeEvent], schemas: list[TableSchema] | None = None
+    log: ChangeLogWriter, events: list[ChangeEvent], schemas: list[TableSchema] | None = None
 ) -> int:
     now = int(time.time() * 1000)
     enc = [encode_event(e, "postgresql", "app", now) for e in events]
@@ -210,11 +220,18 @@ def append_events(
 def write_load(
     directory: str | Path, load: SyntheticLoad, n: int, chunk: int = 10_000, first: bool = True
 ) -> int:
-    """Append ``n`` events of ``load`` (the schemas with the first chunk if ``first``)."""
-    log = SqliteChangeLog(directory)
+    """Append ``n`` events of ``load`` (the schemas with the first chunk if ``first``) to
+    the embedded change log in ``directory``; returns its next offset."""
+    if n <= 0:
+        reader = open_reader(_embedded(directory))
+        try:
+            return reader.next_offset()
+        finally:
+            reader.close()
+    log = open_writer(_embedded(directory))
     try:
         done = 0
-        end = log.next_offset
+        end = 0
         while done < n:
             m = min(chunk, n - done)
             evs = list(load.events(m))
@@ -229,13 +246,13 @@ def write_load(
 def materialize(directory: str | Path, end: int | None = None) -> dict[str, dict[str, Row]]:
     """The tables the change log in ``directory`` describes (events below ``end``):
     ``{"schema.table": {key_json: row}}``; unchanged columns keep the earlier value."""
-    reader = SqliteChangeLogReader(directory)
+    reader = open_reader(_embedded(directory))
     out: dict[str, dict[str, Row]] = {}
     try:
         stop = reader.next_offset() if end is None else end
         pos = reader.first_offset()
         while pos < stop:
-            recs = reader.read_range(pos, min(stop, pos + 50_000))
+            recs = reader.read(pos, min(stop, pos + 50_000) - pos)
             for rec in recs:
                 env = orjson.loads(rec.body)
                 op = env["op"]

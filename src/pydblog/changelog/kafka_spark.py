@@ -1,0 +1,648 @@
+"""A Kafka change log as the source of ``dblog sync``'s Spark stream (``ports.ChangeLogStream``).
+
+Spark's own Kafka source would need Maven jars; this needs only confluent-kafka on the
+driver and the executors (docs/kafka.md says how Spark's source could take its place).
+
+Offsets (what Spark's checkpoint stores):
+``{"cp": n, "seq": s, "owner": [epoch, gen, writer], "ends": {"topic:partition": o}}``:
+everything the valid commits of the checkpoint topic below Kafka offset ``n`` wrote,
+i.e. the events with global offset ``< s``, which lie below ``ends`` in each data
+partition. A micro-batch ``(start, end]`` reads, per partition, the Kafka offsets
+``[start.ends, end.ends)`` and keeps the records the commits between ``start.cp`` and
+``end.cp`` made valid (``changelog.kafka``'s rules): exactly the events
+``start.seq <= offset < end.seq``, one each. The planning is a pure function of the
+checkpoint topic (append-only) and the start offset, so a replayed batch re-reads the
+same records. Sinks record the global offset they applied (as with the embedded log),
+so a replayed batch applies nothing twice.
+
+``maxEventsPerTrigger`` bounds a batch at commit granularity (at least one commit);
+with ``Trigger.AvailableNow`` the stream stops at the checkpoint topic's end at start.
+After each batch the offsets are also committed to the consumer group
+``dblog-sync.<prefix>`` (monitoring: ``dblog status`` shows the lag; best effort).
+
+Light to import (Spark's planning processes): ``changelog.kafka``, confluent-kafka,
+numpy and pyarrow are imported where a function needs them, and the ``[log]`` option is
+read without the config models (``_config``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import logging
+import types
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydblog.errors import ChangeLogError
+from pydblog.ports import ChangeLogStream, EncodedValues, LogPartition, SyncOffset
+
+log = logging.getLogger(__name__)
+
+Offset = SyncOffset
+
+
+@dataclass(frozen=True)
+class KafkaPiece:
+    """Kafka offsets ``start <= o < end`` of one partition, and the spans
+    ``(end offset, first, writer tag)`` of the valid commits there (``changelog.kafka.Span``:
+    ``first >= 0``: exactly the offsets ``first..end-1`` of the span are valid; ``-1``:
+    the records whose writer header is the tag) that cover the range."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    spans: tuple[tuple[int, int, str], ...]
+
+
+@dataclass(frozen=True)
+class KafkaRange(LogPartition):
+    """One Spark task: pieces of partitions, read one after another by one consumer
+    (``allow_gaps``: see ``_RunCheck``)."""
+
+    log: str  # the LogConfig as JSON
+    pieces: tuple[KafkaPiece, ...]
+    allow_gaps: bool = False
+
+    def read(self, batch_events: int) -> Iterator[EncodedValues]:
+        """The values of the valid records (envelopes with their ``offset``), at least
+        ``batch_events`` a chunk (the last one smaller): each gathered while the readers
+        fetch the next records (``stream_values``), so the caller decodes one chunk while
+        the next arrives."""
+        values = _Values()
+        for data, lengths in stream_values(self, self.allow_gaps):
+            values.add(data, lengths)
+            if values.count >= batch_events:
+                yield EncodedValues(values.array())
+                values = _Values()
+        if values.count:
+            yield EncodedValues(values.array())
+
+
+_CLIENT_FIELDS = frozenset({"type", "bootstrap_servers", "topic_prefix", "kafka", "partitions",
+                            "replication_factor", "tombstones", "transactional_id"})
+
+
+def _config(log_json: str) -> Any:
+    """The ``[log]`` config the Kafka clients read (``LogConfig``'s fields). The option
+    is normally ``LogConfig.model_dump_json()`` (validated, every field present): then
+    its fields as attributes, without importing the config models (pydantic: ~0.2 s of
+    CPU in each Python process that plans a query or reads a task); anything else is
+    validated as a ``LogConfig``."""
+    raw = json.loads(log_json)
+    if isinstance(raw, dict) and raw.keys() >= _CLIENT_FIELDS and raw["type"] == "kafka" \
+            and isinstance(raw["kafka"], dict):
+        return types.SimpleNamespace(**raw)
+    from pydblog.config import LogConfig
+
+    return LogConfig.model_validate(raw)
+
+
+def _tp_key(tp: tuple[str, int]) -> str:
+    return f"{tp[0]}:{tp[1]}"
+
+
+def _tp(key: str) -> tuple[str, int]:
+    topic, _, p = key.rpartition(":")
+    return topic, int(p)
+
+
+def _commit_log(offset: Offset) -> Any:
+    """A ``CommitLog`` positioned at ``offset`` (owner and cumulative ends, no
+    spans: those of the commits applied next describe the next batch)."""
+    from pydblog.changelog.kafka import CommitLog
+
+    log = CommitLog()
+    owner = offset.get("owner")
+    log.owner = (int(owner[0]), int(owner[1]), str(owner[2])) if owner else None
+    log.ends = {_tp(k): int(v) for k, v in offset.get("ends", {}).items()}
+    log.read_to = int(offset.get("cp", 0))
+    return log
+
+
+def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | None) -> tuple[Offset, Any]:
+    """Apply the checkpoint topic's messages from ``start["cp"]`` (up to Kafka offset
+    ``stop_cp``, or the topic's end), stopping after the commit that reaches
+    ``max_events`` events; returns the end offset and the ``CommitLog`` (its spans
+    are the new commits')."""
+    from pydblog.changelog.kafka import CommitRecord, _Client, checkpoint_topic
+
+    cfg = _config(log_json)
+    client = _Client(cfg)
+    try:
+        log = _commit_log(start)
+        seq = int(start.get("seq", 0))
+        cp = int(start.get("cp", 0))
+        topic = checkpoint_topic(client.prefix)
+        if client.partitions(topic):
+            lo, _ = client.watermarks([(topic, 0)])[(topic, 0)]
+            cp = max(cp, lo)
+            for m in client.read_range({(topic, 0): (cp, stop_cp)}):
+                cp = m.offset() + 1
+                if m.value() is None:
+                    continue
+                rec = CommitRecord.from_bytes(m.value(), m.offset())
+                if log.apply(rec):
+                    seq = rec.end
+                if max_events is not None and seq - int(start.get("seq", 0)) >= max_events:
+                    break
+            else:  # read all of [cp, stop_cp): what follows the last message is markers
+                cp = max(cp, stop_cp) if stop_cp is not None else cp
+        owner = list(log.owner) if log.owner is not None else None
+        end = {"cp": cp, "seq": seq, "owner": owner,
+               "ends": {_tp_key(tp): o for tp, o in sorted(log.ends.items())}}
+        return end, log
+    finally:
+        client.close()
+
+
+def _checkpoint_end(log_json: str) -> int:
+    from pydblog.changelog.kafka import _Client, checkpoint_topic
+
+    client = _Client(_config(log_json))
+    try:
+        topic = checkpoint_topic(client.prefix)
+        if not client.partitions(topic):
+            return 0
+        end = int(client.watermarks([(topic, 0)])[(topic, 0)][1])  # may lag: read on
+        for m in client.read_range({(topic, 0): (end, None)}):
+            end = m.offset() + 1
+        return end
+    finally:
+        client.close()
+
+
+READ_THREADS = 2
+"""Consumers that read one task's pieces at once (each piece is read by one of them,
+in its own thread: a read mostly waits for the broker's fetches, with the GIL released
+in librdkafka and ``kafka_native``)."""
+READ_QUEUE = 16
+"""``consume`` batches (up to 10,000 values each) read ahead of the decode, per task:
+readers wait when the decode is this far behind (bounded memory)."""
+
+
+def read_events(part: KafkaRange, allow_gaps: bool = False) -> Any:
+    """The values of the valid records of ``part`` (envelopes with their ``offset``,
+    Arrow strings): ``stream_values`` gathered into one array."""
+    values = _Values()
+    for data, lengths in stream_values(part, allow_gaps):
+        values.add(data, lengths)
+    return values.array()
+
+
+def stream_values(part: KafkaRange, allow_gaps: bool = False,
+                  threads: int | None = None) -> Iterator[tuple[bytes, Any]]:
+    """The values of the valid records of ``part`` as chunks ``(data, lengths)`` (the
+    values joined, numpy int64 lengths), each piece's in Kafka offset order; pieces are
+    read concurrently by up to ``READ_THREADS`` consumers, one thread each, so chunks of
+    different pieces interleave. Where a span has a run the records are taken by offset
+    (``_read_runs``: no Python code per record); elsewhere each record's headers decide
+    (``changelog.kafka``'s rules: the writer header names the span's writer; fan-out
+    copies are skipped). Run records that are missing (``_RunCheck``) raise
+    ``ChangeLogError`` unless ``allow_gaps``.
+
+    The readers stop when the consumer of this generator stops (closed early, or an
+    error): at most ``READ_QUEUE`` chunks wait between them and the caller."""
+    import queue
+    import threading
+
+    from pydblog.changelog import kafka_native
+
+    kafka_native.available()  # decided once, before the threads
+    pieces = list(part.pieces)
+    n = max(1, min(threads or READ_THREADS, len(pieces)))
+    chunks: queue.Queue[Any] = queue.Queue(READ_QUEUE)
+    stop = threading.Event()
+    lock = threading.Lock()
+    done = object()
+
+    def put(item: Any) -> None:
+        while not stop.is_set():
+            try:
+                chunks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def reader() -> None:
+        from pydblog.changelog.kafka import _Client
+
+        try:
+            client = _Client(_config(part.log), native=True)
+            try:
+                while not stop.is_set():
+                    with lock:
+                        if not pieces:
+                            break
+                        piece = pieces.pop(0)
+                    _read_piece(client, piece, _Sink(put), _RunCheck(piece, allow_gaps))
+            finally:
+                client.close()
+            put(done)
+        except _Stopped:
+            return
+        except BaseException as exc:  # handed to the caller, which raises it
+            try:
+                put(exc)
+            except _Stopped:
+                return
+
+    workers = [threading.Thread(target=reader, name=f"dblog-kafka-read-{i}", daemon=True)
+               for i in range(n)]
+    for w in workers:
+        w.start()
+    try:
+        finished = 0
+        while finished < n:
+            item = chunks.get()
+            if item is done:
+                finished += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+
+
+class _Stopped(Exception):
+    """The caller stopped reading: a reader thread ends."""
+
+
+class _Sink:
+    """Where ``_read_piece`` puts a ``consume`` batch's kept values: one chunk
+    ``(data, lengths)`` each, null values (tombstones) left out."""
+
+    def __init__(self, put: Any) -> None:
+        self.put = put
+
+    def extend(self, values: Sequence[bytes | None] | Iterator[bytes | None]) -> None:
+        import numpy as np
+
+        vals = list(values)
+        if None in vals:
+            vals = [v for v in vals if v is not None]
+        if vals:
+            self.put((b"".join(vals),  # type: ignore[arg-type]
+                      np.fromiter(map(len, vals), np.int64, len(vals))))  # type: ignore[arg-type]
+
+    def extend_raw(self, data: bytes, lengths: Any, keep: Any) -> None:
+        """The values of a ``kafka_native.RawBatch`` (``data``, ``lengths``) whose
+        ``keep`` is true (a numpy mask), null values left out."""
+        import numpy as np
+
+        keep = keep & (lengths >= 0)
+        if keep.all():
+            self.put((data, lengths))
+        elif keep.any():
+            sizes = lengths.clip(min=0)
+            self.put((np.frombuffer(data, np.uint8)[np.repeat(keep, sizes)].tobytes(), lengths[keep]))
+
+
+class _Values:
+    """Chunks of values gathered into one Arrow string array (one join instead of an
+    Arrow conversion per value)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.lengths: list[Any] = []
+        self.count = 0
+
+    def add(self, data: bytes, lengths: Any) -> None:
+        self.chunks.append(data)
+        self.lengths.append(lengths)
+        self.count += len(lengths)
+
+    def array(self) -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        if not self.chunks:
+            return pa.array([], pa.string())
+        lengths = np.concatenate(self.lengths)
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if offsets[-1] < 2**31:
+            arr = pa.StringArray.from_buffers(
+                len(lengths), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(self.chunks)))
+        else:  # more than 2 GiB of values in one task
+            arr = pa.LargeStringArray.from_buffers(
+                len(lengths), pa.py_buffer(offsets), pa.py_buffer(b"".join(self.chunks)))
+        arr.validate(full=True)  # UTF-8, as pa.array would have checked
+        return arr
+
+
+class _RunCheck:
+    """Every offset of a run is a record of its commit (``changelog.kafka.commit_ends``:
+    the delivery reports filled it), so a read of a piece must see each offset its
+    spans' runs cover, ``[max(first, start), min(end, piece end))``, and nothing else
+    takes those offsets: transaction markers and aborted records lie outside runs. A
+    missing one was removed from the partition after it was written: compaction
+    (``cleanup.policy=compact``) keeps only the newest record of each key.
+
+    ``see(offsets, nulls, upto)`` takes the run offsets a ``consume`` batch returned
+    (ascending; ``nulls``: which of them are tombstones) once every offset below
+    ``upto`` has been read, ``finish()`` after the piece's last batch. A gap raises
+    ``ChangeLogError`` unless ``allow``; with ``allow`` (a sync with mirror sinks only: the
+    newest event of each key is what they apply) a tombstone whose delete event (the
+    record just before it, written with it) is missing still raises: a mirror would
+    keep the deleted row."""
+
+    def __init__(self, piece: KafkaPiece, allow: bool) -> None:
+        self.piece = piece
+        self.allow = allow
+        self.runs = [(max(first, piece.start), min(end, piece.end))
+                     for end, first, _ in piece.spans if first >= 0]
+        self.runs = [(a, b) for a, b in self.runs if b > a]
+        self.pos = piece.start
+        self.gaps = 0  # records found missing (allowed)
+
+    def covered(self, lo: int, hi: int) -> int:
+        return sum(max(0, min(b, hi) - max(a, lo)) for a, b in self.runs)
+
+    def see(self, offsets: Any, nulls: Any, upto: int) -> None:
+        if not self.runs:
+            return
+        want = self.covered(self.pos, upto)
+        if want != len(offsets):
+            self._gap(offsets, nulls, upto)
+        self.pos = max(self.pos, upto)
+
+    def finish(self) -> None:
+        import numpy as np
+
+        self.see(np.zeros(0, np.int64), np.zeros(0, np.bool_), self.piece.end)
+
+    def _gap(self, offsets: Any, nulls: Any, upto: int) -> None:
+        import numpy as np
+
+        expected = np.concatenate(
+            [np.arange(max(a, self.pos), min(b, upto), dtype=np.int64) for a, b in self.runs
+             if min(b, upto) > max(a, self.pos)] or [np.zeros(0, np.int64)])
+        missing = np.setdiff1d(expected, offsets, assume_unique=True)
+        if not len(missing):
+            return
+        p = self.piece
+        where = f"topic {p.topic} partition {p.partition}"
+        first, last = int(missing[0]), int(missing[-1])
+        if not self.allow:
+            raise ChangeLogError(
+                f"{len(missing)} record(s) of the change log are missing from {where} "
+                f"(offsets {first}..{last}, written by committed transactions): the topic "
+                f"was compacted (cleanup.policy=compact keeps only each key's newest "
+                f"record), or records were deleted; a history sink needs every event",
+                hint=f"use cleanup.policy=delete on the change log's topics for a history "
+                     f"sink (kafka-configs --alter --entity-type topics --entity-name "
+                     f"{p.topic} --add-config cleanup.policy=delete), and rebuild the "
+                     f"history from a complete log; mirror sinks alone accept compacted "
+                     f"topics",
+            )
+        dropped = set(missing.tolist())
+        for off in offsets[nulls].tolist() if len(nulls) else ():
+            if off - 1 in dropped:
+                raise ChangeLogError(
+                    f"{where}: compaction removed the delete event at offset {off - 1} "
+                    f"and kept only its tombstone (offset {off}): a mirror cannot apply "
+                    f"a delete it never sees",
+                    hint="with cleanup.policy=compact set [log] tombstones = false (the "
+                         "delete event is then each deleted key's newest record and "
+                         "compaction keeps it), or use cleanup.policy=delete",
+                )
+        self.gaps += len(missing)
+
+
+def _read_piece(client: Any, piece: KafkaPiece, values: _Sink, check: _RunCheck) -> None:
+    if client.native and all(first >= 0 for _, first, _ in piece.spans):
+        _read_runs(client, piece, values, check)
+    else:
+        _read_messages(client, piece, values, check)
+    check.finish()
+    if check.gaps:
+        log.warning("%s partition %d, offsets %d..%d: %d record(s) missing (compacted "
+                    "topic): accepted, the sync has mirror sinks only", piece.topic,
+                    piece.partition, piece.start, piece.end - 1, check.gaps)
+
+
+def _read_messages(client: Any, piece: KafkaPiece, values: _Sink, check: _RunCheck) -> None:
+    """A piece read through confluent-kafka's ``Message`` objects (the headers of the
+    records in spans without a run decide)."""
+    import confluent_kafka
+    import numpy as np
+
+    value = confluent_kafka.Message.value
+    spans = piece.spans
+    k = 0
+    for batch in client.read_batches({(piece.topic, piece.partition): (piece.start, piece.end)}):
+        n = len(batch)
+        if k < len(spans) and spans[k][1] >= 0 and spans[k][1] <= batch[0].offset() \
+                and batch[-1].offset() < spans[k][0]:
+            vals = list(map(value, batch))  # the whole batch lies in one run
+            values.extend(vals)
+            check.see(np.fromiter((m.offset() for m in batch), np.int64, n),
+                      np.array([v is None for v in vals], np.bool_), batch[-1].offset() + 1)
+            continue
+        offsets = [m.offset() for m in batch]
+        in_runs: list[int] = []
+        i = 0
+        while i < n and k < len(spans):
+            end, first, tag = spans[k]
+            if offsets[i] >= end:  # offsets only grow: the next span
+                k += 1
+                continue
+            j = bisect.bisect_left(offsets, end, i)  # batch[i:j] lies in this span
+            if first >= 0:
+                a = bisect.bisect_left(offsets, first, i, j)
+                values.extend(map(value, batch[a:j]))
+                in_runs.extend(range(a, j))
+            else:
+                values.extend(_checked(batch[i:j], tag.encode()))
+            i = j
+        check.see(np.array([offsets[x] for x in in_runs], np.int64),
+                  np.array([batch[x].value() is None for x in in_runs], np.bool_),
+                  offsets[-1] + 1)
+
+
+def _read_runs(client: Any, piece: KafkaPiece, values: _Sink, check: _RunCheck) -> None:
+    """A piece whose spans all have runs (the valid records of span ``(end, first, _)``
+    are exactly the offsets ``first <= o < end``): by offset alone, a
+    ``kafka_native.RawBatch`` at a time (no Python object per record)."""
+    import numpy as np
+
+    for b in client.read_values((piece.topic, piece.partition), piece.start, piece.end):
+        offsets = b.offsets
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        keep: Any = None
+        for end, first, _ in piece.spans:
+            if first <= lo and hi < end:  # the whole batch lies in one run
+                keep = np.ones(len(offsets), np.bool_)
+                break
+        if keep is None:
+            keep = np.zeros(len(offsets), np.bool_)
+            for end, first, _ in piece.spans:
+                keep |= (offsets >= first) & (offsets < end)
+        values.extend_raw(b.data, b.lengths, keep)
+        if keep.all():
+            check.see(offsets, b.lengths < 0, hi + 1)
+        else:
+            check.see(offsets[keep], b.lengths[keep] < 0, hi + 1)
+
+
+def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
+    """The values of the messages whose writer header is ``tag`` (not fan-out copies)."""
+    from pydblog.changelog.kafka import HEADER_FANOUT, HEADER_WRITER, _header
+
+    for m in msgs:
+        headers = m.headers()
+        if not headers:  # not written by a capture
+            continue
+        if len(headers) != 2 and _header(headers, HEADER_FANOUT) is not None:
+            continue
+        got = headers[0][1] if headers[0][0] == HEADER_WRITER else _header(headers, HEADER_WRITER)
+        if got == tag:
+            yield m.value()
+
+
+MIN_RANGE_RECORDS = 20_000
+"""``split_ranges`` makes no task smaller than this (unless the batch is)."""
+
+
+def split_ranges(
+    log: str, ranges: Sequence[tuple[tuple[str, int], int, int, Sequence[tuple[int, int, str]]]],
+    parts: int, allow_gaps: bool = False,
+) -> list[KafkaRange]:
+    """The input partitions of a batch: ``2 * parts`` tasks of nearly equal record
+    counts (``size`` each; fewer tasks where that would make them smaller than
+    ``MIN_RANGE_RECORDS``), so that ``parts`` cores share the work evenly whatever the
+    topics' partition counts. The partitions' ranges ``[lo, hi)`` (with their spans, in
+    offset order) are laid end to end and cut at the tasks' boundaries, a boundary
+    moved to a partition's edge if one is within ``size / 8`` (no tiny pieces); a task
+    reads its pieces one after another with one consumer (which costs ~0.1 s before its
+    first record). Each piece carries the spans that cover it (a record's validity
+    depends only on the span it lies in).
+
+    Filling each task up to ``size`` in turn left, e.g., 75k + 75k + 75k + 50k + 25k
+    records for 12 partitions of ~25k: three rounds of tasks on two cores, not two."""
+    total = sum(hi - lo for _, lo, hi, _ in ranges)
+    tasks = max(1, min(2 * parts, total // MIN_RANGE_RECORDS))
+    size = -(-total // tasks)
+    edges = list(itertools.accumulate((hi - lo for _, lo, hi, _ in ranges), initial=0))
+    bounds: list[int] = []
+    for k in range(1, tasks):
+        b = total * k // tasks
+        i = bisect.bisect_left(edges, b)
+        near = min(edges[max(0, i - 1):i + 1], key=lambda e: abs(e - b))
+        b = near if abs(near - b) <= size // 8 else b
+        if 0 < b < total and (not bounds or b > bounds[-1]):
+            bounds.append(b)
+    groups: list[list[KafkaPiece]] = [[] for _ in range(len(bounds) + 1)]
+    for ((topic, p), lo, hi, spans), at in zip(ranges, edges, strict=False):
+        ends = [s[0] for s in spans]
+        inner = [lo + b - at for b in bounds if at < b < at + hi - lo]
+        for a, b in itertools.pairwise([lo, *inner, hi]):
+            i = bisect.bisect_right(ends, a)  # the first span ending above a
+            j = bisect.bisect_left(ends, b, i)  # ... up to the first ending at or above b
+            if b > a and i < len(spans):
+                task = bisect.bisect_right(bounds, at + a - lo)
+                groups[task].append(KafkaPiece(topic, p, a, b, tuple(spans[i:j + 1])))
+    return [KafkaRange(log, tuple(g), allow_gaps) for g in groups if g]
+
+
+class KafkaStream(ChangeLogStream):
+    """A Kafka change log (``log_json``: the ``[log]`` config as JSON) as a Spark
+    stream's source. ``allow_gaps``: records missing from a partition (a compacted
+    topic) are accepted, for readers that need only each key's newest event (a sync
+    with mirror sinks only); otherwise they fail the read (``_RunCheck``)."""
+
+    dense = False
+
+    def __init__(self, log_json: str, allow_gaps: bool = False) -> None:
+        self.log = log_json
+        self.allow_gaps = allow_gaps
+        self.target: int | None = None
+        self._planned: tuple[Offset, Offset, Any] | None = None  # start, end, CommitLog
+        self._published: Offset | None = None  # the offsets last committed to the group
+
+    def initial_offset(self, starting: str) -> Offset:
+        start: Offset = {"cp": 0, "seq": 0, "owner": None, "ends": {}}
+        if starting == "latest":
+            return plan(self.log, start, None, None)[0]
+        if starting != "earliest":
+            raise ChangeLogError(
+                f"a Kafka change log's starting offset must be earliest or latest, got {starting!r}")
+        return start
+
+    def prepare_available_now(self) -> None:
+        self.target = _checkpoint_end(self.log)
+
+    def latest_offset(self, start: Offset, max_events: int | None) -> Offset:
+        end, log = plan(self.log, start, self.target, max_events)
+        if end["seq"] == int(start.get("seq", 0)) and end["ends"] == start.get("ends", {}):
+            # Nothing new to apply (transaction markers, begin messages, empty commits):
+            # no new data, not an empty micro-batch. The next plan reads them again from
+            # start["cp"] (planning is a pure function of the topic from there). Spark
+            # calls ``commit`` for a batch only when it plans the next one: publish the
+            # last batch's offsets here (everything below ``start`` is applied: Spark
+            # re-runs an uncommitted batch before it asks for new offsets).
+            if self._published != start:
+                self.commit(start)
+            return start
+        # ``partitions(start, end)`` usually follows in this process: the same commits
+        # (those of the checkpoint topic from start["cp"] to end["cp"]) need not be read
+        # again. A restarted query plans afresh (``partitions`` alone).
+        self._planned = (start, end, log)
+        return end
+
+    def report_latest_offset(self) -> Offset | None:
+        return None  # the checkpoint topic would have to be read to its end
+
+    def partitions(self, start: Offset, end: Offset, parts: int) -> Sequence[LogPartition]:
+        planned, self._planned = self._planned, None
+        if planned is not None and planned[0] == start and planned[1] == end:
+            log = planned[2]
+        else:
+            _, log = plan(self.log, start, int(end["cp"]), None)
+        begin = {_tp(k): int(v) for k, v in start.get("ends", {}).items()}
+        ranges = []
+        for key, hi in sorted(end.get("ends", {}).items()):
+            tp = _tp(key)
+            lo = begin.get(tp, 0)
+            spans = [(s.end, s.first, s.tag) for s in log.spans.get(tp, ())]
+            if int(hi) > lo and spans:
+                ranges.append((tp, lo, int(hi), spans))
+        return split_ranges(self.log, ranges, parts, self.allow_gaps)
+
+    def commit(self, end: Offset) -> None:
+        """Publish the applied offsets to ``dblog-sync.<prefix>`` (monitoring only)."""
+        try:
+            from pydblog.changelog.kafka import SYNC_GROUP, _Client, _for_consumer, client_config
+
+            cfg = _config(self.log)
+            client = _Client(cfg)
+            k = client.k
+            consumer = k.Consumer(_for_consumer(client_config(
+                cfg, **{"group.id": SYNC_GROUP.format(prefix=client.prefix),
+                        "enable.auto.commit": False})))
+            try:
+                offsets = [k.TopicPartition(t, p, int(o))
+                           for (t, p), o in ((_tp(key), v) for key, v in end.get("ends", {}).items())]
+                if offsets:
+                    consumer.commit(offsets=offsets, asynchronous=False)
+                self._published = end
+            finally:
+                consumer.close()
+                client.close()
+        except Exception:  # monitoring only: the sinks' commits make the sync exactly once
+            return
+
+    def warm_up(self) -> None:
+        """Loads confluent-kafka and the native read (``kafka_native``: ~0.1 s of CPU that
+        the first task of each Python worker paid otherwise)."""
+        from pydblog.changelog import kafka_native
+
+        kafka_native.available()
