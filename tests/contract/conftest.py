@@ -29,9 +29,9 @@ slow``. Resuming on another host (an empty ``[log] path``, everything from Kafka
 ``tests/kafka/test_resume_elsewhere.py``.
 
 The budget chose this split: the Kafka scenarios of the default run take about 2
-minutes (``--durations``: the ones added to the former seven about 60 s, the largest
-``test_stop_pause_resume_then_new_snapshot`` at ~18 s), plus ~15 s for
-``test_resume_elsewhere`` (PostgreSQL; MariaDB and MySQL 5.7 are ``slow``). The
+minutes (``--durations``: the ones added to the former seven 60-80 s with the machine
+idle or loaded, the largest ``test_stop_pause_resume_then_new_snapshot`` at ~19 s), plus
+11-16 s for ``test_resume_elsewhere`` (PostgreSQL; MariaDB and MySQL 5.7 are ``slow``). The
 scenarios left to ``PYDBLOG_KAFKA_ALL`` passed on both Kafka harnesses when this was
 written.
 """
