@@ -309,6 +309,46 @@ def test_capture_from_a_standby_resumes_after_kill9(
         assert conn.execute("SELECT to_regclass('dblog_watermark')").fetchone() == (None,)
 
 
+def test_capture_from_a_standby_killed_mid_snapshot(
+    db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
+) -> None:
+    """Default-run: with ``primary_dsn``, ``dblog run`` killed -9 in the middle of a
+    snapshot (asserted: its COMPLETED was not in the log at the kill) while the
+    primary writes; the restart resumes the snapshot from the standby's slot and the
+    checkpoint, completes it once, and the log equals the primary's table."""
+    pg, dbname = db18
+    h = StandbyHarness(pg, standby18, dbname, primary=True)
+    make_table(pg, "t1", 1200)
+    h.publish()
+    standby18.wait_caught_up()
+    cap = Capture(h, tmp_path, '[snapshot]\nchunk_size = 20\nwatermark = "read-only"\n')
+    cap.start()
+    stop = threading.Event()
+    th = threading.Thread(target=writer, args=(pg, "t1", stop, 7, 1300))
+    th.start()
+    signal = sid()
+    try:
+        pg.signal(signal, "execute-snapshot", {"data-collections": [q(pg, "t1")]})
+        cap.wait_notification("IN_PROGRESS", count=2, timeout=120, signal_id=signal)
+        cap.kill()
+        logged = cap.events()
+        assert not [e for e in logged if e["op"] == "n"
+                    and e["notification"]["type"] == "COMPLETED"], "completed before the kill"
+        assert snapshot_rows(logged, "t1"), "no snapshot row before the kill"
+        cap.start()
+        cap.wait_notification("COMPLETED", signal_id=signal, timeout=120)
+    finally:
+        stop.set()
+        th.join()
+    try:
+        events = cap.assert_oracle({"t1": ["id"]})
+    finally:
+        cap.stop()
+    completed = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
+                 and e["notification"].get("signal_id") == signal]
+    assert len(completed) == 1
+
+
 def test_capture_from_a_standby_without_primary_dsn_stops_at_a_recreated_table(
     db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
 ) -> None:
@@ -341,10 +381,12 @@ def test_capture_from_a_standby_without_primary_dsn_stops_at_a_recreated_table(
         cap.stop()
 
 
+@pytest.mark.slow
 def test_a_lost_standby_slot_is_not_recreated(
     db18: tuple[PgHarness, str], standby18: PgStandby, tmp_path: Path
 ) -> None:
-    """The standby's slot lost while `dblog run` was down (the standby rebuilt, or an
+    """Slow (default-run time; the same check runs in the default run on a primary:
+    ``tests/integration/test_errors.py``). The standby's slot lost while `dblog run` was down (the standby rebuilt, or an
     administrator dropped it): a new slot would start at the standby's current
     position, and the changes committed meanwhile would be missing from the log
     silently. The restart refuses, naming the gap and the fix, and creates no slot."""
