@@ -246,3 +246,33 @@ def test_hot_path_position_is_a_pg_position() -> None:
                                              *src_mod._EVENT_DEFAULTS))
     assert event == ChangeEvent("c", "s", "t", slow, 1, {}, None, {})  # type: ignore[arg-type]
     assert type(event) is ChangeEvent
+
+
+def test_decoder_off_missing_or_stale(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """``PYDBLOG_NATIVE_STREAM=0``, a missing extension or a stale build: the Python path,
+    with one log line saying why."""
+    import sys
+
+    from pydblog.sources.postgres import _pgrow  # type: ignore[attr-defined]
+
+    try:
+        monkeypatch.setenv(rowdecode.DISABLE_ENV, "0")
+        rowdecode.reset()
+        assert rowdecode.decoder() is None
+        monkeypatch.delenv(rowdecode.DISABLE_ENV)
+        rowdecode.reset()
+        monkeypatch.setattr(_pgrow, "VERSION", rowdecode.ABI_VERSION + 1)
+        assert rowdecode.decoder() is None
+        assert "stale build" in caplog.text
+        monkeypatch.undo()
+        import pydblog.sources.postgres as package
+
+        monkeypatch.setitem(sys.modules, "pydblog.sources.postgres._pgrow", None)
+        monkeypatch.delattr(package, "_pgrow")
+        rowdecode.reset()
+        assert rowdecode.decoder() is None
+        assert "not available" in caplog.text
+    finally:
+        monkeypatch.undo()
+        rowdecode.reset()
+    assert rowdecode.decoder() is NATIVE
