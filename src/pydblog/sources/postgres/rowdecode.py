@@ -91,6 +91,7 @@ def decoder() -> Callable[[bytes, dict[int, Spec], Any], Decoded | None] | None:
                 else:
                     _module = _pgrow
                     _state = "ready"
+                    log.info("native stream decoder in use")
     if _module is None:
         return None
     fn: Callable[[bytes, dict[int, Spec], Any], Decoded | None] = _module.decode
