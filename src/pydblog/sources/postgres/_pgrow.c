@@ -1,17 +1,18 @@
 /* A pgoutput row change (Insert, Update, Delete) decoded straight into row dicts.
  *
  * decode(buf, specs, unchanged) takes one pgoutput (protocol 1) message and
- * ``specs``, a dict {relation oid: (rel, names, codes, converters)} of the captured
+ * ``specs``, a dict {relation oid: (rel, names, codes, converters, key)} of the captured
  * relations (``pydblog.sources.postgres.rowdecode``). For an Insert, Update or Delete of
  * a relation in ``specs`` it returns
  *
- *     (kind, rel, new, old, old_is_key_only, unchanged_count)
+ *     (kind, rel, new, old, old_is_key_only, unchanged_count, insert_key)
  *
  * with ``kind`` the message byte ('I', 'U', 'D'), ``rel`` the spec's first item, ``new``
  * and ``old`` dicts {column name: value} in column order (or None where the message has
  * no such tuple), each value mapped as ``converters[i]`` maps the column's text (NULL is
  * None, an unchanged TOAST value is ``unchanged``) and ``unchanged_count`` the number of
- * unchanged values in ``new``. ``codes[i]`` names a converter the module writes in C
+ * unchanged values in ``new``; ``insert_key`` is an Insert's event key, {names[i]: new's
+ * value for i in key} (the same objects), None for the others. ``codes[i]`` names a converter the module writes in C
  * (the same function of the text: ``rowdecode.CODES``); any other column calls its
  * converter.
  *
@@ -210,13 +211,13 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         if (PyErr_Occurred()) goto fail;
         goto none;
     }
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 4) {
-        PyErr_SetString(PyExc_TypeError, "a spec is (rel, names, codes, converters)");
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
+        PyErr_SetString(PyExc_TypeError, "a spec is (rel, names, codes, converters, key)");
         goto fail;
     }
     PyObject *names = PyTuple_GET_ITEM(spec, 1), *codes = PyTuple_GET_ITEM(spec, 2);
-    PyObject *convs = PyTuple_GET_ITEM(spec, 3);
-    if (!PyTuple_Check(names) || !PyBytes_Check(codes) || !PyTuple_Check(convs) ||
+    PyObject *convs = PyTuple_GET_ITEM(spec, 3), *keycols = PyTuple_GET_ITEM(spec, 4);
+    if (!PyTuple_Check(names) || !PyBytes_Check(codes) || !PyTuple_Check(convs) || !PyTuple_Check(keycols) ||
         PyBytes_GET_SIZE(codes) != PyTuple_GET_SIZE(names) ||
         PyTuple_GET_SIZE(convs) != PyTuple_GET_SIZE(names)) {
         PyErr_SetString(PyExc_TypeError, "names, codes and converters of one length");
@@ -271,9 +272,30 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         new = tuple_dict(&m, &p, names, cs, convs, unchanged, &n_unchanged);
         if (new == NULL) goto fallback;
     }
-    result = Py_BuildValue("(iONNOn)", (int)type, PyTuple_GET_ITEM(spec, 0),
+    PyObject *key = Py_NewRef(Py_None);
+    if (type == 'I') {
+        Py_DECREF(key);
+        key = PyDict_New();
+        if (key == NULL) goto fail;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keycols); k++) {
+            Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(keycols, k));
+            if (c < 0 || c >= ncols) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "key column out of range");
+                Py_DECREF(key);
+                goto fail;
+            }
+            PyObject *name = PyTuple_GET_ITEM(names, c);
+            PyObject *value = PyDict_GetItemWithError(new, name); /* borrowed */
+            if (value == NULL || PyDict_SetItem(key, name, value) < 0) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "key column");
+                Py_DECREF(key);
+                goto fail;
+            }
+        }
+    }
+    result = Py_BuildValue("(iONNOnN)", (int)type, PyTuple_GET_ITEM(spec, 0),
                            new ? new : Py_NewRef(Py_None), old ? old : Py_NewRef(Py_None),
-                           key_only ? Py_True : Py_False, n_unchanged);
+                           key_only ? Py_True : Py_False, n_unchanged, key);
     new = old = NULL;
     PyBuffer_Release(&view);
     return result;
@@ -304,7 +326,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pgrow", NULL, -1, m
 /* The interface version rowdecode.py expects (rowdecode.ABI_VERSION): raise both together
  * whenever the codes, the spec or the result change, so that a stale build is detected
  * (and the Python path used). */
-#define PGROW_VERSION 1
+#define PGROW_VERSION 2
 
 PyMODINIT_FUNC PyInit__pgrow(void) {
     PyObject *m = PyModule_Create(&module);

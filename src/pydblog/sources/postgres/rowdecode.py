@@ -48,22 +48,24 @@ CODES: dict[Any, int] = {
 }
 """Converter -> the C code that maps a text exactly as it does."""
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """The ``_pgrow`` interface this module speaks (its ``VERSION``)."""
 
 DISABLE_ENV = "PYDBLOG_NATIVE_STREAM"
 """``PYDBLOG_NATIVE_STREAM=0`` turns the native decoder off (benchmarks, tests)."""
 
-Spec = tuple[RelationState, tuple[str, ...], bytes, tuple[Callable[[str], Any], ...]]
-Decoded = tuple[int, RelationState, dict[str, Any] | None, dict[str, Any] | None, bool, int]
-"""``(kind, rel, new, old, old_is_key_only, unchanged values in new)``; ``kind`` is the
-message byte (``ord('I')``, ``ord('U')``, ``ord('D')``)."""
+Spec = tuple[RelationState, tuple[str, ...], bytes, tuple[Callable[[str], Any], ...], tuple[int, ...]]
+Decoded = tuple[int, RelationState, dict[str, Any] | None, dict[str, Any] | None, bool, int,
+                dict[str, Any] | None]
+"""``(kind, rel, new, old, old_is_key_only, unchanged values in new, insert key)``;
+``kind`` is the message byte (``ord('I')``, ``ord('U')``, ``ord('D')``); ``insert key`` an
+Insert's event key (``rel.key_names`` of ``new``), None for the others."""
 
 
 def spec(rel: RelationState) -> Spec:
     """What the C decoder needs of a relation (``decode``'s ``specs`` values)."""
     codes = bytes(CODES.get(c, CALL) for c in rel.converters)
-    return rel, rel.names, codes, rel.converters
+    return rel, rel.names, codes, rel.converters, rel.key_idx
 
 
 _module: Any = None

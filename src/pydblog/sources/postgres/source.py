@@ -430,7 +430,7 @@ class PgLogSource:
                         assert after is not None
                         yield _new_event(ChangeEvent, (
                             _CREATE, rel.schema, rel.table, _position(lsn, idx, None, tx_id),
-                            ts_ms, {n: after[n] for n in rel.key_names}, None, after,
+                            ts_ms, d[6], None, after,
                             *_EVENT_DEFAULTS))
                         idx += 1
                     else:
@@ -566,7 +566,7 @@ class PgLogSource:
     def _native_change(self, d: rowdecode.Decoded, lsn: Lsn, idx: int, ts: int, tx: int) -> list[StreamItem]:
         """An Update or Delete the native decoder decoded (``rowdecode``): the events
         ``_on_update``/``_on_delete`` give for the same message, from its row dicts."""
-        kind, rel, new, old, key_only, n_unchanged = d
+        kind, rel, new, old, key_only, n_unchanged, _ = d
         keys = rel.key_names
         if kind == _DELETE:
             assert old is not None
