@@ -154,7 +154,7 @@ def commit(lsn: int) -> bytes:
 
 
 @given(case=relations(), data=st.data())
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_native_rows_equal_the_python_path(case: Any, data: st.DataObject) -> None:
     names, oids, picks, pk, identity = case
     key = [names.index(k) for k in pk]
@@ -167,7 +167,7 @@ def test_native_rows_equal_the_python_path(case: Any, data: st.DataObject) -> No
 
 
 @given(case=relations(), data=st.data())
-@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_malformed_messages_fail_as_in_python(case: Any, data: st.DataObject) -> None:
     """Cut, lengthened or corrupted messages, invalid UTF-8, values a converter rejects:
     the same error (or the same events) either way."""
@@ -276,3 +276,27 @@ def test_decoder_off_missing_or_stale(monkeypatch: pytest.MonkeyPatch, caplog: p
         monkeypatch.undo()
         rowdecode.reset()
     assert rowdecode.decoder() is NATIVE
+
+
+def test_converter_errors() -> None:
+    """A converter's Exception sends the message to the Python path (None); anything else
+    (KeyboardInterrupt, MemoryError) propagates."""
+    import dataclasses
+
+    src = source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d")
+    rel = src._relations[OID]
+    msg = b"I" + struct.pack("!I", OID) + b"N" + tuple_bytes(["1", "x"])
+    assert NATIVE is not None
+    for exc, propagates in [(ValueError, False), (KeyError, False), (KeyboardInterrupt, True),
+                            (MemoryError, True)]:
+        def conv(text: str, exc: type[BaseException] = exc) -> Any:
+            raise exc("no")
+
+        broken = dataclasses.replace(rel, converters=(int, conv))
+        specs = {OID: rowdecode.spec(broken)}
+        if propagates:
+            with pytest.raises(exc):
+                NATIVE(msg, specs, U)
+        else:
+            assert NATIVE(msg, specs, U) is None
+    assert NATIVE(msg, {OID: rowdecode.spec(rel)}, U) is not None

@@ -199,18 +199,19 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     PyObject *specs, *unchanged;
     if (!PyArg_ParseTuple(args, "y*O!O", &view, &PyDict_Type, &specs, &unchanged)) return NULL;
     msg_t m = {(const unsigned char *)view.buf, (size_t)view.len};
-    PyObject *result = NULL, *new = NULL, *old = NULL;
+    PyObject *result = NULL, *new = NULL, *old = NULL, *spec = NULL;
     if (m.len < 6) goto none;
     unsigned char type = m.buf[0];
     if (type != 'I' && type != 'U' && type != 'D') goto none;
     PyObject *oid = PyLong_FromUnsignedLong(rd32(m.buf + 1));
     if (oid == NULL) goto fail;
-    PyObject *spec = PyDict_GetItemWithError(specs, oid); /* borrowed */
+    spec = PyDict_GetItemWithError(specs, oid);
     Py_DECREF(oid);
     if (spec == NULL) {
         if (PyErr_Occurred()) goto fail;
         goto none;
     }
+    Py_INCREF(spec); /* held: a converter called below runs Python code */
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
         PyErr_SetString(PyExc_TypeError, "a spec is (rel, names, codes, converters, key)");
         goto fail;
@@ -297,21 +298,26 @@ static PyObject *decode(PyObject *self, PyObject *args) {
                            new ? new : Py_NewRef(Py_None), old ? old : Py_NewRef(Py_None),
                            key_only ? Py_True : Py_False, n_unchanged, key);
     new = old = NULL;
+    Py_DECREF(spec);
     PyBuffer_Release(&view);
     return result;
 fallback:
     /* A converter raised, or invalid UTF-8: the Python path decides what that is. A
-     * MemoryError is not the data's fault: it stays. */
-    if (PyErr_ExceptionMatches(PyExc_MemoryError)) goto fail;
+     * MemoryError is not the data's fault, nor is anything that is not an Exception
+     * (KeyboardInterrupt): those stay. */
+    if (PyErr_ExceptionMatches(PyExc_MemoryError) || !PyErr_ExceptionMatches(PyExc_Exception))
+        goto fail;
     PyErr_Clear();
 none:
     Py_XDECREF(new);
     Py_XDECREF(old);
+    Py_XDECREF(spec);
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(new);
     Py_XDECREF(old);
+    Py_XDECREF(spec);
     PyBuffer_Release(&view);
     return NULL;
 }
