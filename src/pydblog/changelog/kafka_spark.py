@@ -123,15 +123,18 @@ def _commit_log(offset: Offset) -> Any:
     return log
 
 
-def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | None) -> tuple[Offset, Any]:
+def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | None,
+         client: Any = None) -> tuple[Offset, Any]:
     """Apply the checkpoint topic's messages from ``start["cp"]`` (up to Kafka offset
     ``stop_cp``, or the topic's end), stopping after the commit that reaches
     ``max_events`` events; returns the end offset and the ``CommitLog`` (its spans
-    are the new commits')."""
+    are the new commits'). ``client``: a ``changelog.kafka._Client`` to use (kept
+    open), else one made and closed here."""
     from pydblog.changelog.kafka import CommitRecord, _Client, checkpoint_topic
 
-    cfg = _config(log_json)
-    client = _Client(cfg)
+    own = client is None
+    if own:
+        client = _Client(_config(log_json))
     try:
         log = _commit_log(start)
         seq = int(start.get("seq", 0))
@@ -156,13 +159,16 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
                "ends": {_tp_key(tp): o for tp, o in sorted(log.ends.items())}}
         return end, log
     finally:
-        client.close()
+        if own:
+            client.close()
 
 
-def _checkpoint_end(log_json: str) -> int:
+def _checkpoint_end(log_json: str, client: Any = None) -> int:
     from pydblog.changelog.kafka import _Client, checkpoint_topic
 
-    client = _Client(_config(log_json))
+    own = client is None
+    if own:
+        client = _Client(_config(log_json))
     try:
         topic = checkpoint_topic(client.prefix)
         if not client.partitions(topic):
@@ -172,7 +178,8 @@ def _checkpoint_end(log_json: str) -> int:
             end = m.offset() + 1
         return end
     finally:
-        client.close()
+        if own:
+            client.close()
 
 
 READ_THREADS = 2
@@ -508,6 +515,8 @@ def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
             yield m.value()
 
 
+TASKS_PER_CORE = 2
+"""``split_ranges`` cuts a batch into this many tasks per core."""
 MIN_RANGE_RECORDS = 20_000
 """``split_ranges`` makes no task smaller than this (unless the batch is)."""
 
@@ -529,7 +538,7 @@ def split_ranges(
     Filling each task up to ``size`` in turn left, e.g., 75k + 75k + 75k + 50k + 25k
     records for 12 partitions of ~25k: three rounds of tasks on two cores, not two."""
     total = sum(hi - lo for _, lo, hi, _ in ranges)
-    tasks = max(1, min(2 * parts, total // MIN_RANGE_RECORDS))
+    tasks = max(1, min(TASKS_PER_CORE * parts, total // MIN_RANGE_RECORDS))
     size = -(-total // tasks)
     edges = list(itertools.accumulate((hi - lo for _, lo, hi, _ in ranges), initial=0))
     bounds: list[int] = []
@@ -567,21 +576,53 @@ class KafkaStream(ChangeLogStream):
         self.target: int | None = None
         self._planned: tuple[Offset, Offset, Any] | None = None  # start, end, CommitLog
         self._published: Offset | None = None  # the offsets last committed to the group
+        self._client: Any = None
+        self._group: Any = None  # the consumer of ``commit``
+
+    def _planning(self) -> Any:
+        """The planner's Kafka client, kept for the stream's life (Spark plans a query's
+        batches in one process): each plan made and closed a client before, ~0.03-0.1 s
+        of connecting and metadata a call, two on a query's start."""
+        if self._client is None:
+            from pydblog.changelog.kafka import _Client
+
+            self._client = _Client(_config(self.log))
+        return self._client
+
+    def _forget_client(self) -> None:
+        """After an error: the next call connects afresh."""
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                log.debug("closing the planner's Kafka client failed", exc_info=True)
+
+    def _plan(self, start: Offset, stop_cp: int | None, max_events: int | None) -> tuple[Offset, Any]:
+        try:
+            return plan(self.log, start, stop_cp, max_events, self._planning())
+        except BaseException:
+            self._forget_client()
+            raise
 
     def initial_offset(self, starting: str) -> Offset:
         start: Offset = {"cp": 0, "seq": 0, "owner": None, "ends": {}}
         if starting == "latest":
-            return plan(self.log, start, None, None)[0]
+            return self._plan(start, None, None)[0]
         if starting != "earliest":
             raise ChangeLogError(
                 f"a Kafka change log's starting offset must be earliest or latest, got {starting!r}")
         return start
 
     def prepare_available_now(self) -> None:
-        self.target = _checkpoint_end(self.log)
+        try:
+            self.target = _checkpoint_end(self.log, self._planning())
+        except BaseException:
+            self._forget_client()
+            raise
 
     def latest_offset(self, start: Offset, max_events: int | None) -> Offset:
-        end, log = plan(self.log, start, self.target, max_events)
+        end, log = self._plan(start, self.target, max_events)
         if end["seq"] == int(start.get("seq", 0)) and end["ends"] == start.get("ends", {}):
             # Nothing new to apply (transaction markers, begin messages, empty commits):
             # no new data, not an empty micro-batch. The next plan reads them again from
@@ -606,7 +647,7 @@ class KafkaStream(ChangeLogStream):
         if planned is not None and planned[0] == start and planned[1] == end:
             log = planned[2]
         else:
-            _, log = plan(self.log, start, int(end["cp"]), None)
+            _, log = self._plan(start, int(end["cp"]), None)
         begin = {_tp(k): int(v) for k, v in start.get("ends", {}).items()}
         ranges = []
         for key, hi in sorted(end.get("ends", {}).items()):
@@ -618,27 +659,38 @@ class KafkaStream(ChangeLogStream):
         return split_ranges(self.log, ranges, parts, self.allow_gaps)
 
     def commit(self, end: Offset) -> None:
-        """Publish the applied offsets to ``dblog-sync.<prefix>`` (monitoring only)."""
+        """Publish the applied offsets to ``dblog-sync.<prefix>`` (monitoring only; its
+        consumer kept for the stream's life, as the planner's client)."""
         try:
-            from pydblog.changelog.kafka import SYNC_GROUP, _Client, _for_consumer, client_config
-
-            cfg = _config(self.log)
-            client = _Client(cfg)
+            client = self._planning()
             k = client.k
-            consumer = k.Consumer(_for_consumer(client_config(
-                cfg, **{"group.id": SYNC_GROUP.format(prefix=client.prefix),
-                        "enable.auto.commit": False})))
-            try:
-                offsets = [k.TopicPartition(t, p, int(o))
-                           for (t, p), o in ((_tp(key), v) for key, v in end.get("ends", {}).items())]
-                if offsets:
-                    consumer.commit(offsets=offsets, asynchronous=False)
-                self._published = end
-            finally:
-                consumer.close()
-                client.close()
+            if self._group is None:
+                from pydblog.changelog.kafka import SYNC_GROUP, _for_consumer, client_config
+
+                self._group = k.Consumer(_for_consumer(client_config(
+                    client.cfg, **{"group.id": SYNC_GROUP.format(prefix=client.prefix),
+                                   "enable.auto.commit": False})))
+            offsets = [k.TopicPartition(t, p, int(o))
+                       for (t, p), o in ((_tp(key), v) for key, v in end.get("ends", {}).items())]
+            if offsets:
+                self._group.commit(offsets=offsets, asynchronous=False)
+            self._published = end
         except Exception:  # monitoring only: the sinks' commits make the sync exactly once
+            self._close_group()
             return
+
+    def _close_group(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            try:
+                group.close()
+            except Exception:
+                log.debug("closing the sync group's consumer failed", exc_info=True)
+
+    def close(self) -> None:
+        """Close the planner's clients (Spark stops the stream)."""
+        self._close_group()
+        self._forget_client()
 
     def warm_up(self) -> None:
         """Loads confluent-kafka and the native read (``kafka_native``: ~0.1 s of CPU that

@@ -267,6 +267,12 @@ class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: SyncOffset) -> None:
         self.stream.commit(end)
 
+    def stop(self) -> None:
+        # A backend may keep clients open across the query's plans (Kafka's planner).
+        close = getattr(self.stream, "close", None)
+        if close is not None:
+            close()
+
 
 def __getattr__(name: str) -> Any:
     """``OffsetRange``: the 0.x name of the embedded log's partition, now its backend's
