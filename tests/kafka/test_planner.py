@@ -1,0 +1,85 @@
+"""The Kafka stream's planner keeps one Kafka client for the stream's life
+(``KafkaStream._planning``): later plans must see the commits appended after the
+client was made, a batch's partitions must hold exactly its events, and ``close`` (or
+an error) drops the client so that the next call connects afresh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pydblog.changelog.kafka import KafkaChangeLog
+from pydblog.changelog.kafka_spark import KafkaRange, KafkaStream, read_events
+from pydblog.config import LogConfig
+from pydblog.events import EncodedEvent
+from pydblog.ports import Checkpoint
+from pydblog.ports import SyncOffset as Offset
+from pydblog.positions import Lsn, PgPosition
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def append(log: KafkaChangeLog, first: int, n: int) -> None:
+    events = [EncodedEvent("public.t", "c", 1, '{"op":"c","ts_ms":1,"source":{"connector":"postgresql",'
+                           f'"db":"d","schema":"public","table":"t"}},"key":{{"id":{i}}},'
+                           f'"before":null,"after":{{"id":{i}}}}}') for i in range(first, first + n)]
+    log.append(events, Checkpoint(PgPosition(Lsn(first + n), 0)))
+
+
+def offsets(stream: KafkaStream, start: Offset, end: Offset) -> list[int]:
+    import orjson
+
+    got: list[int] = []
+    for part in stream.partitions(start, end, 2):
+        assert isinstance(part, KafkaRange)
+        got.extend(orjson.loads(v)["offset"] for v in read_events(part).to_pylist())
+    return sorted(got)
+
+
+def test_the_kept_client_sees_later_commits(kafka_log: LogConfig, tmp_path: Path) -> None:
+    writer = KafkaChangeLog(kafka_log)
+    stream = KafkaStream(kafka_log.model_dump_json())
+    try:
+        start = stream.initial_offset("earliest")
+        append(writer, 0, 50)
+        end1 = stream.latest_offset(start, None)
+        client = stream._client
+        assert end1["seq"] == 50 and client is not None
+        assert offsets(stream, start, end1) == list(range(50))
+        stream.commit(end1)
+        assert stream.latest_offset(end1, None) == end1  # nothing new
+        append(writer, 50, 30)
+        append(writer, 80, 20)
+        end2 = stream.latest_offset(end1, 30)  # stops after the commit reaching 30 events
+        assert end2["seq"] == 80 and stream._client is client
+        assert offsets(stream, end1, end2) == list(range(50, 80))
+        stream.close()
+        assert stream._client is None and stream._group is None
+        end3 = stream.latest_offset(end2, None)  # connects afresh
+        assert end3["seq"] == 100
+        assert offsets(stream, end2, end3) == list(range(80, 100))
+    finally:
+        stream.close()
+        writer.close()
+
+
+def test_an_error_drops_the_client(kafka_log: LogConfig) -> None:
+    stream = KafkaStream(kafka_log.model_dump_json())
+    try:
+        start = stream.initial_offset("earliest")
+        stream.latest_offset(start, None)
+        client = stream._client
+        assert client is not None
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("broker gone")
+
+        client.watermarks = broken
+        client.partitions = lambda topic, refresh=False: 1
+        with pytest.raises(RuntimeError, match="broker gone"):
+            stream.latest_offset(start, None)
+        assert stream._client is None
+        assert stream.latest_offset(start, None) == start  # a fresh client
+    finally:
+        stream.close()
