@@ -88,7 +88,8 @@ def drain(spark: Any, cfg: Config, events: int, parallelism: int | None = None) 
     workers started and the first batch decoded)."""
     applier = TimedApplier(cfg.log, [build_sink(s) for s in cfg.sync.sinks], 0, 0)
     t0 = time.monotonic()
-    q = start_query(spark, cfg, applier, available_now=True, parallelism=parallelism)
+    extra = {"parallelism": parallelism} if parallelism else {}  # older job.py: no such argument
+    q = start_query(spark, cfg, applier, available_now=True, **extra)
     q.awaitTermination()
     elapsed = time.monotonic() - t0
     if applier.entered is not None and applier.ends:

@@ -200,12 +200,13 @@ class BatchApplier:
         t0 = time.monotonic()
         pending, self._schemas = self._schemas, None
         schemas = pending.result() if pending is not None else self._read_schemas()
+        schemas_s = time.monotonic() - t0  # waited for (read while Spark collected the batch)
         batch = Batch.of(batch_id, events, schemas)
         if batch is None:
             return
         t1 = time.monotonic()
         batch.changes()
-        timings = [f"reduce {time.monotonic() - t1:.2f}s"]
+        timings = [f"schemas {schemas_s:.2f}s", f"reduce {time.monotonic() - t1:.2f}s"]
         sink_s: dict[str, float] = {}
         for i, sink in enumerate(self.sinks):
             t1 = time.monotonic()
