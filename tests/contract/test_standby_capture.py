@@ -376,11 +376,6 @@ def test_capture_from_a_standby_without_primary_dsn_stops_at_a_recreated_table(
     cap.config = h.config(tmp_path, RO)
     cap.start()
     try:
-        # The reset (a truncate, logged on the primary) and the new relation's scan.
-        cap.wait_until(lambda events: any(
-            e["op"] == "n" and e["notification"]["type"] == "TABLE_SCAN_COMPLETED"
-            and e["offset"] > max((t["offset"] for t in events if t["op"] == "t"), default=1 << 62)
-            for e in events), 60, "the re-created table's truncate, then its scan")
         cap.assert_oracle({"t1": ["id"]})
     finally:
         cap.stop()
@@ -425,7 +420,8 @@ def test_primary_dsn_reconnects_after_the_primary_restarts(
     pg, dbname = db18
     h = StandbyHarness(pg, standby18, dbname, primary=True)
     make_table(pg, "t1", 20)
-    # (FOR TABLE: its table list is kept on the primary through primary_dsn.)
+    # (FOR TABLE: a FOR ALL TABLES publication never changes membership, and there
+    # re-creations are not detected at all: docs/exactness.md.)
     pg.execute("CREATE PUBLICATION dblog FOR TABLE t1 WITH (publish_via_partition_root = true)")
     standby18.wait_caught_up()
     cap = Capture(h, tmp_path, RO).start()  # (heartbeats every 0.5 s)
