@@ -283,6 +283,11 @@ class ChangeLogStream(Protocol):
         worker at the job's start), so that the first batch does not wait for it."""
         ...
 
+    def close(self) -> None:
+        """Release what the planner kept open (Spark stops the stream); the stream may
+        be pickled (an executor's copy of the reader) without it."""
+        ...
+
 
 # -- sources ---------------------------------------------------------------------------
 # A source turns a database's log into one flat, ordered stream of items. Row events

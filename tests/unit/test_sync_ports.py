@@ -57,6 +57,20 @@ def test_open_stream_by_type() -> None:
         open_stream("{}").initial_offset("soon")
 
 
+def test_a_planned_stream_pickles_without_its_clients() -> None:
+    """A reader is pickled to the executors; a Kafka stream that planned holds open
+    clients (a batch read plans in ``__init__``): they stay behind."""
+    import pickle
+
+    kafka = open_stream('{"type": "kafka", "bootstrap_servers": "h:1", "topic_prefix": "p"}')
+    kafka._client = kafka._group = lambda: None  # type: ignore[attr-defined]  # unpicklable
+    copy = pickle.loads(pickle.dumps(kafka))
+    assert copy._client is None and copy._group is None and copy.log == kafka.log  # type: ignore[attr-defined]
+    embedded = open_stream('{"path": "/tmp/x"}')
+    embedded.close()
+    assert pickle.loads(pickle.dumps(embedded)).dense
+
+
 def envelope(offset: int, op: str = "c") -> str:
     return orjson.dumps({
         "offset": offset, "op": op, "ts_ms": 7,
@@ -106,6 +120,9 @@ class Memory(ChangeLogStream):
         pass
 
     def warm_up(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 

@@ -579,6 +579,13 @@ class KafkaStream(ChangeLogStream):
         self._client: Any = None
         self._group: Any = None  # the consumer of ``commit``
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (an executor's copy of the reader, planned or not) without the open
+        clients and the kept plan: a copy plans afresh."""
+        state = dict(self.__dict__)
+        state.update(_client=None, _group=None, _planned=None)
+        return state
+
     def _planning(self) -> Any:
         """The planner's Kafka client, kept for the stream's life (Spark plans a query's
         batches in one process): each plan made and closed a client before, ~0.03-0.1 s

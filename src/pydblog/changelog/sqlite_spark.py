@@ -177,3 +177,6 @@ class SqliteStream(ChangeLogStream):
         import pyarrow.compute  # noqa: F401 - what a read needs besides the decoder
 
         from pydblog.changelog import sqlite  # noqa: F401
+
+    def close(self) -> None:
+        """Nothing is kept open: every call opened and closed its reader."""

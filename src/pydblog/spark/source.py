@@ -269,9 +269,7 @@ class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         # A backend may keep clients open across the query's plans (Kafka's planner).
-        close = getattr(self.stream, "close", None)
-        if close is not None:
-            close()
+        self.stream.close()
 
 
 def __getattr__(name: str) -> Any:
