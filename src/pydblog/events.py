@@ -126,20 +126,30 @@ def encode_event(event: ChangeEvent, connector: str, db: str, now_ms: int) -> En
         lsn = pos.commit_lsn.value
         index = pos.index
         if type(lsn) is int and type(index) is int and (tx is None or type(tx) is int):
+            # The envelope around the index is the same for every event of a table's op in
+            # a transaction (one commit: one lsn, txId and ts_ms; one now_ms per commit):
+            # the last one is kept (one tuple: read and replaced atomically).
             key = (event.op, event.schema, event.table, event.snapshot, connector, db)
-            t = _TEMPLATES.get(key)
-            if t is None:
-                t = _template(event, connector, db)
-            if t is not None:
+            last = _LAST_TX
+            if last[0] == (key, now_ms, lsn, tx, ts):
+                parts = last[1]
+            else:
+                t = _TEMPLATES.get(key)
+                if t is None:
+                    t = _template(event, connector, db)
+                parts = None if t is None else (
+                    t[0], f"{t[1]}{now_ms}{t[2]}{lsn}{t[3]}{'null' if tx is None else tx}{t[4]}",
+                    f"{t[5]}{ts}{t[6]}")
+                _remember_tx((key, now_ms, lsn, tx, ts), parts)
+            if parts is not None:
                 tail: dict[str, Any] = {"key": event.key, "before": event.before, "after": event.after}
                 if event.unchanged:
                     tail["unchanged"] = list(event.unchanged)
                 if event.notification is not None:
                     tail["notification"] = event.notification
                 rest = orjson.dumps(tail).decode()
-                body = (f"{t[1]}{now_ms}{t[2]}{lsn}{t[3]}{'null' if tx is None else tx}"
-                        f"{t[4]}{index}{t[5]}{ts}{t[6]}{rest[1:]}")
-                return _new_tuple(EncodedEvent, (t[0], event.op, ts, body))
+                return _new_tuple(EncodedEvent, (parts[0], event.op, ts,
+                                                 f"{parts[1]}{index}{parts[2]}{rest[1:]}"))
     return EncodedEvent(
         f"{event.schema}.{event.table}",
         event.op,
@@ -149,6 +159,14 @@ def encode_event(event: ChangeEvent, connector: str, db: str, now_ms: int) -> En
 
 
 _new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python function: 4x slower
+_LAST_TX: tuple[Any, tuple[str, str, str] | None] = (None, None)
+"""``encode_event``'s last ``((template key, now_ms, lsn, txId, ts_ms), (qualified table,
+envelope text before the index, text after it up to the key))``."""
+
+
+def _remember_tx(key: tuple[Any, ...], parts: tuple[str, str, str] | None) -> None:
+    global _LAST_TX
+    _LAST_TX = (key, parts)
 _TEMPLATES: dict[tuple[Any, ...], tuple[str, ...] | None] = {}
 _TEMPLATES_MAX = 4096
 _SENTINELS = (-7_306_185_142_901, -7_306_185_142_902, -7_306_185_142_903,

@@ -77,3 +77,17 @@ def test_template_cache_is_bounded() -> None:
         event = ChangeEvent(Op.UPDATE, "s", f"t{i}", pos, 5, {"id": i}, None, {"id": i})
         assert encode_event(event, "c", "d", 1) == slow(event, "c", "d", 1)
     assert len(events._TEMPLATES) <= events._TEMPLATES_MAX
+
+
+@given(st.lists(st.tuples(st.sampled_from(["t1", "t2"]), st.sampled_from([Op.CREATE, Op.UPDATE]),
+                          st.integers(0, 3), st.sampled_from([None, 0, 1]), st.integers(0, 2),
+                          st.integers(0, 2), st.integers(0, 5), rows),
+                min_size=1, max_size=30))
+@settings(max_examples=100, deadline=None)
+def test_consecutive_events_of_a_transaction(events_: list[Any]) -> None:
+    """Runs of events sharing table, op, commit and times (the per-transaction text is
+    kept from the last event) interleaved with others: each equals the envelope path."""
+    for table, op, lsn, tx, ts, now, index, after in events_:
+        event = ChangeEvent(op, "s", table, PgPosition(Lsn(lsn), index, None, tx), ts,
+                            {"id": index}, None, after)
+        assert encode_event(event, "c", "d", now) == slow(event, "c", "d", now)
