@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -532,15 +532,14 @@ def test_standby_refusals(db18: tuple[PgHarness, str], standby18: PgStandby,
     assert "ALTER PUBLICATION dblog SET (publish_via_partition_root = true)" in str(err.value.hint)
 
 
-def test_standby_checks(db18: tuple[PgHarness, str], pg18: PgCluster, standby18: PgStandby,
-                        tmp_path: Path) -> None:
-    """In process: ``primary_dsn`` checked to be the standby's primary in the same
-    database; ``hot_standby_feedback = off`` refused; without ``primary_dsn`` a captured
-    table dropped on the primary stops the capture at the next heartbeat."""
-    pg, dbname = db18
+def _standby_configs(pg: PgHarness, standby18: PgStandby, dbname: str, tmp_path: Path,
+                     tables: dict[str, int]) -> Callable[[str, str], Path]:
+    """Make ``tables`` (name: rows) on the primary, publish them, wait for the standby;
+    then ``config(name, source_lines)`` writes a read-only standby capture's config with
+    ``source_lines`` added to its ``[source]`` (one directory per name)."""
     h = StandbyHarness(pg, standby18, dbname, primary=False)
-    make_table(pg, "t1", 3)
-    make_table(pg, "t2", 3)
+    for name, rows in tables.items():
+        make_table(pg, name, rows)
     h.publish()
     standby18.wait_caught_up()
     base = h.config(tmp_path / "base", RO).read_text()
@@ -550,6 +549,17 @@ def test_standby_checks(db18: tuple[PgHarness, str], pg18: PgCluster, standby18:
         path.parent.mkdir()
         path.write_text(base.replace("[source]\n", f"[source]\n{source}\n", 1))
         return path
+
+    return config
+
+
+def test_standby_checks(db18: tuple[PgHarness, str], pg18: PgCluster, standby18: PgStandby,
+                        tmp_path: Path) -> None:
+    """In process: ``primary_dsn`` checked to be the standby's primary in the same
+    database; ``hot_standby_feedback = off`` refused; without ``primary_dsn`` a captured
+    table dropped on the primary stops the capture at the next heartbeat."""
+    pg, dbname = db18
+    config = _standby_configs(pg, standby18, dbname, tmp_path, {"t1": 3, "t2": 3})
 
     with pytest.raises(SourceError) as err:
         _open(config("standby", f'primary_dsn = "{standby18.dsn(dbname)}"'))
@@ -593,17 +603,10 @@ def test_primary_dsn_errors_name_it(db18: tuple[PgHarness, str], pg18: PgCluster
     primary whose system identifier the role may not read is not silently taken for
     the standby's primary: a warning says the check was skipped."""
     pg, dbname = db18
-    h = StandbyHarness(pg, standby18, dbname, primary=False)
-    make_table(pg, "t1", 1)
-    h.publish()
-    standby18.wait_caught_up()
-    base = h.config(tmp_path / "base", RO).read_text()
+    configs = _standby_configs(pg, standby18, dbname, tmp_path, {"t1": 1})
 
     def config(name: str, primary: str) -> Config:
-        path = tmp_path / name / "dblog.toml"
-        path.parent.mkdir()
-        path.write_text(base.replace("[source]\n", f'[source]\nprimary_dsn = "{primary}"\n', 1))
-        return load_config(path)
+        return load_config(configs(name, f'primary_dsn = "{primary}"'))
 
     role = f"r_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(standby18.dsn(dbname)) as conn:
