@@ -299,13 +299,7 @@ def test_capture_from_a_standby_resumes_after_kill9(
     finally:
         stop.set()
         th.join()
-    try:
-        events = cap.assert_oracle({"t1": ["id"], "t2": ["id"]})
-    finally:
-        cap.stop()
-    completed = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
-                 and e["notification"].get("signal_id") == signal]
-    assert len(completed) == 1
+    _oracle_then_stop(cap, {"t1": ["id"], "t2": ["id"]}, signal)
     with psycopg.connect(pg.dsn) as conn:
         assert conn.execute("SELECT to_regclass('dblog_watermark')").fetchone() == (None,)
 
@@ -341,13 +335,7 @@ def test_capture_from_a_standby_killed_mid_snapshot(
     finally:
         stop.set()
         th.join()
-    try:
-        events = cap.assert_oracle({"t1": ["id"]})
-    finally:
-        cap.stop()
-    completed = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
-                 and e["notification"].get("signal_id") == signal]
-    assert len(completed) == 1
+    _oracle_then_stop(cap, {"t1": ["id"]}, signal)
 
 
 def test_capture_from_a_standby_without_primary_dsn_stops_at_a_recreated_table(
@@ -532,6 +520,18 @@ def test_standby_refusals(db18: tuple[PgHarness, str], standby18: PgStandby,
     assert "ALTER PUBLICATION dblog SET (publish_via_partition_root = true)" in str(err.value.hint)
 
 
+def _oracle_then_stop(cap: Capture, keys: dict[str, list[str]], signal: str) -> None:
+    """The log equals the primary (``assert_oracle``), the capture is stopped whatever
+    the outcome, and ``signal``'s snapshot COMPLETED exactly once."""
+    try:
+        events = cap.assert_oracle(keys)
+    finally:
+        cap.stop()
+    completed = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
+                 and e["notification"].get("signal_id") == signal]
+    assert len(completed) == 1
+
+
 def _standby_configs(pg: PgHarness, standby18: PgStandby, dbname: str, tmp_path: Path,
                      tables: dict[str, int]) -> Callable[[str, str], Path]:
     """Make ``tables`` (name: rows) on the primary, publish them, wait for the standby;
@@ -704,13 +704,7 @@ def test_capture_from_a_standby_survives_kill9s_under_load(
         stop.set()
         for th in threads:
             th.join()
-    try:
-        events = cap.assert_oracle({"t1": ["id"], "typed": ["id"]})
-    finally:
-        cap.stop()
-    completed = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
-                 and e["notification"].get("signal_id") == signal]
-    assert len(completed) == 1
+    _oracle_then_stop(cap, {"t1": ["id"], "typed": ["id"]}, signal)
 
 
 def test_primary_dsn_is_postgresql_only(tmp_path: Path) -> None:

@@ -113,6 +113,23 @@ def _position_factory() -> Callable[[Lsn, int, Lsn | None, int | None], PgPositi
 
 
 _position = _position_factory()
+
+
+def _update_events(schema: str, table: str, lsn: Lsn, idx: int, ts: int, tx: int,
+                   key: dict[str, Any], old_key: dict[str, Any], before: dict[str, Any] | None,
+                   after: dict[str, Any], unchanged: list[str]) -> list[StreamItem]:
+    """An UPDATE's events: one ``u`` at ``idx``, or, when it changed the row's key, a
+    ``d`` of the old key at ``idx`` then a ``c`` of the new one at ``idx + 1`` (the
+    decoder leaves that index free for it)."""
+    if old_key != key:
+        return [
+            ChangeEvent(Op.DELETE, schema, table, _position(lsn, idx, None, tx), ts,
+                        old_key, before, None),
+            ChangeEvent(Op.CREATE, schema, table, _position(lsn, idx + 1, None, tx), ts,
+                        key, None, after, unchanged=tuple(unchanged)),
+        ]
+    return [ChangeEvent(Op.UPDATE, schema, table, _position(lsn, idx, None, tx), ts,
+                        key, before, after, unchanged=tuple(unchanged))]
 _new_event = tuple.__new__  # a NamedTuple's own __new__ is a Python function: 4x slower
 _EVENT_DEFAULTS = tuple(ChangeEvent._field_defaults[f] for f in ChangeEvent._fields[8:])
 """``ChangeEvent``'s fields after ``after``, at their defaults (the hot path builds the
@@ -539,15 +556,8 @@ class PgLogSource:
             else:
                 before = self._row(rel, old)
                 old_key = rel.key_of(tuple(before.values()))
-        if old_key != key:
-            return [
-                ChangeEvent(Op.DELETE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
-                            old_key, before, None),
-                ChangeEvent(Op.CREATE, rel.schema, rel.table, PgPosition(lsn, idx + 1, None, tx), ts,
-                            key, None, after, unchanged=tuple(unchanged)),
-            ]
-        return [ChangeEvent(Op.UPDATE, rel.schema, rel.table, PgPosition(lsn, idx, None, tx), ts,
-                            key, before, after, unchanged=tuple(unchanged))]
+        return _update_events(rel.schema, rel.table, lsn, idx, ts, tx, key, old_key, before,
+                              after, unchanged)
 
     def _on_delete(self, m: po.Delete, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
         rel = self._relations[m.relation_oid]
@@ -600,15 +610,8 @@ class PgLogSource:
             else:
                 before_ = old
                 old_key = {n: old[n] for n in keys}
-        if old_key != key:
-            return [
-                ChangeEvent(Op.DELETE, rel.schema, rel.table, _position(lsn, idx, None, tx), ts,
-                            old_key, before_, None),
-                ChangeEvent(Op.CREATE, rel.schema, rel.table, _position(lsn, idx + 1, None, tx), ts,
-                            key, None, after, unchanged=tuple(unchanged)),
-            ]
-        return [ChangeEvent(Op.UPDATE, rel.schema, rel.table, _position(lsn, idx, None, tx), ts,
-                            key, before_, after, unchanged=tuple(unchanged))]
+        return _update_events(rel.schema, rel.table, lsn, idx, ts, tx, key, old_key, before_,
+                              after, unchanged)
 
     def _on_truncate(self, m: po.Truncate, lsn: Lsn, idx: int, ts: int, tx: int, _in_tx: bool, _ds: int) -> list[StreamItem]:
         out: list[StreamItem] = []
