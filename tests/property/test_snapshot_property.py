@@ -876,11 +876,13 @@ def assert_no_time_travel(sim: Sim) -> None:
 def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
     """Each table's notifications, per snapshot (signal id, table), in change-log order:
     queued by STARTED, then TABLE_SCAN_STARTED, IN_PROGRESS..., TABLE_SCAN_COMPLETED
-    (EMPTY straight from queued), or ended early by REJECTED or ABORTED; a lane's
-    COMPLETED only once none of its tables is queued or being read. With several
+    (EMPTY straight from queued), or ended early by REJECTED or ABORTED; a snapshot's
+    COMPLETED only once none of its tables is queued or being read, and once (another
+    snapshot's tables may still be in the lane). With several
     tables in flight their notifications interleave, each table's stays in order."""
     state: dict[tuple[str, str], str] = {}  # (signal id, table) -> queued|scanning|done
     kinds: dict[tuple[str, str], str] = {}
+    completed: set[str] = set()
     for e in out:
         n = e.notification
         if n is None:
@@ -910,8 +912,13 @@ def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
                 assert len(live) == 1, (t, live)
                 state[live[0]] = "done"
         elif typ == "COMPLETED":
-            live = [k for k, v in state.items() if v != "done" and kinds[k] == str(kind)]
+            live = [k for k, v in state.items()
+                    if v != "done" and kinds[k] == str(kind) and k[0] == sig]
             assert not live, (sig, live)
+            assert sig not in completed, f"a second COMPLETED of {sig}"
+            completed.add(sig)
+        if typ == "STARTED":
+            completed.discard(sig)  # (a signal id used again: "initial")
 
 
 def assert_positions_increase(out: list[ChangeEvent]) -> None:

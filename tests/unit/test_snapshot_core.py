@@ -196,6 +196,28 @@ def test_full_chunk_ending_at_max_key_is_last() -> None:
     assert kinds(out) == ["r", "r", "TABLE_SCAN_COMPLETED", "COMPLETED"]
 
 
+def test_every_snapshot_in_a_lane_gets_its_completed() -> None:
+    """A table reset by the stream (``restart_table(queue=True)``: queued as ``initial``)
+    while a signal's snapshot runs joins the same lane: the signal's COMPLETED comes
+    when its own table is done, the reset's when the lane empties (before: one
+    COMPLETED, the lane's last job's, and the signal never saw its own)."""
+    core = make(chunk=2)
+    execute(core, "public\\.t")
+    start_table(core, 10, max_key=(2,))
+    core.restart_table("public.u", queue=True)
+    _, out = chunk(core, [row(1), row(2)], 20)
+    assert kinds(out) == ["r", "r", "STARTED", "TABLE_SCAN_COMPLETED", "COMPLETED"]
+    assert [note(e)["signal_id"] for e in out if e.op is not Op.READ] == ["initial", "s1", "s1"]
+    assert core.active
+    out = start_table(core, 30, max_key=(1,))
+    assert kinds(out) == ["TABLE_SCAN_STARTED"]
+    _, out = chunk(core, [row(1)], 40)
+    assert kinds(out) == ["r", "TABLE_SCAN_COMPLETED", "COMPLETED"]
+    assert note(out[-1])["signal_id"] == "initial"
+    assert note(out[-1])["additional_data"] == {"tables": 2, "rows": 3, "chunks": 2}
+    assert not core.active
+
+
 def test_events_between_low_and_high_drop_their_keys() -> None:
     core = make(chunk=5)
     execute(core, "public\\.t")

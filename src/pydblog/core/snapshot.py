@@ -1331,7 +1331,11 @@ class SnapshotCore:
         self, lane: Lane, notices: list[Notice], table: str | None = None
     ) -> list[Notice]:
         """A running table (``table``, else the lane's current one) is done (read,
-        empty, rejected): move on; when the lane is empty, add COMPLETED."""
+        empty, rejected): move on; when no table of its snapshot (its signal id) is left
+        in the lane, add that snapshot's COMPLETED. Once per signal, also when another
+        snapshot's tables joined the lane meanwhile (a later signal, a table reset by
+        the stream, queued as ``initial``): the lane's last job's signal alone would
+        leave every other one without its COMPLETED."""
         job = lane.current if table is None else lane.job(table)
         if job is not None:
             self._failures.pop(job.table, None)
@@ -1340,11 +1344,13 @@ class SnapshotCore:
                 self._drop_flight(job.table)
         self._totals.tables_done += 1
         self._watch()
-        if lane or job is None:
+        if job is None or any(j.signal_id == job.signal_id
+                              for j in (*lane.running(), *lane.queue)):
             return notices
         t = self._totals
         done = lane_completed(job, t.tables, t.rows, t.chunks)
-        self._settle()
+        if not lane:
+            self._settle()
         return [*notices, done]
 
     def _blocking_rows(
