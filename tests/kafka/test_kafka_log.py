@@ -512,3 +512,42 @@ def test_records_deleted_before_read_are_reported(kafka_log: LogConfig) -> None:
         reader.read(0, 10)
     assert [r.offset for r in reader.read(first, 10**6)] == list(range(first, 300))
     reader.close()
+
+
+def test_a_storage_stall_is_paid_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Tansu on S3 storage answers a 5 ms fetch of records written in transactions with
+    nothing, for good (docs/kafka.md): the first reader waits out the stall and finds a
+    fetch wait that works. Every later reader of the process (the other reader thread of a
+    ``dblog sync`` task, the next task of the same Python worker: each makes its own
+    client) starts with it: one stall per process and broker, not one per reader."""
+    from pydblog.changelog import kafka
+    from pydblog.devtools.tansu import TansuBroker
+
+    monkeypatch.setattr(kafka, "STALL_S", 0.5)
+    monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})  # this test's broker only
+    with TansuBroker(s3=True) as broker:
+        cfg = LogConfig(type="kafka", path=str(tmp_path / "data"), bootstrap_servers=broker.bootstrap,
+                        topic_prefix="stall", partitions=1)
+        kf = KafkaChangeLog(cfg)
+        for i in range(3):
+            kf.append([row_event(Op.CREATE, "a", 1000 + 10 * i + j, {"id": 10 * i + j}, {"id": 10 * i + j})
+                       for j in range(10)], cp(i))
+        kf.close()
+        tp = (data_topic("stall", "public.a"), 0)
+        with caplog.at_level("WARNING", logger="pydblog.changelog.kafka"):
+            caplog.clear()
+            seen = []
+            for native in (False, True, False):
+                client = kafka._Client(cfg, native=native)
+                try:
+                    if client.native:
+                        seen.append(sum(len(b) for b in client.read_values(tp, 0, 21)))
+                    else:
+                        seen.append(len(list(client.read_range({tp: (0, 21)}))))  # 10: a marker
+                finally:
+                    client.close()
+        broker.stop_broker(kill=True)  # SIGTERM: Tansu takes ~6 s to stop
+    assert seen == [20, 20, 20]
+    stalls = [r for r in caplog.records if "sends no records" in r.getMessage()]
+    assert len(stalls) == 1, [r.getMessage() for r in stalls]

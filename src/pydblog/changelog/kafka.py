@@ -60,6 +60,7 @@ import bisect
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -88,9 +89,22 @@ session's begin message is among them unless it committed more than that since (
 its first message in the window is taken as the owner)."""
 TIMEOUT_S = 30.0
 STALL_S = 5.0
-FETCH_WAITS_MS = (5, 500, 2000, 5000)
+FIRST_STALL_S = 1.0
+FETCH_WAITS_MS = (5, 100, 500, 2000, 5000)
 """A read that gets nothing for ``STALL_S`` although the partition has records past its
-position reads on with the next of these fetch waits (``_Client._storage_stall``)."""
+position reads on with the next of these fetch waits (``_Client._storage_stall``); a
+bounded read (every partition's end known) that got no record at all since it began
+gives up the shortest wait after ``FIRST_STALL_S`` already (the storage stall answers a
+read's first fetch with nothing, for good; a broker that is merely slow rarely takes
+that long for a first fetch: up to ~1.1 s seen at a load of 9 on 2 cores). The wait
+learned is kept for the process and the broker (``_LEARNED_WAITS``), and only the time
+spent waiting for the broker counts: not the time the read's caller held it (a
+``dblog sync`` reader waiting for the decode to catch up)."""
+_LEARNED_WAITS: dict[str, int] = {}
+"""The fetch wait each broker (bootstrap servers) is read with in this process, once a
+read found the shortest too short (every reader thread and Spark task makes its own
+``_Client``: each paid the stall again before)."""
+_LEARNED_LOCK = threading.Lock()
 READ_PREFETCH = {"fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
                  "queued.min.messages": 50_000, "fetch.queue.backoff.ms": 10}
 """Reads are bounded (``read_range``'s ``hi``): librdkafka's default prefetch (100,000
@@ -504,7 +518,14 @@ class _Client:
         self._partitions: dict[str, int] = {}
         self._consumer_topics: set[str] = set()  # topics whose metadata the consumer has
         self.fetched = 0  # messages ``read_range`` returned (how much a read cost)
-        self.fetch_wait_ms = 5  # low latency: Tansu does not answer a waiting fetch early
+        self._consumer_wait = 0  # the fetch wait the open consumer was made with
+
+    @property
+    def fetch_wait_ms(self) -> int:
+        """The fetch wait a new consumer gets: ``FETCH_WAITS_MS[0]`` (low latency: Tansu
+        does not answer a waiting fetch early) unless a read of this process found it
+        too short for the broker's storage (``_storage_stall``)."""
+        return _LEARNED_WAITS.get(str(self.cfg.bootstrap_servers), FETCH_WAITS_MS[0])
 
     @property
     def admin(self) -> Any:
@@ -516,11 +537,12 @@ class _Client:
 
     def consumer(self) -> Any:
         if self._consumer is None:
+            self._consumer_wait = self.fetch_wait_ms
             conf = _for_consumer(client_config(
                 self.cfg,
                 **{"group.id": f"dblog-reader-{uuid.uuid4().hex[:8]}",
                    "enable.auto.commit": False, "isolation.level": "read_committed",
-                   "auto.offset.reset": "error", "fetch.wait.max.ms": self.fetch_wait_ms,
+                   "auto.offset.reset": "error", "fetch.wait.max.ms": self._consumer_wait,
                    "enable.partition.eof": True, **READ_PREFETCH},
             ))
             if self.native:
@@ -609,7 +631,7 @@ class _Client:
         self._know_topics(c, {t for t, _ in todo})
         c.assign([k.TopicPartition(t, p, lo) for (t, p), (lo, _) in todo.items()])
         deadline = time.monotonic() + TIMEOUT_S
-        stalled_at = time.monotonic() + STALL_S
+        stalled_at = time.monotonic() + self._first_stall_s(todo)
         single = next(iter(todo)) if len(todo) == 1 else None
         try:
             while todo:
@@ -623,6 +645,9 @@ class _Client:
                         if out:
                             self.fetched += len(out)
                             yield out
+                            # waiting for the caller is not waiting for the broker
+                            deadline = time.monotonic() + TIMEOUT_S
+                            stalled_at = time.monotonic() + STALL_S
                         hi = todo[single][1]
                         if hi is not None and (len(out) < len(msgs) or out[-1].offset() + 1 >= hi):
                             del todo[single]
@@ -631,8 +656,9 @@ class _Client:
                         continue
                 if not msgs:
                     self._check_positions(c, todo)
-                    if todo and time.monotonic() > stalled_at and self._storage_stall(c, todo):
-                        c = self.consumer()  # the same positions, a longer fetch wait
+                    if todo and time.monotonic() > stalled_at:
+                        if self._storage_stall(c, todo):
+                            c = self.consumer()  # the same positions, a longer fetch wait
                         stalled_at = time.monotonic() + STALL_S
                     if todo and time.monotonic() > deadline:
                         raise ChangeLogUnavailable(
@@ -669,6 +695,8 @@ class _Client:
                 if out:
                     self.fetched += len(out)
                     yield out
+                    deadline = time.monotonic() + TIMEOUT_S
+                    stalled_at = time.monotonic() + STALL_S
                 finished = [k.TopicPartition(t, p) for t, p in set(done) if (t, p) in todo]
                 for tp in finished:
                     del todo[(tp.topic, tp.partition)]
@@ -694,7 +722,7 @@ class _Client:
         c.assign([k.TopicPartition(tp[0], tp[1], lo)])
         todo: dict[tuple[str, int], tuple[int, int | None]] = {tp: (lo, hi)}
         deadline = time.monotonic() + TIMEOUT_S
-        stalled_at = time.monotonic() + STALL_S
+        stalled_at = time.monotonic() + self._first_stall_s(todo)
         try:
             while todo:
                 b = kafka_native.consume(c, self._client_id, 10_000, 0.01)
@@ -720,13 +748,17 @@ class _Client:
                     if len(b):
                         self.fetched += len(b)
                         yield b
+                        # waiting for the caller is not waiting for the broker
+                        deadline = time.monotonic() + TIMEOUT_S
+                        stalled_at = time.monotonic() + STALL_S
                         done = done or int(b.offsets[-1]) + 1 >= hi
                 if done:
                     return
                 self._check_positions(c, todo)
                 if not len(b) and todo:
-                    if time.monotonic() > stalled_at and self._storage_stall(c, todo):
-                        c = self.consumer()  # the same position, a longer fetch wait
+                    if time.monotonic() > stalled_at:
+                        if self._storage_stall(c, todo):
+                            c = self.consumer()  # the same position, a longer fetch wait
                         stalled_at = time.monotonic() + STALL_S
                     if time.monotonic() > deadline:
                         raise ChangeLogUnavailable(
@@ -747,6 +779,12 @@ class _Client:
                 return
             self._consumer_topics.add(topic)
 
+    def _first_stall_s(self, todo: Mapping[tuple[str, int], tuple[int, int | None]]) -> float:
+        """How long a read that got no record yet waits before ``_storage_stall``
+        (``FIRST_STALL_S``: bounded, with the shortest fetch wait)."""
+        bounded = all(hi is not None for _, hi in todo.values())
+        return FIRST_STALL_S if bounded and self.fetch_wait_ms == FETCH_WAITS_MS[0] else STALL_S
+
     def _storage_stall(self, c: Any, todo: dict[tuple[str, int], tuple[int, int | None]]) -> bool:
         """Tansu (0.6, S3 storage) after a restart reads the partition from S3 for each
         fetch and, when that takes longer than the fetch's ``max_wait``, answers with no
@@ -754,9 +792,13 @@ class _Client:
         client). If a partition has records past the consumer's position and nothing
         came for ``STALL_S``, read on with the next longer fetch wait (``FETCH_WAITS_MS``:
         S3 reads slow down with the machine's load). A broker that answers as soon as it
-        has records never gets here."""
-        longer = [w for w in FETCH_WAITS_MS if w > self.fetch_wait_ms]
-        if not longer:
+        has records never gets here. The wait is learned for the process and broker: a
+        reader whose consumer was made before another one learned it reads on with that
+        wait (no further step)."""
+        learned = self.fetch_wait_ms
+        longer = [w for w in FETCH_WAITS_MS if w > self._consumer_wait]
+        wait = learned if learned > self._consumer_wait else (longer[0] if longer else 0)
+        if not wait:
             return False
         k = self.k
         positions = {(tp.topic, tp.partition): tp.offset
@@ -766,15 +808,17 @@ class _Client:
         stuck = [tp for tp in todo if marks[tp][1] > at[tp]]
         if not stuck:
             return False
-        log.warning("Kafka at %s sends no records of %s although it has some (a fetch wait of "
-                    "%d ms is too short for its storage): reading with %d ms",
-                    self.cfg.bootstrap_servers, sorted(stuck)[:3], self.fetch_wait_ms,
-                    longer[0])
+        if wait > learned:
+            log.warning("Kafka at %s sends no records of %s although it has some (a fetch wait "
+                        "of %d ms is too short for its storage): reading with %d ms",
+                        self.cfg.bootstrap_servers, sorted(stuck)[:3], self._consumer_wait, wait)
+            with _LEARNED_LOCK:
+                key = str(self.cfg.bootstrap_servers)
+                _LEARNED_WAITS[key] = max(wait, _LEARNED_WAITS.get(key, 0))
         c.unassign()
         c.close()
         self._consumer = None
         self._consumer_topics = set()
-        self.fetch_wait_ms = longer[0]
         c = self.consumer()
         self._know_topics(c, {t for t, _ in at})
         c.assign([k.TopicPartition(t, p, o) for (t, p), o in at.items()])
