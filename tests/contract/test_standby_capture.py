@@ -273,9 +273,9 @@ def test_capture_from_a_standby_resumes_after_kill9(
 ) -> None:
     """Slow (default-run time). With ``primary_dsn`` (heartbeats logged on the primary): ``dblog run`` killed
     -9 in the middle of a snapshot while the primary writes resumes from the standby's
-    slot without a gap; a table dropped and created again on the primary meanwhile has
-    its new rows streamed (FOR ALL TABLES publishes it from its creation; no reset is
-    logged there: docs/exactness.md; the t2 rows before were never logged)."""
+    slot without a gap; a table dropped and created again on the primary meanwhile is
+    reset at the restart (FOR ALL TABLES: found by its relation's oid, the checkpoint's),
+    its old rows truncated and the new relation snapshotted; both snapshots complete."""
     pg, dbname = db18
     h = StandbyHarness(pg, standby18, dbname, primary=True)
     make_table(pg, "t1", 1500)
@@ -296,6 +296,7 @@ def test_capture_from_a_standby_resumes_after_kill9(
         make_table(pg, "t2", 30, start=100)
         cap.start()
         cap.wait_notification("COMPLETED", signal_id=signal, timeout=180)
+        _wait_rescanned(cap, "t2")
     finally:
         stop.set()
         th.join()
@@ -332,10 +333,26 @@ def test_standby_resumed_snapshot_completes_after_a_reset(
         make_table(pg, "t2", 30, start=100)
         cap.start()
         cap.wait_notification("COMPLETED", signal_id=signal, timeout=180)
+        _wait_rescanned(cap, "t2")
     finally:
         stop.set()
         th.join()
     _oracle_then_stop(cap, {"t1": ["id"], "t2": ["id"]}, signal)
+
+
+def _wait_rescanned(cap: Capture, table: str, timeout: float = 120) -> None:
+    """Until ``table`` (in ``public``) has a truncate in the log (its reset) and a
+    completed scan after it."""
+    def done(events: list[dict[str, Any]]) -> bool:
+        last = max((e["offset"] for e in events
+                    if e["op"] == "t" and e["source"]["table"] == table), default=None)
+        return last is not None and any(
+            e["op"] == "n" and e["offset"] > last
+            and e["notification"]["type"] == "TABLE_SCAN_COMPLETED"
+            and e["notification"]["additional_data"].get("data_collection") == f"public.{table}"
+            for e in events)
+
+    cap.wait_until(done, timeout, f"{table}'s truncate, then its scan")
 
 
 def test_capture_from_a_standby_killed_mid_snapshot(
@@ -399,6 +416,8 @@ def test_capture_from_a_standby_without_primary_dsn_stops_at_a_recreated_table(
     cap.config = h.config(tmp_path, RO)
     cap.start()
     try:
+        # The reset (a truncate, logged on the primary) and the new relation's scan.
+        _wait_rescanned(cap, "t1", 60)
         cap.assert_oracle({"t1": ["id"]})
     finally:
         cap.stop()
@@ -443,8 +462,7 @@ def test_primary_dsn_reconnects_after_the_primary_restarts(
     pg, dbname = db18
     h = StandbyHarness(pg, standby18, dbname, primary=True)
     make_table(pg, "t1", 20)
-    # (FOR TABLE: a FOR ALL TABLES publication never changes membership, and there
-    # re-creations are not detected at all: docs/exactness.md.)
+    # (FOR TABLE: its table list is kept on the primary through primary_dsn.)
     pg.execute("CREATE PUBLICATION dblog FOR TABLE t1 WITH (publish_via_partition_root = true)")
     standby18.wait_caught_up()
     cap = Capture(h, tmp_path, RO).start()  # (heartbeats every 0.5 s)

@@ -270,3 +270,39 @@ def test_table_dropped_while_capture_was_down(pg_db: str, tmp_path: Path) -> Non
     assert len(got.get("public.rkeep", {})) == 5
     truncated = {e["source"]["table"] for e in events if e["op"] == "t"}
     assert truncated == {"rx", "ry"}
+
+
+def test_table_recreated_in_a_for_all_tables_publication(pg_db: str, tmp_path: Path) -> None:
+    """An administrator's FOR ALL TABLES publication (as a standby's capture with
+    primary_dsn is told to use) never changes membership: the new relation is published
+    the moment it is created. Its re-creation is still found (another relation under the
+    captured name) and reset: the old relation's rows leave the log, the new one is
+    snapshotted, and the log ends equal to the table. Renamed, it is a relation
+    captured under another name: its rows leave the old name and are snapshotted under
+    the new one."""
+    h = PgHarness(pg_db)
+    create(h, "ra", 1, 30, "old")
+    h.execute("CREATE PUBLICATION dblog FOR ALL TABLES WITH (publish_via_partition_root = true)")
+    with Capture(h, tmp_path, "[snapshot]\nchunk_size = 8") as cap:
+        cap.caught_up()
+        h.execute("UPDATE ra SET v = 'u' || id")  # the old rows, logged
+        cap.caught_up()
+        h.execute("DROP TABLE ra")
+        create(h, "ra", 20, 45, "new")
+        # (Noticed at one refresh: a truncate and a scan; or the drop first, then the
+        # table back at a later one: a truncate each, and a scan.)
+        want = source_rows(h.dsn, "public.ra", ["id"])
+        cap.wait_until(lambda ev: materialize(ev).get("public.ra") == want and rescanned(ev),
+                       what="the re-created table's rows, after a truncate and a scan")
+        h.execute("UPDATE ra SET v = 'y' WHERE id = 22")
+        cap.assert_oracle({"ra": ["id"]})
+        # Renamed: its rows leave the old name and are snapshotted under the new one.
+        mark = cap.end()
+        h.execute("ALTER TABLE ra RENAME TO rb")
+        want = source_rows(h.dsn, "public.rb", ["id"])
+        cap.wait_until(lambda ev: materialize(ev).get("public.rb") == want
+                       and rescanned([e for e in ev if e["offset"] >= mark]),
+                       what="truncates, then a completed scan of rb")
+        h.execute("UPDATE rb SET v = 'z' WHERE id = 23")
+        events = cap.assert_oracle({"rb": ["id"]})
+        assert not materialize(events).get("public.ra")

@@ -343,7 +343,19 @@ class PgLogSource:
         published = setup.published_tables(meta, self.src.publication)
         joining = [] if published is None else [t for t in names if t not in published]
         oids = {t.qualified: t.oid for t in tables}
-        moved = [] if published is None else [
+        # In a FOR ALL TABLES publication (``published`` None: membership never
+        # changes, a new relation is published from its creation) a captured name
+        # whose relation changed (created again), a name now held by a relation
+        # captured under another one (renamed onto it), and a name captured before
+        # that is back (found gone at a refresh, created again: its first rows may
+        # have committed before that refresh's truncate) are reset all the same: the
+        # events of the new relation published before the reset are truncated with
+        # the old rows, and it is snapshotted again.
+        before = set(self._oids.values())
+        moved = [t for t in names if self._oids.get(t, oids[t]) != oids[t]
+                 or (self._known and t not in self._captured
+                     and (t in self._seen or oids[t] in before))] \
+            if published is None else [
             t for t in names if t in published
             and ((self._known and t not in self._captured)
                  or self._oids.get(t, oids[t]) != oids[t])]
@@ -356,8 +368,9 @@ class PgLogSource:
         if names == self._captured and not joining and not moved and not force:
             return None, oids
         for t in moved:
-            log.warning("table %s: a relation renamed onto this name (ALTER TABLE … RENAME); "
-                        "its rows were logged under another name, if at all", t)
+            log.warning("table %s: another relation under this name (renamed onto it, or "
+                        "created again in a FOR ALL TABLES publication); its rows were "
+                        "logged under another name, if at all", t)
         self._reset_tables(moved, ResetKind.RECREATED)
         # A table captured before (in this session, or an earlier one) that joins is a
         # new relation under its name; at start (``force``) any other joining table is
