@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from pydblog.changelog import kafka_spark
 from pydblog.changelog.kafka import KafkaChangeLog, KafkaChangeLogReader, data_topic
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.config import LogConfig
@@ -28,7 +29,6 @@ from pydblog.events import (
 )
 from pydblog.ports import Checkpoint, ColumnSchema, LogRecord, TableSchema
 from pydblog.positions import Lsn, PgPosition
-from pydblog.spark import kafka_source
 
 
 def pos(lsn: int, i: int = 0) -> PgPosition:
@@ -336,27 +336,28 @@ def test_crash_inside_a_commit(kafka_log: LogConfig, tmp_path: Path, point: str,
     # The Spark source reads the same, by runs where a commit listed them (the aborted
     # records lie before the next session's run) and by headers where not (the
     # truncate's fan-out copies), in pieces cut anywhere.
-    monkeypatch.setattr(kafka_source, "MIN_RANGE_RECORDS", 7)
+    monkeypatch.setattr(kafka_spark, "MIN_RANGE_RECORDS", 7)
     for columns in (None, ["offset", "op", "table", "key", "after", "unchanged", "ts_ms"]):
         assert source_rows(kafka_log, columns) == embedded_rows(tmp_path / "sq", columns)
 
 
 def source_rows(cfg: LogConfig, columns: list[str] | None) -> list[dict[str, Any]]:
-    """Every row the dblog-kafka source gives for the whole log (one batch, its input
+    """Every row the dblog source gives for the whole log (one batch, its input
     partitions read one after another), in offset order; ``columns``: packed."""
     import pyarrow as pa
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     from pydblog.spark import decode
+    from pydblog.spark.source import DblogStreamReader
 
     opts = {"log": cfg.model_dump_json(), "numpartitions": "3"}
     if columns:
         opts.update(packed="true", columns=",".join(columns))
-    reader = kafka_source.KafkaStreamReader(opts)
+    reader = DblogStreamReader(opts)
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
     parts = reader.partitions(start, end)
-    pieces = [p.pieces for p in parts if isinstance(p, kafka_source.KafkaRange)]
+    pieces = [p.value.pieces for p in parts if isinstance(p.value, kafka_spark.KafkaRange)]
     assert len(pieces) == len(parts) and sum(map(len, pieces)) > 3, "pieces of partitions"
     assert any(len(p) > 1 for p in pieces), "small pieces grouped into one task"
     rows: list[dict[str, Any]] = []
@@ -371,8 +372,8 @@ def source_rows(cfg: LogConfig, columns: list[str] | None) -> list[dict[str, Any
 
 
 def embedded_rows(path: Path, columns: list[str] | None) -> list[dict[str, Any]]:
+    from pydblog.changelog.sqlite_spark import OffsetRange
     from pydblog.spark import decode
-    from pydblog.spark.source import OffsetRange
 
     end = SqliteChangeLogReader(path).next_offset()
     schema = decode.columns_schema(columns) if columns else decode.ARROW_SCHEMA
@@ -440,12 +441,14 @@ def test_no_empty_batch_after_the_last_commit(kafka_log: LogConfig) -> None:
     no new data (the same offset), not an empty micro-batch that moves past them."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
+    from pydblog.spark.source import DblogStreamReader
+
     kf = KafkaChangeLog(kafka_log)
     for i in range(3):
         kf.append([row_event(Op.CREATE, "a", 1000 + 10 * i + j, {"id": 10 * i + j}, {"id": 10 * i + j})
                    for j in range(10)], cp(i))
     kf.close()
-    reader = kafka_source.KafkaStreamReader({"log": kafka_log.model_dump_json()})
+    reader = DblogStreamReader({"log": kafka_log.model_dump_json()})
     reader.prepareForTriggerAvailableNow()
     offset = reader.initialOffset()
     seqs = []

@@ -271,13 +271,3 @@ class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # A backend may keep clients open across the query's plans (Kafka's planner).
         self.stream.close()
 
-
-def __getattr__(name: str) -> Any:
-    """``OffsetRange``: the 0.x name of the embedded log's partition, now its backend's
-    (``changelog.sqlite_spark.OffsetRange``: the partition class of the default
-    ``[log] type``); kept for callers outside pydblog. Nothing in pydblog uses it."""
-    if name == "OffsetRange":
-        import sys
-
-        return sys.modules[type(open_stream("{}")).__module__].OffsetRange
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
