@@ -12,13 +12,13 @@ import pytest
 from deltalake import DeltaTable
 
 from pydblog.changelog.sqlite import SqliteChangeLog
-from pydblog.changelog.sqlite_spark import OffsetRange
+from pydblog.changelog.sqlite_spark import OffsetRange, plan_partitions
 from pydblog.config import Config, LogConfig, parse_config
 from pydblog.errors import ChangeLogError, ConfigError, SinkError
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
 from pydblog.spark.batch import Batch
-from pydblog.spark.decode import read_range
+from pydblog.spark.decode import ARROW_BATCH_EVENTS, read_range
 from pydblog.spark.job import BatchApplier, run_sync
 from pydblog.spark.sinks import build_sink
 from pydblog.spark.synth import ORDERS, SyntheticLoad, append_events, write_load
@@ -160,8 +160,13 @@ def test_replayed_batch_applies_nothing(pg_db: str, tmp_path: Path) -> None:
 
 
 def test_large_batch_in_one_trigger(spark: Any, pg_db: str, tmp_path: Path) -> None:
+    """One trigger of 50k events: two Spark partitions (``MIN_PARTITION_EVENTS`` 10k,
+    ``local[2]``), each read in several Arrow batches (``ARROW_BATCH_EVENTS`` 20k), from
+    a log appended in 20k-event blocks (was 120k events: the same paths, 2.4 x the time)."""
     load = SyntheticLoad(seed=41)
-    end = write_load(tmp_path / "log", load, 120_000, chunk=20_000)
+    end = write_load(tmp_path / "log", load, 50_000, chunk=20_000)
+    parts = plan_partitions(str(tmp_path / "log"), 0, end, 2)
+    assert len(parts) == 2 and all(p.end - p.start > ARROW_BATCH_EVENTS for p in parts)
     cfg = make_config(tmp_path, pg_db, max_events=200_000)
     sinks = [build_sink(s) for s in cfg.sync.sinks]
     applier = BatchApplier(LogConfig(path=str(tmp_path / "log")), sinks, retries=0, backoff_s=0)
@@ -171,7 +176,7 @@ def test_large_batch_in_one_trigger(spark: Any, pg_db: str, tmp_path: Path) -> N
     q.awaitTermination(240)
     applier.close()
     assert q.exception() is None
-    assert applier.batches == 1 and applier.events == end == 120_000
+    assert applier.batches == 1 and applier.events == end == 50_000
     assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror")
 
 
