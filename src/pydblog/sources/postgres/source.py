@@ -203,7 +203,9 @@ class PgLogSource:
             elif self.src.primary_dsn is None:
                 self._fixed = standby.FixedTables(meta, self.cfg)
         elif self.src.primary_dsn is not None:
-            log.warning("[source] primary_dsn is ignored: [source] dsn is not a standby")
+            log.warning("[source] primary_dsn is ignored: [source] dsn is not a standby (a "
+                        "primary, or a standby promoted since): heartbeats, table resets "
+                        "and the publication are kept on [source] dsn. Remove primary_dsn")
         if not self.read_only:
             setup.ensure_own_tables(meta, self.signal_table, self.watermark_table)
         raw = checkpoint.extra.get(CAPTURED_KEY) if checkpoint is not None else None
@@ -732,7 +734,12 @@ class PgLogSource:
     def _heartbeat(self) -> None:
         """A non-transactional message: lets the slot advance while captured tables are
         idle. A standby's capture without ``primary_dsn`` checks that its tables are
-        still there instead, and yields a heartbeat at the next idle moment (``stream``)."""
+        still there instead, and yields a heartbeat at the next idle moment (``stream``).
+        A standby's capture first checks that the standby was not promoted meanwhile
+        (``standby.check_promoted``: the source is then opened again, as a primary's)."""
+        if self.standby:
+            assert self._meta is not None
+            standby.check_promoted(self._meta, self.cfg)
         if self._fixed is not None:
             self._fixed.check_present(self._captured)
             self._beat_due = True

