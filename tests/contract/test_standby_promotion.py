@@ -11,24 +11,28 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from pydblog.devtools.pgcluster import PgCluster, _as_postgres
 from pydblog.devtools.pgstandby import PgStandby
+from pydblog.positions import Lsn
 from tests.contract.capture import Capture, Event
 from tests.contract.harness import PgHarness
 from tests.contract.test_snapshots import make_table, q
 from tests.contract.test_standby_capture import (
     StandbyHarness,
     _oracle_then_stop,
+    _stopped,
     standby_snapshots,
 )
 from tests.helpers import sid
@@ -273,3 +277,89 @@ def test_promotion_while_dblog_is_down(pair: Pair, tmp_path: Path) -> None:
         assert "primary_dsn is ignored" in err, err[-2000:]
         cap.start()
         _oracle_then_stop(cap, {"t1": ["id"]}, signal)
+
+
+def recording_writer(h: PgHarness, stop: threading.Event, seed: int, key_space: int,
+                     done: list[tuple[str, int]]) -> None:
+    """Upserts into t1, each with a value of its own; appends (value, WAL position
+    read after its commit returned: at or past its commit record's end) to ``done``.
+    A write that fails (the primary restarting) is tried again."""
+    rng = random.Random(seed)
+    n = 0
+    with contextlib.ExitStack() as stack:
+        conn: psycopg.Connection[Any] | None = None
+        while not stop.is_set():
+            n += 1
+            value = f"w{seed}-{n}"
+            try:
+                if conn is None or conn.closed:
+                    conn = stack.enter_context(psycopg.connect(h.dsn, autocommit=True))
+                conn.execute("INSERT INTO t1 (id, v, n) VALUES (%s, %s, 1) ON CONFLICT (id) "
+                             "DO UPDATE SET v = excluded.v, n = t1.n + 1",
+                             (rng.randrange(key_space), value))
+                row = conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint").fetchone()
+                assert row is not None
+                done.append((value, int(row[0])))
+            except psycopg.OperationalError:
+                conn = None
+                time.sleep(0.05)
+            time.sleep(0.003)
+
+
+def set_wal_level(primary: PgCluster, level: str) -> None:
+    """Restart the primary with ``wal_level = level``."""
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET wal_level = {level}")
+    _pg_ctl(primary, primary.datadir, "-l", str(primary.root / "server.log"), "-m", "fast",
+            "restart")
+
+
+@pytest.mark.parametrize("with_primary_dsn", [
+    pytest.param(True, id="primary_dsn"),
+    pytest.param(False, id="alone", marks=pytest.mark.slow),
+])
+def test_a_standby_slot_invalidated_while_streaming(pair: Pair, tmp_path: Path,
+                                                    with_primary_dsn: bool) -> None:
+    """The primary restarted with ``wal_level = replica`` while ``dblog run`` streams
+    from the standby under a write load: the standby invalidates its logical slot
+    (``wal_level_insufficient``) when it replays the change. ``dblog run`` stops with a
+    fatal error that names the slot, the LSN after which changes are missing, and the
+    fix; every write committed before that LSN is in the log (none lost silently). With
+    ``primary_dsn`` the error is the slot's, not the primary's ``wal_level`` (which the
+    reconnection finds first). Without it (slow, default-run time) the stream's error
+    (a conflict with recovery) leads to the same check.
+
+    (Before: with ``primary_dsn`` the error named only ``wal_level``, its fix alone
+    leading to the next error; neither named the LSN of the gap.)"""
+    primary, standby, inner, dbname = pair
+    h = StandbyHarness(inner, standby, dbname, primary=with_primary_dsn)
+    make_table(inner, "t1", 50)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1, dblog_signal, dblog_test_marker "
+                  "WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    done: list[tuple[str, int]] = []
+    with capturing(h, tmp_path, RO20, nudge=inner.dsn) as cap:
+        stop = threading.Event()
+        th = threading.Thread(target=recording_writer, args=(inner, stop, 6, 60, done))
+        th.start()
+        try:
+            cap.wait_until(lambda ev: len(ev) > 60, 60, "some writes captured")
+            set_wal_level(primary, "replica")
+            err = _stopped(cap)
+        finally:
+            stop.set()
+            th.join()
+            set_wal_level(primary, "logical")
+    assert "replication slot 'dblog' is invalidated (wal_level_insufficient)" in err, err[-3000:]
+    assert "fresh change log" in err and "wal_level = logical on the primary" in err, err[-3000:]
+    found = re.search(r"every change after LSN ([0-9A-F]+/[0-9A-F]+) .* is missing from the log",
+                      err)
+    assert found is not None, err[-3000:]
+    gap = Lsn.parse(found[1]).value
+    events = cap.events()
+    assert all(int(e["source"]["lsn"]) < gap for e in events if e["op"] != "n")
+    logged = {(e["after"] or {}).get("v") for e in events if e["source"]["table"] == "t1"}
+    before = [value for value, lsn in done if lsn <= gap]
+    assert len(before) > 50 and len(done) > len(before), (len(before), len(done))
+    missing = [value for value in before if value not in logged]
+    assert not missing, f"{len(missing)} writes committed before {found[1]} not logged: {missing[:5]}"

@@ -261,12 +261,29 @@ def check_slot_continues(conn: psycopg.Connection[Any], slot: str, acked: int | 
     if wal_status == "lost" or conflicting == "true" or reason is not None:
         why = reason or ("conflict with recovery" if conflicting == "true"
                          else "required WAL removed")
+        gap = (f"every change after LSN {Lsn(acked)} (the change log's last checkpoint) is "
+               "missing from the log" if acked is not None else
+               "the changes since the change log's last checkpoint are lost")
         raise SourceError(
             f"replication slot {slot!r} is invalidated ({why}): it can no longer give "
-            "changes, so the changes since the change log's last checkpoint are lost",
+            f"changes, and {gap}",
             hint=f"drop the slot (SELECT pg_drop_replication_slot('{slot}')) and {LOST_FIX}. "
-            "Against a repeat: raise max_slot_wal_keep_size (-1: unlimited) and, on a "
-            "standby, set hot_standby_feedback = on with a physical slot (primary_slot_name)")
+            f"Against a repeat: {AGAINST.get(reason or '', AGAINST_ANY)}")
+
+
+AGAINST = {
+    "wal_removed": "raise max_slot_wal_keep_size (-1: unlimited)",
+    "rows_removed": "on a standby, set hot_standby_feedback = on with a physical slot "
+    "(primary_slot_name)",
+    "wal_level_insufficient": "keep wal_level = logical on the primary (set it back and "
+    "restart the primary first: no logical slot can be created on its standby before)",
+    "idle_timeout": "raise idle_replication_slot_timeout (0: never), or keep dblog running",
+}
+"""What keeps a slot from being invalidated again, by PostgreSQL's ``invalidation_reason``
+(17+); ``AGAINST_ANY`` when it is not known (PostgreSQL 16 tells only ``conflicting``)."""
+AGAINST_ANY = ("raise max_slot_wal_keep_size (-1: unlimited), keep wal_level = logical on "
+               "the primary and, on a standby, set hot_standby_feedback = on with a "
+               "physical slot (primary_slot_name)")
 
 
 def ensure_slot(conn: psycopg.Connection[Any], slot: str) -> bool:

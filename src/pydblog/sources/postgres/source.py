@@ -198,8 +198,16 @@ class PgLogSource:
         self.standby = standby.in_recovery(meta)
         if self.standby:
             standby.check(meta, self.cfg)
+        # Before anything is written or the slot created, and before ``primary_dsn`` is
+        # checked (a primary restarted with wal_level = replica invalidated the slot: that
+        # is the news): a lost slot must not be replaced silently
+        # (``setup.check_slot_continues``).
+        pos = checkpoint.position if checkpoint is not None else None
+        acked = pos.ack_lsn.value if isinstance(pos, PgPosition) else None
+        setup.check_slot_continues(meta, self.src.slot, acked)
+        if self.standby:
             if self.src.primary_dsn is not None and self._primary is None:
-                self._primary = standby.connect_primary(self.cfg, meta)
+                self._primary = standby.connect_primary(self.cfg, meta, acked=acked)
             elif self.src.primary_dsn is None:
                 self._fixed = standby.FixedTables(meta, self.cfg)
         elif self.src.primary_dsn is not None:
@@ -214,11 +222,6 @@ class PgLogSource:
             self._seen.update(str(t) for t in raw.get("seen") or ())
             self._oids = {str(t): int(o) for t, o in (raw.get("oids") or {}).items()}
             self._known = True
-        # Before anything is written or the slot created: a lost slot must not be
-        # replaced silently (``setup.check_slot_continues``).
-        pos = checkpoint.position if checkpoint is not None else None
-        setup.check_slot_continues(
-            meta, self.src.slot, pos.ack_lsn.value if isinstance(pos, PgPosition) else None)
         self._refresh_publication()
         if self.standby:
             standby.ensure_slot(meta, self.src.slot, self._primary)

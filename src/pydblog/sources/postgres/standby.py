@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 
 MIN_VERSION = 160000
 OBJECT_NOT_IN_PREREQUISITE_STATE = "55000"
+REPLAY_WAIT_S = 10.0
+"""How long ``connect_primary`` waits for the standby to replay the primary's WAL before
+it tells a lower ``wal_level`` there from the slot it invalidated."""
 NUDGE_S = 0.2
 """How often ``pg_log_standby_snapshot()`` runs on the primary while a slot is being
 created on the standby."""
@@ -154,10 +158,17 @@ def check(conn: psycopg.Connection[Any], cfg: Config) -> None:
             )
 
 
-def connect_primary(cfg: Config, standby: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def connect_primary(cfg: Config, standby: psycopg.Connection[Any], *,
+                    acked: int | None = None) -> psycopg.Connection[Any]:
     """The ``[source] primary_dsn`` connection, checked to be this standby's primary
     (same system identifier, not in recovery, same database: a logical message is
-    decoded only by slots of its own database)."""
+    decoded only by slots of its own database, ``wal_level = logical``).
+
+    A primary restarted with a lower ``wal_level`` makes the standby invalidate its
+    logical slots once it replays that change: then the slot's error (``acked``: the
+    checkpoint's ack LSN, ``setup.check_slot_continues``) is raised, not the setting's,
+    after waiting (at most ``REPLAY_WAIT_S``) for the standby to replay the primary's
+    WAL so far."""
     dsn = cfg.source.primary_dsn
     assert dsn is not None
     conn = connect(dsn, timeout_s=cfg.source.connect_timeout_s, setting="[source] primary_dsn")
@@ -195,6 +206,8 @@ def connect_primary(cfg: Config, standby: psycopg.Connection[Any]) -> psycopg.Co
                 hint="point primary_dsn at the primary the standby streams from")
         row = conn.execute("SHOW wal_level").fetchone()
         if row is None or row[0] != "logical":
+            _wait_replayed(standby, conn)
+            setup.check_slot_continues(standby, cfg.source.slot, acked)
             raise SourceError(
                 f"wal_level is {row[0] if row else '?'!r} on the primary; logical decoding "
                 "on a standby needs 'logical' there",
@@ -203,6 +216,20 @@ def connect_primary(cfg: Config, standby: psycopg.Connection[Any]) -> psycopg.Co
         conn.close()
         raise
     return conn
+
+
+def _wait_replayed(standby: psycopg.Connection[Any], primary: psycopg.Connection[Any]) -> None:
+    """Until the standby has replayed the primary's WAL written so far (at most
+    ``REPLAY_WAIT_S``)."""
+    row = primary.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    deadline = time.monotonic() + REPLAY_WAIT_S
+    while time.monotonic() < deadline:
+        done = standby.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn",
+                               (row[0],)).fetchone()
+        if done is None or done[0] is not False:  # (NULL: not replaying at all)
+            return
+        time.sleep(0.05)
 
 
 def ensure_slot(conn: psycopg.Connection[Any], slot: str,
