@@ -23,9 +23,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from pydblog.config import load_config
 from pydblog.devtools.pgcluster import PgCluster, _as_postgres
 from pydblog.devtools.pgstandby import PgStandby
-from pydblog.positions import Lsn
+from pydblog.positions import Lsn, PgPosition
+from pydblog.sources.postgres.chunks import PgSnapshotReader
+from pydblog.sources.postgres.fences import PgXidFence
+from pydblog.sources.postgres.source import PgLogSource
 from tests.contract.capture import Capture, Event
 from tests.contract.harness import PgHarness
 from tests.contract.test_snapshots import make_table, q
@@ -363,3 +367,47 @@ def test_a_standby_slot_invalidated_while_streaming(pair: Pair, tmp_path: Path,
     assert len(before) > 50 and len(done) > len(before), (len(before), len(done))
     missing = [value for value in before if value not in logged]
     assert not missing, f"{len(missing)} writes committed before {found[1]} not logged: {missing[:5]}"
+
+
+@pytest.mark.slow
+def test_a_read_fenced_across_the_promotion(pair: Pair, tmp_path: Path) -> None:
+    """Slow (default-run time). Deterministic: the standby promoted between the fence's
+    first look (in recovery: an LSN fence, ``_before_fence``) and the read's snapshot,
+    and a row inserted on the promoted server in between. The read sees the row, so its
+    fence must not say the stream has passed it before the row's commit (an LSN fence
+    would end at the promotion's static replay position, before it): the read is taken
+    again as a primary's (an xid fence)."""
+    primary, standby, inner, dbname = pair
+    make_table(inner, "t1", 5)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1 WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    h = StandbyHarness(inner, standby, dbname, primary=False)
+    cfg = load_config(h.config(tmp_path, RO20))
+    reader = PgSnapshotReader(cfg, PgLogSource(cfg))
+    original = reader._before_fence
+    inserted: list[int] = []
+
+    def promoted_meanwhile() -> tuple[bool, int | None, list[int], list[int] | None]:
+        out = original()
+        if not inserted:
+            stop_primary(primary)
+            promote(standby)
+            with psycopg.connect(standby.dsn(dbname), autocommit=True) as conn:
+                conn.execute("INSERT INTO t1 (id, v, n) VALUES (1000, 'new', 0)")
+                row = conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint").fetchone()
+            assert row is not None
+            inserted.append(int(row[0]))
+        return out
+
+    reader._before_fence = promoted_meanwhile  # type: ignore[method-assign]
+    try:
+        info = reader.table_info("public.t1")
+        assert info is not None
+        key, fence = reader.max_key_fenced(info, None)
+    finally:
+        reader.close()
+    assert inserted and key == (1000,)
+    # The stream at the insert's commit has not delivered it yet:
+    before = PgPosition(Lsn(inserted[0] - 200), 0, Lsn(inserted[0] - 200))
+    assert not fence.passed(before), fence
+    assert isinstance(fence, PgXidFence)

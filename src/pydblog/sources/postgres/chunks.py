@@ -749,6 +749,12 @@ class PgSnapshotReader:
                 commit=False) if standby else None
         if not standby:
             return rows, PgXidFence.parse(row[0], row[1], running, committing)
+        if row[1] is not None:
+            # Promoted between ``_before_fence`` and the snapshot (out of recovery when
+            # the first statement ran): the snapshot may see commits after the promotion,
+            # past ``end`` (the replay position, static since): read again, as a
+            # primary's read (docs/snapshots.md, "Promotion").
+            return self._fenced(info, limit, read)
         if low is None or end is None:
             raise SourceError(
                 "read-only snapshots on a standby need a hot standby that has replayed "
