@@ -921,6 +921,31 @@ def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
             completed.discard(sig)  # (a signal id used again: "initial")
 
 
+def assert_every_snapshot_completes(out: list[ChangeEvent]) -> None:
+    """Once the core is idle: every snapshot (signal id) whose tables all ended
+    (scanned, empty or rejected; none aborted) got its COMPLETED, whatever other
+    snapshots shared its lane (before: only the lane's last one did)."""
+    tables: dict[str, set[str]] = {}
+    aborted: set[str] = set()
+    completed: set[str] = set()
+    live: dict[str, str] = {}  # table -> the signal id whose job it is
+    for e in out:
+        n = e.notification
+        if n is None:
+            continue
+        sig, typ, data = n["signal_id"], n["type"], n["additional_data"]
+        if typ == "STARTED":
+            for t in data["data_collections"]:
+                tables.setdefault(sig, set()).add(t)
+                live[t] = sig
+        elif typ == "ABORTED":
+            aborted.update(live.pop(t) for t in data["data_collections"] if t in live)
+        elif typ == "COMPLETED":
+            completed.add(sig)
+    missing = sorted(s for s in tables if s not in aborted and s not in completed)
+    assert not missing, f"snapshots without their COMPLETED: {missing}"
+
+
 def assert_positions_increase(out: list[ChangeEvent]) -> None:
     for a, b in itertools.pairwise(out):
         assert a.position < b.position, (a, b)
@@ -976,6 +1001,7 @@ def run(
     assert_positions_increase(sim.out)
     assert_no_time_travel(sim)
     assert_notifications_in_order(sim.out)
+    assert_every_snapshot_completes(sim.out)
     return sim
 
 
