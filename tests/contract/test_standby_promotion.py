@@ -24,9 +24,11 @@ import psycopg
 import pytest
 
 from pydblog.config import load_config
-from pydblog.devtools.pgcluster import PgCluster, _as_postgres
+from pydblog.devtools.pgcluster import PgCluster, _as_postgres, free_port
 from pydblog.devtools.pgstandby import PgStandby
+from pydblog.errors import SourceUnavailable
 from pydblog.positions import Lsn, PgPosition
+from pydblog.sources.postgres import standby as pg_standby
 from pydblog.sources.postgres.chunks import PgSnapshotReader
 from pydblog.sources.postgres.fences import PgXidFence
 from pydblog.sources.postgres.source import PgLogSource
@@ -39,7 +41,7 @@ from tests.contract.test_standby_capture import (
     _stopped,
     standby_snapshots,
 )
-from tests.helpers import sid
+from tests.helpers import sid, write_config
 
 Pair = tuple[PgCluster, PgStandby, PgHarness, str]
 
@@ -411,3 +413,17 @@ def test_a_read_fenced_across_the_promotion(pair: Pair, tmp_path: Path) -> None:
     before = PgPosition(Lsn(inserted[0] - 200), 0, Lsn(inserted[0] - 200))
     assert not fence.passed(before), fence
     assert isinstance(fence, PgXidFence)
+
+
+def test_an_unreachable_primary_dsn_names_the_failover_fix(primary18: PgCluster,
+                                                           tmp_path: Path) -> None:
+    """``primary_dsn`` unreachable while ``dsn`` is still a standby (its primary failed
+    and it is not promoted yet, or another server was): retried, with a hint naming
+    what ends it (the promotion of ``dsn``, or ``primary_dsn`` pointed at the new
+    primary)."""
+    cfg_path = write_config(tmp_path, primary18.dsn(), extra=RO20,
+                            source_extra=f'primary_dsn = "postgresql://postgres:pw@127.0.0.1:{free_port()}/postgres"')
+    with psycopg.connect(primary18.dsn()) as conn, pytest.raises(SourceUnavailable) as err:
+        pg_standby.connect_primary(load_config(cfg_path), conn)
+    assert "[source] primary_dsn" in err.value.message
+    assert "After a failover" in str(err.value.hint) and "promoted" in str(err.value.hint)

@@ -58,6 +58,12 @@ NUDGE_S = 0.2
 created on the standby."""
 
 
+FAILOVER_HINT = (
+    "After a failover: once the standby in [source] dsn is promoted, capture goes on from "
+    "it at the next retry (primary_dsn is then not used: remove it); if another server "
+    "was promoted, make the standby stream from it and point [source] primary_dsn at it")
+
+
 class Promoted(SourceUnavailable):
     """``[source] dsn`` was a standby when the source opened and is a primary now (it
     was promoted: a failover). Retriable: the service opens the source again, and it
@@ -171,7 +177,12 @@ def connect_primary(cfg: Config, standby: psycopg.Connection[Any], *,
     WAL so far."""
     dsn = cfg.source.primary_dsn
     assert dsn is not None
-    conn = connect(dsn, timeout_s=cfg.source.connect_timeout_s, setting="[source] primary_dsn")
+    try:
+        conn = connect(dsn, timeout_s=cfg.source.connect_timeout_s,
+                       setting="[source] primary_dsn")
+    except SourceUnavailable as exc:
+        # Retried (once capture ran): after a failover, until the configuration changes.
+        raise SourceUnavailable(exc.message, hint=f"{exc.hint} {FAILOVER_HINT}") from None
     where = redact_dsn(dsn)
     try:
         if in_recovery(conn):
