@@ -290,6 +290,7 @@ def test_capture_from_a_standby_resumes_after_kill9(
     try:
         signal = sid()
         pg.signal(signal, "execute-snapshot", {"data-collections": [q(pg, "t1")]})
+        pg.execute("UPDATE t2 SET n = -1")  # the old relation's rows in the log: must leave
         cap.wait_notification("IN_PROGRESS", count=8, timeout=120)
         cap.kill()
         pg.execute("DROP TABLE t2")
@@ -327,6 +328,7 @@ def test_standby_resumed_snapshot_completes_after_a_reset(
     try:
         signal = sid()
         pg.signal(signal, "execute-snapshot", {"data-collections": [q(pg, "t1")]})
+        pg.execute("UPDATE t2 SET n = -1")  # the old relation's rows in the log: must leave
         cap.wait_notification("IN_PROGRESS", count=8, timeout=120)
         cap.kill()
         pg.execute("DROP TABLE t2")
