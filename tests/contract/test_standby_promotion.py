@@ -55,10 +55,12 @@ def primary18() -> Iterator[PgCluster]:
         cluster.stop()
 
 
-def _running(cluster: PgCluster) -> bool:
+def _start_if_stopped(cluster: PgCluster) -> None:
+    """(A test before may have stopped the module's primary.)"""
     res = subprocess.run(_as_postgres([str(cluster.bindir / "pg_ctl"), "-D",
                                        str(cluster.datadir), "status"]), capture_output=True)
-    return res.returncode == 0
+    if res.returncode != 0:
+        _pg_ctl(cluster, cluster.datadir, "-l", str(cluster.root / "server.log"), "start")
 
 
 @pytest.fixture
@@ -66,8 +68,7 @@ def pair(primary18: PgCluster) -> Iterator[Pair]:
     """The module's PostgreSQL 18 primary (started again if a test stopped it) and a
     fresh hot standby of it (a promotion ends it), a database on the primary with the
     harness's tables (``PgHarness``)."""
-    if not _running(primary18):
-        _pg_ctl(primary18, primary18.datadir, "-l", str(primary18.root / "server.log"), "start")
+    _start_if_stopped(primary18)
     name = f"t_{uuid.uuid4().hex[:10]}"
     h = PgHarness(primary18.create_database(name))
     standby = PgStandby(primary18).start()
@@ -421,6 +422,7 @@ def test_an_unreachable_primary_dsn_names_the_failover_fix(primary18: PgCluster,
     and it is not promoted yet, or another server was): retried, with a hint naming
     what ends it (the promotion of ``dsn``, or ``primary_dsn`` pointed at the new
     primary)."""
+    _start_if_stopped(primary18)
     cfg_path = write_config(tmp_path, primary18.dsn(), extra=RO20,
                             source_extra=f'primary_dsn = "postgresql://postgres:pw@127.0.0.1:{free_port()}/postgres"')
     with psycopg.connect(primary18.dsn()) as conn, pytest.raises(SourceUnavailable) as err:
