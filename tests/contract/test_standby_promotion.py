@@ -34,12 +34,14 @@ from pydblog.sources.postgres.fences import PgXidFence
 from pydblog.sources.postgres.source import PgLogSource
 from tests.contract.capture import Capture, Event
 from tests.contract.harness import PgHarness
-from tests.contract.test_snapshots import make_table, q
+from tests.contract.test_snapshots import make_table, q, writer
 from tests.contract.test_standby_capture import (
     StandbyHarness,
     _oracle_then_stop,
     _stopped,
+    make_typed,
     standby_snapshots,
+    typed_writer,
 )
 from tests.helpers import sid, write_config
 
@@ -429,3 +431,60 @@ def test_an_unreachable_primary_dsn_names_the_failover_fix(primary18: PgCluster,
         pg_standby.connect_primary(load_config(cfg_path), conn)
     assert "[source] primary_dsn" in err.value.message
     assert "After a failover" in str(err.value.hint) and "promoted" in str(err.value.hint)
+
+
+def _through_failover(target: Callable[..., None], h: PgHarness, stop: threading.Event,
+                      *args: Any) -> None:
+    """``target(h, stop, *args)`` again (on ``h.dsn`` as it is then) whenever its
+    connection fails, until ``stop``."""
+    while not stop.is_set():
+        try:
+            target(h, stop, *args)
+        except psycopg.OperationalError:
+            time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_promotion_under_load_with_concurrent_windows(pair: Pair, tmp_path: Path) -> None:
+    """Slow: without ``primary_dsn``, four concurrent read-only windows over 20,000 +
+    3,000 rows (numeric, timestamptz, jsonb, arrays, bytea, ...) while the primary writes
+    to both tables; the old primary stopped and the standby promoted in the middle of
+    the snapshot, the writes going on on the promoted server, and ``dblog run`` killed
+    -9 right after the promotion and started again. The snapshot completes once and the
+    log equals the promoted server's tables, every column."""
+    primary, standby, inner, dbname = pair
+    h = StandbyHarness(inner, standby, dbname, primary=False)
+    inner.execute("CREATE TABLE t1 (id INT PRIMARY KEY, v VARCHAR(40), n INT)",
+                  "INSERT INTO t1 SELECT i, 'v' || i, i % 7 FROM generate_series(0, 19999) i")
+    make_typed(inner, 3000)
+    inner.execute("CREATE PUBLICATION dblog FOR ALL TABLES WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    extra = '[snapshot]\nchunk_size = 200\nwatermark = "read-only"\nparallelism = 4\n'
+    with capturing(h, tmp_path, extra, nudge=inner.dsn) as cap:
+        stop = threading.Event()
+        threads = [
+            threading.Thread(target=_through_failover, args=(
+                lambda h, stop: writer(h, "t1", stop, 31, 22000), inner, stop)),
+            threading.Thread(target=_through_failover, args=(typed_writer, inner, stop, 32, 3500)),
+        ]
+        signal = sid()
+        try:
+            for th in threads:
+                th.start()
+            inner.signal(signal, "execute-snapshot",
+                         {"data-collections": [q(inner, "t1"), q(inner, "typed")]})
+            cap.wait_notification("IN_PROGRESS", count=10, timeout=180, signal_id=signal)
+            assert not _completed(cap, signal), "the snapshot completed before the failover"
+            stop_primary(primary)
+            promote(standby)
+            inner.dsn = standby.dsn(dbname)
+            time.sleep(1)
+            cap.kill()
+            cap.start()
+            cap.wait_notification("COMPLETED", signal_id=signal, timeout=300)
+            time.sleep(0.5)  # writes after the snapshot, too
+        finally:
+            stop.set()
+            for th in threads:
+                th.join()
+        _oracle_then_stop(cap, {"t1": ["id"], "typed": ["id"]}, signal)
