@@ -289,3 +289,68 @@ def test_close_commits_nothing_past_an_unforwarded_signal(
         listener.close()
     [row] = _signal_ids(pg_db)
     assert row.startswith(f"kafka-0-{good}-")
+
+
+
+class _OnePartitionFirst:
+    """The listener's consumer, whose metadata shows ``topic`` with its partition 0 only
+    until ``grown`` is set: the topic as it was before a partition was added. (Tansu
+    cannot add partitions, and librdkafka crashed when the topic was deleted and created
+    again with two under the listener's assigned consumer.) Everything else is the real
+    consumer's."""
+
+    def __init__(self, real: Any, topic: str, grown: threading.Event) -> None:
+        self.real, self.topic, self.grown = real, topic, grown
+        self.assigned: list[int] = []  # (the test's thread must not call the consumer)
+
+    def assign(self, tps: list[Any]) -> None:
+        self.assigned = [tp.partition for tp in tps]
+        self.real.assign(tps)
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        md = self.real.list_topics(*args, **kwargs)
+        t = md.topics.get(self.topic)
+        if t is not None and not self.grown.is_set():
+            t.partitions = {p: v for p, v in t.partitions.items() if p == 0}
+        return md
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_a_partition_added_while_running_is_read(
+    pg_db: str, tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition added to the signal topic while the listener runs is found by its
+    metadata refresh and read from its start (before: only from the capture's next
+    start, so a signal sent there waited for a restart)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    from pydblog.capture import kafka_signals
+    from pydblog.changelog import kafka
+
+    monkeypatch.setattr(kafka_signals, "REFRESH_S", 0.5, raising=False)
+    PgHarness(pg_db)  # the signal table
+    name = f"g{uuid.uuid4().hex[:8]}-signals"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for fut in admin.create_topics([NewTopic(name, 2, 1)]).values():
+        fut.result()
+    grown = threading.Event()
+    real_make = kafka.make_client
+    monkeypatch.setattr(kafka, "make_client", lambda *a: _OnePartitionFirst(real_make(*a), name, grown))
+    cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, name)
+    listener = kafka_signals.KafkaSignalListener(cfg)
+    try:
+        assert listener.assigned.wait(30)
+        assert listener.consumer.assigned == [0]
+        producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+        value = orjson.dumps({"type": "execute-snapshot", "data": {"data-collections": [W]}})
+        producer.produce(name, value, str(cfg.log.topic_prefix).encode(), partition=1)
+        assert producer.flush(10) == 0
+        grown.set()  # the partition "added"
+        wait_for(lambda: any(i.startswith("kafka-1-0-") for i in _signal_ids(pg_db)), 30,
+                 "the signal sent to the new partition forwarded")
+    finally:
+        listener.close()

@@ -29,8 +29,8 @@ forwards it again, without effect. The listener assigns the topic's partitions i
 the topic's end and commits that position at once (signals sent before the first start
 are not replayed; those sent while ``dblog run`` is down later are); a partition
 without a committed offset when others have one was added later and is read from its
-start. Partitions added while the listener runs are read from the next start of the
-capture on.
+start. Partitions added while the listener runs are found by a metadata refresh every
+``REFRESH_S`` seconds and read the same way (their committed offset, else their start).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 KINDS = tuple(t.value for t in SignalType)
 GROUP = "dblog-signals.{prefix}"
 EXAMPLE = '{"type": "execute-snapshot", "data": {"data-collections": ["public\\\\.orders"]}}'
+REFRESH_S = 30.0
+"""How often a running listener looks for partitions added to the signal topic."""
 
 
 def signal_prefix(cfg: Config) -> str:
@@ -133,7 +136,34 @@ class KafkaSignalListener:
             return False
         tps = [k.TopicPartition(self.topic, p) for p in sorted(t.partitions)]
         committed = self.consumer.committed(tps, timeout=10)
-        first_start = all(tp.offset < 0 for tp in committed)
+        start = self._starts(committed, first_start=all(tp.offset < 0 for tp in committed))
+        self.consumer.assign(start)
+        log.info("listening for signals on Kafka topic %s", self.topic)
+        self.assigned.set()
+        return True
+
+    def _grow(self) -> None:
+        """Assign the signal topic's partitions added since ``_assign`` (read from their
+        committed offset, else their start: everything in them is newer)."""
+        k = self.k
+        md = self.consumer.list_topics(self.topic, timeout=10)  # by name: creates no topic
+        t = md.topics.get(self.topic)
+        if t is None or t.error is not None or not t.partitions:
+            return
+        have = {tp.partition for tp in self.consumer.assignment() if tp.topic == self.topic}
+        new = sorted(set(t.partitions) - have)
+        if not new:
+            return
+        committed = self.consumer.committed([k.TopicPartition(self.topic, p) for p in new], timeout=10)
+        start = self._starts(committed, first_start=False)
+        self.consumer.incremental_assign(start)
+        log.info("Kafka signal topic %s: reading partition(s) %s, added while running",
+                 self.topic, ", ".join(str(p) for p in new))
+
+    def _starts(self, committed: list[Any], first_start: bool) -> list[Any]:
+        """Where to read each partition: its committed offset, else (``first_start``)
+        the end, else its start; the positions not committed yet are committed now."""
+        k = self.k
         start, fresh = [], []
         for tp in committed:
             if tp.offset >= 0:
@@ -150,12 +180,10 @@ class KafkaSignalListener:
             fresh.append(tp_start)
         if fresh:  # so that a restart goes on from here, not from a later end
             self.consumer.commit(offsets=fresh, asynchronous=False)
-        self.consumer.assign(start)
-        log.info("listening for signals on Kafka topic %s", self.topic)
-        self.assigned.set()
-        return True
+        return start
 
     def _run(self) -> None:
+        refresh_at = time.monotonic() + REFRESH_S
         while not self._stop.is_set():
             try:
                 if not self._assigned:
@@ -163,6 +191,10 @@ class KafkaSignalListener:
                     if not self._assigned:
                         self._stop.wait(2.0)
                         continue
+                    refresh_at = time.monotonic() + REFRESH_S
+                if time.monotonic() > refresh_at:
+                    self._grow()
+                    refresh_at = time.monotonic() + REFRESH_S
                 for m in self.consumer.consume(100, 0.5):
                     if m.error() is None and not self._forward(m):
                         # Not forwarded (closing): nothing after it may be committed;
