@@ -211,7 +211,8 @@ def test_stop_pause_resume_then_new_snapshot(harness: Harness, tmp_path: Path) -
     for name, rows in (("s1", 2000), ("s2", 8000), ("s3", 2000)):
         make_table(harness, name, rows)
     with Capture(harness, tmp_path, "[snapshot]\nchunk_size = 10") as cap:
-        harness.signal(sid(), "execute-snapshot",
+        first = sid()
+        harness.signal(first, "execute-snapshot",
                        {"data-collections": [q(harness, "s1"), q(harness, "s2"), q(harness, "s3")]})
         harness.signal(sid(), "pause-snapshot", {})
         # stop s3 before it started
@@ -239,6 +240,15 @@ def test_stop_pause_resume_then_new_snapshot(harness: Harness, tmp_path: Path) -
         harness.signal(sid(), "stop-snapshot",
                        {"data-collections": [q(harness, "s2")], "type": "incremental"})
         cap.wait_notification("ABORTED", after=mark)
+        # s2 was the snapshot's last table: its own end, ABORTED under its id (review13
+        # C1: before, the stop's ABORTED alone, and `dblog snapshot --wait` hung)
+        events = cap.wait_notification("ABORTED", after=mark, signal_id=first)
+        ends = [e["notification"] for e in events if e["op"] == "n"
+                and e["notification"]["signal_id"] == first
+                and e["notification"]["type"] in ("COMPLETED", "ABORTED")]
+        assert [n["type"] for n in ends] == ["ABORTED"], ends
+        assert ends[0]["additional_data"]["data_collections"] == [
+            f"{harness.schema}.s3", f"{harness.schema}.s2"]
         events = cap.caught_up()
         assert len(snapshot_rows(events, "s1")) == 2000
         assert len(snapshot_rows(events, "s3")) == 0

@@ -906,6 +906,13 @@ def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
         elif typ == "REJECTED" and table:
             assert state.get(job) in ("queued", "scanning"), (job, state.get(job))
             state[job] = "done"
+        elif typ == "ABORTED" and "stopped_by" in data:  # a snapshot's end after a stop
+            for t in data["data_collections"]:
+                assert state.get((sig, t)) == "done", (sig, t, state.get((sig, t)))
+            live = [k for k, v in state.items() if v != "done" and k[0] == sig]
+            assert not live, (sig, live)
+            assert sig not in completed, f"a second end of {sig}"
+            completed.add(sig)
         elif typ == "ABORTED":
             for t in data["data_collections"]:
                 live = [k for k, v in state.items() if k[1] == t and v != "done"]

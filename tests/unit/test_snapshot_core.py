@@ -443,7 +443,9 @@ def test_stop_everything_then_new_snapshot() -> None:
         "public.t",
         "public.u",
     ]
-    assert not core.active and core.state() is None
+    assert not core.active
+    state = core.state()  # s1's own ABORTED waits for a position (a mark)
+    assert state is not None and [n["type"] for n in state["notices"]] == ["ABORTED"]
     assert core.next_request() is None  # the worker still runs the old chunk
     assert core.on_chunk_read(inflight.id, [row(1)], 1.0) == []
     assert inflight.high_watermark

@@ -77,6 +77,14 @@ def stop_notice(signal: Signal, stopped: list[str]) -> Notice:
     return Notice(N.ABORTED, signal.id, signal.snapshot_type, "", {"data_collections": stopped})
 
 
+def snapshot_stopped(signal_id: str, kind: SnapshotKind, tables: list[str], by: str) -> Notice:
+    """The ABORTED of a snapshot (``signal_id``) whose last tables a stop-snapshot
+    (``by``) removed: its terminal notification, under its own id (as Debezium's
+    ABORTED carries the execute-snapshot's id, not the stop's)."""
+    data = {"data_collections": tables, "stopped_by": by}
+    return Notice(N.ABORTED, signal_id, kind, "", data)
+
+
 def pause_notice(signal: Signal, running: bool, brief: dict[str, Any]) -> Notice:
     """PAUSED, or SKIPPED when no incremental snapshot runs."""
     kind = SnapshotKind.INCREMENTAL

@@ -22,6 +22,7 @@ placed relative to a position nobody else logs:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -194,7 +195,12 @@ def in_progress(job: TableJob, tables: list[str], percent: float) -> Notice:
     return _for(job, NotificationType.IN_PROGRESS, data, job.table)
 
 
-def lane_completed(job: TableJob, tables: int, rows: int, chunks: int) -> Notice:
-    """The last table of a lane is done (``job`` was that table's)."""
-    data = {"tables": tables, "rows": rows, "chunks": chunks}
+def lane_completed(
+    job: TableJob, tables: int, rows: int, chunks: int, aborted: Sequence[str] = ()
+) -> Notice:
+    """The last table of a snapshot (``job``'s signal id) is done; ``aborted``: its
+    tables a stop-snapshot removed before."""
+    data: dict[str, Any] = {"tables": tables, "rows": rows, "chunks": chunks}
+    if aborted:
+        data["aborted_data_collections"] = list(aborted)
     return _for(job, NotificationType.COMPLETED, data)

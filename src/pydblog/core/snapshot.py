@@ -78,6 +78,7 @@ from pydblog.core.commands import (
     plan_initial,
     rejected_signal,
     resume_notice,
+    snapshot_stopped,
     stop_matcher,
     stop_notice,
 )
@@ -193,6 +194,8 @@ class SnapshotCore:
         self._chunk_size = settings.clamp(settings.chunk_size)
         self._totals = _Totals()
         self._notices: list[Notice] = []
+        # Tables stopped of a snapshot (signal id) that still has others (``_stopped``).
+        self._aborted: dict[str, list[str]] = {}
         self._horizon: Position | None = None
         self._pending: _Pending | None = None
         self._window: ChunkWindow | None = None
@@ -269,7 +272,7 @@ class SnapshotCore:
             jobs, notice = plan_execute(signal, captured_tables, self._queued())
             self._enqueue(jobs)
         elif signal.type is SignalType.STOP_SNAPSHOT:
-            notice = stop_notice(signal, self._stop(stop_matcher(signal)))
+            notice = stop_notice(signal, self._stop(stop_matcher(signal), signal.id))
         elif signal.type is SignalType.PAUSE_SNAPSHOT:
             notice = pause_notice(signal, bool(self._incr), self._brief())
             self._paused = bool(self._incr)
@@ -321,9 +324,9 @@ class SnapshotCore:
         if queue and table not in self._queued():
             self.start_initial([table])
 
-    def _stop(self, matches: Callable[[str], bool]) -> list[str]:
+    def _stop(self, matches: Callable[[str], bool], by: str) -> list[str]:
         """Remove the matching tables from both lanes (abandoning their in-flight work);
-        returns them."""
+        returns them. ``by``: the stop-snapshot's signal id (see ``_stopped``)."""
         current = self._incr.current
         dropped = self._incr.drop(matches) + self._block.drop(matches)
         if current is not None and self._incr.current is None:
@@ -332,11 +335,27 @@ class SnapshotCore:
         if self._blocking_request is not None and self._block.current is None:
             self._blocking_request = None
         self._totals.tables_done += len(dropped)
+        self._stopped(dropped, by)
         self._watch()
         if not self._block:
             self._anchor = None
         self._settle()
         return [j.table for j in dropped]
+
+    def _stopped(self, dropped: list[TableJob], by: str) -> None:
+        """Each snapshot (signal id) a stop took tables from still ends with exactly one
+        terminal notification under its own id: when these were its last tables, its
+        ABORTED now (listing every table of it stopped, and the stop's id; placed at the
+        next watermark like any waiting notice); else its COMPLETED, once its other
+        tables are done, lists them (``aborted_data_collections``)."""
+        left = {j.signal_id for lane in (self._incr, self._block)
+                for j in (*lane.running(), *lane.queue)}
+        for job in dropped:
+            self._aborted.setdefault(job.signal_id, []).append(job.table)
+        for job in {j.signal_id: j for j in dropped}.values():
+            if job.signal_id not in left:
+                tables = self._aborted.pop(job.signal_id)
+                self._notices.append(snapshot_stopped(job.signal_id, job.kind, tables, by))
 
     def _enqueue(self, jobs: list[TableJob]) -> None:
         for job in jobs:
@@ -1348,7 +1367,8 @@ class SnapshotCore:
                               for j in (*lane.running(), *lane.queue)):
             return notices
         t = self._totals
-        done = lane_completed(job, t.tables, t.rows, t.chunks)
+        aborted = self._aborted.pop(job.signal_id, ())
+        done = lane_completed(job, t.tables, t.rows, t.chunks, aborted)
         if not lane:
             self._settle()
         return [*notices, done]
@@ -1387,6 +1407,7 @@ class SnapshotCore:
             self._paused = False
         if not self.active:
             self._totals = _Totals()
+            self._aborted.clear()
 
     def _drop_pending(self) -> None:
         self._pending = None
@@ -1421,6 +1442,7 @@ class SnapshotCore:
             "notices": [n.to_json() for n in self._notices],
             "horizon": None if self._horizon is None else encode_position(self._horizon),
             "rereads": self._rereads.to_json(),
+            **({"aborted": self._aborted} if self._aborted else {}),
             **self._unsettled_state(),
         }
 
@@ -1443,6 +1465,8 @@ class SnapshotCore:
         horizon = state.get("horizon")
         self._horizon = None if horizon is None else decode_position(horizon)
         self._rereads = RereadQueue.from_json(state.get("rereads"))
+        aborted = state.get("aborted") or {}
+        self._aborted = {str(k): [str(t) for t in v] for k, v in aborted.items()}
         unsettled = state.get("unsettled")
         if unsettled is not None and self._fenced:
             self._unsettled.lost = Lost.from_json(unsettled)
