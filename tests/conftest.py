@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from hypothesis import settings
 
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.zookeeper import ZkServer
@@ -17,6 +18,13 @@ from pydblog.devtools.zookeeper import available as zookeeper_available
 # into two conftests is two fixtures, each starting its own server.
 from tests.kafka_broker import kafka_bootstrap  # noqa: F401 - fixture
 from tests.mysql.servers import mariadb, my57_db, my_db, mysql57  # noqa: F401 - fixtures
+
+# Hypothesis's default 200 ms deadline per example is a timing assertion: on a loaded
+# machine (or beside the other xdist worker) a plain parse example took 256 ms and
+# failed tests/mysql/test_gtid.py. No deadline anywhere; a test's own settings may
+# still set other limits.
+settings.register_profile("pydblog", deadline=None)
+settings.load_profile("pydblog")
 
 
 @pytest.fixture(scope="session")
