@@ -261,8 +261,8 @@ def check_slot_continues(conn: psycopg.Connection[Any], slot: str, acked: int | 
     if wal_status == "lost" or conflicting == "true" or reason is not None:
         why = reason or ("conflict with recovery" if conflicting == "true"
                          else "required WAL removed")
-        gap = (f"every change after LSN {Lsn(acked)} (the change log's last checkpoint) is "
-               "missing from the log" if acked is not None else
+        gap = (f"changes committed after LSN {Lsn(acked)} (the change log's last checkpoint: "
+               "every change before it is in the log) are missing from it" if acked is not None else
                "the changes since the change log's last checkpoint are lost")
         raise SourceError(
             f"replication slot {slot!r} is invalidated ({why}): it can no longer give "
