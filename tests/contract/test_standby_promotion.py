@@ -167,19 +167,22 @@ def _reset_then_scanned(table: str) -> Callable[[list[Event]], bool]:
 
 @pytest.mark.slow
 def test_promotion_while_capturing_with_primary_dsn(pair: Pair, tmp_path: Path) -> None:
-    """Slow (default-run time; the default run promotes with the old primary up). The standby promoted in the middle of a read-only snapshot while the primary
-    writes (the old primary stopped first, as a managed failover does; ``primary_dsn``
-    then names a server that is gone): capture goes on from the promoted server (the
-    logical slot survives promotion), the snapshot completes once, and the writes on
-    the promoted server are captured. A table dropped and created again on the promoted
-    server is reset there (heartbeats, resets and the publication now on ``dsn``). The
-    log equals the promoted server's tables. (The table is re-created after the
-    snapshot: a reset at the restart of an interrupted snapshot is another test's.)"""
+    """Slow (default-run time; the default run promotes with the old primary up). The
+    standby promoted in the middle of a read-only snapshot while the primary writes
+    (the old primary stopped first, as a managed failover does; ``primary_dsn`` then
+    names a server that is gone): capture goes on from the promoted server (the logical
+    slot survives promotion), the snapshot completes once, and the writes on the
+    promoted server are captured. A table dropped and created again on the promoted
+    server right after the promotion is reset when the capture opens there (its
+    snapshot joins the interrupted one's lane: both complete), and one re-created
+    later by a heartbeat's refresh there. The log equals the promoted server's
+    tables."""
     primary, standby, inner, dbname = pair
     h = StandbyHarness(inner, standby, dbname, primary=True)
     make_table(inner, "t1", 1000)
     make_table(inner, "t2", 20)
-    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1, t2 "
+    make_table(inner, "t3", 20)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1, t2, t3 "
                   "WITH (publish_via_partition_root = true)")
     standby.wait_caught_up()
     with capturing(h, tmp_path, RO20) as cap:
@@ -195,15 +198,19 @@ def test_promotion_while_capturing_with_primary_dsn(pair: Pair, tmp_path: Path) 
             stop_primary(primary)
             promote(standby)
             inner.dsn = standby.dsn(dbname)  # the writes (and the oracle) go there now
-            cap.wait_notification("COMPLETED", signal_id=signal, timeout=120)
             inner.execute("DROP TABLE t2")
             make_table(inner, "t2", 10, start=100)
+            cap.wait_notification("COMPLETED", signal_id=signal, timeout=120)
             cap.wait_until(_reset_then_scanned("t2"), 60,
+                           "the re-created table's truncate, then its scan")
+            inner.execute("DROP TABLE t3")
+            make_table(inner, "t3", 10, start=200)
+            cap.wait_until(_reset_then_scanned("t3"), 60,
                            "the re-created table's truncate, then its scan")
         finally:
             stop.set()
             th.join()
-        _oracle_then_stop(cap, {"t1": ["id"], "t2": ["id"]}, signal)
+        _oracle_then_stop(cap, {"t1": ["id"], "t2": ["id"], "t3": ["id"]}, signal)
 
 
 def lag_replay(standby: PgStandby, ms: int = 300) -> None:
