@@ -622,7 +622,12 @@ class _Client:
             yield from batch
 
     def read_batches(self, ranges: Mapping[tuple[str, int], tuple[int, int | None]]) -> Iterator[list[Any]]:
-        """``read_range`` a list of messages at a time (one ``consume`` call's worth)."""
+        """``read_range`` a list of messages at a time (one ``consume`` call's worth).
+
+        ``todo[tp][0]`` follows the read: the offset after the last record returned. A
+        consumer re-made by ``_storage_stall`` starts there (its ``position()`` says
+        nothing until it returned a record), and a record below it (returned already) is
+        dropped: no record twice."""
         todo = {tp: r for tp, r in ranges.items() if r[1] is None or r[1] > r[0]}
         if not todo:
             return
@@ -638,18 +643,22 @@ class _Client:
                 # A short wait: consume() returns only at 10,000 messages or the timeout.
                 msgs = c.consume(10_000, 0.01)
                 if msgs and single is not None and single in todo:
-                    out = _one_partition(msgs, single, todo[single][1])
+                    nxt, hi = todo[single]
+                    out = _one_partition(msgs, single, hi)
                     if out is not None:
                         deadline = time.monotonic() + TIMEOUT_S
                         stalled_at = time.monotonic() + STALL_S
+                        at_hi = len(out) < len(msgs)
+                        if out and out[0].offset() < nxt:  # returned already
+                            out = out[bisect.bisect_left([m.offset() for m in out], nxt):]
                         if out:
+                            todo[single] = (out[-1].offset() + 1, hi)
                             self.fetched += len(out)
                             yield out
                             # waiting for the caller is not waiting for the broker
                             deadline = time.monotonic() + TIMEOUT_S
                             stalled_at = time.monotonic() + STALL_S
-                        hi = todo[single][1]
-                        if hi is not None and (len(out) < len(msgs) or out[-1].offset() + 1 >= hi):
+                        if hi is not None and (at_hi or todo[single][0] >= hi):
                             del todo[single]
                         elif hi is not None:
                             self._check_positions(c, todo)
@@ -685,11 +694,14 @@ class _Client:
                     if r is None:
                         continue
                     off = m.offset()
-                    hi = r[1]
+                    nxt, hi = r
+                    if off < nxt:  # returned already
+                        continue
                     if hi is not None and off >= hi:
                         done.append(tp)
                         continue
                     out.append(m)
+                    todo[tp] = (off + 1, hi)
                     if hi is not None and off + 1 >= hi:
                         done.append(tp)
                 if out:
@@ -710,7 +722,8 @@ class _Client:
     def read_values(self, tp: tuple[str, int], lo: int, hi: int) -> Iterator[kafka_native.RawBatch]:
         """``read_batches({tp: (lo, hi)})`` a ``kafka_native.RawBatch`` at a time: the
         same messages (data messages with ``lo <= offset < hi``, in offset order) and the
-        same errors, without a Python object per message. Needs ``native``."""
+        same errors, without a Python object per message; ``todo[tp][0]`` follows the read
+        as in ``read_batches``. Needs ``native``."""
         if hi <= lo:
             return
         assert self.native, "read_values needs a client made with native=True"
@@ -739,13 +752,18 @@ class _Client:
                         raise ChangeLogError(f"a read of {tp} got records of another partition")
                     deadline = time.monotonic() + TIMEOUT_S
                     stalled_at = time.monotonic() + STALL_S
+                    nxt = todo[tp][0]
+                    # below nxt: returned already (a consumer re-made by _storage_stall)
+                    skip = int(np.searchsorted(b.offsets, nxt)) if int(b.offsets[0]) < nxt else 0
                     cut = int(np.searchsorted(b.offsets, hi))
-                    if cut < len(b):
+                    if skip or cut < len(b):
+                        start = int(b.lengths[:skip].clip(min=0).sum())
                         size = int(b.lengths[:cut].clip(min=0).sum())
-                        b = kafka_native.RawBatch(b.data[:size], b.lengths[:cut], b.offsets[:cut],
-                                                  b.partitions[:cut], [])
-                        done = True
+                        done = done or cut < len(b)
+                        b = kafka_native.RawBatch(b.data[start:size], b.lengths[skip:cut], b.offsets[skip:cut],
+                                                  b.partitions[skip:cut], [])
                     if len(b):
+                        todo[tp] = (int(b.offsets[-1]) + 1, hi)
                         self.fetched += len(b)
                         yield b
                         # waiting for the caller is not waiting for the broker
@@ -794,7 +812,9 @@ class _Client:
         S3 reads slow down with the machine's load). A broker that answers as soon as it
         has records never gets here. The wait is learned for the process and broker: a
         reader whose consumer was made before another one learned it reads on with that
-        wait (no further step)."""
+        wait (no further step). The new consumer starts at each partition's position or
+        ``todo``'s next offset, whichever is higher: a consumer that has returned no record
+        (one made by an earlier step of the same read) has no position (-1001)."""
         learned = self.fetch_wait_ms
         longer = [w for w in FETCH_WAITS_MS if w > self._consumer_wait]
         wait = learned if learned > self._consumer_wait else (longer[0] if longer else 0)
@@ -803,7 +823,7 @@ class _Client:
         k = self.k
         positions = {(tp.topic, tp.partition): tp.offset
                      for tp in c.position([k.TopicPartition(t, p) for t, p in todo])}
-        at = {tp: (positions[tp] if positions.get(tp, -1) >= 0 else lo) for tp, (lo, _) in todo.items()}
+        at = {tp: max(positions.get(tp, -1), nxt) for tp, (nxt, _) in todo.items()}
         marks = self.watermarks(list(todo))
         stuck = [tp for tp in todo if marks[tp][1] > at[tp]]
         if not stuck:
@@ -1294,12 +1314,17 @@ class KafkaChangeLogReader(ChangeLogReader):
         start, stop = commits.cut(lo), commits.cut(hi)
         ranges = {tp: (start.get(tp, 0), end) for tp, end in stop.items() if end > start.get(tp, 0)}
         out: list[LogRecord] = []
+        seen: dict[tuple[str, int], int] = {}  # each partition's offset after the last record
         for m in self.client.read_range(ranges):
             value = m.value()
             if value is None:
                 continue
             off = m.offset()
-            span = commits.span((m.topic(), m.partition()), off)
+            tp = (m.topic(), m.partition())
+            if off < seen.get(tp, -1):  # never two copies of one record
+                continue
+            seen[tp] = off + 1
+            span = commits.span(tp, off)
             if span is None:
                 continue
             if span.first < 0:  # no run: the headers decide

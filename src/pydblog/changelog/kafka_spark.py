@@ -355,7 +355,9 @@ class _RunCheck:
 
     ``see(offsets, nulls, upto)`` takes the run offsets a ``consume`` batch returned
     (ascending; ``nulls``: which of them are tombstones) once every offset below
-    ``upto`` has been read, ``finish()`` after the piece's last batch. A gap raises
+    ``upto`` has been read, ``finish()`` after the piece's last batch. An offset seen
+    twice, or below one seen before, raises ``ChangeLogError`` (a broken read: the sinks
+    would get the event twice); a gap raises
     ``ChangeLogError`` unless ``allow``; with ``allow`` (a sync with mirror sinks only: the
     newest event of each key is what they apply) a tombstone whose delete event (the
     record just before it, written with it) is missing still raises: a mirror would
@@ -374,6 +376,17 @@ class _RunCheck:
         return sum(max(0, min(b, hi) - max(a, lo)) for a, b in self.runs)
 
     def see(self, offsets: Any, nulls: Any, upto: int) -> None:
+        if len(offsets) and (int(offsets[0]) < self.pos or bool((offsets[1:] <= offsets[:-1]).any())):
+            p = self.piece
+            prev = [self.pos - 1, *offsets[:-1].tolist()]
+            bad = next(i for i, o in enumerate(offsets.tolist()) if o <= prev[i])
+            raise ChangeLogError(
+                f"topic {p.topic} partition {p.partition}: the read returned offset "
+                f"{int(offsets[bad])} after offset {prev[bad]} (a record twice or out of "
+                f"order): the batch fails rather than give its sinks an event twice",
+                hint="a bug of the Kafka read (pydblog.changelog.kafka): report it with the "
+                     "log of this task; running the sync again re-reads the batch",
+            )
         if not self.runs:
             return
         want = self.covered(self.pos, upto)
