@@ -184,3 +184,39 @@ def test_the_spark_check_rejects_an_offset_twice() -> None:
     for bad in (([0, 1, 2], [1, 2, 3, 4]), ([0, 1, 1, 2],), ([0, 2, 1],), ([*range(10)], [*range(20)])):
         with pytest.raises(ChangeLogError, match="twice or out of order"):
             see(*bad)
+
+
+@pytest.mark.usefixtures("short_stalls")
+def test_a_wait_learned_elsewhere_is_taken_at_the_next_read(
+        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """review13 K2: a long-lived client whose consumer was made before another reader of
+    the process learned a longer fetch wait re-makes it when its next read starts: it does
+    not wait the stall out again (``_storage_stall`` is never needed)."""
+    cfg, tp = two_commits(tmp_path, kafka_bootstrap)
+    plan: list[int | None] = [20, None]  # the first consumer stalls after the first read
+    made: list[Stalling] = []
+    real = kafka._Client.consumer
+
+    def consumer(self: Any) -> Any:
+        if self._consumer is None:
+            made.append(Stalling(real(self), plan.pop(0) if plan else None))
+            self._consumer = made[-1]
+        return self._consumer
+
+    stalls: list[int] = []
+    real_stall = kafka._Client._storage_stall
+
+    def storage_stall(self: Any, c: Any, todo: Any) -> bool:
+        stalls.append(1)
+        return real_stall(self, c, todo)
+
+    monkeypatch.setattr(kafka._Client, "consumer", consumer)
+    monkeypatch.setattr(kafka._Client, "_storage_stall", storage_stall)
+    client = kafka._Client(cfg)
+    try:
+        assert len(list(client.read_range({tp: (0, 21)}))) == 20
+        kafka._LEARNED_WAITS[str(cfg.bootstrap_servers)] = 500  # another reader learned it
+        assert [m.offset() for m in client.read_range({tp: (0, 21)})] == [*range(10), *range(11, 21)]
+    finally:
+        client.close()
+    assert (len(made), stalls) == (2, [])

@@ -550,6 +550,16 @@ class _Client:
             self._consumer = make_client(self.k.Consumer, conf, self.cfg)
         return self._consumer
 
+    def _read_consumer(self) -> Any:
+        """The consumer a read starts with: re-made if another reader of the process
+        learned a longer fetch wait since it was made (``_storage_stall``): else this
+        read, too, got nothing until it had waited ``STALL_S`` out."""
+        if self._consumer is not None and self._consumer_wait < self.fetch_wait_ms:
+            self._consumer.close()
+            self._consumer = None
+            self._consumer_topics = set()
+        return self.consumer()
+
     def partitions(self, topic: str, refresh: bool = False) -> int:
         """Partition count (0: no such topic)."""
         if refresh or topic not in self._partitions:
@@ -632,7 +642,7 @@ class _Client:
         if not todo:
             return
         k = self.k
-        c = self.consumer()
+        c = self._read_consumer()
         self._know_topics(c, {t for t, _ in todo})
         c.assign([k.TopicPartition(t, p, lo) for (t, p), (lo, _) in todo.items()])
         deadline = time.monotonic() + TIMEOUT_S
@@ -730,7 +740,7 @@ class _Client:
         import numpy as np  # the spark extra's, as is every caller of this
 
         k = self.k
-        c = self.consumer()
+        c = self._read_consumer()
         self._know_topics(c, {tp[0]})
         c.assign([k.TopicPartition(tp[0], tp[1], lo)])
         todo: dict[tuple[str, int], tuple[int, int | None]] = {tp: (lo, hi)}
@@ -801,7 +811,7 @@ class _Client:
         """How long a read that got no record yet waits before ``_storage_stall``
         (``FIRST_STALL_S``: bounded, with the shortest fetch wait)."""
         bounded = all(hi is not None for _, hi in todo.values())
-        return FIRST_STALL_S if bounded and self.fetch_wait_ms == FETCH_WAITS_MS[0] else STALL_S
+        return FIRST_STALL_S if bounded and self._consumer_wait == FETCH_WAITS_MS[0] else STALL_S
 
     def _storage_stall(self, c: Any, todo: dict[tuple[str, int], tuple[int, int | None]]) -> bool:
         """Tansu (0.6, S3 storage) after a restart reads the partition from S3 for each
