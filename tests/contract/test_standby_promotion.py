@@ -548,3 +548,59 @@ def test_promotion_under_load_with_concurrent_windows(pair: Pair, tmp_path: Path
             for th in threads:
                 th.join()
         _oracle_then_stop(cap, {"t1": ["id"], "typed": ["id"]}, signal)
+
+
+@pytest.mark.slow
+def test_a_standby_slot_invalidated_by_wal_removal_while_streaming(
+    pair: Pair, tmp_path: Path
+) -> None:
+    """Slow: the other way a standby's slot is lost under a running capture. A
+    transaction left open on the primary holds the slot's restart position back, the
+    primary writes more WAL than the standby's ``max_slot_wal_keep_size`` keeps, and a
+    restartpoint on the standby removes it: the slot is invalidated (``wal_removed``)
+    while ``dblog run`` streams. It stops with the slot's error naming the gap and
+    ``max_slot_wal_keep_size``; every write committed before the named LSN is in the
+    log."""
+    _, standby, inner, dbname = pair
+    h = StandbyHarness(inner, standby, dbname, primary=False)
+    make_table(inner, "t1", 50)
+    inner.execute("CREATE TABLE filler (b text)",
+                  "CREATE PUBLICATION dblog FOR TABLE t1, dblog_signal, dblog_test_marker "
+                  "WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '32MB'")
+        conn.execute("SELECT pg_reload_conf()")
+    done: list[tuple[str, int]] = []
+    with capturing(h, tmp_path, RO20, nudge=inner.dsn) as cap, \
+            psycopg.connect(inner.dsn) as held:
+        held.execute("INSERT INTO filler VALUES ('held open')")  # (an xid, not committed)
+        stop = threading.Event()
+        th = threading.Thread(target=recording_writer, args=(inner, stop, 7, 60, done))
+        th.start()
+        try:
+            cap.wait_until(lambda ev: len(ev) > 60, 60, "some writes captured")
+            with psycopg.connect(inner.dsn, autocommit=True) as conn:
+                for _ in range(6):  # ~96 MB of WAL, not published
+                    conn.execute("INSERT INTO filler SELECT repeat('x', 1000) "
+                                 "FROM generate_series(1, 16000)")
+                conn.execute("CHECKPOINT")
+            standby.wait_caught_up(timeout=120)
+            with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                conn.execute("CHECKPOINT")  # a restartpoint: removes the WAL
+            err = _stopped(cap)
+        finally:
+            stop.set()
+            th.join()
+            held.rollback()
+    assert "replication slot 'dblog' is invalidated (wal_removed)" in err, err[-3000:]
+    assert "max_slot_wal_keep_size" in err and "fresh change log" in err, err[-3000:]
+    found = re.search(r"changes committed after LSN ([0-9A-F]+/[0-9A-F]+) \(the change "
+                      r"log's last checkpoint", err)
+    assert found is not None, err[-3000:]
+    gap = Lsn.parse(found[1]).value
+    logged = {(e["after"] or {}).get("v") for e in cap.events() if e["source"]["table"] == "t1"}
+    before = [value for value, lsn in done if lsn <= gap]
+    assert before, (len(before), len(done))
+    missing = [value for value in before if value not in logged]
+    assert not missing, f"{len(missing)} writes committed before {found[1]} not logged: {missing[:5]}"
