@@ -96,14 +96,18 @@ position reads on with the next of these fetch waits (``_Client._storage_stall``
 bounded read (every partition's end known) that got no record at all since it began
 gives up the shortest wait after ``FIRST_STALL_S`` already (the storage stall answers a
 read's first fetch with nothing, for good; a broker that is merely slow rarely takes
-that long for a first fetch: up to ~1.1 s seen at a load of 9 on 2 cores). The wait
-learned is kept for the process and the broker (``_LEARNED_WAITS``), and only the time
+that long for a first fetch: up to ~1.1 s seen at a load of 9 on 2 cores). The first
+step is kept for the process and the broker (``_LEARNED_WAITS``), and only the time
 spent waiting for the broker counts: not the time the read's caller held it (a
 ``dblog sync`` reader waiting for the decode to catch up)."""
 _LEARNED_WAITS: dict[str, int] = {}
 """The fetch wait each broker (bootstrap servers) is read with in this process, once a
 read found the shortest too short (every reader thread and Spark task makes its own
-``_Client``: each paid the stall again before)."""
+``_Client``: each paid the stall again before). Only the first step is shared
+(``FETCH_WAITS_MS[1]``): a client that needs longer waits steps on by itself, so that
+one slow spell of the broker's storage does not leave every later read of the process
+waiting seconds per fetch (Tansu answers a fetch with no records only after its whole
+wait: the end of every read)."""
 _LEARNED_LOCK = threading.Lock()
 READ_PREFETCH = {"fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
                  "queued.min.messages": 50_000, "fetch.queue.backoff.ms": 10}
@@ -519,13 +523,15 @@ class _Client:
         self._consumer_topics: set[str] = set()  # topics whose metadata the consumer has
         self.fetched = 0  # messages ``read_range`` returned (how much a read cost)
         self._consumer_wait = 0  # the fetch wait the open consumer was made with
+        self._own_wait = 0  # a longer wait this client stepped to (``_storage_stall``)
 
     @property
     def fetch_wait_ms(self) -> int:
         """The fetch wait a new consumer gets: ``FETCH_WAITS_MS[0]`` (low latency: Tansu
         does not answer a waiting fetch early) unless a read of this process found it
         too short for the broker's storage (``_storage_stall``)."""
-        return _LEARNED_WAITS.get(str(self.cfg.bootstrap_servers), FETCH_WAITS_MS[0])
+        return max(self._own_wait,
+                   _LEARNED_WAITS.get(str(self.cfg.bootstrap_servers), FETCH_WAITS_MS[0]))
 
     @property
     def admin(self) -> Any:
@@ -842,9 +848,10 @@ class _Client:
             log.warning("Kafka at %s sends no records of %s although it has some (a fetch wait "
                         "of %d ms is too short for its storage): reading with %d ms",
                         self.cfg.bootstrap_servers, sorted(stuck)[:3], self._consumer_wait, wait)
+            self._own_wait = wait
             with _LEARNED_LOCK:
                 key = str(self.cfg.bootstrap_servers)
-                _LEARNED_WAITS[key] = max(wait, _LEARNED_WAITS.get(key, 0))
+                _LEARNED_WAITS[key] = max(min(wait, FETCH_WAITS_MS[1]), _LEARNED_WAITS.get(key, 0))
         c.unassign()
         c.close()
         self._consumer = None
