@@ -604,3 +604,63 @@ def test_a_standby_slot_invalidated_by_wal_removal_while_streaming(
     assert before, (len(before), len(done))
     missing = [value for value in before if value not in logged]
     assert not missing, f"{len(missing)} writes committed before {found[1]} not logged: {missing[:5]}"
+
+
+class _RareBeats(StandbyHarness):
+    """A capture whose heartbeats come every 30 s (``heartbeat_interval_s``): within a
+    test, only the stream itself can tell that the standby was promoted."""
+
+    def config(self, directory: Path, extra: str = "") -> Path:
+        path = super().config(directory, extra)
+        text = path.read_text()
+        assert "heartbeat_interval_s = 0.5\n" in text
+        path.write_text(text.replace("heartbeat_interval_s = 0.5\n", "heartbeat_interval_s = 30\n"))
+        return path
+
+
+def _alive_and(cap: Capture, pred: Callable[[list[Event]], bool]) -> Callable[[list[Event]], bool]:
+    """``pred``, failing at once with ``dblog run``'s error if it stopped."""
+    def check(events: list[Event]) -> bool:
+        if cap.proc is not None and cap.proc.poll() is not None:
+            pytest.fail(f"dblog run stopped: {_stopped(cap)[-3000:]}")
+        return pred(events)
+    return check
+
+
+@pytest.mark.slow
+def test_a_table_recreated_right_after_the_promotion_without_primary_dsn(
+    pair: Pair, tmp_path: Path
+) -> None:
+    """Slow (default-run time). Without ``primary_dsn``, a ``FOR ALL TABLES``
+    publication, heartbeats every 30 s: right after ``pg_promote()`` a captured table
+    is dropped and created again with rows on the promoted server, before any
+    heartbeat. Its Relation message (the relation the capture did not start with) comes
+    in the stream; the capture must find the promotion there (not stop with a fatal
+    TableSetChanged) and go on as a primary's: the table is reset, then scanned, and
+    the log equals the promoted server's tables."""
+    primary, standby, inner, dbname = pair
+    h = _RareBeats(inner, standby, dbname, primary=False)
+    make_table(inner, "t1", 30)
+    make_table(inner, "t2", 20)
+    inner.execute("CREATE PUBLICATION dblog FOR ALL TABLES WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    with capturing(h, tmp_path, RO20, nudge=inner.dsn) as cap:
+        signal = sid()
+        inner.signal(signal, "execute-snapshot",
+                     {"data-collections": [q(inner, "t1"), q(inner, "t2")]})
+        cap.wait_until(_alive_and(cap, lambda ev: any(
+            e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
+            and e["notification"].get("signal_id") == signal for e in ev)), 60,
+            "the snapshot's COMPLETED")
+        inner.execute("UPDATE t1 SET n = n + 1 WHERE id < 5")
+        wait_received(standby)
+        with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_promote()")
+        inner.dsn = standby.dsn(dbname)  # the writes (and the oracle) go there now
+        inner.execute("DROP TABLE t2")
+        make_table(inner, "t2", 10, start=100)
+        inner.execute("UPDATE t1 SET n = n + 1 WHERE id >= 25")
+        cap.wait_until(_alive_and(cap, _reset_then_scanned("t2")), 25,
+                       "the re-created table's truncate, then its scan (before a heartbeat)")
+        stop_primary(primary)
+        _oracle_then_stop(cap, {"t1": ["id"], "t2": ["id"]}, signal)

@@ -660,7 +660,15 @@ class PgLogSource:
         else:
             self._specs.pop(m.oid, None)
         if self._fixed is not None and not own:
-            self._fixed.check_relation(m.oid, qualified, captured)
+            try:
+                self._fixed.check_relation(m.oid, qualified, captured)
+            except standby.TableSetChanged:
+                # A table created on the standby after its promotion comes here before
+                # the next heartbeat's check: then the source opens again as a
+                # primary's capture (``Promoted``), which resets the table.
+                if self.standby:
+                    standby.check_promoted(self._meta, self.cfg)
+                raise
         if own or not captured:
             return []
         if prev is not None and prev.table_schema == rel.table_schema:
