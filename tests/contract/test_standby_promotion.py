@@ -664,3 +664,39 @@ def test_a_table_recreated_right_after_the_promotion_without_primary_dsn(
                        "the re-created table's truncate, then its scan (before a heartbeat)")
         stop_primary(primary)
         _oracle_then_stop(cap, {"t1": ["id"], "t2": ["id"]}, signal)
+
+
+def test_a_refresh_after_the_promotion_writes_nothing_on_the_old_primary(
+    pair: Pair, tmp_path: Path
+) -> None:
+    """In process, with ``primary_dsn`` and the old primary still up: a captured table
+    dropped on the primary (replayed on the standby), then the standby promoted, then a
+    heartbeat's ``refresh_tables`` (the runner's, for a heartbeat that came back before
+    the promotion). It must not log the table's reset on the old primary, whose WAL the
+    promoted server's stream never sees (the checkpoint would count the reset done, and
+    the table's rows would stay in the log): it finds the promotion first (``Promoted``:
+    the source opens again as a primary's, whose refresh resets the table there)."""
+    _, standby, inner, dbname = pair
+    h = StandbyHarness(inner, standby, dbname, primary=True)
+    make_table(inner, "t1", 3)
+    make_table(inner, "t2", 3)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1, t2 WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    source = PgLogSource(load_config(h.config(tmp_path, RO20)))
+    try:
+        source.open(None)
+        assert "public.t2" in source.captured_tables
+        inner.execute("DROP TABLE t2")
+        standby.wait_caught_up()
+        with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_promote()")
+        with psycopg.connect(inner.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        with pytest.raises(pg_standby.Promoted):
+            source.refresh_tables()
+        with psycopg.connect(inner.dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT pg_current_wal_lsn()::text").fetchone() == row, \
+                "the refresh wrote on the old primary"
+        assert "public.t2" in source.captured_tables
+    finally:
+        source.close()

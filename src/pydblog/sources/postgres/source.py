@@ -271,6 +271,12 @@ class PgLogSource:
         if self._fixed is not None:
             self._fixed_tables(force)
             return
+        if self.standby and self._primary is not None:
+            # Not on the old primary once ``dsn`` was promoted: the promoted server's
+            # stream would never bring the resets back, yet the checkpoint would count
+            # them done (``_captured_state``). The source opens again as a primary's.
+            assert self._meta is not None
+            standby.check_promoted(self._meta, self.cfg)
         meta = self._writes
         for attempt in range(REFRESH_ATTEMPTS):
             try:
