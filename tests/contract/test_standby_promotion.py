@@ -700,3 +700,22 @@ def test_a_refresh_after_the_promotion_writes_nothing_on_the_old_primary(
         assert "public.t2" in source.captured_tables
     finally:
         source.close()
+
+
+def test_a_failed_promotion_check_is_retried(primary18: PgCluster, tmp_path: Path) -> None:
+    """A query error of the promotion check or the heartbeat's table check on a
+    connection that is not broken (a recovery-conflict cancel on a standby; here: a
+    transaction already failed) is a retriable ``SourceUnavailable``, not a raw
+    ``psycopg.Error`` that ``dblog run`` does not retry."""
+    _start_if_stopped(primary18)
+    cfg = load_config(write_config(tmp_path, primary18.dsn(), extra=RO20))
+    with psycopg.connect(primary18.dsn()) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")
+        with pytest.raises(SourceUnavailable) as err:
+            pg_standby.check_promoted(conn, cfg)
+        assert "[source] dsn" in err.value.message and "retry" in err.value.message
+        fixed = pg_standby.FixedTables(conn, cfg)
+        fixed.relations = {1259: "pg_catalog.pg_class"}
+        with pytest.raises(SourceUnavailable):
+            fixed.check_present(["pg_catalog.pg_class"])

@@ -91,11 +91,7 @@ def check_promoted(conn: psycopg.Connection[Any], cfg: Config) -> None:
     try:
         promoted = not in_recovery(conn)
     except psycopg.Error as exc:
-        if not (conn.closed or conn.broken):
-            raise
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SourceUnavailable(f"the connection to [source] dsn was lost ({detail}): "
-                                "reconnecting") from None
+        raise _query_failed(conn, exc, "checking that it is still a standby") from None
     if promoted:
         extra = (" [source] primary_dsn is no longer used (remove it from the configuration)"
                  if cfg.source.primary_dsn is not None else "")
@@ -103,6 +99,18 @@ def check_promoted(conn: psycopg.Connection[Any], cfg: Config) -> None:
             f"[source] dsn ({redact_dsn(cfg.source.dsn)}) was a hot standby and is a "
             "primary now (promoted): capture goes on from it as from a primary, its "
             "heartbeats, table resets and publication kept there." + extra)
+
+
+def _query_failed(conn: psycopg.Connection[Any], exc: psycopg.Error, what: str
+                  ) -> SourceUnavailable:
+    """A retriable error for a check's query on ``[source] dsn`` that failed: the
+    connection lost, or a query error on a live one (a recovery-conflict cancel on a
+    standby): the source is opened again either way."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if conn.closed or conn.broken:
+        return SourceUnavailable(f"the connection to [source] dsn was lost ({detail}): "
+                                 "reconnecting")
+    return SourceUnavailable(f"{what} failed on [source] dsn ({detail}): retrying")
 
 
 def check(conn: psycopg.Connection[Any], cfg: Config) -> None:
@@ -360,11 +368,14 @@ class FixedTables:
 
     def check_present(self, captured: list[str]) -> None:
         """At a heartbeat: every captured table still exists on the standby."""
-        names = {f"{s}.{t}" for s, t in self.conn.execute(
-            "SELECT n.nspname, c.relname FROM pg_class c "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s)",
-            (list(self.relations),)).fetchall()}
-        self.conn.commit()
+        try:
+            names = {f"{s}.{t}" for s, t in self.conn.execute(
+                "SELECT n.nspname, c.relname FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s)",
+                (list(self.relations),)).fetchall()}
+            self.conn.commit()
+        except psycopg.Error as exc:
+            raise _query_failed(self.conn, exc, "checking the captured tables") from None
         for t in captured:
             if t not in names:
                 raise _changed(t, "was dropped or renamed")
