@@ -17,7 +17,7 @@ import pytest
 
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness
-from tests.helpers import materialize, sid, source_rows
+from tests.helpers import materialize, sid, source_rows, write_config
 
 
 def create(h: PgHarness, name: str, first: int, last: int, tag: str) -> None:
@@ -306,3 +306,42 @@ def test_table_recreated_in_a_for_all_tables_publication(pg_db: str, tmp_path: P
         h.execute("UPDATE rb SET v = 'z' WHERE id = 23")
         events = cap.assert_oracle({"rb": ["id"]})
         assert not materialize(events).get("public.ra")
+
+
+def test_table_newly_captured_at_a_restart_in_a_for_all_tables_publication(
+    pg_db: str, tmp_path: Path
+) -> None:
+    """review13 P1. An existing table with rows that a restart captures for the first
+    time (the `tables` setting widened; another one that gained a primary key while
+    dblog was down) with mode = "initial": its rows are in no event, so it is reset
+    (JOINED) and snapshotted, in a FOR ALL TABLES publication as in a FOR TABLE one
+    (before: FOR ALL TABLES never produced a JOINED reset at start, and its existing
+    rows never reached the log)."""
+    h = PgHarness(pg_db)
+    create(h, "pa", 1, 20, "a")
+    create(h, "pb", 1, 30, "b")  # not captured by the first run's `tables`
+    h.execute("CREATE TABLE pk (id int NOT NULL, v text)",  # no key: not capturable
+              "INSERT INTO pk SELECT g, 'k' || g FROM generate_series(1, 12) g",
+              "CREATE PUBLICATION dblog FOR ALL TABLES WITH (publish_via_partition_root = true)")
+    extra = '[snapshot]\nmode = "initial"\nchunk_size = 8'
+    marker = '"public\\\\.dblog_test_marker"'  # (caught_up's rows)
+    cap = Capture(h, tmp_path, extra)
+    write_config(tmp_path, h.dsn, extra=extra,
+                 source_extra=f'tables = ["public\\\\.pa", "public\\\\.pk", {marker}]')
+    with cap:
+        cap.wait_notification("COMPLETED")
+        h.execute("UPDATE pb SET v = 'b2' WHERE id = 3")  # not captured: not logged
+        cap.caught_up()
+        cap.stop()
+        write_config(tmp_path, h.dsn, extra=extra,
+                     source_extra=f'tables = ["public\\\\.p.", {marker}]')
+        h.execute("UPDATE pb SET v = 'b3' WHERE id = 4",  # while down: in the stream
+                  "ALTER TABLE pk ADD PRIMARY KEY (id)")
+        mark = cap.end()
+        cap.start()
+        events = cap.wait_notification("COMPLETED", after=mark, signal_id="initial")
+        h.execute("UPDATE pb SET v = 'b5' WHERE id = 5", "UPDATE pk SET v = 'k5' WHERE id = 5")
+        events = cap.assert_oracle({"pa": ["id"], "pb": ["id"], "pk": ["id"]})
+    scanned = {e["source"]["table"] for e in events if e["offset"] >= mark and e["op"] == "n"
+               and e["notification"]["type"] == "TABLE_SCAN_COMPLETED"}
+    assert scanned == {"pb", "pk"}

@@ -370,6 +370,12 @@ class PgLogSource:
             t for t in names if t in published
             and ((self._known and t not in self._captured)
                  or self._oids.get(t, oids[t]) != oids[t])]
+        if published is None and force and self._known:
+            # FOR ALL TABLES (its membership tells nothing): at start a table the
+            # checkpoint did not capture (the `tables` setting widened, a primary key
+            # added meanwhile) joins all the same: its rows are in no event, so with
+            # mode = "initial" it is snapshotted, as in a FOR TABLE publication.
+            joining = [t for t in names if t not in self._captured and t not in moved]
         present = {t.qualified for t in listed}
         gone = [t for t in self._captured if t not in present]
         if force:
