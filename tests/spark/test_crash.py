@@ -55,7 +55,10 @@ parallelism = 2
 
 
 def start_job(cfg: Path, fault: str | None, tmp: Path, n: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "DBLOG_SPARK_DRIVER_MEMORY": "1g"}
+    # Spark's Python processes are left to the job (PYSPARK_PYTHON: spark.pyexec's
+    # launcher, precompiled pyspark): with sys.executable each compiled pyspark's zip,
+    # slow enough under load to miss Spark's fixed 10 s to connect back (b174d6a).
+    env = {**os.environ, "DBLOG_SPARK_DRIVER_MEMORY": "1g"}
     env.pop(FAULT_ENV, None)
     if fault:
         env[FAULT_ENV] = fault
