@@ -173,3 +173,25 @@ def test_events_fast_path_equals_read(tmp_path: Path, sse: bool, start: int, lim
         assert orjson.loads(first)["offset"] == start
     finally:
         reader.close()
+
+
+def test_live_view_never_pairs_running_with_no_runner() -> None:
+    """/health read the runner, then the state: when ``run_capture`` set both in
+    between (runner first), it saw ``running`` with no runner and reported "stuck
+    opening the source" at the first start (CI, MariaDB probe test)."""
+    from pydblog.api.live import LiveCapture
+
+    runner: Any = object()
+
+    class Racing(LiveCapture):
+        fired = False
+
+        def __getattribute__(self, name: str) -> Any:
+            value = super().__getattribute__(name)
+            if name == "runner" and not Racing.fired:  # the capture thread runs now
+                Racing.fired = True
+                self.runner, self.state = runner, "running"
+            return value
+
+    state, _, seen = Racing().view()
+    assert not (state == "running" and seen is None), (state, seen)

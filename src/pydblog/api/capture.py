@@ -138,7 +138,8 @@ class CaptureApi:
     def health_report(self) -> tuple[bool, dict[str, Any]]:
         now = time.time()
         live, probe, metrics = self.live, self.probe, self.metrics
-        status, runner = live.status(), live.runner
+        state, error, runner = live.view()
+        status = None if runner is None else runner.status.latest
         snap = (status or {}).get("snapshot") or {}
         last = metrics.last_event_time or live.started_at
         log_dir = self.cfg.log_dir
@@ -149,8 +150,8 @@ class CaptureApi:
         inp = HealthInputs(
             now=now,
             role=live.role,
-            capture_state=live.state,
-            capture_error=live.error,
+            capture_state=state,
+            capture_error=error,
             status_age_s=None if status is None else now - float(status["updated_at"]),
             reachable=probe.reachable,
             probe_error=probe.error,

@@ -32,6 +32,14 @@ class LiveCapture:
         ``[ha]`` is the leader while it captures)."""
         return ROLE.get().role
 
+    def view(self) -> tuple[str, str | None, Runner | None]:
+        """``(state, error, runner)`` as one consistent reading: ``run_capture`` sets
+        the runner before it sets ``running`` (one statement, assigned left to right), so
+        reading ``state`` first never pairs ``running`` with the runner of before (None
+        at the first start: /health called that "stuck opening the source")."""
+        state, error = self.state, self.error
+        return state, error, self.runner
+
     def status(self) -> dict[str, Any] | None:
         """The runner's last status (position, rate, snapshot), at most ~1 s old."""
         runner = self.runner
