@@ -98,7 +98,7 @@ def wait_for_snapshot(cfg: Config, signal_id: str, start_offset: int,
                         result, message = 1, _reason(note)
                     elif kind in TERMINAL:
                         result = 0 if kind == "COMPLETED" else 1
-                        message = kind.lower() if kind == "COMPLETED" else _reason(note)
+                        message = _completed(note) if kind == "COMPLETED" else _reason(note)
                 if result is None:
                     status = read_status(cfg.log_dir) or {}
                     snap = status.get("snapshot") or {}
@@ -112,6 +112,15 @@ def wait_for_snapshot(cfg: Config, signal_id: str, start_offset: int,
         reader.close()
     out.print(f"snapshot {signal_id}: {message}")
     return 1 if result is None else result
+
+
+def _completed(note: dict[str, Any]) -> str:
+    """A COMPLETED snapshot's line, naming the tables a stop-snapshot removed from it
+    (``aborted_data_collections``): those were not read to their end."""
+    stopped = (note.get("additional_data") or {}).get("aborted_data_collections") or []
+    if not stopped:
+        return "completed"
+    return f"completed; stopped before their end: {', '.join(map(str, stopped))}"
 
 
 def _reason(note: dict[str, Any]) -> str:
