@@ -510,8 +510,9 @@ class _Client:
     """The Kafka clients a log needs: an admin client and a consumer for bounded reads
     (``read_range``), with the topic metadata cached."""
 
-    def __init__(self, cfg: LogConfig, native: bool = False) -> None:
+    def __init__(self, cfg: LogConfig, native: bool = False, uncommitted: bool = False) -> None:
         self.k = _kafka()
+        self.uncommitted = uncommitted  # read open transactions' records too (the writer's check)
         self.cfg = cfg
         self.prefix = _prefix(cfg)
         self._admin: Any = None
@@ -547,7 +548,8 @@ class _Client:
             conf = _for_consumer(client_config(
                 self.cfg,
                 **{"group.id": f"dblog-reader-{uuid.uuid4().hex[:8]}",
-                   "enable.auto.commit": False, "isolation.level": "read_committed",
+                   "enable.auto.commit": False,
+                   "isolation.level": "read_uncommitted" if self.uncommitted else "read_committed",
                    "auto.offset.reset": "error", "fetch.wait.max.ms": self._consumer_wait,
                    "enable.partition.eof": True, **READ_PREFETCH},
             ))
@@ -967,6 +969,14 @@ class KafkaChangeLog(ChangeLogWriter):
         self._fanned: set[tuple[str, int]] = set()  # partitions holding fan-out copies
         self._fan_out_parts: dict[str, int] = {}  # topic -> partitions (this commit)
         self._delivery_error: Any = None
+        self._after: dict[tuple[str, int], int] = {}
+        """Per data partition this session wrote, the end of its last commit there
+        (``_copies``)."""
+        self._valid_ends: dict[tuple[str, int], int] = {}
+        """Per data partition, the end of the last valid commit that wrote it, as far as
+        known (from recovery and this session's commits; ``_copies``)."""
+        self._all_ends_read = False
+        self._peek: _Client | None = None  # reads uncommitted records (``_own_records``)
         try:
             client.ensure_topics(
                 [checkpoint_topic(self.prefix), schemas_topic(self.prefix),
@@ -978,6 +988,7 @@ class KafkaChangeLog(ChangeLogWriter):
         commits = recover_commits(client)
         self._checkpoint = commits.last.checkpoint if commits.last is not None else None
         self._next = commits.next_offset
+        self._valid_ends = dict(commits.ends)
         self.gen = commits.max_gen + 1
         self.writer_id = uuid.uuid4().hex[:16]
         self._tag = f"{self.gen}:{self.writer_id}".encode()
@@ -1007,6 +1018,8 @@ class KafkaChangeLog(ChangeLogWriter):
             )
         self._epoch = epoch
         self._verified_to = commits.read_to
+        for tp, end in commits.ends.items():
+            self._valid_ends[tp] = max(end, self._valid_ends.get(tp, 0))
         self._checkpoint = commits.last.checkpoint if commits.last is not None else None
         self._next = commits.next_offset
         self._begin()
@@ -1080,9 +1093,13 @@ class KafkaChangeLog(ChangeLogWriter):
         self, events: Sequence[Encoded], rec: CommitRecord,
         topics: dict[str, str] | None = None, schema_msgs: Sequence[tuple[bytes, str]] = (),
     ) -> None:
-        """One transaction: data, flush, end offsets, checkpoint message, commit."""
+        """One transaction: data, flush, end offsets, checkpoint message, commit. The
+        delivery reports are checked first (``_copies``): a
+        commit whose records the broker stored other than it acknowledged them is
+        aborted (``ChangeLogUnavailable``: the capture retries in a new session)."""
         k = self.client.k
         p = self._producer
+        data: dict[tuple[str, int], list[int]] = {}
         self._delivered.clear()
         self._fanned.clear()
         self._fan_out_parts.clear()
@@ -1099,8 +1116,16 @@ class KafkaChangeLog(ChangeLogWriter):
             if self._delivery_error is not None:
                 raise k.KafkaException(self._delivery_error)
             internal = (checkpoint_topic(self.prefix), schemas_topic(self.prefix))
-            rec.ends, rec.runs = commit_ends(
-                {tp: d for tp, d in self._delivered.items() if tp[0] not in internal}, self._fanned)
+            data = {tp: d for tp, d in self._delivered.items() if tp[0] not in internal}
+            problem = self._copies(data)
+            if problem is not None:
+                raise ChangeLogUnavailable(
+                    f"Kafka at {self.cfg.bootstrap_servers}: a commit's records are not where "
+                    f"the broker's acknowledgements put them: {problem}; the transaction is aborted",
+                    hint="the capture retries from the last checkpoint in Kafka (a new session "
+                         "writes the events again; readers skip the aborted session's records)",
+                )
+            rec.ends, rec.runs = commit_ends(data, self._fanned)
             self._delivered.clear()
             cp_topic = checkpoint_topic(self.prefix)
             self._send(cp_topic, rec.to_bytes(), self.prefix.encode(), None, None)
@@ -1109,8 +1134,16 @@ class KafkaChangeLog(ChangeLogWriter):
                 self._fault("kafka-before-commit")
             p.commit_transaction(TIMEOUT_S)
             self._commits += 1
+            for tp, (_, last, _) in data.items():
+                self._after[tp] = self._valid_ends[tp] = last + 1
             if self._epoch is not None:
-                self._verify(self._delivered.pop((cp_topic, 0))[1])
+                own = self._delivered.pop((cp_topic, 0))[1]
+                if own < 0:
+                    raise ChangeLogUnavailable(
+                        f"Kafka at {self.cfg.bootstrap_servers} acknowledged a checkpoint message "
+                        "without its offset: whether a newer leader's came first is unknown",
+                        hint="the capture retries from the last checkpoint in Kafka")
+                self._verify(own)
         except (k.KafkaException, SystemError) as caught:
             # (SystemError: a fatal producer error surfacing through a delivery callback)
             abort_error = self._abort()
@@ -1123,6 +1156,70 @@ class KafkaChangeLog(ChangeLogWriter):
         except DblogError:
             self._abort()
             raise
+
+    def _copies(self, data: Mapping[tuple[str, int], Sequence[int]]) -> str | None:
+        """Why this commit's delivery reports (``data``: per data partition ``[lowest,
+        highest, records]``, a lowest of -1: acknowledged without offsets) may not
+        describe its records, or None: a record of this session (its writer header)
+        that the reports do not account for, which readers checking headers would take
+        as a second event at the same global offset. The broker put it there: a produce
+        appended twice (its answer to the first copy lost, the producer's retry appended
+        again; Tansu across a restart), or it answered the retry as a duplicate without
+        offsets (Tansu).
+
+        A transaction's records in a partition fill one stretch (one producer; fan-out
+        copies and tombstones are reported too), and where this session wrote before
+        (``_after``: the end of its last commit there) they begin after its commit
+        marker (one offset; none if the broker lost it). Only where the reports leave
+        room for other records are those offsets read back: between the lowest and
+        highest (another producer's records, or copies), and below the lowest, after the
+        previous commit's marker or, for a partition without a run (readers check
+        headers there) not written in this session, from the last valid commit's end.
+        Records of other writers there are fine (readers skip them)."""
+        for tp, (first, last, count) in sorted(data.items()):
+            where = f"{tp[0]} partition {tp[1]}"
+            if first < 0:
+                return (f"{where}: the broker acknowledged records without their offsets "
+                        "(it took a retried produce for a duplicate)")
+            dense = count == last + 1 - first
+            if not dense:
+                mine = self._own_records(tp, first, last + 1)
+                if mine > count:
+                    return (f"{where}: {mine} records of this session at offsets {first} to "
+                            f"{last}, {count} acknowledged (a produce appended twice)")
+            after = self._after.get(tp)
+            lo: int | None = None
+            if after is not None:
+                lo = after if first > after + 1 else None  # (lower: a re-created topic)
+            elif not dense or tp in self._fanned:
+                lo = self._valid_end(tp)
+            if lo is not None and lo < first:
+                mine = self._own_records(tp, lo, first)
+                if mine:
+                    return (f"{where}: {mine} records of this session at offsets {lo} to "
+                            f"{first - 1}, below the commit's first offset {first} (a produce "
+                            "appended twice)")
+        return None
+
+    def _own_records(self, tp: tuple[str, int], lo: int, hi: int) -> int:
+        """How many records with this session's writer header lie at ``lo <= offset <
+        hi`` of ``tp``, the open transaction's included."""
+        if self._peek is None:
+            self._peek = _Client(self.cfg, uncommitted=True)
+        tag = self._tag
+        return sum(_header(m.headers(), HEADER_WRITER) == tag
+                   for m in self._peek.read_range({tp: (lo, hi)}))
+
+    def _valid_end(self, tp: tuple[str, int]) -> int:
+        """The end of the last valid commit that wrote ``tp`` (0: none): where readers'
+        span of this commit begins there."""
+        if tp not in self._valid_ends and not self._all_ends_read:
+            # not written within the recovery window: the whole checkpoint topic says
+            whole = CommitLog(track=False)
+            self.client.read_commits(whole, 0)
+            self._valid_ends = {**whole.ends, **self._valid_ends}
+            self._all_ends_read = True
+        return self._valid_ends.get(tp, 0)
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         """Delivery report (served by ``flush``): per partition the lowest and highest
@@ -1137,7 +1234,12 @@ class KafkaChangeLog(ChangeLogWriter):
             return
         tp = (msg.topic(), msg.partition())
         off = msg.offset()
+        if off is None or off < 0:  # acknowledged without an offset: ``_copies``
+            self._delivered[tp] = [-1, -1, 0]
+            return
         seen = self._delivered.get(tp)
+        if seen is not None and seen[0] < 0:
+            return
         if seen is None:
             self._delivered[tp] = [off, off, 1]
             return
@@ -1264,6 +1366,8 @@ class KafkaChangeLog(ChangeLogWriter):
             log.debug("flush at close failed: %s", exc)
         finally:
             self.client.close()
+            if self._peek is not None:
+                self._peek.close()
 
 
 def _key_of(text: str, start: int) -> str | None:

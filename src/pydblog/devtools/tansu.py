@@ -52,6 +52,9 @@ class TansuBroker:
         self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.s3 = s3
+        self.advertised = self.bootstrap
+        """The address the broker tells clients to connect to (a proxy's, in a test
+        that puts one in front of it)."""
         self.root = Path(tempfile.mkdtemp(prefix="dblog-tansu-"))
         self._proc: subprocess.Popen[bytes] | None = None
         self._moto: subprocess.Popen[bytes] | None = None
@@ -91,7 +94,7 @@ class TansuBroker:
         log = (self.root / "broker.log").open("ab")
         self._proc = subprocess.Popen(
             [broker_binary(), "broker", "--listener-url", f"tcp://{self.bootstrap}",
-             "--advertised-listener-url", f"tcp://{self.bootstrap}", "--storage-engine", storage],
+             "--advertised-listener-url", f"tcp://{self.advertised}", "--storage-engine", storage],
             stdout=log, stderr=subprocess.STDOUT, env=self._env(),
         )
         log.close()

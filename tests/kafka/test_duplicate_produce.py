@@ -1,0 +1,166 @@
+"""A broker that answers a retried produce oddly must not make the Kafka log show an
+event twice (issue 13: the broker restart test read 52,243 events, 50,425 distinct).
+
+A proxy in front of a Tansu broker (``DupProxy``) sends one produce request twice and
+passes on only the answer to the second copy, as a broker does that lost its answer to
+the first and got the producer's retry."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pydblog.changelog.kafka import HEADER_WRITER, KafkaChangeLog, KafkaChangeLogReader, data_topic
+from pydblog.config import LogConfig
+from pydblog.errors import ChangeLogUnavailable
+from tests.kafka.dupproxy import DupProxy
+from tests.kafka.test_kafka_log import batches, cp, records
+
+pytest.importorskip("confluent_kafka", reason="pip install 'pydblog[kafka]'")
+
+
+@pytest.fixture
+def proxied(tmp_path: Path) -> Iterator[tuple[LogConfig, DupProxy]]:
+    from pydblog.devtools.tansu import TansuBroker
+
+    broker = TansuBroker()
+    proxy = DupProxy(broker.port)
+    broker.advertised = f"127.0.0.1:{proxy.port}"
+    with broker:
+        try:
+            yield LogConfig(type="kafka", path=str(tmp_path / "data"),
+                            bootstrap_servers=broker.advertised,
+                            topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=2), proxy
+        finally:
+            proxy.close()
+
+
+def test_a_produce_answered_twice_fails_the_commit_and_the_retry_logs_it_once(
+        proxied: tuple[LogConfig, DupProxy]) -> None:
+    cfg, proxy = proxied
+    bs = batches()
+    w = KafkaChangeLog(cfg)
+    w.append(bs[0], cp(0))
+    proxy.arm()
+    with pytest.raises(ChangeLogUnavailable) as failed:  # not a crash (it was: a TypeError)
+        w.append(bs[2], cp(1))
+    assert "without their offsets" in failed.value.message
+    assert proxy.duplicated == 1
+    w.close()
+    w = KafkaChangeLog(cfg)  # the capture retries from the checkpoint in Kafka
+    assert w.next_offset == len(bs[0]) and w.last_checkpoint() == cp(0)
+    w.append(bs[2], cp(1))
+    w.append(bs[4], cp(2))
+    w.close()
+    reader = KafkaChangeLogReader(cfg)
+    got = records(reader)
+    reader.close()
+    assert [r.offset for r in got] == list(range(len(bs[0]) + len(bs[2]) + len(bs[4])))
+
+
+def _copy_last(cfg: LogConfig, topic: str, part: int, tag: bytes | None = None,
+               to: int | None = None) -> None:
+    """Append a copy of the last record of ``topic`` ``part`` (value, key, headers), as a
+    broker does that appends a produce twice; ``tag``: with that writer header instead;
+    ``to``: into that partition."""
+    from confluent_kafka import Producer
+
+    from tests.kafka.test_kafka_log import partition_messages
+
+    last = partition_messages(cfg, topic, part + 1)[part][-1]
+    headers = [(k, tag if k == HEADER_WRITER and tag is not None else v)
+               for k, v in last.headers() or ()]
+    p = Producer({"bootstrap.servers": cfg.bootstrap_servers})
+    p.produce(topic, last.value(), last.key(), partition=part if to is None else to,
+              headers=headers)
+    assert p.flush(10) == 0
+
+
+def _read_all(cfg: LogConfig, want: int) -> None:
+    reader = KafkaChangeLogReader(cfg)
+    got = records(reader)
+    reader.close()
+    assert [r.offset for r in got] == list(range(want)), "every event once"
+
+
+def test_a_copy_of_a_record_before_a_commit_fails_it(kafka_log: LogConfig) -> None:
+    """A copy of this session's last record appended between two of its commits (in
+    the span readers check the next commit's records in) fails that commit; another
+    writer's record there does not (readers skip it: a fenced zombie's)."""
+    kafka_log = kafka_log.model_copy(update={"partitions": 1})
+    topic = data_topic(kafka_log.topic_prefix or "", "public.a")
+    bs = batches()
+    w = KafkaChangeLog(kafka_log)
+    w.append(bs[0], cp(0))
+    _copy_last(kafka_log, topic, 0, b"0:zombie")
+    w.append(bs[4], cp(1))  # another writer's record: fine
+    _copy_last(kafka_log, topic, 0)
+    with pytest.raises(ChangeLogUnavailable, match="below the commit's first offset"):
+        w.append(bs[0][:5], cp(2))
+    w.close()
+    w = KafkaChangeLog(kafka_log)
+    assert w.next_offset == len(bs[0]) + len(bs[4])
+    w.append(bs[0][:5], cp(2))
+    w.close()
+    _read_all(kafka_log, len(bs[0]) + len(bs[4]) + 5)
+
+
+def test_a_copy_below_a_fanned_out_partition_fails_the_commit(kafka_log: LogConfig) -> None:
+    """A partition holding a truncate's fan-out copy (partitions 1 and 2) has no run
+    (readers check its records' headers): a record with this session's header below
+    the commit's first offset there, in a partition this session has not written yet,
+    fails the commit."""
+    assert kafka_log.topic_prefix is not None
+    topic = data_topic(kafka_log.topic_prefix, "public.b")
+    bs = batches()
+    w = KafkaChangeLog(kafka_log)
+    w.append(bs[0], cp(0))
+    w.append(bs[1], cp(1))  # public.b: one event, in one partition
+    w.close()
+    from tests.kafka.test_kafka_log import partition_messages
+
+    (part,) = [p for p, ms in partition_messages(kafka_log, topic, 3).items() if ms]
+    w = KafkaChangeLog(kafka_log)
+    _copy_last(kafka_log, topic, part, w._tag, to=2)
+    with pytest.raises(ChangeLogUnavailable, match="below the commit's first offset"):
+        w.append(bs[2], cp(2))  # a truncate of public.b: every partition
+    w.close()
+    w = KafkaChangeLog(kafka_log)
+    w.append(bs[2], cp(2))
+    w.close()
+    _read_all(kafka_log, sum(len(b) for b in bs[:3]) + 299)
+
+
+def test_a_copy_between_a_commits_records_fails_it(
+        kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy of a produce appended while the transaction is still being written lies
+    between the commit's first and last offsets: the commit fails (and a record of
+    another writer there does not fail it)."""
+    kafka_log = kafka_log.model_copy(update={"partitions": 1})
+    topic = data_topic(kafka_log.topic_prefix or "", "public.a")
+    bs = batches()
+    w = KafkaChangeLog(kafka_log)
+    w.append(bs[0], cp(0))
+    produce = w._produce
+    copy_tag: list[bytes | None] = [b"0:zombie"]
+
+    def halves(events: Any, seq: int, topics: dict[str, str]) -> None:
+        produce(events[:10], seq, topics)
+        assert w._producer.flush(10) == 0
+        _copy_last(kafka_log, topic, 0, copy_tag[0])
+        produce(events[10:], seq + 10, topics)
+
+    monkeypatch.setattr(w, "_produce", halves)
+    w.append(bs[4], cp(1))  # another writer's record in between: fine
+    copy_tag[0] = None
+    with pytest.raises(ChangeLogUnavailable, match="records of this session at offsets"):
+        w.append(bs[4], cp(2))
+    w.close()
+    w = KafkaChangeLog(kafka_log)
+    w.append(bs[4], cp(2))
+    w.close()
+    _read_all(kafka_log, len(bs[0]) + 2 * len(bs[4]))
