@@ -10,8 +10,10 @@ that is the primary at the end.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import re
+import signal as signal_
 import subprocess
 import threading
 import time
@@ -27,6 +29,7 @@ from pydblog.config import load_config
 from pydblog.devtools.pgcluster import PgCluster, _as_postgres, free_port
 from pydblog.devtools.pgstandby import PgStandby
 from pydblog.errors import SourceUnavailable
+from pydblog.ports import Checkpoint, Commit, Heartbeat, RelationReset, ResetKind, SourceState
 from pydblog.positions import Lsn, PgPosition
 from pydblog.sources.postgres import standby as pg_standby
 from pydblog.sources.postgres.chunks import PgSnapshotReader
@@ -43,7 +46,7 @@ from tests.contract.test_standby_capture import (
     standby_snapshots,
     typed_writer,
 )
-from tests.helpers import sid, wait_for, write_config
+from tests.helpers import materialize, sid, wait_for, write_config
 
 Pair = tuple[PgCluster, PgStandby, PgHarness, str]
 
@@ -719,3 +722,162 @@ def test_a_failed_promotion_check_is_retried(primary18: PgCluster, tmp_path: Pat
         fixed.relations = {1259: "pg_catalog.pg_class"}
         with pytest.raises(SourceUnavailable):
             fixed.check_present(["pg_catalog.pg_class"])
+
+
+def cut_off(standby: PgStandby) -> None:
+    """The standby stops receiving the primary's WAL (``primary_conninfo`` emptied,
+    its WAL receiver gone): what the primary writes from now on is never in the
+    standby's history, as in an asynchronous failover."""
+    with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET primary_conninfo = ''")
+        conn.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_wal_receiver").fetchone()
+                 == (0,), 30, "the standby's WAL receiver to stop")
+
+
+def _items_until(source: PgLogSource, items: Iterator[Any], pred: Callable[[Any], bool],
+                 timeout: float, what: str) -> list[Any]:
+    """The stream's items up to the first ``pred`` holds for (a heartbeat refreshes as
+    the runner's does)."""
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    for item in items:
+        out.append(item)
+        if pred(item):
+            return out
+        if type(item) is Heartbeat:
+            source.refresh_tables()
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"no {what} in the stream: {[type(i).__name__ for i in out][-30:]}")
+
+
+def test_a_reset_logged_on_the_old_primary_around_the_promotion_is_logged_again(
+    pair: Pair, tmp_path: Path
+) -> None:
+    """In process, with ``primary_dsn`` (review13b finding 2): a captured table dropped
+    on the primary (replayed), then the standby cut off from the primary's WAL (an
+    asynchronous failover), then a heartbeat's ``refresh_tables``: the standby is still
+    in recovery, so it logs the table's GONE reset on the old primary, and hands on
+    the set without the table, which the runner checkpoints. The standby is promoted;
+    the reset is in no WAL it will ever stream. A source opened from that checkpoint on
+    the promoted server must log the reset again: the table's truncate comes."""
+    _, standby, inner, dbname = pair
+    h = StandbyHarness(inner, standby, dbname, primary=True)
+    make_table(inner, "t1", 3)
+    make_table(inner, "t2", 3)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1, t2 WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    cfg = load_config(h.config(tmp_path, RO20))
+    source = PgLogSource(cfg)
+    try:
+        source.open(None)
+        items = source.stream()
+        first = next(items)
+        assert type(first) is SourceState and "public.t2" in first.value["captured"]
+        inner.execute("DROP TABLE t2")
+        standby.wait_caught_up()
+        cut_off(standby)
+        source.refresh_tables()  # logs the reset on the old primary
+        got = _items_until(source, items, lambda i: type(i) is SourceState, 30,
+                           "SourceState after the refresh")
+        state = got[-1]
+        assert "public.t2" not in state.value["captured"]
+        with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_promote()")
+    finally:
+        source.close()
+    checkpoint = Checkpoint(None, None, {state.key: state.value})
+    source = PgLogSource(cfg)  # the promoted server: a primary's capture now
+    try:
+        source.open(checkpoint)
+        assert not source.standby
+        items = source.stream()
+        got = _items_until(source, items,
+                           lambda i: type(i) is RelationReset and i.event.table == "t2", 30,
+                           "reset of t2")
+        assert got[-1].kind is ResetKind.GONE
+        assert [i for i in got if type(i) is RelationReset] == [got[-1]]
+        # Seen back: the checkpoint at its transaction's Commit no longer keeps it.
+        rest = _items_until(source, items, lambda i: type(i) is Commit, 10, "Commit")
+        states = [i for i in rest if type(i) is SourceState]
+        assert states and "resets" not in states[-1].value, rest
+    finally:
+        source.close()
+
+
+def _reset_logged(conn: psycopg.Connection[Any], slot: str, table: str) -> bool:
+    """A reset message of ``table`` is in the WAL ``slot`` (pgoutput, on the primary)
+    decodes."""
+    rows = conn.execute(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
+        "'1', 'publication_names', 'dblog', 'messages', 'true')", (slot,)).fetchall()
+    return any(b"dblog-relation-reset" in bytes(r[0]) and f'"{table}"'.encode() in bytes(r[0])
+               for r in rows)
+
+
+@pytest.mark.slow
+def test_a_reset_logged_on_the_old_primary_around_the_promotion_reaches_the_log(
+    pair: Pair, tmp_path: Path
+) -> None:
+    """Slow (default-run time; the in-process test above is the default run's). ``dblog
+    run`` with ``primary_dsn``, heartbeats every 30 s: t2 snapshotted, then, while the
+    capture is held (SIGSTOP), t2 dropped and a heartbeat logged on the primary,
+    replayed, and the standby cut off from the primary's WAL (an asynchronous
+    failover). Released, the capture refreshes at that heartbeat: the standby is still
+    in recovery, so t2's GONE reset is logged on the old primary, where the promoted
+    server never reads it. Writes on the promoted server put the set without t2 into a
+    durable checkpoint; the capture dies (kill -9) and starts again on the promoted
+    server. t2's truncate must reach the log (it logs the reset again): the log
+    equals the promoted server's tables, t2 empty."""
+    primary, standby, inner, dbname = pair
+    h = _RareBeats(inner, standby, dbname, primary=True)
+    make_table(inner, "t1", 30)
+    make_table(inner, "t2", 20)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1, t2 WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    observer = f"obs_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(inner.dsn, autocommit=True) as old, \
+            capturing(h, tmp_path, RO20) as cap:
+        try:
+            signal = sid()
+            inner.signal(signal, "execute-snapshot",
+                         {"data-collections": [q(inner, "t1"), q(inner, "t2")]})
+            cap.wait_until(_alive_and(cap, lambda ev: any(
+                e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
+                and e["notification"].get("signal_id") == signal for e in ev)), 60,
+                "the snapshot's COMPLETED")
+            assert cap.proc is not None
+            old.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (observer,))
+            os.kill(cap.proc.pid, signal_.SIGSTOP)
+            try:
+                inner.execute("DROP TABLE t2")
+                old.execute("SELECT pg_logical_emit_message(false, 'dblog-heartbeat', '')")
+                # (A record after the heartbeat: here a standby's walsender did not send
+                # the last record it had replayed while none followed it.)
+                old.execute("SELECT pg_logical_emit_message(true, 'dblog-test-filler', '')")
+                standby.wait_caught_up()
+                cut_off(standby)
+            finally:
+                os.kill(cap.proc.pid, signal_.SIGCONT)
+            wait_for(lambda: _reset_logged(old, observer, "t2"), 30,
+                     "t2's reset logged on the (old) primary")
+            with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                conn.execute("SELECT pg_promote()")
+            inner.dsn = standby.dsn(dbname)  # the writes (and the oracle) go there now
+            inner.execute("UPDATE t1 SET n = n + 1, v = 'after' WHERE id < 5")
+            cap.wait_until(_alive_and(cap, lambda ev: any(
+                e["op"] == "u" and (e["after"] or {}).get("v") == "after" for e in ev)), 30,
+                "the update on the promoted server")
+            cap.kill()  # its checkpoint (at that update) captures t2 no more
+            cap.start()
+            cap.wait_until(_alive_and(cap, lambda ev: any(
+                e["op"] == "t" and e["source"]["table"] == "t2" for e in ev)), 30,
+                "t2's truncate")
+            inner.execute("UPDATE t1 SET n = n + 1 WHERE id >= 25")
+            events = cap.assert_oracle({"t1": ["id"]})
+            assert not materialize(events).get("public.t2")
+            cap.stop()
+        finally:
+            old.execute("SELECT pg_drop_replication_slot(%s)", (observer,))
+    stop_primary(primary)

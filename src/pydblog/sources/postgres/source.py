@@ -14,7 +14,9 @@ Invariants:
 - A captured table dropped, or dropped and created again, is reset: a transactional
   message, committed with the change that adds the table to the publication again, comes back
   through the stream as a ``RelationReset`` (a truncate), after every event of the old
-  relation and before every event of the new one (``_reset_tables``).
+  relation and before every event of the new one (``_reset_tables``). Resets logged
+  but not seen back yet are in the checkpoint and logged again at ``open`` (a standby
+  promoted may stream a history without them), each yielded once (``resets``).
 - The captured tables are part of the checkpoint (``CAPTURED_KEY``, a ``SourceState``),
   so at start, as at every heartbeat: a table found outside the publication is a new
   relation of a table captured before (``RECREATED``: snapshotted, its rows from before
@@ -31,6 +33,7 @@ import logging
 import os
 import select
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,7 +62,7 @@ from pydblog.ports import (
 )
 from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.sources.postgres import pgoutput as po
-from pydblog.sources.postgres import rowdecode, setup, standby
+from pydblog.sources.postgres import resets, rowdecode, setup, standby
 from pydblog.sources.postgres.connect import connect, connect_replication, replication_error
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
 from pydblog.sources.postgres.relations import (
@@ -78,7 +81,9 @@ RESET_PREFIX = "dblog-relation-reset"
 CAPTURED_KEY = "pg_captured"
 """Checkpoint ``extra`` key: ``{"captured": [...], "seen": [...], "oids": {...}}``, the
 qualified names of the tables captured now and of every table captured so far (sorted),
-and each captured table's relation oid."""
+and each captured table's relation oid; with ``"resets"`` and ``"returned"`` when
+table resets were logged that did not come back through the stream yet
+(``resets.Unreturned``)."""
 REFRESH_ATTEMPTS = 5
 """Publication refreshes tried while captured tables keep being dropped meanwhile."""
 HB_RESEND = 3
@@ -167,6 +172,10 @@ class PgLogSource:
         # is known (a checkpoint without the list, before the first refresh: not).
         self._oids: dict[str, int] = {}
         self._known = False
+        # Resets logged and not seen back in the stream yet (``resets``), and those the
+        # refresh transaction in progress logged.
+        self._unreturned = resets.Unreturned()
+        self._logging: list[resets.Reset] = []
         self._report = True
         self._acked: int = 0
         self._last_hb = 0.0
@@ -221,12 +230,17 @@ class PgLogSource:
             self._captured = [str(t) for t in raw.get("captured") or ()]
             self._seen.update(str(t) for t in raw.get("seen") or ())
             self._oids = {str(t): int(o) for t, o in (raw.get("oids") or {}).items()}
+            self._unreturned = resets.Unreturned.load(raw)
             self._known = True
         self._refresh_publication()
         if self.standby:
-            standby.ensure_slot(meta, self.src.slot, self._primary)
+            created = standby.ensure_slot(meta, self.src.slot, self._primary)
         else:
-            setup.ensure_slot(meta, self.src.slot)
+            created = setup.ensure_slot(meta, self.src.slot)
+        if created:
+            # A new slot streams nothing logged before it: the resets logged so far
+            # (this refresh's, at a first start) never come back through it.
+            self._unreturned = resets.Unreturned()
         self._types = TypeRegistry.load(meta)
         repl = connect_replication(self.src.dsn, timeout_s=self.src.connect_timeout_s)
         self._repl = repl
@@ -279,8 +293,10 @@ class PgLogSource:
             standby.check_promoted(self._meta, self.cfg)
         meta = self._writes
         for attempt in range(REFRESH_ATTEMPTS):
+            self._logging = []
             try:
                 with meta.transaction():
+                    again = self._log_again() if force else False
                     names, oids = self._refresh(force)
                 break
             except psycopg.OperationalError as exc:
@@ -304,6 +320,12 @@ class PgLogSource:
         else:  # pragma: no cover (the loop breaks or returns)
             return
         self._known = True
+        if self._logging:
+            self._unreturned.logged(self._logging)
+            self._logging = []
+            self._report = True
+        if again:
+            self._report = True
         if names is not None or oids != self._oids:
             if names is not None:
                 self._captured = names
@@ -411,8 +433,30 @@ class PgLogSource:
         only after the publication changes, so after it."""
         for qualified in tables:
             log.info("table %s: %s, logging a truncate (and snapshotting it)", qualified, kind.value)
-            payload = orjson.dumps([*setup.split_name(qualified), kind.value]).decode()
-            self._writes.execute("SELECT pg_logical_emit_message(true, %s, %s)", (RESET_PREFIX, payload))
+            reset = resets.Reset(uuid.uuid4().hex[:16], qualified, kind.value)
+            self._emit_reset(reset)
+            self._logging.append(reset)
+
+    def _emit_reset(self, reset: resets.Reset) -> None:
+        """Log ``reset``'s message (``[schema, table, kind, id]``), in the refresh's
+        transaction."""
+        payload = orjson.dumps([*setup.split_name(reset.table), reset.kind, reset.id]).decode()
+        self._writes.execute("SELECT pg_logical_emit_message(true, %s, %s)", (RESET_PREFIX, payload))
+
+    def _log_again(self) -> bool:
+        """At ``open``, first in its refresh's transaction: the resets the checkpoint
+        says were logged and not seen back (``resets``), logged again here in their
+        order, with their ids. Their messages may have been written where this stream
+        never reads (the old primary of a standby promoted since, or WAL it did not
+        receive before its promotion); if they come after all, the copies are
+        skipped. Whether there were any."""
+        again = self._unreturned.to_log_again()
+        for reset in again:
+            log.info("table %s: its %s reset was logged before and has not come back "
+                     "through the stream yet (logged on a server this stream may not read, "
+                     "e.g. before a promotion): logging it again", reset.table, reset.kind)
+            self._emit_reset(reset)
+        return bool(again)
 
     # -- stream -------------------------------------------------------------------
     def stream(self) -> Iterator[StreamItem]:
@@ -498,6 +542,10 @@ class PgLogSource:
             if kind is po.Commit:
                 c: po.Commit = m  # type: ignore[assignment]
                 begin = None
+                if self._report:
+                    # A reset came back in this transaction: the checkpoint written at
+                    # its Commit no longer keeps it (``resets``).
+                    yield self._captured_state()
                 yield Commit(PgPosition(Lsn(c.commit_lsn), idx, Lsn(c.end_lsn), tx_id), c.commit_ts_us // 1000)
                 now = time.monotonic()
                 if (not self._hb_out or now - self._hb_sent >= HB_RESEND * interval) \
@@ -530,7 +578,8 @@ class PgLogSource:
         self._report = False
         return SourceState(CAPTURED_KEY, {"captured": sorted(self._captured),
                                           "seen": sorted(self._seen),
-                                          "oids": dict(sorted(self._oids.items()))})
+                                          "oids": dict(sorted(self._oids.items())),
+                                          **self._unreturned.dump()})
 
     def _handlers(self) -> dict[type, Any]:
         return {
@@ -700,7 +749,15 @@ class PgLogSource:
             self._hb_out = False
             return [Heartbeat(_between(m.lsn))]
         if m.prefix == RESET_PREFIX and in_tx:
-            schema, table, kind = orjson.loads(m.content)
+            schema, table, kind, *rid = orjson.loads(m.content)
+            if rid:  # (a message of an older version has no id: always yielded)
+                new, changed = self._unreturned.came_back(str(rid[0]))
+                if changed:
+                    self._report = True  # handed on before the Commit (``stream``)
+                if not new:
+                    log.info("table %s.%s: a %s reset came back a second time (logged "
+                             "again at a start): skipped", schema, table, kind)
+                    return []
             if not self._matcher(f"{schema}.{table}"):
                 return []
             event = ChangeEvent(Op.TRUNCATE, schema, table, PgPosition(lsn, idx, None, tx), ts)
