@@ -348,6 +348,10 @@ class CommitLog:
     Kafka offsets at or above ``cut(floor)``); ``first_complete`` and ``history`` below
     it are gone (0: nothing forgotten)."""
 
+    whole: bool = False
+    """``recover_commits`` read the checkpoint topic from its start (the writer then
+    knows every partition's last valid end)."""
+
     def apply(self, rec: CommitRecord) -> bool:
         """Take one message; True if it is valid."""
         self.max_gen = max(self.max_gen, rec.gen)
@@ -938,6 +942,7 @@ def recover_commits(client: _Client) -> CommitLog:
     for m in client.read_range({(topic, 0): (max(lo, hi - RECOVERY_WINDOW), None)}):
         if m.value() is not None:
             log_.apply(CommitRecord.from_bytes(m.value(), m.offset()))
+    log_.whole = hi - RECOVERY_WINDOW <= lo  # (a broker's high watermark may lag: never ahead)
     return log_
 
 
@@ -989,6 +994,7 @@ class KafkaChangeLog(ChangeLogWriter):
         self._checkpoint = commits.last.checkpoint if commits.last is not None else None
         self._next = commits.next_offset
         self._valid_ends = dict(commits.ends)
+        self._all_ends_read = commits.whole
         self.gen = commits.max_gen + 1
         self.writer_id = uuid.uuid4().hex[:16]
         self._tag = f"{self.gen}:{self.writer_id}".encode()
