@@ -198,13 +198,19 @@ def wait_for(pred: Callable[[], bool], timeout: float = 60, what: str = "conditi
 
 
 def wait_for_marker(config: Path, dsn: str, timeout: float = 60,
-                    read: Callable[[], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+                    read: Callable[[], list[dict[str, Any]]] | None = None,
+                    stall: float | None = None) -> list[dict[str, Any]]:
     """Write a marker row and wait until it is in the change log; returns the log
     (``read``: the whole log as ``dblog tail`` prints it; by default ``read_log``).
 
     The marker table may be new to a running capture (tables created after start are
     added to the publication at the next heartbeat), so a fresh marker is written
     every couple of seconds until one arrives.
+
+    ``stall``: past ``timeout`` the wait goes on while the log read grows, and fails
+    once nothing new came for ``stall`` seconds (the time a log takes to read is
+    proportional to its size and to the machine's load: a slow reader that keeps
+    reading is not a failure, one that stopped is).
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS dblog_test_marker (id text PRIMARY KEY)")
@@ -214,8 +220,10 @@ def wait_for_marker(config: Path, dsn: str, timeout: float = 60,
     follower = LogFollower(config)  # (opens nothing unless called: when ``read`` is None)
     poll: Callable[[], list[dict[str, Any]]] = read or follower
 
+    grew, size = time.monotonic(), 0
+
     def seen() -> bool:
-        nonlocal events, last_write
+        nonlocal events, last_write, grew, size
         if time.monotonic() - last_write > 2.0:
             token = f"m{time.monotonic_ns()}"
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -226,13 +234,24 @@ def wait_for_marker(config: Path, dsn: str, timeout: float = 60,
             events = poll()
         except AssertionError:
             return False
+        if len(events) > size:
+            grew, size = time.monotonic(), len(events)
         return any(
             e["source"]["table"] == "dblog_test_marker" and (e.get("after") or {}).get("id") in tokens
             for e in events
         )
 
     try:
-        wait_for(seen, timeout, "the marker row in the change log")
+        if stall is None:
+            wait_for(seen, timeout, "the marker row in the change log")
+        else:
+            deadline = time.monotonic() + timeout
+            while not seen():
+                if time.monotonic() > max(deadline, grew + stall):
+                    raise AssertionError(
+                        f"timed out waiting for the marker row in the change log: {size} events "
+                        f"read, nothing new for {time.monotonic() - grew:.0f} s")
+                time.sleep(0.2)
     finally:
         follower.close()
     return events
@@ -299,10 +318,12 @@ def source_rows(dsn: str, table: str, key: list[str]) -> dict[Key, dict[str, Any
 
 
 def assert_oracle(config: Path, dsn: str, tables: dict[str, list[str]],
-                  read: Callable[[], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+                  read: Callable[[], list[dict[str, Any]]] | None = None,
+                  stall: float | None = None) -> list[dict[str, Any]]:
     """Materialize the change log and compare it with every table in ``tables``
-    (name -> key columns). Returns the events read (``read``: as ``wait_for_marker``)."""
-    events = wait_for_marker(config, dsn, 60 if read is None else 300, read)
+    (name -> key columns). Returns the events read (``read``, ``stall``: as
+    ``wait_for_marker``)."""
+    events = wait_for_marker(config, dsn, 60 if read is None else 300, read, stall)
     got = materialize(events)
     for table, key in tables.items():
         want = source_rows(dsn, table, key)

@@ -6,6 +6,7 @@ position is logged twice."""
 from __future__ import annotations
 
 import random
+import signal
 import threading
 import time
 import uuid
@@ -36,8 +37,8 @@ def _table(dsn: str) -> None:
         conn.execute("CREATE TABLE w (id int PRIMARY KEY, v text, n int)")
 
 
-def _check(config: Path, dsn: str, read: Any = None) -> list[dict[str, Any]]:
-    events = assert_oracle(config, dsn, {"public.w": ["id"]}, read)
+def _check(config: Path, dsn: str, read: Any = None, stall: float | None = None) -> list[dict[str, Any]]:
+    events = assert_oracle(config, dsn, {"public.w": ["id"]}, read, stall)
     positions = [(e["source"]["lsn"], e["source"]["index"]) for e in events]
     assert len(positions) == len(set(positions)), "a source position was logged twice"
     assert positions == sorted(positions), "offsets do not follow source positions"
@@ -152,6 +153,20 @@ def test_signal_topic(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
 BROKER_KILLS = (True, False, True)
 
 
+def _leave_raw(broker: Any, config: Path, tmp_path: Path) -> None:
+    """A failed check leaves the topics' records and Tansu's stored batches behind."""
+    from pydblog.config import load_config
+    from tests.kafka.rawdump import dump_batches, dump_records
+
+    prefix = load_config(config).log.topic_prefix
+    assert prefix is not None
+    try:
+        dump_batches(broker._moto_port, prefix, tmp_path / "batches.jsonl")
+        dump_records(broker.bootstrap, prefix, tmp_path / "records.jsonl")
+    except Exception as exc:  # a diagnostic only
+        (tmp_path / "rawdump-error.txt").write_text(repr(exc))
+
+
 class _Follower:
     """The whole log as ``dblog tail`` prints it, read by one ``KafkaChangeLogReader``
     kept open: each call reads only what is new (a full ``dblog tail`` per poll of an
@@ -169,15 +184,48 @@ class _Follower:
 
         try:
             while batch := self.reader.read(len(self.events), 100_000):
-                assert batch[0].offset == len(self.events), "offsets are not dense"
+                offsets = [r.offset for r in batch]
+                if offsets != list(range(len(self.events), len(self.events) + len(batch))):
+                    # (not an AssertionError: the marker wait would take it for "not yet")
+                    twice = sorted({o for o in offsets if offsets.count(o) > 1})
+                    raise RuntimeError(f"offsets are not dense from {len(self.events)}: "
+                                       f"{len(twice)} read twice, e.g. {twice[:5]}")
                 self.events.extend({"offset": r.offset, **orjson.loads(r.body)} for r in batch)
         except ChangeLogUnavailable:  # S3 (moto) under a loaded machine: read on next poll
             pass
         return self.events
 
 
+def _paced_writer(dsn: str, stop: threading.Event, seed: int, per_s: float) -> None:
+    """``tests.integration.test_crash.writer``'s transactions, at most ``per_s``
+    statements a second: the log's size, and so the time the S3-backed broker takes to
+    serve it, does not grow with the machine's speed."""
+    rng = random.Random(seed)
+    start, done = time.monotonic(), 0
+    with psycopg.connect(dsn) as conn:
+        while not stop.is_set():
+            for _ in range(rng.randrange(1, 20)):
+                i = rng.randrange(300)
+                r = rng.random()
+                if r < 0.5:
+                    conn.execute(
+                        "INSERT INTO w VALUES (%s, %s, 1) ON CONFLICT (id) DO UPDATE "
+                        "SET v = excluded.v, n = w.n + 1",
+                        (i, f"x{rng.random()}"),
+                    )
+                elif r < 0.8:
+                    conn.execute("UPDATE w SET n = n + 1 WHERE id = %s", (i,))
+                else:
+                    conn.execute("DELETE FROM w WHERE id = %s", (i,))
+                done += 1
+            conn.commit()
+            ahead = start + done / per_s - time.monotonic()
+            if ahead > 0:
+                stop.wait(ahead)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
     """The broker (S3 storage) is killed or stopped and restarted three times while
     capture runs, and the topics stay exact (read once, incrementally, materialized and
@@ -185,7 +233,16 @@ def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
     makes the capture retry and resume from the checkpoint in Kafka (most runs; one
     that falls between commits is reconnected to by the client, which is fine too).
     Commits are grouped (``batch_max_ms``) so that the S3-backed broker has few record
-    batches to serve."""
+    batches to serve, and the writes are paced (at most 2,000 statements a second), so
+    that a fast machine does not make a log a loaded one takes minutes to read. The
+    wait for the capture to catch up goes on while the log read grows (``stall``): on a
+    loaded machine the S3-backed broker serves it slowly, but steadily.
+
+    Restarts made the broker answer a retried produce as a duplicate without offsets
+    (the capture then died of a TypeError) and lose a commit marker; a produce appended
+    twice is checked for as well (``tests/kafka/test_duplicate_produce.py``). A failure
+    leaves the topics' records and the broker's stored batches in ``tmp_path``
+    (``_leave_raw``)."""
     from pydblog.devtools.tansu import TansuBroker
 
     _table(pg_db)
@@ -193,8 +250,8 @@ def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
         config = write_config(tmp_path, pg_db, extra=kafka_log_toml(
             broker.bootstrap, extra="partitions = 2\nbatch_max_ms = 250"))
         stop = threading.Event()
-        load = threading.Thread(target=writer, args=(pg_db, stop, 7))
-        proc = start_run(config)
+        load = threading.Thread(target=_paced_writer, args=(pg_db, stop, 7, 2000.0))
+        proc = start_run(config, env={"PYTHONFAULTHANDLER": "1"})  # (SIGABRT: stacks)
         load.start()
         try:
             for kill in BROKER_KILLS:
@@ -206,7 +263,12 @@ def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
             load.join()
         follow = _Follower(config)
         try:
-            _check(config, pg_db, follow)
+            try:
+                _check(config, pg_db, follow, stall=120)
+            except BaseException:  # (pytest-timeout's too)
+                _leave_raw(broker, config, tmp_path)
+                proc.send_signal(signal.SIGABRT)  # every thread's stack into capture.log
+                raise
         finally:
             follow.reader.close()
             code, out = stop_run(proc)
