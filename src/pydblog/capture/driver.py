@@ -261,16 +261,7 @@ class SnapshotDriver:
             if now - self._held_since < MAX_HOLD_S:
                 return False
         self._held_since = None
-        now = time.monotonic()
-        if self._backoff.note(self.core.read_again, now):
-            log.warning(
-                "snapshot: %d reads in a row could not decide (the read did not see "
-                "everything the stream delivered: a lagging standby, a commit waiting for a "
-                "synchronous standby, or a transaction in doubt; last fence: %s); reading "
-                "again every %.1f s at most", self._backoff.streak,
-                describe(self._last_fence), self._backoff.max_s,
-            )
-        if not self._backoff.ready(now):
+        if not self._backoff_ready():
             return False  # (the next tick, 50 ms at most on an idle stream, looks again)
         request = self.core.next_request()
         if request is None:
@@ -295,6 +286,19 @@ class SnapshotDriver:
         return False
 
     _concurrent_inflight = False
+
+    def _backoff_ready(self) -> bool:
+        """After reads that could not decide, the next request waits (``core.retry``)."""
+        now = time.monotonic()
+        if self._backoff.note(self.core.read_again, now):
+            log.warning(
+                "snapshot: %d reads in a row could not decide (the read did not see "
+                "everything the stream delivered: a lagging standby, a commit waiting for a "
+                "synchronous standby, or a transaction in doubt; last fence: %s); reading "
+                "again every %.1f s at most", self._backoff.streak,
+                describe(self._last_fence), self._backoff.max_s,
+            )
+        return self._backoff.ready(now)
 
     def _start_pool(self) -> None:
         if self._pool:
@@ -508,11 +512,13 @@ class SnapshotDriver:
         results: list[Answer] = []
         while self.core.blocking and not stop.is_set():
             keepalive()
-            request = self.core.next_request()
+            # a fenced blocking read that could not decide is read again, backing off
+            request = self.core.next_request() if self._backoff_ready() else None
             if request is None:
                 emit(self.take())
                 time.sleep(0.01)
                 continue
+            self._backoff.submitted()
             self._execute(request, results.append)
             for result in results:
                 emit(result())

@@ -42,7 +42,9 @@ they carry the core's random instance id). The worker's duty per kind, in order:
     2. ``core.on_chunk_read(id, rows, elapsed_ms, fence=fence)``. The rows land at the
        first ``core.on_progress`` whose ``reached`` the fence has passed.
     A ``TableStartRequest`` without a watermark in a read-only snapshot takes effect at
-    the next ``core.on_progress``.
+    the next ``core.on_progress``. Blocking requests of a fenced core (read-only, or
+    ``CoreSettings.fenced``) are fenced too: their answers take effect at once, as
+    without a fence, unless the fence cannot decide (the read is planned again).
 
 ``TableStartRequest`` with ``concurrent`` (concurrent windows): as above, on any of the
     pool's forked readers, beside the range and bounds requests of other tables.

@@ -366,10 +366,11 @@ class SnapshotCore:
 
     def _watch(self) -> None:
         """Read-only: the tables whose events must be kept until a fence settles them
-        (being snapshotted, or with keys waiting for a re-read)."""
+        (being snapshotted, blocking too, or with keys waiting for a re-read)."""
         if self._fenced:
             before = self._watched
-            self._watched = set(self._incr.tables()) | self._rereads.tables()
+            self._watched = (set(self._incr.tables()) | set(self._block.tables())
+                             | self._rereads.tables())
             if not self._watched:
                 self._unsettled.clear()
             elif not self._watched <= before:
@@ -503,8 +504,8 @@ class SnapshotCore:
                 job.surrogate_key,
                 job.condition,
                 f"{rid}:start" if marks else None,
-                fenced=not blocking and self._fenced,
-                floor=None if blocking else self._floor_hint(),
+                fenced=self._fenced,  # blocking reads too: see ``_blocking_window``
+                floor=self._floor_hint(),
             )
         assert job.key_columns is not None and job.max_key is not None
         return ChunkRequest(
@@ -519,9 +520,9 @@ class SnapshotCore:
             condition=job.condition,
             low_watermark=f"{rid}:low" if marks else None,
             high_watermark=f"{rid}:high" if marks else None,
-            fenced=not blocking and self._fenced,
+            fenced=self._fenced,
             identity=job.identity or (),
-            floor=None if blocking else self._floor_hint(),
+            floor=self._floor_hint(),
         )
 
     def _floor_hint(self) -> Position | None:
@@ -890,6 +891,9 @@ class SnapshotCore:
             self._read_again += 1
             if ours:
                 self._starting = None  # the next request starts the table again
+            elif self._is_blocking(request_id):
+                self._answer(request_id)
+                self._blocking_request = None  # the next request starts it again
             elif self._answer(request_id) and self._pending is not None \
                     and self._pending.request.id == request_id:
                 self._pending = None
@@ -940,6 +944,8 @@ class SnapshotCore:
             assert isinstance(request, ChunkRequest)
             self._blocking_request = None
             self._resize(request, len(rows), elapsed_ms)
+            if request.fenced and fence is not None:
+                return self._blocking_window(request, rows, fence)
             return self._blocking_rows(request, rows)
         return []
 
@@ -1383,6 +1389,34 @@ class SnapshotCore:
             return []
         result = WindowResult(rows, len(rows), last, True)
         events = self._rows(job, rows, cursor)
+        return self._emit_blocking(events, self._chunk_done(self._block, request, result))
+
+    def _blocking_window(
+        self, request: ChunkRequest, rows: Sequence[ChunkRow], fence: ReadFence
+    ) -> list[Emitted]:
+        """A fenced blocking chunk (``CoreSettings.fenced``, read-only too): its SELECT
+        can miss a commit the stream delivered before the pause (PostgreSQL decodes a
+        commit before it becomes visible: one waiting for a synchronous standby, a
+        lagging hot standby), and the paused stream will not deliver it again, so the
+        stale row would land after that newer event for good. The chunk is judged as a
+        fenced window that closes at once (no event comes while the stream is paused):
+        the kept events of its table the read did not see drop their keys (the event
+        stands for the row), and a read whose fence does not cover the table's floor
+        (events delivered before it was queued, not kept) or what was forgotten is read
+        again (``read_again``)."""
+        job = self._block.current
+        cursor = self._anchor
+        if job is None or cursor is None or job.table != request.table:
+            return []
+        window = FencedWindow(_window(job, request), self._unsettled)
+        window.set_answer(rows, fence)
+        self._unsettled.prune(fence, self._issued_epoch(request.id))
+        result = window.close()
+        if not result.conclusive:
+            self._read_again += 1
+            return []  # the same chunk is planned again
+        self._rereads.add_all(job.schema_name, job.table_name, result.reread)
+        events = self._rows(job, result.rows, cursor)
         return self._emit_blocking(events, self._chunk_done(self._block, request, result))
 
     def _rows(
