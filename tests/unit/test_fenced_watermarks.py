@@ -148,14 +148,12 @@ def run_blocking(core: SnapshotCore, stale: int, fresh_rows: list[int]) -> list[
     as a SELECT that does not see transaction 10 yet (rows 1-4), the rest as one that
     sees it (``fresh_rows``). Returns the events."""
     out: list[ChangeEvent] = []
-    reads = 0
-    for _ in range(50):
+    for reads in range(50):
         if not core.blocking:
             return out
         req = core.next_request()
         assert req is not None, req
         old = reads < stale
-        reads += 1
         fence = (Fence(frozenset({10}), end=3, replayed=2) if old
                  else Fence(frozenset(), end=3))
         keys = [1, 2, 3, 4] if old else fresh_rows
