@@ -172,3 +172,31 @@ def test_stop_ends_survive_a_restart() -> None:
     assert [n["type"] for n in ends] == ["COMPLETED"]
     assert ends[0]["additional_data"]["aborted_data_collections"] == ["public.u"]
     assert not core.active and core.state() is None
+
+
+def test_a_stopped_table_queued_again_under_initial_is_not_listed_as_aborted() -> None:
+    """Two re-created tables queued as ``initial``; a stop removes one, the stream then
+    resets it again (queued under ``initial`` once more) and it is read: ``initial``'s
+    one COMPLETED lists no aborted table (before: ``aborted_data_collections`` named
+    the table it had just read in full; found by the property simulation's re-create
+    step, whose order check saw the table started again while still marked stopped)."""
+    core = make(chunk=2)
+    core.restart_table("public.t", queue=True)
+    core.restart_table("public.u", queue=True)
+    log = signal(core, "stop-snapshot", 5, data_collections=["public\\.t"])
+    core.restart_table("public.t", queue=True)
+    for lsn in (10, 30):
+        log += start_table(core, lsn, max_key=(1,))
+        _, out = chunk(core, [row(1)], lsn + 10)
+        log += out
+    assert not core.active
+    assert [n["type"] for n in terminals(log, "initial")] == ["COMPLETED"]
+    assert "aborted_data_collections" not in terminals(log, "initial")[0]["additional_data"]
+    # a stop of it (again) after that still makes it an aborted one
+    core.restart_table("public.t", queue=True)
+    core.restart_table("public.u", queue=True)
+    log = signal(core, "stop-snapshot", 50, data_collections=["public\\.t"])
+    log += start_table(core, 60, max_key=(1,))
+    _, out = chunk(core, [row(1)], 70)
+    ends = terminals(log + out, "initial")
+    assert ends[0]["additional_data"]["aborted_data_collections"] == ["public.t"]

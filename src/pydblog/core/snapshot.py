@@ -361,6 +361,13 @@ class SnapshotCore:
         for job in jobs:
             lane = self._block if job.kind is SnapshotKind.BLOCKING else self._incr
             lane.queue.append(job)
+            # A table a stop removed from this snapshot and queued in it again (only
+            # ``initial`` reuses its id: a stream reset) is read, not aborted.
+            stopped = self._aborted.get(job.signal_id)
+            if stopped is not None and job.table in stopped:
+                stopped.remove(job.table)
+                if not stopped:
+                    del self._aborted[job.signal_id]
         self._totals.tables += len(jobs)
         self._watch()
 
