@@ -66,6 +66,14 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
             api.close()
 
 
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
+HEALTHY_S = 60.0
+"""A runner that captured at least this long before its retriable error is retried
+after ``RETRY_FIRST_S`` again: the delay doubles only while errors come close together
+(it never started over: a capture that had reconnected once an hour waited 30 s at
+every reconnection after the fifth)."""
+
 SLOT_WAIT_S = 30.0
 """How long a new leader retries while the previous leader's connection still holds
 the replication slot (it terminates that connection first: see ``ha.takeover``)."""
@@ -74,7 +82,7 @@ the replication slot (it terminates that connection first: see ``ha.takeover``).
 def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
     """Capture until ``stop``; with a ``lease`` (an elected leader), own the change log
     with its epoch first and check the lease before every acknowledgement."""
-    delay = 1.0
+    delay = RETRY_FIRST_S
     slot_deadline: float | None = None
     ran = False  # a runner opened once: a change log that is away now is retried
     while not stop.is_set():
@@ -88,7 +96,7 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
             stop.wait(delay)
             if lease is not None:
                 lease.check()
-            delay = min(delay * 2, 30.0)
+            delay = min(delay * 2, RETRY_MAX_S)
             continue
         state: StateStore = FileStateStore(cfg.log_dir)
         check_unclaimed = getattr(changelog, "check_unclaimed", None)
@@ -112,11 +120,14 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
         runner.lease = lease
         LIVE.runner, LIVE.state = runner, "running"
         signals = _kafka_signals(cfg)
+        started = time.monotonic()
         try:
             runner.run(stop)
             return
         except DblogError as exc:
             ran = ran or runner.opened
+            if runner.opened and time.monotonic() - started >= HEALTHY_S:
+                delay = RETRY_FIRST_S  # a healthy run ended: the backoff starts over
             if isinstance(exc, LeadershipLost) or not exc.retriable:
                 raise
             if lease is not None and isinstance(exc, SlotInUse) and not runner.opened:
@@ -150,7 +161,7 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
         stop.wait(delay)
         if lease is not None:
             lease.check()
-        delay = min(delay * 2, 30.0)
+        delay = min(delay * 2, RETRY_MAX_S)
 
 
 def _kafka_signals(cfg: Config) -> Any:
