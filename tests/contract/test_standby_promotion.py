@@ -28,9 +28,11 @@ import pytest
 from pydblog.config import load_config
 from pydblog.devtools.pgcluster import PgCluster, _as_postgres, free_port
 from pydblog.devtools.pgstandby import PgStandby
-from pydblog.errors import SourceUnavailable
+from pydblog.errors import SourceError, SourceUnavailable
 from pydblog.ports import Checkpoint, Commit, Heartbeat, RelationReset, ResetKind, SourceState
 from pydblog.positions import Lsn, PgPosition
+from pydblog.sources.postgres import connect as pg_connect
+from pydblog.sources.postgres import source as source_mod
 from pydblog.sources.postgres import standby as pg_standby
 from pydblog.sources.postgres.chunks import PgSnapshotReader
 from pydblog.sources.postgres.fences import PgXidFence
@@ -881,3 +883,56 @@ def test_a_reset_logged_on_the_old_primary_around_the_promotion_reaches_the_log(
         finally:
             old.execute("SELECT pg_drop_replication_slot(%s)", (observer,))
     stop_primary(primary)
+
+
+@pytest.mark.slow
+def test_a_slot_invalidated_before_the_stream_starts_names_the_lsn(
+    pair: Pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slow (default-run time). The slot checked at ``open`` (healthy), then invalidated
+    before the stream starts (here: the primary restarted with ``wal_level = replica``
+    right then; in a capture, a reconnection racing the invalidation that ended its
+    stream): the stream's own
+    error ("can no longer get changes from replication slot", on a standby "logical
+    decoding on standby requires wal_level >= logical on the primary") names the slot's
+    invalidation and the LSN after which changes are missing, as the check at open does
+    (before: only the server's message, no LSN)."""
+    primary, standby, inner, dbname = pair
+    h = StandbyHarness(inner, standby, dbname, primary=False)
+    make_table(inner, "t1", 3)
+    inner.execute("CREATE PUBLICATION dblog FOR TABLE t1 WITH (publish_via_partition_root = true)")
+    standby.wait_caught_up()
+    cfg = load_config(h.config(tmp_path, RO20))
+    source = PgLogSource(cfg)
+    try:
+        with standby_snapshots(inner.dsn):
+            source.open(None)  # (creates the slot)
+    finally:
+        source.close()
+    with psycopg.connect(standby.dsn(dbname), autocommit=True) as conn:
+        row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                           "WHERE slot_name = 'dblog'").fetchone()
+        assert row is not None
+    at = Lsn.parse(row[0])
+    checkpoint = Checkpoint(PgPosition(at, 0, at), None, {})
+    real = pg_connect.connect_replication
+
+    def invalidated_first(*args: Any, **kwargs: Any) -> Any:
+        set_wal_level(primary, "replica")  # (``pair`` sets it back for the next test)
+        with psycopg.connect(standby.dsn(dbname), autocommit=True) as conn:
+            wait_for(lambda: conn.execute(
+                "SELECT to_jsonb(s) ->> 'invalidation_reason' FROM pg_replication_slots s "
+                "WHERE slot_name = 'dblog'").fetchone() == ("wal_level_insufficient",), 60,
+                "the standby's slot invalidated")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(source_mod, "connect_replication", invalidated_first)
+    source = PgLogSource(cfg)
+    try:
+        with pytest.raises(SourceError) as err:
+            source.open(checkpoint)
+    finally:
+        source.close()
+    assert (f"changes committed after LSN {at} (the change log's last checkpoint"
+            in err.value.message), err.value.message
+    assert "wal_level_insufficient" in err.value.message

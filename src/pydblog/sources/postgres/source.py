@@ -43,7 +43,7 @@ import psycopg2
 import psycopg2.extras
 
 from pydblog.config import Config, TableMatcher
-from pydblog.errors import SourceUnavailable
+from pydblog.errors import SourceError, SourceUnavailable
 from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op
 from pydblog.ports import (
     Checkpoint,
@@ -63,7 +63,12 @@ from pydblog.ports import (
 from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.sources.postgres import pgoutput as po
 from pydblog.sources.postgres import resets, rowdecode, setup, standby
-from pydblog.sources.postgres.connect import connect, connect_replication, replication_error
+from pydblog.sources.postgres.connect import (
+    OBJECT_NOT_IN_PREREQUISITE_STATE,
+    connect,
+    connect_replication,
+    replication_error,
+)
 from pydblog.sources.postgres.pgoutput import ReplicaIdentity
 from pydblog.sources.postgres.relations import (
     TABLE_COLUMNS_SQL,
@@ -178,6 +183,7 @@ class PgLogSource:
         self._logging: list[resets.Reset] = []
         self._report = True
         self._acked: int = 0
+        self._from_ack: int | None = None  # the checkpoint's ack LSN at ``open``
         self._last_hb = 0.0
         self._hb_out = False  # a heartbeat sent has not come back through the stream yet
         self._hb_sent = 0.0  # when the last heartbeat was sent
@@ -213,6 +219,7 @@ class PgLogSource:
         # (``setup.check_slot_continues``).
         pos = checkpoint.position if checkpoint is not None else None
         acked = pos.ack_lsn.value if isinstance(pos, PgPosition) else None
+        self._from_ack = acked
         setup.check_slot_continues(meta, self.src.slot, acked)
         if self.standby:
             if self.src.primary_dsn is not None and self._primary is None:
@@ -258,7 +265,7 @@ class PgLogSource:
                 },
             )
         except psycopg2.Error as exc:
-            raise replication_error(exc, self.src.slot) from None
+            raise self._stream_error(exc) from None
         self._cur = cur
         self._last_hb = 0.0  # first idle moment sends a heartbeat: a position to start from
         if self._wake is None:
@@ -481,7 +488,7 @@ class PgLogSource:
             try:
                 msg = cur.read_message()
             except psycopg2.Error as exc:
-                raise replication_error(exc, self.src.slot) from None
+                raise self._stream_error(exc) from None
             if msg is None:
                 if begin is None and self._report:
                     yield self._captured_state()
@@ -831,6 +838,25 @@ class PgLogSource:
         except psycopg.Error as exc:
             self._check_writes(exc)
             log.warning("heartbeat failed: %s", str(exc).strip())
+
+    def _stream_error(self, exc: psycopg2.Error) -> SourceError:
+        """The replication stream's error. One that no retry helps (``replication_error``:
+        an invalidated slot's "can no longer get changes", or a standby's "requires
+        wal_level >= logical on the primary") is first checked against the slot: if it
+        was invalidated, the error is ``setup.check_slot_continues``', naming the LSN
+        after which changes are missing (the last one acknowledged durable), as at
+        ``open``."""
+        err = replication_error(exc, self.src.slot)
+        if exc.pgcode == OBJECT_NOT_IN_PREREQUISITE_STATE and self._meta is not None:
+            acked = self._acked or self._from_ack
+            try:
+                setup.check_slot_continues(self._meta, self.src.slot, acked)
+            except SourceError as named:
+                return named
+            except psycopg.Error:  # (the server's own message, then)
+                with contextlib.suppress(psycopg.Error):
+                    self._meta.rollback()
+        return err
 
     def _check_writes(self, exc: psycopg.Error) -> None:
         """Raise ``SourceUnavailable`` when ``exc`` broke the connection heartbeats,
