@@ -83,3 +83,37 @@ def test_an_error_drops_the_client(kafka_log: LogConfig) -> None:
         assert stream.latest_offset(start, None) == start  # a fresh client
     finally:
         stream.close()
+
+
+def test_the_task_readers_fetch_in_bulk(kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync task's consumers wait ``BULK_FETCH_WAIT_MS`` per fetch (Tansu answers a 5 ms
+    fetch of a large partition with nothing, and spent seconds of CPU re-answering); the
+    planner's stays at the low-latency wait; ``[log.kafka]`` wins over both."""
+    from pydblog.changelog import kafka
+
+    made: list[dict[str, object]] = []
+    real = kafka.make_client
+
+    def make_client(factory: object, conf: dict[str, object], cfg: LogConfig) -> object:
+        if "group.id" in conf:  # a consumer
+            made.append(dict(conf))
+        return real(factory, conf, cfg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kafka, "make_client", make_client)
+    writer = KafkaChangeLog(kafka_log)
+    append(writer, 0, 30)
+    writer.close()
+    for log, task_wait, plan_wait in ((kafka_log, kafka.BULK_FETCH_WAIT_MS, kafka.FETCH_WAITS_MS[0]),
+                                      (kafka_log.model_copy(update={"kafka": {"fetch.wait.max.ms": 7}}), 7, 7)):
+        monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})
+        stream = KafkaStream(log.model_dump_json())
+        try:
+            start = stream.initial_offset("earliest")
+            made.clear()
+            end = stream.latest_offset(start, None)
+            assert [c["fetch.wait.max.ms"] for c in made] == [plan_wait]
+            made.clear()
+            assert offsets(stream, start, end) == list(range(30))
+            assert made and {c["fetch.wait.max.ms"] for c in made} == {task_wait}
+        finally:
+            stream.close()

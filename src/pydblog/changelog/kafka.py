@@ -109,6 +109,16 @@ one slow spell of the broker's storage does not leave every later read of the pr
 waiting seconds per fetch (Tansu answers a fetch with no records only after its whole
 wait: the end of every read)."""
 _LEARNED_LOCK = threading.Lock()
+BULK_FETCH_WAIT_MS = 100
+"""The fetch wait of a client made for bulk reads (``_Client(bulk=True)``: a ``dblog
+sync`` task reading committed ranges, every record of which the broker holds). A fetch
+wait only delays a fetch that finds no records, so with a broker that answers as soon as
+it has records (Kafka) it costs nothing here. Tansu (0.6, memory storage too) spends
+~5-7 ms of its CPU on each fetch of a large partition and answers a fetch with only
+what it gathered within the wait: with 5 ms it answered most fetches of a 333k-record
+partition with nothing or one record batch, and librdkafka asked again at once. Reading
+65k records (23 MB) then cost Tansu 18 s of CPU and took 36 s at a load of 10; with
+100 ms, 0.09 s of CPU and 1.3 s (docs/benchmarks.md, session 14)."""
 READ_PREFETCH = {"fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
                  "queued.min.messages": 50_000, "fetch.queue.backoff.ms": 10}
 """Reads are bounded (``read_range``'s ``hi``): librdkafka's default prefetch (100,000
@@ -526,7 +536,8 @@ class _Client:
     """The Kafka clients a log needs: an admin client and a consumer for bounded reads
     (``read_range``), with the topic metadata cached."""
 
-    def __init__(self, cfg: LogConfig, native: bool = False, uncommitted: bool = False) -> None:
+    def __init__(self, cfg: LogConfig, native: bool = False, uncommitted: bool = False,
+                 bulk: bool = False) -> None:
         self.k = _kafka()
         self.uncommitted = uncommitted  # read open transactions' records too (the writer's check)
         self.cfg = cfg
@@ -541,13 +552,16 @@ class _Client:
         self.fetched = 0  # messages ``read_range`` returned (how much a read cost)
         self._consumer_wait = 0  # the fetch wait the open consumer was made with
         self._own_wait = 0  # a longer wait this client stepped to (``_storage_stall``)
+        # bulk: reads of records the broker holds (``BULK_FETCH_WAIT_MS``)
+        self._base_wait = BULK_FETCH_WAIT_MS if bulk else FETCH_WAITS_MS[0]
 
     @property
     def fetch_wait_ms(self) -> int:
         """The fetch wait a new consumer gets: ``FETCH_WAITS_MS[0]`` (low latency: Tansu
-        does not answer a waiting fetch early) unless a read of this process found it
-        too short for the broker's storage (``_storage_stall``)."""
-        return max(self._own_wait,
+        does not answer a waiting fetch early; ``BULK_FETCH_WAIT_MS`` for a bulk client)
+        unless a read of this process found it too short for the broker's storage
+        (``_storage_stall``)."""
+        return max(self._own_wait, self._base_wait,
                    _LEARNED_WAITS.get(str(self.cfg.bootstrap_servers), FETCH_WAITS_MS[0]))
 
     @property

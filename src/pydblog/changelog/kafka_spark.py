@@ -239,7 +239,7 @@ def stream_values(part: KafkaRange, allow_gaps: bool = False,
         from pydblog.changelog.kafka import _Client
 
         try:
-            client = _Client(_config(part.log), native=True)
+            client = _Client(_config(part.log), native=True, bulk=True)
             try:
                 while not stop.is_set():
                     with lock:
