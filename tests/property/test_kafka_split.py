@@ -69,3 +69,42 @@ def test_twelve_small_partitions_make_four_equal_tasks() -> None:
     assert [sum(p.end - p.start for p in t.pieces) for t in tasks] == [75_300, 75_000, 75_000, 75_500]
     assert all(len(t.pieces) == 3 for t in tasks)  # whole partitions, none cut
     assert kafka_spark.MIN_RANGE_RECORDS == MIN_RANGE_RECORDS
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(partition, min_size=1, max_size=6), st.integers(1, 4))
+def test_a_tasks_reader_shares_cover_its_pieces_once(parts_spec: list[tuple[int, int, list[int]]],
+                                                     threads: int) -> None:
+    """``_shares``: a task's pieces cut for its reader threads (a one-piece task was read
+    by one consumer): every record once, each piece with the spans that cover it, shares
+    nearly equal and none below ``READ_SPLIT_RECORDS`` unless there is one."""
+    pieces = []
+    for p, (n, lo, lengths) in enumerate(parts_spec):
+        if not n:
+            continue
+        ends = list(itertools.accumulate(lengths, initial=lo))[1:]
+        ends[-1] = max(ends[-1], lo + n)
+        prev = [-1, *ends]
+        spans = tuple((e, lo, f"w{k}") for k, e in enumerate(ends) if prev[k] < lo + n)
+        pieces.append(kafka_spark.KafkaPiece("t", p, lo, lo + n, spans))
+    shares = kafka_spark._shares(pieces, threads)
+    total = sum(p.end - p.start for p in pieces)
+    assert len(shares) <= max(1, threads) and (len(shares) > 0) == bool(pieces)
+    got: dict[int, list[tuple[int, int]]] = {}
+    for share in shares:
+        for sub in share:
+            whole = next(p for p in pieces if p.partition == sub.partition)
+            assert whole.start <= sub.start < sub.end <= whole.end
+            prev = [-1, *(s[0] for s in whole.spans)]
+            assert sub.spans == tuple(s for k, s in enumerate(whole.spans)
+                                      if prev[k] < sub.end and s[0] > sub.start)
+            got.setdefault(sub.partition, []).append((sub.start, sub.end))
+    for whole in pieces:
+        cuts = sorted(got[whole.partition])
+        assert cuts[0][0] == whole.start and cuts[-1][1] == whole.end
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
+    if len(shares) > 1:
+        sizes = [sum(p.end - p.start for p in s) for s in shares]
+        size = -(-total // len(shares))
+        assert min(sizes) >= kafka_spark.READ_SPLIT_RECORDS - 2 * (size // 8) - 1
+        assert max(sizes) <= size + 2 * (size // 8)
