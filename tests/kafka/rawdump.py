@@ -18,7 +18,7 @@ attributes, last offset delta, first/max timestamp, producer id, producer epoch,
 sequence, record count."""
 
 
-def dump_records(bootstrap: str, prefix: str, out: Path, timeout_s: float = 240.0) -> None:
+def dump_records(bootstrap: str, prefix: str, out: Path, timeout_s: float = 120.0) -> None:
     """Every record of the topics ``prefix.*`` as JSON lines into ``out``."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
     from confluent_kafka.admin import AdminClient

@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers import (
     LogFollower,
+    assert_materializes_to_source,
     assert_oracle,
     dblog,
     kill9,
@@ -37,13 +38,17 @@ def _table(dsn: str) -> None:
         conn.execute("CREATE TABLE w (id int PRIMARY KEY, v text, n int)")
 
 
-def _check(config: Path, dsn: str, read: Any = None, stall: float | None = None) -> list[dict[str, Any]]:
-    events = assert_oracle(config, dsn, {"public.w": ["id"]}, read, stall)
+def _check(config: Path, dsn: str, read: Any = None) -> list[dict[str, Any]]:
+    events = assert_oracle(config, dsn, {"public.w": ["id"]}, read)
+    _check_events(events)
+    return events
+
+
+def _check_events(events: list[dict[str, Any]]) -> None:
     positions = [(e["source"]["lsn"], e["source"]["index"]) for e in events]
     assert len(positions) == len(set(positions)), "a source position was logged twice"
     assert positions == sorted(positions), "offsets do not follow source positions"
     assert [e["offset"] for e in events] == list(range(len(events))), "offsets are not dense"
-    return events
 
 
 def test_kill9_during_load(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
@@ -186,7 +191,7 @@ class _Follower:
             while batch := self.reader.read(len(self.events), 100_000):
                 offsets = [r.offset for r in batch]
                 if offsets != list(range(len(self.events), len(self.events) + len(batch))):
-                    # (not an AssertionError: the marker wait would take it for "not yet")
+                    # (not an AssertionError: a marker wait takes that for "not yet")
                     twice = sorted({o for o in offsets if offsets.count(o) > 1})
                     raise RuntimeError(f"offsets are not dense from {len(self.events)}: "
                                        f"{len(twice)} read twice, e.g. {twice[:5]}")
@@ -194,6 +199,65 @@ class _Follower:
         except ChangeLogUnavailable:  # S3 (moto) under a loaded machine: read on next poll
             pass
         return self.events
+
+
+def _lsn(text: str) -> int:
+    high, low = text.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def _wait_caught_up(config: Path, dsn: str, stall: float) -> None:
+    """Wait until the capture's saved position (``state.json``: saved only once Kafka
+    committed everything up to it) passes the source's WAL position now (the next
+    heartbeat's takes it there). The wait goes on while the position moves, and fails
+    once it stood still for ``stall`` seconds."""
+    from pydblog.config import load_config
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    target = _lsn(row[0])
+    state = load_config(config).log_dir / "state.json"
+    last, moved = -1, time.monotonic()
+    while True:
+        try:
+            at = int(orjson.loads(state.read_bytes())["position"]["lsn"])
+        except (OSError, ValueError, KeyError, TypeError):
+            at = -1
+        if at >= target:
+            return
+        if at != last:
+            last, moved = at, time.monotonic()
+        if time.monotonic() - moved > stall:
+            raise AssertionError(f"the capture's saved position {at} did not reach the source's "
+                                 f"{target}: it stood still for {stall:.0f} s")
+        time.sleep(0.5)
+
+
+def _read_whole(config: Path, stall: float) -> list[dict[str, Any]]:
+    """The whole log (the capture stopped: it no longer grows), read through one
+    ``_Follower``; the read goes on while it gets events, and fails once it got none
+    for ``stall`` seconds."""
+    from pydblog.errors import ChangeLogUnavailable
+
+    follow = _Follower(config)
+    try:
+        got, moved = -1, time.monotonic()
+        while True:
+            events = follow()
+            try:
+                if len(events) == follow.reader.next_offset():
+                    return events
+            except ChangeLogUnavailable:
+                pass
+            if len(events) != got:
+                got, moved = len(events), time.monotonic()
+            if time.monotonic() - moved > stall:
+                raise AssertionError(f"reading the log stood still at {len(events)} events "
+                                     f"for {stall:.0f} s")
+            time.sleep(0.5)
+    finally:
+        follow.reader.close()
 
 
 def _paced_writer(dsn: str, stop: threading.Event, seed: int, per_s: float) -> None:
@@ -228,27 +292,37 @@ def _paced_writer(dsn: str, stop: threading.Event, seed: int, per_s: float) -> N
 @pytest.mark.timeout(900)
 def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
     """The broker (S3 storage) is killed or stopped and restarted three times while
-    capture runs, and the topics stay exact (read once, incrementally, materialized and
-    compared with the source, every column). A restart that catches a commit in flight
-    makes the capture retry and resume from the checkpoint in Kafka (most runs; one
-    that falls between commits is reconnected to by the client, which is fine too).
-    Commits are grouped (``batch_max_ms``) so that the S3-backed broker has few record
-    batches to serve, and the writes are paced (at most 2,000 statements a second), so
-    that a fast machine does not make a log a loaded one takes minutes to read. The
-    wait for the capture to catch up goes on while the log read grows (``stall``): on a
-    loaded machine the S3-backed broker serves it slowly, but steadily.
+    capture runs, and the topics stay exact: once the capture's saved position passed
+    the source's (everything acknowledged by Kafka), it is stopped and the log read
+    whole, materialized and compared with the source (every column), with no source
+    position twice and dense offsets. A restart that catches a commit in flight makes
+    the capture retry and resume from the checkpoint in Kafka (most runs; one that falls
+    between commits is reconnected to by the client, which is fine too).
+
+    Robust under load: commits are grouped (``batch_max_ms``) so that the S3-backed
+    broker has few record batches to serve; the writes are paced (at most 2,000
+    statements a second), so that a fast machine does not make a log a loaded one takes
+    minutes to read; the waits go on while there is progress and fail after 120 s
+    without (``stall``); and the log is read once it no longer grows. It used to be read
+    while the capture ran: an idle capture commits a checkpoint at every heartbeat (a
+    Kafka transaction, two record batches in the checkpoint topic), and a reader whose
+    fetch wait on the S3-backed broker had stepped up to 5 s (``STALL_S``) read the
+    checkpoint topic more slowly than it grew: its read to the topic's end never ended
+    (timed out with 951 checkpoint messages written in 11 idle minutes). Heartbeats are
+    every 5 s here (fewer checkpoint messages for each recovery to read).
 
     Restarts made the broker answer a retried produce as a duplicate without offsets
     (the capture then died of a TypeError) and lose a commit marker; a produce appended
     twice is checked for as well (``tests/kafka/test_duplicate_produce.py``). A failure
     leaves the topics' records and the broker's stored batches in ``tmp_path``
-    (``_leave_raw``)."""
+    (``_leave_raw``), and a capture that did not catch up its threads' stacks in
+    ``capture.log``."""
     from pydblog.devtools.tansu import TansuBroker
 
     _table(pg_db)
     with TansuBroker(s3=True) as broker:
         config = write_config(tmp_path, pg_db, extra=kafka_log_toml(
-            broker.bootstrap, extra="partitions = 2\nbatch_max_ms = 250"))
+            broker.bootstrap, extra="partitions = 2\nbatch_max_ms = 250"), heartbeat_s=5)
         stop = threading.Event()
         load = threading.Thread(target=_paced_writer, args=(pg_db, stop, 7, 2000.0))
         proc = start_run(config, env={"PYTHONFAULTHANDLER": "1"})  # (SIGABRT: stacks)
@@ -261,18 +335,22 @@ def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
         finally:
             stop.set()
             load.join()
-        follow = _Follower(config)
         try:
-            try:
-                _check(config, pg_db, follow, stall=120)
-            except BaseException:  # (pytest-timeout's too)
-                _leave_raw(broker, config, tmp_path)
-                proc.send_signal(signal.SIGABRT)  # every thread's stack into capture.log
-                raise
+            _wait_caught_up(config, pg_db, stall=120)
+        except BaseException:  # (pytest-timeout's too)
+            _leave_raw(broker, config, tmp_path)
+            proc.send_signal(signal.SIGABRT)  # every thread's stack into capture.log
+            raise
         finally:
-            follow.reader.close()
             code, out = stop_run(proc)
             (tmp_path / "capture.log").write_text(out)
         assert code == 0, out
+        try:
+            events = _read_whole(config, stall=120)
+            assert_materializes_to_source(events, pg_db, {"public.w": ["id"]})
+            _check_events(events)
+        except BaseException:
+            _leave_raw(broker, config, tmp_path)
+            raise
         assert "Disconnected" in out, "capture never saw the broker go"
         assert "_PyErr_SetObject" not in out, "the client's garbled error reached the log"
