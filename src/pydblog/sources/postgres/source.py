@@ -83,11 +83,13 @@ log = logging.getLogger(__name__)
 WATERMARK_PREFIX = "dblog-watermark"
 HEARTBEAT_PREFIX = "dblog-heartbeat"
 RESET_PREFIX = "dblog-relation-reset"
+COPY = "copy"
+"""The last field of a reset message logged again at ``open`` (``resets``)."""
 CAPTURED_KEY = "pg_captured"
 """Checkpoint ``extra`` key: ``{"captured": [...], "seen": [...], "oids": {...}}``, the
 qualified names of the tables captured now and of every table captured so far (sorted),
-and each captured table's relation oid; with ``"resets"`` and ``"returned"`` when
-table resets were logged that did not come back through the stream yet
+and each captured table's relation oid; with ``"resets"`` when table resets were
+logged that did not come back through the stream yet
 (``resets.Unreturned``)."""
 REFRESH_ATTEMPTS = 5
 """Publication refreshes tried while captured tables keep being dropped meanwhile."""
@@ -444,10 +446,11 @@ class PgLogSource:
             self._emit_reset(reset)
             self._logging.append(reset)
 
-    def _emit_reset(self, reset: resets.Reset) -> None:
-        """Log ``reset``'s message (``[schema, table, kind, id]``), in the refresh's
-        transaction."""
-        payload = orjson.dumps([*setup.split_name(reset.table), reset.kind, reset.id]).decode()
+    def _emit_reset(self, reset: resets.Reset, copy: bool = False) -> None:
+        """Log ``reset``'s message (``[schema, table, kind, id]``, and ``"copy"`` when
+        it is logged again: ``resets``), in the refresh's transaction."""
+        fields = [*setup.split_name(reset.table), reset.kind, reset.id]
+        payload = orjson.dumps([*fields, COPY] if copy else fields).decode()
         self._writes.execute("SELECT pg_logical_emit_message(true, %s, %s)", (RESET_PREFIX, payload))
 
     def _log_again(self) -> bool:
@@ -462,7 +465,7 @@ class PgLogSource:
             log.info("table %s: its %s reset was logged before and has not come back "
                      "through the stream yet (logged on a server this stream may not read, "
                      "e.g. before a promotion): logging it again", reset.table, reset.kind)
-            self._emit_reset(reset)
+            self._emit_reset(reset, copy=True)
         return bool(again)
 
     # -- stream -------------------------------------------------------------------
@@ -758,12 +761,13 @@ class PgLogSource:
         if m.prefix == RESET_PREFIX and in_tx:
             schema, table, kind, *rid = orjson.loads(m.content)
             if rid:  # (a message of an older version has no id: always yielded)
-                new, changed = self._unreturned.came_back(str(rid[0]))
+                copy = rid[1:] == [COPY]
+                new, changed = self._unreturned.came_back(str(rid[0]), copy)
                 if changed:
                     self._report = True  # handed on before the Commit (``stream``)
                 if not new:
-                    log.info("table %s.%s: a %s reset came back a second time (logged "
-                             "again at a start): skipped", schema, table, kind)
+                    log.info("table %s.%s: a copy of a %s reset logged again at a start, "
+                             "whose original came back already: skipped", schema, table, kind)
                     return []
             if not self._matcher(f"{schema}.{table}"):
                 return []
