@@ -867,8 +867,9 @@ def test_a_reset_logged_on_the_old_primary_around_the_promotion_reaches_the_log(
             try:
                 inner.execute("DROP TABLE t2")
                 old.execute("SELECT pg_logical_emit_message(false, 'dblog-heartbeat', '')")
-                # (A record after the heartbeat: here a standby's walsender did not send
-                # the last record it had replayed while none followed it.)
+                # (A record after the heartbeat: with the WAL receiver stopped right
+                # after, the standby's walsender here sometimes did not send the last
+                # record it had replayed; a capture of a live pair gets it at once.)
                 old.execute("SELECT pg_logical_emit_message(true, 'dblog-test-filler', '')")
                 standby.wait_caught_up()
                 cut_off(standby)
