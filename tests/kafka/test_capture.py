@@ -193,8 +193,11 @@ class _Follower:
                 if offsets != list(range(len(self.events), len(self.events) + len(batch))):
                     # (not an AssertionError: a marker wait takes that for "not yet")
                     twice = sorted({o for o in offsets if offsets.count(o) > 1})
+                    have = set(offsets)
+                    gaps = [o for o in range(len(self.events), max(offsets) + 1) if o not in have]
                     raise RuntimeError(f"offsets are not dense from {len(self.events)}: "
-                                       f"{len(twice)} read twice, e.g. {twice[:5]}")
+                                       f"{len(twice)} read twice, e.g. {twice[:5]}; "
+                                       f"{len(gaps)} missing, e.g. {gaps[:5]}")
                 self.events.extend({"offset": r.offset, **orjson.loads(r.body)} for r in batch)
         except ChangeLogUnavailable:  # S3 (moto) under a loaded machine: read on next poll
             pass

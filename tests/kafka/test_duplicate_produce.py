@@ -62,6 +62,40 @@ def test_a_produce_answered_twice_fails_the_commit_and_the_retry_logs_it_once(
     assert [r.offset for r in got] == list(range(len(bs[0]) + len(bs[2]) + len(bs[4])))
 
 
+def test_a_checkpoint_message_answered_without_its_offset_fails_the_commit(
+        proxied: tuple[LogConfig, DupProxy], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tansu on S3, restarted with a commit's checkpoint message in flight, answered the
+    producer's retry as a duplicate and had not stored it: the commit went through, its
+    records were in Kafka and its checkpoint message not, and readers skipped the
+    records (a kept run of the broker restart test: 1,529 events missing). Such an
+    answer now fails the commit; the retry resumes after the message if the broker has
+    it after all (as here: Tansu in memory stored the first copy) and before it if not."""
+    from pydblog.changelog.kafka import checkpoint_topic
+
+    cfg, proxy = proxied
+    bs = batches()
+    w = KafkaChangeLog(cfg)
+    w.append(bs[0], cp(0))
+    send = w._send
+
+    def armed(topic: str, *args: Any, **kwargs: Any) -> None:
+        if topic == checkpoint_topic(cfg.topic_prefix or ""):
+            proxy.arm()
+        send(topic, *args, **kwargs)
+
+    monkeypatch.setattr(w, "_send", armed)
+    with pytest.raises(ChangeLogUnavailable, match="checkpoint message without its offset"):
+        w.append(bs[4], cp(1))
+    assert proxy.duplicated == 1
+    w.close()
+    w = KafkaChangeLog(cfg)
+    if w.next_offset == len(bs[0]):  # (a broker that hides aborted transactions)
+        w.append(bs[4], cp(1))
+    assert w.last_checkpoint() == cp(1)
+    w.close()
+    _read_all(cfg, len(bs[0]) + len(bs[4]))
+
+
 def _copy_last(cfg: LogConfig, topic: str, part: int, tag: bytes | None = None,
                to: int | None = None) -> None:
     """Append a copy of the last record of ``topic`` ``part`` (value, key, headers), as a
@@ -164,3 +198,32 @@ def test_a_copy_between_a_commits_records_fails_it(
     w.append(bs[4], cp(2))
     w.close()
     _read_all(kafka_log, len(bs[0]) + 2 * len(bs[4]))
+
+
+def test_acknowledged_offsets_below_the_sessions_records_fail_the_commit(
+        kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tansu answered a retried produce with offsets -1, 0, 1, ... (its base offset -1:
+    the first test); without the -1 they would pass for a commit's offsets (a run far
+    below the partition's end, the checkpoint's ends wrong). Offsets that go back below
+    this session's previous commit are believed only if the partition ends with them
+    (a re-created topic: ``test_truncate_reaches_partitions_added_later``)."""
+    kafka_log = kafka_log.model_copy(update={"partitions": 1})
+    tp = (data_topic(kafka_log.topic_prefix or "", "public.a"), 0)
+    bs = batches()
+    w = KafkaChangeLog(kafka_log)
+    w.append(bs[0], cp(0))
+    produce = w._produce
+
+    def acknowledged_from_zero(events: Any, seq: int, topics: dict[str, str]) -> None:
+        produce(events, seq, topics)
+        assert w._producer.flush(10) == 0
+        w._delivered[tp] = [0, len(events) - 1, len(events)]
+
+    monkeypatch.setattr(w, "_produce", acknowledged_from_zero)
+    with pytest.raises(ChangeLogUnavailable, match="below this session's previous commit"):
+        w.append(bs[4], cp(1))
+    w.close()
+    w = KafkaChangeLog(kafka_log)
+    w.append(bs[4], cp(1))
+    w.close()
+    _read_all(kafka_log, len(bs[0]) + len(bs[4]))

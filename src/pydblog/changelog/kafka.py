@@ -1152,6 +1152,9 @@ class KafkaChangeLog(ChangeLogWriter):
             internal = (checkpoint_topic(self.prefix), schemas_topic(self.prefix))
             data = {tp: d for tp, d in self._delivered.items() if tp[0] not in internal}
             problem = self._copies(data)
+            if problem is None and self._delivered.get((schemas_topic(self.prefix), 0), [0])[0] < 0:
+                problem = ("a schema message was acknowledged without its offset (a retried "
+                           "produce taken for a duplicate): whether it is stored is unknown")
             if problem is not None:
                 raise ChangeLogUnavailable(
                     f"Kafka at {self.cfg.bootstrap_servers}: a commit's records are not where "
@@ -1163,20 +1166,29 @@ class KafkaChangeLog(ChangeLogWriter):
             self._delivered.clear()
             cp_topic = checkpoint_topic(self.prefix)
             self._send(cp_topic, rec.to_bytes(), self.prefix.encode(), None, None)
-            if self._crash_at or self._epoch is not None:
-                p.flush(TIMEOUT_S)
-                self._fault("kafka-before-commit")
+            # (commit_transaction would flush too, without telling what was delivered)
+            if p.flush(TIMEOUT_S) > 0:
+                raise ChangeLogUnavailable(
+                    f"Kafka at {self.cfg.bootstrap_servers} did not acknowledge a checkpoint "
+                    f"message in {TIMEOUT_S:.0f} s")
+            self._fault("kafka-before-commit")
+            if self._delivery_error is not None:
+                raise k.KafkaException(self._delivery_error)
+            own = self._delivered.get((cp_topic, 0), [-1])[0]
+            if own < 0:
+                # Tansu, restarted with it in flight, answered the retry as a duplicate
+                # and had not stored it (a kept run: the commit's records in Kafka, its
+                # checkpoint message not, so readers skipped them: events lost).
+                raise ChangeLogUnavailable(
+                    f"Kafka at {self.cfg.bootstrap_servers} acknowledged a commit's checkpoint "
+                    "message without its offset (it took a retried produce for a duplicate): "
+                    "whether it is stored is unknown; the transaction is aborted",
+                    hint="the capture retries from the last checkpoint in Kafka")
             p.commit_transaction(TIMEOUT_S)
             self._commits += 1
             for tp, (_, last, _) in data.items():
                 self._after[tp] = self._valid_ends[tp] = last + 1
             if self._epoch is not None:
-                own = self._delivered.pop((cp_topic, 0))[1]
-                if own < 0:
-                    raise ChangeLogUnavailable(
-                        f"Kafka at {self.cfg.bootstrap_servers} acknowledged a checkpoint message "
-                        "without its offset: whether a newer leader's came first is unknown",
-                        hint="the capture retries from the last checkpoint in Kafka")
                 self._verify(own)
         except (k.KafkaException, SystemError) as caught:
             # (SystemError: a fatal producer error surfacing through a delivery callback)
@@ -1204,7 +1216,9 @@ class KafkaChangeLog(ChangeLogWriter):
         A transaction's records in a partition fill one stretch (one producer; fan-out
         copies and tombstones are reported too), and where this session wrote before
         (``_after``: the end of its last commit there) they begin after its commit
-        marker (one offset; none if the broker lost it). Only where the reports leave
+        marker (one offset; none if the broker lost it; offsets that went back below it
+        are believed only if the partition ends with them: a re-created topic). Only
+        where the reports leave
         room for other records are those offsets read back: between the lowest and
         highest (another producer's records, or copies), and below the lowest, after the
         previous commit's marker or, for a partition without a run (readers check
@@ -1223,8 +1237,16 @@ class KafkaChangeLog(ChangeLogWriter):
                             f"{last}, {count} acknowledged (a produce appended twice)")
             after = self._after.get(tp)
             lo: int | None = None
-            if after is not None:
-                lo = after if first > after + 1 else None  # (lower: a re-created topic)
+            if after is not None and first < after:
+                # Offsets went back: a topic re-created (its records end with ours), or
+                # acknowledgements that do not say where the records are.
+                high = self.client.watermarks([tp])[tp][1]
+                if high > last + 1:
+                    return (f"{where}: the records were acknowledged at offsets {first} to {last}, "
+                            f"below this session's previous commit's end {after}, but the partition "
+                            f"holds records up to offset {high - 1}")
+            elif after is not None:
+                lo = after if first > after + 1 else None
             elif not dense or tp in self._fanned:
                 lo = self._valid_end(tp)
             if lo is not None and lo < first:
