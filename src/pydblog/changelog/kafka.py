@@ -23,7 +23,10 @@ Topics (``P`` = ``[log] topic_prefix``; names outside ``[A-Za-z0-9._-]`` get ``_
 Exactly once. Every ``append`` is one Kafka transaction of the producer whose
 ``transactional.id`` is ``[log] transactional_id`` (default ``dblog-P``): data
 messages, then ``flush`` (every data message acknowledged), then the partitions' end
-offsets, then the checkpoint message, then the commit. The checkpoint message is thus
+offsets, then the checkpoint message, ``flush`` again, then the commit. The delivery
+reports are checked against the partitions first (``KafkaChangeLog._copies``: a broker
+that answers a retried produce as a duplicate without offsets, or appends it twice,
+aborts the commit rather than making an event vanish or show twice). The checkpoint message is thus
 never in Kafka unless every message it describes is; it is the commit record readers
 trust, not the broker's transaction markers (the test broker, Tansu, does not hide
 aborted records from ``read_committed`` consumers; real Kafka does, and then the same
