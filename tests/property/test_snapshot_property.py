@@ -47,14 +47,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from pydblog.core import (
@@ -95,7 +97,15 @@ class Wm:
     id: str
 
 
-Item = ChangeEvent | Wm | Signal
+@dataclass(frozen=True)
+class Reset:
+    """The stream's reset of a re-created table (``ports.RelationReset``, RECREATED):
+    its truncate is logged, then the runner calls ``restart_table(queue=True)``."""
+
+    event: ChangeEvent
+
+
+Item = ChangeEvent | Wm | Signal | Reset
 
 
 @dataclass
@@ -222,6 +232,7 @@ class Sim:
     chunk_sizes: dict[str, int] = field(default_factory=dict)
     sliced: bool = False  # windows hand their rows out in slices (``slice_rows``)
     slices: int = 0  # slices handed out at a boundary after H
+    recreated: int = 0  # tables re-created (the stream's reset, restart_table(queue=True))
     core: SnapshotCore = field(init=False)
     saved: Checkpoint = field(init=False)
 
@@ -424,10 +435,42 @@ class Sim:
         schema, name = table.split(".")
         self.append([ChangeEvent(Op.TRUNCATE, schema, name, at, 0)])
 
+    def recreate(self) -> None:
+        """The table is dropped and created again with rows of its own, none of them in
+        an event (created while dblog was down, or before a heartbeat noticed it): the
+        stream's reset truncates it, and its snapshot starts over (a table in no lane is
+        queued as ``initial``)."""
+        table = self.data.draw(st.sampled_from(TABLES), label="re-create")
+        lsn = len(self.log) + 1
+        xid = self.next_xid
+        self.next_xid += 1
+        for (t, _key), writes in self.versions.items():  # the old relation is gone
+            if t == table:
+                self.invisible.discard(writes[-1][0])
+                writes.append((xid, None))
+        self.db[table].clear()
+        self.version += 1
+        at = PgPosition(Lsn(lsn), 0, None, xid)
+        self.delete_version[at] = self.version
+        for key in sorted(self.data.draw(st.sets(st.sampled_from(KEYS), max_size=6), label="rows")):
+            row = self.row(key)
+            self.db[table][key] = row
+            self.versions.setdefault((table, key), []).append((xid, row))
+        self.tx_lsn[xid] = lsn
+        schema, name = table.split(".")
+        self.append([Reset(ChangeEvent(Op.TRUNCATE, schema, name, at, 0))])
+        self.recreated += 1
+
     def send_signal(self) -> None:
-        kind = self.data.draw(st.sampled_from(["execute", "execute", "stop", "pause", "resume"]))
+        kind = self.data.draw(st.sampled_from(["execute"] * 4 + ["stop", "pause", "resume"]))
         patterns = ["s\\.a", "s\\.b", "s\\.c", "s\\..*", "x\\.nope"]
-        colls = tuple(self.data.draw(st.lists(st.sampled_from(patterns), max_size=3)))
+        if self.data.draw(st.integers(0, 3), label="a few tables") > 0:
+            # one or two tables: snapshots overlap in the lane (a later signal's tables
+            # join a running one's), stops take some of a snapshot's tables
+            some = st.lists(st.sampled_from(TABLES), min_size=1, max_size=2)
+            colls = tuple(t.replace(".", "\\.") for t in self.data.draw(some, label="tables"))
+        else:
+            colls = tuple(self.data.draw(st.lists(st.sampled_from(patterns), max_size=3)))
         sid = f"sig{len(self.log)}"
         if kind == "execute":
             blocking = self.allow_blocking and self.data.draw(st.integers(0, 5)) == 0
@@ -462,6 +505,10 @@ class Sim:
                 if read is not None and sum(e.op is Op.READ for e in events) < read:
                     self.dropped += 1
                 self.emit(events)
+            elif isinstance(item, Reset):  # as the runner's _on_relation_reset
+                self.core.on_event(item.event)
+                self.emit([item.event])
+                self.core.restart_table(item.event.qualified_table, queue=True)
             else:
                 self.emit(self.core.on_signal(item, TABLES, at, lsn))
         if self.read_only:  # the transaction's commit: a boundary the stream has passed
@@ -640,6 +687,9 @@ class Sim:
             schema, name = req.table.split(".")
             info = TableInfo(schema, name, ("id", "v", "t"), ("int", "int", "text"), ("id",))
             fence = self.fence() if req.fenced else None
+            # a blocking start too (fenced since session 13): it read without the
+            # invisible early transactions, which may become visible from now on
+            self.fenced_reads += fence is not None and req.kind is SnapshotKind.BLOCKING
             self.emit(self.core.on_table_started(req.id, info, top, fence=fence))
             w.phase = 1
             if req.watermark is None:
@@ -750,7 +800,7 @@ class Sim:
                 + ["deliver"] * (6 if self.parallelism == 1 else 9)
                 + ["work"] * (8 if self.parallelism == 1 else 12)
                 + ["checkpoint"] * 3
-                + ["signal", "restart", "fail", "truncate"]
+                + ["signal", "signal", "restart", "fail", "truncate", "recreate"]
                 + (["publish"] * 4 + ["progress"] * 2 if self.read_only else [])
                 + (["publish"] * 4 if self.late else [])
                 + (["boundary"] * 3 if self.sliced else [])
@@ -775,7 +825,7 @@ class Sim:
             self.idle_progress()
         elif action == "boundary":
             self.boundary()
-        elif action in ("restart", "fail", "truncate"):
+        elif action in ("restart", "fail", "truncate", "recreate"):
             rare = self.data.draw(st.integers(0, 3), label="rare")
             if action == "restart" and rare < 2:
                 self.restart()
@@ -783,6 +833,8 @@ class Sim:
                 self.fail()
             elif action == "truncate" and rare == 0:
                 self.truncate()
+            elif action == "recreate" and rare < 2:
+                self.recreate()
 
     def drain(self) -> None:
         """No more writes: run until the core is idle and the stream has caught up."""
@@ -810,12 +862,22 @@ class Sim:
         assert not self.core.active
         assert set(self.completed_tables()) == set(TABLES)
 
+    def resets(self) -> frozenset[Position]:
+        """The positions of the re-created tables' truncates."""
+        return frozenset(item.event.position for txn in self.log for item in txn
+                         if isinstance(item, Reset))
+
     def completed_tables(self) -> list[str]:
-        done = []
+        """Tables with a TABLE_SCAN_COMPLETED after their last re-creation (a stop may
+        have ended the snapshot of the new relation's rows)."""
+        done: list[str] = []
+        resets = self.resets()
         for e in self.out:
             n = e.notification
             if n is not None and n["type"] == "TABLE_SCAN_COMPLETED":
                 done.append(e.qualified_table)
+            elif e.op is Op.TRUNCATE and e.position in resets:
+                done = [t for t in done if t != e.qualified_table]
         return done
 
 
@@ -873,18 +935,32 @@ def assert_no_time_travel(sim: Sim) -> None:
         seen[tk] = max(version, seen.get(tk, 0))
 
 
-def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
+def assert_notifications_in_order(
+    out: list[ChangeEvent], resets: frozenset[Position] = frozenset()
+) -> None:
     """Each table's notifications, per snapshot (signal id, table), in change-log order:
     queued by STARTED, then TABLE_SCAN_STARTED, IN_PROGRESS..., TABLE_SCAN_COMPLETED
     (EMPTY straight from queued), or ended early by REJECTED or ABORTED; a snapshot's
     COMPLETED only once none of its tables is queued or being read, and once (another
     snapshot's tables may still be in the lane). With several
-    tables in flight their notifications interleave, each table's stays in order."""
+    tables in flight their notifications interleave, each table's stays in order. A
+    re-created table (its reset's truncate, at one of ``resets``) starts over: a table
+    being scanned is queued again."""
     state: dict[tuple[str, str], str] = {}  # (signal id, table) -> queued|scanning|done
     kinds: dict[tuple[str, str], str] = {}
     completed: set[str] = set()
+    reset: set[str] = set()  # tables re-created so far
+    # tables a stop removed before their STARTED was placed, per stop: a table re-created,
+    # stopped, re-created and stopped again before any watermark has two
+    unplaced: Counter[str] = Counter()
+    early: set[tuple[str, str]] = set()
     for e in out:
         n = e.notification
+        if e.op is Op.TRUNCATE and e.position in resets:
+            reset.add(e.qualified_table)
+            for job, was in state.items():
+                if job[1] == e.qualified_table and was == "scanning":
+                    state[job] = "queued"
         if n is None:
             continue
         sig, kind, typ, data = n["signal_id"], e.snapshot, n["type"], n["additional_data"]
@@ -892,8 +968,15 @@ def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
         job = (sig, table)
         if typ == "STARTED":
             for t in data["data_collections"]:
-                assert (sig, t) not in state, (sig, t)
+                # ("initial" again; or a table a stop removed from "initial" before its
+                # STARTED was placed, queued in it again by a reset: it is read now)
+                assert state.get((sig, t), "done") in ("done", "stopped"), (sig, t)
+                early.discard((sig, t))
                 state[(sig, t)], kinds[(sig, t)] = "queued", str(kind)
+                if sig == "initial" and unplaced[t]:  # its stop came first: its end follows
+                    unplaced[t] -= 1
+                    early.add((sig, t))
+                    state[(sig, t)] = "stopped"
         elif typ == "TABLE_SCAN_STARTED":
             assert state.get(job) == "queued", (job, state.get(job))
             state[job] = "scanning"
@@ -908,6 +991,9 @@ def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
             state[job] = "done"
         elif typ == "ABORTED" and "stopped_by" in data:  # a snapshot's end after a stop
             for t in data["data_collections"]:
+                if (sig, t) in early:  # stopped before its STARTED was placed
+                    early.discard((sig, t))
+                    state[(sig, t)] = "done"
                 assert state.get((sig, t)) == "done", (sig, t, state.get((sig, t)))
             live = [k for k, v in state.items() if v != "done" and k[0] == sig]
             assert not live, (sig, live)
@@ -916,9 +1002,17 @@ def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
         elif typ == "ABORTED":
             for t in data["data_collections"]:
                 live = [k for k, v in state.items() if k[1] == t and v != "done"]
+                if not live:  # queued by a reset ("initial"), its STARTED not placed yet
+                    assert t in reset, (t, "stopped, never queued")
+                    unplaced[t] += 1
+                    continue
                 assert len(live) == 1, (t, live)
                 state[live[0]] = "done"
         elif typ == "COMPLETED":
+            for t in data.get("aborted_data_collections", []):
+                if (sig, t) in early:
+                    early.discard((sig, t))
+                    state[(sig, t)] = "done"
             live = [k for k, v in state.items()
                     if v != "done" and kinds[k] == str(kind) and k[0] == sig]
             assert not live, (sig, live)
@@ -928,29 +1022,27 @@ def assert_notifications_in_order(out: list[ChangeEvent]) -> None:
             completed.discard(sig)  # (a signal id used again: "initial")
 
 
-def assert_every_snapshot_completes(out: list[ChangeEvent]) -> None:
-    """Once the core is idle: every snapshot (signal id) whose tables all ended
-    (scanned, empty or rejected; none aborted) got its COMPLETED, whatever other
-    snapshots shared its lane (before: only the lane's last one did)."""
-    tables: dict[str, set[str]] = {}
-    aborted: set[str] = set()
-    completed: set[str] = set()
-    live: dict[str, str] = {}  # table -> the signal id whose job it is
-    for e in out:
+def assert_one_end_per_snapshot(sim: Sim) -> None:
+    """Once the core is idle: every snapshot (a STARTED under a signal id) has exactly
+    one end under its own id, COMPLETED or (a stop removed its last tables) ABORTED,
+    whatever other snapshots shared its lane (before d547f91 only the lane's last one
+    got its COMPLETED; before review13 C1 a stop left a snapshot with none). A stop's
+    own ABORTED (under the stop's id) ends nothing. ``initial`` may start again once
+    ended; a STARTED of it while it runs adds tables to the same snapshot."""
+    stops = {item.id for txn in sim.log for item in txn
+             if isinstance(item, Signal) and item.type is SignalType.STOP_SNAPSHOT}
+    running: set[str] = set()
+    for e in sim.out:
         n = e.notification
         if n is None:
             continue
-        sig, typ, data = n["signal_id"], n["type"], n["additional_data"]
+        sig, typ = n["signal_id"], n["type"]
         if typ == "STARTED":
-            for t in data["data_collections"]:
-                tables.setdefault(sig, set()).add(t)
-                live[t] = sig
-        elif typ == "ABORTED":
-            aborted.update(live.pop(t) for t in data["data_collections"] if t in live)
-        elif typ == "COMPLETED":
-            completed.add(sig)
-    missing = sorted(s for s in tables if s not in aborted and s not in completed)
-    assert not missing, f"snapshots without their COMPLETED: {missing}"
+            running.add(sig)
+        elif typ == "COMPLETED" or (typ == "ABORTED" and sig not in stops):
+            assert sig in running, f"an end ({typ}) of {sig}, not running (a second end?)"
+            running.discard(sig)
+    assert not running, f"snapshots without their end: {sorted(running)}"
 
 
 def assert_positions_increase(out: list[ChangeEvent]) -> None:
@@ -979,7 +1071,9 @@ def run(
         if read_only or late:
             sim.invisible.add(sim.next_xid - 1)
             sim.early.add(sim.next_xid - 1)
-    first = Signal("first", SignalType.EXECUTE_SNAPSHOT, ("s\\..*",))
+    tables = data.draw(st.sampled_from([("s\\..*",), ("s\\.a",), ("s\\.b",), ("s\\.b", "s\\.c")]),
+                       label="first snapshot's tables")
+    first = Signal("first", SignalType.EXECUTE_SNAPSHOT, tables)
     sim.append([first])
     # Concurrent windows: longer runs, so that several tables' windows are open while
     # writes go on (in short runs the tables overlap mostly in the final drain).
@@ -993,6 +1087,9 @@ def run(
     event(f"windows with drops: {min(sim.dropped, 2)}{'+' if sim.dropped > 2 else ''}")
     event(f"partial events: {'0' if not sim.partial else '1-5' if sim.partial <= 5 else '>5'}")
     event(f"key re-reads: {min(sim.rereads, 2)}{'+' if sim.rereads > 2 else ''}")
+    event(f"re-created tables: {min(sim.recreated, 2)}{'+' if sim.recreated > 2 else ''}")
+    started = sum(1 for e in sim.out if e.notification and e.notification["type"] == "STARTED")
+    event(f"snapshots started: {min(started, 4)}{'+' if started > 4 else ''}")
     if parallel:
         event(f"tables with windows open at once: {min(sim.tables_at_once, 3)}")
         event(f"requests taken while others were in flight: {'0' if not sim.overlaps else '1-10' if sim.overlaps <= 10 else '>10'}")
@@ -1007,16 +1104,28 @@ def run(
     assert materialize(sim.out) == sim.db
     assert_positions_increase(sim.out)
     assert_no_time_travel(sim)
-    assert_notifications_in_order(sim.out)
-    assert_every_snapshot_completes(sim.out)
+    assert_notifications_in_order(sim.out, sim.resets())
+    assert_one_end_per_snapshot(sim)
     return sim
 
+
+# No shrinking in the default run: an example runs 0.2-3 s, and hypothesis shrinks for up
+# to 5 min (then explains), so a failure found in CI (session 13: seeds 6 and 8 of the
+# re-create step) timed out at pytest's 300 s before it was reported. Unshrunk, the
+# failing example is reported at once, with its draws and a @reproduce_failure blob
+# (``print_blob``); shrink it locally with PYDBLOG_PROPERTY_SHRINK=1 (and --timeout 1800),
+# or by the ``*_long`` tests (``pytest -m slow``), which shrink.
+SHRINK = bool(os.environ.get("PYDBLOG_PROPERTY_SHRINK"))
+QUICK_PHASES = (Phase.explicit, Phase.reuse, Phase.generate)
 
 PROFILE = settings(
     max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    phases=tuple(Phase) if SHRINK else QUICK_PHASES,
+    print_blob=True,
 )
+LONG = settings(PROFILE, phases=tuple(Phase))  # the slow tests: the 1800 s timeout leaves room
 
 
 # The default run's example counts are a third of a thorough run's (the property tests
@@ -1095,7 +1204,7 @@ def test_sliced_windows_materialize_without_time_travel(data: st.DataObject) -> 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("mode", ["watermarks", "read-only", "late"])
-@settings(PROFILE, max_examples=800)
+@settings(LONG, max_examples=800)
 @given(data=st.data())
 def test_concurrent_windows_long(data: st.DataObject, mode: str) -> None:
     """The concurrent tests above with many more examples (``pytest -m slow``); "late"
@@ -1113,7 +1222,7 @@ def test_concurrent_windows_long(data: st.DataObject, mode: str) -> None:
         "visible commits; after ~400 examples a table materializes differently (slices "
         "are off by default, PYDBLOG_SLICE_ROWS=0)"), strict=False)),
 ])
-@settings(PROFILE, max_examples=500)
+@settings(LONG, max_examples=500)
 @given(data=st.data())
 def test_sliced_windows_long(data: st.DataObject, mode: str) -> None:
     """``test_sliced_windows_materialize_without_time_travel`` with many more examples."""
@@ -1124,7 +1233,7 @@ def test_sliced_windows_long(data: st.DataObject, mode: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("mode", ["incremental", "blocking", "read-only", "late"])
-@settings(PROFILE, max_examples=600)
+@settings(LONG, max_examples=600)
 @given(data=st.data())
 def test_snapshots_long(data: st.DataObject, mode: str) -> None:
     """The incremental, blocking, read-only and late-visible (fenced watermark windows,
