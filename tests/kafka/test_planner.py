@@ -117,27 +117,3 @@ def test_the_task_readers_fetch_in_bulk(kafka_log: LogConfig, monkeypatch: pytes
             assert made and {c["fetch.wait.max.ms"] for c in made} == {task_wait}
         finally:
             stream.close()
-
-
-def test_a_task_cut_among_its_readers_gives_each_event_once(
-        kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_shares`` cuts a task's pieces for its reader threads (real reads, each cut piece
-    checked by its own ``_RunCheck``)."""
-    from pydblog.changelog import kafka_spark
-
-    monkeypatch.setattr(kafka_spark, "READ_SPLIT_RECORDS", 5)
-    writer = KafkaChangeLog(kafka_log)
-    for first in range(0, 90, 30):
-        append(writer, first, 30)
-    writer.close()
-    stream = KafkaStream(kafka_log.model_dump_json())
-    try:
-        start = stream.initial_offset("earliest")
-        end = stream.latest_offset(start, None)
-        (task,) = stream.partitions(start, end, 1)  # 90 records: one task
-        assert isinstance(task, KafkaRange)
-        shares = kafka_spark._shares(task.pieces, kafka_spark.READ_THREADS)
-        assert len(shares) == 2 and len([p for s in shares for p in s]) > len(task.pieces)
-        assert offsets(stream, start, end) == list(range(90))
-    finally:
-        stream.close()

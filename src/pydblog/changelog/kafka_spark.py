@@ -203,9 +203,9 @@ def read_events(part: KafkaRange, allow_gaps: bool = False) -> Any:
 def stream_values(part: KafkaRange, allow_gaps: bool = False,
                   threads: int | None = None) -> Iterator[tuple[bytes, Any]]:
     """The values of the valid records of ``part`` as chunks ``(data, lengths)`` (the
-    values joined, numpy int64 lengths), each piece's in Kafka offset order; the pieces
-    are shared (cut where needed: ``_shares``) by up to ``READ_THREADS`` consumers, one
-    thread each, read concurrently, so chunks of different pieces interleave. Where a span has a run the records are taken by offset
+    values joined, numpy int64 lengths), each piece's in Kafka offset order; pieces are
+    read concurrently by up to ``READ_THREADS`` consumers, one thread each, so chunks of
+    different pieces interleave. Where a span has a run the records are taken by offset
     (``_read_runs``: no Python code per record); elsewhere each record's headers decide
     (``changelog.kafka``'s rules: the writer header names the span's writer; fan-out
     copies are skipped). Run records that are missing (``_RunCheck``) raise
@@ -219,10 +219,11 @@ def stream_values(part: KafkaRange, allow_gaps: bool = False,
     from pydblog.changelog import kafka_native
 
     kafka_native.available()  # decided once, before the threads
-    shares = _shares(part.pieces, threads or READ_THREADS)
-    n = len(shares)
+    pieces = list(part.pieces)
+    n = max(1, min(threads or READ_THREADS, len(pieces)))
     chunks: queue.Queue[Any] = queue.Queue(READ_QUEUE)
     stop = threading.Event()
+    lock = threading.Lock()
     done = object()
 
     def put(item: Any) -> None:
@@ -234,15 +235,17 @@ def stream_values(part: KafkaRange, allow_gaps: bool = False,
                 continue
         raise _Stopped
 
-    def reader(pieces: list[KafkaPiece]) -> None:
+    def reader() -> None:
         from pydblog.changelog.kafka import _Client
 
         try:
             client = _Client(_config(part.log), native=True, bulk=True)
             try:
-                for piece in pieces:
-                    if stop.is_set():
-                        break
+                while not stop.is_set():
+                    with lock:
+                        if not pieces:
+                            break
+                        piece = pieces.pop(0)
                     _read_piece(client, piece, _Sink(put), _RunCheck(piece, allow_gaps))
             finally:
                 client.close()
@@ -255,8 +258,8 @@ def stream_values(part: KafkaRange, allow_gaps: bool = False,
             except _Stopped:
                 return
 
-    workers = [threading.Thread(target=reader, args=(share,), name=f"dblog-kafka-read-{i}", daemon=True)
-               for i, share in enumerate(shares)]
+    workers = [threading.Thread(target=reader, name=f"dblog-kafka-read-{i}", daemon=True)
+               for i in range(n)]
     for w in workers:
         w.start()
     try:
@@ -273,24 +276,6 @@ def stream_values(part: KafkaRange, allow_gaps: bool = False,
         stop.set()
         for w in workers:
             w.join()
-
-
-READ_SPLIT_RECORDS = 15_000
-"""``_shares`` gives no reader thread fewer records than this (unless the task has fewer):
-each consumer costs ~0.1-0.3 s before its first record (connecting, the topic's metadata,
-the first fetch)."""
-
-
-def _shares(pieces: Sequence[KafkaPiece], threads: int) -> list[list[KafkaPiece]]:
-    """A task's pieces as the reader threads' shares, nearly equal in records (pieces cut
-    where needed, ``_cut_ranges``): a task of one 65k-record piece was read by one consumer,
-    its second thread idle, while each fetch waited on the broker (Tansu answers a fetch
-    in ~0.1 s whatever its size up to ~5 MB)."""
-    total = sum(p.end - p.start for p in pieces)
-    parts = max(1, min(threads, total // READ_SPLIT_RECORDS))
-    if parts == 1:
-        return [list(pieces)] if pieces else []
-    return _cut_ranges([((p.topic, p.partition), p.start, p.end, p.spans) for p in pieces], parts)
 
 
 class _Stopped(Exception):
@@ -567,23 +552,11 @@ def split_ranges(
     records for 12 partitions of ~25k: three rounds of tasks on two cores, not two."""
     total = sum(hi - lo for _, lo, hi, _ in ranges)
     tasks = max(1, min(TASKS_PER_CORE * parts, total // MIN_RANGE_RECORDS))
-    groups = _cut_ranges(ranges, tasks)
-    return [KafkaRange(log, tuple(g), allow_gaps) for g in groups if g]
-
-
-def _cut_ranges(
-    ranges: Sequence[tuple[tuple[str, int], int, int, Sequence[tuple[int, int, str]]]], parts: int,
-) -> list[list[KafkaPiece]]:
-    """The ranges ``[lo, hi)`` of partitions (with their spans, in offset order) laid end
-    to end and cut into ``parts`` groups of pieces of nearly equal record counts, a cut
-    moved to a partition's edge if one is within ``size / 8`` (no tiny pieces); each
-    piece carries the spans that cover it (``split_ranges``)."""
-    total = sum(hi - lo for _, lo, hi, _ in ranges)
-    size = -(-total // max(1, parts))
+    size = -(-total // tasks)
     edges = list(itertools.accumulate((hi - lo for _, lo, hi, _ in ranges), initial=0))
     bounds: list[int] = []
-    for k in range(1, parts):
-        b = total * k // parts
+    for k in range(1, tasks):
+        b = total * k // tasks
         i = bisect.bisect_left(edges, b)
         near = min(edges[max(0, i - 1):i + 1], key=lambda e: abs(e - b))
         b = near if abs(near - b) <= size // 8 else b
@@ -599,7 +572,7 @@ def _cut_ranges(
             if b > a and i < len(spans):
                 task = bisect.bisect_right(bounds, at + a - lo)
                 groups[task].append(KafkaPiece(topic, p, a, b, tuple(spans[i:j + 1])))
-    return [g for g in groups if g]
+    return [KafkaRange(log, tuple(g), allow_gaps) for g in groups if g]
 
 
 class KafkaStream(ChangeLogStream):
