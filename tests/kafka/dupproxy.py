@@ -77,7 +77,12 @@ class DupProxy:
             except OSError:  # the broker is down: so is its proxy
                 client.close()
                 continue
-            self._socks += [client, broker]
+            with self._lock:
+                if self._closed:  # (closed meanwhile: no socket left unclosed)
+                    client.close()
+                    broker.close()
+                    return
+                self._socks += [client, broker]
             drop: deque[bool] = deque()  # per request sent to the broker: drop its answer?
             threading.Thread(target=self._up, args=(client, broker, drop), daemon=True).start()
             threading.Thread(target=self._down, args=(broker, client, drop), daemon=True).start()
@@ -116,8 +121,10 @@ class DupProxy:
             _shut(client)
 
     def close(self) -> None:
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            socks, self._socks = self._socks, []
         self._server.close()
-        _shut(*self._socks)
-        for s in self._socks:
+        _shut(*socks)
+        for s in socks:
             s.close()
