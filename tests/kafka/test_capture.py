@@ -314,9 +314,12 @@ def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
     (timed out with 951 checkpoint messages written in 11 idle minutes). Heartbeats are
     every 5 s here (fewer checkpoint messages for each recovery to read).
 
-    Restarts made the broker answer a retried produce as a duplicate without offsets
-    (the capture then died of a TypeError) and lose a commit marker; a produce appended
-    twice is checked for as well (``tests/kafka/test_duplicate_produce.py``). A failure
+    Restarts made the broker answer a retried produce as a duplicate without offsets,
+    stored or not (the capture then died of a TypeError; a checkpoint message so answered
+    and not stored lost its commit's events: the follower, which checked only each
+    read's first offset, then read the events above the gap twice: "a source position
+    was logged twice"), and lose a commit marker; a produce appended twice is checked
+    for as well (``tests/kafka/test_duplicate_produce.py``). A failure
     leaves the topics' records and the broker's stored batches in ``tmp_path``
     (``_leave_raw``), and a capture that did not catch up its threads' stacks in
     ``capture.log``."""
