@@ -82,3 +82,27 @@ def test_after_a_read_that_could_not_decide_the_next_request_waits(tmp_path: Pat
     threading.Event().wait(0.06)
     d.submit_next()
     assert reader.called.wait(5)
+
+
+def test_a_blocking_snapshot_backs_off_after_a_read_that_could_not_decide(tmp_path: Path) -> None:
+    """Fenced blocking reads (98bf20c) are read again while they cannot decide (a
+    delivered commit still waits for a synchronous standby): ``run_blocking`` waits
+    between them as ``submit_next`` does, instead of a tight loop of reads."""
+    import json
+    import time
+
+    from pydblog.core import parse_signal
+    from pydblog.positions import Lsn, PgPosition
+
+    d, reader = _driver(tmp_path)
+    at: list[float] = []
+    reader.table_info = lambda *a, **k: at.append(time.monotonic())  # type: ignore[method-assign]
+    signal = parse_signal("b1", "execute-snapshot", json.dumps(
+        {"data-collections": ["public\\.u"], "type": "blocking"}))
+    position = PgPosition(Lsn(7))
+    d.core.on_signal(signal, ["public.t", "public.u"], position, 0)
+    assert d.core.blocking
+    d.core._read_again = 1  # as if the last read could not decide
+    d.run_blocking(position, threading.Event(), lambda events: None, lambda: None)
+    assert not d.core.blocking and at  # (no such table: rejected, the lane is empty)
+    assert d._backoff.streak == 1 and at[0] >= d._backoff._until
