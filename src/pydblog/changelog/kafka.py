@@ -1253,6 +1253,10 @@ class KafkaChangeLog(ChangeLogWriter):
             elif not dense or tp in self._fanned:
                 lo = self._valid_end(tp)
             if lo is not None and lo < first:
+                # Records retention deleted are no copies a reader takes, and reading
+                # below the partition's start fails (review14 R2: every restart stopped).
+                lo = max(lo, self.client.watermarks([tp])[tp][0])
+            if lo is not None and lo < first:
                 mine = self._own_records(tp, lo, first)
                 if mine:
                     return (f"{where}: {mine} records of this session at offsets {lo} to "
