@@ -632,6 +632,18 @@ def _alive_and(cap: Capture, pred: Callable[[list[Event]], bool]) -> Callable[[l
     return check
 
 
+def _snapshot_while_alive(inner: PgHarness, cap: Capture, *tables: str) -> str:
+    """An execute-snapshot of ``tables``, waited for to its COMPLETED (failing at once
+    if ``dblog run`` stopped); its signal id."""
+    signal = sid()
+    inner.signal(signal, "execute-snapshot", {"data-collections": [q(inner, t) for t in tables]})
+    cap.wait_until(_alive_and(cap, lambda ev: any(
+        e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
+        and e["notification"].get("signal_id") == signal for e in ev)), 60,
+        "the snapshot's COMPLETED")
+    return signal
+
+
 @pytest.mark.slow
 def test_a_table_recreated_right_after_the_promotion_without_primary_dsn(
     pair: Pair, tmp_path: Path
@@ -650,13 +662,7 @@ def test_a_table_recreated_right_after_the_promotion_without_primary_dsn(
     inner.execute("CREATE PUBLICATION dblog FOR ALL TABLES WITH (publish_via_partition_root = true)")
     standby.wait_caught_up()
     with capturing(h, tmp_path, RO20, nudge=inner.dsn) as cap:
-        signal = sid()
-        inner.signal(signal, "execute-snapshot",
-                     {"data-collections": [q(inner, "t1"), q(inner, "t2")]})
-        cap.wait_until(_alive_and(cap, lambda ev: any(
-            e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
-            and e["notification"].get("signal_id") == signal for e in ev)), 60,
-            "the snapshot's COMPLETED")
+        signal = _snapshot_while_alive(inner, cap, "t1", "t2")
         inner.execute("UPDATE t1 SET n = n + 1 WHERE id < 5")
         wait_received(standby)
         with psycopg.connect(standby.dsn(), autocommit=True) as conn:
@@ -875,13 +881,7 @@ def test_a_reset_logged_on_the_old_primary_around_the_promotion_reaches_the_log(
     with psycopg.connect(inner.dsn, autocommit=True) as old, \
             capturing(h, tmp_path, RO20) as cap:
         try:
-            signal = sid()
-            inner.signal(signal, "execute-snapshot",
-                         {"data-collections": [q(inner, "t1"), q(inner, "t2")]})
-            cap.wait_until(_alive_and(cap, lambda ev: any(
-                e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
-                and e["notification"].get("signal_id") == signal for e in ev)), 60,
-                "the snapshot's COMPLETED")
+            _snapshot_while_alive(inner, cap, "t1", "t2")
             assert cap.proc is not None
             old.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (observer,))
             os.kill(cap.proc.pid, signal_.SIGSTOP)

@@ -13,8 +13,12 @@ import pytest
 from tests.helpers import assert_oracle, kill9, start_run, stop_run, wait_for_marker, write_config
 
 
-def writer(dsn: str, stop: threading.Event, seed: int) -> None:
+def writer(dsn: str, stop: threading.Event, seed: int, per_s: float | None = None) -> None:
+    """Random upserts, updates and deletes of 300 keys of ``w``, 1-19 a transaction,
+    until ``stop``; with ``per_s``, at most that many statements a second (a paced load:
+    the log's size does not grow with the machine's speed)."""
     rng = random.Random(seed)
+    start, done = time.monotonic(), 0
     with psycopg.connect(dsn) as conn:
         while not stop.is_set():
             for _ in range(rng.randrange(1, 20)):
@@ -30,7 +34,11 @@ def writer(dsn: str, stop: threading.Event, seed: int) -> None:
                     conn.execute("UPDATE w SET n = n + 1 WHERE id = %s", (i,))
                 else:
                     conn.execute("DELETE FROM w WHERE id = %s", (i,))
+                done += 1
             conn.commit()
+            ahead = 0.0 if per_s is None else start + done / per_s - time.monotonic()
+            if ahead > 0:
+                stop.wait(ahead)
 
 
 def test_kill9_during_load(pg_db: str, tmp_path: Path) -> None:

@@ -263,34 +263,6 @@ def _read_whole(config: Path, stall: float) -> list[dict[str, Any]]:
         follow.reader.close()
 
 
-def _paced_writer(dsn: str, stop: threading.Event, seed: int, per_s: float) -> None:
-    """``tests.integration.test_crash.writer``'s transactions, at most ``per_s``
-    statements a second: the log's size, and so the time the S3-backed broker takes to
-    serve it, does not grow with the machine's speed."""
-    rng = random.Random(seed)
-    start, done = time.monotonic(), 0
-    with psycopg.connect(dsn) as conn:
-        while not stop.is_set():
-            for _ in range(rng.randrange(1, 20)):
-                i = rng.randrange(300)
-                r = rng.random()
-                if r < 0.5:
-                    conn.execute(
-                        "INSERT INTO w VALUES (%s, %s, 1) ON CONFLICT (id) DO UPDATE "
-                        "SET v = excluded.v, n = w.n + 1",
-                        (i, f"x{rng.random()}"),
-                    )
-                elif r < 0.8:
-                    conn.execute("UPDATE w SET n = n + 1 WHERE id = %s", (i,))
-                else:
-                    conn.execute("DELETE FROM w WHERE id = %s", (i,))
-                done += 1
-            conn.commit()
-            ahead = start + done / per_s - time.monotonic()
-            if ahead > 0:
-                stop.wait(ahead)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
@@ -330,7 +302,7 @@ def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
         config = write_config(tmp_path, pg_db, extra=kafka_log_toml(
             broker.bootstrap, extra="partitions = 2\nbatch_max_ms = 250"), heartbeat_s=5)
         stop = threading.Event()
-        load = threading.Thread(target=_paced_writer, args=(pg_db, stop, 7, 2000.0))
+        load = threading.Thread(target=writer, args=(pg_db, stop, 7, 2000.0))
         proc = start_run(config, env={"PYTHONFAULTHANDLER": "1"})  # (SIGABRT: stacks)
         load.start()
         try:
