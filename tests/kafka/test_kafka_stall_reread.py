@@ -48,6 +48,22 @@ class Stalling:
         return getattr(self.real, name)
 
 
+def stalling_consumers(monkeypatch: pytest.MonkeyPatch, plan: list[int | None]) -> list[Stalling]:
+    """``_Client`` makes its consumers as ``Stalling`` ones, each giving the next of
+    ``plan``'s record counts (None once ``plan`` is used up); the consumers made so far."""
+    made: list[Stalling] = []
+    real = kafka._Client.consumer
+
+    def consumer(self: Any) -> Any:
+        if self._consumer is None:
+            made.append(Stalling(real(self), plan.pop(0) if plan else None))
+            self._consumer = made[-1]
+        return self._consumer
+
+    monkeypatch.setattr(kafka._Client, "consumer", consumer)
+    return made
+
+
 def two_commits(tmp_path: Path, bootstrap: str) -> tuple[LogConfig, tuple[str, int]]:
     """One partition: records 0..9, a transaction marker (10), records 11..20."""
     cfg = LogConfig(type="kafka", path=str(tmp_path / "data"), bootstrap_servers=bootstrap,
@@ -71,17 +87,8 @@ def short_stalls(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_second_stall_step_reads_on_where_the_read_was(
         kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, tp = two_commits(tmp_path, kafka_bootstrap)
-    plan = list(PLAN)
-    made: list[Stalling] = []
-    real = kafka._Client.consumer
-
-    def consumer(self: Any) -> Any:
-        if self._consumer is None:
-            made.append(Stalling(real(self), plan.pop(0) if plan else None))
-            self._consumer = made[-1]
-        return self._consumer
-
-    monkeypatch.setattr(kafka._Client, "consumer", consumer)
+    plan: list[int | None] = list(PLAN)
+    made = stalling_consumers(monkeypatch, plan)
     client = kafka._Client(cfg)
     try:
         offsets = [m.offset() for m in client.read_range({tp: (0, 21)})]
@@ -194,16 +201,8 @@ def test_a_wait_learned_elsewhere_is_taken_at_the_next_read(
     the process learned a longer fetch wait re-makes it when its next read starts: it does
     not wait the stall out again (``_storage_stall`` is never needed)."""
     cfg, tp = two_commits(tmp_path, kafka_bootstrap)
-    plan: list[int | None] = [20, None]  # the first consumer stalls after the first read
-    made: list[Stalling] = []
-    real = kafka._Client.consumer
-
-    def consumer(self: Any) -> Any:
-        if self._consumer is None:
-            made.append(Stalling(real(self), plan.pop(0) if plan else None))
-            self._consumer = made[-1]
-        return self._consumer
-
+    # the first consumer stalls after the first read
+    made = stalling_consumers(monkeypatch, [20, None])
     stalls: list[int] = []
     real_stall = kafka._Client._storage_stall
 
@@ -211,7 +210,6 @@ def test_a_wait_learned_elsewhere_is_taken_at_the_next_read(
         stalls.append(1)
         return real_stall(self, c, todo)
 
-    monkeypatch.setattr(kafka._Client, "consumer", consumer)
     monkeypatch.setattr(kafka._Client, "_storage_stall", storage_stall)
     client = kafka._Client(cfg)
     try:
