@@ -20,10 +20,13 @@ import confluent_kafka
 import pytest
 
 from pydblog.changelog import kafka, kafka_native
-from pydblog.changelog.kafka import KafkaChangeLog, data_topic
+from pydblog.changelog.kafka import KafkaChangeLog, checkpoint_topic, data_topic
+from pydblog.changelog.kafka_spark import KafkaStream, plan
 from pydblog.config import LogConfig
 from pydblog.events import Op
+from tests.kafka.opentxn import HeldCommit, watch_eof
 from tests.kafka.test_kafka_log import cp, row_event
+from tests.kafka.test_planner import append, offsets
 
 EOF = confluent_kafka.KafkaError._PARTITION_EOF
 
@@ -55,28 +58,7 @@ def test_an_end_of_partition_below_hi_does_not_end_the_read(
 
         monkeypatch.setattr(kafka_native, "consume", consume_native)
     else:
-        real_consumer = kafka._Client.consumer
-
-        class Watched:
-            def __init__(self, real: Any) -> None:
-                self.real = real
-
-            def consume(self, n: int, timeout: float) -> list[Any]:
-                msgs = list(self.real.consume(n, timeout))
-                if any(m.error() is not None and m.error().code() == EOF
-                       for m in msgs):
-                    eof.set()
-                return msgs
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(self.real, name)
-
-        def consumer(self: Any) -> Any:
-            if self._consumer is None:
-                self._consumer = Watched(real_consumer(self))
-            return self._consumer
-
-        monkeypatch.setattr(kafka._Client, "consumer", consumer)
+        watch_eof(monkeypatch, eof)
 
     def second_commit() -> None:
         if eof.wait(20):
@@ -98,3 +80,46 @@ def test_an_end_of_partition_below_hi_does_not_end_the_read(
         client.close()
         kf.close()
     assert offsets == [*range(10), *range(11, 21)]
+
+
+def test_a_commit_landing_while_the_planner_reads_is_planned(
+        kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync's planner reads the checkpoint topic up to an end it was given (the
+    availableNow target, a batch's end): one past the checkpoint message of a commit
+    whose transaction may still be open (the capture between its checkpoint message
+    and ``commit_transaction``). The read_committed end of partition then lies below
+    that message until the commit lands. Trusted (before 15120a9), it ended the plan
+    there and the plan's end still said ``cp`` = the given end: the next batch started
+    above the commit's checkpoint message and never applied the commit (its events
+    lost to the sync)."""
+    writer = KafkaChangeLog(kafka_log)
+    stream = KafkaStream(kafka_log.model_dump_json())
+    checker = kafka._Client(kafka_log)
+    try:
+        append(writer, 0, 20)
+        held = HeldCommit(monkeypatch, writer, lambda: append(writer, 20, 10))
+        topic = checkpoint_topic(kafka_log.topic_prefix or "")
+        # the end the planner is given: past the held commit's checkpoint message
+        # (a high watermark counts records of open transactions)
+        stop = checker.watermarks([(topic, 0)])[(topic, 0)][1]
+        start = stream.initial_offset("earliest")
+        eof = threading.Event()
+        watch_eof(monkeypatch, eof)
+
+        def land() -> None:
+            eof.wait(20)  # the planner's read is at the open transaction
+            held.finish()
+
+        lander = threading.Thread(target=land)
+        lander.start()
+        try:
+            end, _ = plan(stream.log, start, stop, None, stream._planning())
+        finally:
+            eof.set()
+            lander.join()
+        assert (end["seq"], end["cp"]) == (30, stop)
+        assert offsets(stream, start, end) == list(range(30))
+    finally:
+        checker.close()
+        stream.close()
+        writer.close()
