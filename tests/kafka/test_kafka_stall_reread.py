@@ -206,9 +206,9 @@ def test_a_wait_learned_elsewhere_is_taken_at_the_next_read(
     stalls: list[int] = []
     real_stall = kafka._Client._storage_stall
 
-    def storage_stall(self: Any, c: Any, todo: Any) -> bool:
+    def storage_stall(self: Any, *args: Any) -> bool:
         stalls.append(1)
-        return real_stall(self, c, todo)
+        return real_stall(self, *args)
 
     monkeypatch.setattr(kafka._Client, "_storage_stall", storage_stall)
     client = kafka._Client(cfg)

@@ -134,6 +134,16 @@ the queue: a 99k-record read stalled 0.8-1.0 s in the middle (1.5-1.8 s in all, 
 with 10 ms). A fetch returns at most ``max.partition.fetch.bytes`` of a partition
 (librdkafka's default 1 MB: a read of one partition waited for one broker round trip
 per ~1 MB). ``[log.kafka]`` settings win."""
+TRANSACTION_TIMEOUT_MS = 60_000
+"""The capture's producer's ``transaction.timeout.ms`` (``[log.kafka]`` wins): a real
+Kafka aborts a transaction that has been open this long (a capture killed in the middle
+of a commit), which is when a read_committed read that waits at it goes on."""
+HELD_RECHECK_S = 1.0
+"""A stalled read that finds a partition's last stable offset below its high watermark
+(an open transaction) looks again after this: held by it if the high watermark has not
+moved (a live writer's transactions come and go; a dead capture's stays)."""
+HELD_LOG_S = 15.0
+"""How often a read held by an open transaction says so again."""
 _BAD_TOPIC_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -250,6 +260,29 @@ def _unavailable(what: str, cfg: LogConfig, exc: BaseException) -> DblogError:
         )
     detail = err.str() if err is not None else str(exc)
     return ChangeLogUnavailable(f"Kafka at {cfg.bootstrap_servers}: {what} failed: {detail}")
+
+
+def transaction_timeout_s(cfg: LogConfig) -> float:
+    """The capture's ``transaction.timeout.ms`` in seconds (``[log.kafka]``, else
+    ``TRANSACTION_TIMEOUT_MS``): readers share the capture's ``[log]`` config."""
+    raw = cfg.kafka.get("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
+    try:
+        return max(0.0, float(raw) / 1000)
+    except (TypeError, ValueError):
+        return TRANSACTION_TIMEOUT_MS / 1000
+
+
+@dataclass
+class _Held:
+    """One read's partitions that an open transaction holds (``_Client._stalled``)."""
+
+    seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    """The partitions whose last stable offset was below their high watermark (this)
+    at the last look."""
+    until: float = 0.0
+    """While partitions are held: the read waits for them until then (monotonic time;
+    0: none held)."""
+    told: float = 0.0  # when the read last said so
 
 
 def checkpoint_topic_exists(cfg: LogConfig) -> bool:
@@ -642,6 +675,22 @@ class _Client:
                     raise ChangeLogUnavailable(f"topic {t} was created but does not show up")
                 time.sleep(0.05)
 
+    def last_stable(self, tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Each partition's last stable offset (read_committed's end: below the first
+        record of an open transaction, if any; Tansu answers 0 for a partition that
+        holds one)."""
+        if not tps:
+            return {}
+        k = self.k
+        try:
+            got = self.admin.list_offsets(
+                {k.TopicPartition(t, p): k.admin.OffsetSpec.latest() for t, p in tps},
+                isolation_level=k.IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S,
+            )
+            return {(tp.topic, tp.partition): max(0, f.result().offset) for tp, f in got.items()}
+        except k.KafkaException as exc:
+            raise _unavailable("listing offsets", self.cfg, exc) from None
+
     def watermarks(self, tps: Sequence[tuple[str, int]], committed: bool = False) -> dict[tuple[str, int], tuple[int, int]]:
         """(low, high) offsets of each partition, in one request per broker."""
         if not tps:
@@ -688,6 +737,7 @@ class _Client:
         c.assign([k.TopicPartition(t, p, lo) for (t, p), (lo, _) in todo.items()])
         deadline = time.monotonic() + TIMEOUT_S
         stalled_at = time.monotonic() + self._first_stall_s(todo)
+        held = _Held()  # partitions an open transaction holds (``_stalled``)
         single = next(iter(todo)) if len(todo) == 1 else None
         try:
             while todo:
@@ -717,13 +767,9 @@ class _Client:
                 if not msgs:
                     self._check_positions(c, todo)
                     if todo and time.monotonic() > stalled_at:
-                        if self._storage_stall(c, todo):
-                            c = self.consumer()  # the same positions, a longer fetch wait
-                        stalled_at = time.monotonic() + STALL_S
-                    if todo and time.monotonic() > deadline:
-                        raise ChangeLogUnavailable(
-                            f"Kafka at {self.cfg.bootstrap_servers}: reading {sorted(todo)[:3]} timed out"
-                        )
+                        c, stalled_at = self._stalled(c, todo, held, deadline)
+                    if todo and time.monotonic() > max(deadline, held.until):
+                        raise self._timed_out(todo, held, deadline)
                     continue
                 deadline = time.monotonic() + TIMEOUT_S
                 stalled_at = time.monotonic() + STALL_S
@@ -789,6 +835,7 @@ class _Client:
         todo: dict[tuple[str, int], tuple[int, int | None]] = {tp: (lo, hi)}
         deadline = time.monotonic() + TIMEOUT_S
         stalled_at = time.monotonic() + self._first_stall_s(todo)
+        held = _Held()  # partitions an open transaction holds (``_stalled``)
         try:
             while todo:
                 b = kafka_native.consume(c, self._client_id, 10_000, 0.01)
@@ -828,12 +875,9 @@ class _Client:
                 self._check_positions(c, todo)
                 if not len(b) and todo:
                     if time.monotonic() > stalled_at:
-                        if self._storage_stall(c, todo):
-                            c = self.consumer()  # the same position, a longer fetch wait
-                        stalled_at = time.monotonic() + STALL_S
-                    if time.monotonic() > deadline:
-                        raise ChangeLogUnavailable(
-                            f"Kafka at {self.cfg.bootstrap_servers}: reading {tp} timed out")
+                        c, stalled_at = self._stalled(c, todo, held, deadline)
+                    if time.monotonic() > max(deadline, held.until):
+                        raise self._timed_out(todo, held, deadline)
         finally:
             c.unassign()
 
@@ -856,7 +900,72 @@ class _Client:
         bounded = all(hi is not None for _, hi in todo.values())
         return FIRST_STALL_S if bounded and self._consumer_wait == FETCH_WAITS_MS[0] else STALL_S
 
-    def _storage_stall(self, c: Any, todo: dict[tuple[str, int], tuple[int, int | None]]) -> bool:
+    def _stalled(self, c: Any, todo: dict[tuple[str, int], tuple[int, int | None]], held: _Held,
+                 deadline: float) -> tuple[Any, float]:
+        """A read that got nothing for a while (``deadline``: ``TIMEOUT_S`` after it last
+        got a record): is an open transaction holding a partition, or the broker's
+        storage (``_storage_stall``)? Returns the consumer to read on with and when to
+        look again.
+
+        A partition whose last stable offset is below its high watermark holds an open
+        transaction (a read_committed read stops at its first record; Tansu reports 0
+        as the last stable offset then, a real Kafka the transaction's first offset):
+        held by it when its high watermark has not moved since the last look (a live
+        capture's transactions commit within a commit's time and the partition grows;
+        a killed one's stays open). The read then waits for it: until it commits or the
+        broker aborts it, ``transaction.timeout.ms`` after it began
+        (``transaction_timeout_s``), so up to that plus ``TIMEOUT_S`` from now, and says
+        so by name every ``HELD_LOG_S``. It is not a storage stall: no longer fetch wait
+        (the 'too short' warning said so before, the wait was learned for the process,
+        and the read timed out after ``TIMEOUT_S``, before the broker's abort)."""
+        now = time.monotonic()
+        highs = {tp: hw for tp, (_, hw) in self.watermarks(list(todo)).items()}
+        stable = self.last_stable(list(todo))
+        opened = {tp: hw for tp, hw in highs.items() if stable[tp] < hw}
+        holding = sorted(tp for tp, hw in opened.items() if held.seen.get(tp) == hw)
+        held.seen = opened
+        if not holding:
+            held.until = held.told = 0.0
+        else:
+            timeout = transaction_timeout_s(self.cfg)
+            if not held.until:
+                held.until = now + timeout + TIMEOUT_S
+            if now - held.told >= HELD_LOG_S:
+                held.told = now
+                log.warning(
+                    "Kafka at %s: %s holds an open transaction below the end of this read "
+                    "(its last stable offset is below its high watermark, %d; nothing read for "
+                    "%.0f s). A capture killed in the middle of a commit leaves one: it ends when "
+                    "the transaction commits or when the broker aborts it, transaction.timeout.ms "
+                    "(%.0f s) after it began, and the read waits for that (at most %.0f s more). "
+                    "Starting `dblog run` again aborts it at once (its producer has the same "
+                    "transactional.id)",
+                    self.cfg.bootstrap_servers,
+                    ", ".join(f"{t} partition {p}" for t, p in holding[:3]), highs[holding[0]],
+                    now - (deadline - TIMEOUT_S), timeout, held.until - now)
+        if self._storage_stall(c, todo, highs, set(opened)):
+            c = self.consumer()  # the same positions, a longer fetch wait
+        return c, now + (HELD_RECHECK_S if len(opened) > len(holding) else STALL_S)
+
+    def _timed_out(self, todo: Mapping[tuple[str, int], tuple[int, int | None]], held: _Held,
+                   deadline: float) -> DblogError:
+        """The error of a read that waited in vain: for an open transaction (``_stalled``)
+        past the time the broker should have aborted it, or ``TIMEOUT_S`` for records."""
+        where = self.cfg.bootstrap_servers
+        if held.until and held.seen:
+            waited = time.monotonic() - (deadline - TIMEOUT_S)
+            parts = ", ".join(f"{t} partition {p}" for t, p in sorted(held.seen)[:3])
+            return ChangeLogUnavailable(
+                f"Kafka at {where}: an open transaction in {parts}, below the end of this read, "
+                f"did not end in {waited:.0f} s, although its transaction.timeout.ms "
+                f"({transaction_timeout_s(self.cfg):.0f} s) is past: the broker did not abort "
+                "it (Tansu never does)",
+                hint="start `dblog run` again: its producer (the same transactional.id) aborts "
+                     "the killed capture's transaction at start")
+        return ChangeLogUnavailable(f"Kafka at {where}: reading {sorted(todo)[:3]} timed out")
+
+    def _storage_stall(self, c: Any, todo: dict[tuple[str, int], tuple[int, int | None]],
+                       highs: Mapping[tuple[str, int], int], held: set[tuple[str, int]]) -> bool:
         """Tansu (0.6, S3 storage) after a restart reads the partition from S3 for each
         fetch and, when that takes longer than the fetch's ``max_wait``, answers with no
         records and no error, for good (docs/kafka.md has the reproduction with a bare
@@ -867,7 +976,9 @@ class _Client:
         reader whose consumer was made before another one learned it reads on with that
         wait (no further step). The new consumer starts at each partition's position or
         ``todo``'s next offset, whichever is higher: a consumer that has returned no record
-        (one made by an earlier step of the same read) has no position (-1001)."""
+        (one made by an earlier step of the same read) has no position (-1001).
+        ``highs``: the partitions' high watermarks; partitions in ``held`` have an open
+        transaction at their end (``_stalled``): not a storage stall."""
         learned = self.fetch_wait_ms
         longer = [w for w in FETCH_WAITS_MS if w > self._consumer_wait]
         wait = learned if learned > self._consumer_wait else (longer[0] if longer else 0)
@@ -877,8 +988,7 @@ class _Client:
         positions = {(tp.topic, tp.partition): tp.offset
                      for tp in c.position([k.TopicPartition(t, p) for t, p in todo])}
         at = {tp: max(positions.get(tp, -1), nxt) for tp, (nxt, _) in todo.items()}
-        marks = self.watermarks(list(todo))
-        stuck = [tp for tp in todo if marks[tp][1] > at[tp]]
+        stuck = [tp for tp in todo if tp not in held and highs[tp] > at[tp]]
         if not stuck:
             return False
         if wait > learned:
@@ -998,7 +1108,8 @@ class KafkaChangeLog(ChangeLogWriter):
             **{"transactional.id": cfg.transactional_id or f"dblog-{self.prefix}",
                "enable.idempotence": True, "acks": "all", "linger.ms": 2,
                "compression.type": "lz4", "partitioner": "murmur2_random",
-               "queue.buffering.max.messages": 1_000_000, "transaction.timeout.ms": 60_000,
+               "queue.buffering.max.messages": 1_000_000,
+               "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
                "on_delivery": self._on_delivery},
         )
         self._delivered: dict[tuple[str, int], list[int]] = {}  # [first, last, count]

@@ -1,0 +1,100 @@
+"""A capture killed in the middle of a commit (``kill -9`` between its checkpoint message
+and ``commit_transaction``) leaves an open transaction on the broker until it commits
+or the broker aborts it after ``transaction.timeout.ms`` (the writer's: 60 s unless
+``[log.kafka]`` sets it). The sync's planner reads the checkpoint topic up to an end
+past it (``--available-now``'s target from the partition's high watermark, which counts
+the open transaction's records; a read_committed read ends below them): it has to wait
+for that end, say why by name, not take it for a broker whose storage needs a longer
+fetch wait (``_storage_stall``: the 'too short' warning and a fetch wait learned for
+the whole process), and not give up before the broker's abort (its read timeout was
+30 s: shorter than the transaction's).
+
+The transaction is held open by a real writer (``HeldCommit``) and made to commit only
+once the planner waited past its read timeout (scaled down here, as is the transaction
+timeout); Tansu never aborts a timed-out transaction, so the commit stands for the end
+of the transaction either way. Tansu reports a last stable offset of 0 for a partition
+holding an open transaction (a real Kafka: the transaction's first offset); both are
+below the high watermark, which is what the reader looks at."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from pydblog.changelog import kafka
+from pydblog.changelog.kafka import KafkaChangeLog, checkpoint_topic
+from pydblog.changelog.kafka_spark import KafkaStream, plan
+from pydblog.config import LogConfig
+from pydblog.ports import SyncOffset as Offset
+from tests.kafka.opentxn import HeldCommit
+from tests.kafka.test_planner import append, offsets
+
+READ_TIMEOUT_S = 4.0
+TRANSACTION_TIMEOUT_MS = 8000
+
+
+@pytest.mark.parametrize("where", ["available-now", "bounded"])
+def test_the_planner_waits_for_an_open_transaction_by_name(
+        kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        where: str) -> None:
+    """``available-now``: the target (``_checkpoint_end``) read from the high watermark,
+    past the open checkpoint message; ``bounded``: a plan up to an end past it."""
+    monkeypatch.setattr(kafka, "TIMEOUT_S", READ_TIMEOUT_S)
+    monkeypatch.setattr(kafka, "STALL_S", 1.0)
+    monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})  # this test's reads only
+    cfg = kafka_log.model_copy(update={"kafka": {"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}})
+    writer = KafkaChangeLog(cfg)
+    stream = KafkaStream(cfg.model_dump_json())
+    checker = kafka._Client(cfg)
+    lander: threading.Thread | None = None
+    try:
+        append(writer, 0, 20)
+        held = HeldCommit(monkeypatch, writer, lambda: append(writer, 20, 10))
+        topic = checkpoint_topic(cfg.topic_prefix or "")
+        stop = checker.watermarks([(topic, 0)])[(topic, 0)][1]  # past the open message
+        start = stream.initial_offset("earliest")
+        began = time.monotonic()
+
+        def named() -> bool:
+            return any("open transaction" in r.getMessage() for r in caplog.records)
+
+        def land() -> None:
+            # past the planner's read timeout, once it said what it waits for (at the
+            # latest when its wait ought to be over: the test then fails on its checks)
+            limit = began + READ_TIMEOUT_S + TRANSACTION_TIMEOUT_MS / 1000
+            while time.monotonic() < limit and not (
+                    named() and time.monotonic() > began + READ_TIMEOUT_S + 1):
+                time.sleep(0.1)
+            held.finish()
+
+        lander = threading.Thread(target=land)
+        with caplog.at_level(logging.INFO, logger="pydblog.changelog.kafka"):
+            lander.start()
+            end: Offset
+            if where == "available-now":
+                stream.prepare_available_now()
+                assert stream.target == stop
+                end = stream.latest_offset(start, None)
+            else:
+                end, _ = plan(stream.log, start, stop, None, stream._planning())
+        lander.join()
+        lander = None
+        assert (end["seq"], end["cp"]) == (30, stop)
+        assert offsets(stream, start, end) == list(range(30))
+    finally:
+        if lander is not None:
+            lander.join()
+        checker.close()
+        stream.close()
+        writer.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "too short" in m], messages
+    assert kafka._LEARNED_WAITS == {}  # no longer fetch wait for the process
+    said = [m for m in messages if "open transaction" in m]
+    assert said, messages
+    assert f"{topic} partition 0" in said[0] and "transaction.timeout.ms" in said[0], said[0]
+    assert f"{TRANSACTION_TIMEOUT_MS / 1000:.0f} s" in said[0], said[0]
+    assert "dblog run" in said[0], said[0]  # what to do
