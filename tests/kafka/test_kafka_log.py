@@ -554,3 +554,36 @@ def test_a_storage_stall_is_paid_once_per_process(tmp_path: Path, monkeypatch: p
     assert seen == [20, 20, 20]
     stalls = [r for r in caplog.records if "sends no records" in r.getMessage()]
     assert len(stalls) == 1, [r.getMessage() for r in stalls]
+
+
+def test_describe_reports_each_topics_partitions_and_end_offsets(kafka_log: LogConfig) -> None:
+    """``dblog status``'s topics (``describe``): every table's topic, its partition count,
+    each partition's end offset in partition order and its messages, as a plain consumer
+    asks the broker for them."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    kf = KafkaChangeLog(kafka_log)
+    for i, b in enumerate(batches()):
+        kf.append(b, cp(i))
+    kf.close()
+    assert kafka_log.topic_prefix is not None
+    reader = KafkaChangeLogReader(kafka_log)
+    try:
+        topics = reader.describe()["topics"]
+    finally:
+        reader.close()
+    wanted = {data_topic(kafka_log.topic_prefix, t) for t in ("public.a", "public.b")}
+    assert wanted <= set(topics), topics
+    c = Consumer({"bootstrap.servers": kafka_log.bootstrap_servers, "group.id": "x"})
+    try:
+        for topic in wanted:
+            parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+            marks = [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in parts]
+            info = topics[topic]
+            assert info["partitions"] == len(parts) == 3
+            assert info["end_offsets"] == [hi for _lo, hi in marks]
+            assert info["messages"] == sum(hi - lo for lo, hi in marks)
+            data = sum(len(ms) for ms in partition_messages(kafka_log, topic, 3).values())
+            assert info["messages"] >= data > 0  # plus the transactions' control records
+    finally:
+        c.close()
