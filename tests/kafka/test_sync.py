@@ -1,14 +1,19 @@
 """`dblog sync` from a Kafka change log (the dblog Spark source over the backend's
 stream, ``changelog.kafka_spark``) into Delta, the change history and PostgreSQL, with
 kill -9 of the job between a sink's write and Spark's commit: the mirrors equal the
-oracle and every offset is applied exactly once.
+oracle and every offset is applied exactly once. The kill points a kill -9 of the job
+cannot aim at (in the planner, inside a sink, a reset Spark checkpoint) are taken one
+per batch, deterministically, in process (``test_every_kill_point_of_a_batch_replays_exactly``).
 
 The Kafka log holds the same events as an embedded log built by the sync tests'
-scenario (copied append by append), so the embedded log is the oracle."""
+scenario (copied append by append), so the embedded log is the oracle. A failure names
+what differs (offsets missing or applied twice; key, column, source and mirror value)
+and what every sink and Spark's checkpoint recorded (``tests.spark.helpers.sync_state``)."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -17,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 from deltalake import DeltaTable
 
 from pydblog.changelog.kafka import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.config import LogConfig, load_config
+from pydblog.errors import SinkError
 from pydblog.events import EncodedEvent
 from pydblog.ports import Checkpoint
 from pydblog.positions import Lsn, PgPosition
@@ -30,7 +37,13 @@ from pydblog.spark.job import FAULT_ENV, run_sync
 from pydblog.spark.synth import SyntheticLoad
 from tests.helpers import dblog
 from tests.spark.conftest import spark  # noqa: F401 - fixture
-from tests.spark.helpers import assert_mirrors, history_offsets
+from tests.spark.helpers import (
+    assert_delta_batches_once,
+    assert_mirrors,
+    assert_offsets_once,
+    history_offsets,
+    sync_state,
+)
 from tests.spark.test_sync import build_scenario
 
 pytestmark = pytest.mark.timeout(600)
@@ -94,7 +107,13 @@ def run_job(cfg: Path, fault: str, log: Path) -> int:
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pydblog.spark.job", "--config", str(cfg)],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        return proc.wait(timeout=240)
+        try:
+            return proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:  # not left running (its JVM, its Python workers)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise AssertionError(f"the job did not reach its kill ({fault}) in 240 s:\n"
+                                 f"{log.read_text(errors='replace')[-5000:]}") from None
 
 
 @pytest.mark.usefixtures("spark")
@@ -122,13 +141,22 @@ def sync_after_kills(pg_db: str, tmp_path: Path, kafka_log: LogConfig, faults: t
         code = run_job(config, fault, tmp_path / f"job-{n}.log")
         assert code == -signal.SIGKILL, (tmp_path / f"job-{n}.log").read_text()
     assert run_sync(load_config(config), available_now=True) == 0
-    assert history_offsets(tmp_path / "lake" / "_changes") == list(range(end))
-    assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror")
+
+    def state() -> str:  # what a failure message adds: what each sink and Spark recorded
+        return f"kept in {tmp_path}\n" + sync_state(
+            lake=tmp_path / "lake", history=tmp_path / "lake" / "_changes", pg_dsn=pg_db,
+            pg_schema="mirror", checkpoint=tmp_path / "cp",
+            logs=[tmp_path / f"job-{n}.log" for n in range(len(faults))])
+
+    assert_offsets_once(history_offsets(tmp_path / "lake" / "_changes"), end, state)
+    assert_delta_batches_once(tmp_path / "lake", state)
+    assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror",
+                   state=state)
     dt = DeltaTable(str(tmp_path / "lake" / "public" / "orders"))
-    assert dt.transaction_version("pydblog-sync") == end
+    assert dt.transaction_version("pydblog-sync") == end, state()
     # `dblog status`: the sync's consumer group has applied everything; new events are lag.
     info = status(config)["changelog"]
-    assert info["sync_lag_messages"] == 0 and info["last_offset"] == end - 1
+    assert info["sync_lag_messages"] == 0 and info["last_offset"] == end - 1, (info, state())
     kf = KafkaChangeLog(kafka_log)
     kf.append([EncodedEvent("public.orders", "c", 1, '{"op":"c","ts_ms":1,"source":{"connector":'
                             '"postgresql","db":"x","schema":"public","table":"orders","ts_ms":1},'
@@ -141,3 +169,187 @@ def sync_after_kills(pg_db: str, tmp_path: Path, kafka_log: LogConfig, faults: t
 def status(config: Path) -> dict[str, Any]:
     out: dict[str, Any] = orjson.loads(dblog("status", "--config", str(config), "--json").stdout)
     return out
+
+
+class Killed(Exception):
+    """A kill -9 at a chosen point of a batch (the applier is then dropped, as the job)."""
+
+
+def read_batch(log: LogConfig, start: Any, end: Any, parts: int) -> Any:
+    """What ``foreachBatch`` gets for the batch ``(start, end]`` planned afresh (a
+    restarted job's planner: nothing kept from the first plan), its partitions read one
+    after another and unpacked (the job's columns: every one, for the history)."""
+    import pyarrow as pa
+
+    from pydblog.spark import decode
+    from pydblog.spark.source import EVENT_COLUMNS, DblogStreamReader
+
+    reader = DblogStreamReader({"log": log.model_dump_json(), "numpartitions": str(parts),
+                                "packed": "true", "columns": ",".join(EVENT_COLUMNS)})
+    try:
+        batches = [b for p in reader.partitions(start, end) for b in reader.read(p)]
+    finally:
+        reader.stop()
+    return decode.unpack(pa.Table.from_batches(batches), decode.ARROW_SCHEMA, dense=False)
+
+
+DELTA = ("delta public.order_lines", "delta public.orders", "delta shop.accounts")
+KILL_POINTS = {  # batch: (kill point, what has applied the batch when it dies)
+    0: ("latest-offset", ()),  # in the planner, before Spark's offset log holds the batch
+    1: ("before-sinks", ()),  # the offset log holds it, no sink applied it
+    2: ("after-sink-0", DELTA),  # Delta applied it, the history and PostgreSQL not
+    3: ("after-sink-1", (*DELTA, "history")),  # PostgreSQL not
+    4: ("pg-partition-1", (*DELTA, "history", "pg -1", "pg 0")),  # inside PostgreSQL
+    5: ("delta-second-table", (DELTA[0], DELTA[2])),  # inside Delta (a column added; 2 threads)
+    6: ("after-sinks", (*DELTA, "history", "pg -1", "pg 0", "pg 1")),  # not Spark's commit
+    7: ("pg-after-table-step", (*DELTA, "history", "pg -1")),  # the batch's TRUNCATE only
+}
+"""The kill point of each batch (of one or two commits, 700 events or more) in
+``test_every_kill_point_of_a_batch_replays_exactly``."""
+
+
+def test_every_kill_point_of_a_batch_replays_exactly(
+        pg_db: str, tmp_path: Path, kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kill points the kill -9 tests above cannot aim at, deterministically
+    (``KILL_POINTS``: one per batch; inside a sink too), each followed by what a
+    restarted job does: a fresh planner, given the offsets as Spark's offset log holds
+    them (JSON), plans exactly the same input partitions as the first plan (and, killed
+    in ``latestOffset``, the same end), reads exactly the batch's events (in another
+    order: other task splits), and a fresh applier (new sinks: no cached table state)
+    applies the batch again, then the next ones. Last, a reset Spark checkpoint: one
+    batch from an earlier batch's start to the log's end, straddling what the sinks
+    applied (a truncate and an added column among the events they already have).
+
+    The mirrors then equal the oracle, the history holds each offset once, each Delta
+    table committed each batch once (a mirror applied twice would still be equal: the
+    application transactions show it), and each sink recorded the log's end."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from pydblog.spark import job
+    from pydblog.spark.batch import Batch
+    from pydblog.spark.job import BatchApplier
+    from pydblog.spark.sinks import build_sink
+    from pydblog.spark.sinks.delta import DeltaSink
+    from pydblog.spark.sinks.postgres import PostgresSink
+    from pydblog.spark.source import DblogStreamReader
+
+    end = build_scenario(tmp_path / "log", SyntheticLoad(seed=78))
+    assert copy_to_kafka(tmp_path / "log", kafka_log) == end
+    cfg = load_config(write_config(tmp_path, kafka_log, pg_db))
+    assert [s.parallelism for s in cfg.sync.sinks] == [2, 2, 2]
+
+    point = [""]  # where the current batch dies
+    real_table, real_prepare = DeltaSink._apply_table, PostgresSink._prepare
+    real_part = PostgresSink._apply_part
+
+    def delta_table(self: DeltaSink, batch: Any, qualified: str) -> None:
+        if point[0] == "delta-second-table" and qualified == sorted(batch.changes())[1]:
+            raise Killed(point[0])  # the first table commits (the third too: 2 threads)
+        real_table(self, batch, qualified)
+
+    def pg_prepare(self: PostgresSink, *args: Any) -> None:
+        real_prepare(self, *args)
+        if point[0] == "pg-after-table-step":
+            raise Killed(point[0])
+
+    def pg_part(self: PostgresSink, batch: Any, part: int, *args: Any) -> None:
+        if point[0] == "pg-partition-1" and part == 1:
+            raise Killed(point[0])  # partition 0 commits
+        real_part(self, batch, part, *args)
+
+    def fault(batch_id: int, after: int | None) -> None:  # job._fault's points, raising
+        if point[0] == f"after-sink-{after}" or (point[0] == "after-sinks" and after is None):
+            raise Killed(point[0])
+
+    monkeypatch.setattr(DeltaSink, "_apply_table", delta_table)
+    monkeypatch.setattr(PostgresSink, "_prepare", pg_prepare)
+    monkeypatch.setattr(PostgresSink, "_apply_part", pg_part)
+    monkeypatch.setattr(job, "_fault", fault)
+
+    def applier() -> BatchApplier:
+        return BatchApplier(cfg.log, [build_sink(s) for s in cfg.sync.sinks], retries=0, backoff_s=0)
+
+    def planner() -> DblogStreamReader:
+        reader = DblogStreamReader({"log": kafka_log.model_dump_json(), "maxeventspertrigger": "700"})
+        reader.prepareForTriggerAvailableNow()
+        return reader
+
+    def roundtrip(offset: Any) -> Any:
+        return json.loads(json.dumps(offset))  # as Spark's offset log holds it
+
+    def applied() -> dict[str, int]:
+        """Where each sink (Delta per table, PostgreSQL per step) recorded it applied to."""
+        out = {}
+        for d in DELTA:
+            path = tmp_path / "lake" / Path(*d.split()[1].split("."))
+            out[d] = DeltaTable(str(path)).transaction_version("pydblog-sync") or 0 \
+                if DeltaTable.is_deltatable(str(path)) else 0
+        path = tmp_path / "lake" / "_changes"
+        out["history"] = DeltaTable(str(path)).transaction_version("pydblog-history") or 0 \
+            if DeltaTable.is_deltatable(str(path)) else 0
+        with psycopg.connect(pg_db) as conn:
+            if conn.execute("SELECT to_regclass('mirror.dblog_sync_progress')").fetchone() != (None,):
+                out |= {f"pg {part}": int(e) for part, e in conn.execute(
+                    "SELECT part, applied_end FROM mirror.dblog_sync_progress").fetchall()}
+        return out
+
+    first = planner()
+    start = roundtrip(first.initialOffset())
+    starts = []
+    running = applier()
+    for batch_id in range(max(KILL_POINTS) + 1):
+        starts.append(start)
+        stop = roundtrip(first.latestOffset(start, ReadMaxRows(700)))
+        assert stop != start, f"batch {batch_id}: the log ended before every kill point"
+        first_plan = [p.value for p in first.partitions(start, stop)]
+        kill, dead = KILL_POINTS.get(batch_id, ("", ()))
+        again = planner()
+        if kill == "latest-offset":  # a restarted planner plans the same batch
+            assert roundtrip(again.latestOffset(start, ReadMaxRows(700))) == stop
+        assert [p.value for p in again.partitions(start, stop)] == first_plan
+        again.stop()
+        events = read_batch(kafka_log, start, stop, 2)
+        assert sorted(events["offset"].to_pylist()) == list(range(start["seq"], stop["seq"])), batch_id
+        if kill == "pg-after-table-step":
+            assert "t" in events["op"].to_pylist(), "the batch that truncates"
+        if kill == "delta-second-table":
+            assert len(Batch.of(0, events, []).changes()) == 3, "three tables"  # type: ignore[union-attr]
+        if kill and kill != "latest-offset":
+            point[0] = kill
+            with pytest.raises((Killed, SinkError), match=kill):
+                if kill == "before-sinks":
+                    raise Killed(kill)
+                running.apply(events, batch_id)
+            point[0] = ""
+            # It died where it should: what applied the batch, and nothing else.
+            assert {k for k, v in applied().items() if v >= stop["seq"]} == set(dead), applied()
+            running.close()  # the job is gone: the restarted one has fresh sinks
+            running = applier()
+            events = read_batch(kafka_log, start, stop, 3)  # the replay reads it again
+        running.apply(events, batch_id)
+        start = stop
+    first.stop()
+
+    # The Spark checkpoint reset: everything from batch 5's start in one batch.
+    last = planner()
+    stop = roundtrip(last.latestOffset(starts[5], ReadAllAvailable()))
+    last.stop()
+    assert stop["seq"] == end
+    running.apply(read_batch(kafka_log, starts[5], stop, 2), 100)
+    running.close()
+
+    def state() -> str:
+        return sync_state(lake=tmp_path / "lake", history=tmp_path / "lake" / "_changes",
+                          pg_dsn=pg_db, pg_schema="mirror")
+
+    assert_offsets_once(history_offsets(tmp_path / "lake" / "_changes"), end, state)
+    assert_delta_batches_once(tmp_path / "lake", state)
+    assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror",
+                   state=state)
+    for t in ("orders", "order_lines"):
+        dt = DeltaTable(str(tmp_path / "lake" / "public" / t))
+        assert dt.transaction_version("pydblog-sync") == end, state()
+    with psycopg.connect(pg_db) as conn:
+        rows = conn.execute("SELECT part, nparts, applied_end FROM mirror.dblog_sync_progress "
+                            "ORDER BY part").fetchall()
+    assert rows == [(-1, 2, end), (0, 2, end), (1, 2, end)], state()
