@@ -127,6 +127,43 @@ def _fault(batch_id: int, after_sink: int | None) -> None:
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
+def check_whole(batch: Batch, last_end: int | None) -> None:
+    """Raise ``ChangeLogError`` unless ``batch`` holds every offset of
+    ``[batch.start, batch.end)`` exactly once and, after a batch that ended at
+    ``last_end`` (this query's last applied batch), starts no later than it (a batch may
+    start earlier: a replay, which the sinks skip). The sources check what they can (the
+    embedded log's ranges, a Kafka log's runs); this is the job's own check, before any
+    sink, of what a history sink needs (a Kafka log's spans read by header, and the
+    edges between batches, are checked nowhere else)."""
+    import numpy as np
+
+    n = batch.events.num_rows
+    offsets = batch.events["offset"].to_numpy()
+    seen = np.zeros(batch.end - batch.start, np.bool_)
+    if n == len(seen):
+        seen[offsets - batch.start] = True
+    if n != len(seen) or not seen.all():
+        missing = len(seen) - int(seen.sum()) if n == len(seen) else None
+        what = (f"{missing} offset(s) missing and as many read twice" if missing is not None
+                else f"{n} events for {len(seen)} offsets")
+        raise ChangeLogError(
+            f"batch {batch.batch_id}: the change log's offsets {batch.start}..{batch.end - 1} "
+            f"were read incompletely or twice ({what}): the batch fails before any sink "
+            f"applies it (a history sink needs every event exactly once)",
+            hint="a change log whose records were removed (a compacted Kafka topic: use "
+                 "cleanup.policy=delete for a history sink) or a bug of the read: report it "
+                 "with this job's log; running the sync again re-reads the batch",
+        )
+    if last_end is not None and batch.start > last_end:
+        raise ChangeLogError(
+            f"batch {batch.batch_id} starts at offset {batch.start}, the last batch ended at "
+            f"{last_end}: offsets {last_end}..{batch.start - 1} were never read; the batch "
+            f"fails before any sink applies it (a history sink needs every event)",
+            hint="a change log whose records were removed (retention or compaction) or a bug "
+                 "of the read: report it with this job's log",
+        )
+
+
 class BatchApplier:
     """The ``foreachBatch`` function. Runs in the driver; keeps the sinks (and their
     connections) across batches; remembers the first sink error for ``run_sync``."""
@@ -142,6 +179,9 @@ class BatchApplier:
             else list(MIRROR_COLUMNS)
         )
         self.schema = pa.schema([ARROW_SCHEMA.field(n) for n in self.columns])
+        # A history sink needs every event: its batches are checked to be whole
+        # (``check_whole``); mirrors accept a compacted log's gaps (``allowGaps``).
+        self.whole = any(isinstance(s, HistorySink) for s in sinks)
         # Whether the packed payloads of a batch tile one dense offset range (checked).
         self.dense = open_stream(log.model_dump_json()).dense
         self.retries = retries
@@ -204,6 +244,8 @@ class BatchApplier:
         batch = Batch.of(batch_id, events, schemas)
         if batch is None:
             return
+        if self.whole:
+            check_whole(batch, self.last_end)
         t1 = time.monotonic()
         batch.changes()
         timings = [f"schemas {schemas_s:.2f}s", f"reduce {time.monotonic() - t1:.2f}s"]
