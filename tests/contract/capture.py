@@ -133,6 +133,28 @@ class Capture:
             "the marker row",
         )
 
+    def snapshot_status(self) -> dict[str, Any]:
+        """The snapshot part of the capture's status (``status.json``, written at most
+        once a second, also during a blocking snapshot); {} before there is one."""
+        try:
+            status = orjson.loads((self.log_dir / STATUS_FILE).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+        return dict(status.get("snapshot") or {})
+
+    def read_again_or_completed(self, after: int, timeout: float = 60) -> None:
+        """Until a snapshot's COMPLETED is logged at or after offset ``after``, or the
+        status shows a read that could not decide (``reads_repeated``: a fenced read
+        that is read again): a blocking snapshot whose reads run while a commit the
+        stream delivered is invisible ends one way (unfenced: with stale rows) or the
+        other (fenced)."""
+        def either() -> bool:
+            if any(e["offset"] >= after for e in self.notifications("COMPLETED")):
+                return True
+            return int(self.snapshot_status().get("reads_repeated") or 0) > 0
+
+        wait_for(either, timeout, "a COMPLETED or a read read again", 0.1)
+
     def rereads_done(self, timeout: float = 120) -> None:
         """Until the capture's status (``status.json``, written at most once a second)
         reports no key re-read pending (``core.rereads``), in a status written after this

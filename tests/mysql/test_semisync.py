@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from pydblog.capture.signals import post_signal
@@ -160,3 +161,71 @@ def test_commit_streamed_before_it_is_visible(
                 locker.close()
         events = cap.assert_oracle({"lv": ["id"]})
     assert [e["after"]["v"] for e in events if e["key"] == {"id": key}][-1] == "new"
+
+
+
+def test_blocking_snapshot_during_a_commit_streamed_before_it_is_visible(
+    semisync: MariaDB, semi_db: str, tmp_path: Path
+) -> None:
+    """A blocking snapshot is read while a commit that updates one row and deletes
+    another is in the binlog (streamed and logged) but not visible yet (semi-sync
+    ``AFTER_SYNC`` waits for a replica that never comes). The paused stream never
+    delivers that commit again, so an unfenced blocking read that misses it lands the
+    older rows after its events for good: the updated row's old version, the deleted row
+    back (docs/exactness.md; failed before blocking reads were fenced on MySQL/MariaDB).
+    Fenced, the read cannot decide while the commit is held (its fence does not cover
+    the table's floor) and is read again once the commit is visible."""
+    h = MariaHarness(semisync, semi_db)
+    h.execute(
+        "CREATE TABLE lv (id INT PRIMARY KEY, v VARCHAR(20), n INT)",
+        "INSERT INTO lv SELECT seq, 'old', seq FROM seq_1_to_2000",
+    )
+    updated, deleted = 1500, 700
+    extra = "[snapshot]\nchunk_size = 500\nadaptive = false\n"
+    with Capture(h, tmp_path, extra) as cap:
+        cap.caught_up()  # streaming (the marker commits before semi-sync is on)
+        mark = cap.end()
+        stuck = semisync.connect(semi_db)
+        _semisync(semisync, True)
+
+        signal = sid()
+        blocking = {"data-collections": [f"{semi_db}\\.lv"], "type": "blocking"}
+
+        def commit() -> None:
+            # The signal is part of the held transaction: the stream pauses for the
+            # blocking snapshot at its end, after its update and delete, and no second
+            # commit waits behind it (MariaDB's SHOW MASTER STATUS, a step of a fenced
+            # read, would wait for that one: a leader holding the binlog lock).
+            with stuck.cursor() as cur:
+                cur.execute("BEGIN")
+                cur.execute("UPDATE lv SET v = 'new', n = -n WHERE id = %s", (updated,))
+                cur.execute("DELETE FROM lv WHERE id = %s", (deleted,))
+                cur.execute("INSERT INTO dblog_signal (id, type, data) VALUES (%s, %s, %s)",
+                            (signal, "execute-snapshot", orjson.dumps(blocking).decode()))
+                cur.execute("COMMIT")
+
+        committing = threading.Thread(target=commit)
+        committing.start()
+        released = False
+        try:
+            # The commit is streamed and logged while it waits for the replica...
+            cap.wait_until(
+                lambda ev: any(e["op"] == "d" and e["key"] == {"id": deleted} for e in ev),
+                timeout=60, what="the held commit in the log")
+            with semisync.admin(semi_db) as cur:  # ...yet invisible
+                cur.execute("SELECT v FROM lv WHERE id = %s", (updated,))
+                assert cur.fetchone() == ("old",)
+            # Unfenced, the blocking snapshot completes with rows read while the commit
+            # is held; fenced, its reads cannot decide and are read again.
+            cap.read_again_or_completed(mark)
+            assert committing.is_alive()  # the interleaving was forced: still held
+            _semisync(semisync, False)
+            released = True
+            cap.wait_notification("COMPLETED", timeout=60, after=mark)
+        finally:
+            if not released:
+                _semisync(semisync, False)
+            committing.join(30)
+            stuck.close()
+        events = cap.assert_oracle({"lv": ["id"]})
+    assert [e["after"]["v"] for e in events if e["key"] == {"id": updated}][-1] == "new"

@@ -197,6 +197,9 @@ class Sim:
     # Watermark windows with fenced reads (``CoreSettings.fenced``): commits may stay
     # invisible after the stream delivered them, as in read-only mode.
     late: bool = False
+    # Blocking reads fenced alone (``CoreSettings.fenced_blocking``, MySQL/MariaDB's):
+    # watermark windows unfenced, every commit visible at once (as their windows need).
+    fenced_blocking: bool = False
     db: dict[str, dict[int, Row]] = field(default_factory=dict)
     # read-only: per key its writes (xid, row or None); xids committed but not visible
     versions: dict[tuple[str, int], list[tuple[int, Row | None]]] = field(default_factory=dict)
@@ -260,7 +263,7 @@ class Sim:
         cfg = CoreSettings(
             chunk_size=size, adaptive=adaptive, time_budget_ms=50, min_chunk=1, max_chunk=top + 2,
             read_only=self.read_only, parallelism=self.parallelism, fenced=self.late,
-            slice_rows=slice_rows,
+            fenced_blocking=self.fenced_blocking, slice_rows=slice_rows,
         )
         return SnapshotCore(cfg, state, instance=f"i{self.restarts}")
 
@@ -1056,7 +1059,10 @@ def run(
 ) -> Sim:
     parallelism = data.draw(st.integers(2, 4), label="parallelism") if parallel else 1
     sliced = parallel and (sliced or data.draw(st.booleans(), label="slices"))
-    sim = Sim(data, allow_blocking, read_only, parallelism, late=late, sliced=sliced)
+    fenced_blocking = allow_blocking and not (read_only or late) and data.draw(
+        st.booleans(), label="blocking reads fenced alone")
+    sim = Sim(data, allow_blocking, read_only, parallelism, late=late, sliced=sliced,
+              fenced_blocking=fenced_blocking)
     sim.slow = parallel and data.draw(st.booleans(), label="slow reads")
     sim.integer = parallel and data.draw(st.booleans(), label="arithmetic ranges")
     sim.by_xids = (read_only or late) and data.draw(st.booleans(), label="fences judge the floor by xids")
@@ -1088,6 +1094,8 @@ def run(
     event(f"partial events: {'0' if not sim.partial else '1-5' if sim.partial <= 5 else '>5'}")
     event(f"key re-reads: {min(sim.rereads, 2)}{'+' if sim.rereads > 2 else ''}")
     event(f"re-created tables: {min(sim.recreated, 2)}{'+' if sim.recreated > 2 else ''}")
+    if allow_blocking and not (read_only or late):
+        event(f"blocking reads fenced alone: {sim.fenced_blocking}")
     started = sum(1 for e in sim.out if e.notification and e.notification["type"] == "STARTED")
     event(f"snapshots started: {min(started, 4)}{'+' if started > 4 else ''}")
     if parallel:

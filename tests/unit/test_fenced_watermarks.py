@@ -167,8 +167,8 @@ def run_blocking(core: SnapshotCore, stale: int, fresh_rows: list[int]) -> list[
     raise AssertionError("the blocking snapshot does not end")
 
 
-def blocking_core() -> SnapshotCore:
-    core = SnapshotCore(CoreSettings(chunk_size=4, fenced=True), instance="t")
+def blocking_core(settings: CoreSettings | None = None) -> SnapshotCore:
+    core = SnapshotCore(settings or CoreSettings(chunk_size=4, fenced=True), instance="t")
     core.on_event(delete(3, lsn=2, tx=10))  # delivered, still invisible
     signal = parse_signal("b1", "execute-snapshot", json.dumps(
         {"data-collections": ["public\\.t"], "type": "blocking"}))
@@ -187,3 +187,32 @@ def test_a_blocking_read_does_not_resurrect_a_delivered_delete_it_cannot_see_yet
     delivered before the table was queued is read again."""
     for stale in (1, 2, 3):  # the start's read misses the delete; also the chunk's; twice
         assert emitted(run_blocking(blocking_core(), stale, [1, 2, 4])) == [1, 2, 4], stale
+
+
+def test_blocking_reads_fenced_alone() -> None:
+    """``fenced_blocking`` (MySQL/MariaDB, whose watermark windows are exact without
+    fences): blocking reads are judged by their fences as with ``fenced``; unfenced, the
+    stale read lands the deleted row again (tests/mysql/test_semisync.py on a server)."""
+    alone = CoreSettings(chunk_size=4, fenced_blocking=True)
+    for stale in (1, 2, 3):
+        assert emitted(run_blocking(blocking_core(alone), stale, [1, 2, 4])) == [1, 2, 4], stale
+    unfenced = run_blocking(blocking_core(CoreSettings(chunk_size=4)), 2, [1, 2, 4])
+    assert emitted(unfenced) == [1, 2, 3, 4]  # the bug the fences close
+
+
+def test_fenced_blocking_leaves_watermark_windows_unfenced() -> None:
+    """With ``fenced_blocking`` alone, incremental requests carry watermarks and no
+    ``fenced``, and only the blocking lane's tables' events are kept."""
+    core = SnapshotCore(CoreSettings(chunk_size=4, read_ahead=False, fenced_blocking=True),
+                        instance="t")
+    started(core)
+    core.on_event(update(1, 3, tx=10))
+    req = core.next_request()
+    assert isinstance(req, ChunkRequest) and not req.fenced and req.low_watermark
+    assert core._unsettled.events == []  # (an incremental table's events are not kept)
+    assert core._unsettled.floor is None
+    assert req.high_watermark is not None
+    core.on_watermark(req.low_watermark, at(5), 0)
+    core.on_chunk_read(req.id, rows(1, 2, 3, 4), 1.0)
+    out = expand(core.on_watermark(req.high_watermark, at(6), 0))
+    assert emitted(out) == [1, 2, 3, 4]  # (an event before L: exact without a fence here)

@@ -91,6 +91,10 @@ class SnapshotDriver:
         if fenced:
             log.info("snapshot watermark windows are read fenced: commits can become visible "
                      "out of log order on this source (docs/snapshots.md)")
+        # Blocking reads are fenced with fenced or read-only windows; else if the reader
+        # says so (MySQL/MariaDB: its stream can deliver a commit before it is visible).
+        fenced_blocking = (not fenced and s.watermark != "read-only"
+                           and _fences_blocking_reads(reader))
         slice_rows = _slice_rows(SLICE_ROWS, fenced or s.watermark == "read-only")
         self.core = SnapshotCore(
             CoreSettings(
@@ -102,6 +106,7 @@ class SnapshotDriver:
                 read_only=s.watermark == "read-only",
                 parallelism=self.parallelism,
                 fenced=fenced,
+                fenced_blocking=fenced_blocking,
                 slice_rows=slice_rows,
                 slice_bytes=SLICE_BYTES,
             ),
@@ -573,6 +578,13 @@ def _fences_windows(reader: SnapshotReader) -> bool:
     """The reader hands a ``ReadFence`` with every watermark window's rows
     (``CoreSettings.fenced``): its ``fences_watermark_windows()`` says so."""
     check = getattr(reader, "fences_watermark_windows", None)
+    return bool(check()) if callable(check) else False
+
+
+def _fences_blocking_reads(reader: SnapshotReader) -> bool:
+    """The reader hands a ``ReadFence`` with every blocking read's rows
+    (``CoreSettings.fenced_blocking``): its ``fences_blocking_reads()`` says so."""
+    check = getattr(reader, "fences_blocking_reads", None)
     return bool(check()) if callable(check) else False
 
 

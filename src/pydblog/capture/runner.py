@@ -543,7 +543,12 @@ class Runner:
                 self._emit_events(events)
                 self.flush()
 
-            keepalive = getattr(self.source, "keepalive", None) or (lambda: None)
+            source_keepalive = getattr(self.source, "keepalive", None) or (lambda: None)
+
+            def keepalive() -> None:
+                source_keepalive()
+                self.status.maybe_write(self)  # (``dblog status``: the blocking progress)
+
             driver.run_blocking(self._position, stop, emit, keepalive)
             self.flush(force=True)
         self._driver_active = driver.active

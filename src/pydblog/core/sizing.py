@@ -27,7 +27,13 @@ class CoreSettings:
     an event the read did not see drops its key even if the stream delivered it before
     L (PostgreSQL decodes a commit before it becomes visible). Every windowed request
     then carries ``fenced`` as well as its watermarks (``core.fence``); implied by
-    ``read_only``.
+    ``read_only``. It fences blocking reads too.
+    ``fenced_blocking``: blocking reads (table starts and chunks) are fenced and judged
+    as ``fenced`` makes them (``SnapshotCore._blocking_window``), watermark windows are
+    not: MySQL/MariaDB, whose windows are exact without fences (L commits after any
+    commit the stream has), but whose stream can deliver a commit before it is visible
+    (semi-synchronous replication, ``AFTER_SYNC``) while no L orders a blocking read.
+    Only the blocking lane's tables' events are then kept (``core.fence.Unsettled``).
     ``slice_rows``: concurrent windows (``parallelism > 1``) hand their rows out in
     slices of this many rows read (and of about ``slice_bytes`` of an encoded chunk's
     tails, if set): one at H, the next ones at each ``on_boundary`` the runner calls
@@ -44,6 +50,7 @@ class CoreSettings:
     read_only: bool = False
     parallelism: int = 1
     fenced: bool = False
+    fenced_blocking: bool = False
     slice_rows: int = 0
     slice_bytes: int = 0
 

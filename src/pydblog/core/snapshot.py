@@ -62,6 +62,10 @@ Invariants:
 - Fenced watermark windows (``CoreSettings.fenced``): requests carry watermarks *and*
   ``fenced``; windows are judged by the read's fence as read-only ones are (events
   unseen by the read drop their keys, also those delivered before L), and close at H.
+- Fenced blocking reads (``CoreSettings.fenced_blocking``, and with ``fenced`` or
+  ``read_only``): blocking requests carry ``fenced``; each answer is judged at once
+  (``_blocking_window``). Alone (MySQL/MariaDB), only the blocking lane's tables' events
+  are kept (``core.fence.Unsettled``), and incremental requests stay unfenced.
 """
 
 from __future__ import annotations
@@ -212,6 +216,8 @@ class SnapshotCore:
         self._read_only = settings.read_only
         # Windows judged by their reads' fences (read-only, or watermarks + fences).
         self._fenced = settings.read_only or settings.fenced
+        # Blocking reads judged by their fences (with fenced windows, or alone).
+        self._fenced_blocking = self._fenced or settings.fenced_blocking
         self._unsettled = Unsettled()
         self._issued: dict[str, int] = {}  # fenced request id -> Delivered epoch at issue
         self._read_again = 0  # reads whose window was inconclusive (this process)
@@ -372,12 +378,14 @@ class SnapshotCore:
         self._watch()
 
     def _watch(self) -> None:
-        """Read-only: the tables whose events must be kept until a fence settles them
-        (being snapshotted, blocking too, or with keys waiting for a re-read)."""
-        if self._fenced:
+        """Fenced: the tables whose events must be kept until a fence settles them
+        (being snapshotted, blocking too, or with keys waiting for a re-read; with
+        blocking reads fenced alone, the blocking lane's tables only)."""
+        if self._fenced_blocking:
             before = self._watched
             self._watched = (set(self._incr.tables()) | set(self._block.tables())
-                             | self._rereads.tables())
+                             | self._rereads.tables()) if self._fenced \
+                else set(self._block.tables())  # (only blocking reads are fenced)
             if not self._watched:
                 self._unsettled.clear()
             elif not self._watched <= before:
@@ -503,6 +511,7 @@ class SnapshotCore:
     def _plan(self, job: TableJob, *, blocking: bool) -> Request:
         rid = self._new_id("blk" if blocking else "inc")
         marks = not blocking and not self._read_only
+        fenced = self._fenced_blocking if blocking else self._fenced
         if not job.started:
             return TableStartRequest(
                 rid,
@@ -511,7 +520,7 @@ class SnapshotCore:
                 job.surrogate_key,
                 job.condition,
                 f"{rid}:start" if marks else None,
-                fenced=self._fenced,  # blocking reads too: see ``_blocking_window``
+                fenced=fenced,  # blocking reads too: see ``_blocking_window``
                 floor=self._floor_hint(),
             )
         assert job.key_columns is not None and job.max_key is not None
@@ -527,14 +536,14 @@ class SnapshotCore:
             condition=job.condition,
             low_watermark=f"{rid}:low" if marks else None,
             high_watermark=f"{rid}:high" if marks else None,
-            fenced=self._fenced,
+            fenced=fenced,
             identity=job.identity or (),
             floor=self._floor_hint(),
         )
 
     def _floor_hint(self) -> Position | None:
         """Read-only: the floor's position while one is open (``ChunkRequest.floor``)."""
-        floor = self._unsettled.floor if self._fenced else None
+        floor = self._unsettled.floor if self._fenced_blocking else None
         return floor.position if floor is not None else None
 
     def _new_id(self, prefix: str) -> str:
@@ -894,7 +903,8 @@ class SnapshotCore:
         read again (its watermark, if any, is then ignored)."""
         starting = self._starting
         ours = starting is not None and starting.request.id == request_id
-        if fence is not None and self._fenced and error is None and not self._start_covered(fence, request_id):
+        if fence is not None and self._fenced_blocking and error is None \
+                and not self._start_covered(fence, request_id):
             self._read_again += 1
             if ours:
                 self._starting = None  # the next request starts the table again
@@ -1090,9 +1100,10 @@ class SnapshotCore:
             # A key change's create: no consumer has a value for its unchanged columns.
             self._rereads.add(event.schema, event.table, event.key)
             self._watch()  # read-only: from this event on, the table's events are kept
-        if self._fenced:
+        if self._fenced_blocking:
             self._observe_fenced(event)
-            return
+            if self._fenced:
+                return
         if self._observers:
             flight = self._observers.get((event.schema, event.table))
             if flight is not None:
@@ -1108,6 +1119,8 @@ class SnapshotCore:
             return
         event = slim(event)  # windows need only its identity; a wide row is not held
         self._unsettled.add(event)
+        if not self._fenced:
+            return  # only blocking reads are fenced (their stream is paused)
         flight = self._observers.get((event.schema, event.table))
         if flight is not None:
             flight.observe(event)
@@ -1458,7 +1471,7 @@ class SnapshotCore:
     def _advance(self, position: Position) -> None:
         if self._horizon is None or self._horizon < position:
             self._horizon = position
-        if self._fenced:
+        if self._fenced_blocking:
             self._unsettled.learn(position)
 
     # -- state ---------------------------------------------------------------------
@@ -1489,7 +1502,7 @@ class SnapshotCore:
 
     def _unsettled_state(self) -> dict[str, Any]:
         """Read-only: what a restart must still distrust (see ``Unsettled.summary``)."""
-        lost = self._unsettled.summary() if self._fenced else None
+        lost = self._unsettled.summary() if self._fenced_blocking else None
         return {} if lost is None else {"unsettled": lost.to_json()}
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -1509,7 +1522,7 @@ class SnapshotCore:
         aborted = state.get("aborted") or {}
         self._aborted = {str(k): [str(t) for t in v] for k, v in aborted.items()}
         unsettled = state.get("unsettled")
-        if unsettled is not None and self._fenced:
+        if unsettled is not None and self._fenced_blocking:
             self._unsettled.lost = Lost.from_json(unsettled)
         self._watch()
 

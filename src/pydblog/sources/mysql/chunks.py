@@ -280,6 +280,45 @@ class MySqlSnapshotReader:
             return False
         return True
 
+    def fences_blocking_reads(self) -> bool:
+        """Blocking reads (table starts and chunks) are fenced
+        (``CoreSettings.fenced_blocking``) wherever GTIDs allow: MariaDB always, MySQL
+        with ``gtid_mode = ON``. The stream can deliver a commit before it is visible:
+        with semi-synchronous replication and ``rpl_semi_sync_master_wait_point =
+        AFTER_SYNC`` (MySQL's default wait point) a commit is written to the binlog and
+        sent to every binlog reader, then waits for a replica's acknowledgement before
+        its engine commit (tests/mysql/test_semisync.py); and without it there is the
+        moment between a group's binlog write and its engine commit. A watermark window
+        is ordered after such a commit (its L commits after it); a blocking read, with
+        the stream paused, is not, and a row it missed would land, older, after that
+        commit's event for good. Fenced, the read cannot decide while such a commit is
+        invisible and is read again (docs/snapshots.md, "Fenced blocking reads").
+        Checked at the capture's start, so a server that turns semi-sync on at runtime
+        is covered too. MySQL without GTIDs cannot be fenced: a warning if semi-sync is
+        on there."""
+        if self._mariadb_server():
+            return True
+        try:
+            with self._lock, self._connection().cursor() as cur:
+                cur.execute("SELECT @@GLOBAL.gtid_mode")
+                (mode,) = cur.fetchone()
+                if str(mode).upper() == "ON":
+                    return True
+                cur.execute("SHOW GLOBAL VARIABLES LIKE 'rpl_semi_sync_master_enabled'")
+                row = cur.fetchone()
+        except pymysql.Error as exc:
+            self._reset()
+            raise self._error(exc, "reading gtid_mode") from None
+        if row is not None and str(row[1]).upper() in ("ON", "1"):
+            log.warning(
+                "semi-synchronous replication is on and gtid_mode is %s on %s: a blocking "
+                "snapshot can read a row older than a commit the binlog already holds (one "
+                "waiting for its replica's acknowledgement), and the change log keeps it "
+                "(set gtid_mode ON so that blocking reads are fenced, or use incremental "
+                "snapshots)", mode, self.dsn.redacted,
+            )
+        return False
+
     def _check_order(self, info: TableInfo, ordered: Any, mode: Any) -> None:
         """At a table start of a capture whose watermark windows are not fenced because
         MySQL had ``binlog_order_commits = ON`` at its start: if it is OFF now (``SET
