@@ -8,9 +8,11 @@ Commit order (the correctness contract, invariant 5 of the architecture):
 2. ``StateStore.save(checkpoint)`` then records the same checkpoint;
 3. only then is the source acknowledged (slot ``flush_lsn``, binlog position).
 
-A crash between 1 and 2 is repaired at start: the newer of the change log's and the
-state store's checkpoint wins. Events at or below the checkpoint's position are
-skipped when the source sends them again, so each lands in the change log once.
+A crash between 1 and 2 is repaired at start: the change log's checkpoint wins (the
+state store's is never newer with its own log; one that is means another or a damaged
+log, and the start is refused: ``capture.runner.resume_from``). Events at or below the
+checkpoint's position are skipped when the source sends them again, so each lands in
+the change log once.
 """
 
 from __future__ import annotations

@@ -91,3 +91,50 @@ def test_resume_on_another_host_mid_snapshot(request: pytest.FixtureRequest, nam
         # Resumed, not restarted: at most the interrupted chunk is read again (the
         # writes only remove rows from later chunks or add rows behind the cursor).
         assert len(again) <= CHUNK, f"{len(again)} rows read again after a take-over"
+
+
+def test_a_new_topic_prefix_with_the_old_state_json(pg_db: str, tmp_path: Path,
+                                                    kafka_bootstrap: str) -> None:
+    """`[log] path` keeps state.json, the log is in Kafka: a capture pointed at a log
+    with no checkpoint (here another topic_prefix; also deleted topics, a new cluster,
+    a restarted in-memory broker) must not resume at state.json's position into it:
+    that log would lack every earlier event, and `mode = "initial"` would take no
+    snapshot (its flag is in state.json). The start is refused naming both; with
+    state.json removed (the fix) the new log starts with a snapshot (audit13 F2)."""
+    import uuid
+
+    import psycopg
+
+    from tests.helpers import dblog, read_log, start_run, stop_run, wait_for, write_config
+    from tests.kafka.conftest import kafka_log_toml
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE w (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO w SELECT generate_series(1, 5)")
+    snap = '[snapshot]\nmode = "initial"\n'
+    state = tmp_path / "data" / "state.json"
+    config = write_config(tmp_path, pg_db, extra=kafka_log_toml(kafka_bootstrap, extra=snap))
+    proc = start_run(config)
+    try:
+        wait_for(state.exists, 30, "state.json")
+    finally:
+        code, err = stop_run(proc)
+    assert code == 0, err
+    prefix = f"b{uuid.uuid4().hex[:8]}"
+    config = write_config(tmp_path, pg_db, extra=kafka_log_toml(kafka_bootstrap, prefix, snap))
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO w VALUES (6)")
+    res = dblog("run", "--config", str(config), check=False, timeout=60)
+    assert res.returncode == 6, res.stderr
+    assert f"the Kafka change log '{prefix}' at {kafka_bootstrap} has no checkpoint" in res.stderr
+    assert f"the state file {state} has one at LSN " in res.stderr and "Traceback" not in res.stderr
+    assert f"remove {state}" in res.stderr
+    assert read_log(config) == []
+    state.unlink()
+    proc = start_run(config)
+    try:
+        wait_for(lambda: {e["after"]["id"] for e in read_log(config) if e["source"]["table"] == "w"
+                          and e["op"] in "rc"} == set(range(1, 7)), 60, "every row in the new log")
+    finally:
+        code, err = stop_run(proc)
+    assert code == 0, err

@@ -2,9 +2,10 @@
 appends to the change log in batches.
 
 Commit order (see ``ports``): change log append (events + checkpoint, one commit)
--> state store save -> source ack. On start the newer of the change log's and the
-state store's checkpoint wins, and every stream item at or below its position is
-dropped, so a ``kill -9`` at any point loses nothing and logs nothing twice.
+-> state store save -> source ack. On start the change log's checkpoint wins (a newer
+state store checkpoint is refused: ``resume_from``), and every stream item at or below
+its position is dropped, so a ``kill -9`` at any point loses nothing and logs nothing
+twice.
 
 Batching: a batch is flushed when the stream has momentarily nothing more to give
 (``Idle``), at a heartbeat, at a commit once the batch is ``batch_max_ms`` old, or when
@@ -33,8 +34,10 @@ from pydblog.capture.driver import SLICE_ROWS, SnapshotDriver
 from pydblog.capture.inbox import INBOX, REMEMBER
 from pydblog.capture.status import StatusWriter
 from pydblog.capture.writer import Batch, BatchWriter
+from pydblog.changelog import log_name
 from pydblog.config import Config
 from pydblog.core.notices import at_index, position_index
+from pydblog.errors import ChangeLogError
 from pydblog.events import (
     BLOCK_EVENTS,
     ChangeEvent,
@@ -63,7 +66,8 @@ from pydblog.ports import (
     TableSchema,
     WatermarkSeen,
 )
-from pydblog.positions import Position
+from pydblog.positions import PgPosition, Position
+from pydblog.state.file import STATE_FILE
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,60 @@ below this, ``BatchWriter.wake_below``)."""
 MID_TX = "mid_tx"
 """Checkpoint ``extra`` key: the checkpoint's position is inside a transaction (a batch
 flushed at ``batch_max_events`` or before a schema change)."""
+
+
+def resume_from(from_log: Checkpoint | None, from_state: Checkpoint | None,
+                cfg: Config) -> Checkpoint | None:
+    """The checkpoint capture resumes from: the change log's (``from_log``), unless the
+    state file's (``from_state``) is newer, which is refused.
+
+    The state file is saved only after the change log committed the same checkpoint
+    (``BatchWriter``; fenced commits save nothing), and checkpoints only move forward,
+    so with its own log it is never ahead: the log wins ties and is ahead after a crash
+    between its commit and the save, or after another host wrote it (Kafka, an empty
+    local ``[log] path``). A state file *newer* than the log means that the log is not
+    the one this capture wrote, or lost commits: ``topic_prefix`` or
+    ``bootstrap_servers`` changed, the topics deleted, a new cluster, an in-memory
+    broker restarted, the SQLite file deleted, replaced or restored from an older copy.
+    Resuming at the state file's position would continue that log as if it held every
+    event before it, and ``mode = "initial"`` would take no snapshot (its flag is in the
+    checkpoint): a silent gap. Refused (audit13 F2)."""
+    if from_state is None or not from_state.is_newer_than(from_log):
+        return from_log
+    state_file = cfg.log_dir / STATE_FILE
+    have = (f"an older checkpoint, at {position_text(from_log)}," if from_log is not None
+            and from_log.position is not None else "no checkpoint")
+    if from_log is not None and from_log.position is not None:
+        fix = ("point [log] at the change log this capture wrote (a newer copy of it); or "
+               "start a new change log: another [log] path (with Kafka also another "
+               'topic_prefix) and [snapshot] mode = "initial" (every captured table is '
+               f"snapshotted). Removing only {state_file} would resume this log at its older "
+               "checkpoint, and the source, acknowledged up to the state file's position (a "
+               "PostgreSQL slot), would not give the changes in between again")
+    else:
+        fix = (f"point [log] at the change log this capture wrote; or, to start this log "
+               f"afresh, remove {state_file} (or use another [log] path): capture then starts "
+               "at the replication slot's (or binlog's) current position, and with [snapshot] "
+               'mode = "initial" snapshots every captured table')
+    raise ChangeLogError(
+        f"{log_name(cfg.log)} has {have} but the state file {state_file} has one at "
+        f"{position_text(from_state)}: this is not the change log that capture wrote, or "
+        "it lost commits (topic_prefix or bootstrap_servers changed, its topics deleted, a "
+        "new Kafka cluster or a restarted in-memory broker; the SQLite file deleted, "
+        "replaced or restored from an older copy). Resuming would leave every event "
+        "before that position out of this log, so dblog does not start",
+        hint=fix,
+    )
+
+
+def position_text(checkpoint: Checkpoint | None) -> str:
+    """A checkpoint's source position, for messages."""
+    pos = checkpoint.position if checkpoint is not None else None
+    if pos is None:
+        return "no position"
+    if isinstance(pos, PgPosition):
+        return f"LSN {pos.commit_lsn} (index {pos.index})"
+    return str(pos)
 
 
 class Runner:
@@ -149,11 +207,9 @@ class Runner:
     def recover(self) -> Checkpoint | None:
         from_log = self.changelog.last_checkpoint()
         from_state = self.state.load()
-        best = from_state
-        # The change log wins ties: its checkpoint was committed with the events.
-        if from_log is not None and (from_state is None or not from_state.is_newer_than(from_log)):
-            best = from_log
-            self.state.save(from_log)  # repair a crash between log commit and state save
+        best = resume_from(from_log, from_state, self.cfg)
+        if best is not None and best is from_log:
+            self.state.save(best)  # repair a crash between log commit and state save
         if best is not None:
             self._position = best.position
             self._saved_position = best.position

@@ -47,6 +47,15 @@ def open_reader(cfg: LogConfig) -> ChangeLogReader:
     return SqliteChangeLogReader(cfg.path)
 
 
+def log_name(cfg: LogConfig) -> str:
+    """The change log ``cfg`` names, for messages."""
+    if cfg.type == "kafka":
+        return f"the Kafka change log {cfg.topic_prefix!r} at {cfg.bootstrap_servers}"
+    from pydblog.changelog.sqlite import log_path
+
+    return f"the change log {log_path(cfg.path)}"
+
+
 def log_exists(cfg: LogConfig) -> bool:
     """Whether a log has been created (for Kafka: its checkpoint topic exists)."""
     if cfg.type == "kafka":

@@ -227,7 +227,7 @@ def missing_tables(conn: psycopg.Connection[Any], publication: str, tables: list
     return [t for t in tables if t not in current]
 
 
-LOST_FIX = ("start a fresh change log (another [log] path, or topic_prefix with Kafka) with "
+LOST_FIX = ("start a fresh change log (another [log] path; with Kafka also another topic_prefix) with "
             "[snapshot] mode = \"initial\": the slot is created and every captured table "
             "snapshotted; the old log stays readable as it is")
 
