@@ -353,3 +353,67 @@ def test_every_kill_point_of_a_batch_replays_exactly(
         rows = conn.execute("SELECT part, nparts, applied_end FROM mirror.dblog_sync_progress "
                             "ORDER BY part").fetchall()
     assert rows == [(-1, 2, end), (0, 2, end), (1, 2, end)], state()
+
+
+def test_commits_removed_from_the_checkpoint_topic_stop_the_plan(
+        kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch is planned from the checkpoint topic's commits after Spark's last offset:
+    when retention removed some of them (a topic made with a retention, the sync stopped
+    longer than it), their events cannot be told from aborted records, and a plan that
+    went on from the first kept message skipped them: the sinks got the later commits'
+    events and recorded their end (silent loss). The plan fails instead, naming the
+    topic; so does the replay of a batch Spark logged before they were removed. (Tansu
+    has no retention: its low watermark is faked.)"""
+    from pydblog.changelog.kafka import CommitRecord, _Client, checkpoint_topic
+    from pydblog.changelog.kafka_spark import KafkaRange, KafkaStream, read_events
+    from pydblog.errors import ChangeLogError
+
+    writer = KafkaChangeLog(kafka_log)
+    for c in range(4):
+        writer.append([EncodedEvent("public.t", "c", 1, '{"op":"c","ts_ms":1,"source":{"connector":'
+                                    '"postgresql","db":"d","schema":"public","table":"t"},'
+                                    f'"key":{{"id":{i}}},"before":null,"after":{{"id":{i}}}}}')
+                       for i in range(10 * c, 10 * c + 10)], Checkpoint(PgPosition(Lsn(10 * c + 10), 0)))
+    writer.close()
+    topic = checkpoint_topic(kafka_log.topic_prefix or "")
+    stream = KafkaStream(kafka_log.model_dump_json())
+    start = stream.initial_offset("earliest")
+    end1 = stream.latest_offset(start, 10)  # the first commit
+    end3 = stream.latest_offset(end1, 20)  # the next two: logged by Spark, not yet run
+    assert (end1["seq"], end3["seq"]) == (10, 30)
+    client = stream._planning()
+    commits = {CommitRecord.from_bytes(m.value(), m.offset()).end: m.offset()
+               for m in client.read_range({(topic, 0): (0, None)}) if m.value() is not None}
+    real = _Client.watermarks
+    gone = [commits[20] + 1]  # the second commit's message is gone
+
+    def retention(self: _Client, tps: Any, committed: bool = False) -> Any:
+        return {tp: (max(lo, gone[0]) if tp[0] == topic else lo, hi)
+                for tp, (lo, hi) in real(self, tps, committed).items()}
+
+    def batch(s: KafkaStream, start: Any, end: Any) -> list[int]:
+        got: list[int] = []
+        for part in s.partitions(start, end, 2):
+            assert isinstance(part, KafkaRange)
+            got.extend(orjson.loads(v)["offset"] for v in read_events(part).to_pylist())
+        return sorted(got)
+
+    try:
+        monkeypatch.setattr(_Client, "watermarks", retention)
+        with pytest.raises(ChangeLogError, match=topic) as info:
+            end = stream.latest_offset(end1, None)
+            raise AssertionError(f"planned {end['seq'] - 10} events, read {batch(stream, end1, end)}")
+        assert "10..19" in str(info.value), info.value
+        restarted = KafkaStream(kafka_log.model_dump_json())  # Spark replays (end1, end3]
+        with pytest.raises(ChangeLogError, match=topic) as info:
+            raise AssertionError(f"replayed {batch(restarted, end1, end3)}")
+        assert "10..19" in str(info.value), info.value
+        gone[0] = commits[30] + 1  # both commits of the logged batch are gone
+        with pytest.raises(ChangeLogError, match="plans differently"):
+            raise AssertionError(f"replayed {batch(restarted, end1, end3)}")
+        restarted.close()
+        gone[0] = 0  # the messages are all there: the same batches as before
+        assert batch(stream, end1, end3) == list(range(10, 30))
+        assert stream.latest_offset(end1, None)["seq"] == 40
+    finally:
+        stream.close()

@@ -12,7 +12,9 @@ partition. A micro-batch ``(start, end]`` reads, per partition, the Kafka offset
 ``end.cp`` made valid (``changelog.kafka``'s rules): exactly the events
 ``start.seq <= offset < end.seq``, one each. The planning is a pure function of the
 checkpoint topic (append-only) and the start offset, so a replayed batch re-reads the
-same records. Sinks record the global offset they applied (as with the embedded log),
+same records; checked: a replay's plan must reach the logged end, and the valid commits
+a plan reads must be contiguous in global offsets (commits that retention removed from
+the checkpoint topic would otherwise be skipped: ``_not_contiguous``). Sinks record the global offset they applied (as with the embedded log),
 so a replayed batch applies nothing twice.
 
 ``maxEventsPerTrigger`` bounds a batch at commit granularity (at least one commit);
@@ -142,6 +144,10 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
         topic = checkpoint_topic(client.prefix)
         if client.partitions(topic):
             lo, _ = client.watermarks([(topic, 0)])[(topic, 0)]
+            # ``seq`` is known (a planned offset's, or 0 with the topic whole): the valid
+            # commits go on from it without a gap. A first plan of a topic whose start
+            # retention removed begins at the first kept commit.
+            known = cp > 0 or lo == 0
             cp = max(cp, lo)
             for m in client.read_range({(topic, 0): (cp, stop_cp)}):
                 cp = m.offset() + 1
@@ -149,7 +155,9 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
                     continue
                 rec = CommitRecord.from_bytes(m.value(), m.offset())
                 if log.apply(rec):
-                    seq = rec.end
+                    if known and rec.start != seq:
+                        raise _not_contiguous(topic, seq, rec, lo)
+                    seq, known = rec.end, True
                 if max_events is not None and seq - int(start.get("seq", 0)) >= max_events:
                     break
             else:  # read all of [cp, stop_cp): what follows the last message is markers
@@ -161,6 +169,30 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
     finally:
         if own:
             client.close()
+
+
+def _not_contiguous(topic: str, seq: int, rec: Any, low: int) -> ChangeLogError:
+    """A valid commit that does not start where the planned ones end (``seq``): the
+    commits between are gone from the checkpoint topic (retention), and with them what
+    tells their records from aborted ones; a plan that went on would skip their events
+    (or, overlapping, apply some twice) while the sinks record the later end."""
+    if rec.start > seq:
+        what = (f"has no commit of the change log's offsets {seq}..{rec.start - 1} (its next "
+                f"commit, at Kafka offset {rec.kafka_offset}, holds {rec.start}..{rec.end - 1}; "
+                f"the topic's first kept offset is {low}): retention removed commits "
+                f"the sync has not applied")
+    else:
+        what = (f"holds a commit of offsets {rec.start}..{rec.end - 1} (Kafka offset "
+                f"{rec.kafka_offset}) after the commits up to {seq - 1}: the change log's "
+                f"commits overlap")
+    return ChangeLogError(
+        f"the checkpoint topic {topic} {what}; the sync cannot plan its next batch "
+        f"without skipping or repeating events",
+        hint=f"keep {topic} whole (retention.ms=-1, as pydblog creates it: `kafka-configs "
+             f"--alter --entity-type topics --entity-name {topic} --add-config "
+             f"retention.ms=-1`), then re-sync the targets from a snapshot with a new "
+             f"[sync] checkpoint",
+    )
 
 
 def _checkpoint_end(log_json: str, client: Any = None) -> int:
@@ -666,8 +698,17 @@ class KafkaStream(ChangeLogStream):
         planned, self._planned = self._planned, None
         if planned is not None and planned[0] == start and planned[1] == end:
             log = planned[2]
-        else:
-            _, log = self._plan(start, int(end["cp"]), None)
+        else:  # a restarted query replays the batch Spark logged: planned again, the same
+            again, log = self._plan(start, int(end["cp"]), None)
+            if [again.get(k) for k in ("seq", "owner", "ends")] != [end.get(k) for k in ("seq", "owner", "ends")]:
+                raise ChangeLogError(
+                    f"the batch Spark logged (change-log offsets {start.get('seq', 0)}.."
+                    f"{int(end['seq']) - 1}, checkpoint topic up to Kafka offset {end['cp']}) "
+                    f"plans differently now (up to offset {int(again['seq']) - 1}): the "
+                    f"checkpoint topic changed under the sync (re-created, or its commits "
+                    f"removed); replaying it would skip or repeat events",
+                    hint="re-sync the targets from a snapshot with a new [sync] checkpoint",
+                )
         begin = {_tp(k): int(v) for k, v in start.get("ends", {}).items()}
         ranges = []
         for key, hi in sorted(end.get("ends", {}).items()):
