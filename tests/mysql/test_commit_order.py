@@ -104,3 +104,42 @@ def test_fenced_watermark_snapshot_under_writes(
     # It ran fenced (unfenced it would pass too whenever no commit became visible late).
     assert "watermark windows are read fenced" in err, err[-2000:]
     assert len(snapshot_rows(events, "t1")) > rows // 2
+
+
+def test_blocking_reads_are_fenced(server: Server, db: str) -> None:
+    """Blocking reads are fenced on MariaDB and on MySQL with GTIDs (the fixtures' 5.7
+    has gtid_mode = ON), watermark windows not (``CoreSettings.fenced_blocking``): a
+    commit can be streamed before it is visible (semi-sync AFTER_SYNC,
+    test_semisync.py), and no L orders a blocking read after it."""
+    _, reader = make(server, db)
+    try:
+        assert reader.fences_blocking_reads()
+        core = SnapshotDriver(config(server, db), reader, None).core
+        assert core._fenced_blocking and not core._fenced
+    finally:
+        reader.close()
+
+
+@pytest.mark.slow
+def test_fenced_blocking_snapshot_under_writes(server: Server, db: str, tmp_path: Path) -> None:
+    """A fenced blocking snapshot of a table written to meanwhile ends, and the log
+    materializes to the table (MariaDB's fence can be inconclusive while a commit is
+    between its binlog write and its engine commit: those reads are read again)."""
+    h = MariaHarness(server, db)
+    rows = 3000
+    big_table(h, rows)
+    with Capture(h, tmp_path, "[snapshot]\nchunk_size = 200\n") as cap:
+        cap.caught_up()
+        mark = cap.end()
+        stop = threading.Event()
+        th = threading.Thread(target=writer, args=(h, "t1", stop, 11, rows + rows // 10))
+        th.start()
+        try:
+            h.signal(sid(), "execute-snapshot",
+                     {"data-collections": [q(h, "t1")], "type": "blocking"})
+            cap.wait_notification("COMPLETED", timeout=240, after=mark)
+        finally:
+            stop.set()
+            th.join()
+        events = cap.assert_oracle({"t1": ["id"]})
+    assert len(snapshot_rows(events, "t1")) > rows // 2
