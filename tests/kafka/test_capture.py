@@ -155,6 +155,88 @@ def test_signal_topic(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
     assert code == 0, out
 
 
+def _signal_entry(config: Path) -> dict[str, Any] | None:
+    """What the capture's checkpoint in the change log records of its signal topic."""
+    from pydblog.changelog import describe
+    from pydblog.config import load_config
+
+    _, cp = describe(load_config(config).log)
+    entry = cp.extra.get("kafka_signals") if cp is not None else None
+    return entry if isinstance(entry, dict) else None
+
+
+def _signal_notes(events: list[dict[str, Any]], at: tuple[int, int]) -> list[str]:
+    """The notification types of the signal at ``at`` (partition, offset)."""
+    return [e["notification"]["type"] for e in events
+            if e["op"] == "n" and e["notification"].get("signal_id", "").startswith(f"kafka-{at[0]}-{at[1]}-")
+            and e["notification"]["type"] in ("STARTED", "COMPLETED", "REJECTED", "SKIPPED")]
+
+
+def test_signals_before_the_topic_exists_and_while_down(
+    pg_db: str, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """Every signal sent after the capture was first configured with its signal topic is
+    handled once (audit13 F1, F4): the first one, which creates the topic while `dblog
+    run` runs (the listener used to start at the end of the topic it found then: the
+    signal was never forwarded and its offset committed as handled), and one sent while
+    `dblog run` is down after the listener's consumer-group offsets are gone (expired
+    after a quiet week; the next start used to be a "first start" again, at the end).
+    The signal rows are deleted meanwhile: only the capture's checkpoint says that the
+    first signal was handled."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+
+    _table(pg_db)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO w SELECT g, 'v', 0 FROM generate_series(1, 30) g")
+    prefix = f"f{uuid.uuid4().hex[:8]}"
+    signals = f"{prefix}-signals"  # no such topic yet
+    config = write_config(tmp_path, pg_db, extra=kafka_log_toml(
+        kafka_bootstrap, prefix, f'[snapshot]\nsignal_topic = "{signals}"\n'))
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+
+    def send() -> tuple[int, int]:
+        box: list[tuple[int, int]] = []
+        producer.produce(signals, orjson.dumps({"type": "execute-snapshot",
+                                                "data": {"data-collections": ["public\\.w"]}}),
+                         prefix.encode(), on_delivery=lambda err, m: box.append(
+                             (-1, -1) if err else (m.partition() or 0, m.offset() or 0)))
+        producer.flush(10)
+        assert box and box[0][1] >= 0, "not delivered"
+        return box[0]
+
+    def completed(at: tuple[int, int]) -> None:
+        follow = LogFollower(config)
+        try:
+            wait_for(lambda: "COMPLETED" in _signal_notes(follow(), at), 60,
+                     f"the COMPLETED notification of the signal at {at} (partition, offset)")
+        finally:
+            follow.close()
+
+    proc = start_run(config)
+    try:
+        first = send()  # (creates the topic, as Kafka's auto.create.topics.enable does)
+        completed(first)
+    finally:
+        code, out = stop_run(proc)
+    assert code == 0, out
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.delete_consumer_groups([f"dblog-signals.{prefix}"], request_timeout=10).values():
+        f.result()  # as Kafka expires a memberless group's offsets (offsets.retention.minutes)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM dblog_signal")
+    second = send()
+    proc = start_run(config)
+    try:
+        completed(second)
+        events = tail(config)
+    finally:
+        code, out = stop_run(proc)
+    assert code == 0, out
+    assert _signal_notes(events, first) == ["STARTED", "COMPLETED"]
+    assert _signal_notes(events, second) == ["STARTED", "COMPLETED"]
+
+
 BROKER_KILLS = (True, False, True)
 
 

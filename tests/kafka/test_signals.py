@@ -355,3 +355,82 @@ def test_a_partition_added_while_running_is_read(
                  "the signal sent to the new partition forwarded")
     finally:
         listener.close()
+
+
+class _Looks:
+    """The listener's consumer, which sets ``missing`` once its metadata has shown no
+    ``topic`` (the listener looked for it and retries). Everything else is the real
+    consumer's."""
+
+    def __init__(self, real: Any, topic: str) -> None:
+        self.real, self.topic = real, topic
+        self.missing = threading.Event()
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        md = self.real.list_topics(*args, **kwargs)
+        if self.topic not in md.topics:
+            self.missing.set()
+        return md
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_a_signal_topic_created_after_the_start(
+    pg_db: str, tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener starts before its signal topic exists (the first signal creates
+    it): that signal, sent after the start, is forwarded (audit13 F1: the listener
+    started at the end of the topic it found, and committed that offset as handled)."""
+    from pydblog.capture import kafka_signals
+    from pydblog.changelog import kafka
+
+    PgHarness(pg_db)  # the signal table
+    name = f"n{uuid.uuid4().hex[:8]}-signals"
+    real_make = kafka.make_client
+    monkeypatch.setattr(kafka, "make_client", lambda *a: _Looks(real_make(*a), name))
+    cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, name)
+    listener = kafka_signals.KafkaSignalListener(cfg)
+    try:
+        assert listener.consumer.missing.wait(30), "the listener never looked for its topic"
+        topic = Topic(kafka_bootstrap, name)
+        offset = topic.send(str(cfg.log.topic_prefix).encode(),
+                            {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+        group = f"dblog-signals.{cfg.log.topic_prefix}"
+        wait_for(lambda: _committed(kafka_bootstrap, group, name) == offset + 1, 30,
+                 "the signal's offset committed")
+    finally:
+        listener.close()
+    [row] = _signal_ids(pg_db)
+    assert row.startswith(f"kafka-0-{offset}-")
+
+
+def test_an_idle_listener_keeps_its_group_offsets(
+    pg_db: str, tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener never joins its group, whose committed offsets Kafka expires
+    ``offsets.retention.minutes`` (7 days) after the last commit: a listener idle that
+    long commits its positions again at every metadata refresh (audit13 F4)."""
+    from confluent_kafka.admin import AdminClient
+
+    from pydblog.capture import kafka_signals
+
+    monkeypatch.setattr(kafka_signals, "REFRESH_S", 0.5)
+    PgHarness(pg_db)  # the signal table
+    topic = Topic(kafka_bootstrap, f"i{uuid.uuid4().hex[:8]}-signals")
+    cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, topic.name)
+    group = f"dblog-signals.{cfg.log.topic_prefix}"
+    listener = kafka_signals.KafkaSignalListener(cfg)
+    try:
+        offset = topic.send(str(cfg.log.topic_prefix).encode(),
+                            {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+        wait_for(lambda: _committed(kafka_bootstrap, group, topic.name) == offset + 1, 30,
+                 "the signal's offset committed")
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        for f in admin.delete_consumer_groups([group], request_timeout=10).values():
+            f.result()  # expired
+        assert _committed(kafka_bootstrap, group, topic.name) < 0
+        wait_for(lambda: _committed(kafka_bootstrap, group, topic.name) == offset + 1, 30,
+                 "the position committed again")
+    finally:
+        listener.close()

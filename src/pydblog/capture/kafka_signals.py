@@ -25,18 +25,34 @@ checkpoint). The consumer group ``dblog-signals.<prefix>`` commits a message's o
 only after the signal row is in, or the capture answered the hand-over (its effect is
 then in the change log), and never past a message that was not: a crash in between
 forwards it again, without effect. The listener assigns the topic's partitions itself
-(no group join). Its first start ever (no committed offset in any partition) starts at
-the topic's end and commits that position at once (signals sent before the first start
-are not replayed; those sent while ``dblog run`` is down later are); a partition
-without a committed offset when others have one was added later and is read from its
-start. Partitions added while the listener runs are found by a metadata refresh every
-``REFRESH_S`` seconds and read the same way (their committed offset, else their start).
+(no group join).
+
+Where the listener starts (``Handled``, ``KafkaSignalListener._starts``): the capture's
+checkpoint (in the change log, so recoverable from Kafka alone) holds, under
+``extra["kafka_signals"]``, the signal topic's name, ``since_ms`` (when the capture was
+first run with this signal topic) and, per partition, the offset after the last signal
+the capture handled (from the ids of the signal rows it reads and of the signals handed
+to it). Each partition starts at the larger of that offset and the group's committed
+one. A partition with neither starts at the first message with a timestamp at or after
+``since_ms`` (``offsets_for_times``; older messages met before the first newer one are
+skipped, since Tansu answers 0 when no message is that new): every signal sent after the
+capture was first configured with the topic is handled, whether ``dblog run`` was
+running, down, or the topic did not exist yet; older ones are not replayed. A topic that
+did not exist at the listener's first look is read from its start when it appears
+(everything in it is newer; no clock involved). Partitions added while the listener
+runs are found by a metadata refresh every ``REFRESH_S`` seconds and read from their
+start. An offset below the partition's start (retention deleted signals never read)
+starts at the partition's start, with a warning. The group's offsets are committed
+again at every refresh: Kafka expires a memberless group's offsets
+``offsets.retention.minutes`` after its last commit (the checkpoint's offsets would
+still hold, but other captures' messages after our last signal would be read again).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -103,10 +119,72 @@ def decode_message(signal_id: str, value: bytes) -> tuple[str, str | None]:
     return kind, data if isinstance(data, str) else orjson.dumps(data).decode()
 
 
-class KafkaSignalListener:
-    """Forwards signals from ``[snapshot] signal_topic`` until ``close``."""
+CHECKPOINT_KEY = "kafka_signals"
+"""The capture checkpoint's ``extra`` entry of the signal topic (``Handled``)."""
 
-    def __init__(self, cfg: Config) -> None:
+_ID = re.compile(r"kafka-(\d+)-(\d+)-(-?\d+)")
+
+
+class Handled:
+    """The signal topic's positions in the capture's checkpoint, shared by the capture
+    (which loads them at recovery and marks the signals it handles) and the listener
+    (which starts from them).
+
+    The entry: ``{"topic": name, "since_ms": when the capture was first run with this
+    signal topic, "next": {"<partition>": offset after the last signal handled}}``; an
+    entry of another topic is replaced by a new one (``since_ms`` = ``start_ms``)."""
+
+    def __init__(self, topic: str, start_ms: int) -> None:
+        self.topic = topic
+        self.start_ms = start_ms
+        self.since_ms = start_ms
+        self._next: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.ready = threading.Event()
+        """Set once ``load`` has run (the listener waits for it: the capture's recovery)."""
+
+    def load(self, entry: Any) -> dict[str, Any]:
+        """Take the recovered checkpoint's entry (None: there is none); the entry to
+        keep in the checkpoint from now on."""
+        since, nxt = self.start_ms, {}
+        if isinstance(entry, dict) and entry.get("topic") == self.topic \
+                and isinstance(entry.get("since_ms"), int):
+            since = entry["since_ms"]
+            raw = entry.get("next")
+            nxt = {int(p): int(o) for p, o in raw.items()} if isinstance(raw, dict) else {}
+        with self._lock:
+            self.since_ms, self._next = since, nxt
+        self.ready.set()
+        return self.entry()
+
+    def mark(self, signal_id: str) -> bool:
+        """A signal the capture handled: True if its id moved a partition's offset."""
+        m = _ID.fullmatch(signal_id)
+        if m is None:
+            return False
+        p, after = int(m.group(1)), int(m.group(2)) + 1
+        with self._lock:
+            if self._next.get(p, -1) >= after:
+                return False
+            self._next[p] = after
+            return True
+
+    def entry(self) -> dict[str, Any]:
+        with self._lock:
+            return {"topic": self.topic, "since_ms": self.since_ms,
+                    "next": {str(p): o for p, o in sorted(self._next.items())}}
+
+    def next_offsets(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self._next)
+
+
+class KafkaSignalListener:
+    """Forwards signals from ``[snapshot] signal_topic`` until ``close``. ``handled``:
+    the capture's positions (``Handled``), loaded by its recovery; without one (a
+    listener on its own) there are none, and ``since_ms`` is now."""
+
+    def __init__(self, cfg: Config, handled: Handled | None = None) -> None:
         if not cfg.log.bootstrap_servers:
             raise ConfigError(
                 "[snapshot] signal_topic needs Kafka: set [log] bootstrap_servers",
@@ -118,13 +196,22 @@ class KafkaSignalListener:
         self.k = _kafka()
         self.topic = str(cfg.snapshot.signal_topic)
         self.key = signal_prefix(cfg).encode()
+        if handled is None:
+            handled = Handled(self.topic, int(time.time() * 1000))
+            handled.load(None)
+        self.handled = handled
+        # (earliest: used only for an offset below the partition's start, which
+        # _starts avoids; everything kept there is newer than what was handled)
         self.consumer = make_client(self.k.Consumer, _for_consumer(client_config(
             cfg.log, **{"group.id": GROUP.format(prefix=signal_prefix(cfg)),
-                        "enable.auto.commit": False, "auto.offset.reset": "latest",
+                        "enable.auto.commit": False, "auto.offset.reset": "earliest",
                         "isolation.level": "read_committed"})), cfg.log)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dblog-kafka-signals", daemon=True)
         self._assigned = False
+        self._looked = False  # the topic was looked for once
+        self._absent = False  # ... and did not exist then: read it from its start
+        self._since: dict[int, int] = {}  # partition -> skip messages older (until one is not)
         self.assigned = threading.Event()  # set once the partitions are assigned (tests)
         self._thread.start()
 
@@ -133,10 +220,16 @@ class KafkaSignalListener:
         md = self.consumer.list_topics(timeout=10)
         t = md.topics.get(self.topic)
         if t is None or t.error is not None or not t.partitions:
+            if not self._looked:
+                self._absent = True
+                log.info("Kafka signal topic %s does not exist yet: it is read from its start "
+                         "once it does", self.topic)
+            self._looked = True
             return False
+        self._looked = True
         tps = [k.TopicPartition(self.topic, p) for p in sorted(t.partitions)]
         committed = self.consumer.committed(tps, timeout=10)
-        start = self._starts(committed, first_start=all(tp.offset < 0 for tp in committed))
+        start = self._starts(committed, from_start=self._absent)
         self.consumer.assign(start)
         log.info("listening for signals on Kafka topic %s", self.topic)
         self.assigned.set()
@@ -155,37 +248,64 @@ class KafkaSignalListener:
         if not new:
             return
         committed = self.consumer.committed([k.TopicPartition(self.topic, p) for p in new], timeout=10)
-        start = self._starts(committed, first_start=False)
+        start = self._starts(committed, from_start=True)
         self.consumer.incremental_assign(start)
         log.info("Kafka signal topic %s: reading partition(s) %s, added while running",
                  self.topic, ", ".join(str(p) for p in new))
 
-    def _starts(self, committed: list[Any], first_start: bool) -> list[Any]:
-        """Where to read each partition: its committed offset, else (``first_start``)
-        the end, else its start; the positions not committed yet are committed now."""
+    def _starts(self, committed: list[Any], from_start: bool) -> list[Any]:
+        """Where to read each partition: the larger of its committed offset and the
+        capture's checkpoint's; else its start (``from_start``: a topic or partition
+        that appeared while the listener ran), else the first message at or after
+        ``since_ms``. Never below the partition's start. The positions that differ from
+        the committed ones are committed now."""
         k = self.k
+        handled = self.handled.next_offsets()
         start, fresh = [], []
         for tp in committed:
-            if tp.offset >= 0:
-                start.append(k.TopicPartition(self.topic, tp.partition, tp.offset))
-                continue
-            if first_start:  # the end: signals sent before the first start are not replayed
-                _, hi = self.consumer.get_watermark_offsets(tp, timeout=10)
-                offset = max(hi, 0)
-            else:  # added after the first start: everything in it is newer
-                offset, _ = self.consumer.get_watermark_offsets(tp, timeout=10)
-                offset = max(offset, 0)
-            tp_start = k.TopicPartition(self.topic, tp.partition, offset)
+            p = tp.partition
+            known = [o for o in (tp.offset, handled.get(p, -1)) if o >= 0]
+            lo, hi = self.consumer.get_watermark_offsets(k.TopicPartition(self.topic, p), timeout=10)
+            lo, hi = max(lo, 0), max(hi, 0)
+            if known:
+                offset = max(known)
+                if offset < lo:
+                    log.warning("Kafka signal topic %s partition %d: signals at offsets %d to %d "
+                                "were deleted (retention) before they were handled; reading from "
+                                "%d", self.topic, p, offset, lo - 1, lo)
+                    offset = lo
+            elif from_start:
+                offset = lo
+            else:  # the first message sent since the capture was first run with this topic
+                since = self.handled.since_ms
+                [at] = self.consumer.offsets_for_times(
+                    [k.TopicPartition(self.topic, p, since)], timeout=10)
+                offset = at.offset if at.error is None and at.offset >= 0 else hi
+                offset = min(max(offset, lo), hi)
+                self._since[p] = since
+            tp_start = k.TopicPartition(self.topic, p, offset)
             start.append(tp_start)
-            fresh.append(tp_start)
+            if offset != tp.offset:
+                fresh.append(tp_start)
         if fresh:  # so that a restart goes on from here, not from a later end
             self.consumer.commit(offsets=fresh, asynchronous=False)
         return start
+
+    def _recommit(self) -> None:
+        """Commit the positions again (Kafka expires a memberless group's offsets
+        ``offsets.retention.minutes`` after its last commit). Between batches: every
+        message before a position was handled."""
+        done = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
+        if done:
+            self.consumer.commit(offsets=done, asynchronous=False)
 
     def _run(self) -> None:
         refresh_at = time.monotonic() + REFRESH_S
         while not self._stop.is_set():
             try:
+                if not self.handled.ready.is_set():  # (the capture's recovery)
+                    self.handled.ready.wait(0.5)
+                    continue
                 if not self._assigned:
                     self._assigned = self._assign()
                     if not self._assigned:
@@ -194,6 +314,7 @@ class KafkaSignalListener:
                     refresh_at = time.monotonic() + REFRESH_S
                 if time.monotonic() > refresh_at:
                     self._grow()
+                    self._recommit()
                     refresh_at = time.monotonic() + REFRESH_S
                 for m in self.consumer.consume(100, 0.5):
                     if m.error() is None and not self._forward(m):
@@ -213,7 +334,12 @@ class KafkaSignalListener:
         from pydblog.capture.signals import signals_go_direct
 
         signal_id = f"kafka-{m.partition()}-{m.offset()}-{m.timestamp()[1]}"
-        if m.key() != self.key or m.value() is None:
+        since = self._since.get(m.partition())
+        if since is not None and 0 <= m.timestamp()[1] < since:
+            done = True  # sent before the capture was first run with this topic
+            log.info("Kafka signal topic %s: message %s is older than the capture's first "
+                     "run with this topic; skipped", self.topic, signal_id)
+        elif m.key() != self.key or m.value() is None:
             done = True  # another capture's signal, or a tombstone
         else:
             try:
@@ -231,6 +357,8 @@ class KafkaSignalListener:
                     done = self._insert(signal_id, kind, fields)
         if not done:
             return False
+        if since is not None and not 0 <= m.timestamp()[1] < since:
+            del self._since[m.partition()]  # the rest is newer
         self.consumer.commit(
             offsets=[self.k.TopicPartition(m.topic(), m.partition(), m.offset() + 1)],
             asynchronous=False,

@@ -32,6 +32,7 @@ from typing import Any
 from pydblog.capture import lagtrace
 from pydblog.capture.driver import SLICE_ROWS, SnapshotDriver
 from pydblog.capture.inbox import INBOX, REMEMBER
+from pydblog.capture.kafka_signals import CHECKPOINT_KEY, Handled
 from pydblog.capture.status import StatusWriter
 from pydblog.capture.writer import Batch, BatchWriter
 from pydblog.changelog import log_name
@@ -202,6 +203,10 @@ class Runner:
         # High availability: the elected leader's term, checked before every source ack
         # and at every idle tick (``None``: no [ha], a single capture process).
         self.lease: Lease | None = None
+        # The Kafka signal channel's positions (``[snapshot] signal_topic``), kept in the
+        # checkpoint's extra; set by the service before ``run``.
+        self.kafka_signals: Handled | None = None
+        self._extra_dirty = False  # extra changed: the next flush writes a checkpoint
 
     # -- recovery ---------------------------------------------------------------------
     def recover(self) -> Checkpoint | None:
@@ -223,6 +228,11 @@ class Runner:
     # -- main loop ----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         checkpoint = self.recover()
+        handled = self.kafka_signals
+        if handled is not None:  # the listener starts from the recovered positions
+            entry = handled.load(self._extra.get(CHECKPOINT_KEY))
+            self._extra_dirty = entry != self._extra.get(CHECKPOINT_KEY)
+            self._extra[CHECKPOINT_KEY] = entry
         self.source.open(checkpoint)
         self.opened = True
         self._connector, self._db = self.source.connector, self.source.db
@@ -309,6 +319,7 @@ class Runner:
         driver = self.driver
         assert driver is not None
         if f"{ev.schema}.{ev.table}" == self.cfg.snapshot.signal_table:
+            self._mark_signal(ev.after.get("id") if ev.after is not None else None)
             self._emit_events(driver.on_signal_event(ev, self.reader.captured_tables()))
             # A snapshot starts now, not at the next idle moment (a busy MySQL stream
             # yields none while its transactions come closer than its idle interval).
@@ -448,6 +459,8 @@ class Runner:
                                and e.notification and e.notification.get("signal_id") == item.id),
                               None)
                 answers.append((item, "rejected" if error else "applied", error, notice))
+            for item in items:
+                self._mark_signal(item.id)
             self._extra["direct_signals"] = seen[-REMEMBER:]
             self.flush(force=True)
         except BaseException:
@@ -457,6 +470,14 @@ class Runner:
             item.answer(outcome, error, notice)
         self._driver_active = driver.active
         driver.submit_next()
+
+    def _mark_signal(self, signal_id: object) -> None:
+        """A signal handled: if it came from the Kafka signal topic, its offset goes
+        into the checkpoint (``kafka_signals.Handled``)."""
+        handled = self.kafka_signals
+        if handled is not None and isinstance(signal_id, str) and handled.mark(signal_id):
+            self._extra[CHECKPOINT_KEY] = handled.entry()
+            self._extra_dirty = True
 
     def _on_heartbeat(self, item: Heartbeat, stop: threading.Event) -> None:
         if self._skipped(item.position):
@@ -621,7 +642,8 @@ class Runner:
         writer = self.writer
         if self._pending or self._schemas or (
             force and self._position is not None and self._position != self._saved_position
-        ):
+        ) or (self._extra_dirty and self._position is not None):
+            self._extra_dirty = False
             driver = self.driver
             extra = dict(self._extra)
             if self._in_tx:

@@ -84,6 +84,7 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
     with its epoch first and check the lease before every acknowledgement."""
     delay = RETRY_FIRST_S
     slot_deadline: float | None = None
+    started_ms = int(time.time() * 1000)  # (a new signal topic's since_ms: kafka_signals)
     ran = False  # a runner opened once: a change log that is away now is retried
     while not stop.is_set():
         try:
@@ -119,7 +120,7 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
         runner = Runner(cfg, source, reader, changelog, state)
         runner.lease = lease
         LIVE.runner, LIVE.state = runner, "running"
-        signals = _kafka_signals(cfg)
+        signals = _kafka_signals(cfg, runner, started_ms)
         started = time.monotonic()
         try:
             runner.run(stop)
@@ -164,13 +165,17 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
         delay = min(delay * 2, RETRY_MAX_S)
 
 
-def _kafka_signals(cfg: Config) -> Any:
-    """The Kafka signal channel's listener, if ``[snapshot] signal_topic`` is set."""
+def _kafka_signals(cfg: Config, runner: Runner, started_ms: int) -> Any:
+    """The Kafka signal channel's listener, if ``[snapshot] signal_topic`` is set: it
+    starts from the positions in the checkpoint ``runner`` recovers; a signal topic new
+    to the checkpoint is read from ``started_ms`` (the process's start) on."""
     if cfg.snapshot.signal_topic is None:
         return None
-    from pydblog.capture.kafka_signals import KafkaSignalListener
+    from pydblog.capture.kafka_signals import Handled, KafkaSignalListener
 
-    return KafkaSignalListener(cfg)
+    handled = Handled(cfg.snapshot.signal_topic, started_ms)
+    runner.kafka_signals = handled
+    return KafkaSignalListener(cfg, handled)
 
 
 def collect_status(cfg: Config) -> dict[str, Any]:
