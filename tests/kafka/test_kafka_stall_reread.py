@@ -163,8 +163,8 @@ def test_the_reader_keeps_one_copy_of_a_record(kafka_log: LogConfig,
     reader = KafkaChangeLogReader(kafka_log)
     real = reader.client.read_range
 
-    def twice(ranges: Any) -> Iterator[Any]:
-        msgs = list(real(ranges))
+    def twice(ranges: Any, to_now: bool = False) -> Iterator[Any]:
+        msgs = list(real(ranges, to_now))
         yield from msgs
         yield from msgs
 

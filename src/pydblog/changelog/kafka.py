@@ -713,15 +713,27 @@ class _Client:
             raise _unavailable("listing offsets", self.cfg, exc) from None
         return {tp: (max(0, los[tp]), max(0, his[tp])) for tp in his}
 
-    def read_range(self, ranges: Mapping[tuple[str, int], tuple[int, int | None]]) -> Iterator[Any]:
+    def read_range(self, ranges: Mapping[tuple[str, int], tuple[int, int | None]],
+                   to_now: bool = False) -> Iterator[Any]:
         """Every message with ``lo <= offset < hi`` of each partition (per partition in
         offset order), as confluent-kafka ``Message``s; ``hi = None``: to the end (the
         fetch's end-of-partition; a broker's list-offsets answer is not trusted: Tansu's
-        lags behind on S3 storage and counts batches in memory)."""
-        for batch in self.read_batches(ranges):
+        lags behind on S3 storage and counts batches in memory).
+
+        ``to_now``: a read to the end also ends where the partition ended when the read
+        began (its high watermark then; if that is not past ``lo``, after the first
+        record or marker there), if no end-of-partition event came first: records
+        appended while it reads are left to the caller's next read. For readers that
+        come back for more (a follower's checkpoint-topic reads): a read that has to see
+        an end-of-partition event never ends while the partition grows within every
+        fetch wait (Tansu answers a fetch at the end only after its whole wait, with the
+        records that came meanwhile: an idle capture's heartbeat commits outpaced a
+        follower whose fetch wait storage stalls had stepped up)."""
+        for batch in self.read_batches(ranges, to_now):
             yield from batch
 
-    def read_batches(self, ranges: Mapping[tuple[str, int], tuple[int, int | None]]) -> Iterator[list[Any]]:
+    def read_batches(self, ranges: Mapping[tuple[str, int], tuple[int, int | None]],
+                     to_now: bool = False) -> Iterator[list[Any]]:
         """``read_range`` a list of messages at a time (one ``consume`` call's worth).
 
         ``todo[tp][0]`` follows the read: the offset after the last record returned. A
@@ -731,6 +743,12 @@ class _Client:
         todo = {tp: r for tp, r in ranges.items() if r[1] is None or r[1] > r[0]}
         if not todo:
             return
+        to_end: set[tuple[str, int]] = set()  # ``to_now``: also ends at an end of partition
+        if to_now and any(hi is None for _, hi in todo.values()):
+            to_end = {tp for tp, (_, hi) in todo.items() if hi is None}
+            marks = self.watermarks(sorted(to_end))
+            for tp in to_end:
+                todo[tp] = (todo[tp][0], max(marks[tp][1], todo[tp][0] + 1))
         k = self.k
         c = self._read_consumer()
         self._know_topics(c, {t for t, _ in todo})
@@ -781,7 +799,7 @@ class _Client:
                             # The broker's end: the end of a read to the end, not of one
                             # to ``hi`` below it (``_eof_ends``).
                             eof_tp = (m.topic(), m.partition())
-                            if _eof_ends(m.offset(), todo.get(eof_tp, (0, None))[1]):
+                            if eof_tp in to_end or _eof_ends(m.offset(), todo.get(eof_tp, (0, None))[1]):
                                 done.append(eof_tp)
                             continue
                         if m.error().code() in (k.KafkaError._AUTO_OFFSET_RESET,
@@ -1036,15 +1054,16 @@ class _Client:
             if hi is not None and tp.offset >= 0 and tp.offset >= hi:
                 del todo[key]
 
-    def read_commits(self, log_: CommitLog, start: int) -> int:
-        """Apply checkpoint-topic messages from Kafka offset ``start`` to the end;
+    def read_commits(self, log_: CommitLog, start: int, to_now: bool = False) -> int:
+        """Apply checkpoint-topic messages from Kafka offset ``start`` to the end (with
+        ``to_now``, ``read_range``'s: a follower's, which comes back for the rest);
         returns the offset after the last one read."""
         topic = checkpoint_topic(self.prefix)
         if not self.partitions(topic):
             return start
         if start == 0:  # the first read: retention may have removed the beginning
             start = self.watermarks([(topic, 0)])[(topic, 0)][0]
-        for m in self.read_range({(topic, 0): (start, None)}):
+        for m in self.read_range({(topic, 0): (start, None)}, to_now):
             start = m.offset() + 1
             if m.value() is None:
                 continue
@@ -1601,7 +1620,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         self._window: tuple[int, int, list[LogRecord]] = (0, 0, [])
 
     def _refresh(self) -> None:
-        self._cp_next = self.client.read_commits(self._commits, self._cp_next)
+        self._cp_next = self.client.read_commits(self._commits, self._cp_next, to_now=True)
 
     def _read_window(self, lo: int, hi: int) -> list[LogRecord]:
         """The events ``lo <= offset < hi`` (commit boundaries), in offset order."""
@@ -1676,7 +1695,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         if not self._commits.floor:
             return self._commits
         whole = CommitLog()
-        self.client.read_commits(whole, 0)
+        self.client.read_commits(whole, 0, to_now=True)
         return whole
 
     def first_offset(self) -> int:
@@ -1760,7 +1779,7 @@ class KafkaLogFigures:
         """``(first offset, next offset)``, or None while the log does not exist."""
         if not self.client.partitions(checkpoint_topic(self.client.prefix)):
             return None
-        self._cp_next = self.client.read_commits(self.commits, self._cp_next)
+        self._cp_next = self.client.read_commits(self.commits, self._cp_next, to_now=True)
         marks = self.client.watermarks(sorted(self.commits.ends))
         first = 0
         if any(lo > 0 for lo, _ in marks.values()):

@@ -149,7 +149,9 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
             # retention removed begins at the first kept commit.
             known = cp > 0 or lo == 0
             cp = max(cp, lo)
-            for m in client.read_range({(topic, 0): (cp, stop_cp)}):
+            # without stop_cp: to the end as it is now (``read_range``'s ``to_now``: a
+            # plan chasing commits that come within every fetch wait never ended)
+            for m in client.read_range({(topic, 0): (cp, stop_cp)}, to_now=True):
                 cp = m.offset() + 1
                 if m.value() is None:
                     continue

@@ -1,0 +1,102 @@
+"""A follower (``dblog tail -f``, the API's event stream: ``KafkaChangeLogReader.follow``)
+of an idle capture keeps up with a checkpoint topic that grows at every fetch wait.
+
+An idle capture commits a checkpoint at every heartbeat. Each read of a follower read
+the checkpoint topic "to its end": to an end-of-partition event. Tansu answers a fetch
+at a partition's end only after its whole fetch wait, with the records that came
+meanwhile and no end of partition: once commits came faster than the follower's fetch
+wait (a wait stepped up to 500-5,000 ms by storage stalls on S3, against a heartbeat of
+0.5 s in test_broker_restart_under_load, or of 10 s by default), the read never ended,
+and the follower printed nothing more (docs/kafka.md). Here a memory-backed Tansu, a
+fetch wait of 1 s as such a stall leaves the follower's client, and commits every
+0.05 s."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pydblog.changelog import kafka
+from pydblog.changelog.kafka import KafkaChangeLog, KafkaChangeLogReader, KafkaLogFigures
+from pydblog.config import LogConfig
+from tests.kafka.test_planner import append
+
+CAP_S = 30.0
+"""The writer stops after this (a follower that chases the end never returns before)."""
+
+
+class Heartbeats:
+    """A capture's heartbeats: an empty commit every 0.05 s, from a thread, until
+    ``stop`` (or ``CAP_S``); ``event()`` has the next commit carry one event."""
+
+    def __init__(self, writer: KafkaChangeLog, first: int) -> None:
+        self.writer = writer
+        self.next = first
+        self.writing = threading.Event()
+        self.writing.set()
+        self.stopping = threading.Event()
+        self.want = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            until = time.monotonic() + CAP_S
+            while not self.stopping.is_set() and time.monotonic() < until:
+                if self.want.is_set():
+                    self.want.clear()
+                    append(self.writer, self.next, 1)
+                    self.next += 1
+                else:
+                    append(self.writer, self.next, 0)
+                time.sleep(0.05)
+            if self.want.is_set():  # asked for at the last moment: written all the same
+                append(self.writer, self.next, 1)
+        except BaseException as exc:  # handed to stop()
+            self.error = exc
+        finally:
+            self.writing.clear()
+
+    def event(self) -> None:
+        self.want.set()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(CAP_S)
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_follower_keeps_up_with_a_checkpoint_topic_growing_each_fetch_wait(kafka_log: LogConfig) -> None:
+    writer = KafkaChangeLog(kafka_log)
+    reader = KafkaChangeLogReader(kafka_log)
+    figures = KafkaLogFigures(kafka_log)
+    beats: Heartbeats | None = None
+    try:
+        append(writer, 0, 5)
+        beats = Heartbeats(writer, 5)
+        for client in (reader.client, figures.client):
+            client._own_wait = 1000  # what storage stalls leave a follower's client with
+        follow = reader.follow(0, 0.05)
+        assert [next(follow).offset for _ in range(5)] == list(range(5))
+        assert beats.writing.is_set(), "the follower got the events only once the log stopped growing"
+        beats.event()
+        assert next(follow).offset == 5
+        assert beats.writing.is_set(), "the follower got the event only once the log stopped growing"
+        assert reader.client._consumer_wait == 1000  # (the read was made with the long wait)
+        assert figures.figures() is not None  # /metrics' figures: the same read
+        assert beats.writing.is_set(), "the figures came only once the log stopped growing"
+    finally:
+        if beats is not None:
+            beats.stop()
+        figures.close()
+        reader.close()
+        writer.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_learned_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})
