@@ -434,3 +434,52 @@ def test_an_idle_listener_keeps_its_group_offsets(
                  "the position committed again")
     finally:
         listener.close()
+
+
+def test_a_first_start_reads_from_the_first_run_with_the_topic(
+    pg_db: str, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """No offset anywhere (the capture's checkpoint names the topic, nothing handled
+    yet): signals sent before the capture was first run with the topic are not
+    replayed; those sent after it are forwarded, in partition 1 one sent before the
+    listener was assigned (audit13 F1: the listener started at the topic's end, so a
+    signal sent between the start and its assignment was lost). Partition 0 has no
+    newer message when the listener is assigned: Tansu then answers offsets_for_times
+    with 0, and its older message is skipped by its timestamp."""
+    import time
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    from pydblog.capture.kafka_signals import Handled, KafkaSignalListener
+
+    PgHarness(pg_db)  # the signal table
+    name = f"t{uuid.uuid4().hex[:8]}-signals"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for fut in admin.create_topics([NewTopic(name, 2, 1)]).values():
+        fut.result()
+    cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, name)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+
+    def send(partition: int) -> None:
+        producer.produce(name, orjson.dumps({"type": "execute-snapshot",
+                                             "data": {"data-collections": [W]}}),
+                         str(cfg.log.topic_prefix).encode(), partition=partition)
+        assert producer.flush(10) == 0
+
+    send(0)
+    send(1)  # offset 0 of both: older than the first run
+    since = int(time.time() * 1000) + 1  # (their CreateTime is before it)
+    handled = Handled(name, since)
+    handled.load({"topic": name, "since_ms": since, "next": {}})  # the checkpoint's
+    wait_for(lambda: time.time() * 1000 >= since, 5, "the first run's millisecond", 0.001)
+    send(1)  # offset 1: newer, sent before the listener
+    listener = KafkaSignalListener(cfg, handled)
+    try:
+        assert listener.assigned.wait(30)
+        send(0)  # offset 1: newer, sent after its assignment
+        wait_for(lambda: len(_signal_ids(pg_db)) >= 2, 30, "the two newer signals forwarded")
+    finally:
+        listener.close()
+    assert [i.rsplit("-", 1)[0] for i in _signal_ids(pg_db)] == ["kafka-0-1", "kafka-1-1"]
