@@ -258,12 +258,16 @@ class KafkaSignalListener:
         capture's checkpoint's; else its start (``from_start``: a topic or partition
         that appeared while the listener ran), else the first message at or after
         ``since_ms``. Never below the partition's start. The positions that differ from
-        the committed ones are committed now."""
+        the committed ones are committed now, but for a first message at or after
+        ``since_ms`` that may not be one (the partition's start, where Tansu answers 0
+        for "no message that new"): the timestamp filter commits what it skips, and a
+        restart starts from ``since_ms`` again."""
         k = self.k
         handled = self.handled.next_offsets()
         start, fresh = [], []
         for tp in committed:
             p = tp.partition
+            unsure = False
             known = [o for o in (tp.offset, handled.get(p, -1)) if o >= 0]
             lo, hi = self.consumer.get_watermark_offsets(k.TopicPartition(self.topic, p), timeout=10)
             lo, hi = max(lo, 0), max(hi, 0)
@@ -283,9 +287,10 @@ class KafkaSignalListener:
                 offset = at.offset if at.error is None and at.offset >= 0 else hi
                 offset = min(max(offset, lo), hi)
                 self._since[p] = since
+                unsure = lo < hi and offset == lo
             tp_start = k.TopicPartition(self.topic, p, offset)
             start.append(tp_start)
-            if offset != tp.offset:
+            if offset != tp.offset and not unsure:
                 fresh.append(tp_start)
         if fresh:  # so that a restart goes on from here, not from a later end
             self.consumer.commit(offsets=fresh, asynchronous=False)
