@@ -122,6 +122,9 @@ def test_gtid_mode_off_is_refused_naming_the_setting(tmp_path: Any) -> None:
         with pytest.raises(SourceError) as err:
             reader.read_chunk_fenced(info, None, (10,), 10, None)
         assert "gtid_mode is OFF" in str(err.value) and "gtid_mode = ON" in str(err.value)
+        # Blocking reads are then not fenced (they cannot be: no error, and no warning
+        # without semi-sync; docs/snapshots.md "Fenced blocking reads").
+        assert not reader.fences_blocking_reads()
         reader.close()
         src.read_only = True
         with pytest.raises(SourceError) as err:
