@@ -22,6 +22,9 @@ What it shows (docs/snapshots.md, "A commit the stream delivered before L"):
   not covered by any fence until the commit is visible: its chunks are read again, and
   nothing of the table is logged meanwhile.
 Either way the log materializes to the table.
+- A blocking snapshot (``test_blocking_snapshot_during_...``): no L orders its reads after
+  the stuck commit, so they are fenced (``CoreSettings.fenced_blocking``): read again
+  until the commit is visible. Unfenced they logged the old rows after its events.
 """
 
 from __future__ import annotations
