@@ -5,7 +5,6 @@ is recognised by its id), and the change log stays exact."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tests.helpers import (
     write_config,
 )
 from tests.kafka.conftest import kafka_log_toml
+from tests.kafka.test_capture import _signal_entry
 
 
 def _signal_rows(dsn: str) -> int:
@@ -59,7 +59,8 @@ def test_kafka_signals_with_read_only_snapshots(pg_db: str, tmp_path: Path,
     before = _signal_rows(pg_db)
     proc = start_run(config)
     try:
-        time.sleep(3)  # the listener starts at the topic's end
+        # Signals sent once the capture's checkpoint names the topic are handled.
+        wait_for(lambda: _signal_entry(config) is not None, 60, "the signal topic in the checkpoint")
         p = Producer({"bootstrap.servers": kafka_bootstrap})
         p.produce(signals, orjson.dumps({"type": "execute-snapshot",
                                          "data": {"data-collections": ["public\\.w"]}}),
@@ -75,6 +76,8 @@ def test_kafka_signals_with_read_only_snapshots(pg_db: str, tmp_path: Path,
         started = _notices(config, "STARTED")
         assert len(started) == 1 and started[0].startswith("kafka-0-"), started
         assert sum(1 for e in events if e["op"] == "r") >= 2000
+        entry = _signal_entry(config)  # the handed-over signal's offset is in the checkpoint
+        assert entry is not None and entry["next"] == {"0": 1}, entry
     finally:
         code, out = stop_run(proc)
     assert code == 0, out[-3000:]
