@@ -355,6 +355,24 @@ def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now
     return writer.start()
 
 
+START_RETRIES = 3
+"""Restarts in a row (no batch applied in between) of a query that failed because a
+Python process Spark started did not connect back in time (``_late_python``)."""
+
+
+def _late_python(query: Any, applier: BatchApplier) -> bool:
+    """Whether the query failed only because a Python process Spark started (the
+    streaming planner, a read planner: ``PythonWorkerFactory.createSimpleWorker``, a
+    fixed 10 s) did not connect back: a machine too loaded to start Python in time
+    (seen at a load of 20 on 2 cores). Such a process plans; a batch it fails has applied
+    nothing, and like any restart the new query resumes after the last batch Spark
+    committed, the sinks skipping what they hold: exact."""
+    if applier.error is not None:
+        return False
+    exc = query.exception()
+    return exc is not None and "Python worker failed to connect back" in str(exc)
+
+
 def _query_error(query: Any, applier: BatchApplier) -> DblogError | None:
     if applier.error is not None:
         return applier.error
@@ -389,19 +407,32 @@ def run_sync(
     api = start_sync_api(cfg)
     spark = spark_session(cfg.sync.master)
     try:
-        query = start_query(spark, cfg, applier, available_now=available_now)
-        SYNC.state = "running"
-        try:
-            with SyncProgress(cfg, applier, enabled=available_now) as progress:
-                while query.isActive:
-                    if stop_event is not None and stop_event.is_set():
-                        query.stop()
-                        break
-                    query.awaitTermination(0.5)
-                    progress.update()
-        except Exception:
-            pass
-        err = _query_error(query, applier)
+        restarts = 0  # in a row, without a batch applied in between
+        while True:
+            applied = applier.batches
+            query = start_query(spark, cfg, applier, available_now=available_now)
+            SYNC.state = "running"
+            try:
+                with SyncProgress(cfg, applier, enabled=available_now) as progress:
+                    while query.isActive:
+                        if stop_event is not None and stop_event.is_set():
+                            query.stop()
+                            break
+                        query.awaitTermination(0.5)
+                        progress.update()
+            except Exception:
+                pass
+            err = _query_error(query, applier)
+            if err is None or not _late_python(query, applier) \
+                    or (stop_event is not None and stop_event.is_set()):
+                break
+            restarts = 1 if applier.batches > applied else restarts + 1
+            if restarts > START_RETRIES:
+                break
+            log.warning("the sync query failed: %s (a Python process Spark started did not "
+                        "connect back within Spark's fixed 10 s: the machine is loaded); "
+                        "restarting the query (%d of %d in a row): it resumes after the last "
+                        "batch Spark committed", err.message, restarts, START_RETRIES)
         if err is not None:
             SYNC.state, SYNC.error = "failed", err.message
             raise err
