@@ -483,3 +483,62 @@ def test_a_first_start_reads_from_the_first_run_with_the_topic(
     finally:
         listener.close()
     assert [i.rsplit("-", 1)[0] for i in _signal_ids(pg_db)] == ["kafka-0-1", "kafka-1-1"]
+
+
+class _Retained:
+    """The listener's consumer, whose partitions start at ``low``: as if retention had
+    deleted the records below it (Tansu has no retention). Everything else is the real
+    consumer's."""
+
+    def __init__(self, real: Any, low: int) -> None:
+        self.real, self.low = real, low
+
+    def get_watermark_offsets(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        lo, hi = self.real.get_watermark_offsets(*args, **kwargs)
+        return max(lo, self.low), hi
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_signals_deleted_before_they_were_read(
+    pg_db: str, tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dblog run` was down longer than the signal topic's retention: the listener's
+    offset is below the partition's start. It starts at the first signal kept, with a
+    warning naming the deleted offsets, and handles every kept one (audit13 F4: with
+    auto.offset.reset = latest, librdkafka skipped the kept ones too)."""
+    from pydblog.capture import kafka_signals
+    from pydblog.changelog import kafka
+
+    PgHarness(pg_db)  # the signal table
+    topic = Topic(kafka_bootstrap, f"r{uuid.uuid4().hex[:8]}-signals")
+    cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, topic.name)
+    key = str(cfg.log.topic_prefix).encode()
+    group = f"dblog-signals.{cfg.log.topic_prefix}"
+    _commit(kafka_bootstrap, group, topic.name, 0)  # handled nothing yet
+    sent = [topic.send(key, {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+            for _ in range(3)]
+    real_make = kafka.make_client
+    monkeypatch.setattr(kafka, "make_client", lambda *a: _Retained(real_make(*a), 2))
+    warned: list[str] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                warned.append(record.getMessage())
+
+    handler = Seen()
+    logging.getLogger("pydblog.capture.kafka_signals").addHandler(handler)
+    try:
+        listener = kafka_signals.KafkaSignalListener(cfg)
+        try:
+            wait_for(lambda: _committed(kafka_bootstrap, group, topic.name) == 3, 30,
+                     "the kept signal's offset committed")
+        finally:
+            listener.close()
+    finally:
+        logging.getLogger("pydblog.capture.kafka_signals").removeHandler(handler)
+    assert sent == [0, 1, 2]
+    assert [i.rsplit("-", 1)[0] for i in _signal_ids(pg_db)] == ["kafka-0-2"]
+    assert any("offsets 0 to 1" in w and "deleted" in w for w in warned), warned
