@@ -205,8 +205,9 @@ def test_acknowledged_offsets_below_the_sessions_records_fail_the_commit(
     """Tansu answered a retried produce with offsets -1, 0, 1, ... (its base offset -1:
     the first test); without the -1 they would pass for a commit's offsets (a run far
     below the partition's end, the checkpoint's ends wrong). Offsets that go back below
-    this session's previous commit are believed only if the partition ends with them
-    (a re-created topic: ``test_truncate_reaches_partitions_added_later``)."""
+    the last valid commit's end there fail the commit, retriable while the partition
+    holds records above them (a partition that ends with them lost records, a re-created
+    topic: not retriable, ``test_kafka_log.py::test_a_recreated_topic_is_refused``)."""
     kafka_log = kafka_log.model_copy(update={"partitions": 1})
     tp = (data_topic(kafka_log.topic_prefix or "", "public.a"), 0)
     bs = batches()
@@ -220,7 +221,8 @@ def test_acknowledged_offsets_below_the_sessions_records_fail_the_commit(
         w._delivered[tp] = [0, len(events) - 1, len(events)]
 
     monkeypatch.setattr(w, "_produce", acknowledged_from_zero)
-    with pytest.raises(ChangeLogUnavailable, match="below this session's previous commit"):
+    with pytest.raises(ChangeLogUnavailable, match="the end of the last valid commit there, but "
+                       "the partition holds records up to offset"):
         w.append(bs[4], cp(1))
     w.close()
     w = KafkaChangeLog(kafka_log)

@@ -135,18 +135,23 @@ def partition_messages(cfg: LogConfig, topic: str, parts: int) -> dict[int, list
 
 def test_truncate_reaches_partitions_added_later(kafka_log: LogConfig) -> None:
     """A partition added to a table's topic while capture runs gets the truncates too
-    (the partition count is asked of the broker for each commit that fans out). Tansu
-    cannot add partitions: there the topic is re-created with more (what the writer
-    sees is the same: more partitions than when it first wrote the topic)."""
-    from confluent_kafka import KafkaError, KafkaException
+    (the partition count is asked of the broker for each commit that fans out), and
+    readers find them there. Tansu cannot add partitions: there the topic is re-created
+    with more (what the writer sees is the same: more partitions than when it first
+    wrote the topic), and the partition the first event went to is given one foreign
+    record first, so that its offsets go on above the old topic's end (a commit below it is refused:
+    ``test_a_recreated_topic_is_refused``); the first event went with the old topic, so
+    the reader is checked from the truncate on (audit13 T2: it was not checked there)."""
+    from confluent_kafka import KafkaError, KafkaException, Producer
     from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewPartitions, NewTopic
+    from confluent_kafka.cimpl import NewPartitions
 
     assert kafka_log.topic_prefix is not None
     topic = data_topic(kafka_log.topic_prefix, "public.b")
     kf = KafkaChangeLog(kafka_log)
     kf.append([row_event(Op.CREATE, "b", 10, {"id": 1}, {"id": 1})], cp(0))
-    admin = AdminClient({"bootstrap.servers": kafka_log.bootstrap_servers or ""})
+    bootstrap = kafka_log.bootstrap_servers or ""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     recreated = False
     try:
         for fut in admin.create_partitions([NewPartitions(topic, 5)]).values():
@@ -154,10 +159,10 @@ def test_truncate_reaches_partitions_added_later(kafka_log: LogConfig) -> None:
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError._UNSUPPORTED_FEATURE:
             raise
-        for fut in admin.delete_topics([topic]).values():
-            fut.result()
-        for fut in admin.create_topics([NewTopic(topic, 5, 1)]).values():
-            fut.result()
+        recreate_topic(bootstrap, topic, 5)
+        pad = Producer({"bootstrap.servers": bootstrap})
+        pad.produce(topic, b'{"op":"pad"}', partition=murmur2_partition(b'{"id":1}', 3))
+        assert pad.flush(30) == 0
         recreated = True
     kf.append([encode_event(ChangeEvent(Op.TRUNCATE, "public", "b", pos(11), 1), "postgresql",
                             "app", 5)], cp(1))
@@ -165,9 +170,74 @@ def test_truncate_reaches_partitions_added_later(kafka_log: LogConfig) -> None:
     per_partition = partition_messages(kafka_log, topic, 5)
     assert [sum(orjson.loads(m.value())["op"] == "t" for m in per_partition[p]) for p in range(5)] \
         == [1] * 5
-    if not recreated:  # (else the first event went with the old topic)
-        got = records(KafkaChangeLogReader(kafka_log))
-        assert [(r.offset, r.op) for r in got] == [(0, "c"), (1, "t")]
+    reader = KafkaChangeLogReader(kafka_log)
+    try:
+        got = [(r.offset, r.op) for r in reader.read(1 if recreated else 0, 100)]
+    finally:
+        reader.close()
+    assert got == ([(1, "t")] if recreated else [(0, "c"), (1, "t")])
+
+
+def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_topics([topic]).values():
+        fut.result()
+    for fut in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        fut.result()
+
+
+@pytest.mark.parametrize("when", ["in the same session", "before a session that recovers no end there"])
+def test_a_recreated_topic_is_refused(tmp_path: Path, kafka_bootstrap: str, when: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table's topic deleted and created again (an operator 'resetting' it) restarts
+    its partitions' offsets at 0. Readers take a partition's records only at or above
+    the last valid commit's end there (``CommitLog.apply``), so a commit of the lower
+    offsets would never be read by `dblog tail -f`, the API's stream or `dblog sync`
+    (audit13 F3: the writer committed it; `read(5, 100)` gave []). The commit is
+    refused, non-retriable, naming the topic, partition and offsets, and nothing is
+    committed. Also in a later session whose recovery window does not cover the
+    partition (the writer then reads the whole checkpoint topic for its end there)."""
+    import uuid
+
+    from pydblog.changelog import kafka
+    from pydblog.errors import ChangeLogError
+
+    cfg = LogConfig(type="kafka", path=str(tmp_path / "k"), bootstrap_servers=kafka_bootstrap,
+                    topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=1)
+    assert cfg.topic_prefix is not None
+    topic = data_topic(cfg.topic_prefix, "public.b")
+    kf = KafkaChangeLog(cfg)
+    kf.append([row_event(Op.CREATE, "b", 10 + i, {"id": i}, {"id": i}) for i in range(5)], cp(0))
+    if when != "in the same session":
+        kf.append([row_event(Op.CREATE, "c", 20, {"id": 1}, {"id": 1})], cp(1))
+        kf.append([row_event(Op.CREATE, "c", 21, {"id": 2}, {"id": 2})], cp(2))
+        kf.close()
+        monkeypatch.setattr(kafka, "RECOVERY_WINDOW", 2)  # the last two commits: table c's
+    recreate_topic(kafka_bootstrap, topic, 1)
+    if when != "in the same session":
+        kf = KafkaChangeLog(cfg)
+        assert (topic, 0) not in kf._valid_ends  # (so the writer reads the whole topic)
+    nxt = kf.next_offset
+    try:
+        with pytest.raises(ChangeLogError) as err:
+            kf.append([row_event(Op.CREATE, "b", 30 + i, {"id": 100 + i}, {"id": 100 + i})
+                       for i in range(2)], cp(3))
+    finally:
+        kf.close()
+    assert not err.value.retriable, err.value
+    assert f"{topic} partition 0: Kafka acknowledged this commit's records at offsets 0 to 1" \
+        in err.value.message
+    assert "below 5, the end of the last valid commit there" in err.value.message
+    assert "deleted and created again" in err.value.message
+    assert "topic_prefix" in (err.value.hint or "")
+    reader = KafkaChangeLogReader(cfg)
+    try:
+        assert reader.next_offset() == nxt  # nothing committed
+    finally:
+        reader.close()
 
 
 def test_truncate_reaches_every_partition_and_keys_stay_together(kafka_log: LogConfig) -> None:

@@ -1349,19 +1349,33 @@ class KafkaChangeLog(ChangeLogWriter):
         A transaction's records in a partition fill one stretch (one producer; fan-out
         copies and tombstones are reported too), and where this session wrote before
         (``_after``: the end of its last commit there) they begin after its commit
-        marker (one offset; none if the broker lost it; offsets that went back below it
-        are believed only if the partition ends with them: a re-created topic). Only
-        where the reports leave
+        marker (one offset; none if the broker lost it). Only where the reports leave
         room for other records are those offsets read back: between the lowest and
         highest (another producer's records, or copies), and below the lowest, after the
         previous commit's marker or, for a partition without a run (readers check
         headers there) not written in this session, from the last valid commit's end.
-        Records of other writers there are fine (readers skip them)."""
+        Records of other writers there are fine (readers skip them).
+
+        Records below the last valid commit's end in their partition (``_valid_end``)
+        are never read (``CommitLog.apply``): if the partition holds records above the
+        acknowledged ones, the acknowledgements are wrong (retriable, as above); if it
+        ends with them, it lost records (the topic re-created) and the commit raises a
+        ``ChangeLogError`` that is not retriable (``_went_back``)."""
         for tp, (first, last, count) in sorted(data.items()):
             where = f"{tp[0]} partition {tp[1]}"
             if first < 0:
                 return (f"{where}: the broker acknowledged records without their offsets "
                         "(it took a retried produce for a duplicate)")
+            prev = self._valid_end(tp)
+            if first < prev:
+                # Offsets went back: acknowledgements that do not say where the records
+                # are (the partition holds more), or a partition that lost records.
+                high = self.client.watermarks([tp])[tp][1]
+                if high > last + 1:
+                    return (f"{where}: the records were acknowledged at offsets {first} to "
+                            f"{last}, below {prev}, the end of the last valid commit there, "
+                            f"but the partition holds records up to offset {high - 1}")
+                raise self._went_back(tp, first, last, prev)
             dense = count == last + 1 - first
             if not dense:
                 mine = self._own_records(tp, first, last + 1)
@@ -1370,15 +1384,7 @@ class KafkaChangeLog(ChangeLogWriter):
                             f"{last}, {count} acknowledged (a produce appended twice)")
             after = self._after.get(tp)
             lo: int | None = None
-            if after is not None and first < after:
-                # Offsets went back: a topic re-created (its records end with ours), or
-                # acknowledgements that do not say where the records are.
-                high = self.client.watermarks([tp])[tp][1]
-                if high > last + 1:
-                    return (f"{where}: the records were acknowledged at offsets {first} to {last}, "
-                            f"below this session's previous commit's end {after}, but the partition "
-                            f"holds records up to offset {high - 1}")
-            elif after is not None:
+            if after is not None:  # (first >= after: _valid_end(tp) is after)
                 lo = after if first > after + 1 else None
             elif not dense or tp in self._fanned:
                 lo = self._valid_end(tp)
@@ -1393,6 +1399,25 @@ class KafkaChangeLog(ChangeLogWriter):
                             f"{first - 1}, below the commit's first offset {first} (a produce "
                             "appended twice)")
         return None
+
+    def _went_back(self, tp: tuple[str, int], first: int, last: int, prev: int) -> ChangeLogError:
+        """This commit's records in ``tp`` lie below ``prev``, the last valid commit's end
+        there: readers take a partition's records only from there on, so they would never
+        read them. Kafka offsets only grow: the partition lost records (audit13 F3)."""
+        return ChangeLogError(
+            f"{tp[0]} partition {tp[1]}: Kafka acknowledged this commit's records at offsets "
+            f"{first} to {last}, below {prev}, the end of the last valid commit there: the "
+            "topic was deleted and created again (or the partition lost records otherwise: "
+            "an unclean leader election, a broker's storage lost). Readers take a "
+            "partition's records only from that end on, so they would never read these "
+            "events, and the events the partition held below it are gone: the transaction "
+            "is aborted and capture stops",
+            hint="this change log cannot be made complete again: start a new one (another "
+                 "topic_prefix, and another [log] path or its state.json removed) with "
+                 '[snapshot] mode = "initial"; `dblog tail` and `dblog sync` of this one end '
+                 "before the lost records. (If the topic was not re-created and no records "
+                 "were lost, the broker acknowledged wrong offsets: start dblog run again.)",
+        )
 
     def _own_records(self, tp: tuple[str, int], lo: int, hi: int) -> int:
         """How many records with this session's writer header lie at ``lo <= offset <
