@@ -280,8 +280,10 @@ class _Held:
     """The partitions whose last stable offset was below their high watermark (this)
     at the last look."""
     until: float = 0.0
-    """While partitions are held: the read waits for them until then (monotonic time;
-    0: none held)."""
+    """The read waits until then at least (monotonic time; 0: no such wait): while
+    partitions are held, for the transaction's end; once it ended, ``TIMEOUT_S`` more
+    (the read's own timeout ran out while it waited)."""
+    holding: bool = False  # partitions were held at the last look
     told: float = 0.0  # when the read last said so
 
 
@@ -943,10 +945,14 @@ class _Client:
         holding = sorted(tp for tp, hw in opened.items() if held.seen.get(tp) == hw)
         held.seen = opened
         if not holding:
-            held.until = held.told = 0.0
+            if held.holding:  # it ended: the read's own timeout starts again
+                held.until = now + TIMEOUT_S
+            held.holding = False
+            held.told = 0.0
         else:
             timeout = transaction_timeout_s(self.cfg)
-            if not held.until:
+            if not held.holding:
+                held.holding = True
                 held.until = now + timeout + TIMEOUT_S
             if now - held.told >= HELD_LOG_S:
                 held.told = now
@@ -970,7 +976,7 @@ class _Client:
         """The error of a read that waited in vain: for an open transaction (``_stalled``)
         past the time the broker should have aborted it, or ``TIMEOUT_S`` for records."""
         where = self.cfg.bootstrap_servers
-        if held.until and held.seen:
+        if held.holding:
             waited = time.monotonic() - (deadline - TIMEOUT_S)
             parts = ", ".join(f"{t} partition {p}" for t, p in sorted(held.seen)[:3])
             return ChangeLogUnavailable(
