@@ -65,8 +65,9 @@ def copy_to_kafka(log_dir: Path, cfg: LogConfig, batch: int = 700) -> int:
     return len(records)
 
 
-def write_config(tmp: Path, log: LogConfig, dsn: str) -> Path:
-    path = tmp / "dblog.toml"
+def write_config(tmp: Path, log: LogConfig, dsn: str, trigger: str = "available-now",
+                 max_events: int = 1500) -> Path:
+    path = tmp / ("dblog.toml" if trigger == "available-now" else "dblog-stream.toml")
     path.write_text(f"""
 [source]
 dsn = "postgresql://unused@127.0.0.1/x"
@@ -77,9 +78,9 @@ bootstrap_servers = "{log.bootstrap_servers}"
 topic_prefix = "{log.topic_prefix}"
 [sync]
 checkpoint = "{tmp / "cp"}"
-trigger = "available-now"
+trigger = "{trigger}"
 master = "local[1]"
-max_events_per_trigger = 1500
+max_events_per_trigger = {max_events}
 sink_retries = 0
 [[sync.sinks]]
 type = "delta"
@@ -458,3 +459,61 @@ def test_a_spark_python_process_that_connects_back_late_restarts_the_query(
     assert_offsets_once(history_offsets(tmp_path / "lake" / "_changes"), end, state)
     assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror",
                    state=state)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("spark")
+def test_sync_from_kafka_killed_at_random_moments(pg_db: str, tmp_path: Path, kafka_log: LogConfig) -> None:
+    """kill -9 of a streaming job (200 ms trigger, 700-event batches) at random moments
+    0-4 s after it applied a batch, four times: the kills land anywhere (planning, reading,
+    inside a sink's commit, between sinks, before Spark's commit), then a clean run
+    drains the rest. The seed of the delays is printed and in every failure message;
+    ``DBLOG_KILL_SEED=<seed>`` runs the same delays again (where they land still
+    depends on the machine's speed: the message has what every sink recorded at each
+    kill)."""
+    import random
+    import time
+
+    seed = int(os.environ.get("DBLOG_KILL_SEED") or random.randrange(10**6))
+    rng = random.Random(seed)
+    print(f"kill delays from seed {seed} (DBLOG_KILL_SEED={seed} runs them again)")
+    end = build_scenario(tmp_path / "log", SyntheticLoad(seed=80))
+    assert copy_to_kafka(tmp_path / "log", kafka_log) == end
+    drain = write_config(tmp_path, kafka_log, pg_db)
+    stream = write_config(tmp_path, kafka_log, pg_db, trigger="200 ms", max_events=700)
+    history = tmp_path / "lake" / "_changes"
+
+    def version() -> int | None:
+        return DeltaTable(str(history)).version() if DeltaTable.is_deltatable(str(history)) else None
+
+    kills: list[str] = []
+
+    def state() -> str:
+        return (f"seed {seed}; kills: {kills}; kept in {tmp_path}\n" + sync_state(
+            lake=tmp_path / "lake", history=history, pg_dsn=pg_db, pg_schema="mirror",
+            checkpoint=tmp_path / "cp", logs=[tmp_path / f"job-{n}.log" for n in range(len(kills))]))
+
+    for n in range(4):
+        env = {**os.environ, "DBLOG_SPARK_DRIVER_MEMORY": "1g"}
+        env.pop(FAULT_ENV, None)
+        with (tmp_path / f"job-{n}.log").open("wb") as out:
+            job = subprocess.Popen([sys.executable, "-m", "pydblog.spark.job", "--config", str(stream)],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            before = version()
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and version() == before and job.poll() is None:
+                time.sleep(0.1)
+            delay = rng.uniform(0, 4.0)
+            time.sleep(delay)
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=60)
+        kills.append(f"job {n}: {delay:.2f} s after history version {version()}")
+        assert version() != before, state()
+        print(kills[-1])
+    assert run_sync(load_config(drain), available_now=True) == 0
+    assert_offsets_once(history_offsets(history), end, state)
+    assert_delta_batches_once(tmp_path / "lake", state)
+    assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror",
+                   state=state)
+    for t in ("orders", "order_lines"):
+        assert DeltaTable(str(tmp_path / "lake" / "public" / t)).transaction_version("pydblog-sync") == end, state()
