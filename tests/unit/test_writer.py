@@ -13,6 +13,7 @@ import pytest
 from pydblog.capture import writer as writer_module
 from pydblog.capture.writer import Batch, BatchWriter
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
+from pydblog.errors import ChangeLogUnavailable
 from pydblog.events import Encoded, EncodedEvent
 from pydblog.ports import Checkpoint, ColumnSchema, TableSchema
 from pydblog.positions import Lsn, PgPosition
@@ -106,3 +107,49 @@ def test_a_bulk_batch_starts_its_own_append(tmp_path: Path, monkeypatch: pytest.
     assert bodies == [f'{{"b":{i},"e":{j}}}' for i, n in enumerate([1, 2, 1, 5, 1, 4, 3]) for j in range(n)]
     reader.close()
     log.close()
+
+
+class FailingLog(GatedLog):
+    """A real change log whose first append waits for ``gate``, then fails (a broker
+    gone in the middle of a commit)."""
+
+    def append(self, events: Sequence[Encoded], checkpoint: Checkpoint,
+               schemas: Sequence[TableSchema] = ()) -> int:
+        self.entered.set()
+        self.gate.wait(10)
+        raise ChangeLogUnavailable("the broker went away")
+
+
+@pytest.mark.timeout(60)
+def test_an_append_that_fails_while_the_queue_is_full_is_raised(tmp_path: Path) -> None:
+    """The capture submits batches faster than a slow commit takes them and blocks on the
+    full queue; the commit then fails and the writer thread ends. The blocked submit
+    raises that error (before, it waited for a queue nobody took from: the capture stood
+    still for good, without a word: seen in test_broker_restart_under_load, the writer
+    thread gone from the stack dump)."""
+    log = FailingLog(tmp_path / "log")
+    writer = BatchWriter(log, FileStateStore(tmp_path / "state"), depth=2)
+    submitted: list[int] = []
+    failed: list[BaseException] = []
+
+    def capture() -> None:
+        try:
+            for i in range(10):
+                writer.submit(_batch(i, 1))
+                submitted.append(i)
+        except BaseException as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=capture, daemon=True)
+    t.start()
+    assert log.entered.wait(10)
+    while t.is_alive() and len(submitted) < 3:  # the commit's batch and two queued
+        t.join(0.05)
+    log.gate.set()
+    t.join(20)
+    try:
+        assert not t.is_alive(), "the submit still waits for the full queue"
+        assert failed and isinstance(failed[0], ChangeLogUnavailable), failed
+    finally:
+        writer.close()
+        log.close()

@@ -90,7 +90,18 @@ class BatchWriter:
         self._idle.clear()
         with self._lock:
             self._queued += batch.size
-        self._queue.put(batch)
+        self._put(batch)
+
+    def _put(self, item: Batch | Callable[[], None]) -> None:
+        """Queue ``item``; while the queue is full, raise the writer thread's error once
+        it has one (a thread that stopped on an error takes nothing more: a plain
+        ``put`` waited for good, the capture standing still without a word)."""
+        while True:
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                self.raise_error()
 
     def run_task(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the writer thread between two batches (the change log's
@@ -98,7 +109,7 @@ class BatchWriter:
         with an append)."""
         self.raise_error()
         self._idle.clear()
-        self._queue.put(task)
+        self._put(task)
 
     def take_ack(self) -> Position | None:
         """The newest position that is durable in the change log and the state store."""
