@@ -137,10 +137,10 @@ def resume_from(from_log: Checkpoint | None, from_state: Checkpoint | None,
     raise ChangeLogError(
         f"{log_name(cfg.log)} has {have} but the state file {state_file} has one at "
         f"{position_text(from_state)}: this is not the change log that capture wrote, or "
-        "it lost commits (topic_prefix or bootstrap_servers changed, its topics deleted, a "
-        "new Kafka cluster or a restarted in-memory broker; the SQLite file deleted, "
-        "replaced or restored from an older copy). Resuming would leave every event "
-        "before that position out of this log, so dblog does not start",
+        "it lost commits (topic_prefix or bootstrap_servers changed, its topics deleted or "
+        "emptied, a new Kafka cluster or a restarted in-memory broker; the SQLite file "
+        "deleted, replaced or restored from an older copy). Resuming would leave every "
+        "event before that position out of this log, so dblog does not start",
         hint=fix,
     )
 
