@@ -127,11 +127,12 @@ def _fault(batch_id: int, after_sink: int | None) -> None:
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-def check_whole(batch: Batch, last_end: int | None) -> None:
+def check_whole(batch: Batch, last_end: int | None, after: str = "the last batch ended") -> None:
     """Raise ``ChangeLogError`` unless ``batch`` holds every offset of
-    ``[batch.start, batch.end)`` exactly once and, after a batch that ended at
-    ``last_end`` (this query's last applied batch), starts no later than it (a batch may
-    start earlier: a replay, which the sinks skip). The sources check what they can (the
+    ``[batch.start, batch.end)`` exactly once and starts no later than ``last_end``
+    (``after`` says what ended there: this query's last applied batch, or, for a
+    process's first batch, what the history sinks hold); a batch may start earlier: a
+    replay, which the sinks skip. The sources check what they can (the
     embedded log's ranges, a Kafka log's runs); this is the job's own check, before any
     sink, of what a history sink needs (a Kafka log's spans read by header, and the
     edges between batches, are checked nowhere else)."""
@@ -156,7 +157,7 @@ def check_whole(batch: Batch, last_end: int | None) -> None:
         )
     if last_end is not None and batch.start > last_end:
         raise ChangeLogError(
-            f"batch {batch.batch_id} starts at offset {batch.start}, the last batch ended at "
+            f"batch {batch.batch_id} starts at offset {batch.start}, {after} at "
             f"{last_end}: offsets {last_end}..{batch.start - 1} were never read; the batch "
             f"fails before any sink applies it (a history sink needs every event)",
             hint="a change log whose records were removed (retention or compaction) or a bug "
@@ -245,7 +246,10 @@ class BatchApplier:
         if batch is None:
             return
         if self.whole:
-            check_whole(batch, self.last_end)
+            if self.last_end is not None:
+                check_whole(batch, self.last_end)
+            else:  # this process's first batch: after what the history sinks hold
+                check_whole(batch, self._history_end(), "the history sink holds offsets up to and ending")
         t1 = time.monotonic()
         batch.changes()
         timings = [f"schemas {schemas_s:.2f}s", f"reduce {time.monotonic() - t1:.2f}s"]
@@ -271,6 +275,13 @@ class BatchApplier:
             time.monotonic() - t0,
             ", ".join(timings),
         )
+
+    def _history_end(self) -> int | None:
+        """The lowest end offset the history sinks recorded (None: none has any), so a
+        batch the last process applied without its last events shows as a gap."""
+        ends = [e for s in self.sinks if isinstance(s, HistorySink)
+                if (e := s.applied_end()) is not None]
+        return min(ends) if ends else None
 
     def close(self) -> None:
         if self._schemas_pool is not None:

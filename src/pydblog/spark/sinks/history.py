@@ -27,12 +27,21 @@ class HistorySink:
         self.path = path
         self.name = f"history:{path}"
 
+    def applied_end(self) -> int | None:
+        """The end offset of what the table holds (its application transaction), None
+        before the first batch."""
+        try:
+            if not DeltaTable.is_deltatable(self.path):
+                return None
+            done: int | None = DeltaTable(self.path).transaction_version(APP_ID)
+            return done
+        except (DeltaError, OSError) as exc:
+            raise SinkError(f"{self.path}: {exc}") from exc
+
     def apply(self, batch: Batch) -> None:
         try:
-            done = None
-            if DeltaTable.is_deltatable(self.path):
-                done = DeltaTable(self.path).transaction_version(APP_ID)
-            else:
+            done = self.applied_end()
+            if done is None and not DeltaTable.is_deltatable(self.path):
                 Path(self.path).mkdir(parents=True, exist_ok=True)
             if done is not None and done >= batch.end:
                 return
