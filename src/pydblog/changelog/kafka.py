@@ -722,15 +722,19 @@ class _Client:
         fetch's end-of-partition; a broker's list-offsets answer is not trusted: Tansu's
         lags behind on S3 storage and counts batches in memory).
 
-        ``to_now``: a read to the end also ends where the partition ended when the read
-        began (its high watermark then; if that is not past ``lo``, after the first
-        record or marker there), if no end-of-partition event came first: records
-        appended while it reads are left to the caller's next read. For readers that
-        come back for more (a follower's checkpoint-topic reads): a read that has to see
-        an end-of-partition event never ends while the partition grows within every
-        fetch wait (Tansu answers a fetch at the end only after its whole wait, with the
-        records that came meanwhile: an idle capture's heartbeat commits outpaced a
-        follower whose fetch wait storage stalls had stepped up)."""
+        ``to_now``: a read to the end also ends once it is past where the partition ended
+        when the read began (its high watermark then; if that is not past ``lo``, one
+        record or marker past ``lo``) and a ``consume`` finds nothing more fetched, if no
+        end-of-partition event came first: records appended since may come with it, the
+        rest is the caller's next read. For readers that come back for more (a
+        follower's checkpoint-topic reads): a read that has to see an end-of-partition
+        event never ends while the partition grows within every fetch wait (Tansu
+        answers a fetch at the end only after its whole wait, with the records that came
+        meanwhile: an idle capture's heartbeat commits outpaced a follower whose fetch
+        wait storage stalls had stepped up). Records are never cut at that point: Tansu's
+        high watermark on S3 lags the partition's end by up to ~16 offsets for good (it
+        moves in steps), and a follower of an idle capture would wait that many commits
+        for the last one."""
         for batch in self.read_batches(ranges, to_now):
             yield from batch
 
@@ -745,12 +749,11 @@ class _Client:
         todo = {tp: r for tp, r in ranges.items() if r[1] is None or r[1] > r[0]}
         if not todo:
             return
-        to_end: set[tuple[str, int]] = set()  # ``to_now``: also ends at an end of partition
+        now_ends: dict[tuple[str, int], int] = {}  # ``to_now``: see ``_now_done``
         if to_now and any(hi is None for _, hi in todo.values()):
-            to_end = {tp for tp, (_, hi) in todo.items() if hi is None}
-            marks = self.watermarks(sorted(to_end))
-            for tp in to_end:
-                todo[tp] = (todo[tp][0], max(marks[tp][1], todo[tp][0] + 1))
+            opens = sorted(tp for tp, (_, hi) in todo.items() if hi is None)
+            marks = self.watermarks(opens)
+            now_ends = {tp: max(marks[tp][1], todo[tp][0] + 1) for tp in opens}
         k = self.k
         c = self._read_consumer()
         self._know_topics(c, {t for t, _ in todo})
@@ -786,6 +789,8 @@ class _Client:
                         continue
                 if not msgs:
                     self._check_positions(c, todo)
+                    if now_ends:
+                        self._now_done(c, todo, now_ends)
                     if todo and time.monotonic() > stalled_at:
                         c, stalled_at = self._stalled(c, todo, held, deadline)
                     if todo and time.monotonic() > max(deadline, held.until):
@@ -801,7 +806,7 @@ class _Client:
                             # The broker's end: the end of a read to the end, not of one
                             # to ``hi`` below it (``_eof_ends``).
                             eof_tp = (m.topic(), m.partition())
-                            if eof_tp in to_end or _eof_ends(m.offset(), todo.get(eof_tp, (0, None))[1]):
+                            if _eof_ends(m.offset(), todo.get(eof_tp, (0, None))[1]):
                                 done.append(eof_tp)
                             continue
                         if m.error().code() in (k.KafkaError._AUTO_OFFSET_RESET,
@@ -1048,6 +1053,22 @@ class _Client:
                  "--from-offset starts there; `dblog status` shows the topics' offsets), "
                  "or raise the topics' retention.ms / retention.bytes",
         )
+
+    def _now_done(self, c: Any, todo: dict[tuple[str, int], tuple[int, int | None]],
+                  now_ends: Mapping[tuple[str, int], int]) -> None:
+        """``read_range(to_now=True)``, at a ``consume`` that found nothing fetched: a
+        partition read to the end is done once the read (the records returned, or the
+        consumer's position past markers) reached ``now_ends``, where it ended when the
+        read began."""
+        tps = [tp for tp in now_ends if tp in todo]
+        if not tps:
+            return
+        k = self.k
+        pos = {(tp.topic, tp.partition): tp.offset
+               for tp in c.position([k.TopicPartition(t, p) for t, p in tps])}
+        for tp in tps:
+            if max(todo[tp][0], pos.get(tp, -1)) >= now_ends[tp]:
+                del todo[tp]
 
     def _check_positions(self, c: Any, todo: dict[tuple[str, int], tuple[int, int | None]]) -> None:
         """A read_committed consumer skips aborted records and transaction markers: a
