@@ -4,11 +4,16 @@ fresh-start position that snapshot rows may be placed after."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from pydblog.core.fence import Lost
+from pydblog.core import CoreSettings, SnapshotCore, TableStartRequest, parse_signal
+from pydblog.core.fence import Floor, Lost
 from pydblog.events import ChangeEvent, Op
+from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition
+from pydblog.sources.mysql import fences
 from pydblog.sources.mysql.fences import GtidFence, parse_owned, union
 from pydblog.sources.mysql.gtid import MariaGtidPos, MySqlGtidSet
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition
@@ -79,3 +84,69 @@ def test_rows_placed_after_a_fresh_start_sort_below_the_next_transaction() -> No
     rows = [start.with_index(start.index + 1 + k) for k in range(1_000_000, 1_000_003)]
     first_event = BinlogPosition("b.000001", 400, 0, f"{U}:1", MySqlGtidSet())
     assert start < rows[0] < rows[-1] < first_event
+
+
+def _blocking_reads(core: SnapshotCore, fence: GtidFence, limit: int = 20) -> int:
+    """Answer the blocking snapshot's table starts (an empty table) with ``fence``;
+    how many starts were read before it ended (``limit``: it never did)."""
+    starts = 0
+    for _ in range(limit):
+        if not core.blocking:
+            return starts
+        req = core.next_request()
+        if isinstance(req, TableStartRequest):
+            starts += 1
+            core.on_table_started(req.id, INFO, None, fence=fence)
+    return limit
+
+
+INFO = TableInfo("public", "t", ("id", "v"), ("int", "text"), ("id",))
+BLOCKING = json.dumps({"data-collections": ["public\\.t"], "type": "blocking"})
+
+
+@pytest.mark.parametrize("gtids", [None, f"{U}:1-50"])
+def test_fenced_blocking_floor_without_gtid_state_does_not_stall(gtids: str | None) -> None:
+    """Review 15 F1: a blocking snapshot queued at a position without GTID state (a
+    legacy checkpoint, a capture begun with gtid_mode = OFF) has a floor no GTID fence
+    can judge: every table start was read again forever while the stream stayed paused.
+    Such a floor is not fenced (as before fencing: a warning says so)."""
+    core = SnapshotCore(CoreSettings(chunk_size=4, fenced_blocking=True), instance="t")
+    state = None if gtids is None else MySqlGtidSet.parse(gtids)
+    pos = BinlogPosition("binlog.000003", 1000, 2, None if state is None else f"{U}:51", state)
+    core.on_signal(parse_signal("b1", "execute-snapshot", BLOCKING), ["public.t"], pos, 0)
+    core.on_stream_paused(pos, 0)
+    everything = MySqlGtidSet.parse(f"{U}:1-100")
+    assert _blocking_reads(core, GtidFence(everything, everything)) == 1
+    assert core.read_again == 0
+
+
+def test_fenced_blocking_restored_at_a_floor_without_gtid_state_does_not_stall() -> None:
+    """F1, the operator's path: a blocking snapshot begun unfenced (gtid_mode = OFF, so
+    its positions have no GTID state), restored after gtid_mode was set ON (fenced)."""
+    pos = BinlogPosition("binlog.000003", 1000, 2, None, None)
+    before = SnapshotCore(CoreSettings(chunk_size=4), instance="t")
+    before.on_signal(parse_signal("b1", "execute-snapshot", BLOCKING), ["public.t"], pos, 0)
+    before.on_stream_paused(pos, 0)
+    state = before.state()
+    assert state is not None and before.blocking
+    core = SnapshotCore(CoreSettings(chunk_size=4, fenced_blocking=True), instance="t",
+                        state=json.loads(json.dumps(state)))
+    core.on_stream_paused(pos, 0)
+    everything = MySqlGtidSet.parse(f"{U}:1-100")
+    assert _blocking_reads(core, GtidFence(everything, everything)) == 1
+
+
+def test_a_position_without_gtid_state_is_not_judged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The floor's or the forgotten events' position has no GTID state: a fence cannot
+    judge it, and does not hold the read back for it (see the test above), with a
+    warning; a position with GTID state is judged, an unknown one is not covered."""
+    monkeypatch.setattr(fences, "_warned", False)
+    fence = GtidFence(MySqlGtidSet.parse(f"{U}:1-10"), MySqlGtidSet.parse(f"{U}:1-10"))
+    legacy = BinlogPosition("b.000001", 9, 0, None, None)
+    assert fence.covers(Floor(legacy)) and fence.settles_lost(Lost(legacy, None))
+    assert not fence.covers(Floor(None)) and not fence.settles_lost(Lost(None, None))
+    beyond = BinlogPosition("b.000001", 9, 0, f"{U}:11", MySqlGtidSet.parse(f"{U}:1-10"))
+    assert not fence.covers(Floor(beyond))
+    assert "no GTID state" in caplog.text and "not fenced" in caplog.text
