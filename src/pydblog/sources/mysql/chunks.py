@@ -65,6 +65,9 @@ Run = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
 TIMEOUTS = {ER_STATEMENT_TIMEOUT_MARIADB, ER_QUERY_TIMEOUT_MYSQL}
 log = logging.getLogger(__name__)
 IDLE_PING_S = 60.0
+# A source's semi-sync switch: the semisync_master plugin's name and semisync_source's
+# (MySQL 8.0.26+; 8.4 has only this one).
+SEMI_SYNC_SOURCE = frozenset({"rpl_semi_sync_master_enabled", "rpl_semi_sync_source_enabled"})
 
 
 class _FilterRejected(Exception):
@@ -295,7 +298,7 @@ class MySqlSnapshotReader:
         invisible and is read again (docs/snapshots.md, "Fenced blocking reads").
         Checked at the capture's start, so a server that turns semi-sync on at runtime
         is covered too. MySQL without GTIDs cannot be fenced: a warning if semi-sync is
-        on there."""
+        on there (as a source: ``SEMI_SYNC_SOURCE``)."""
         if self._mariadb_server():
             return True
         try:
@@ -304,12 +307,14 @@ class MySqlSnapshotReader:
                 (mode,) = cur.fetchone()
                 if str(mode).upper() == "ON":
                     return True
-                cur.execute("SHOW GLOBAL VARIABLES LIKE 'rpl_semi_sync_master_enabled'")
-                row = cur.fetchone()
+                # semisync_master (5.7, 8.0) or semisync_source (8.0.26+; 8.4: only it)
+                cur.execute("SHOW GLOBAL VARIABLES LIKE 'rpl_semi_sync_%_enabled'")
+                rows = cur.fetchall()
         except pymysql.Error as exc:
             self._reset()
             raise self._error(exc, "reading gtid_mode") from None
-        if row is not None and str(row[1]).upper() in ("ON", "1"):
+        if any(str(name).lower() in SEMI_SYNC_SOURCE and str(value).upper() in ("ON", "1")
+               for name, value in rows):
             log.warning(
                 "semi-synchronous replication is on and gtid_mode is %s on %s: a blocking "
                 "snapshot can read a row older than a commit the binlog already holds (one "
