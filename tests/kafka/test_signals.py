@@ -436,53 +436,126 @@ def test_an_idle_listener_keeps_its_group_offsets(
         listener.close()
 
 
+class _Warnings(logging.Handler):
+    """The listener's WARNING lines, while in a ``with``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:
+            self.lines.append(record.getMessage())
+
+    def __enter__(self) -> list[str]:
+        logging.getLogger("pydblog.capture.kafka_signals").addHandler(self)
+        return self.lines
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("pydblog.capture.kafka_signals").removeHandler(self)
+
+
+def _two_partitions(bootstrap: str, cfg_topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(cfg_topic, 2, 1)]).values():
+        fut.result()
+
+
 def test_a_first_start_reads_from_the_first_run_with_the_topic(
     pg_db: str, tmp_path: Path, kafka_bootstrap: str
 ) -> None:
     """No offset anywhere (the capture's checkpoint names the topic, nothing handled
-    yet): signals sent before the capture was first run with the topic are not
-    replayed; those sent after it are forwarded, in partition 1 one sent before the
+    yet): signals sent before the capture was first run with the topic (less the clock
+    skew margin, ``SKEW_MS``) are not replayed, each skip a WARNING naming its offset
+    and timestamp; those sent after it are forwarded, in partition 1 one sent before the
     listener was assigned (audit13 F1: the listener started at the topic's end, so a
-    signal sent between the start and its assignment was lost). Partition 0 has no
-    newer message when the listener is assigned: Tansu then answers offsets_for_times
-    with 0, and its older message is skipped by its timestamp."""
+    signal sent between the start and its assignment was lost) whose producer's clock
+    is 30 s behind (review15 F5: skipped, logged at INFO only). Partition 0 has no newer
+    message when the listener is assigned: Tansu then answers offsets_for_times with 0,
+    and its older message is skipped by its timestamp; the signal sent there after the
+    assignment is forwarded though its timestamp is 10 min before the first run (a
+    producer with a clock far behind: anything past the end at the assignment was sent
+    after the start)."""
     import time
 
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewTopic
 
     from pydblog.capture.kafka_signals import Handled, KafkaSignalListener
 
     PgHarness(pg_db)  # the signal table
     name = f"t{uuid.uuid4().hex[:8]}-signals"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    for fut in admin.create_topics([NewTopic(name, 2, 1)]).values():
-        fut.result()
+    _two_partitions(kafka_bootstrap, name)
     cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, name)
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+    since = int(time.time() * 1000)
 
-    def send(partition: int) -> None:
+    def send(partition: int, ago_ms: int) -> None:
         producer.produce(name, orjson.dumps({"type": "execute-snapshot",
                                              "data": {"data-collections": [W]}}),
-                         str(cfg.log.topic_prefix).encode(), partition=partition)
+                         str(cfg.log.topic_prefix).encode(), partition=partition,
+                         timestamp=since - ago_ms)
         assert producer.flush(10) == 0
 
-    send(0)
-    send(1)  # offset 0 of both: older than the first run
-    since = int(time.time() * 1000) + 1  # (their CreateTime is before it)
+    send(0, 600_000)
+    send(1, 600_000)  # offset 0 of both: older than the first run
     handled = Handled(name, since)
     handled.load({"topic": name, "since_ms": since, "next": {}})  # the checkpoint's
-    wait_for(lambda: time.time() * 1000 >= since, 5, "the first run's millisecond", 0.001)
-    send(1)  # offset 1: newer, sent before the listener
-    listener = KafkaSignalListener(cfg, handled)
+    send(1, 30_000)  # offset 1: sent before the listener, by a clock 30 s behind
+    with _Warnings() as warned:
+        listener = KafkaSignalListener(cfg, handled)
+        try:
+            assert listener.assigned.wait(30)
+            send(0, 600_000)  # offset 1: sent after its assignment, by a clock 10 min behind
+            wait_for(lambda: len(_signal_ids(pg_db)) >= 2, 30, "the two newer signals forwarded")
+        finally:
+            listener.close()
+    assert [i.rsplit("-", 1)[0] for i in _signal_ids(pg_db)] == ["kafka-0-1", "kafka-1-1"]
+    assert any(f"partition 0: the message at offset 0 (timestamp {since - 600_000} ms)" in w
+               and "send it again" in w for w in warned), warned
+
+
+def test_a_kill_before_the_first_checkpoint_keeps_since_ms(
+    pg_db: str, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """review15 F6: `dblog run` is killed before its listener read anything and before
+    its first checkpoint; a signal was sent meanwhile. The restart (here 10 min later)
+    keeps the first process's ``since_ms`` (noted in the log directory before the
+    listener starts), so the signal is forwarded, not skipped as older than the restart."""
+    import time
+    from types import SimpleNamespace
+
+    from confluent_kafka import Producer
+
+    from pydblog.capture.service import _kafka_signals
+
+    name = f"k{uuid.uuid4().hex[:8]}-signals"
+    topic = Topic(kafka_bootstrap, name)
+    cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, name)
+    key = str(cfg.log.topic_prefix).encode()
+    t0 = int(time.time() * 1000)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+    producer.produce(name, orjson.dumps({"type": "execute-snapshot", "data": {"data-collections": [W]}}),
+                     key, timestamp=t0 - 600_000)  # offset 0: older than the first run
+    assert producer.flush(10) == 0
+    first = SimpleNamespace(kafka_signals=None)
+    listener = _kafka_signals(cfg, first, t0)  # type: ignore[arg-type]
+    # (killed in its recovery: its positions never loaded, nothing read, no checkpoint)
+    listener.close()
+    offset = topic.send(key, {"type": "execute-snapshot", "data": {"data-collections": [W]}})
+    PgHarness(pg_db)  # the signal table
+    again = SimpleNamespace(kafka_signals=None)
+    listener = _kafka_signals(cfg, again, t0 + 600_000)  # type: ignore[arg-type]
+    again.kafka_signals.load(None)  # (no checkpoint)
     try:
-        assert listener.assigned.wait(30)
-        send(0)  # offset 1: newer, sent after its assignment
-        wait_for(lambda: len(_signal_ids(pg_db)) >= 2, 30, "the two newer signals forwarded")
+        assert again.kafka_signals.since_ms == t0
+        wait_for(lambda: _committed(kafka_bootstrap, f"dblog-signals.{cfg.log.topic_prefix}",
+                                    name) == offset + 1, 30, "the signal's offset committed")
     finally:
         listener.close()
-    assert [i.rsplit("-", 1)[0] for i in _signal_ids(pg_db)] == ["kafka-0-1", "kafka-1-1"]
+    assert [i.rsplit("-", 1)[0] for i in _signal_ids(pg_db)] == [f"kafka-0-{offset}"]
 
 
 class _Retained:

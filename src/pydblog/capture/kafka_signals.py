@@ -30,12 +30,15 @@ forwards it again, without effect. The listener assigns the topic's partitions i
 Where the listener starts (``Handled``, ``KafkaSignalListener._starts``): the capture's
 checkpoint (in the change log, so recoverable from Kafka alone) holds, under
 ``extra["kafka_signals"]``, the signal topic's name, ``since_ms`` (when the capture was
-first run with this signal topic) and, per partition, the offset after the last signal
-the capture handled (from the ids of the signal rows it reads and of the signals handed
+first run with this signal topic; noted in the log directory before the listener
+starts, ``first_run_ms``, for a restart before the first checkpoint) and, per
+partition, the offset after the last signal the capture handled (from the ids of the signal rows it reads and of the signals handed
 to it). Each partition starts at the larger of that offset and the group's committed
 one. A partition with neither starts at the first message with a timestamp at or after
-``since_ms`` (``offsets_for_times``; older messages met before the first newer one are
-skipped, since Tansu answers 0 when no message is that new): every signal sent after the
+``since_ms - SKEW_MS`` (``offsets_for_times``; older messages met before the first newer
+one are skipped, each with a warning, since Tansu answers 0 when no message is that new;
+a message at or past the partition's end at the assignment was sent after this start and
+is never skipped, whatever its producer's clock says): every signal sent after the
 capture was first configured with the topic is handled, whether ``dblog run`` was
 running, down, or the topic did not exist yet; older ones are not replayed. A topic that
 did not exist at the listener's first look is read from its start when it appears
@@ -52,9 +55,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -70,6 +75,13 @@ GROUP = "dblog-signals.{prefix}"
 EXAMPLE = '{"type": "execute-snapshot", "data": {"data-collections": ["public\\\\.orders"]}}'
 REFRESH_S = 30.0
 """How often a running listener looks for partitions added to the signal topic."""
+SKEW_MS = 60_000
+"""Clock skew tolerated between a signal's producer and the capture's host: a partition
+positioned by time starts at ``since_ms - SKEW_MS``. (A signal replayed is extra work, a
+signal skipped a lost request: the margin errs on the side of replaying.)"""
+FIRST_RUN_FILE = "kafka-signals.json"
+"""In the log directory: the signal topic and ``since_ms`` of the first run with it,
+written before the listener starts (``first_run_ms``)."""
 
 
 def signal_prefix(cfg: Config) -> str:
@@ -123,6 +135,35 @@ CHECKPOINT_KEY = "kafka_signals"
 """The capture checkpoint's ``extra`` entry of the signal topic (``Handled``)."""
 
 _ID = re.compile(r"kafka-(\d+)-(\d+)-(-?\d+)")
+
+
+def first_run_ms(log_dir: str | Path, topic: str, now_ms: int) -> int:
+    """``since_ms`` for a capture whose checkpoint has no entry for ``topic`` yet: the
+    one noted in ``log_dir`` by an earlier process with this topic (one killed before
+    its first checkpoint), else ``now_ms``, noted there durably (fsync) first, so that a
+    restart before the first checkpoint does not move it past signals already sent."""
+    path = Path(log_dir) / FIRST_RUN_FILE
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        doc = None
+    if isinstance(doc, dict) and doc.get("topic") == topic and isinstance(doc.get("since_ms"), int):
+        return int(doc["since_ms"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, orjson.dumps({"topic": topic, "since_ms": now_ms}))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return now_ms
 
 
 class Handled:
@@ -211,7 +252,9 @@ class KafkaSignalListener:
         self._assigned = False
         self._looked = False  # the topic was looked for once
         self._absent = False  # ... and did not exist then: read it from its start
-        self._since: dict[int, int] = {}  # partition -> skip messages older (until one is not)
+        # partition -> (skip messages older than this, below this offset: the end at the
+        # assignment; until one is not older)
+        self._since: dict[int, tuple[int, int]] = {}
         self.assigned = threading.Event()  # set once the partitions are assigned (tests)
         self._thread.start()
 
@@ -281,12 +324,12 @@ class KafkaSignalListener:
             elif from_start:
                 offset = lo
             else:  # the first message sent since the capture was first run with this topic
-                since = self.handled.since_ms
+                since = self.handled.since_ms - SKEW_MS
                 [at] = self.consumer.offsets_for_times(
                     [k.TopicPartition(self.topic, p, since)], timeout=10)
                 offset = at.offset if at.error is None and at.offset >= 0 else hi
                 offset = min(max(offset, lo), hi)
-                self._since[p] = since
+                self._since[p] = (since, hi)  # (from hi on: sent after this start)
                 unsure = lo < hi and offset == lo
             tp_start = k.TopicPartition(self.topic, p, offset)
             start.append(tp_start)
@@ -340,10 +383,15 @@ class KafkaSignalListener:
 
         signal_id = f"kafka-{m.partition()}-{m.offset()}-{m.timestamp()[1]}"
         since = self._since.get(m.partition())
-        if since is not None and 0 <= m.timestamp()[1] < since:
+        older = since is not None and m.offset() < since[1] and 0 <= m.timestamp()[1] < since[0]
+        if older:
             done = True  # sent before the capture was first run with this topic
-            log.info("Kafka signal topic %s: message %s is older than the capture's first "
-                     "run with this topic; skipped", self.topic, signal_id)
+            log.warning(
+                "Kafka signal topic %s partition %d: the message at offset %d (timestamp "
+                "%d ms) is older than the capture's first run with this topic (%d ms, less "
+                "%d s for clock skew); skipped. If it is a signal sent for this capture "
+                "(its producer's clock behind), send it again", self.topic, m.partition(),
+                m.offset(), m.timestamp()[1], self.handled.since_ms, SKEW_MS // 1000)
         elif m.key() != self.key or m.value() is None:
             done = True  # another capture's signal, or a tombstone
         else:
@@ -362,7 +410,7 @@ class KafkaSignalListener:
                     done = self._insert(signal_id, kind, fields)
         if not done:
             return False
-        if since is not None and not 0 <= m.timestamp()[1] < since:
+        if since is not None and not older:
             del self._since[m.partition()]  # the rest is newer
         self.consumer.commit(
             offsets=[self.k.TopicPartition(m.topic(), m.partition(), m.offset() + 1)],

@@ -168,12 +168,14 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
 def _kafka_signals(cfg: Config, runner: Runner, started_ms: int) -> Any:
     """The Kafka signal channel's listener, if ``[snapshot] signal_topic`` is set: it
     starts from the positions in the checkpoint ``runner`` recovers; a signal topic new
-    to the checkpoint is read from ``started_ms`` (the process's start) on."""
+    to the checkpoint is read from ``started_ms`` (the process's start) on, or from the
+    start of an earlier process noted in the log directory (``first_run_ms``)."""
     if cfg.snapshot.signal_topic is None:
         return None
-    from pydblog.capture.kafka_signals import Handled, KafkaSignalListener
+    from pydblog.capture.kafka_signals import Handled, KafkaSignalListener, first_run_ms
 
-    handled = Handled(cfg.snapshot.signal_topic, started_ms)
+    since = first_run_ms(cfg.log_dir, cfg.snapshot.signal_topic, started_ms)
+    handled = Handled(cfg.snapshot.signal_topic, since)
     runner.kafka_signals = handled
     return KafkaSignalListener(cfg, handled)
 
