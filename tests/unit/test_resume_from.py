@@ -81,3 +81,25 @@ def test_the_kafka_log_is_named(tmp_path: Path) -> None:
         resume_from(None, cp(5), cfg)
     assert err.value.message.startswith("the Kafka change log 'app' at 127.0.0.1:9 has no checkpoint")
     assert "topic_prefix or bootstrap_servers changed" in err.value.message
+
+
+def test_an_older_log_of_a_mysql_source_may_drop_the_state_file(tmp_path: Path) -> None:
+    """review15 F4: acknowledging a MySQL/MariaDB source discards nothing (the binlog
+    has its own expiry, and the source refuses clearly when what it needs is gone), so
+    for a log restored from an older copy the hint offers removing state.json, not only
+    a new log and a full snapshot. A Kafka log's message names a checkpoint topic whose
+    retention deleted checkpoints as a cause."""
+    from pydblog.sources.mysql.position import BinlogPosition
+
+    cfg = config(tmp_path, kafka=True)
+    older = Checkpoint(BinlogPosition("binlog.000003", 400), None, {})
+    newer = Checkpoint(BinlogPosition("binlog.000004", 120), None, {})
+    with pytest.raises(ChangeLogError) as err:
+        resume_from(older, newer, cfg)
+    text, hint = err.value.message, err.value.hint or ""
+    assert f"remove {cfg.log_dir / 'state.json'}" in hint and "binlog still holds" in hint
+    assert "refuses" in hint  # (when the binlog no longer holds them)
+    assert "checkpoint topic" in text and "retention" in text
+    with pytest.raises(ChangeLogError) as err:  # PostgreSQL: the slot gave them already
+        resume_from(cp(0x100), cp(0x200), cfg)
+    assert "slot" in (err.value.hint or "") and "Removing only" in (err.value.hint or "")

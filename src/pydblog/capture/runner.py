@@ -122,7 +122,15 @@ def resume_from(from_log: Checkpoint | None, from_state: Checkpoint | None,
     state_file = cfg.log_dir / STATE_FILE
     have = (f"an older checkpoint, at {position_text(from_log)}," if from_log is not None
             and from_log.position is not None else "no checkpoint")
-    if from_log is not None and from_log.position is not None:
+    if from_log is not None and from_log.position is not None \
+            and not isinstance(from_log.position, PgPosition):
+        fix = ("point [log] at the change log this capture wrote (a newer copy of it); or "
+               f"remove {state_file}: capture resumes this log at its checkpoint, and the "
+               "binlog still holds the changes since (acknowledging MySQL/MariaDB discards "
+               "nothing); if its expiry purged the files or GTIDs needed, the source refuses "
+               "to start, naming them (then start a new change log: another [log] path, with "
+               'Kafka also another topic_prefix, and [snapshot] mode = "initial")')
+    elif from_log is not None and from_log.position is not None:
         fix = ("point [log] at the change log this capture wrote (a newer copy of it); or "
                "start a new change log: another [log] path (with Kafka also another "
                'topic_prefix) and [snapshot] mode = "initial" (every captured table is '
@@ -138,7 +146,8 @@ def resume_from(from_log: Checkpoint | None, from_state: Checkpoint | None,
         f"{log_name(cfg.log)} has {have} but the state file {state_file} has one at "
         f"{position_text(from_state)}: this is not the change log that capture wrote, or "
         "it lost commits (topic_prefix or bootstrap_servers changed, its topics deleted or "
-        "emptied, a new Kafka cluster or a restarted in-memory broker; the SQLite file "
+        "emptied, a retention set on its checkpoint topic deleting its checkpoints while "
+        "capture was down, a new Kafka cluster or a restarted in-memory broker; the SQLite file "
         "deleted, replaced or restored from an older copy). Resuming would leave every "
         "event before that position out of this log, so dblog does not start",
         hint=fix,
