@@ -20,6 +20,7 @@ from pydblog.devtools.mysql57 import TestServer
 from pydblog.errors import SourceError, SourceUnavailable
 from pydblog.sources.mysql.chunks import MySqlSnapshotReader
 from pydblog.sources.mysql.connect import MySqlDsn
+from pydblog.sources.mysql.fences import GtidFence
 from pydblog.sources.mysql.gtid import MariaGtidPos, parse_gtid_state
 from pydblog.sources.mysql.setup import OwnTables
 from tests.contract.capture import Capture, snapshot_rows
@@ -133,6 +134,7 @@ def test_read_dsn_must_be_a_replica_of_the_source(pair: tuple[TestServer, TestSe
         assert info is not None
         rows, fence = r.read_chunk_fenced(info, None, (3,), 10, None)
         assert [row["id"] for row in rows] == [1, 2, 3]
+        assert isinstance(fence, GtidFence)
         primary_state = str(primary.execute(
             "SELECT @@GLOBAL.gtid_binlog_pos" if isinstance(fence.low, MariaGtidPos)
             else "SELECT @@GLOBAL.gtid_executed")[0][0]).replace("\n", "")

@@ -8,12 +8,13 @@ import json
 
 import pytest
 
-from pydblog.core import CoreSettings, SnapshotCore, TableStartRequest, parse_signal
+from pydblog.core import ChunkRequest, CoreSettings, SnapshotCore, TableStartRequest, parse_signal
 from pydblog.core.fence import Floor, Lost
-from pydblog.events import ChangeEvent, Op
+from pydblog.errors import SourceError
+from pydblog.events import ChangeEvent, Op, expand
 from pydblog.ports import TableInfo
 from pydblog.positions import Lsn, PgPosition
-from pydblog.sources.mysql import fences
+from pydblog.sources.mysql import fenced, fences
 from pydblog.sources.mysql.fences import GtidFence, parse_owned, union
 from pydblog.sources.mysql.gtid import MariaGtidPos, MySqlGtidSet
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition
@@ -150,3 +151,55 @@ def test_a_position_without_gtid_state_is_not_judged(
     beyond = BinlogPosition("b.000001", 9, 0, f"{U}:11", MySqlGtidSet.parse(f"{U}:1-10"))
     assert not fence.covers(Floor(beyond))
     assert "no GTID state" in caplog.text and "not fenced" in caplog.text
+
+
+class _Cursor:
+    """Answers ``open_fenced``'s reads as a MySQL server whose gtid_mode is ``mode``."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.sql: list[str] = []
+
+    def execute(self, sql: str) -> None:
+        self.sql.append(sql)
+
+    def fetchone(self) -> tuple[str, ...]:
+        return (self.mode, f"{U}:1-10") if "gtid_mode" in self.sql[-1] else (f"{U}:1-10",)
+
+
+def test_a_blocking_read_after_gtid_mode_was_lowered_falls_back_unfenced(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review 15 F2: gtid_mode lowered from ON at runtime (``fences_blocking_reads``
+    said yes at the start). A blocking read failed with the read-only mode's message and
+    the table ended REJECTED; it is now read unfenced, as a capture begun without GTIDs
+    reads, with a warning naming blocking snapshots, the cause and the fix. Read-only
+    (and fenced watermark) chunks still need GTIDs."""
+    monkeypatch.setattr(fenced, "_warned", False)
+    cur = _Cursor("ON_PERMISSIVE")
+    assert fenced.open_fenced(cur, False, "db:3306", blocking_only=True) is fences.UNFENCED
+    assert any(s.startswith("START TRANSACTION WITH CONSISTENT SNAPSHOT") for s in cur.sql)
+    assert "blocking snapshot reads are no longer fenced: gtid_mode is ON_PERMISSIVE" in caplog.text
+    assert "set gtid_mode = ON again" in caplog.text
+    with pytest.raises(SourceError, match='watermark = "read-only" needs GTIDs'):
+        fenced.open_fenced(_Cursor("OFF"), False, "db:3306")
+    assert isinstance(fenced.open_fenced(_Cursor("ON"), False, "db:3306", blocking_only=True),
+                      GtidFence)
+
+
+def test_an_unfenced_blocking_read_is_decided_as_before_fencing() -> None:
+    """The ``UNFENCED`` answer to a fenced blocking start and chunk: the snapshot ends
+    (no read again), its rows as read, at a floor no fence could judge either."""
+    core = SnapshotCore(CoreSettings(chunk_size=4, fenced_blocking=True), instance="t")
+    pos = BinlogPosition("binlog.000003", 1000, 2, f"{U}:51", MySqlGtidSet.parse(f"{U}:1-50"))
+    core.on_signal(parse_signal("b1", "execute-snapshot", BLOCKING), ["public.t"], pos, 0)
+    core.on_stream_paused(pos, 0)
+    start = core.next_request()
+    assert isinstance(start, TableStartRequest) and start.fenced
+    core.on_table_started(start.id, INFO, (2,), fence=fences.UNFENCED)
+    chunk = core.next_request()
+    assert isinstance(chunk, ChunkRequest) and chunk.fenced
+    out = expand(core.on_chunk_read(chunk.id, [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}], 1.0,
+                                    fence=fences.UNFENCED))
+    assert [e.after["id"] for e in out if e.op is Op.READ and e.after] == [1, 2]
+    assert core.read_again == 0

@@ -87,4 +87,9 @@ def test_semisync_warning_without_gtids(
 
 
 def test_gtid_mode_on_fences_blocking_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _reader(monkeypatch, {"gtid_mode": "ON"}).fences_blocking_reads() is True
+    """Yes with GTIDs, and the reader's fenced reads are then blocking reads only: if
+    gtid_mode is lowered later they fall back unfenced (``open_fenced``)."""
+    reader = _reader(monkeypatch, {"gtid_mode": "ON"})
+    assert not reader._order.blocking_only
+    assert reader.fences_blocking_reads() is True
+    assert reader._order.blocking_only and reader.fork()._order.blocking_only

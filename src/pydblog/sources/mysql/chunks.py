@@ -54,7 +54,7 @@ from pydblog.sources.mysql.connect import (
     is_mariadb,
 )
 from pydblog.sources.mysql.fenced import open_fenced
-from pydblog.sources.mysql.fences import GtidFence
+from pydblog.sources.mysql.fences import GtidFence, Unfenced
 from pydblog.sources.mysql.replica import catch_up, check_replica, source_state
 from pydblog.sources.mysql.setup import OwnTables
 from pydblog.sources.mysql.types import ColumnType, SelectMapper, key_param, quote_ident
@@ -90,13 +90,15 @@ class _Table:
 class _CommitOrder:
     """Shared by a reader and its forks. ``watch``: ``fences_watermark_windows`` said
     no because MySQL ran with ``binlog_order_commits = ON``; each table start (``max_key``)
-    then checks it still does."""
+    then checks it still does. ``blocking_only``: ``fences_blocking_reads`` said yes on
+    MySQL (its fenced reads are blocking reads only: ``open_fenced``'s fallback)."""
 
-    __slots__ = ("warned", "watch")
+    __slots__ = ("blocking_only", "warned", "watch")
 
     def __init__(self) -> None:
         self.watch = False
         self.warned = False
+        self.blocking_only = False
 
 
 class MySqlSnapshotReader:
@@ -306,6 +308,7 @@ class MySqlSnapshotReader:
                 cur.execute("SELECT @@GLOBAL.gtid_mode")
                 (mode,) = cur.fetchone()
                 if str(mode).upper() == "ON":
+                    self._order.blocking_only = True
                     return True
                 # semisync_master (5.7, 8.0) or semisync_source (8.0.26+; 8.4: only it)
                 cur.execute("SHOW GLOBAL VARIABLES LIKE 'rpl_semi_sync_%_enabled'")
@@ -622,7 +625,7 @@ class MySqlSnapshotReader:
         max_key: tuple[Any, ...],
         limit: int,
         condition: str | None,
-    ) -> tuple[list[dict[str, Any]], GtidFence]:
+    ) -> tuple[list[dict[str, Any]], GtidFence | Unfenced]:
         """``read_chunk`` in one consistent-snapshot transaction, with the GTID fence of
         its snapshot (``sources.mysql.fences``). Writes nothing."""
         return self._fenced_read(
@@ -632,7 +635,7 @@ class MySqlSnapshotReader:
 
     def max_key_fenced(
         self, info: TableInfo, condition: str | None
-    ) -> tuple[tuple[Any, ...] | None, GtidFence]:
+    ) -> tuple[tuple[Any, ...] | None, GtidFence | Unfenced]:
         """``max_key`` fenced as ``read_chunk_fenced`` is (a read-only table start)."""
         return self._fenced_read(
             info, f"reading the max key of {info.qualified}", lambda: self.max_key(info, condition)
@@ -640,7 +643,7 @@ class MySqlSnapshotReader:
 
     def _fenced_read(
         self, info: TableInfo, doing: str, read: Callable[[], T]
-    ) -> tuple[T, GtidFence]:
+    ) -> tuple[T, GtidFence | Unfenced]:
         self._table(info)  # the column mapping, read before the snapshot's transaction
         for attempt in (1, 2):
             with self._lock:
@@ -649,7 +652,8 @@ class MySqlSnapshotReader:
                     with conn.cursor() as cur:
                         if self.source is not None:
                             self._catch_up(cur)
-                        fence = open_fenced(cur, self._mariadb, self.dsn.redacted, self._local)
+                        fence = open_fenced(cur, self._mariadb, self.dsn.redacted, self._local,
+                                            self._order.blocking_only)
                         self._fenced = True
                         try:
                             rows = read()

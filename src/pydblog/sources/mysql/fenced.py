@@ -24,14 +24,18 @@ longer tell where the primary's transactions stand).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydblog.errors import SourceError
-from pydblog.sources.mysql.fences import GtidFence, parse_owned, union
+from pydblog.sources.mysql.fences import UNFENCED, GtidFence, Unfenced, parse_owned, union
 from pydblog.sources.mysql.gtid import MariaGtidPos, MySqlGtidSet
 from pydblog.sources.mysql.position import file_sequence
 
+log = logging.getLogger(__name__)
+
 ATTEMPTS = 3
+_warned = False  # (``blocking_unfenced_warning``: once a process)
 
 GTID_MODE_HINT = (
     "set gtid_mode = ON and enforce_gtid_consistency = ON on the server (in its config; "
@@ -53,16 +57,36 @@ def _begin(cur: Any) -> None:
     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
 
 
+def blocking_unfenced_warning(where: str, mode: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning(
+            "blocking snapshot reads are no longer fenced: gtid_mode is %s on %s (it was ON "
+            "when dblog run started), so a blocking snapshot can read a row older than a "
+            "commit the binlog already holds, and the change log keeps it (set gtid_mode = "
+            "ON again; see docs/mysql.md)", mode, where,
+        )
+
+
 def open_fenced(
-    cur: Any, mariadb: bool, where: str, local: str | None = None
-) -> GtidFence:
+    cur: Any, mariadb: bool, where: str, local: str | None = None, blocking_only: bool = False
+) -> GtidFence | Unfenced:
     """Open the chunk's transaction (see the module docstring) and return its fence;
-    ``local``: the read server is a replica, and this names its own transactions."""
+    ``local``: the read server is a replica, and this names its own transactions.
+    ``blocking_only``: the capture fences only its blocking reads (MySQL with
+    ``gtid_mode = ON`` at its start, ``fences_blocking_reads``): if gtid_mode is no
+    longer ON, the read is opened unfenced (``UNFENCED``) with a warning, as a capture
+    begun without GTIDs reads, instead of failing (review 15 F2)."""
     if mariadb:
         return _open_mariadb(cur, where, None if local is None else int(local))
     cur.execute("SELECT @@GLOBAL.gtid_mode, @@GLOBAL.gtid_executed")
     mode, executed = cur.fetchone()
     if str(mode).upper() != "ON":
+        if blocking_only:
+            blocking_unfenced_warning(where, str(mode))
+            _begin(cur)
+            return UNFENCED
         raise gtid_mode_error(where, str(mode))
     low = MySqlGtidSet.parse(str(executed or ""))
     _begin(cur)

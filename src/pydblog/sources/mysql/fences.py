@@ -163,3 +163,44 @@ class GtidFence:
 
     def passed(self, reached: Position) -> bool:
         return _le(self.high, _after(reached))
+
+
+class Unfenced:
+    """The fence of a blocking read that could not be fenced: MySQL whose ``gtid_mode``
+    was lowered from ON after ``dblog run`` started (``fences_blocking_reads`` said yes
+    then). It claims the read saw everything, so the blocking read is decided as an
+    unfenced one was before session 15 (what a capture begun with ``gtid_mode = OFF``
+    does; docs/exactness.md, "Not covered"), instead of rejecting the table (review 15
+    F2). Never used for read-only or fenced watermark chunks: those need GTIDs."""
+
+    __slots__ = ()
+
+    def visible(self, event: ChangeEvent) -> bool | None:
+        return True
+
+    def settles(self, event: ChangeEvent) -> bool:
+        return True
+
+    def covers(self, floor: Floor) -> bool:
+        return True
+
+    def in_doubt(self) -> None:
+        return None
+
+    def in_commit(self) -> None:
+        return None
+
+    def sees_tx(self, tx: int) -> bool:
+        return False
+
+    def settles_lost(self, lost: Lost) -> bool:
+        return True
+
+    def passed(self, reached: Position) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "Unfenced()"
+
+
+UNFENCED = Unfenced()
