@@ -21,7 +21,7 @@ from pydblog.devtools.mysql57 import MySQL57, TestServer
 from pydblog.errors import SourceError
 from pydblog.events import ChangeEvent, Op
 from pydblog.ports import Commit
-from pydblog.sources.mysql.fences import GtidFence
+from pydblog.sources.mysql.fences import UNFENCED, GtidFence
 from pydblog.sources.mysql.position import BinlogPosition
 from tests.mysql.helpers import make, opened
 from tests.mysql.servers import require_mysql57
@@ -130,3 +130,31 @@ def test_gtid_mode_off_is_refused_naming_the_setting(tmp_path: Any) -> None:
         with pytest.raises(SourceError) as err:
             src.open(None)
         assert "gtid_mode is OFF" in str(err.value) and "watermark" in str(err.value)
+
+
+def test_blocking_reads_fall_back_unfenced_when_gtid_mode_is_lowered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Review 15 F2 on a server: gtid_mode ON at the capture's start (blocking reads
+    fenced), then stepped down online. The blocking read failed with the read-only
+    mode's error (the table REJECTED after max_attempts); it is read unfenced now, with
+    a warning naming blocking snapshots, the cause and the fix."""
+    require_mysql57()
+    with MySQL57(server_id=8) as s:
+        s.execute("CREATE DATABASE d")
+        s.execute("CREATE TABLE d.t (id INT PRIMARY KEY)")
+        s.execute("INSERT INTO d.t VALUES (1), (2)")
+        _, reader = make(s, "d")
+        try:
+            info = reader.table_info("d.t")
+            assert info is not None
+            assert reader.fences_blocking_reads()
+            _, fence = reader.read_chunk_fenced(info, None, (10,), 10, None)
+            assert isinstance(fence, GtidFence)
+            s.execute("SET GLOBAL gtid_mode = ON_PERMISSIVE")
+            rows, fence = reader.read_chunk_fenced(info, None, (10,), 10, None)
+            assert [r["id"] for r in rows] == [1, 2] and fence is UNFENCED
+            assert "blocking snapshot reads are no longer fenced: gtid_mode is ON_PERMISSIVE" \
+                in caplog.text
+        finally:
+            reader.close()
