@@ -189,7 +189,8 @@ def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
         fut.result()
 
 
-@pytest.mark.parametrize("when", ["in the same session", "before a session that recovers no end there"])
+@pytest.mark.parametrize("when", ["in the same session", "before a session that recovers no end there",
+                                  "before a session whose recovery window lists every end"])
 def test_a_recreated_topic_is_refused(tmp_path: Path, kafka_bootstrap: str, when: str,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A table's topic deleted and created again (an operator 'resetting' it) restarts
@@ -199,7 +200,8 @@ def test_a_recreated_topic_is_refused(tmp_path: Path, kafka_bootstrap: str, when
     (audit13 F3: the writer committed it; `read(5, 100)` gave []). The commit is
     refused, non-retriable, naming the topic, partition and offsets, and nothing is
     committed. Also in a later session whose recovery window does not cover the
-    partition (the writer then reads the whole checkpoint topic for its end there)."""
+    partition: the writer then reads the whole checkpoint topic for its end there,
+    unless a commit in the window listed every partition's end (``KNOWN_EVERY``)."""
     import uuid
 
     from pydblog.changelog import kafka
@@ -209,6 +211,8 @@ def test_a_recreated_topic_is_refused(tmp_path: Path, kafka_bootstrap: str, when
                     topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=1)
     assert cfg.topic_prefix is not None
     topic = data_topic(cfg.topic_prefix, "public.b")
+    if when.endswith("lists every end"):
+        monkeypatch.setattr(kafka, "KNOWN_EVERY", 1)
     kf = KafkaChangeLog(cfg)
     kf.append([row_event(Op.CREATE, "b", 10 + i, {"id": i}, {"id": i}) for i in range(5)], cp(0))
     if when != "in the same session":
@@ -219,7 +223,10 @@ def test_a_recreated_topic_is_refused(tmp_path: Path, kafka_bootstrap: str, when
     recreate_topic(kafka_bootstrap, topic, 1)
     if when != "in the same session":
         kf = KafkaChangeLog(cfg)
-        assert (topic, 0) not in kf._valid_ends  # (so the writer reads the whole topic)
+        if when.endswith("lists every end"):  # (no read of the whole topic needed)
+            assert kf._all_ends_read and kf._valid_ends[(topic, 0)] == 5
+        else:  # (so the writer reads the whole topic)
+            assert not kf._all_ends_read and (topic, 0) not in kf._valid_ends
     nxt = kf.next_offset
     try:
         with pytest.raises(ChangeLogError) as err:

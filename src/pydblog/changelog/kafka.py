@@ -87,6 +87,14 @@ HEADER_SOURCE = "dblog.source"
 HEADER_WRITER = "dblog.writer"
 HEADER_FANOUT = "dblog.fanout"
 RECOVERY_WINDOW = 2000
+KNOWN_EVERY = RECOVERY_WINDOW // 4
+"""A writer that knows every data partition's last valid end puts them all into its
+begin message and into every ``KNOWN_EVERY``-th commit (``CommitRecord.known``), so a
+later session's recovery window holds them: its first commit to a partition outside
+the window need not read the whole checkpoint topic (``KafkaChangeLog._valid_end``)."""
+KNOWN_MAX_PARTITIONS = 20_000
+"""Above this many data partitions the ends are not written (~40 bytes each: the
+checkpoint message's 1 MB limit)."""
 """Recovery reads this many of the checkpoint topic's last messages: the newest
 session's begin message is among them unless it committed more than that since (then
 its first message in the window is taken as the owner)."""
@@ -316,6 +324,9 @@ class CommitRecord:
     this commit are exactly the offsets ``first <= o < end`` (every one of them a record
     of this commit, none a fan-out copy): readers take those without looking at headers.
     Partitions not listed are checked record by record (``dblog.writer`` header)."""
+    known: dict[str, dict[str, int]] | None = None
+    """Every data partition's last valid end before this commit, as its writer knew
+    them all (``KNOWN_EVERY``; readers ignore it: only the writer's recovery uses it)."""
 
     @property
     def writer_tag(self) -> str:
@@ -325,7 +336,9 @@ class CommitRecord:
         head = orjson.dumps({
             "v": 1, "gen": self.gen, "w": self.writer, "a": self.start, "b": self.end,
             "begin": self.begin, "epoch": self.epoch, "ends": self.ends,
-            **({"runs": self.runs} if self.runs else {}), "ts": int(time.time() * 1000),
+            **({"runs": self.runs} if self.runs else {}),
+            **({"known": self.known} if self.known is not None else {}),
+            "ts": int(time.time() * 1000),
         })
         cp = self.checkpoint.to_bytes() if self.checkpoint is not None else b"null"
         return head[:-1] + b',"cp":' + cp + b"}"
@@ -340,6 +353,8 @@ class CommitRecord:
             {t: {p: int(o) for p, o in parts.items()} for t, parts in d.get("ends", {}).items()},
             bool(d.get("begin")), d.get("epoch"), kafka_offset,
             {t: {p: int(o) for p, o in parts.items()} for t, parts in d.get("runs", {}).items()},
+            {t: {p: int(o) for p, o in parts.items()} for t, parts in d["known"].items()}
+            if d.get("known") is not None else None,
         )
 
 
@@ -1120,16 +1135,29 @@ class _Client:
 
 def recover_commits(client: _Client) -> CommitLog:
     """The newest valid commit from the checkpoint topic's last ``RECOVERY_WINDOW``
-    messages (the writer's recovery: it needs the last checkpoint and ``max_gen``)."""
+    messages (the writer's recovery: it needs the last checkpoint and ``max_gen``).
+    ``ends`` then holds every data partition's last valid end if the window began at
+    the topic's start or holds a valid commit that listed them all (``known``); ``whole``
+    says so."""
     log_ = CommitLog()
     topic = checkpoint_topic(client.prefix)
     if not client.partitions(topic):
         return log_
     lo, hi = client.watermarks([(topic, 0)])[(topic, 0)]
+    known: dict[str, dict[str, int]] | None = None
     for m in client.read_range({(topic, 0): (max(lo, hi - RECOVERY_WINDOW), None)}):
         if m.value() is not None:
-            log_.apply(CommitRecord.from_bytes(m.value(), m.offset()))
+            rec = CommitRecord.from_bytes(m.value(), m.offset())
+            if log_.apply(rec) and rec.known is not None:
+                known = rec.known
     log_.whole = hi - RECOVERY_WINDOW <= lo  # (a broker's high watermark may lag: never ahead)
+    if not log_.whole and known is not None:
+        # Every end as of that commit; the valid commits after it are in ``ends``.
+        for topic_name, parts in known.items():
+            for p, end in parts.items():
+                tp = (topic_name, int(p))
+                log_.ends[tp] = max(end, log_.ends.get(tp, 0))
+        log_.whole = True
     return log_
 
 
@@ -1193,7 +1221,18 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _begin(self) -> None:
         self._commit([], CommitRecord(self.gen, self.writer_id, self._next, self._next,
-                                      self._checkpoint, {}, begin=True, epoch=self._epoch))
+                                      self._checkpoint, {}, begin=True, epoch=self._epoch,
+                                      known=self._known()))
+
+    def _known(self) -> dict[str, dict[str, int]] | None:
+        """Every data partition's last valid end (``CommitRecord.known``), if this
+        session knows them all."""
+        if not self._all_ends_read or len(self._valid_ends) > KNOWN_MAX_PARTITIONS:
+            return None
+        out: dict[str, dict[str, int]] = {}
+        for (topic, part), end in self._valid_ends.items():
+            out.setdefault(topic, {})[str(part)] = end
+        return out
 
     def claim(self, epoch: int) -> None:
         """High availability: own the log with ``epoch`` (``ports.FencedChangeLog``).
@@ -1259,7 +1298,8 @@ class KafkaChangeLog(ChangeLogWriter):
         end = start + sum(e.size if type(e) is EncodedBlock else 1 for e in events)
         msgs = [(orjson.dumps({"from": start, "gen": self.gen, "w": self.writer_id,
                                "schema": s.to_json()}), s.qualified) for s in schemas]
-        rec = CommitRecord(self.gen, self.writer_id, start, end, checkpoint, {}, epoch=self._epoch)
+        rec = CommitRecord(self.gen, self.writer_id, start, end, checkpoint, {}, epoch=self._epoch,
+                           known=self._known() if self._commits % KNOWN_EVERY == 0 else None)
         self._commit(events, rec, topics, msgs)
         self._next = end
         self._checkpoint = checkpoint
