@@ -6,6 +6,7 @@ stall is faked by giving the consumers' ``consume`` a plan (records, then nothin
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -219,3 +220,46 @@ def test_a_wait_learned_elsewhere_is_taken_at_the_next_read(
     finally:
         client.close()
     assert (len(made), stalls) == (2, [])
+
+
+@pytest.mark.usefixtures("short_stalls")
+def test_a_stall_below_a_live_writers_open_transaction_is_a_storage_stall(
+        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture writing a partition has a transaction open there most of the time (the
+    last stable offset below the high watermark, which moves): a read below it that the
+    broker's storage stalls still steps its fetch wait. Only a transaction whose high
+    watermark stays put holds a read (``_Client._stalled``); taking every open one for
+    that, the read waited until it timed out."""
+    import confluent_kafka
+
+    monkeypatch.setattr(kafka, "TIMEOUT_S", 6.0)
+    cfg, tp = two_commits(tmp_path, kafka_bootstrap)
+    stop, writing = threading.Event(), threading.Event()
+
+    def live() -> None:  # one transaction, open, growing
+        p = confluent_kafka.Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True,
+                                      "transactional.id": f"live-{uuid.uuid4().hex[:8]}"})
+        p.init_transactions(10)
+        p.begin_transaction()
+        while not stop.is_set():
+            p.produce(tp[0], b"x", partition=tp[1])
+            p.flush(10)
+            writing.set()
+            time.sleep(0.05)
+        p.abort_transaction(10)
+
+    writer = threading.Thread(target=live)
+    writer.start()
+    try:
+        assert writing.wait(20)
+        made = stalling_consumers(monkeypatch, [5, None])
+        client = kafka._Client(cfg)
+        try:
+            offsets = [m.offset() for m in client.read_range({tp: (0, 21)})]
+        finally:
+            client.close()
+    finally:
+        stop.set()
+        writer.join()
+    assert offsets == [*range(10), *range(11, 21)]
+    assert len(made) == 2, "the stall was not stepped over"

@@ -963,6 +963,7 @@ class _Client:
         stable = self.last_stable(list(todo))
         opened = {tp: hw for tp, hw in highs.items() if stable[tp] < hw}
         holding = sorted(tp for tp, hw in opened.items() if held.seen.get(tp) == hw)
+        fresh = {tp for tp in opened if tp not in held.seen}  # looked at again soon
         held.seen = opened
         if not holding:
             if held.holding:  # it ended: the read's own timeout starts again
@@ -987,9 +988,12 @@ class _Client:
                     self.cfg.bootstrap_servers,
                     ", ".join(f"{t} partition {p}" for t, p in holding[:3]), highs[holding[0]],
                     now - (deadline - TIMEOUT_S), timeout, held.until - now)
-        if self._storage_stall(c, todo, highs, set(opened)):
+        # A partition whose high watermark moved (a live capture's transactions) may
+        # still be a storage stall: a capture writing the partition has one open most of
+        # the time.
+        if self._storage_stall(c, todo, highs, {*holding, *fresh}):
             c = self.consumer()  # the same positions, a longer fetch wait
-        return c, now + (HELD_RECHECK_S if len(opened) > len(holding) else STALL_S)
+        return c, now + (HELD_RECHECK_S if fresh else STALL_S)
 
     def _timed_out(self, todo: Mapping[tuple[str, int], tuple[int, int | None]], held: _Held,
                    deadline: float) -> DblogError:
@@ -1021,8 +1025,8 @@ class _Client:
         wait (no further step). The new consumer starts at each partition's position or
         ``todo``'s next offset, whichever is higher: a consumer that has returned no record
         (one made by an earlier step of the same read) has no position (-1001).
-        ``highs``: the partitions' high watermarks; partitions in ``held`` have an open
-        transaction at their end (``_stalled``): not a storage stall."""
+        ``highs``: the partitions' high watermarks; partitions in ``held`` have (or may
+        have: ``_stalled``) an open transaction at their end: not a storage stall."""
         learned = self.fetch_wait_ms
         longer = [w for w in FETCH_WAITS_MS if w > self._consumer_wait]
         wait = learned if learned > self._consumer_wait else (longer[0] if longer else 0)
