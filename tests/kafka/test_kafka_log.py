@@ -484,6 +484,74 @@ def test_claim_fences_an_older_epoch(kafka_log: LogConfig) -> None:
     reader.close()
 
 
+@pytest.mark.parametrize("race", ["before-the-fence", "after-the-recovery-read"])
+def test_claim_races_an_older_leaders_commit(kafka_log: LogConfig, race: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """HA: the epoch-1 leader commits once more while the epoch-2 leader claims the log
+    (a frozen leader waking up just then), with a ``transactional.id`` of its own (with
+    the shared default the broker fences it at the new leader's ``init_transactions``,
+    Tansu too). ``claim`` writes a fence message, then reads the checkpoint topic, then
+    its begin message: a commit landing before the fence is recovered (the new leader
+    continues after it, at its checkpoint: the source was acknowledged up to there);
+    one landing after it (here: after the recovery read, before the begin message) is
+    refused (``Fenced``) and ignored by readers. Either way every global offset is read
+    once and no acknowledged event is lost. Before the fence (recovery first), the
+    second case made the new leader begin at offset 50 again, overlapping the old
+    leader's acknowledged commit 50..351: readers then lost both sessions' events past
+    offset 49."""
+    from pydblog.changelog import kafka as kafka_mod
+    from pydblog.errors import Fenced
+
+    old = KafkaChangeLog(kafka_log)
+    old.claim(1)
+    b = batches()
+    old.append(b[0], cp(0))
+    new = KafkaChangeLog(kafka_log.model_copy(update={"transactional_id": "other-host"}))
+    raced: list[int | str] = []
+
+    def old_commits() -> None:
+        if not raced:
+            try:
+                raced.append(old.append(b[1], cp(1)))
+            except Fenced:
+                raced.append("fenced")
+
+    if race == "before-the-fence":
+        real_commit = new._commit
+
+        def commit_after_race(*args: Any, **kwargs: Any) -> None:
+            old_commits()  # lands right before the claim's first message
+            real_commit(*args, **kwargs)
+
+        monkeypatch.setattr(new, "_commit", commit_after_race)
+    else:
+        real_recover = kafka_mod.recover_commits
+
+        def recover_then_race(client: Any) -> Any:
+            commits = real_recover(client)
+            old_commits()  # lands right after the claim's read, before its begin message
+            return commits
+
+        monkeypatch.setattr(kafka_mod, "recover_commits", recover_then_race)
+    new.claim(2)
+    monkeypatch.undo()
+    if race == "before-the-fence":
+        assert raced == [351]
+        assert new.next_offset == 351 and new.last_checkpoint() == cp(1)
+    else:
+        assert raced == ["fenced"]
+        assert new.next_offset == 50 and new.last_checkpoint() == cp(0)
+    start = new.next_offset
+    new.append(b[0][:20], cp(2))
+    reader = KafkaChangeLogReader(kafka_log)
+    got = records(reader)
+    assert [r.offset for r in got] == list(range(start + 20))
+    assert reader.last_checkpoint() == cp(2)
+    for log_ in (old, new):
+        log_.close()
+    reader.close()
+
+
 def test_read_seeks_instead_of_scanning(kafka_log: LogConfig) -> None:
     """``read(from_offset)`` (``dblog tail --from-offset``) fetches the commits around
     ``from_offset`` only, and windowed reads give each event once, in offset order."""

@@ -45,7 +45,8 @@ record. A writer session has a generation
 id ``w``, and opens with a begin message; a checkpoint message is valid iff its
 ``(gen, w)`` is the owner: the owner changes to a message with a higher ``gen``, and
 messages of any other writer (a crashed session's aborted transaction, a fenced
-zombie) are ignored. Global offsets are dense: a new session continues at the last
+zombie) are ignored; an HA claim's *fence* message changes the owner without being a
+commit (``KafkaChangeLog.claim``). Global offsets are dense: a new session continues at the last
 valid checkpoint's ``b``.
 
 Invariants:
@@ -327,6 +328,10 @@ class CommitRecord:
     known: dict[str, dict[str, int]] | None = None
     """Every data partition's last valid end before this commit, as its writer knew
     them all (``KNOWN_EVERY``; readers ignore it: only the writer's recovery uses it)."""
+    fence: bool = False
+    """A claim's fence (``KafkaChangeLog.claim``): it makes its session the owner (no
+    older session's later message is valid) but is no commit: the last commit, the next
+    offset and the checkpoint stay those of the valid commit before it."""
 
     @property
     def writer_tag(self) -> str:
@@ -338,6 +343,7 @@ class CommitRecord:
             "begin": self.begin, "epoch": self.epoch, "ends": self.ends,
             **({"runs": self.runs} if self.runs else {}),
             **({"known": self.known} if self.known is not None else {}),
+            **({"fence": True} if self.fence else {}),
             "ts": int(time.time() * 1000),
         })
         cp = self.checkpoint.to_bytes() if self.checkpoint is not None else b"null"
@@ -355,6 +361,7 @@ class CommitRecord:
             {t: {p: int(o) for p, o in parts.items()} for t, parts in d.get("runs", {}).items()},
             {t: {p: int(o) for p, o in parts.items()} for t, parts in d["known"].items()}
             if d.get("known") is not None else None,
+            bool(d.get("fence")),
         )
 
 
@@ -425,6 +432,8 @@ class CommitLog:
             self.owner = key
         elif key != self.owner:
             return False
+        if rec.fence:
+            return True
         self.last = rec
         tag = rec.writer_tag
         if not self.track:
@@ -1240,20 +1249,34 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def claim(self, epoch: int) -> None:
         """High availability: own the log with ``epoch`` (``ports.FencedChangeLog``).
-        Refused (``Fenced``) if a newer epoch wrote to the checkpoint topic. From now on
+        Refused (``Fenced``) if a newer epoch wrote to the checkpoint topic.
+
+        First a fence message (``CommitRecord.fence``), then the recovery read, then the
+        begin message: every commit of an older session either precedes the fence (the
+        recovery reads it: this session continues after it) or follows it (readers
+        ignore it, and its writer's ``_verify`` raises ``Fenced``). Recovering first, an
+        older leader's commit landing between the read and the begin message (a
+        ``transactional.id`` of its own: no broker fencing) stayed valid, and this
+        session's begin then went back to the global offsets it had used: readers lost
+        both sessions' events from there (tests/kafka/test_kafka_log.py::
+        test_claim_races_an_older_leaders_commit). From now on
         messages carry the epoch, readers order sessions by ``(epoch, gen)``, and every
         commit is verified before it returns: if a message of a newer ``(epoch, gen)``
         precedes this commit's checkpoint message in the topic, readers ignore the
         commit and ``append`` raises ``Fenced`` (the source is then not acknowledged).
         The order of the checkpoint topic decides, so the check is atomic with the
         write even on a broker without transactional fencing."""
+        topic = checkpoint_topic(self.prefix)
+        self._epoch = epoch
+        self._verified_to = self.client.watermarks([(topic, 0)])[(topic, 0)][1]
+        self._commit([], CommitRecord(self.gen, self.writer_id, self._next, self._next, None, {},
+                                      begin=True, epoch=epoch, fence=True))
         commits = recover_commits(self.client)
         if commits.max_epoch > epoch:
             raise Fenced(
                 f"the Kafka change log {self.prefix} was claimed by epoch {commits.max_epoch}, "
                 f"newer than this leader's {epoch}"
             )
-        self._epoch = epoch
         self._verified_to = commits.read_to
         for tp, end in commits.ends.items():
             self._valid_ends[tp] = max(end, self._valid_ends.get(tp, 0))
