@@ -21,33 +21,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from typing import Any
 
 from pydblog.config import parse_config
 from pydblog.devtools.mariadb import MariaDB
-from pydblog.devtools.mysql57 import MySQL57, TestServer
+from pydblog.devtools.mysql57 import MySQL57
 from pydblog.sources.mysql.chunks import MySqlSnapshotReader
 from pydblog.sources.mysql.factory import create
 
-DB = "bench"
-TABLE = (
-    "CREATE TABLE t (id INT PRIMARY KEY, a INT NOT NULL, b VARCHAR(40), c DOUBLE, "
-    "d DATETIME(6), e DECIMAL(12,2))"
-)
-
-
-def load(server: TestServer, rows: int, batch: int = 20_000) -> None:
-    conn = server.connect(DB)
-    with conn.cursor() as cur:
-        for lo in range(0, rows, batch):
-            values = ",".join(
-                f"({i}, {i % 1000}, 'row-{i}', {i / 7}, '2026-01-01 00:00:00.{i % 999999:06d}', "
-                f"{i / 100:.2f})"
-                for i in range(lo, min(rows, lo + batch))
-            )
-            cur.execute(f"INSERT INTO t VALUES {values}")
-    conn.close()
+sys.path.insert(0, os.path.dirname(__file__))
+from mysql_snapshot import DB, TABLE, load  # the same table and load
 
 
 def read_both(reader: MySqlSnapshotReader, chunk: int) -> tuple[int, list[float], list[float]]:
