@@ -172,17 +172,13 @@ class BatchApplier:
     def __init__(self, log: LogConfig, sinks: list[Sink], retries: int, backoff_s: float) -> None:
         self.log = log
         self.sinks = sinks
-        # Mirrors need only these columns; decoding and collecting fewer is faster (the
-        # history sink needs every column).
-        self.columns: list[str] = (
-            list(ARROW_SCHEMA.names)
-            if any(isinstance(s, HistorySink) for s in sinks)
-            else list(MIRROR_COLUMNS)
-        )
-        self.schema = pa.schema([ARROW_SCHEMA.field(n) for n in self.columns])
         # A history sink needs every event: its batches are checked to be whole
         # (``check_whole``); mirrors accept a compacted log's gaps (``allowGaps``).
         self.whole = any(isinstance(s, HistorySink) for s in sinks)
+        # Mirrors need only these columns; decoding and collecting fewer is faster (the
+        # history sink needs every column).
+        self.columns: list[str] = list(ARROW_SCHEMA.names) if self.whole else list(MIRROR_COLUMNS)
+        self.schema = pa.schema([ARROW_SCHEMA.field(n) for n in self.columns])
         # Whether the packed payloads of a batch tile one dense offset range (checked).
         self.dense = open_stream(log.model_dump_json()).dense
         self.retries = retries
@@ -342,11 +338,10 @@ def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now
     spark.dataSource.register(DblogDataSource)
     # Mirrors apply each key's newest event: a compacted topic's gaps are fine for them;
     # a history sink needs every event (docs/kafka.md, "Compacted topics").
-    history = any(isinstance(s, HistorySink) for s in applier.sinks)
     stream = (
         spark.readStream.format(NAME)
         .option("log", log_json)
-        .option("allowGaps", "false" if history else "true")
+        .option("allowGaps", "false" if applier.whole else "true")
         .option("numPartitions", str(parallelism or spark.sparkContext.defaultParallelism))
         .option("maxEventsPerTrigger", str(cfg.sync.max_events_per_trigger))
         .option("packed", "true")
