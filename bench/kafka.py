@@ -4,16 +4,37 @@ One throwaway PostgreSQL, one Tansu broker (in memory, or KAFKA_BOOTSTRAP_SERVER
  (a) `dblog run` with the embedded log drains N inserts from its own slot (from its
      first event in the log to its last);
  (b) `dblog run` with [log] type = "kafka" drains the same N inserts from another slot
-     (until the checkpoint topic's last valid commit covers N events);
+     (until the checkpoint topic's last valid commit covers them);
+     (a) and (b) run in ``--rounds`` alternating rounds (single runs on a 2-core shared
+     VM swing 1.5 x): round k loads N new rows once, then (a) and (b) each drain them
+     (each `dblog run` reads its own slot), (a) first in even rounds, (b) first in odd
+     ones; each drain is timed from the first event of the round in its log to the
+     last. Printed per round, then the medians of (a), (b) and of the per-round ratios
+     (b)/(a), with the ratios' min and max;
  (c) commit -> log latency at a steady ~5k events/s (10-row transactions): (c0) a bare
      transactional confluent-kafka loop on the same broker (the raw baseline), then
      `dblog run` into the embedded log and into Kafka: the capture's own commit -> log
      histogram (from its /metrics), CPU per process, and for Kafka a plain consumer and
      the checkpoint-validated reader following the topic;
  (d) `dblog sync --available-now` from the Kafka log into Delta: events/s.
-(b) is printed as a ratio of (a).
+(c) and (d) run once, after the rounds.
 
-Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/kafka.py [--rows 500000]
+How the end of a drain is seen: both sides are polled every 10 ms with a probe that
+costs next to nothing in this process. (a): ``SqliteChangeLogReader.next_offset()``, a
+local SQLite read (~0.01 ms). (b): NOT ``KafkaChangeLogReader.next_offset()``, which is
+a broker read (two list-offsets requests, then a fetch to the checkpoint topic's end):
+on Tansu it took 12 ms with the captures idle and p50 18 / p90 32 / max 51 ms while a
+capture wrote (measured 2026-11-27 on this VM), so polled every 10 ms it saw the end
+one 28-40 ms period late on average instead of 5 ms (biased against Kafka, ~0.5 % of
+a 4 s drain) and kept the broker busy with ~30 probes/s. Instead a read_committed
+consumer follows the checkpoint topic (librdkafka fetches in the background,
+fetch.wait.max.ms 5; paused outside (b)'s drains) and each poll applies the commit
+messages it queued to a ``CommitLog``, as the reader does: a commit is seen within
+~5 ms of its transaction's end plus the 10 ms poll. After each (b) drain
+``KafkaChangeLogReader.next_offset()`` must agree (not timed); the run prints what
+both probes and one reader call cost.
+
+Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/kafka.py [--rows 200000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -34,7 +55,12 @@ from pathlib import Path
 import orjson
 import psycopg
 
-from pydblog.changelog.kafka import KafkaChangeLogReader
+from pydblog.changelog.kafka import (
+    CommitLog,
+    CommitRecord,
+    KafkaChangeLogReader,
+    checkpoint_topic,
+)
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.config import LogConfig
 from pydblog.devtools.pgcluster import PgCluster
@@ -76,23 +102,90 @@ def start(cfg: Path) -> subprocess.Popen[bytes]:
                             stderr=subprocess.DEVNULL)
 
 
-def drain(cfg: Path, rows: int, count: Callable[[], int]) -> float:
-    """Events/s of a `dblog run` draining ``rows`` events, first event to last."""
+class Probe:
+    """A drain's end probe: ``count()`` is the events the log holds (see the module
+    docstring); ``costs`` the seconds each call took."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+        self.costs: list[float] = []
+
+    def count(self) -> int:
+        t = time.perf_counter()
+        n = self._count()
+        self.costs.append(time.perf_counter() - t)
+        return n
+
+    def active(self, on: bool) -> None:
+        """Follow the log (True) or stop (False) between drains."""
+
+
+class KafkaEnd(Probe):
+    """The events covered by the Kafka log's last valid commit, from a read_committed
+    consumer of the checkpoint topic: its queued messages applied to a ``CommitLog``
+    (as ``KafkaChangeLogReader`` applies them), no broker request in ``count()``."""
+
+    def __init__(self, bootstrap: str, prefix: str) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        super().__init__(self._applied)
+        self.commits = CommitLog(track=False)
+        self.tp = TopicPartition(checkpoint_topic(prefix), 0, 0)
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": f"bench{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 5})
+        self.consumer.assign([self.tp])
+        self.consumer.pause([self.tp])
+
+    def _applied(self) -> int:
+        for m in self.consumer.consume(10_000, 0):
+            value = m.value() if m.error() is None else None
+            if value is not None:
+                self.commits.apply(CommitRecord.from_bytes(value, m.offset() or 0))
+        return self.commits.next_offset
+
+    def active(self, on: bool) -> None:
+        (self.consumer.resume if on else self.consumer.pause)([self.tp])
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def drain(cfg: Path, done: int, target: int, probe: Probe) -> float:
+    """Events/s of a `dblog run` draining its log from ``done`` to ``target`` events,
+    from the first poll past ``done`` to the first at ``target``."""
+    probe.active(True)
+    deadline = time.monotonic() + 60
+    while (n := probe.count()) < done:  # the probe caught up with the earlier drains
+        assert time.monotonic() < deadline, f"{cfg}: the probe sees {n} of {done} events"
+        time.sleep(0.01)
     proc = start(cfg)
     first: tuple[float, int] | None = None
     try:
         while True:
             time.sleep(0.01)
-            n = count()
-            if first is None and n > 0:
+            n = probe.count()
+            if first is None and n > done:
                 first = (time.perf_counter(), n)
-            if n >= rows:
+            if n >= target:
                 break
+            if proc.poll() is not None:
+                raise SystemExit(f"dblog run --config {cfg} exited ({proc.returncode}) at "
+                                 f"{n} of {target} events")
         assert first is not None
-        return (rows - first[1]) / (time.perf_counter() - first[0])
+        return (target - first[1]) / (time.perf_counter() - first[0])
     finally:
         proc.terminate()
         proc.wait()
+        probe.active(False)
+
+
+def ms(xs: list[float]) -> str:
+    """p50 / p90 / max of durations in seconds, in ms."""
+    xs = sorted(xs)
+    return (f"p50 {statistics.median(xs) * 1000:.2f} / p90 {xs[int(len(xs) * 0.9)] * 1000:.2f} / "
+            f"max {xs[-1] * 1000:.2f} ms")
 
 
 def pct(xs: list[float]) -> str:
@@ -309,14 +402,19 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=500_000)
-    ap.add_argument("--tx", type=int, default=10)
+    ap.add_argument("--rows", type=int, default=200_000, help="rows loaded per round")
+    ap.add_argument("--tx", type=int, default=10, help="transactions per round's load")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds of (a) and (b), alternating which goes first")
     ap.add_argument("--steady-seconds", type=float, default=20.0)
     ap.add_argument("--steady-rate", type=int, default=5000)
     ap.add_argument("--sync", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--followers", action=argparse.BooleanOptionalAction, default=True,
                     help="(c): follow the Kafka topic with two consumers (each polls the broker)")
     args = ap.parse_args()
+    if args.rounds < 1 or args.tx < 1 or args.rows < args.tx or args.rows % args.tx:
+        ap.error(f"--rows {args.rows} must be a multiple of --tx {args.tx} (each transaction "
+                 f"inserts --rows / --tx rows) and --rounds {args.rounds} at least 1")
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kafka-"))
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
@@ -341,25 +439,52 @@ def main() -> None:
                 time.sleep(1)
                 p.terminate()
                 p.wait()
-            load(dsn, "bench", 0, args.rows, args.tx)
-            print(f"loaded {args.rows} rows in {args.tx} transactions")
-
             emb_reader = SqliteChangeLogReader(work / "emb" / "data")
-            rate_emb = drain(emb, args.rows, emb_reader.next_offset)
-            print(f"(a) dblog run -> embedded log: {rate_emb:,.0f} events/s")
+            emb_end = Probe(emb_reader.next_offset)
+            kaf_end = KafkaEnd(bootstrap, prefix)
             log_cfg = LogConfig(type="kafka", path=str(work / "kaf" / "data"),
                                 bootstrap_servers=bootstrap, topic_prefix=prefix)
             kreader = KafkaChangeLogReader(log_cfg)
-            rate_kafka = drain(kaf, args.rows, kreader.next_offset)
-            print(f"(b) dblog run -> Kafka: {rate_kafka:,.0f} events/s = "
-                  f"{rate_kafka / rate_emb:.2f} x (a)")
+            print(f"{args.rounds} rounds of {args.rows:,} rows ({args.tx} transactions each)")
+            rates: dict[str, list[float]] = {"a": [], "b": []}
+            reader_costs: list[float] = []
+            for k in range(args.rounds):
+                load(dsn, "bench", k * args.rows, args.rows, args.tx)
+                done, target = k * args.rows, (k + 1) * args.rows
+                order = ("a", "b") if k % 2 == 0 else ("b", "a")
+                for side in order:
+                    if side == "a":
+                        rates["a"].append(drain(emb, done, target, emb_end))
+                    else:
+                        rates["b"].append(drain(kaf, done, target, kaf_end))
+                        t = time.perf_counter()
+                        seen = kreader.next_offset()
+                        reader_costs.append(time.perf_counter() - t)
+                        assert seen >= target, f"KafkaChangeLogReader sees {seen} of {target}"
+                a, b = rates["a"][-1], rates["b"][-1]
+                print(f"round {k + 1} ({order[0]} first): (a) embedded {a:,.0f} events/s, "
+                      f"(b) Kafka {b:,.0f} events/s, (b)/(a) {b / a:.2f}", flush=True)
+            ratios = [b / a for a, b in zip(rates["a"], rates["b"], strict=True)]
+            print(f"(a) dblog run -> embedded log: median {statistics.median(rates['a']):,.0f} "
+                  f"events/s")
+            print(f"(b) dblog run -> Kafka: median {statistics.median(rates['b']):,.0f} events/s")
+            print(f"(b)/(a): median {statistics.median(ratios):.2f} of {len(ratios)} rounds "
+                  f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
+            for _ in range(20):
+                t = time.perf_counter()
+                kreader.next_offset()
+                reader_costs.append(time.perf_counter() - t)
+            print(f"end probes, per call: (a) SqliteChangeLogReader.next_offset() "
+                  f"{ms(emb_end.costs)}; (b) checkpoint-topic consumer {ms(kaf_end.costs)}; "
+                  f"KafkaChangeLogReader.next_offset() (not the probe) {ms(reader_costs)}")
+            kaf_end.close()
 
             # (c) commit -> Kafka latency at a steady rate: the raw baseline (a bare
             # transactional producer loop on the same broker), the embedded log, Kafka.
             bare = bare_loop(bootstrap, args.steady_seconds, args.steady_rate)
             print(f"(c0) bare confluent-kafka transactional loop, {args.steady_rate} msgs/s: "
                   f"{bare}")
-            base = args.rows + 10
+            base = args.rounds * args.rows + 10
             for name, cfg in (("embedded", emb), ("kafka", kaf)):
                 res = steady(dsn, cfg, work / ("emb" if name == "embedded" else "kaf"),
                              args, base, kreader if name == "kafka" else None, bootstrap, prefix,
