@@ -5,7 +5,9 @@ snapshot chunks read as COPY text; ``optional=True``: a machine without a C comp
 or Python's headers still installs pydblog, which then reads chunks by the SQL path and
 says so in its log. ``pydblog.changelog._kafkaread`` (C, the same) hands the Kafka
 source a consume batch's values without a Python object per message; without it the
-reads go through confluent-kafka's ``Message`` objects.
+reads go through confluent-kafka's ``Message`` objects. ``pydblog.changelog._kafkawrite``
+(C, the same) produces the Kafka writer's records and counts their acknowledgements (a
+librdkafka interceptor plugin); without it the writer does both in Python.
 ``pydblog.sources.postgres._pgrow`` (C, the same) decodes the stream's row changes
 straight into row dicts; without it they are decoded in Python.
 """
@@ -32,6 +34,13 @@ setup(
             ["src/pydblog/changelog/_kafkaread.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             libraries=["dl"],
+            optional=True,
+        ),
+        Extension(
+            "pydblog.changelog._kafkawrite",
+            ["src/pydblog/changelog/_kafkawrite.c"],
+            extra_compile_args=["-O2", "-std=gnu99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            libraries=["dl", "pthread"],
             optional=True,
         ),
     ]

@@ -75,7 +75,7 @@ import orjson
 
 from pydblog.changelog import kafka_native
 from pydblog.errors import ChangeLogError, ChangeLogUnavailable, ConfigError, DblogError, Fenced
-from pydblog.events import TAIL_SEP, Encoded, EncodedBlock
+from pydblog.events import TAIL_SEP, Encoded, EncodedBlock, EncodedEvent
 from pydblog.ports import ChangeLogReader, ChangeLogWriter, Checkpoint, LogRecord, TableSchema
 
 if TYPE_CHECKING:
@@ -1199,6 +1199,10 @@ class KafkaChangeLog(ChangeLogWriter):
                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
                "on_delivery": self._on_delivery},
         )
+        # The C path (``kafka_native``): records produced and their acknowledgements
+        # counted without Python per record; the same records, the same checks.
+        self._native = kafka_native.writer_available()
+        self._client_id = ""
         self._delivered: dict[tuple[str, int], list[int]] = {}  # [first, last, count]
         self._fanned: set[tuple[str, int]] = set()  # partitions holding fan-out copies
         self._fan_out_parts: dict[str, int] = {}  # topic -> partitions (this commit)
@@ -1215,7 +1219,7 @@ class KafkaChangeLog(ChangeLogWriter):
             client.ensure_topics(
                 [checkpoint_topic(self.prefix), schemas_topic(self.prefix),
                  notifications_topic(self.prefix)], 1)
-            self._producer = make_client(k.Producer, conf, cfg)
+            self._producer = self._make_producer(conf)
             self._producer.init_transactions(TIMEOUT_S)
         except k.KafkaException as exc:
             raise _unavailable("starting the transactional producer", cfg, exc) from None
@@ -1231,6 +1235,23 @@ class KafkaChangeLog(ChangeLogWriter):
         self._begin()
         log.info("Kafka change log %s on %s: session %s, next offset %d", self.prefix,
                  cfg.bootstrap_servers, self._tag.decode(), self._next)
+
+    def _make_producer(self, conf: dict[str, Any]) -> Any:
+        """The transactional producer: with the C path's interceptor plugin if it can be
+        made (else the Python path's, logged)."""
+        k = self.client.k
+        if self._native:
+            native_conf, client_id = kafka_native.producer_config(conf)
+            try:
+                producer = k.Producer(native_conf)
+            except k.KafkaException as exc:  # e.g. a librdkafka built without plugins
+                log.warning("native Kafka writes: the producer with pydblog's interceptor "
+                            "plugin cannot be made (%s): the writer produces from Python", exc)
+                self._native = False
+            else:
+                self._client_id = client_id
+                return producer
+        return make_client(k.Producer, conf, self.cfg)
 
     def _begin(self) -> None:
         self._commit([], CommitRecord(self.gen, self.writer_id, self._next, self._next,
@@ -1366,6 +1387,8 @@ class KafkaChangeLog(ChangeLogWriter):
         self._fan_out_parts.clear()
         self._delivery_error = None
         try:
+            if self._native:
+                kafka_native.take_acks(p, self._client_id)  # none of this commit's yet
             p.begin_transaction()
             self._produce(events, rec.start, topics or {})
             for value, key in schema_msgs:
@@ -1373,6 +1396,7 @@ class KafkaChangeLog(ChangeLogWriter):
             if p.flush(TIMEOUT_S) > 0:  # delivery reports: ``_delivered`` is complete
                 raise ChangeLogUnavailable(
                     f"Kafka at {self.cfg.bootstrap_servers} did not acknowledge a commit in {TIMEOUT_S:.0f} s")
+            self._take_acks()
             self._fault("kafka-after-data")
             if self._delivery_error is not None:
                 raise k.KafkaException(self._delivery_error)
@@ -1398,6 +1422,7 @@ class KafkaChangeLog(ChangeLogWriter):
                 raise ChangeLogUnavailable(
                     f"Kafka at {self.cfg.bootstrap_servers} did not acknowledge a checkpoint "
                     f"message in {TIMEOUT_S:.0f} s")
+            self._take_acks()
             self._fault("kafka-before-commit")
             if self._delivery_error is not None:
                 raise k.KafkaException(self._delivery_error)
@@ -1533,6 +1558,24 @@ class KafkaChangeLog(ChangeLogWriter):
             self._all_ends_read = True
         return self._valid_ends.get(tp, 0)
 
+    def _take_acks(self) -> None:
+        """The C path's delivery reports (``kafka_native.take_acks``: what ``_on_delivery``
+        gathers per record, counted by librdkafka's interceptor) into ``_delivered``."""
+        if not self._native:
+            return
+        entries, err = kafka_native.take_acks(self._producer, self._client_id)
+        if err and self._delivery_error is None:
+            self._delivery_error = self.client.k.KafkaError(err)
+        for topic, part, first, last, count in entries:
+            tp = (topic, part)
+            seen = self._delivered.get(tp)
+            if seen is None:
+                self._delivered[tp] = [first, last, count]
+            elif seen[0] < 0 or first < 0:
+                self._delivered[tp] = [-1, -1, 0]
+            else:
+                self._delivered[tp] = [min(seen[0], first), max(seen[1], last), seen[2] + count]
+
     def _on_delivery(self, err: Any, msg: Any) -> None:
         """Delivery report (served by ``flush``): per partition the lowest and highest
         offset written and the number of records; the highest becomes the commit's
@@ -1596,6 +1639,43 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _produce(self, events: Sequence[Encoded], seq: int, topics: dict[str, str]) -> None:
         """Produce every event (global offsets from ``seq``)."""
+        if self._native:
+            self._produce_native(events if type(events) is list else list(events), seq, topics)
+            return
+        self._produce_py(events, seq, topics)
+
+    def _produce_native(self, events: list[Encoded], seq: int, topics: dict[str, str]) -> None:
+        """``_produce`` by ``kafka_native``: runs of stream events and template blocks in
+        C; whatever it leaves (fan-outs, other envelopes) in Python, in order."""
+        k = self.client.k
+        p = self._producer
+        i, n = 0, len(events)
+        while i < n:
+            item = events[i]
+            if type(item) is EncodedBlock:
+                seq = (self._produce_template(item, topics[item.table], seq) if item.head
+                       else self._produce_py([item], seq, topics))
+                i += 1
+                continue
+            i, seq, status, code, why = kafka_native.produce_events(
+                p, self._client_id, events, i, seq, topics, self._tag, self._tombstones,
+                EncodedEvent)
+            if status == 1:  # Python's: a fan-out, or an envelope the C path does not cut
+                if type(events[i]) is not EncodedBlock:
+                    seq = self._produce_py([events[i]], seq, topics)
+                    i += 1
+            elif status == 2:  # the producer's queue is full: serve delivery reports
+                p.poll(0.05)
+            elif status == 3:  # the event's record is in, its tombstone is not
+                seq = self._produce_py([events[i]], seq, topics, tombstone_only=True)
+                i += 1
+            elif status == 4:
+                raise k.KafkaException(k.KafkaError(code, why))
+
+    def _produce_py(self, events: Sequence[Encoded], seq: int, topics: dict[str, str],
+                    tombstone_only: bool = False) -> int:
+        """``_produce`` in Python; the global offset after the events. ``tombstone_only``:
+        only the tombstones of the deletes (their records are in)."""
         tag = self._tag
         produce = self._producer.produce
         for item in events:
@@ -1620,17 +1700,34 @@ class KafkaChangeLog(ChangeLogWriter):
                     self._fan_out(topic, value, headers)
                 else:
                     key = _key_of(text, src_end + 7)
-                    try:
-                        produce(topic, value, key, headers=headers)
-                    except BufferError:
-                        self._send(topic, value, key, headers, None)
+                    if not tombstone_only:
+                        try:
+                            produce(topic, value, key, headers=headers)
+                        except BufferError:
+                            self._send(topic, value, key, headers, None)
                     if op == "d" and self._tombstones:
                         self._send(topic, None, key, headers, None)
                 seq += 1
+        return seq
 
     def _produce_template(self, block: EncodedBlock, topic: str, seq: int) -> int:
         """A template block's rows (see ``EncodedBlock``): key and source from the
         template's parts, no per-row search."""
+        if self._native:
+            k = self.client.k
+            row = 0
+            while True:
+                row, seq, status, code, why = kafka_native.produce_template(
+                    self._producer, self._client_id, topic, block.head, block.mid, block.body,
+                    block.first_index, seq, self._tag, row)
+                if status == 0:
+                    return seq
+                if status == 2:
+                    self._producer.poll(0.05)
+                elif status == 4:
+                    raise k.KafkaException(k.KafkaError(code, why))
+                else:
+                    break  # not a template the C path cuts: nothing produced
         head, mid = block.head, block.mid
         src_start = head.find('"source":') + 9
         src_head = head[src_start:]
@@ -1667,6 +1764,9 @@ class KafkaChangeLog(ChangeLogWriter):
         for part in range(parts):
             if part == 0:
                 self._send(topic, value, None, headers, part)
+            elif self._native:  # acknowledgements come from ``_take_acks``
+                self._send(topic, value, None, [*headers, (HEADER_FANOUT, b"1")], part)
+                self._fanned.add((topic, part))
             else:
                 self._send(topic, value, None, [*headers, (HEADER_FANOUT, b"1")], part,
                            self._on_fan_out_delivery)

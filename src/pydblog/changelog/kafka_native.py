@@ -136,3 +136,107 @@ def consume(consumer: Any, client_id: str, max_messages: int, timeout_s: float) 
         consumer, client_id, max_messages, max(0, int(timeout_s * 1000)))
     return RawBatch(data, np.frombuffer(lengths, np.int64), np.frombuffer(offsets, np.int64),
                     np.frombuffer(partitions, np.int32), errors)
+
+
+# -- the writer (``_kafkawrite``) ------------------------------------------------------------
+
+WRITE_ABI_VERSION = 1
+"""The ``_kafkawrite`` interface this module speaks (its ``VERSION``)."""
+
+_write_state = "unknown"
+_writer: Any = None
+
+
+def writer_available() -> bool:
+    """True if the writer's C path can serve (decided once per process): records produced
+    by ``produce_events``/``produce_template`` and their acknowledgements counted by the
+    ``_kafkawrite`` interceptor plugin (``take_acks``) instead of a Python delivery
+    callback per record. Never an error: if it is not built, stale, or confluent-kafka's
+    librdkafka is not found, the writer does both in Python (logged once).
+    ``PYDBLOG_NATIVE_KAFKA=0`` turns it off too."""
+    global _writer, _write_state
+    if _write_state != "unknown":
+        return _write_state == "ready"
+    _write_state = "unavailable"
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        log.info("native Kafka writes off (%s=0)", DISABLE_ENV)
+        return False
+    try:
+        from pydblog.changelog import _kafkawrite  # type: ignore[attr-defined]
+    except ImportError as exc:
+        log.warning("native Kafka writes not built (%s): the writer produces every record "
+                    "from Python (reinstall pydblog with a C compiler to build it)", exc)
+        return False
+    import confluent_kafka
+
+    if getattr(_kafkawrite, "VERSION", None) != WRITE_ABI_VERSION:
+        log.warning("native Kafka writes are stale (reinstall pydblog to rebuild them)")
+        return False
+    raw: Any = confluent_kafka.version()
+    version = str(raw[0] if isinstance(raw, tuple) else raw)
+    if not version.startswith("2."):
+        log.warning("native Kafka writes: confluent-kafka %s is not a 2.x release: not used",
+                    version)
+        return False
+    path = _librdkafka_path()
+    if path is None:
+        log.warning("native Kafka writes: confluent-kafka's librdkafka not found in this process")
+        return False
+    try:
+        _kafkawrite.init(path)
+    except OSError as exc:
+        log.warning("native Kafka writes: %s", exc)
+        return False
+    _writer = _kafkawrite
+    _write_state = "ready"
+    return True
+
+
+def producer_config(conf: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``conf`` for a producer the C path serves: no ``on_delivery`` (acknowledgements are
+    counted by the interceptor plugin, which ``plugin.library.paths`` loads: the
+    ``_kafkawrite`` module's own file, after any plugins the user named), a unique
+    ``client.id`` unless the user set one; and that ``client.id``."""
+    out = {k: v for k, v in conf.items() if k != "on_delivery"}
+    out.setdefault("client.id", f"dblog-write-{uuid.uuid4().hex[:12]}")
+    mine = str(_writer.__file__)
+    theirs = str(out.get("plugin.library.paths") or "")
+    out["plugin.library.paths"] = f"{theirs};{mine}" if theirs else mine
+    return out, str(out["client.id"])
+
+
+def _check_producer(producer: Any) -> None:
+    from confluent_kafka import Producer
+
+    if type(producer) is not Producer:
+        raise TypeError(f"kafka_native needs a confluent_kafka.Producer, "
+                        f"not {type(producer).__name__}")
+
+
+def take_acks(producer: Any, client_id: str) -> tuple[list[tuple[str, int, int, int, int]], int]:
+    """The records acknowledged since the last call, per partition ``(topic, partition,
+    lowest offset, highest offset, records)`` (``(-1, -1, 0)``: one was acknowledged
+    without its offset), and the first failed record's error code (0: none)."""
+    _check_producer(producer)
+    entries, err = _writer.take_acks(producer, client_id)
+    return entries, int(err)
+
+
+def produce_events(producer: Any, client_id: str, events: list[Any], start: int, seq: int,
+                   topics: dict[str, str], tag: bytes, tombstones: bool,
+                   event_type: type) -> tuple[int, int, int, int, str]:
+    """``_kafkawrite.produce_events``: see the C source for the statuses."""
+    _check_producer(producer)
+    out: tuple[int, int, int, int, str] = _writer.produce_events(
+        producer, client_id, events, start, seq, topics, tag, tombstones, event_type)
+    return out
+
+
+def produce_template(producer: Any, client_id: str, topic: str, head: str, mid: str, body: str,
+                     first_index: int, seq: int, tag: bytes,
+                     start: int) -> tuple[int, int, int, int, str]:
+    """``_kafkawrite.produce_template``: see the C source for the statuses."""
+    _check_producer(producer)
+    out: tuple[int, int, int, int, str] = _writer.produce_template(
+        producer, client_id, topic, head, mid, body, first_index, seq, tag, start)
+    return out

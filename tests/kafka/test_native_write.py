@@ -1,0 +1,140 @@
+"""The Kafka writer's native path (``kafka_native``, C): byte for byte the records of the
+Python path (value, key, partition, headers; tombstones, a truncate's fan-out copies,
+template blocks, envelopes the C path leaves to Python), with the producer's queue full
+again and again; and the commit's ends from the interceptor's acknowledgements."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pydblog.changelog import kafka_native
+from pydblog.changelog.kafka import HEADER_WRITER, KafkaChangeLog, KafkaChangeLogReader
+from pydblog.config import LogConfig
+from pydblog.events import ChangeEvent, Encoded, EncodedEvent, Op, encode_event
+from tests.kafka.test_kafka_log import batches, cp, pos, row_event
+
+if not kafka_native.writer_available():
+    pytest.skip("the native Kafka write (pydblog.changelog._kafkawrite) is not built",
+                allow_module_level=True)
+
+
+def odd_batches() -> list[list[Encoded]]:
+    """What the C path must leave to Python or cut with care: a key column named
+    ``before`` (two ``,"before":`` in the envelope), a bytes body, a non-ASCII row, a
+    notification between stream events. (An event with a null key goes to a random
+    partition, by either path: not here.)"""
+    weird = row_event(Op.UPDATE, "a", 50, {"before": 7}, {"before": 7, "v": "é€"})
+    as_bytes = row_event(Op.CREATE, "a", 51, {"id": 9000}, {"id": 9000, "v": "b"})
+    assert isinstance(as_bytes, EncodedEvent)
+    as_bytes = as_bytes._replace(body=as_bytes.body.encode() if isinstance(as_bytes.body, str)
+                                 else as_bytes.body)
+    note = encode_event(ChangeEvent(Op.NOTIFICATION, "public", "a", pos(53), 1,
+                                    notification={"type": "STARTED"}), "postgresql", "app", 5)
+    return [[weird, as_bytes, note,
+             *[row_event(Op.DELETE, "a", 54 + i, {"id": 2000 + i}, None) for i in range(30)],
+             *[row_event(Op.CREATE, "b", 90 + i, {"k": f"ü{i}"}, {"k": f"ü{i}"}) for i in range(40)]]]
+
+
+def write(cfg: LogConfig) -> KafkaChangeLog:
+    w = KafkaChangeLog(cfg)
+    for i, b in enumerate(batches() + odd_batches()):
+        w.append(b, cp(i))
+    w.close()
+    return w
+
+
+def raw(cfg: LogConfig) -> list[tuple[Any, ...]]:
+    """Every data record of the log's table topics: (table topic, partition, offset, key,
+    value, headers without the session tag)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    prefix = cfg.topic_prefix or ""
+    bootstrap = str(cfg.bootstrap_servers)
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    tps = [(name, p) for name, t in md.topics.items()
+           if name.startswith(prefix + ".public.") for p in t.partitions]
+    assert tps
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "raw",
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    c.assign([TopicPartition(t, p, 0) for t, p in tps])
+    todo = set(tps)
+    out = []
+    deadline = time.monotonic() + 60
+    while todo and time.monotonic() < deadline:
+        m: Any
+        for m in c.consume(1000, 0.5):
+            if m.error() is not None:
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    todo.discard((m.topic(), m.partition()))
+                continue
+            headers = [(k, v) for k, v in m.headers() or () if k != HEADER_WRITER]
+            out.append((m.topic()[len(prefix):], m.partition(), m.offset(), m.key(), m.value(),
+                        headers))
+    c.close()
+    assert not todo
+    return sorted(out)
+
+
+@pytest.mark.parametrize("queue", [1_000_000, 7])
+def test_native_records_are_the_python_records(
+        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queue: int) -> None:
+    """``queue``: ``queue.buffering.max.messages`` (7: the queue is full every few
+    records, in runs of events, template blocks and tombstones)."""
+    def cfg(name: str) -> LogConfig:
+        return LogConfig(type="kafka", path=str(tmp_path / name), bootstrap_servers=kafka_bootstrap,
+                         topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3, tombstones=True,
+                         kafka={"queue.buffering.max.messages": queue})
+
+    native_cfg, py_cfg = cfg("native"), cfg("py")
+    calls: list[tuple[int, int]] = []  # (records produced, status) per call
+    real, real_template = kafka_native.produce_events, kafka_native.produce_template
+
+    def spy(*args: Any) -> tuple[int, int, int, int, str]:
+        out = real(*args)
+        calls.append((out[0] - args[3], out[2]))
+        return out
+
+    def spy_template(*args: Any) -> tuple[int, int, int, int, str]:
+        out = real_template(*args)
+        calls.append((out[0] - args[-1], out[2]))
+        return out
+
+    monkeypatch.setattr(kafka_native, "produce_events", spy)
+    monkeypatch.setattr(kafka_native, "produce_template", spy_template)
+    w = write(native_cfg)
+    assert w._native and sum(n for n, _ in calls) > 400, "events and blocks went through C"
+    assert any(status == 1 for _, status in calls)  # the envelopes left to Python
+    assert any(status == 2 for _, status in calls) == (queue == 7)
+    monkeypatch.setattr(kafka_native, "writer_available", lambda: False)
+    assert not write(py_cfg)._native
+    got, want = raw(native_cfg), raw(py_cfg)
+    assert len(want) > 400 and any(v is None for *_, v, _ in want)  # tombstones too
+    assert got == want
+    # Readers check the commits' ends (from the interceptor) against the records.
+    a, b = KafkaChangeLogReader(native_cfg), KafkaChangeLogReader(py_cfg)
+    ra, rb = a.read(0, 10**9), b.read(0, 10**9)
+    assert [orjson.loads(r.body) for r in ra] == [orjson.loads(r.body) for r in rb]
+    assert a.next_offset() == b.next_offset() == len(ra)
+    a.close()
+    b.close()
+
+
+def test_a_producer_without_the_interceptor_is_refused(kafka_bootstrap: str) -> None:
+    """``take_acks`` of a producer made without the plugin, or under another
+    ``client.id``, is an error, never a read of another producer's counts."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "client.id": "plain-producer"})
+    with pytest.raises(RuntimeError, match="no pydblog acknowledgement interceptor"):
+        kafka_native.take_acks(p, "plain-producer")
+    with pytest.raises(RuntimeError, match=r"not a confluent-kafka producer with this client\.id"):
+        kafka_native.take_acks(p, "someone-else")
+    with pytest.raises(TypeError, match=r"needs a confluent_kafka\.Producer"):
+        kafka_native.take_acks(object(), "plain-producer")
