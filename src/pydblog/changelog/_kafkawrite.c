@@ -415,8 +415,23 @@ static const char BEFORE_AT[] = ",\"before\":";
  * serve delivery reports, call again), 3 its record was produced but the queue was full
  * for its tombstone (Python sends the tombstone; ``index``/``seq`` are the event's own),
  * 4 librdkafka refused a record (``error_code``, ``error_text``). At most ``RUN_MAX``
- * events a call (status 0 then with ``index`` short of the end): the GIL is held
- * throughout, and the stream's decoding thread gets its turn between calls. */
+ * events a call (status 0 then with ``index`` short of the end). The envelopes are cut
+ * with the GIL held; the records are produced with it released, so the stream's decoding
+ * thread runs meanwhile (librdkafka is thread-safe; no Python object is touched). */
+/* One stream event's record, cut from its envelope while the GIL is held; produced after
+ * it is released (the texts belong to ``str``/``bytes`` objects the events list holds,
+ * each also referenced by ``obj`` until the call ends). */
+typedef struct {
+    PyObject *obj;
+    const char *text;
+    size_t len;
+    const char *topic;
+    const char *key;
+    size_t key_len;
+    size_t src_start, src_end;
+    int tombstone;
+} job_t;
+
 static PyObject *produce_events(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *producer, *events, *topics, *event_type;
@@ -432,16 +447,20 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
         return NULL;
     rd_kafka_t *rk = producer_handle(producer, client_id);
     if (rk == NULL) return NULL;
-    buf_t buf = {NULL, 0};
-    char head[32];
-    char errbuf[512];
-    errbuf[0] = 0;
-    int status = 0, code = 0;
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    if (start < 0 || start > n) {
+        PyErr_SetString(PyExc_ValueError, "start out of range");
+        return NULL;
+    }
+    if (n - start > RUN_MAX) n = start + RUN_MAX;
+    job_t *jobs = malloc(((size_t)(n - start) + 1) * sizeof(job_t));
+    if (jobs == NULL) return PyErr_NoMemory();
+    /* 1. with the GIL: which events the fast path takes, and where their parts are */
+    int status = 0;
+    size_t m = 0;
     PyObject *last_table = NULL;
     const char *topic = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(events), i;
-    if (n - start > RUN_MAX) n = start + RUN_MAX;
-    for (i = start; i < n; i++) {
+    for (Py_ssize_t i = start; i < n; i++) {
         PyObject *ev = PyList_GET_ITEM(events, i);
         if ((PyObject *)Py_TYPE(ev) != event_type || PyTuple_GET_SIZE(ev) != 4) {
             status = 1;
@@ -466,8 +485,9 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
             }
             last_table = table;
         }
+        PyObject *body = PyTuple_GET_ITEM(ev, 3);
         Py_ssize_t len;
-        const char *text = text_of(PyTuple_GET_ITEM(ev, 3), &len);
+        const char *text = text_of(body, &len);
         if (text == NULL) {
             PyErr_Clear();
             status = 1;
@@ -494,62 +514,84 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
             status = 1;
             break;
         }
-        const char *key = text + key_start;
-        size_t key_len = (size_t)(b1 - key);
-        if (key_len == 4 && memcmp(key, "null", 4) == 0) key = NULL;
-        int hl = snprintf(head, sizeof(head), "{\"offset\":%lld,", seq);
-        size_t value_len = (size_t)hl + L - 1;
+        job_t *j = &jobs[m++];
+        j->obj = body;
+        Py_INCREF(body);
+        j->text = text;
+        j->len = L;
+        j->topic = topic;
+        j->key = text + key_start;
+        j->key_len = (size_t)(b1 - j->key);
+        if (j->key_len == 4 && memcmp(j->key, "null", 4) == 0) j->key = NULL;
+        j->src_start = src_start;
+        j->src_end = src_end;
+        j->tombstone = op_s[0] == 'd' && tombstones;
+    }
+    /* 2. without the GIL: the records (the stream's decoding runs meanwhile) */
+    buf_t buf = {NULL, 0};
+    char head[32];
+    char errbuf[512];
+    errbuf[0] = 0;
+    int code = 0, nomem = 0, failed = 0;
+    size_t done = 0; /* events wholly produced */
+    Py_BEGIN_ALLOW_THREADS
+    for (; done < m; done++) {
+        job_t *j = &jobs[done];
+        int hl = snprintf(head, sizeof(head), "{\"offset\":%lld,", seq + (long long)done);
+        size_t value_len = (size_t)hl + j->len - 1;
         if (reserve(&buf, value_len) < 0) {
-            free(buf.p);
-            return PyErr_NoMemory();
-        }
-        memcpy(buf.p, head, (size_t)hl);
-        memcpy(buf.p + hl, text + 1, L - 1);
-        code = produce_one(rk, topic, buf.p, value_len, key, key_len, tag, (size_t)tag_len,
-                           text + src_start, src_end - src_start, errbuf, sizeof(errbuf));
-        if (code != 0) {
-            status = code == ERR_QUEUE_FULL ? 2 : 4;
+            nomem = 1;
             break;
         }
-        if (op_s[0] == 'd' && tombstones) {
+        memcpy(buf.p, head, (size_t)hl);
+        memcpy(buf.p + hl, j->text + 1, j->len - 1);
+        code = produce_one(rk, j->topic, buf.p, value_len, j->key, j->key_len, tag,
+                           (size_t)tag_len, j->text + j->src_start, j->src_end - j->src_start,
+                           errbuf, sizeof(errbuf));
+        if (code != 0) {
+            failed = code == ERR_QUEUE_FULL ? 2 : 4;
+            break;
+        }
+        if (j->tombstone) {
             vu_t vus[6];
-            size_t m = 0;
+            size_t v = 0;
             memset(vus, 0, sizeof(vus));
-            vus[m].vtype = VT_TOPIC;
-            vus[m++].u.cstr = topic;
-            if (key != NULL) {
-                vus[m].vtype = VT_KEY;
-                vus[m].u.mem.ptr = key;
-                vus[m++].u.mem.size = key_len;
+            vus[v].vtype = VT_TOPIC;
+            vus[v++].u.cstr = j->topic;
+            if (j->key != NULL) {
+                vus[v].vtype = VT_KEY;
+                vus[v].u.mem.ptr = j->key;
+                vus[v++].u.mem.size = j->key_len;
             }
-            vus[m].vtype = VT_HEADER;
-            vus[m].u.header.name = "dblog.writer";
-            vus[m].u.header.val = tag;
-            vus[m++].u.header.size = (ssize_t)tag_len;
-            vus[m].vtype = VT_HEADER;
-            vus[m].u.header.name = "dblog.source";
-            vus[m].u.header.val = text + src_start;
-            vus[m++].u.header.size = (ssize_t)(src_end - src_start);
-            vus[m].vtype = VT_MSGFLAGS;
-            vus[m++].u.i = MSG_F_COPY;
-            rd_kafka_error_t *error = p_rd_kafka_produceva(rk, vus, m);
+            vus[v].vtype = VT_HEADER;
+            vus[v].u.header.name = "dblog.writer";
+            vus[v].u.header.val = tag;
+            vus[v++].u.header.size = (ssize_t)tag_len;
+            vus[v].vtype = VT_HEADER;
+            vus[v].u.header.name = "dblog.source";
+            vus[v].u.header.val = j->text + j->src_start;
+            vus[v++].u.header.size = (ssize_t)(j->src_end - j->src_start);
+            vus[v].vtype = VT_MSGFLAGS;
+            vus[v++].u.i = MSG_F_COPY;
+            rd_kafka_error_t *error = p_rd_kafka_produceva(rk, vus, v);
             if (error != NULL) {
                 code = p_rd_kafka_error_code(error);
                 snprintf(errbuf, sizeof(errbuf), "%s", p_rd_kafka_error_string(error));
                 p_rd_kafka_error_destroy(error);
-                status = code == ERR_QUEUE_FULL ? 3 : 4;
-                if (status == 4) {
-                    /* the event's record is produced: report past it */
-                    i++;
-                    seq++;
-                }
+                failed = code == ERR_QUEUE_FULL ? 3 : 4;
+                if (failed == 4) done++; /* the event's record is produced: report past it */
                 break;
             }
         }
-        seq++;
     }
+    Py_END_ALLOW_THREADS
     free(buf.p);
-    return Py_BuildValue("(nLiis)", i, seq, status, code, errbuf);
+    for (size_t j = 0; j < m; j++) Py_DECREF(jobs[j].obj);
+    free(jobs);
+    if (nomem) return PyErr_NoMemory();
+    if (failed) status = failed;
+    return Py_BuildValue("(nLiis)", start + (Py_ssize_t)done, seq + (long long)done, status,
+                         code, errbuf);
 }
 
 /* produce_template(producer, client_id, topic, head, mid, body, first_index, seq, tag,
@@ -586,9 +628,11 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
     char num[24], pre[32];
     char errbuf[512];
     errbuf[0] = 0;
-    int status = 0, code = 0;
+    int status = 0, code = 0, nomem = 0;
     Py_ssize_t row = 0;
     size_t pos = 0, L = (size_t)body_len;
+    /* The texts are the arguments' (the caller holds them): no Python object is touched. */
+    Py_BEGIN_ALLOW_THREADS
     while (pos <= L) {
         const char *nl = memchr(body + pos, '\n', L - pos);
         size_t end = nl != NULL ? (size_t)(nl - body) : L;
@@ -603,9 +647,8 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
                           tail_len;
             size_t slen = src_head_len + (size_t)nl_len + src_tail_len;
             if (reserve(&value, vlen) < 0 || reserve(&source, slen) < 0) {
-                free(value.p);
-                free(source.p);
-                return PyErr_NoMemory();
+                nomem = 1;
+                break;
             }
             char *v = value.p;
             memcpy(v, pre, (size_t)pl);
@@ -635,8 +678,10 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
         if (nl == NULL) break;
         pos = end + 1;
     }
+    Py_END_ALLOW_THREADS
     free(value.p);
     free(source.p);
+    if (nomem) return PyErr_NoMemory();
     return Py_BuildValue("(nLiis)", row, seq, status, code, errbuf);
 }
 
