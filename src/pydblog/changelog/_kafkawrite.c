@@ -375,9 +375,11 @@ static int produce_one(rd_kafka_t *rk, const char *topic, const char *value, siz
     memset(vus, 0, sizeof(vus));
     vus[n].vtype = VT_TOPIC;
     vus[n++].u.cstr = topic;
-    vus[n].vtype = VT_VALUE;
-    vus[n].u.mem.ptr = value;
-    vus[n++].u.mem.size = value_len;
+    if (value != NULL) { /* NULL: a tombstone */
+        vus[n].vtype = VT_VALUE;
+        vus[n].u.mem.ptr = value;
+        vus[n++].u.mem.size = value_len;
+    }
     if (key != NULL) {
         vus[n].vtype = VT_KEY;
         vus[n].u.mem.ptr = key;
@@ -553,31 +555,10 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
             break;
         }
         if (j->tombstone) {
-            vu_t vus[6];
-            size_t v = 0;
-            memset(vus, 0, sizeof(vus));
-            vus[v].vtype = VT_TOPIC;
-            vus[v++].u.cstr = j->topic;
-            if (j->key != NULL) {
-                vus[v].vtype = VT_KEY;
-                vus[v].u.mem.ptr = j->key;
-                vus[v++].u.mem.size = j->key_len;
-            }
-            vus[v].vtype = VT_HEADER;
-            vus[v].u.header.name = "dblog.writer";
-            vus[v].u.header.val = tag;
-            vus[v++].u.header.size = (ssize_t)tag_len;
-            vus[v].vtype = VT_HEADER;
-            vus[v].u.header.name = "dblog.source";
-            vus[v].u.header.val = j->text + j->src_start;
-            vus[v++].u.header.size = (ssize_t)(j->src_end - j->src_start);
-            vus[v].vtype = VT_MSGFLAGS;
-            vus[v++].u.i = MSG_F_COPY;
-            rd_kafka_error_t *error = p_rd_kafka_produceva(rk, vus, v);
-            if (error != NULL) {
-                code = p_rd_kafka_error_code(error);
-                snprintf(errbuf, sizeof(errbuf), "%s", p_rd_kafka_error_string(error));
-                p_rd_kafka_error_destroy(error);
+            code = produce_one(rk, j->topic, NULL, 0, j->key, j->key_len, tag, (size_t)tag_len,
+                               j->text + j->src_start, j->src_end - j->src_start, errbuf,
+                               sizeof(errbuf));
+            if (code != 0) {
                 failed = code == ERR_QUEUE_FULL ? 3 : 4;
                 if (failed == 4) done++; /* the event's record is produced: report past it */
                 break;

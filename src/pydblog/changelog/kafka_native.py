@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import uuid
@@ -71,44 +72,52 @@ def _librdkafka_path() -> str | None:
     return None
 
 
-def available() -> bool:
-    """True if ``consume`` can serve (decided once per process)."""
-    global _module, _state
-    if _state != "unknown":
-        return _state == "ready"
-    _state = "unavailable"
+def _bind(name: str, abi: int, what: str, without: str) -> Any:
+    """The extension ``pydblog.changelog.<name>`` bound to confluent-kafka's librdkafka,
+    or None (why logged once): turned off, not built, stale, another confluent-kafka
+    major release, or its librdkafka not found. ``what``: "reads" or "writes";
+    ``without``: what the caller does instead."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
-        log.info("native Kafka reads off (%s=0)", DISABLE_ENV)
-        return False
+        log.info("native Kafka %s off (%s=0)", what, DISABLE_ENV)
+        return None
     try:
-        from pydblog.changelog import _kafkaread  # type: ignore[attr-defined]
+        module = importlib.import_module(f"pydblog.changelog.{name}")
     except ImportError as exc:
-        log.warning("native Kafka reads not built (%s): reads make a Python object per "
-                    "message (reinstall pydblog with a C compiler to build it)", exc)
-        return False
+        log.warning("native Kafka %s not built (%s): %s (reinstall pydblog with a C "
+                    "compiler to build it)", what, exc, without)
+        return None
     import confluent_kafka
 
-    if getattr(_kafkaread, "VERSION", None) != ABI_VERSION:
-        log.warning("native Kafka reads are stale (reinstall pydblog to rebuild them)")
-        return False
+    if getattr(module, "VERSION", None) != abi:
+        log.warning("native Kafka %s are stale (reinstall pydblog to rebuild them)", what)
+        return None
     raw: Any = confluent_kafka.version()  # a str in 2.16 (the stubs say a tuple)
     version = str(raw[0] if isinstance(raw, tuple) else raw)
     if not version.startswith("2."):
-        log.warning("native Kafka reads: confluent-kafka %s is not a 2.x release: not used",
-                    version)
-        return False
+        log.warning("native Kafka %s: confluent-kafka %s is not a 2.x release: not used",
+                    what, version)
+        return None
     path = _librdkafka_path()
     if path is None:
-        log.warning("native Kafka reads: confluent-kafka's librdkafka not found in this process")
-        return False
+        log.warning("native Kafka %s: confluent-kafka's librdkafka not found in this process",
+                    what)
+        return None
     try:
-        _kafkaread.init(path)
+        module.init(path)
     except OSError as exc:
-        log.warning("native Kafka reads: %s", exc)
-        return False
-    _module = _kafkaread
-    _state = "ready"
-    return True
+        log.warning("native Kafka %s: %s", what, exc)
+        return None
+    return module
+
+
+def available() -> bool:
+    """True if ``consume`` can serve (decided once per process)."""
+    global _module, _state
+    if _state == "unknown":
+        _module = _bind("_kafkaread", ABI_VERSION, "reads",
+                        "reads make a Python object per message")
+        _state = "ready" if _module is not None else "unavailable"
+    return _state == "ready"
 
 
 def consumer_config(conf: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -155,41 +164,11 @@ def writer_available() -> bool:
     librdkafka is not found, the writer does both in Python (logged once).
     ``PYDBLOG_NATIVE_KAFKA=0`` turns it off too."""
     global _writer, _write_state
-    if _write_state != "unknown":
-        return _write_state == "ready"
-    _write_state = "unavailable"
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        log.info("native Kafka writes off (%s=0)", DISABLE_ENV)
-        return False
-    try:
-        from pydblog.changelog import _kafkawrite  # type: ignore[attr-defined]
-    except ImportError as exc:
-        log.warning("native Kafka writes not built (%s): the writer produces every record "
-                    "from Python (reinstall pydblog with a C compiler to build it)", exc)
-        return False
-    import confluent_kafka
-
-    if getattr(_kafkawrite, "VERSION", None) != WRITE_ABI_VERSION:
-        log.warning("native Kafka writes are stale (reinstall pydblog to rebuild them)")
-        return False
-    raw: Any = confluent_kafka.version()
-    version = str(raw[0] if isinstance(raw, tuple) else raw)
-    if not version.startswith("2."):
-        log.warning("native Kafka writes: confluent-kafka %s is not a 2.x release: not used",
-                    version)
-        return False
-    path = _librdkafka_path()
-    if path is None:
-        log.warning("native Kafka writes: confluent-kafka's librdkafka not found in this process")
-        return False
-    try:
-        _kafkawrite.init(path)
-    except OSError as exc:
-        log.warning("native Kafka writes: %s", exc)
-        return False
-    _writer = _kafkawrite
-    _write_state = "ready"
-    return True
+    if _write_state == "unknown":
+        _writer = _bind("_kafkawrite", WRITE_ABI_VERSION, "writes",
+                        "the writer produces every record from Python")
+        _write_state = "ready" if _writer is not None else "unavailable"
+    return _write_state == "ready"
 
 
 def producer_config(conf: dict[str, Any]) -> tuple[dict[str, Any], str]:
