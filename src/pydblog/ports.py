@@ -270,6 +270,11 @@ class ChangeLogStream(Protocol):
         """The log's end for Spark's progress report (``None``: not known cheaply)."""
         ...
 
+    def events_end(self) -> int:
+        """The log's end as it is now: the global offset of its next event (``dblog
+        sync --available-now``'s progress bar)."""
+        ...
+
     def partitions(self, start: SyncOffset, end: SyncOffset, parts: int) -> Sequence[LogPartition]:
         """The events of the batch ``(start, end]`` as partitions for about ``parts``
         cores; a pure function of the log and the offsets (a replayed batch is the same

@@ -10,7 +10,10 @@ On a terminal the bars move; elsewhere (pipes, CI) rich prints only the final st
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -29,6 +32,8 @@ from rich.table import Table
 
 from pydblog.capture.status import read_status
 from pydblog.config import Config
+
+log = logging.getLogger(__name__)
 
 TERMINAL = frozenset({"COMPLETED", "ABORTED"})
 
@@ -136,16 +141,27 @@ class _Applier(Protocol):
 
 class SyncProgress:
     """``dblog sync --available-now``: a bar of change-log offsets applied (the change
-    log's end as read at start, and re-read as the capture appends)."""
+    log's end as read at start, and re-read as the capture appends). ``end``: how to
+    read the change log's end (default: a change-log reader's ``next_offset``).
 
-    def __init__(self, cfg: Config, applier: _Applier, enabled: bool) -> None:
+    The end is read in a background thread, never in the job's loop: a fresh Kafka
+    reader reads the whole checkpoint topic (14 s for 3,700 commits on Tansu), and the
+    loop would notice the query's end, or a stop, only after it (a cold
+    ``--available-now`` sync of 1.2M events waited 20 s past its last batch).
+    Until it is known the bar has no total."""
+
+    def __init__(self, cfg: Config, applier: _Applier, enabled: bool,
+                 end: Callable[[], int] | None = None) -> None:
         self.cfg = cfg
         self.applier = applier
         self.enabled = enabled
+        self._read_end = end or self._reader_end
         self._bar: Progress | None = None
         self._task: TaskID | None = None
         self._last_check = 0.0
         self._total = 0
+        self._reading: threading.Thread | None = None
+        self._found: int | None = None
 
     def __enter__(self) -> SyncProgress:
         if self.enabled:
@@ -153,32 +169,55 @@ class SyncProgress:
                                  TextColumn("events"), TimeElapsedColumn(),
                                  console=stderr_console())
             self._bar.start()
-            self._task = self._bar.add_task("sync", total=self._end() or None)
+            self._task = self._bar.add_task("sync", total=None)
+            self._refresh()
         return self
 
-    def _end(self) -> int:
+    def _reader_end(self) -> int:
         from pydblog.api.capture import open_reader
 
         reader = open_reader(self.cfg)
         if reader is None:
             return 0
         try:
-            self._total = reader.next_offset()
+            return reader.next_offset()
         finally:
             reader.close()
-        return self._total
 
-    def update(self) -> None:
+    def _refresh(self) -> None:
+        """Read the end again in the background, unless a read is under way."""
+        if self._reading is not None and self._reading.is_alive():
+            return
+        self._last_check = time.monotonic()
+
+        def read() -> None:
+            try:
+                self._found = self._read_end()
+            except Exception as exc:  # a progress bar: the sync goes on without a total
+                log.debug("reading the change log's end for the progress bar failed: %s", exc)
+
+        self._reading = threading.Thread(target=read, name="dblog-sync-progress", daemon=True)
+        self._reading.start()
+
+    def update(self, refresh: bool = True) -> None:
         if self._bar is None or self._task is None:
             return
+        found, self._found = self._found, None
+        if found is not None:
+            self._total = found
+            self._bar.update(self._task, total=found or None)
         done = self.applier.last_end or 0
-        if done >= self._total and time.monotonic() - self._last_check > 1.0:
-            self._last_check = time.monotonic()
-            self._bar.update(self._task, total=self._end() or None)
+        if refresh and done >= self._total and time.monotonic() - self._last_check > 1.0:
+            self._refresh()
         self._bar.update(self._task, completed=done)
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._bar is not None:
-            self.update()
+        if self._bar is not None and self._task is not None:
+            if self._reading is not None:
+                self._reading.join(1.0)  # a read under way: its end if it comes soon
+            self.update(refresh=False)
+            done = self.applier.last_end or 0
+            if done > self._total:
+                self._bar.update(self._task, total=done)
             self._bar.stop()

@@ -112,6 +112,9 @@ class Memory(ChangeLogStream):
     def report_latest_offset(self) -> SyncOffset | None:
         return {"seq": self.n}
 
+    def events_end(self) -> int:
+        return self.n
+
     def partitions(self, start: SyncOffset, end: SyncOffset, parts: int) -> Sequence[LogPartition]:
         r = range(start["seq"], end["seq"])
         return [Slice(tuple(o for o in r if o % 2 == k)) for k in (1, 0)]

@@ -624,37 +624,45 @@ class KafkaStream(ChangeLogStream):
         self._planned: tuple[Offset, Offset, Any] | None = None  # start, end, CommitLog
         self._published: Offset | None = None  # the offsets last committed to the group
         self._client: Any = None
+        self._bulk: Any = None  # ``_planning(bulk=True)``
         self._group: Any = None  # the consumer of ``commit``
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (an executor's copy of the reader, planned or not) without the open
         clients and the kept plan: a copy plans afresh."""
         state = dict(self.__dict__)
-        state.update(_client=None, _group=None, _planned=None)
+        state.update(_client=None, _bulk=None, _group=None, _planned=None)
         return state
 
-    def _planning(self) -> Any:
-        """The planner's Kafka client, kept for the stream's life (Spark plans a query's
+    def _planning(self, bulk: bool = False) -> Any:
+        """The planner's Kafka clients, kept for the stream's life (Spark plans a query's
         batches in one process): each plan made and closed a client before, ~0.03-0.1 s
-        of connecting and metadata a call, two on a query's start."""
-        if self._client is None:
-            from pydblog.changelog.kafka import _Client
+        of connecting and metadata a call, two on a query's start. ``bulk``: the client
+        of plans that end at a known checkpoint-topic offset (``_bulk_plans``)."""
+        from pydblog.changelog.kafka import _Client
 
+        if bulk:
+            if self._bulk is None:
+                self._bulk = _Client(_config(self.log), bulk=True)
+            return self._bulk
+        if self._client is None:
             self._client = _Client(_config(self.log))
         return self._client
 
     def _forget_client(self) -> None:
         """After an error: the next call connects afresh."""
-        client, self._client = self._client, None
-        if client is not None:
-            try:
-                client.close()
-            except Exception:
-                log.debug("closing the planner's Kafka client failed", exc_info=True)
+        for client in (self._client, self._bulk):
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:
+                    log.debug("closing the planner's Kafka client failed", exc_info=True)
+        self._client = self._bulk = None
 
     def _plan(self, start: Offset, stop_cp: int | None, max_events: int | None) -> tuple[Offset, Any]:
         try:
-            return plan(self.log, start, stop_cp, max_events, self._planning())
+            return plan(self.log, start, stop_cp, max_events,
+                        self._planning(bulk=stop_cp is not None))
         except BaseException:
             self._forget_client()
             raise
@@ -695,6 +703,22 @@ class KafkaStream(ChangeLogStream):
 
     def report_latest_offset(self) -> Offset | None:
         return None  # the checkpoint topic would have to be read to its end
+
+    def events_end(self) -> int:
+        """The valid commits' end: the checkpoint topic read to its end (``plan``) with
+        a bulk client of its own (``KafkaChangeLogReader.next_offset`` read the 3,700
+        commits of a 1.2M-event log in 14 s on Tansu, this in 0.3 s)."""
+        from pydblog.changelog.kafka import _Client
+
+        cfg = _config(self.log)
+        client, bulk = _Client(cfg), _Client(cfg, bulk=True)
+        try:
+            stop = _checkpoint_end(self.log, client)
+            start: Offset = {"cp": 0, "seq": 0, "owner": None, "ends": {}}
+            return int(plan(self.log, start, stop, None, bulk)[0]["seq"])
+        finally:
+            bulk.close()
+            client.close()
 
     def partitions(self, start: Offset, end: Offset, parts: int) -> Sequence[LogPartition]:
         planned, self._planned = self._planned, None

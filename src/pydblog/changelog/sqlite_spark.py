@@ -167,6 +167,9 @@ class SqliteStream(ChangeLogStream):
     def report_latest_offset(self) -> SyncOffset | None:
         return {"offset": self._bounds()[1]}
 
+    def events_end(self) -> int:
+        return self._bounds()[1]
+
     def partitions(self, start: SyncOffset, end: SyncOffset, parts: int) -> Sequence[LogPartition]:
         return plan_partitions(self.path, int(start["offset"]), int(end["offset"]), parts)
 

@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -361,6 +362,13 @@ def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now
     return writer.start()
 
 
+def _progress_end(cfg: Config) -> Callable[[], int]:
+    """How ``--available-now``'s progress bar reads the change log's end: the stream's
+    ``events_end`` (for Kafka a bulk read of the checkpoint topic, not a fresh reader's)."""
+    log_json = cfg.log.model_dump_json()
+    return lambda: open_stream(log_json).events_end()
+
+
 START_RETRIES = 3
 """Restarts in a row (no batch applied in between) of a query that failed because a
 Python process Spark started did not connect back in time (``_late_python``)."""
@@ -419,7 +427,8 @@ def run_sync(
             query = start_query(spark, cfg, applier, available_now=available_now)
             SYNC.state = "running"
             try:
-                with SyncProgress(cfg, applier, enabled=available_now) as progress:
+                with SyncProgress(cfg, applier, enabled=available_now,
+                                  end=_progress_end(cfg)) as progress:
                     while query.isActive:
                         if stop_event is not None and stop_event.is_set():
                             query.stop()
