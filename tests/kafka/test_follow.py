@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,47 @@ def test_a_follower_on_s3_storage_gets_the_last_commit_of_an_idle_capture(tmp_pa
             reader.close()
             writer.close()
         broker.stop_broker(kill=True)
+
+
+def test_a_follower_waits_on_the_checkpoint_topic_without_listing_offsets_per_poll(
+        kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``follow`` reads to the end the exact way (list-offsets, then a fetch to that end)
+    once, then takes new commits from the consumer that stays on the checkpoint topic: a
+    follower of a capture committing every 20 ms got each commit's event in order, and
+    listed offsets a few times, not once per poll (before: at least once per commit,
+    each a broker request, from every follower)."""
+    writer = KafkaChangeLog(kafka_log)
+    reader = KafkaChangeLogReader(kafka_log)
+    listed: list[int] = []
+    watermarks = reader.client.watermarks
+
+    def counted(tps: Sequence[tuple[str, int]], committed: bool = False) -> dict[tuple[str, int], tuple[int, int]]:
+        listed.append(1)
+        return watermarks(tps, committed)
+
+    monkeypatch.setattr(reader.client, "watermarks", counted)
+    n = 60
+    error: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for i in range(1, n):
+                append(writer, i, 1)
+                time.sleep(0.02)
+        except BaseException as exc:  # handed to the test
+            error.append(exc)
+
+    thread = threading.Thread(target=write, daemon=True)
+    try:
+        append(writer, 0, 1)
+        follow = reader.follow(0, 0.5)
+        assert next(follow).offset == 0
+        thread.start()
+        got = [next(follow).offset for _ in range(1, n)]
+        thread.join(CAP_S)
+        assert not error, error
+        assert got == list(range(1, n))
+        assert len(listed) < n // 4, f"{len(listed)} list-offsets reads for {n} commits"
+    finally:
+        reader.close()
+        writer.close()

@@ -1821,16 +1821,37 @@ class KafkaChangeLogReader(ChangeLogReader):
     current window, the commit log forgets them (``CommitLog.forget``). A read that
     goes back below what was forgotten re-reads the checkpoint topic from its start;
     ``first_offset`` and ``describe``, which need the whole history, read it into a
-    throwaway commit log."""
+    throwaway commit log.
+
+    ``read`` and ``next_offset`` read the checkpoint topic to its end as of the call
+    (list-offsets requests, then a fetch to that end): what any writer committed before
+    the call is seen. ``follow`` does that once, then waits for new commit messages on a
+    consumer that stays assigned to the checkpoint topic (the "tail": librdkafka fetches
+    in the background, one fetch wait at a time) and reads each new window of data once
+    its commit came: no list-offsets request and no re-assignment per poll, so a follower
+    costs the broker about what a plain consumer does. If the tail brings nothing for
+    ``TAIL_EXACT_S`` the follower reads to the end the exact way again (a storage stall,
+    a consumer that lost its place: the exact read handles both), so the tail is never
+    the only way a commit is seen."""
 
     WINDOW_MIN = 1_000
     WINDOW_MAX = 100_000
     KEEP_COMMITS = 1_000
+    TAIL_EXACT_S = 1.0
 
     def __init__(self, cfg: LogConfig) -> None:
         self.client = _Client(cfg)
+        # The data windows' reads: below a valid commit's end, of records the commit
+        # spans vouch for (aborted ones are skipped by them, not by the broker); read
+        # uncommitted, so that the next transaction, open on the partition already,
+        # does not hold them back (Tansu's last stable offset is 0 while one is open: a
+        # read_committed fetch then gets nothing at all until it commits).
+        self._data = _Client(cfg, uncommitted=True)
         self.prefix = self.client.prefix
         self.cfg = cfg
+        self._tail_c: Any = None  # the follower's checkpoint-topic consumer (``_tail``)
+        self._tail_wait = 0  # the fetch wait it was made with
+        self._tail_at = -1  # the offset it is positioned at (-1: to be assigned)
         self._reset()
 
     def _reset(self) -> None:
@@ -1848,7 +1869,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         ranges = {tp: (start.get(tp, 0), end) for tp, end in stop.items() if end > start.get(tp, 0)}
         out: list[LogRecord] = []
         seen: dict[tuple[str, int], int] = {}  # each partition's offset after the last record
-        for m in self.client.read_range(ranges):
+        for m in self._data.read_range(ranges):
             value = m.value()
             if value is None:
                 continue
@@ -1883,6 +1904,11 @@ class KafkaChangeLogReader(ChangeLogReader):
         self, from_offset: int, limit: int, tables: Sequence[str] | None = None
     ) -> list[LogRecord]:
         self._refresh()
+        return self._read(from_offset, limit, tables)
+
+    def _read(self, from_offset: int, limit: int, tables: Sequence[str] | None) -> list[LogRecord]:
+        """``read`` up to the commits known now (no read of the checkpoint topic, unless
+        ``from_offset`` lies below what was forgotten)."""
         offset = max(from_offset, 0)
         if offset < self._commits.floor:  # forgotten: the whole checkpoint topic again
             self._reset()
@@ -1938,17 +1964,86 @@ class KafkaChangeLogReader(ChangeLogReader):
     def follow(
         self, from_offset: int, poll_s: float = 0.2, tables: Sequence[str] | None = None
     ) -> Iterator[LogRecord]:
+        """See the class docstring: one exact read to the end, then the tail; ``poll_s``
+        is the longest a wait for the tail's next commit message lasts."""
         offset = from_offset
+        wanted = set(tables) if tables else None
+        heard = -float("inf")  # when the tail last brought a commit message (or an exact read ran)
         while True:
-            batch = self.read(offset, 100_000, None)
-            wanted = set(tables) if tables else None
+            if time.monotonic() - heard >= self.TAIL_EXACT_S:
+                self._refresh()
+                heard = time.monotonic()
+            batch = self._read(offset, 100_000, None)
             for r in batch:
                 if wanted is None or r.table in wanted:
                     yield r
             if batch:
                 offset = batch[-1].offset + 1
-            else:
-                time.sleep(poll_s)
+            elif self._await_commits(poll_s):
+                heard = time.monotonic()
+
+    def _tail(self) -> Any:
+        """The follower's consumer, positioned at ``_cp_next`` (None: no checkpoint topic
+        yet). Re-made when the client learned a longer fetch wait (``_storage_stall``),
+        re-assigned when an exact read moved ``_cp_next``."""
+        topic = checkpoint_topic(self.prefix)
+        wait = self.client.fetch_wait_ms
+        if self._tail_c is not None and self._tail_wait < wait:
+            self._close_tail()
+        if self._tail_c is None:
+            if not self.client.partitions(topic):
+                return None
+            conf = _for_consumer(client_config(
+                self.cfg,
+                **{"group.id": f"dblog-follower-{uuid.uuid4().hex[:8]}",
+                   "enable.auto.commit": False, "isolation.level": "read_committed",
+                   "auto.offset.reset": "error", "fetch.wait.max.ms": wait},
+            ))
+            self._tail_c = make_client(self.client.k.Consumer, conf, self.cfg)
+            self._tail_wait = wait
+            self._tail_at = -1
+        if self._tail_at != self._cp_next:
+            self._tail_c.assign([self.client.k.TopicPartition(topic, 0, self._cp_next)])
+            self._tail_at = self._cp_next
+        return self._tail_c
+
+    def _await_commits(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the tail's next checkpoint messages and apply them
+        (as ``_Client.read_commits`` does, in offset order); whether any came. An error
+        of the tail's read leaves the tail to be re-assigned and the commits to the next
+        exact read."""
+        c = self._tail()
+        if c is None:
+            time.sleep(timeout)
+            return False
+        first = c.poll(timeout)
+        if first is None:
+            return False
+        k = self.client.k
+        came = False
+        for m in [first, *c.consume(10_000, 0)]:
+            if m.error() is not None:
+                if m.error().code() == k.KafkaError._PARTITION_EOF:
+                    continue
+                log.debug("the follower's checkpoint-topic read: %s; reading to the end instead",
+                          m.error().str())
+                self._tail_at = -1
+                return False
+            off = m.offset()
+            if off < self._cp_next:  # read already (by an exact read)
+                continue
+            self._cp_next = off + 1
+            came = True
+            if m.value() is not None:
+                self._commits.apply(CommitRecord.from_bytes(m.value(), off))
+        self._tail_at = self._cp_next
+        return came
+
+    def _close_tail(self) -> None:
+        if self._tail_c is not None:
+            self._tail_c.close()
+            self._tail_c = None
+            self._tail_at = -1
 
     def describe(self) -> dict[str, Any]:
         commits = self._whole()
@@ -1974,6 +2069,8 @@ class KafkaChangeLogReader(ChangeLogReader):
         return out
 
     def close(self) -> None:
+        self._close_tail()
+        self._data.close()
         self.client.close()
 
 
