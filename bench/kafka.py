@@ -12,10 +12,13 @@ One throwaway PostgreSQL, one Tansu broker (in memory, or KAFKA_BOOTSTRAP_SERVER
      last. Printed per round, then the medians of (a), (b) and of the per-round ratios
      (b)/(a), with the ratios' min and max;
  (c) commit -> log latency at a steady ~5k events/s (10-row transactions): (c0) a bare
-     transactional confluent-kafka loop on the same broker (the raw baseline), then
-     `dblog run` into the embedded log and into Kafka: the capture's own commit -> log
-     histogram (from its /metrics), CPU per process, and for Kafka a plain consumer and
-     the checkpoint-validated reader following the topic;
+     transactional confluent-kafka loop on the same broker (the raw baseline: stamp ->
+     its commit returned), then `dblog run` into the embedded log and into Kafka: the
+     capture's own commit -> log histogram (from its /metrics; for Kafka: until the
+     transaction holding the event committed) and CPU per process; then Kafka again with
+     `dblog tail -f`'s reader (``KafkaChangeLogReader.follow``) following the log
+     (``--no-followers``: not; ``--plain-follower``: and a plain consumer, see
+     ``steady``);
  (d) `dblog sync --available-now` from the Kafka log into Delta: events/s.
 (c) and (d) run once, after the rounds.
 
@@ -188,12 +191,12 @@ def ms(xs: list[float]) -> str:
             f"max {xs[-1] * 1000:.2f} ms")
 
 
-def pct(xs: list[float]) -> str:
+def pct(xs: list[float], what: str = "events") -> str:
     if not xs:
-        return "no events"
+        return f"no {what}"
     xs = sorted(xs)
     return (f"p50 {statistics.median(xs):.1f} ms, p90 {xs[int(len(xs) * 0.9)]:.1f} ms, "
-            f"p99 {xs[int(len(xs) * 0.99)]:.1f} ms, max {xs[-1]:.1f} ms ({len(xs)} events)")
+            f"p99 {xs[int(len(xs) * 0.99)]:.1f} ms, max {xs[-1]:.1f} ms ({len(xs)} {what})")
 
 
 def cpu_s(pid: int) -> float:
@@ -235,11 +238,13 @@ def histogram(before: dict[str, float], after: dict[str, float], metric: str) ->
             f"p99 {at(0.99)}")
 
 
-def bare_loop(bootstrap: str, seconds: float, rate: int) -> str:
+def bare_loop(bootstrap: str, seconds: float, rate: int, consumer: bool) -> str:
     """The raw Kafka path on this broker: one transactional producer commits whatever
     accumulated (group commit, as the capture does: data, flush, a checkpoint message,
-    commit) while a thread stamps 10 messages every 10/rate s; a plain consumer follows.
-    Latency = stamp -> consumed."""
+    commit) while a thread stamps 10 messages every 10/rate s. Latency = stamp ->
+    commit_transaction returned, of each commit's oldest message (what the capture's
+    commit -> log histogram measures); with ``consumer``, a plain consumer follows too
+    and stamp -> consumed is printed."""
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -275,11 +280,11 @@ def bare_loop(bootstrap: str, seconds: float, rate: int) -> str:
             nxt += 10 / rate
             time.sleep(max(0.0, nxt - time.perf_counter()))
 
-    threads = [threading.Thread(target=follow), threading.Thread(target=stamp)]
+    threads = [threading.Thread(target=stamp)] + ([threading.Thread(target=follow)] if consumer else [])
     for t in threads:
         t.start()
     t_end = time.perf_counter() + seconds
-    commits = 0
+    committed: list[float] = []
     while time.perf_counter() < t_end:
         with lock:
             batch = pending[:]
@@ -293,22 +298,26 @@ def bare_loop(bootstrap: str, seconds: float, rate: int) -> str:
         p.flush(30)
         p.produce(topic + ".cp", b"cp")
         p.commit_transaction(30)
-        commits += 1
+        committed.append(time.time() * 1000 - float(batch[0]))
     time.sleep(1)
     stop.set()
     for t in threads:
         t.join()
-    return f"{commits} commits; stamp -> consumed {pct(lat)}"
+    out = f"{len(committed)} commits; stamp -> committed (each commit's oldest) {pct(committed, 'commits')}"
+    return out + (f"; stamp -> consumed {pct(lat)}" if consumer else "")
 
 
 def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
            kreader: KafkaChangeLogReader | None, bootstrap: str, prefix: str,
-           broker: object) -> list[str]:
+           broker: object, followers: tuple[str, ...] = ()) -> list[str]:
     """`dblog run` under ``steady_rate`` events/s (10-row transactions): the capture's
     own commit -> log histogram (per batch, its oldest event: a source commit until the
-    change-log commit that holds it returned), CPU per process, and for Kafka two
-    followers: a plain consumer of the data topic (what any Kafka consumer sees) and
-    ``KafkaChangeLogReader`` (checkpoint-validated, as ``dblog tail`` reads)."""
+    change-log commit that holds it returned), CPU per process, and for Kafka the
+    ``followers``: "tail", ``KafkaChangeLogReader.follow`` (checkpoint-validated, as
+    `dblog tail -f` reads), and "plain", a read_committed consumer of the data topic
+    with a 5 ms fetch wait (on Tansu a pathological one: its last stable offset is 0
+    while a transaction is open, and the capture's transactions follow each other, so
+    most fetches come back empty at once and the consumer asks again)."""
     from confluent_kafka import Consumer, TopicPartition
 
     from pydblog.api.capture import read_api_address
@@ -341,20 +350,15 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
                     plain.append((time.time() * 1000 - ts, ts))
         c.close()
 
-    def follow_reader() -> None:
+    def follow_reader() -> None:  # as `dblog tail -f` follows (its poll: 0.1 s)
         assert kreader is not None
-        offset = kreader.next_offset()
-        while not stop.is_set():
-            recs = kreader.read(offset, 100_000)
-            now = time.time() * 1000
-            validated.extend((now - r.ts_ms, r.ts_ms) for r in recs)
-            if recs:
-                offset = recs[-1].offset + 1
-            else:
-                time.sleep(0.002)
+        for r in kreader.follow(kreader.next_offset(), 0.1):
+            validated.append((time.time() * 1000 - r.ts_ms, r.ts_ms))
+            if stop.is_set():  # (the row inserted after the load wakes it)
+                return
 
-    threads = [threading.Thread(target=follow_plain), threading.Thread(target=follow_reader)] \
-        if kreader is not None and args.followers else []
+    threads = [threading.Thread(target=f) for name, f in (("plain", follow_plain), ("tail", follow_reader))
+               if kreader is not None and name in followers]
     for t in threads:
         t.start()
     time.sleep(1)
@@ -384,6 +388,8 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
     cpu = {k: round(100 * (cpu_s(p) - cpu0[k]) / wall) for k, p in pids.items()}
     time.sleep(1)
     stop.set()
+    with psycopg.connect(dsn, autocommit=True) as conn:  # wakes the follower
+        conn.execute("INSERT INTO bench SELECT %s, 1, 'x', 1, now()", (base + i,))
     for t in threads:
         t.join()
     proc.terminate()
@@ -394,9 +400,10 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
            f"append (one change-log commit): {histogram(before, after, 'dblog_changelog_append_seconds')}",
            f"CPU % of one core: {cpu}; load average {load[0]:.1f}"]
     late = t0 * 1000 + 2000  # the first 2 s of load excluded
-    if threads:
+    if "plain" in followers:
         out.append(f"commit -> plain consumer: {pct([x for x, t in plain if t > late])}")
-        out.append(f"commit -> KafkaChangeLogReader: {pct([x for x, t in validated if t > late])}")
+    if "tail" in followers:
+        out.append(f"commit -> KafkaChangeLogReader.follow: {pct([x for x, t in validated if t > late])}")
     return out
 
 
@@ -410,7 +417,10 @@ def main() -> None:
     ap.add_argument("--steady-rate", type=int, default=5000)
     ap.add_argument("--sync", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--followers", action=argparse.BooleanOptionalAction, default=True,
-                    help="(c): follow the Kafka topic with two consumers (each polls the broker)")
+                    help="(c): a second Kafka pass with `dblog tail -f`'s reader following the log")
+    ap.add_argument("--plain-follower", action="store_true",
+                    help="(c): and a plain read_committed consumer (see steady(); on Tansu it "
+                         "loads the broker, not only measures it)")
     args = ap.parse_args()
     if args.rounds < 1 or args.tx < 1 or args.rows < args.tx or args.rows % args.tx:
         ap.error(f"--rows {args.rows} must be a multiple of --tx {args.tx} (each transaction "
@@ -481,16 +491,23 @@ def main() -> None:
 
             # (c) commit -> Kafka latency at a steady rate: the raw baseline (a bare
             # transactional producer loop on the same broker), the embedded log, Kafka.
-            bare = bare_loop(bootstrap, args.steady_seconds, args.steady_rate)
+            # The issue's figure is (c) kafka's commit -> log histogram without followers
+            # (a source commit until the Kafka transaction holding it committed); the
+            # followers' pass shows what a reader adds to the broker's load and sees.
+            bare = bare_loop(bootstrap, args.steady_seconds, args.steady_rate, args.plain_follower)
             print(f"(c0) bare confluent-kafka transactional loop, {args.steady_rate} msgs/s: "
                   f"{bare}")
             base = args.rounds * args.rows + 10
-            for name, cfg in (("embedded", emb), ("kafka", kaf)):
+            passes: list[tuple[str, Path, tuple[str, ...]]] = [("embedded", emb, ()), ("kafka", kaf, ())]
+            if args.followers:
+                passes.append(("kafka", kaf, ("tail", "plain") if args.plain_follower else ("tail",)))
+            for name, cfg, followers in passes:
                 res = steady(dsn, cfg, work / ("emb" if name == "embedded" else "kaf"),
                              args, base, kreader if name == "kafka" else None, bootstrap, prefix,
-                             broker)
+                             broker, followers)
                 base += 10_000_000
-                print(f"(c) {name}, {args.steady_rate} events/s for {args.steady_seconds:.0f} s:")
+                with_ = f", followed by {' and '.join(followers)}" if followers else ""
+                print(f"(c) {name}, {args.steady_rate} events/s for {args.steady_seconds:.0f} s{with_}:")
                 for line in res:
                     print(f"    {line}")
             total = kreader.next_offset()
