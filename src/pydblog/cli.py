@@ -256,6 +256,13 @@ def sync(config_path: str, available_now: bool, verbose: bool) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         with needs_extra("spark", "dblog sync"):
+            from pydblog.spark.session import check_config, preload, spark_session
+
+            # The job's modules are imported in the background while the driver JVM
+            # starts (spark/session.py); run_sync reuses the session.
+            preload()
+            check_config(cfg)
+            spark_session(cfg.sync.master)
             from pydblog.spark.job import run_sync
 
             code = run_sync(cfg, available_now=available_now, stop_event=stop)

@@ -37,16 +37,18 @@ from typing import Any
 import pyarrow as pa
 
 from pydblog.api.sync import SYNC, start_sync_api
-from pydblog.changelog import log_exists, open_reader, open_stream
+from pydblog.changelog import open_reader, open_stream
 from pydblog.config import Config, LogConfig, load_config
-from pydblog.console import jvm_output
-from pydblog.errors import ChangeLogError, ConfigError, DblogError, SinkError
+from pydblog.errors import ChangeLogError, DblogError, SinkError
 from pydblog.ports import TableSchema
 from pydblog.spark.batch import Batch
-from pydblog.spark.cds import driver_java_options as cds_java_options
-from pydblog.spark.cds import record_dump_context
 from pydblog.spark.decode import ARROW_SCHEMA, pass_through_for, unpack
-from pydblog.spark.pyexec import worker_python
+from pydblog.spark.session import DEFAULT_DRIVER_JAVA_OPTIONS as DEFAULT_DRIVER_JAVA_OPTIONS
+from pydblog.spark.session import DRIVER_JAVA_OPTIONS_ENV as DRIVER_JAVA_OPTIONS_ENV
+from pydblog.spark.session import check_config
+from pydblog.spark.session import driver_java_options as driver_java_options
+from pydblog.spark.session import spark_home as spark_home
+from pydblog.spark.session import spark_session as spark_session
 from pydblog.spark.sinks import Sink, apply_with_retry, build_sink
 from pydblog.spark.sinks.history import HistorySink
 from pydblog.spark.source import NAME, DblogDataSource
@@ -60,60 +62,6 @@ FAULT_ENV = "DBLOG_SYNC_FAULT"
 """Fault injection for tests: ``after-sinks:N`` kills the job's process group with
 SIGKILL once the sinks applied batch N and before Spark commits it;
 ``after-sink:N:I`` after the I-th sink (0-based) of batch N."""
-
-
-def spark_session(master: str) -> Any:
-    """A SparkSession for the sync (reuses the active one, e.g. in tests)."""
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    # Python workers must run this interpreter (the one that has pydblog installed);
-    # in local mode through a launcher that spares them compiling pyspark's zip.
-    os.environ.setdefault("PYSPARK_PYTHON", worker_python(master))
-    builder = (
-        SparkSession.builder.master(master)
-        .appName("dblog-sync")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.memory", os.environ.get("DBLOG_SPARK_DRIVER_MEMORY", "2g"))
-        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-    )
-    # Builder confs reach spark-submit, which starts the driver JVM with them.
-    java_options, dump = driver_java_options()
-    if java_options:
-        builder = builder.config("spark.driver.extraJavaOptions", java_options)
-    with jvm_output():
-        spark = builder.getOrCreate()
-    if dump is not None:
-        record_dump_context(spark, dump)
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
-
-
-DRIVER_JAVA_OPTIONS_ENV = "DBLOG_SPARK_DRIVER_JAVA_OPTIONS"
-DEFAULT_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
-"""The driver JVM compiles with C1 only: on 2 busy cores C2's background compilation of
-the first batches' code competes with the work itself (a fresh 1.15M-event drain:
-10.8-11.6 s with C2, 9.2-9.6 s without; the second query of the session 7.3 s against
-5.7-6.6 s; same-window A/B). ``DBLOG_SPARK_DRIVER_JAVA_OPTIONS`` replaces it."""
-
-
-def driver_java_options() -> tuple[str, Path | None]:
-    """``spark.driver.extraJavaOptions`` for a new session: the class-data-sharing
-    archive (``cds.py``) and ``DEFAULT_DRIVER_JAVA_OPTIONS``; and where the JVM will
-    write an archive at exit, if it is to write one (``cds.record_dump_context``)."""
-    cds_option, dump = cds_java_options(spark_home())
-    extra = os.environ.get(DRIVER_JAVA_OPTIONS_ENV, DEFAULT_DRIVER_JAVA_OPTIONS)
-    return " ".join(o for o in (cds_option, extra) if o), dump
-
-
-def spark_home() -> str:
-    from pyspark.find_spark_home import _find_spark_home
-
-    return _find_spark_home()
 
 
 def _fault(batch_id: int, after_sink: int | None) -> None:
@@ -188,6 +136,7 @@ class BatchApplier:
         self.batches = 0
         self.events = 0
         self.last_end: int | None = None
+        self.read_s = 0.0  # the current batch's collect (Spark's read, unpacked)
         self._schemas: Future[list[tuple[int, TableSchema]]] | None = None
         self._schemas_pool: ThreadPoolExecutor | None = None
 
@@ -214,12 +163,7 @@ class BatchApplier:
                 events = unpack(df.toArrow(), self.schema, dense=self.dense)
             else:  # a stream of the source's plain rows
                 events = df.select(*self.columns).toArrow()
-            log.debug(
-                "batch %d: read %d events in %.2fs",
-                batch_id,
-                events.num_rows,
-                time.monotonic() - t0,
-            )
+            self.read_s = time.monotonic() - t0
             self.apply(events, batch_id)
         except DblogError as exc:
             self.error = exc
@@ -249,7 +193,9 @@ class BatchApplier:
                 check_whole(batch, self._history_end(), "the history sink holds offsets up to and ending")
         t1 = time.monotonic()
         batch.changes()
-        timings = [f"schemas {schemas_s:.2f}s", f"reduce {time.monotonic() - t1:.2f}s"]
+        timings = [f"read {self.read_s:.2f}s", f"schemas {schemas_s:.2f}s",
+                   f"reduce {time.monotonic() - t1:.2f}s"]
+        self.read_s = 0.0
         sink_s: dict[str, float] = {}
         for i, sink in enumerate(self.sinks):
             t1 = time.monotonic()
@@ -290,19 +236,6 @@ class BatchApplier:
 
 def checkpoint_dir(cfg: Config) -> str:
     return cfg.sync.checkpoint or str(Path(cfg.log.path) / "sync-checkpoint")
-
-
-def _check(cfg: Config) -> None:
-    if not cfg.sync.sinks:
-        raise ConfigError(
-            "[sync] has no sinks",
-            hint='add at least one [[sync.sinks]] with type = "delta", "postgres" or "history"',
-        )
-    if not log_exists(cfg.log):
-        raise ChangeLogError(
-            f"no change log at {cfg.log.path}",
-            hint="start `dblog run` first, or check [log] path in the config",
-        )
 
 
 def warm_up_workers(spark: Any, log_json: str) -> threading.Thread:
@@ -413,7 +346,7 @@ def run_sync(
     ``trigger = "available-now"``, until the change log as it was at start is applied).
     Returns 0; raises ``ConfigError``/``ChangeLogError``/``SinkError`` on bad input or
     a sink that keeps failing."""
-    _check(cfg)
+    check_config(cfg)
     sinks = [build_sink(s) for s in cfg.sync.sinks]
     applier = BatchApplier(
         cfg.log, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s

@@ -1,0 +1,130 @@
+"""The Spark session of ``dblog sync``, and a cold process's start-up around it.
+
+Light to import (no pyarrow, pandas, numba, deltalake): ``dblog sync`` starts the
+driver JVM from here first, while a background thread imports the rest of the job
+(``preload``): the JVM's start (spark-submit, 2-3 s) and the job's Python imports
+(1-2 s of CPU) overlapped instead of one after the other.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydblog.changelog import log_exists
+from pydblog.console import jvm_output
+from pydblog.errors import ChangeLogError, ConfigError
+from pydblog.spark.cds import driver_java_options as cds_java_options
+from pydblog.spark.cds import record_dump_context
+from pydblog.spark.pyexec import worker_python
+
+if TYPE_CHECKING:
+    from pydblog.config import Config
+
+log = logging.getLogger("pydblog.sync")
+
+PRELOAD = (
+    "pandas",  # what the session's start imports (pyspark.sql.pandas) comes first
+    "pyarrow",
+    "pydblog.spark.job",
+    "pydblog.spark.sinks.delta",
+    "pydblog.spark.sinks.postgres",
+    "pydblog.spark.sinks.history",
+)
+"""What ``preload`` imports: the job and what its first batch needs (the sinks import
+deltalake/psycopg only when they are built)."""
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> threading.Thread:
+    """Import ``modules`` in a background thread (best effort: an import that fails
+    fails again, with its error, where it is needed). Imports are silent, so this can
+    run while ``spark_session`` points the process's output at the JVM log. PySpark's
+    SQL modules are imported first, in the caller: the session needs them at once, and
+    two threads importing the same package's modules could meet in a circular import."""
+    importlib.import_module("pyspark.sql")
+
+    def run() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # e.g. an optional dependency not installed
+                log.debug("preloading %s failed: %s", name, exc)
+
+    thread = threading.Thread(target=run, name="dblog-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+def check_config(cfg: Config) -> None:
+    """The sync's own checks of its config, before anything starts: a sink, and a log."""
+    if not cfg.sync.sinks:
+        raise ConfigError(
+            "[sync] has no sinks",
+            hint='add at least one [[sync.sinks]] with type = "delta", "postgres" or "history"',
+        )
+    if not log_exists(cfg.log):
+        raise ChangeLogError(
+            f"no change log at {cfg.log.path}",
+            hint="start `dblog run` first, or check [log] path in the config",
+        )
+
+
+def spark_session(master: str) -> Any:
+    """A SparkSession for the sync (reuses the active one, e.g. in tests)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    # Python workers must run this interpreter (the one that has pydblog installed);
+    # in local mode through a launcher that spares them compiling pyspark's zip.
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python(master))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("dblog-sync")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.memory", os.environ.get("DBLOG_SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+    )
+    # Builder confs reach spark-submit, which starts the driver JVM with them.
+    java_options, dump = driver_java_options()
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    t0 = time.monotonic()
+    with jvm_output():
+        spark = builder.getOrCreate()
+    log.info("Spark session started in %.2fs", time.monotonic() - t0)
+    if dump is not None:
+        record_dump_context(spark, dump)
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+DRIVER_JAVA_OPTIONS_ENV = "DBLOG_SPARK_DRIVER_JAVA_OPTIONS"
+DEFAULT_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""The driver JVM compiles with C1 only: on 2 busy cores C2's background compilation of
+the first batches' code competes with the work itself (a fresh 1.15M-event drain:
+10.8-11.6 s with C2, 9.2-9.6 s without; the second query of the session 7.3 s against
+5.7-6.6 s; same-window A/B). ``DBLOG_SPARK_DRIVER_JAVA_OPTIONS`` replaces it."""
+
+
+def driver_java_options() -> tuple[str, Path | None]:
+    """``spark.driver.extraJavaOptions`` for a new session: the class-data-sharing
+    archive (``cds.py``) and ``DEFAULT_DRIVER_JAVA_OPTIONS``; and where the JVM will
+    write an archive at exit, if it is to write one (``cds.record_dump_context``)."""
+    cds_option, dump = cds_java_options(spark_home())
+    extra = os.environ.get(DRIVER_JAVA_OPTIONS_ENV, DEFAULT_DRIVER_JAVA_OPTIONS)
+    return " ".join(o for o in (cds_option, extra) if o), dump
+
+
+def spark_home() -> str:
+    from pyspark.find_spark_home import _find_spark_home
+
+    return _find_spark_home()
