@@ -2028,6 +2028,7 @@ class KafkaChangeLogReader(ChangeLogReader):
                 log.debug("the follower's checkpoint-topic read: %s; reading to the end instead",
                           m.error().str())
                 self._tail_at = -1
+                time.sleep(min(timeout, 0.1))  # (not a busy loop until the exact read)
                 return False
             off = m.offset()
             if off < self._cp_next:  # read already (by an exact read)
