@@ -88,7 +88,7 @@ def test_a_follower_keeps_up_with_a_checkpoint_topic_growing_each_fetch_wait(kaf
         beats.event()
         assert next(follow).offset == 5
         assert beats.writing.is_set(), "the follower got the event only once the log stopped growing"
-        assert reader.client._consumer_wait == 1000  # (the read was made with the long wait)
+        assert reader._tail_wait == 1000  # (the follower waited with the long wait)
         assert figures.figures() is not None  # /metrics' figures: the same read
         assert beats.writing.is_set(), "the figures came only once the log stopped growing"
     finally:

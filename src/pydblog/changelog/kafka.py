@@ -1847,6 +1847,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         # does not hold them back (Tansu's last stable offset is 0 while one is open: a
         # read_committed fetch then gets nothing at all until it commits).
         self._data = _Client(cfg, uncommitted=True)
+        self._bulk: _Client | None = None  # reads of the checkpoint topic from its start
         self.prefix = self.client.prefix
         self.cfg = cfg
         self._tail_c: Any = None  # the follower's checkpoint-topic consumer (``_tail``)
@@ -1860,7 +1861,18 @@ class KafkaChangeLogReader(ChangeLogReader):
         self._window: tuple[int, int, list[LogRecord]] = (0, 0, [])
 
     def _refresh(self) -> None:
-        self._cp_next = self.client.read_commits(self._commits, self._cp_next, to_now=True)
+        self._cp_next = self._commit_reader().read_commits(self._commits, self._cp_next, to_now=True)
+
+    def _commit_reader(self) -> _Client:
+        """The client for reading the checkpoint topic from ``_cp_next``: from its start, a
+        bulk client (``BULK_FETCH_WAIT_MS``: Tansu answers a 5 ms fetch of thousands of
+        messages with nothing, and the stall that follows would teach the whole process
+        a longer fetch wait, the follower's too); near the end, ``client``."""
+        if self._cp_next:
+            return self.client
+        if self._bulk is None:
+            self._bulk = _Client(self.cfg, bulk=True)
+        return self._bulk
 
     def _read_window(self, lo: int, hi: int) -> list[LogRecord]:
         """The events ``lo <= offset < hi`` (commit boundaries), in offset order."""
@@ -1940,7 +1952,9 @@ class KafkaChangeLogReader(ChangeLogReader):
         if not self._commits.floor:
             return self._commits
         whole = CommitLog()
-        self.client.read_commits(whole, 0, to_now=True)
+        if self._bulk is None:
+            self._bulk = _Client(self.cfg, bulk=True)
+        self._bulk.read_commits(whole, 0, to_now=True)
         return whole
 
     def first_offset(self) -> int:
@@ -2072,6 +2086,8 @@ class KafkaChangeLogReader(ChangeLogReader):
     def close(self) -> None:
         self._close_tail()
         self._data.close()
+        if self._bulk is not None:
+            self._bulk.close()
         self.client.close()
 
 
