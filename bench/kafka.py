@@ -430,14 +430,20 @@ def sync_timing(cfg: Path, checkpoint: Path, total: int) -> str:
         m = re.match(r"(\S+ \S+) INFO pydblog.sync: Spark session started", line)
         if m:
             session = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() - t0
-    planned = (checkpoint / "offsets" / "0").stat().st_mtime
+    first = checkpoint / "offsets" / "0"
+    planned = first.stat().st_mtime
     commits = [f for f in (checkpoint / "commits").iterdir() if f.name.isdigit()]
     committed = max(f.stat().st_mtime for f in commits)
     drain, start = committed - planned, planned - t0
+    # after the first batch (a cold process's first read and first Python planning
+    # workers): the rate of a running job; the first batch's end is its offset's ``seq``
+    first_end = orjson.loads(first.read_text().splitlines()[-1])["seq"]
+    rest = committed - (checkpoint / "commits" / "0").stat().st_mtime
+    warm = f"; {(total - first_end) / rest:,.0f} after the first batch" if len(commits) > 1 else ""
     ready = f"process and Spark session {session:.1f} s, " if session is not None else ""
     return (f"(d) dblog sync --available-now, Kafka -> Delta, {total:,} events in {len(commits)} "
             f"batches: drain {total / drain:,.0f} events/s ({drain:.1f} s from the first batch's "
-            f"plan to the last batch's commit: the sync's throughput); start-up {start:.1f} s "
+            f"plan to the last batch's commit: the sync's throughput{warm}); start-up {start:.1f} s "
             f"({ready}query start and first plan {start - (session or 0):.1f} s; once per process: a "
             f"long-running job pays it once); wall {t1 - t0:.1f} s with process start and "
             f"exit = {total / (t1 - t0):,.0f} events/s")
