@@ -175,3 +175,64 @@ def test_a_follower_waits_on_the_checkpoint_topic_without_listing_offsets_per_po
     finally:
         reader.close()
         writer.close()
+
+
+def test_dblog_tail_follows_a_kafka_log(kafka_log: LogConfig, tmp_path: Path) -> None:
+    """`dblog tail` (it follows by default) prints what was logged before it started,
+    then each new commit's events as they come, in offset order, each line the envelope
+    with its offset."""
+    import queue
+    import subprocess
+
+    import orjson
+
+    from tests.helpers import DBLOG, write_config
+    from tests.kafka.conftest import kafka_log_toml
+
+    assert kafka_log.bootstrap_servers is not None
+    config = write_config(tmp_path / "cfg", "postgresql://unused@127.0.0.1:1/x", extra=kafka_log_toml(
+        kafka_log.bootstrap_servers, kafka_log.topic_prefix, "partitions = 3"))
+    writer = KafkaChangeLog(kafka_log)
+    lines: queue.Queue[bytes] = queue.Queue()
+    tail = None
+    try:
+        append(writer, 0, 5)
+        errors = (tmp_path / "tail.err").open("wb")
+        tail = subprocess.Popen([*DBLOG, "tail", "--config", str(config)], stdout=subprocess.PIPE,
+                                stderr=errors)
+        errors.close()
+        out = tail.stdout
+        assert out is not None
+
+        def pump() -> None:
+            for line in out:
+                lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+        def take(n: int) -> list[int]:
+            got: list[int] = []
+            for _ in range(n):
+                try:
+                    line = lines.get(timeout=CAP_S)
+                except queue.Empty:
+                    raise AssertionError(f"dblog tail printed {got} and then nothing for {CAP_S} s: "
+                                         f"{(tmp_path / 'tail.err').read_text()[-2000:]}") from None
+                env = orjson.loads(line)
+                assert env["source"]["table"] == "t" and env["after"] == {"id": env["offset"]}
+                got.append(env["offset"])
+            return got
+
+        assert take(5) == list(range(5))
+        for i in range(5, 12):
+            append(writer, i, 1)
+            assert take(1) == [i]
+        append(writer, 12, 30)
+        assert take(30) == list(range(12, 42))
+    finally:
+        if tail is not None:
+            tail.terminate()
+            tail.wait(30)
+            if tail.stdout is not None:
+                tail.stdout.close()
+        writer.close()
