@@ -338,3 +338,12 @@ def test_read_range_splits_every_kind_of_block(tmp_path: Path) -> None:
             assert got.to_pylist() == want.to_pylist()
     finally:
         reader.close()
+
+
+def test_the_warm_up_source_reads_nothing(spark: Any) -> None:
+    """``job.warm_up_workers`` reads it once to start Spark's Python read planner before
+    the stream's first batch (``source.WarmUpDataSource``): a read of no rows."""
+    from pydblog.spark.source import WARM_UP_NAME, WarmUpDataSource
+
+    spark.dataSource.register(WarmUpDataSource)
+    assert spark.read.format(WARM_UP_NAME).load().collect() == []

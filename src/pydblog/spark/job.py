@@ -51,7 +51,7 @@ from pydblog.spark.session import spark_home as spark_home
 from pydblog.spark.session import spark_session as spark_session
 from pydblog.spark.sinks import Sink, apply_with_retry, build_sink
 from pydblog.spark.sinks.history import HistorySink
-from pydblog.spark.source import NAME, DblogDataSource
+from pydblog.spark.source import NAME, WARM_UP_NAME, DblogDataSource, WarmUpDataSource
 from pydblog.ui import SyncProgress
 
 log = logging.getLogger("pydblog.sync")
@@ -258,6 +258,14 @@ def warm_up_workers(spark: Any, log_json: str) -> threading.Thread:
         except Exception as exc:  # e.g. the session stopping under it
             log.debug("Python worker warm-up failed: %s", exc)
 
+    def plan() -> None:
+        try:
+            spark.dataSource.register(WarmUpDataSource)
+            spark.read.format(WARM_UP_NAME).load().collect()
+        except Exception as exc:
+            log.debug("Python read planner warm-up failed: %s", exc)
+
+    threading.Thread(target=plan, name="dblog-warm-up-planner", daemon=True).start()
     thread = threading.Thread(target=run, name="dblog-warm-up", daemon=True)
     thread.start()
     return thread

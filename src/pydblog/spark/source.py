@@ -206,6 +206,32 @@ class DblogDataSource(DataSource):
         return DblogStreamReader(_lower(self.options))
 
 
+WARM_UP_NAME = "dblog_warm_up"
+
+
+class WarmUpDataSource(DataSource):
+    """A batch source of no rows. Reading it once (``job.warm_up_workers``) starts the
+    Python process in which Spark plans a Python data source's reads
+    (``plan_data_source_read``'s daemon: an interpreter importing pyspark, 1-1.5 s on 2
+    busy cores); the daemon stays, and a streaming query's first batch, which plans
+    its read there too, forks a worker from it instead of starting one."""
+
+    @classmethod
+    def name(cls) -> str:
+        return WARM_UP_NAME
+
+    def schema(self) -> str:
+        return "id BIGINT"
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _NoRows()
+
+
+class _NoRows(DataSourceReader):
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return iter(())
+
+
 class DblogBatchReader(DataSourceReader):
     """The whole log as it is when the query is planned (``startOffset``/``endOffset``
     options narrow it)."""
