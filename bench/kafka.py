@@ -411,11 +411,12 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
     return out
 
 
-def sync_timing(cfg: Path, checkpoint: Path, total: int) -> str:
+def sync_timing(cfg: Path, checkpoint: Path, total: int, baseline: float) -> str:
     """(d): one `dblog sync --available-now` process, timed from outside: its wall time;
     the Spark session's start (the job's "Spark session started" log line); the first
     batch planned (Spark writes ``offsets/0`` before it reads the batch) and the last
-    batch committed (``commits/N``, written once the sinks applied it)."""
+    batch committed (``commits/N``, written once the sinks applied it). ``baseline``:
+    (a)'s median, for the drain as a ratio (a gauge of the machine's load in this run)."""
     import re
     from datetime import datetime
 
@@ -442,7 +443,8 @@ def sync_timing(cfg: Path, checkpoint: Path, total: int) -> str:
     warm = f"; {(total - first_end) / rest:,.0f} after the first batch" if len(commits) > 1 else ""
     ready = f"process and Spark session {session:.1f} s, " if session is not None else ""
     return (f"(d) dblog sync --available-now, Kafka -> Delta, {total:,} events in {len(commits)} "
-            f"batches: drain {total / drain:,.0f} events/s ({drain:.1f} s from the first batch's "
+            f"batches: drain {total / drain:,.0f} events/s = {total / drain / baseline:.2f} x (a) "
+            f"({drain:.1f} s from the first batch's "
             f"plan to the last batch's commit: the sync's throughput{warm}); start-up {start:.1f} s "
             f"({ready}query start and first plan {start - (session or 0):.1f} s; once per process: a "
             f"long-running job pays it once); wall {t1 - t0:.1f} s with process start and "
@@ -561,7 +563,7 @@ def main() -> None:
                 sync_cfg.write_text(kaf.read_text() + (
                     f'\n[sync]\ncheckpoint = "{work / "cp"}"\ntrigger = "available-now"\n'
                     f'[[sync.sinks]]\ntype = "delta"\npath = "{work / "lake"}"\n'))
-                print(sync_timing(sync_cfg, work / "cp", total))
+                print(sync_timing(sync_cfg, work / "cp", total, statistics.median(rates["a"])))
     finally:
         if broker is not None:
             broker.stop()
