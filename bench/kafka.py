@@ -354,14 +354,21 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
                     plain.append((time.time() * 1000 - ts, ts))
         c.close()
 
+    # Where the follower starts: the log's end before the load (read here, not in the
+    # thread: a reader far behind reads thousands of checkpoint messages first, and a
+    # follower starting after the load would wait for a row that came before it).
+    tail = KafkaChangeLogReader(kreader.cfg) if kreader is not None and "tail" in followers else None
+    first = tail.next_offset() if tail is not None else 0
+
     def follow_reader() -> None:  # as `dblog tail -f` follows (its poll: 0.1 s)
-        assert kreader is not None
-        for r in kreader.follow(kreader.next_offset(), 0.1):
+        assert tail is not None
+        for r in tail.follow(first, 0.1):
             validated.append((time.time() * 1000 - r.ts_ms, r.ts_ms))
             if stop.is_set():  # (the row inserted after the load wakes it)
                 return
 
-    threads = [threading.Thread(target=f) for name, f in (("plain", follow_plain), ("tail", follow_reader))
+    threads = [threading.Thread(target=f, daemon=True)
+               for name, f in (("plain", follow_plain), ("tail", follow_reader))
                if kreader is not None and name in followers]
     for t in threads:
         t.start()
@@ -395,7 +402,11 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
     with psycopg.connect(dsn, autocommit=True) as conn:  # wakes the follower
         conn.execute("INSERT INTO bench SELECT %s, 1, 'x', 1, now()", (base + i,))
     for t in threads:
-        t.join()
+        t.join(60)
+        if t.is_alive():  # (a daemon thread: left as it is)
+            print(f"    (a follower did not stop within 60 s: {len(validated)} events so far)")
+    if tail is not None and not any(t.is_alive() for t in threads):
+        tail.close()
     proc.terminate()
     proc.wait()
     load = os.getloadavg()
