@@ -1868,8 +1868,9 @@ class KafkaChangeLogReader(ChangeLogReader):
         bulk client (``BULK_FETCH_WAIT_MS``: Tansu answers a 5 ms fetch of thousands of
         messages with nothing, and the stall that follows would teach the whole process
         a longer fetch wait, the follower's too); near the end, ``client``."""
-        if self._cp_next:
-            return self.client
+        return self.client if self._cp_next else self._bulk_client()
+
+    def _bulk_client(self) -> _Client:
         if self._bulk is None:
             self._bulk = _Client(self.cfg, bulk=True)
         return self._bulk
@@ -1952,9 +1953,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         if not self._commits.floor:
             return self._commits
         whole = CommitLog()
-        if self._bulk is None:
-            self._bulk = _Client(self.cfg, bulk=True)
-        self._bulk.read_commits(whole, 0, to_now=True)
+        self._bulk_client().read_commits(whole, 0, to_now=True)
         return whole
 
     def first_offset(self) -> int:
