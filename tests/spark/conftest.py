@@ -32,11 +32,15 @@ def spark() -> Iterator[Any]:
 
         from pydblog.spark.cds import record_dump_context
         from pydblog.spark.job import driver_java_options
+        from pydblog.spark.session import delta_confs
         from pydblog.spark.source import DblogDataSource
 
         java_options, dump = driver_java_options()
+        builder = SparkSession.builder
+        for k, v in delta_confs().items():
+            builder = builder.config(k, v)
         session = (
-            SparkSession.builder.master("local[2]")
+            builder.master("local[2]")
             .config("spark.driver.extraJavaOptions", java_options)
             .appName("pydblog-tests")
             .config("spark.ui.enabled", "false")

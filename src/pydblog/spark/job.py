@@ -22,7 +22,6 @@ and the next run converges.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import signal
@@ -35,14 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pydblog.api.sync import SYNC, start_sync_api
 from pydblog.changelog import open_reader, open_stream
 from pydblog.config import Config, LogConfig, load_config
 from pydblog.errors import ChangeLogError, DblogError, SinkError
 from pydblog.ports import TableSchema
-from pydblog.spark.batch import Batch
-from pydblog.spark.decode import ARROW_SCHEMA, pass_through_for, unpack
+from pydblog.spark.decode import ARROW_SCHEMA, pass_through_for
+from pydblog.spark.plan import SparkBatch
 from pydblog.spark.session import DEFAULT_DRIVER_JAVA_OPTIONS as DEFAULT_DRIVER_JAVA_OPTIONS
 from pydblog.spark.session import DRIVER_JAVA_OPTIONS_ENV as DRIVER_JAVA_OPTIONS_ENV
 from pydblog.spark.session import check_config
@@ -52,6 +52,7 @@ from pydblog.spark.session import spark_session as spark_session
 from pydblog.spark.sinks import Sink, apply_with_retry, build_sink
 from pydblog.spark.sinks.history import HistorySink
 from pydblog.spark.source import NAME, WARM_UP_NAME, DblogDataSource, WarmUpDataSource
+from pydblog.spark.typemap import merge_schemas
 from pydblog.ui import SyncProgress
 
 log = logging.getLogger("pydblog.sync")
@@ -76,7 +77,8 @@ def _fault(batch_id: int, after_sink: int | None) -> None:
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-def check_whole(batch: Batch, last_end: int | None, after: str = "the last batch ended") -> None:
+def check_whole(batch: SparkBatch, last_end: int | None,
+                after: str = "the last batch ended") -> None:
     """Raise ``ChangeLogError`` unless ``batch`` holds every offset of
     ``[batch.start, batch.end)`` exactly once and starts no later than ``last_end``
     (``after`` says what ended there: this query's last applied batch, or, for a
@@ -84,18 +86,13 @@ def check_whole(batch: Batch, last_end: int | None, after: str = "the last batch
     replay, which the sinks skip. The sources check what they can (the
     embedded log's ranges, a Kafka log's runs); this is the job's own check, before any
     sink, of what a history sink needs (a Kafka log's spans read by header, and the
-    edges between batches, are checked nowhere else)."""
-    import numpy as np
-
-    n = batch.events.num_rows
-    offsets = batch.events["offset"].to_numpy()
-    seen = np.zeros(batch.end - batch.start, np.bool_)
-    if n == len(seen):
-        seen[offsets - batch.start] = True
-    if n != len(seen) or not seen.all():
-        missing = len(seen) - int(seen.sum()) if n == len(seen) else None
-        what = (f"{missing} offset(s) missing and as many read twice" if missing is not None
-                else f"{n} events for {len(seen)} offsets")
+    edges between batches, are checked nowhere else). Counted on the executors: the
+    driver gets the counts."""
+    width = batch.end - batch.start
+    twice = batch.duplicates() if batch.n >= width else 0
+    if batch.n != width or twice:
+        what = (f"{twice} offset(s) missing and as many read twice" if batch.n == width
+                else f"{batch.n} events for {width} offsets")
         raise ChangeLogError(
             f"batch {batch.batch_id}: the change log's offsets {batch.start}..{batch.end - 1} "
             f"were read incompletely or twice ({what}): the batch fails before any sink "
@@ -114,29 +111,51 @@ def check_whole(batch: Batch, last_end: int | None, after: str = "the last batch
         )
 
 
-class BatchApplier:
-    """The ``foreachBatch`` function. Runs in the driver; keeps the sinks (and their
-    connections) across batches; remembers the first sink error for ``run_sync``."""
+def packed_frame(spark: Any, events: pa.Table) -> Any:
+    """``events`` (Arrow, the source's columns) as a DataFrame of packed rows, as the
+    source gives them (tests and tools that hold a batch in Arrow)."""
+    from pydblog.spark.decode import ARROW_BATCH_EVENTS, PACKED_SCHEMA, pack
+    from pydblog.spark.plan import spark_schema
 
-    def __init__(self, log: LogConfig, sinks: list[Sink], retries: int, backoff_s: float) -> None:
+    rows: dict[str, list[Any]] = {"first_offset": [], "end_offset": [], "events": []}
+    for i in range(0, max(events.num_rows, 1), ARROW_BATCH_EVENTS):
+        part = events.slice(i, ARROW_BATCH_EVENTS)
+        if part.num_rows == 0:
+            continue
+        offsets = part["offset"]
+        rows["first_offset"].append(pc.min(offsets).as_py())
+        rows["end_offset"].append(pc.max(offsets).as_py() + 1)
+        rows["events"].append(pack(part.combine_chunks().to_batches()[0]))
+    return spark.createDataFrame(pa.table(rows, schema=PACKED_SCHEMA),
+                                 schema=spark_schema(PACKED_SCHEMA))
+
+
+class BatchApplier:
+    """The ``foreachBatch`` function. Runs in the driver, which only plans: the batch's
+    events stay on the executors (``plan.SparkBatch``); keeps the sinks across batches;
+    remembers the first sink error for ``run_sync``."""
+
+    def __init__(self, log: LogConfig, sinks: list[Sink], retries: int, backoff_s: float,
+                 parts: int = 2) -> None:
         self.log = log
         self.sinks = sinks
         # A history sink needs every event: its batches are checked to be whole
         # (``check_whole``); mirrors accept a compacted log's gaps (``allowGaps``).
         self.whole = any(isinstance(s, HistorySink) for s in sinks)
-        # Mirrors need only these columns; decoding and collecting fewer is faster (the
-        # history sink needs every column).
+        # Mirrors need only these columns; decoding fewer is faster (the history sink
+        # needs every column).
         self.columns: list[str] = list(ARROW_SCHEMA.names) if self.whole else list(MIRROR_COLUMNS)
         self.schema = pa.schema([ARROW_SCHEMA.field(n) for n in self.columns])
         # Whether the packed payloads of a batch tile one dense offset range (checked).
         self.dense = open_stream(log.model_dump_json()).dense
         self.retries = retries
         self.backoff_s = backoff_s
+        self.parts = parts  # shuffle partitions of a batch's reduce
         self.error: DblogError | None = None
         self.batches = 0
         self.events = 0
         self.last_end: int | None = None
-        self.read_s = 0.0  # the current batch's collect (Spark's read, unpacked)
+        self.read_s = 0.0  # the current batch's summary job (Spark's read included)
         self._schemas: Future[list[tuple[int, TableSchema]]] | None = None
         self._schemas_pool: ThreadPoolExecutor | None = None
 
@@ -149,81 +168,88 @@ class BatchApplier:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         try:
-            t0 = time.monotonic()
-            # The table schemas are read while Spark collects the batch (a Kafka log's
+            # The table schemas are read while Spark reads the batch (a Kafka log's
             # schemas topic: 0.04-0.14 s a batch). Read after Spark planned the batch,
             # as before: every schema of its events was committed with them (the same
             # transaction or SQLite commit) and is seen.
             if self._schemas_pool is None:
                 self._schemas_pool = ThreadPoolExecutor(1, thread_name_prefix="dblog-schemas")
             self._schemas = self._schemas_pool.submit(self._read_schemas)
-            if "first_offset" in df.columns:
-                # ``start_query`` reads the source with packed = true: a few rows, each
-                # an Arrow IPC payload of ~20k events (``source.read_packed``).
-                events = unpack(df.toArrow(), self.schema, dense=self.dense)
-            else:  # a stream of the source's plain rows
-                events = df.select(*self.columns).toArrow()
-            self.read_s = time.monotonic() - t0
-            self.apply(events, batch_id)
+            self.apply(df, batch_id)
         except DblogError as exc:
             self.error = exc
             raise
 
-    def apply(self, events: Any, batch_id: int) -> None:
-        # A batch allocates millions of small objects that all live until it ends:
-        # the cyclic GC would rescan them over and over (seconds per 500k events).
-        gc.disable()
-        try:
-            self._apply(events, batch_id)
-        finally:
-            gc.enable()
+    def apply(self, events: Any, batch_id: int, *, dense: bool | None = None) -> None:
+        """Apply one batch: ``events`` is the source's packed DataFrame, or an Arrow table
+        of events (packed here; its offsets are then checked as a non-dense log's)."""
+        if isinstance(events, pa.Table):
+            from pyspark.sql import SparkSession
 
-    def _apply(self, events: Any, batch_id: int) -> None:
+            spark = SparkSession.getActiveSession()
+            assert spark is not None, "a Spark session must be active"
+            events = packed_frame(spark, events)
+            dense = False if dense is None else dense
+        from pyspark import StorageLevel
+
+        packed = events.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            self._apply(packed, batch_id, self.dense if dense is None else dense)
+        finally:
+            packed.unpersist()
+
+    def _apply(self, packed: Any, batch_id: int, dense: bool) -> None:
         t0 = time.monotonic()
+        batch = SparkBatch.of(batch_id, packed, self.columns, [], dense=dense, parts=self.parts)
+        self.read_s = time.monotonic() - t0
+        t1 = time.monotonic()
         pending, self._schemas = self._schemas, None
         schemas = pending.result() if pending is not None else self._read_schemas()
-        schemas_s = time.monotonic() - t0  # waited for (read while Spark collected the batch)
-        batch = Batch.of(batch_id, events, schemas)
+        schemas_s = time.monotonic() - t1  # waited for (read while Spark read the batch)
         if batch is None:
             return
-        if self.whole:
-            if self.last_end is not None:
-                check_whole(batch, self.last_end)
-            else:  # this process's first batch: after what the history sinks hold
-                check_whole(batch, self._history_end(), "the history sink holds offsets up to and ending")
-        t1 = time.monotonic()
-        batch.changes()
-        timings = [f"read {self.read_s:.2f}s", f"schemas {schemas_s:.2f}s",
-                   f"reduce {time.monotonic() - t1:.2f}s"]
-        self.read_s = 0.0
-        sink_s: dict[str, float] = {}
-        for i, sink in enumerate(self.sinks):
-            t1 = time.monotonic()
-            apply_with_retry(sink, batch, retries=self.retries, backoff_s=self.backoff_s)
-            sink_s[sink.name.split(":")[0]] = time.monotonic() - t1
-            timings.append(f"{sink.name.split(':')[0]} {time.monotonic() - t1:.2f}s")
-            _fault(batch_id, i)
+        for from_offset, s in schemas:
+            if from_offset < batch.end:
+                batch.recorded[s.qualified] = merge_schemas(batch.recorded.get(s.qualified), s)
+        try:
+            if self.whole:
+                if self.last_end is not None:
+                    check_whole(batch, self.last_end)
+                else:  # this process's first batch: after what the history sinks hold
+                    check_whole(batch, self._history_end(packed.sparkSession),
+                                "the history sink holds offsets up to and ending")
+            timings = [f"read {self.read_s:.2f}s", f"schemas {schemas_s:.2f}s"]
+            self.read_s = 0.0
+            sink_s: dict[str, float] = {}
+            for i, sink in enumerate(self.sinks):
+                t1 = time.monotonic()
+                apply_with_retry(sink, batch, retries=self.retries, backoff_s=self.backoff_s)
+                sink_s[sink.name.split(":")[0]] = time.monotonic() - t1
+                timings.append(f"{sink.name.split(':')[0]} {time.monotonic() - t1:.2f}s")
+                _fault(batch_id, i)
+        finally:
+            batch.release()
         _fault(batch_id, None)
         self.batches += 1
-        self.events += events.num_rows
+        self.events += batch.n
         self.last_end = batch.end
-        SYNC.observe_batch(events.num_rows, time.monotonic() - t0, sink_s, batch.end)
+        SYNC.observe_batch(batch.n, time.monotonic() - t0, sink_s, batch.end)
         log.info(
             "batch %d: offsets %d..%d, %d events, %d tables, %.2fs (%s)",
             batch_id,
             batch.start,
             batch.end - 1,
-            events.num_rows,
-            len(batch.changes()),
+            batch.n,
+            len(batch.tables),
             time.monotonic() - t0,
             ", ".join(timings),
         )
 
-    def _history_end(self) -> int | None:
+    def _history_end(self, spark: Any) -> int | None:
         """The lowest end offset the history sinks recorded (None: none has any), so a
         batch the last process applied without its last events shows as a gap."""
         ends = [e for s in self.sinks if isinstance(s, HistorySink)
-                if (e := s.applied_end()) is not None]
+                if (e := s.applied_end(spark)) is not None]
         return min(ends) if ends else None
 
     def close(self) -> None:
@@ -347,6 +373,10 @@ def _query_error(query: Any, applier: BatchApplier) -> DblogError | None:
     return SinkError(f"the sync query failed: {first.strip()}", hint="see the log above")
 
 
+def _uses_s3(cfg: Config) -> bool:
+    return any((s.path or "").startswith(("s3a://", "s3://")) for s in cfg.sync.sinks)
+
+
 def run_sync(
     cfg: Config, *, available_now: bool = False, stop_event: threading.Event | None = None
 ) -> int:
@@ -356,11 +386,12 @@ def run_sync(
     a sink that keeps failing."""
     check_config(cfg)
     sinks = [build_sink(s) for s in cfg.sync.sinks]
-    applier = BatchApplier(
-        cfg.log, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s
-    )
+    spark = spark_session(cfg.sync.master, s3=_uses_s3(cfg))
     api = start_sync_api(cfg)
-    spark = spark_session(cfg.sync.master)
+    applier = BatchApplier(
+        cfg.log, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s,
+        parts=max(2, spark.sparkContext.defaultParallelism),
+    )
     try:
         restarts = 0  # in a row, without a batch applied in between
         while True:

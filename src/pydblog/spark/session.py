@@ -74,7 +74,43 @@ def check_config(cfg: Config) -> None:
         )
 
 
-def spark_session(master: str) -> Any:
+def delta_confs(s3: bool = False) -> dict[str, str]:
+    """The Spark confs of Delta Lake (and, with ``s3``, of the S3A file system): the
+    jars (``jars.sync_jars``: fetched by Maven on first use, cached), the session
+    extension and catalog, and Delta's own small-batch settings (its log replay in as
+    many tasks as a small cluster has cores instead of 50)."""
+    from pydblog.spark.jars import sync_jars
+
+    confs = {
+        "spark.jars": ",".join(sync_jars(s3)),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.databricks.delta.snapshotPartitions": "2",
+    }
+    if s3:
+        confs.update(s3_confs())
+    return confs
+
+
+def s3_confs() -> dict[str, str]:
+    """S3A settings from the AWS environment: ``AWS_ENDPOINT_URL`` (an S3-compatible
+    server: path-style access, plain HTTP allowed when the URL says ``http``),
+    ``AWS_REGION``; credentials through the AWS SDK's default chain (the environment's
+    ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, profiles, instance roles)."""
+    confs = {"spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        confs["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        confs["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        confs["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(
+            endpoint.startswith("https")).lower()
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        confs["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return confs
+
+
+def spark_session(master: str, s3: bool = False) -> Any:
     """A SparkSession for the sync (reuses the active one, e.g. in tests)."""
     from pyspark.sql import SparkSession
 
@@ -93,6 +129,8 @@ def spark_session(master: str) -> Any:
         .config("spark.driver.memory", os.environ.get("DBLOG_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
     )
+    for k, v in delta_confs(s3).items():
+        builder = builder.config(k, v)
     # Builder confs reach spark-submit, which starts the driver JVM with them.
     java_options, dump = driver_java_options()
     if java_options:

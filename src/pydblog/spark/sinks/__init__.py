@@ -18,7 +18,7 @@ from typing import Protocol
 
 from pydblog.config import SinkConfig
 from pydblog.errors import DblogError, SinkError
-from pydblog.spark.batch import Batch
+from pydblog.spark.plan import SparkBatch
 
 log = logging.getLogger("pydblog.sync")
 
@@ -26,7 +26,7 @@ log = logging.getLogger("pydblog.sync")
 class Sink(Protocol):
     name: str
 
-    def apply(self, batch: Batch) -> None: ...
+    def apply(self, batch: SparkBatch) -> None: ...
 
     def close(self) -> None: ...
 
@@ -50,7 +50,7 @@ def build_sink(cfg: SinkConfig) -> Sink:
 
 def apply_with_retry(
     sink: Sink,
-    batch: Batch,
+    batch: SparkBatch,
     *,
     retries: int,
     backoff_s: float,

@@ -1,207 +1,225 @@
-"""Delta Lake mirror tables through delta-rs: ``<root>/<schema>/<table>``, one per
-source table, holding the source table's current content.
+"""Delta Lake mirror tables through Spark's own Delta (``io.delta:delta-spark``):
+``<root>/<schema>/<table>``, one per source table, holding its current content. The
+MERGE runs on the executors; the driver only plans it.
 
 Exactly once: every data commit to a table carries the application transaction
 ``(APP_ID, end)`` where ``end`` is one past the batch's last offset, in the same atomic
-Delta commit as the rows. Before applying, the sink reads the table's transaction
-version ``w``: events below ``w`` are already in the table, so a batch with
-``end <= w`` is skipped and only events ``>= w`` are reduced and applied (a batch that
-straddles ``w`` only happens after the Spark checkpoint was reset). A crash before the
-commit leaves nothing behind; a crash after it makes the replay a no-op.
+Delta commit as the rows (Delta's idempotent writes: the session confs
+``spark.databricks.delta.write.txnAppId``/``txnVersion`` for the MERGE, the writer
+options ``txnAppId``/``txnVersion`` for an overwrite). Before applying, the sink reads
+the table's transaction version ``w``: a batch with ``end <= w`` is skipped and only
+events ``>= w`` are reduced and applied (a batch that straddles ``w`` only happens after
+the Spark checkpoint was reset); Delta itself also refuses a second commit with a
+version ``<= w``. A crash before the commit leaves nothing behind; after it, the replay
+is a no-op.
 
 One commit per table and batch: a MERGE (upserts and deletes of the reduced batch), or,
 when the batch truncates the table, an overwrite with the rows after the truncate.
-Table creation and added columns are separate, idempotent commits before it.
+Table creation and added columns are separate, idempotent commits before it. Tables are
+applied one after the other (the transaction confs are the session's); each MERGE is
+itself spread over the executors.
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
-from deltalake.exceptions import DeltaError
 
 from pydblog.errors import SinkError
 from pydblog.ports import TableSchema
-from pydblog.spark.batch import Batch
-from pydblog.spark.reduce import DELETE, TableChanges
-from pydblog.spark.typemap import arrow_schema, texts_to_arrow
+from pydblog.spark.plan import SparkBatch, spark_schema, typed_fn
+from pydblog.spark.typemap import arrow_schema
 
 APP_ID = "pydblog-sync"
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
 def quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+    return "`" + name.replace("`", "``") + "`"
 
 
-def open_table(path: str) -> DeltaTable | None:
-    if not DeltaTable.is_deltatable(path):
+def _delta_log(spark: Any, path: str) -> Any:
+    jvm = spark._jvm
+    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+
+
+def table_exists(spark: Any, path: str) -> bool:
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, path))
+
+
+def txn_version(spark: Any, path: str, app_id: str) -> int | None:
+    """The table's latest application transaction version of ``app_id`` (None: no
+    table, or none recorded)."""
+    if not table_exists(spark, path):
         return None
-    return DeltaTable(path)
+    jvm = spark._jvm
+    snap = _delta_log(spark, path).update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+    found = snap.transactions().get(app_id)
+    return int(found.get()) if found.isDefined() else None
 
 
-def ensure_table(path: str, schema: pa.Schema) -> DeltaTable:
-    """The table at ``path``, created with ``schema`` or evolved to hold its columns."""
-    dt = open_table(path)
-    if dt is None:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        return DeltaTable.create(path, schema, mode="ignore")
-    have = set(dt.schema().to_arrow().names)
-    missing = [f for f in schema if f.name not in have]
+@contextmanager
+def app_transaction(spark: Any, app_id: str, version: int) -> Iterator[None]:
+    """Delta commits of ``spark``'s DML in this block carry ``(app_id, version)``."""
+    spark.conf.set(TXN_APP_ID, app_id)
+    spark.conf.set(TXN_VERSION, str(version))
+    try:
+        yield
+    finally:
+        spark.conf.unset(TXN_APP_ID)
+        spark.conf.unset(TXN_VERSION)
+
+
+def target_arrow_schema(spark: Any, path: str) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(spark.read.format("delta").load(path).schema, timezone="UTC")
+
+
+def ensure_table(spark: Any, path: str, schema: pa.Schema) -> pa.Schema:
+    """The table at ``path``, created with ``schema`` or evolved to hold its columns;
+    returns its (Arrow) schema."""
+    from delta.tables import DeltaTable
+
+    if not table_exists(spark, path):
+        DeltaTable.createIfNotExists(spark).location(path).addColumns(
+            spark_schema(schema)).execute()
+    have = target_arrow_schema(spark, path)
+    missing = [f for f in schema if f.name not in have.names]
     if missing:
-        dt.alter.add_columns([Field(f.name, _delta_type(f.type), nullable=True) for f in missing])
-        dt = DeltaTable(path)
-    return dt
-
-
-def _delta_type(typ: pa.DataType) -> Any:
-    from deltalake import Schema
-
-    return Schema.from_arrow(pa.schema([pa.field("x", typ)])).fields[0].type
-
-
-def _source(changes: TableChanges, schema: TableSchema, target: pa.Schema) -> pa.Table:
-    """The MERGE source: the table's columns (typed as in the target) plus ``_dblog_op``
-    and, when some row keeps target values, ``_dblog_unchanged``."""
-    typed = arrow_schema(schema)
-    fields = [target.field(n) if n in target.names else typed.field(n) for n in typed.names]
-    any_json = [
-        c.name
-        for c in schema.columns
-        if c.logical.lower() == "json" or c.logical.lower().startswith("array")
-    ]
-    data = texts_to_arrow(
-        changes.qualified, changes.texts, pa.schema(fields), lambda: changes.rows, any_json
-    )
-    data = data.append_column("_dblog_op", pa.array(changes.ops, type=pa.string()))
-    if changes.has_unchanged():
-        data = data.append_column(
-            "_dblog_unchanged", pa.array(changes.unchanged, type=pa.list_(pa.string()))
-        )
-    return data
+        cols = ", ".join(
+            f"{quote(f.name)} {spark_schema(pa.schema([f.with_nullable(True)]))[0].dataType.simpleString()}"
+            for f in missing)
+        spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({cols})")
+        have = target_arrow_schema(spark, path)
+    return have
 
 
 class DeltaSink:
-    """Mirror tables under ``root``. The tables of a batch are applied by up to
-    ``parallelism`` threads (each table is its own Delta table with its own application
-    transaction, so their commits are independent; delta-rs runs a MERGE without the
-    GIL). ``apply`` returns or raises only after every table's apply ended, so a retry
-    never overlaps a running commit."""
+    """Mirror tables under ``root`` (a local path or any URI Spark's Hadoop file systems
+    take, ``s3a://bucket/prefix`` with the S3 jars)."""
 
     def __init__(self, root: str, parallelism: int = 2) -> None:
         self.root = root
         self.name = f"delta:{root}"
-        self._pool = (
-            ThreadPoolExecutor(parallelism, thread_name_prefix="dblog-delta")
-            if parallelism > 1
-            else None
-        )
+        self.parallelism = parallelism
 
     def table_path(self, schema: str, table: str) -> str:
+        if "://" in self.root:
+            return f"{self.root.rstrip('/')}/{schema}/{table}"
         return os.path.join(self.root, schema, table)
 
-    def apply(self, batch: Batch) -> None:
-        tables = sorted(batch.changes())
-        if self._pool is None or len(tables) < 2:
-            for q in tables:
-                self._apply_table(batch, q)
+    def apply(self, batch: SparkBatch) -> None:
+        spark = batch.packed.sparkSession
+        done: dict[str, int | None] = {}
+        for q, ts in batch.tables.items():
+            try:
+                done[q] = txn_version(spark, self.table_path(ts.schema, ts.table), APP_ID)
+            except Exception as exc:
+                raise SinkError(f"table {q}: {exc}") from exc
+        todo = sorted(q for q, w in done.items() if w is None or w < batch.end)
+        if not todo:
             return
-        futures = [self._pool.submit(self._apply_table, batch, q) for q in tables]
-        errors = [e for e in (f.exception() for f in futures) if e is not None]
-        if errors:
-            raise errors[0]
+        since = {q: w for q in todo if (w := done[q]) is not None}
+        # Tables already done take no part: a since beyond the batch drops their events.
+        since.update({q: batch.end for q in done if q not in todo})
+        cuts = batch.cuts(since)
+        reduced = batch.reduced(since)
+        for q in todo:
+            self._apply_table(batch, q, reduced, q in cuts)
 
-    def _apply_table(self, batch: Batch, qualified: str) -> None:
-        full = batch.changes()[qualified]
-        path = self.table_path(full.schema, full.table)
+    def _apply_table(self, batch: SparkBatch, qualified: str, reduced: Any, truncated: bool) -> None:
+        spark = batch.packed.sparkSession
+        ts = batch.tables[qualified]
+        path = self.table_path(ts.schema, ts.table)
         try:
-            dt = open_table(path)
-            done = dt.transaction_version(APP_ID) if dt is not None else None
-            if done is not None and done >= batch.end:
-                return
-            changes = batch.changes(done).get(qualified)
-            if changes is None:
-                return
-            schema = batch.schema_for(changes)
-            if dt is None and not changes.ops and not schema.columns:
+            schema = batch.schema_for(qualified)
+            if not schema.columns and not table_exists(spark, path):
                 # Only a truncate of a table with no schema and no target (dropped before
                 # any row was logged): nothing to empty, nothing to create.
                 return
-            dt = ensure_table(path, arrow_schema(schema))
-            txn = CommitProperties(app_transactions=[Transaction(APP_ID, batch.end)])
-            target = dt.schema().to_arrow()
-            if not isinstance(target, pa.Schema):
-                target = pa.schema(target)
-            source = _source(changes, schema, target)
-            if changes.truncated:
-                self._overwrite(dt, source, target, txn)
+            target = ensure_table(spark, path, arrow_schema(schema))
+            typed = arrow_schema(schema)
+            fields = [(target.field(n) if n in target.names else typed.field(n)).with_nullable(True)
+                      for n in typed.names]
+            any_json = [c.name for c in schema.columns
+                        if c.logical.lower() == "json" or c.logical.lower().startswith("array")]
+            out = pa.schema([*fields, pa.field("_dblog_op", pa.string()),
+                             pa.field("_dblog_unchanged", pa.list_(pa.string()))])
+            rows = reduced.where((reduced["schema"] == ts.schema) & (reduced["table"] == ts.table))
+            source = rows.mapInArrow(typed_fn(qualified, pa.schema(fields), any_json),
+                                     spark_schema(out))
+            if truncated:
+                self._overwrite(spark, path, source, target, batch.end)
             else:
-                self._merge(dt, source, schema, txn)
+                self._merge(spark, path, source, schema, ts.unchanged, batch.end)
         except SinkError as exc:
             raise SinkError(f"table {qualified}: {exc.message}", hint=exc.hint) from exc
-        except (DeltaError, OSError, pa.ArrowException, ValueError) as exc:
-            raise SinkError(f"table {qualified} ({path}): {exc}") from exc
+        except Exception as exc:
+            if type(exc).__name__ in ("KeyboardInterrupt", "SystemExit"):
+                raise
+            raise SinkError(f"table {qualified} ({path}): {_first_line(exc)}") from exc
 
     @staticmethod
-    def _overwrite(
-        dt: DeltaTable, source: pa.Table, target: pa.Schema, txn: CommitProperties
-    ) -> None:
-        rows = source.filter(pa.compute.not_equal(source["_dblog_op"], DELETE))
-        cols = []
-        for f in target:
-            if f.name in rows.column_names:
-                cols.append(rows[f.name].cast(f.type))
-            else:
-                cols.append(pa.nulls(rows.num_rows, type=f.type))
-        data = pa.Table.from_arrays(cols, schema=target)
-        write_deltalake(dt, data, mode="overwrite", commit_properties=txn)
+    def _overwrite(spark: Any, path: str, source: Any, target: pa.Schema, end: int) -> None:
+        from pyspark.sql import functions as F
+
+        t_spark = spark_schema(target)
+        have = set(source.columns)
+        cols = [
+            (F.col(quote(f.name)) if f.name in have else F.lit(None)).cast(f.dataType).alias(f.name)
+            for f in t_spark.fields
+        ]
+        (source.where(F.col("_dblog_op") != "d").select(*cols)
+         .write.format("delta").mode("overwrite")
+         .option("txnAppId", APP_ID).option("txnVersion", str(end)).save(path))
 
     @staticmethod
-    def _merge(
-        dt: DeltaTable, source: pa.Table, schema: TableSchema, txn: CommitProperties
-    ) -> None:
+    def _merge(spark: Any, path: str, source: Any, schema: TableSchema, unchanged: bool,
+               end: int) -> None:
+        from delta.tables import DeltaTable
+
         key = schema.key or tuple(c.name for c in schema.columns)
         nullable = {c.name for c in schema.columns if c.nullable}
         # A key column that may hold NULL (a whole-row identity) matches null-safely.
         predicate = " AND ".join(
-            f"(t.{quote(k)} IS NOT DISTINCT FROM s.{quote(k)})" if k in nullable or not schema.key
+            f"t.{quote(k)} <=> s.{quote(k)}" if k in nullable or not schema.key
             else f"t.{quote(k)} = s.{quote(k)}"
             for k in key
         )
         names = [c.name for c in schema.columns]
-        keep: set[str] = set()
-        if "_dblog_unchanged" in source.column_names:
-            for cols in source["_dblog_unchanged"].to_pylist():
-                keep.update(cols or ())
-        updates = {}
+        updates: dict[str, Any] = {}
         for n in names:
-            if n in keep:
-                lit = "'" + n.replace("'", "''") + "'"
+            if unchanged and n not in key:
+                lit = "'" + n.replace("\\", "\\\\").replace("'", "\\'") + "'"
                 updates[quote(n)] = (
-                    f"CASE WHEN array_has(s._dblog_unchanged, {lit}) "
+                    f"CASE WHEN array_contains(s._dblog_unchanged, {lit}) "
                     f"THEN t.{quote(n)} ELSE s.{quote(n)} END"
                 )
             else:
                 updates[quote(n)] = f"s.{quote(n)}"
-        inserts = {quote(n): f"s.{quote(n)}" for n in names}
-        (
-            dt.merge(
-                source,
-                predicate,
-                source_alias="s",
-                target_alias="t",
-                commit_properties=txn,
+        inserts: dict[str, Any] = {quote(n): f"s.{quote(n)}" for n in names}
+        with app_transaction(spark, APP_ID, end):
+            (
+                DeltaTable.forPath(spark, path).alias("t")
+                .merge(source.alias("s"), predicate)
+                .whenMatchedDelete("s._dblog_op = 'd'")
+                .whenMatchedUpdate("s._dblog_op = 'u'", updates)
+                .whenNotMatchedInsert("s._dblog_op = 'u'", inserts)
+                .execute()
             )
-            .when_matched_delete(predicate="s._dblog_op = 'd'")
-            .when_matched_update(updates, predicate="s._dblog_op = 'u'")
-            .when_not_matched_insert(inserts, predicate="s._dblog_op = 'u'")
-            .execute()
-        )
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

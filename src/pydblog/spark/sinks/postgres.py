@@ -29,7 +29,6 @@ import re
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,6 +40,7 @@ from pydblog.config import redact_dsn
 from pydblog.errors import SinkError
 from pydblog.ports import ColumnSchema, TableSchema
 from pydblog.spark.batch import Batch
+from pydblog.spark.plan import SparkBatch
 from pydblog.spark.reduce import DELETE, TableChanges
 from pydblog.spark.typemap import null_safe_key
 
@@ -124,7 +124,6 @@ class PostgresSink:
         # target -> True when it has no primary key: rows are matched null-safely
         self._keyless: dict[str, bool] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="pg-sink")
 
     def target(self, schema: str, table: str) -> tuple[str, str]:
         """Where a source table goes: the configured schema (or the source's own), same
@@ -173,7 +172,7 @@ class PostgresSink:
         ).fetchone()
         return None if row is None else int(row[0])
 
-    def _record(self, conn: psycopg.Connection[Any], batch: Batch, part: int) -> None:
+    def _record(self, conn: psycopg.Connection[Any], batch: Batch | SparkBatch, part: int) -> None:
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (part, nparts, applied_end, batch_id) VALUES (%s, %s, %s, %s) "
@@ -184,27 +183,26 @@ class PostgresSink:
         )
 
     # -- apply -------------------------------------------------------------------------
-    def apply(self, batch: Batch) -> None:
-        changes = batch.changes()
-        if not changes:
+    def apply(self, batch: SparkBatch) -> None:
+        """The DDL/truncate step here in the driver; the key partitions in Spark tasks
+        (``pg_parts_fn``), each part in one transaction with its progress row."""
+        if not batch.tables:
             return
-        schemas = {q: batch.schema_for(c) for q, c in changes.items()}
+        schemas = {q: batch.schema_for(q) for q in batch.tables}
         try:
-            self._prepare(batch, changes, schemas)
-            futures = [
-                self._pool.submit(self._apply_part, batch, p, changes, schemas)
-                for p in range(self.parts)
-            ]
-            errors = [f.exception() for f in futures]
+            self._prepare(batch, schemas)
         except psycopg.Error as exc:
             raise SinkError(str(exc)) from exc
-        for err in errors:
-            if err is not None:
-                raise err
+        events = batch.row_events({}, self.parts)
+        fn = pg_parts_fn(self.dsn, self.target_schema, self.parts, batch.batch_id, batch.start,
+                         batch.end, schemas, dict(self._keyless))
+        errors = [r["error"] for r in
+                  events.repartition(self.parts, "part").mapInArrow(fn, "part int, error string")
+                  .collect() if r["error"]]
+        if errors:
+            raise SinkError(errors[0])
 
-    def _prepare(
-        self, batch: Batch, changes: dict[str, TableChanges], schemas: dict[str, TableSchema]
-    ) -> None:
+    def _prepare(self, batch: SparkBatch, schemas: dict[str, TableSchema]) -> None:
         with self._tx(0) as conn:
             conn.execute(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
@@ -217,20 +215,30 @@ class PostgresSink:
                 ).format(sql.Identifier(self.schema, PROGRESS_TABLE))
             )
             done = self._applied(conn, -1)
-            if done is not None and done >= batch.end:
-                return
-            for q, ch in sorted(batch.changes(done).items()):
+            for q, ts in sorted(batch.tables.items()):
+                label = self._label_of(ts.schema, ts.table)
                 try:
-                    self._ensure_table(conn, schemas[q])
-                    if ch.truncated:
+                    # Tables are ensured whatever the step did (the column knowledge the
+                    # partitions need); only the truncates are the step's own work.
+                    if schemas[q].columns:
+                        self._ensure_table(conn, schemas[q])
+                    if done is not None and done >= batch.end:
+                        continue
+                    if ts.truncate is not None and ts.truncate >= (done or -1):
                         conn.execute(
                             sql.SQL("TRUNCATE {}").format(
-                                sql.Identifier(*self.target(ch.schema, ch.table))
+                                sql.Identifier(*self.target(ts.schema, ts.table))
                             )
                         )
                 except psycopg.Error as exc:
-                    raise SinkError(f"table {self._label(ch)}: {exc}") from exc
-            self._record(conn, batch, -1)
+                    raise SinkError(f"table {label}: {exc}") from exc
+            if done is None or done < batch.end:
+                self._record(conn, batch, -1)
+
+    def _label_of(self, schema: str, table: str) -> str:
+        tschema, tname = self.target(schema, table)
+        target = f"{tschema}.{tname}"
+        return target if target == f"{schema}.{table}" else f"{target} (from {schema}.{table})"
 
     def _ensure_table(self, conn: psycopg.Connection[Any], schema: TableSchema) -> None:
         tschema, tname = self.target(schema.schema, schema.table)
@@ -276,7 +284,7 @@ class PostgresSink:
 
     def _apply_part(
         self,
-        batch: Batch,
+        batch: Batch | SparkBatch,
         part: int,
         changes: dict[str, TableChanges],
         schemas: dict[str, TableSchema],
@@ -287,6 +295,7 @@ class PostgresSink:
             if done is not None and done >= batch.end:
                 return
             if done is not None and done > batch.start:
+                assert isinstance(batch, Batch)
                 changes = batch.changes(done)
             for q, ch in sorted(changes.items()):
                 idx = [i for i in range(len(ch)) if ch.partition_of(i, self.parts) == part]
@@ -391,10 +400,58 @@ class PostgresSink:
         )
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
+
+
+def pg_parts_fn(
+    dsn: str,
+    target_schema: str | None,
+    parts: int,
+    batch_id: int,
+    start: int,
+    end: int,
+    schemas: dict[str, TableSchema],
+    keyless: dict[str, bool],
+) -> Any:
+    """``mapInArrow`` over row events shuffled by their ``part`` column: each key
+    partition present in the task applied in one transaction with its progress row
+    (``PostgresSink._apply_part``); one ``(part, error)`` row per part."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+        if not tables:
+            return
+        ev = pa.concat_tables(tables)
+        sink = PostgresSink(dsn, target_schema, parts)
+        sink._keyless = dict(keyless)
+        out_parts: list[int] = []
+        out_errors: list[str | None] = []
+        try:
+            for part in sorted(pc.unique(ev["part"]).to_pylist()):
+                mine = ev.filter(pc.equal(ev["part"], part)).drop_columns(["part"])
+                batch = Batch(batch_id, start, end, mine, dict(schemas))
+                err: str | None = None
+                try:
+                    changes = batch.changes()
+                    sink._apply_part(batch, part, changes,
+                                     {q: batch.schema_for(c) for q, c in changes.items()})
+                except SinkError as exc:
+                    err = exc.message
+                except psycopg.Error as exc:
+                    err = f"partition {part}: {exc}"
+                out_parts.append(part)
+                out_errors.append(err)
+        finally:
+            sink.close()
+        yield pa.RecordBatch.from_pydict(
+            {"part": out_parts, "error": out_errors},
+            schema=pa.schema([("part", pa.int32()), ("error", pa.string())]))
+
+    return run
 
 
 def _apply_null_safe(
