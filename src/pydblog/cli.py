@@ -239,6 +239,22 @@ def _log_end(cfg: Config) -> int:
         reader.close()
 
 
+@main.command("sync-jars")
+@click.option("--s3", is_flag=True, help="Also the S3A file system (hadoop-aws).")
+def sync_jars_cmd(s3: bool) -> None:
+    """Fetch the Spark packages `dblog sync` needs (Maven, cached) and print their files."""
+    from pydblog.extras import needs_extra
+
+    try:
+        with needs_extra("spark", "dblog sync-jars"):
+            from pydblog.spark.jars import sync_jars
+
+            for jar in sync_jars(s3):
+                click.echo(jar)
+    except DblogError as exc:
+        _fail(exc)
+
+
 @main.command()
 @config_option
 @click.option("--available-now", is_flag=True, help="Apply everything in the change log, then exit.")
@@ -262,8 +278,9 @@ def sync(config_path: str, available_now: bool, verbose: bool) -> None:
             # starts (spark/session.py); run_sync reuses the session.
             preload()
             check_config(cfg)
-            spark_session(cfg.sync.master)
-            from pydblog.spark.job import run_sync
+            from pydblog.spark.job import _uses_s3, run_sync
+
+            spark_session(cfg.sync.master, s3=_uses_s3(cfg))
 
             code = run_sync(cfg, available_now=available_now, stop_event=stop)
     except DblogError as exc:

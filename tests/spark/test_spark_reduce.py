@@ -1,0 +1,68 @@
+"""The reduce on the executors (``plan.SparkBatch.reduced``: events shuffled by
+``(table, key)``, truncates cut before, ``reduce_events`` per partition) against the
+driver's reduce of the whole batch (``reduce.reduce_events``, the oracle) on random
+batches: the same net change per table and key, the same truncated tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pydblog.events import UNCHANGED_TOAST, Op
+from pydblog.spark.job import packed_frame
+from pydblog.spark.plan import SparkBatch
+from pydblog.spark.reduce import reduce_events
+from tests.spark.test_reduce import batch, ev
+
+Net = dict[tuple[str, str], tuple[str, int, Any, list[str]]]
+
+
+def driver(t: pa.Table) -> tuple[Net, set[str]]:
+    out: Net = {}
+    for q, c in reduce_events(t).items():
+        for i in range(len(c)):
+            out[(q, c.keys[i])] = (c.ops[i], c.offsets[i], orjson.loads(c.texts[i]),
+                                   sorted(c.unchanged[i]))
+    return out, {q for q, c in reduce_events(t).items() if c.truncated}
+
+
+def executors(spark: Any, t: pa.Table, parts: int) -> tuple[Net, set[str]]:
+    b = SparkBatch.of(0, packed_frame(spark, t), t.column_names, [], dense=False, parts=parts)
+    assert b is not None
+    try:
+        out: Net = {}
+        for r in b.reduced().collect():
+            out[(f"{r['schema']}.{r['table']}", r["key"])] = (
+                r["op"], r["offset"], orjson.loads(r["text"]), sorted(r["unchanged"] or []))
+        return out, set(b.cuts({}))
+    finally:
+        b.release()
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_the_executors_reduce_equals_the_drivers(spark: Any, data: st.DataObject) -> None:
+    keys = st.integers(0, 6)
+    one = st.one_of(
+        st.builds(lambda k, v: ev(Op.CREATE, k, {"id": k, "big": f"B{v}", "v": v}), keys,
+                  st.integers(0, 99)),
+        st.builds(lambda k, v: ev(Op.UPDATE, k, {"id": k, "big": UNCHANGED_TOAST, "v": v},
+                                  unchanged=("big",)), keys, st.integers(0, 99)),
+        st.builds(lambda k, v: ev(Op.UPDATE, k, {"id": k, "big": f"U{v}", "v": v}), keys,
+                  st.integers(0, 99)),
+        st.builds(lambda k: ev(Op.DELETE, k), keys),
+        st.builds(lambda k: ev(Op.CREATE, k, {"id": k}, table="other"), keys),
+        st.builds(lambda k: ev(Op.DELETE, k, table="other"), keys),
+        st.just(ev(Op.TRUNCATE, None)),
+        st.just(ev(Op.NOTIFICATION, None)),
+    )
+    events = data.draw(st.lists(one, min_size=1, max_size=40))
+    t = batch(*events)
+    order = data.draw(st.permutations(range(t.num_rows)))  # a Kafka log interleaves
+    t = t.take(pa.array(order, pa.int64()))
+    parts = data.draw(st.integers(1, 3))
+    assert executors(spark, t, parts) == driver(t)
