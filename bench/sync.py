@@ -76,9 +76,10 @@ class TimedApplier(BatchApplier):
             self.entered = time.monotonic()
         super().__call__(df, batch_id)
 
-    def apply(self, events: Any, batch_id: int) -> None:
-        super().apply(events, batch_id)
-        self.ends.append((time.monotonic(), events.num_rows))
+    def apply(self, events: Any, batch_id: int, *, dense: bool | None = None) -> None:
+        before = self.events
+        super().apply(events, batch_id, dense=dense)
+        self.ends.append((time.monotonic(), self.events - before))
 
 
 def drain(spark: Any, cfg: Config, events: int, parallelism: int | None = None) -> tuple[float, float | None]:
@@ -126,10 +127,15 @@ class LatencyApplier(BatchApplier):
         super().__init__(*args)
         self.latencies: list[float] = []
 
-    def apply(self, events: Any, batch_id: int) -> None:
-        super().apply(events, batch_id)
+    def _apply(self, packed: Any, batch_id: int, dense: bool) -> None:
+        from pydblog.spark.decode import columns_schema
+        from pydblog.spark.plan import events_fn, spark_schema
+
+        schema = columns_schema(self.columns)
+        ts = packed.mapInArrow(events_fn(schema), spark_schema(schema)).select("ts_ms").toArrow()
+        super()._apply(packed, batch_id, dense)
         done = time.time() * 1000
-        self.latencies.extend(done - ts for ts in events["ts_ms"].to_pylist())
+        self.latencies.extend(done - t for t in ts["ts_ms"].to_pylist())
 
 
 def steady_writer(log_dir: Path, rate: int, seconds: float, stop: threading.Event) -> int:

@@ -201,7 +201,7 @@ KILL_POINTS = {  # batch: (kill point, what has applied the batch when it dies)
     2: ("after-sink-0", DELTA),  # Delta applied it, the history and PostgreSQL not
     3: ("after-sink-1", (*DELTA, "history")),  # PostgreSQL not
     4: ("pg-partition-1", (*DELTA, "history", "pg -1", "pg 0")),  # inside PostgreSQL
-    5: ("delta-second-table", (DELTA[0], DELTA[2])),  # inside Delta (a column added; 2 threads)
+    5: ("delta-second-table", (DELTA[0],)),  # inside Delta (a column added; one table after another)
     6: ("after-sinks", (*DELTA, "history", "pg -1", "pg 0", "pg 1")),  # not Spark's commit
     7: ("pg-after-table-step", (*DELTA, "history", "pg -1")),  # the batch's TRUNCATE only
 }
@@ -209,6 +209,7 @@ KILL_POINTS = {  # batch: (kill point, what has applied the batch when it dies)
 ``test_every_kill_point_of_a_batch_replays_exactly``."""
 
 
+@pytest.mark.usefixtures("spark")
 def test_every_kill_point_of_a_batch_replays_exactly(
         pg_db: str, tmp_path: Path, kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     """The kill points the kill -9 tests above cannot aim at, deterministically
@@ -241,22 +242,42 @@ def test_every_kill_point_of_a_batch_replays_exactly(
 
     point = [""]  # where the current batch dies
     real_table, real_prepare = DeltaSink._apply_table, PostgresSink._prepare
-    real_part = PostgresSink._apply_part
+    from pydblog.spark.sinks import postgres
 
-    def delta_table(self: DeltaSink, batch: Any, qualified: str) -> None:
-        if point[0] == "delta-second-table" and qualified == sorted(batch.changes())[1]:
-            raise Killed(point[0])  # the first table commits (the third too: 2 threads)
-        real_table(self, batch, qualified)
+    real_parts = postgres.pg_parts_fn
+
+    def delta_table(self: DeltaSink, batch: Any, qualified: str, *args: Any) -> None:
+        if point[0] == "delta-second-table" and qualified == sorted(batch.tables)[1]:
+            raise Killed(point[0])  # the first table commits (tables go one by one)
+        real_table(self, batch, qualified, *args)
 
     def pg_prepare(self: PostgresSink, *args: Any) -> None:
         real_prepare(self, *args)
         if point[0] == "pg-after-table-step":
             raise Killed(point[0])
 
-    def pg_part(self: PostgresSink, batch: Any, part: int, *args: Any) -> None:
-        if point[0] == "pg-partition-1" and part == 1:
-            raise Killed(point[0])  # partition 0 commits
-        real_part(self, batch, part, *args)
+    def pg_parts(*args: Any) -> Any:  # the function of the sink's Spark tasks
+        run = real_parts(*args)
+        fail = point[0] == "pg-partition-1"
+
+        def task(batches: Any) -> Any:
+            from pydblog.spark.sinks import postgres
+
+            real = postgres.PostgresSink._apply_part
+
+            def part1(self: Any, batch: Any, part: int, *a: Any) -> None:
+                if part == 1:
+                    raise SinkError("pg-partition-1")
+                real(self, batch, part, *a)
+
+            if fail:  # partition 1 fails before it applies (0 commits)
+                postgres.PostgresSink._apply_part = part1  # type: ignore[method-assign,assignment]
+            try:
+                yield from run(batches)
+            finally:  # the task's Python worker is reused
+                postgres.PostgresSink._apply_part = real  # type: ignore[method-assign]
+
+        return task
 
     def fault(batch_id: int, after: int | None) -> None:  # job._fault's points, raising
         if point[0] == f"after-sink-{after}" or (point[0] == "after-sinks" and after is None):
@@ -264,7 +285,7 @@ def test_every_kill_point_of_a_batch_replays_exactly(
 
     monkeypatch.setattr(DeltaSink, "_apply_table", delta_table)
     monkeypatch.setattr(PostgresSink, "_prepare", pg_prepare)
-    monkeypatch.setattr(PostgresSink, "_apply_part", pg_part)
+    monkeypatch.setattr(postgres, "pg_parts_fn", pg_parts)
     monkeypatch.setattr(job, "_fault", fault)
 
     def applier() -> BatchApplier:

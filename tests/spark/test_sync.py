@@ -121,7 +121,7 @@ def test_oracle_delta_postgres_history(spark: Any, pg_db: str, tmp_path: Path) -
     assert history_offsets(tmp_path / "lake" / "_changes") == list(range(end2))
 
 
-def test_replayed_batch_applies_nothing(pg_db: str, tmp_path: Path) -> None:
+def test_replayed_batch_applies_nothing(spark: Any, pg_db: str, tmp_path: Path) -> None:
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=31))
     cfg = make_config(tmp_path, pg_db)
     sinks = [build_sink(s) for s in cfg.sync.sinks]

@@ -1,8 +1,8 @@
 """The sync job's own check that a batch for a history sink holds every offset of its
 range exactly once, and that a query's batches leave no offsets out between them
 (``spark.job.check_whole``): a read that drops or repeats an event fails the batch before
-any sink applies it. Real Delta tables; no Spark (``BatchApplier.apply`` as
-``foreachBatch`` calls it)."""
+any sink applies it. Real Delta tables; the batches given to ``BatchApplier.apply`` as
+Arrow (packed into a DataFrame as the source packs them)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def without(t: pa.Table, offset: int) -> pa.Table:
 
 
 @pytest.mark.parametrize("hole", ["inside", "repeated"])
-def test_a_batch_missing_an_offset_fails_before_any_sink(tmp_path: Path, hole: str) -> None:
+def test_a_batch_missing_an_offset_fails_before_any_sink(spark: Any, tmp_path: Path, hole: str) -> None:
     app, end = setup(tmp_path)
     app.apply(events(tmp_path, 0, 1_000), 0)
     t = without(events(tmp_path, 1_000, 2_000), 1_500)
@@ -60,7 +60,7 @@ def test_a_batch_missing_an_offset_fails_before_any_sink(tmp_path: Path, hole: s
     assert history_offsets(tmp_path / "lake" / "_changes") == list(range(end))
 
 
-def test_a_batch_starting_past_the_last_ones_end_fails(tmp_path: Path) -> None:
+def test_a_batch_starting_past_the_last_ones_end_fails(spark: Any, tmp_path: Path) -> None:
     app, end = setup(tmp_path)
     app.apply(events(tmp_path, 0, 1_000), 0)
     with pytest.raises(ChangeLogError, match=r"offsets 1000\.\.1009 were never read"):
@@ -70,7 +70,7 @@ def test_a_batch_starting_past_the_last_ones_end_fails(tmp_path: Path) -> None:
     assert history_offsets(tmp_path / "lake" / "_changes") == list(range(end))
 
 
-def test_mirrors_alone_accept_a_gap(tmp_path: Path) -> None:
+def test_mirrors_alone_accept_a_gap(spark: Any, tmp_path: Path) -> None:
     """Without a history sink the log may be compacted (``allowGaps``): mirrors apply
     each key's newest event, so a batch with an offset missing still applies."""
     app, _end = setup(tmp_path, history=False)
@@ -78,7 +78,7 @@ def test_mirrors_alone_accept_a_gap(tmp_path: Path) -> None:
     assert app.batches == 1
 
 
-def test_a_process_first_batch_past_what_the_history_holds_fails(tmp_path: Path) -> None:
+def test_a_process_first_batch_past_what_the_history_holds_fails(spark: Any, tmp_path: Path) -> None:
     """The last batch of a process (an available-now run's, one before a kill) is checked
     by no later batch of that process: the next process's first batch is checked
     against the end the history sink recorded."""

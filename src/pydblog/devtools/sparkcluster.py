@@ -1,0 +1,114 @@
+"""A Spark standalone cluster on loopback for tests and benchmarks: one master and
+``workers`` workers (``spark-class org.apache.spark.deploy.master.Master`` /
+``...worker.Worker``, from the PyPI ``pyspark`` package's own jars), each its own
+process group, stopped by PID.
+
+    with SparkCluster(workers=2, cores=1) as cluster:
+        run_sync(cfg with master = cluster.url)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SparkCluster:
+    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g",
+                 workdir: str | Path | None = None) -> None:
+        self.workers = workers
+        self.cores = cores
+        self.memory = memory
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="dblog-spark-")
+        self.dir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
+        self.port = _free_port()
+        self.ui_port = _free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.master: subprocess.Popen[bytes] | None = None
+        self.worker_procs: list[subprocess.Popen[bytes]] = []
+
+    def _spark_class(self, *args: str, log: str) -> subprocess.Popen[bytes]:
+        from pydblog.spark.session import spark_home
+
+        home = spark_home()
+        env = dict(os.environ, SPARK_HOME=home, SPARK_LOG_DIR=str(self.dir),
+                   SPARK_WORKER_DIR=str(self.dir / "work"), SPARK_LOCAL_IP="127.0.0.1")
+        out = open(self.dir / log, "wb")  # noqa: SIM115 - the child holds it
+        return subprocess.Popen([f"{home}/bin/spark-class", *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start(self, timeout: float = 120.0) -> SparkCluster:
+        self.master = self._spark_class(
+            "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+            "--port", str(self.port), "--webui-port", str(self.ui_port), log="master.log")
+        for i in range(self.workers):
+            self.start_worker(i)
+        deadline = time.monotonic() + timeout
+        while self.alive_workers() < self.workers:
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"{self.workers} Spark workers did not register in {timeout} s "
+                                   f"(logs in {self.dir})")
+            time.sleep(0.5)
+        return self
+
+    def start_worker(self, i: int) -> subprocess.Popen[bytes]:
+        proc = self._spark_class(
+            "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+            "--cores", str(self.cores), "--memory", self.memory,
+            "--webui-port", str(_free_port()), self.url, log=f"worker-{i}.log")
+        self.worker_procs.append(proc)
+        return proc
+
+    def alive_workers(self) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
+                state = json.loads(r.read())
+        except OSError:
+            return 0
+        return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+    def executor_pids(self) -> list[int]:
+        """PIDs of the executors' JVMs the workers started (children of the workers)."""
+        pids: list[int] = []
+        for w in self.worker_procs:
+            try:
+                kids = Path(f"/proc/{w.pid}/task/{w.pid}/children").read_text().split()
+            except OSError:
+                continue
+            pids.extend(int(k) for k in kids)
+        return pids
+
+    def stop(self) -> None:
+        for p in [*self.worker_procs, *([self.master] if self.master else [])]:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.worker_procs.clear()
+        self.master = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> SparkCluster:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
