@@ -116,10 +116,31 @@ def drain(spark: Any, cfg: Config, events: int, parallelism: int | None = None) 
     return elapsed, steady
 
 
+def driver_rss_mib() -> tuple[float, float]:
+    """Peak RSS (VmHWM) of this Python driver and of its driver JVM (spark-submit's
+    java, a child of this process), MiB."""
+    def hwm(pid: int) -> float:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    jvm = 0.0
+    for kid in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
+        try:
+            if "java" in Path(f"/proc/{kid}/comm").read_text():
+                jvm = max(jvm, hwm(int(kid)))
+        except OSError:
+            continue
+    return hwm(os.getpid()), jvm
+
+
 def report(target: str, events: int, result: tuple[float, float | None]) -> None:
     s, steady = result
     extra = f"; after the first batch {steady:,.0f} events/s" if steady else ""
-    print(f"drain into {target}: {events} events in {s:.1f}s = {events / s:,.0f} events/s{extra}")
+    py, jvm = driver_rss_mib()
+    print(f"drain into {target}: {events} events in {s:.1f}s = {events / s:,.0f} events/s{extra}; "
+          f"driver peak RSS: Python {py:.0f} MiB, JVM {jvm:.0f} MiB")
 
 
 class LatencyApplier(BatchApplier):
@@ -260,6 +281,9 @@ def main() -> None:
                     help="kafka: drain each Kafka log once per value (repeatable, in turn each "
                          "round) with the source's numPartitions set to it instead of the "
                          "cores (a Kafka batch is cut into TASKS_PER_CORE tasks per unit)")
+    ap.add_argument("--cluster-workers", type=int, default=0,
+                    help="run on a standalone cluster of this many one-core workers on "
+                         "loopback (devtools.sparkcluster) instead of --master")
     ap.add_argument("--workdir")
     ap.add_argument(
         "--reuse-log",
@@ -298,6 +322,12 @@ def main() -> None:
     os.sync()
     print(f"sync(): {time.monotonic() - t0:.1f}s")
     t0 = time.monotonic()
+    if args.cluster_workers:
+        from pydblog.devtools.sparkcluster import SparkCluster
+
+        cluster = SparkCluster(workers=args.cluster_workers, cores=1).start()
+        args.master = cluster.url
+        print(f"standalone cluster: {args.cluster_workers} one-core workers at {cluster.url}")
     spark = spark_session(args.master)
     print(
         f"Spark session in {time.monotonic() - t0:.1f}s (not timed below); Python processes: "
