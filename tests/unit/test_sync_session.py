@@ -21,7 +21,7 @@ def test_the_session_module_imports_none_of_the_job() -> None:
 
 def test_preload_imports_the_job() -> None:
     code = ("import sys\nfrom pydblog.spark.session import preload\npreload().join(60)\n"
-            "print('pydblog.spark.job' in sys.modules, 'deltalake' in sys.modules)")
+            "print('pydblog.spark.job' in sys.modules, 'delta.tables' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=90, check=True)
     assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr

@@ -35,9 +35,10 @@ PRELOAD = (
     "pydblog.spark.sinks.delta",
     "pydblog.spark.sinks.postgres",
     "pydblog.spark.sinks.history",
+    "delta.tables",
 )
-"""What ``preload`` imports: the job and what its first batch needs (the sinks import
-deltalake/psycopg only when they are built)."""
+"""What ``preload`` imports: the job and what its first batch needs (the Delta Lake
+Python API the sinks use; psycopg is imported only when the PostgreSQL sink is built)."""
 
 
 def preload(modules: tuple[str, ...] = PRELOAD) -> threading.Thread:
