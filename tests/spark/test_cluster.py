@@ -60,25 +60,34 @@ def run_job(cfg: Path, env: dict[str, str] | None = None, fault: str = "",
     if fault:
         full[FAULT_ENV] = fault
     log = cfg.parent / "job.log"
+    before = log.stat().st_size if log.exists() else 0  # earlier runs' lines
     with log.open("ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pydblog.spark.job", "--config", str(cfg)],
                                 env=full, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         killer = None
+        killed: list[int] = []
         if kill_executor_after is not None and cluster is not None:
             def kill() -> None:
                 deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline and proc.poll() is None:
-                    if "batch 0:" in log.read_text(errors="replace"):
-                        time.sleep(kill_executor_after)
-                        for pid in cluster.executor_pids()[:1]:
-                            os.kill(pid, signal.SIGKILL)
-                        return
+                    with log.open("rb") as f:  # this run's first batch applied:
+                        f.seek(before)  # kill an executor inside the next one
+                        if b"pydblog.sync batch " in f.read():
+                            time.sleep(kill_executor_after)
+                            pids = cluster.executor_pids()
+                            assert pids, "no executor to kill"
+                            os.kill(pids[0], signal.SIGKILL)
+                            killed.append(pids[0])
+                            return
                     time.sleep(0.2)
             killer = threading.Thread(target=kill, daemon=True)
             killer.start()
         try:
-            return proc.wait(timeout=timeout)
+            code = proc.wait(timeout=timeout)
+            if kill_executor_after is not None:
+                assert killed, "the job ended before an executor was killed"
+            return code
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

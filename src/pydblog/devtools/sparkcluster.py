@@ -87,12 +87,12 @@ class SparkCluster:
         """PIDs of the executors' JVMs the workers started (children of the workers)."""
         pids: list[int] = []
         for w in self.worker_procs:
-            try:
-                kids = Path(f"/proc/{w.pid}/task/{w.pid}/children").read_text().split()
-            except OSError:
-                continue
-            pids.extend(int(k) for k in kids)
-        return pids
+            for children in Path(f"/proc/{w.pid}/task").glob("*/children"):
+                try:  # a thread's children (the worker starts executors from threads)
+                    pids.extend(int(k) for k in children.read_text().split())
+                except OSError:
+                    continue
+        return sorted(set(pids))
 
     def stop(self) -> None:
         for p in [*self.worker_procs, *([self.master] if self.master else [])]:
