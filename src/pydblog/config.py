@@ -137,6 +137,8 @@ class LogConfig(_Model):
     replication_factor: int = Field(default=1, ge=1, le=32)
     tombstones: bool = False
     transactional_id: str | None = None
+    value_format: Literal["json", "json-schema", "avro"] = "json"
+    schema_registry_url: str | None = None
     kafka: dict[str, KafkaSetting] = Field(default_factory=dict)
 
     @field_validator("kafka")
@@ -160,6 +162,17 @@ class LogConfig(_Model):
                     f"{self.topic_prefix!r} is not a valid topic prefix "
                     "(letters, digits, '.', '_' and '-')"
                 )
+        if self.value_format != "json" and self.type != "kafka":
+            raise ValueError(
+                f'value_format = "{self.value_format}" is a format of Kafka topics: it needs '
+                'type = "kafka" (the embedded log stores pydblog\'s JSON envelope)')
+        if self.value_format == "avro" and not self.schema_registry_url:
+            raise ValueError(
+                'value_format = "avro" needs schema_registry_url (a Confluent-API schema '
+                'registry, e.g. "http://127.0.0.1:8081")')
+        if self.schema_registry_url is not None and not re.match(r"https?://", self.schema_registry_url):
+            raise ValueError(
+                f"schema_registry_url {self.schema_registry_url!r} is not an http(s) URL")
         return self
 
     def __repr__(self) -> str:

@@ -87,6 +87,10 @@ INTERNAL = "__dblog"
 HEADER_SOURCE = "dblog.source"
 HEADER_WRITER = "dblog.writer"
 HEADER_FANOUT = "dblog.fanout"
+HEADER_EVENT = "dblog.event"
+"""With ``[log] value_format`` other than ``json``: the event as pydblog's JSON envelope
+(the ``json`` format's value, its global ``offset`` first), which readers take instead of
+the Kafka Connect value (``event_value``)."""
 RECOVERY_WINDOW = 2000
 KNOWN_EVERY = RECOVERY_WINDOW // 4
 """A writer that knows every data partition's last valid end puts them all into its
@@ -594,6 +598,21 @@ def _header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> by
     return None
 
 
+def event_value(m: Any) -> bytes | None:
+    """A data message's event as pydblog's JSON envelope (``parse_value`` reads it): the
+    ``dblog.event`` header of a record in a Kafka Connect format, else the value (the
+    ``json`` format; a null value, a tombstone, stays null)."""
+    value: bytes | None = m.value()
+    if value is None:
+        return None
+    headers = m.headers()
+    if headers and len(headers) > 2:
+        event = _header(headers, HEADER_EVENT)
+        if event is not None:
+            return event
+    return value
+
+
 class _Client:
     """The Kafka clients a log needs: an admin client and a consumer for bounded reads
     (``read_range``), with the topic metadata cached."""
@@ -606,8 +625,10 @@ class _Client:
         self.prefix = _prefix(cfg)
         self._admin: Any = None
         self._consumer: Any = None
-        # ``read_values`` by ``kafka_native`` (its consumer then has no logger)
-        self.native = native and kafka_native.available()
+        # ``read_values`` by ``kafka_native`` (its consumer then has no logger); it reads
+        # values only, so not for a Kafka Connect format (the event is in a header)
+        self.formatted = cfg.value_format != "json"
+        self.native = native and not self.formatted and kafka_native.available()
         self._client_id = ""
         self._partitions: dict[str, int] = {}
         self._consumer_topics: set[str] = set()  # topics whose metadata the consumer has
@@ -1201,7 +1222,16 @@ class KafkaChangeLog(ChangeLogWriter):
         )
         # The C path (``kafka_native``): records produced and their acknowledgements
         # counted without Python per record; the same records, the same checks.
-        self._native = kafka_native.writer_available()
+        # A Kafka Connect format (``formats``) is produced from Python.
+        self._formatter: Any = None
+        if cfg.value_format != "json":
+            from pydblog.changelog.formats import Formatter
+
+            try:
+                self._formatter = Formatter(cfg.value_format, self.prefix, cfg.schema_registry_url)
+            except (ImportError, ValueError) as exc:
+                raise ConfigError(f"[log] value_format: {exc}") from None
+        self._native = kafka_native.writer_available() and self._formatter is None
         self._client_id = ""
         self._delivered: dict[tuple[str, int], list[int]] = {}  # [first, last, count]
         self._fanned: set[tuple[str, int]] = set()  # partitions holding fan-out copies
@@ -1232,6 +1262,8 @@ class KafkaChangeLog(ChangeLogWriter):
         self.writer_id = uuid.uuid4().hex[:16]
         self._tag = f"{self.gen}:{self.writer_id}".encode()
         self._schemas = client.read_schemas()
+        self._table_schemas: dict[str, TableSchema] = {s.qualified: s for _, s in self._schemas}
+        """Each table's current schema (what ``formats`` derive its Connect schemas from)."""
         self._begin()
         log.info("Kafka change log %s on %s: session %s, next offset %d", self.prefix,
                  cfg.bootstrap_servers, self._tag.decode(), self._next)
@@ -1348,6 +1380,8 @@ class KafkaChangeLog(ChangeLogWriter):
                                "schema": s.to_json()}), s.qualified) for s in schemas]
         rec = CommitRecord(self.gen, self.writer_id, start, end, checkpoint, {}, epoch=self._epoch,
                            known=self._known() if self._commits % KNOWN_EVERY == 0 else None)
+        for s in schemas:  # they apply from this commit's first event
+            self._table_schemas[s.qualified] = s
         self._commit(events, rec, topics, msgs)
         self._next = end
         self._checkpoint = checkpoint
@@ -1639,6 +1673,9 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _produce(self, events: Sequence[Encoded], seq: int, topics: dict[str, str]) -> None:
         """Produce every event (global offsets from ``seq``)."""
+        if self._formatter is not None:
+            self._produce_formatted(events, seq, topics)
+            return
         if self._native:
             self._produce_native(events if type(events) is list else list(events), seq, topics)
             return
@@ -1710,6 +1747,47 @@ class KafkaChangeLog(ChangeLogWriter):
                 seq += 1
         return seq
 
+    def _produce_formatted(self, events: Sequence[Encoded], seq: int, topics: dict[str, str]) -> int:
+        """``_produce`` in a Kafka Connect format (``[log] value_format``): key and value
+        by ``formats.Formatter`` from the table's schema, the JSON envelope in the
+        ``dblog.event`` header (what readers take). The notifications topic keeps the JSON
+        envelope as its value."""
+        from pydblog.changelog.formats import RegistryError
+
+        tag = self._tag
+        notes = notifications_topic(self.prefix)
+        for item in events:
+            topic = topics[item.table]
+            if type(item) is EncodedBlock:
+                bodies = item.bodies()
+            else:
+                body = item.body
+                bodies = [body if isinstance(body, str) else body.decode()]
+            table = self._table_schemas.get(item.table)
+            for text in bodies:
+                event = f'{{"offset":{seq},{text[1:]}'
+                env = orjson.loads(text)
+                source = orjson.dumps(env["source"])
+                if topic == notes:
+                    self._send(topic, event, None, [(HEADER_WRITER, tag), (HEADER_SOURCE, source)], None)
+                    seq += 1
+                    continue
+                try:
+                    value, key = self._formatter.encode(topic, table, env)
+                except RegistryError as exc:
+                    raise ChangeLogUnavailable(
+                        f"{exc}; the transaction is aborted",
+                        hint="the capture retries from the last checkpoint in Kafka") from None
+                headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, source), (HEADER_EVENT, event)]
+                if item.op in ("t", "n"):
+                    self._fan_out(topic, value, headers)
+                else:
+                    self._send(topic, value, key, headers, None)
+                    if item.op == "d" and self._tombstones:
+                        self._send(topic, None, key, headers, None)
+                seq += 1
+        return seq
+
     def _produce_template(self, block: EncodedBlock, topic: str, seq: int) -> int:
         """A template block's rows (see ``EncodedBlock``): key and source from the
         template's parts, no per-row search."""
@@ -1746,7 +1824,7 @@ class KafkaChangeLog(ChangeLogWriter):
             seq += 1
         return seq
 
-    def _fan_out(self, topic: str, value: str, headers: list[tuple[str, Any]]) -> None:
+    def _fan_out(self, topic: str, value: str | bytes, headers: list[tuple[str, Any]]) -> None:
         """Truncates and table notifications: one copy in every partition. The count is
         asked of the broker once per commit that fans out, through the producer (its
         own metadata then knows them too; not cached for the session): partitions added
@@ -1883,7 +1961,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         out: list[LogRecord] = []
         seen: dict[tuple[str, int], int] = {}  # each partition's offset after the last record
         for m in self._data.read_range(ranges):
-            value = m.value()
+            value = event_value(m)
             if value is None:
                 continue
             off = m.offset()

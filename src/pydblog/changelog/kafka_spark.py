@@ -489,7 +489,9 @@ def _read_messages(client: Any, piece: KafkaPiece, values: _Sink, check: _RunChe
     import confluent_kafka
     import numpy as np
 
-    value = confluent_kafka.Message.value
+    from pydblog.changelog.kafka import event_value
+
+    value = event_value if client.formatted else confluent_kafka.Message.value
     spans = piece.spans
     k = 0
     for batch in client.read_batches({(piece.topic, piece.partition): (piece.start, piece.end)}):
@@ -549,7 +551,7 @@ def _read_runs(client: Any, piece: KafkaPiece, values: _Sink, check: _RunCheck) 
 
 def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
     """The values of the messages whose writer header is ``tag`` (not fan-out copies)."""
-    from pydblog.changelog.kafka import HEADER_FANOUT, HEADER_WRITER, _header
+    from pydblog.changelog.kafka import HEADER_FANOUT, HEADER_WRITER, _header, event_value
 
     for m in msgs:
         headers = m.headers()
@@ -559,7 +561,7 @@ def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
             continue
         got = headers[0][1] if headers[0][0] == HEADER_WRITER else _header(headers, HEADER_WRITER)
         if got == tag:
-            yield m.value()
+            yield event_value(m)
 
 
 TASKS_PER_CORE = 2
