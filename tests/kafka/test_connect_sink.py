@@ -21,6 +21,7 @@ from tests.conftest import drop_database
 from tests.contract.capture import Capture
 from tests.contract.harness import PgHarness
 from tests.kafka.conftest import kafka_log_toml
+from tests.kafka.registry import schema_registry
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +128,15 @@ def test_json_schema_topics_into_postgres_by_debeziums_jdbc_sink(
         pg_db: str, pg_cluster: PgCluster, tmp_path: Path, kafka_bootstrap: str) -> None:
     _scenario(pg_db, pg_cluster, tmp_path, kafka_bootstrap, 'value_format = "json-schema"\n',
               kafka_connect.json_converters())
+
+
+@pytest.mark.usefixtures("connect_ready")
+def test_avro_topics_into_postgres_by_debeziums_jdbc_sink(
+        pg_db: str, pg_cluster: PgCluster, tmp_path: Path, kafka_bootstrap: str) -> None:
+    """Apicurio's ``AvroConverter`` in Confluent mode (4-byte ids) reads the schemas
+    from the test's registry (``tests/kafka/registry.py``)."""
+    with schema_registry() as (url, store):
+        _scenario(pg_db, pg_cluster, tmp_path, kafka_bootstrap,
+                  f'value_format = "avro"\nschema_registry_url = "{url}"\n',
+                  kafka_connect.apicurio_converters(f"{url}/apis/registry/v2"))
+        assert any(s.endswith(".public.items-value") for s in store.subjects)

@@ -6,11 +6,8 @@ events as from the embedded log."""
 
 from __future__ import annotations
 
-import json
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.config import LogConfig
 from pydblog.events import Op
 from pydblog.ports import ColumnSchema, TableSchema
+from tests.kafka.registry import SchemaStore, schema_registry
 from tests.kafka.test_kafka_log import batches, cp, embedded_rows, row_event, source_rows
 from tests.kafka.test_native_write import raw
 
@@ -35,52 +33,10 @@ SCHEMAS = [
 ]
 
 
-class _Registry(BaseHTTPRequestHandler):
-    """Confluent's API, the two calls pydblog makes, in memory."""
-
-    schemas: list[str] = []
-    subjects: dict[str, list[int]] = {}
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _answer(self, code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_POST(self) -> None:
-        subject = self.path.split("/subjects/")[1].split("/versions")[0]
-        text = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["schema"]
-        json.loads(text)
-        if text not in self.schemas:
-            self.schemas.append(text)
-        schema_id = self.schemas.index(text) + 1
-        self.subjects.setdefault(subject, []).append(schema_id)
-        self._answer(200, {"id": schema_id})
-
-    def do_GET(self) -> None:
-        schema_id = int(self.path.rsplit("/", 1)[1])
-        if 0 < schema_id <= len(self.schemas):
-            self._answer(200, {"schema": self.schemas[schema_id - 1]})
-        else:
-            self._answer(404, {"error_code": 40403, "message": "Schema not found"})
-
-
 @pytest.fixture
-def registry() -> Iterator[str]:
-    _Registry.schemas, _Registry.subjects = [], {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+def registry() -> Iterator[tuple[str, SchemaStore]]:
+    with schema_registry() as served:
+        yield served
 
 
 def _write(cfg: LogConfig, path: Path | None = None) -> None:
@@ -102,11 +58,12 @@ def _cfg(tmp_path: Path, bootstrap: str, name: str, **extra: Any) -> LogConfig:
 
 
 @pytest.mark.parametrize("fmt", ["json-schema", "avro"])
-def test_connect_format_records_and_reads(kafka_bootstrap: str, tmp_path: Path, registry: str,
-                                          fmt: str) -> None:
+def test_connect_format_records_and_reads(kafka_bootstrap: str, tmp_path: Path,
+                                          registry: tuple[str, SchemaStore], fmt: str) -> None:
+    url, store = registry
     plain = _cfg(tmp_path, kafka_bootstrap, "plain")
     cfg = _cfg(tmp_path, kafka_bootstrap, "fmt", value_format=fmt,
-               **({"schema_registry_url": registry} if fmt == "avro" else {}))
+               **({"schema_registry_url": url} if fmt == "avro" else {}))
     _write(plain)
     _write(cfg, tmp_path / "sq")
 
@@ -119,7 +76,7 @@ def test_connect_format_records_and_reads(kafka_bootstrap: str, tmp_path: Path, 
     b.close()
 
     # The records: each table record's value and key in the format, the event in the header.
-    reg = Registry(registry)
+    reg = Registry(url)
     records = raw(cfg)
     seen_ops = set()
     for topic, _part, _off, key, value, headers in records:
@@ -150,7 +107,7 @@ def test_connect_format_records_and_reads(kafka_bootstrap: str, tmp_path: Path, 
                 assert orjson.loads(payload_row["j"]) == row["j"]
     assert seen_ops >= {"c", "u", "d", "r", "t", "n"}
     if fmt == "avro":
-        assert {s for s in _Registry.subjects} >= {
+        assert set(store.subjects) >= {
             f"{cfg.topic_prefix}.public.a-value", f"{cfg.topic_prefix}.public.a-key",
             f"{cfg.topic_prefix}.public.b-value", f"{cfg.topic_prefix}.public.b-key"}
 

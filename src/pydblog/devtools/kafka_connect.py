@@ -9,7 +9,9 @@ as root, else under ``$XDG_CACHE_HOME``):
 - ``runtime/``: ``org.apache.kafka:connect-runtime`` and ``slf4j-simple`` (the worker's
   classpath, ``JsonConverter`` included);
 - ``plugins/jdbc/``: ``io.debezium:debezium-connector-jdbc`` (``JDBC_VERSION``) and its
-  dependencies, without Kafka's own jars (the worker provides them); Hibernate's
+  dependencies, without Kafka's own jars and Jackson's core (the worker provides them:
+  a second jackson-databind in the plugin finds the worker's Jackson modules through
+  ``ServiceLoader`` and fails, "BlackbirdModule not a subtype"); Hibernate's
   ``hibernate-agroal`` comes from ``org.hibernate.orm`` (the version the connector names
   is not on Maven Central);
 - ``plugins/apicurio/``: ``io.apicurio:apicurio-registry-utils-converter``.
@@ -72,7 +74,8 @@ _PARTS = {
     "plugins/jdbc": _pom("jdbc", f"""
 <dependency><groupId>io.debezium</groupId><artifactId>debezium-connector-jdbc</artifactId>
 <version>{JDBC_VERSION}</version>{_NO_KAFKA.format(more=
-    "<exclusion><groupId>org.hibernate</groupId><artifactId>hibernate-agroal</artifactId></exclusion>")}
+    "<exclusion><groupId>org.hibernate</groupId><artifactId>hibernate-agroal</artifactId></exclusion>"
+    "<exclusion><groupId>com.fasterxml.jackson.core</groupId><artifactId>*</artifactId></exclusion>")}
 </dependency>
 <dependency><groupId>org.hibernate.orm</groupId><artifactId>hibernate-agroal</artifactId>
 <version>{AGROAL_VERSION}</version><exclusions><exclusion><groupId>org.hibernate.orm</groupId>
@@ -182,6 +185,9 @@ class ConnectStandalone:
         worker = {
             "bootstrap.servers": bootstrap,
             **converters,
+            # pydblog's headers are JSON text: SimpleHeaderConverter (the default) makes
+            # schemaless maps of them, which Debezium's JDBC sink refuses
+            "header.converter": "org.apache.kafka.connect.storage.StringConverter",
             "offset.storage.file.filename": self.dir / "offsets",
             "offset.flush.interval.ms": 1000,
             "plugin.path": self.root / "plugins",  # one plugin per directory in it
