@@ -2102,7 +2102,11 @@ class KafkaChangeLogReader(ChangeLogReader):
     def describe(self) -> dict[str, Any]:
         commits = self._whole()
         topics: dict[str, dict[str, Any]] = {}
-        marks = self.client.watermarks(sorted(commits.ends))
+        # every partition of each topic the log wrote (one no commit wrote yet too: a
+        # table's topic gets no copy of anything in every partition)
+        names = sorted({t for t, _ in commits.ends})
+        marks = self.client.watermarks(sorted(
+            {*commits.ends, *((t, p) for t in names for p in range(self.client.partitions(t)))}))
         for (t, _p), (lo, hi) in sorted(marks.items()):
             info = topics.setdefault(t, {"partitions": 0, "end_offsets": [], "messages": 0})
             info["partitions"] += 1
