@@ -122,7 +122,11 @@ class LogConfig(_Model):
     """``[log]``. ``type = "embedded"`` (default): the SQLite log in ``path``;
     ``type = "kafka"``: topics ``<topic_prefix>.<schema>.<table>`` on
     ``bootstrap_servers`` (docs/kafka.md), with ``path`` still holding the local state
-    and status files. ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
+    and status files. ``truncates``: ``"skip"`` (Debezium's default,
+    ``skipped.operations = t``) keeps truncates out of the tables' topics (pydblog's own
+    readers still see them, in ``<topic_prefix>.__dblog.truncates``); ``"include"`` writes
+    each as one ``op: "t"`` message into its table's topic, as Debezium does with
+    ``skipped.operations = none``. ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
     through to every Kafka client (compression, SASL/TLS, ...)."""
 
     type: Literal["embedded", "kafka"] = "embedded"
@@ -136,6 +140,7 @@ class LogConfig(_Model):
     partitions: int = Field(default=1, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1, le=32)
     tombstones: bool = False
+    truncates: Literal["skip", "include"] = "skip"
     transactional_id: str | None = None
     value_format: Literal["json", "json-schema", "avro"] = "json"
     schema_registry_url: str | None = None

@@ -28,7 +28,7 @@ def _writer(valid_end: int, low: int) -> tuple[KafkaChangeLog, list[tuple[int, i
     w = object.__new__(KafkaChangeLog)
     w.client = _Marks(low)  # type: ignore[assignment]
     w._after = {}
-    w._fanned = {TP}  # a truncate's fan-out copy: the read below the first offset runs
+    w._no_run = {TP}  # a partition without a run: the read below the first offset runs
     w._valid_ends = {TP: valid_end}
     w._all_ends_read = True
 
