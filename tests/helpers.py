@@ -91,9 +91,16 @@ def first_checkpoint(config: Path) -> bool:
     log_cfg = load_config(config).log
     if not log_exists(log_cfg):
         return False
-    reader = open_reader(log_cfg)
+    from pydblog.errors import ChangeLogUnavailable
+
+    try:
+        reader = open_reader(log_cfg)
+    except ChangeLogUnavailable:  # e.g. Kafka's topics just made, no leader elected yet
+        return False
     try:
         return reader.last_checkpoint() is not None
+    except ChangeLogUnavailable:
+        return False
     finally:
         reader.close()
 

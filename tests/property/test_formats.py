@@ -68,6 +68,7 @@ SCHEMAS = [
     ("time", "time", "mysql", "int64", "io.debezium.time.MicroTime"),
     ("set('a','b')", "array<string>", "mysql", "string", "io.debezium.data.EnumSet"),
     ("json", "json", "mysql", "string", "io.debezium.data.Json"),
+    ("enum('s','m')", "string", "mysql", "string", "io.debezium.data.Enum"),
     ("varbinary(10)", "bytes", "mysql", "bytes", None),
 ]
 
@@ -78,6 +79,11 @@ def test_schema_per_column_type(sql: str, logical: str, connector: str, typ: str
     s = column_schema(ColumnSchema("c", sql, logical), connector)
     assert s["type"] == typ
     assert s.get("name") == name
+
+
+def test_mysql_enum_allowed_labels() -> None:
+    s = column_schema(ColumnSchema("c", "enum('s','it''s')", "string"), "mysql")
+    assert s["parameters"] == {"allowed": "s,it's"}
 
 
 def test_decimal_schema_parameters() -> None:

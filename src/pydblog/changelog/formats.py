@@ -113,6 +113,10 @@ def _type_schema(logical: str, sql: str, connector: str) -> Schema:
         return _named("string", "io.debezium.data.Json")
     if logical == "enum":
         return _named("string", "io.debezium.data.Enum")
+    if mysql and sql.startswith("enum("):
+        labels = re.findall(r"'((?:[^']|'')*)'", sql)
+        return _named("string", "io.debezium.data.Enum",
+                      allowed=",".join(x.replace("''", "'") for x in labels))
     if logical == "decimal":
         p, s = _precision(sql)
         if s is None and p is not None and (sql.startswith("numeric") or sql.startswith("decimal")):
