@@ -102,6 +102,7 @@ def _scenario(pg_db: str, pg_cluster: PgCluster, tmp_path: Path, bootstrap: str,
             with kafka_connect.ConnectStandalone(bootstrap, _sink(f"sink-{prefix}", topic, pg_cluster,
                                                                   target_db), converters) as connect:
                 want = _rows(pg_db)
+                assert len(want) == 26
                 deadline = time.monotonic() + 180
                 got: list[tuple[Any, ...]] = []
                 while time.monotonic() < deadline:
