@@ -42,7 +42,12 @@ COLUMNS = """
     t time,
     doc jsonb,
     u uuid,
-    raw bytea
+    raw bytea,
+    amount numeric,
+    ia integer[],
+    ta text[],
+    iv interval,
+    tz timetz
 """
 
 ROW = ("({id}, {id} - 100, {id}::bigint * 1000000000, 'name {id}', 'vc{id}', {id} % 2 = 0, {id} / 3.0, "
@@ -50,7 +55,8 @@ ROW = ("({id}, {id} - 100, {id}::bigint * 1000000000, 'name {id}', 'vc{id}', {id
        "+ {id} * INTERVAL '1 hour', TIMESTAMP '2024-01-02 03:04:05.123' + {id} * INTERVAL '1 sec', "
        "TIMESTAMPTZ '2024-01-02 03:04:05.5+02' + {id} * INTERVAL '1 min', TIME '01:02:03.25' "
        "+ {id} * INTERVAL '1 sec', jsonb_build_object('id', {id}, 'xs', jsonb_build_array(1, 'two')), "
-       "md5({id}::text)::uuid, decode(md5({id}::text), 'hex'))")
+       "md5({id}::text)::uuid, decode(md5({id}::text), 'hex'), {id} / 7.0, ARRAY[{id}, NULL, 3], "
+       "ARRAY['a,b', 'c\"d', NULL], {id} * INTERVAL '1 day 02:03:04.5', TIMETZ '01:02:03.25-08')")
 
 
 def _rows(dsn: str) -> list[tuple[Any, ...]]:
@@ -102,7 +108,7 @@ def _scenario(pg_db: str, pg_cluster: PgCluster, tmp_path: Path, bootstrap: str,
             with kafka_connect.ConnectStandalone(bootstrap, _sink(f"sink-{prefix}", topic, pg_cluster,
                                                                   target_db), converters) as connect:
                 want = _rows(pg_db)
-                assert len(want) == 26
+                assert len(want) == 27
                 deadline = time.monotonic() + 180
                 got: list[tuple[Any, ...]] = []
                 while time.monotonic() < deadline:
