@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import re
 import threading
@@ -487,21 +488,33 @@ class TableFormat:
         return cls(topic, connector, columns, key_columns, key_schema, value_schema,
                    server=server)
 
+    def __post_init__(self) -> None:
+        self._convs = [(n, _converter(s)) for n, s in self.columns]
+        self._key_convs = [(n, _converter(s)) for n, s in self.key_columns]
+        self._typed = {n for n, s in self.columns if s.get("type") != "string"}
+
     def _row(self, row: Mapping[str, Any] | None, unchanged: Sequence[str]) -> dict[str, Any] | None:
         if row is None:
             return None
         out: dict[str, Any] = {}
-        for name, schema in self.columns:
+        for name, conv in self._convs:
             v = row.get(name)
-            if name in unchanged and schema.get("type") != "string":
-                v = None  # the unchanged TOAST placeholder has no value of the type
-            out[name] = to_connect(v, schema)
+            if v is not None and conv is not None:
+                v = conv(v)
+            out[name] = v
+        for name in unchanged:
+            if name in self._typed:
+                out[name] = None  # the unchanged TOAST placeholder has no value of the type
         return out
 
     def key_payload(self, key: Mapping[str, Any] | None) -> dict[str, Any] | None:
         if key is None:
             return None
-        return {n: to_connect(key.get(n), s) for n, s in self.key_columns}
+        out: dict[str, Any] = {}
+        for name, conv in self._key_convs:
+            v = key.get(name)
+            out[name] = conv(v) if v is not None and conv is not None else v
+        return out
 
     def value_payload(self, env: Mapping[str, Any]) -> dict[str, Any]:
         """The envelope's payload (Connect values) for a change-log envelope ``env``."""
@@ -544,15 +557,30 @@ class TableFormat:
         }
 
 
-def _json_payload(value: Any) -> Any:
-    """Connect values to ``JsonConverter``'s JSON (bytes as base64)."""
+def _converter(schema: Schema) -> Callable[[Any], Any] | None:
+    """``to_connect`` for one schema, or None where the change log's value already is
+    the Connect value (integers, booleans, text)."""
+    if schema.get("name") is None and schema["type"] in ("int8", "int16", "int32", "int64",
+                                                         "boolean"):
+        return None
+    if schema.get("name") is None and schema["type"] == "string":
+        return _text
+    return functools.partial(_to_connect_given, schema)
+
+
+def _text(value: Any) -> Any:
+    return value if type(value) is str else to_connect(value, {"type": "string"})
+
+
+def _to_connect_given(schema: Schema, value: Any) -> Any:
+    return to_connect(value, schema)
+
+
+def _bytes_as_json(value: Any) -> Any:
+    """``orjson``'s ``default``: Connect's bytes are base64 text in ``JsonConverter``'s JSON."""
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
-    if isinstance(value, dict):
-        return {k: _json_payload(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_payload(v) for v in value]
-    return value
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 class JsonSchemaEncoder:
@@ -574,11 +602,10 @@ class JsonSchemaEncoder:
     def encode(self, fmt: TableFormat, env: Mapping[str, Any]) -> tuple[bytes, bytes | None]:
         key_text, value_text = self._schema_texts(fmt)
         value = b'{"schema":' + value_text + b',"payload":' + orjson.dumps(
-            _json_payload(fmt.value_payload(env)),
-            option=orjson.OPT_SERIALIZE_NUMPY) + b"}"
+            fmt.value_payload(env), default=_bytes_as_json) + b"}"
         kp = fmt.key_payload(env.get("key"))
         key = None if kp is None else (
-            b'{"schema":' + key_text + b',"payload":' + orjson.dumps(_json_payload(kp)) + b"}")
+            b'{"schema":' + key_text + b',"payload":' + orjson.dumps(kp, default=_bytes_as_json) + b"}")
         return value, key
 
 
@@ -770,6 +797,7 @@ class _AvroTable:
     value_id: int
     key_schema: Any
     value_schema: Any
+    renamed: bool  # a column name is not an Avro name: datums are renamed (``_avro_datum``)
 
 
 class AvroEncoder:
@@ -794,7 +822,8 @@ class AvroEncoder:
             value_id = self.registry.register(f"{fmt.topic}-value", json.dumps(value_avro))
             t = _AvroTable(key_id, value_id,
                            fa.parse_schema(_strip_logical(key_avro)),
-                           fa.parse_schema(_strip_logical(value_avro)))
+                           fa.parse_schema(_strip_logical(value_avro)),
+                           any(avro_name(n) != n for n, _ in fmt.columns))
             self._tables[id(fmt)] = t
         return t
 
@@ -808,11 +837,13 @@ class AvroEncoder:
 
     def encode(self, fmt: TableFormat, env: Mapping[str, Any]) -> tuple[bytes, bytes | None]:
         t = self._table(fmt)
-        value = self._frame(t.value_id, t.value_schema,
-                            _avro_datum(fmt.value_payload(env), fmt.value_schema))
-        kp = fmt.key_payload(env.get("key"))
-        key = None if kp is None else self._frame(
-            t.key_id, t.key_schema, _avro_datum(kp, fmt.key_schema))
+        payload: Any = fmt.value_payload(env)
+        kp: Any = fmt.key_payload(env.get("key"))
+        if t.renamed:
+            payload = _avro_datum(payload, fmt.value_schema)
+            kp = _avro_datum(kp, fmt.key_schema)
+        value = self._frame(t.value_id, t.value_schema, payload)
+        key = None if kp is None else self._frame(t.key_id, t.key_schema, kp)
         return value, key
 
 
