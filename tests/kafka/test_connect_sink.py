@@ -60,9 +60,19 @@ ROW = ("({id}, {id} - 100, {id}::bigint * 1000000000, 'name {id}', 'vc{id}', {id
 
 
 def _rows(dsn: str) -> list[tuple[Any, ...]]:
+    """Every row, every column as psycopg loads it (values, not their text: the sink
+    writes an interval as hours, ``26:03:04.5``, and a ``timetz`` in UTC, Debezium's
+    ``ZonedTime``; both equal the source's values)."""
     with psycopg.connect(dsn) as conn:
         conn.execute("SET TimeZone = 'UTC'")
-        return conn.execute("SELECT items::text FROM items ORDER BY id").fetchall()
+        return conn.execute("SELECT * FROM items ORDER BY id").fetchall()
+
+
+def _first_difference(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> str:
+    for g, w in zip(got, want, strict=False):
+        if g != w:
+            return f"target {g!r}\nsource {w!r}"
+    return f"{len(got)} rows in the target, {len(want)} in the source"
 
 
 def _sink(name: str, topic: str, target: PgCluster, db: str) -> dict[str, Any]:
@@ -118,7 +128,7 @@ def _scenario(pg_db: str, pg_cluster: PgCluster, tmp_path: Path, bootstrap: str,
                     if got == want:
                         break
                     time.sleep(1)
-                assert got == want, connect.log_tail()
+                assert got == want, _first_difference(got, want)
     finally:
         drop_database(pg_cluster, target_db)
 
