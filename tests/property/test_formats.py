@@ -59,6 +59,7 @@ SCHEMAS = [
     ("interval", "interval", PG, "int64", "io.debezium.time.MicroDuration"),
     ("integer[]", "array<int32>", PG, "array", None),
     ("inet", "string", PG, "string", None),
+    ("xml", "string", PG, "string", "io.debezium.data.Xml"),
     ("tinyint", "int16", "mysql", "int16", None),
     ("year", "int16", "mysql", "int32", "io.debezium.time.Year"),
     ("decimal(65,30)", "decimal", "mysql", "bytes", "org.apache.kafka.connect.data.Decimal"),

@@ -148,6 +148,8 @@ def _type_schema(logical: str, sql: str, connector: str) -> Schema:
         return _named("string", "io.debezium.time.ZonedTimestamp")
     if logical == "interval":
         return _named("int64", "io.debezium.time.MicroDuration")
+    if not mysql and sql == "xml":
+        return _named("string", "io.debezium.data.Xml")
     return {"type": "string"}
 
 
