@@ -8,6 +8,9 @@ Topics (``P`` = ``[log] topic_prefix``; names outside ``[A-Za-z0-9._-]`` get ``_
   Java producer would choose), so each key's events stay in order. Value = the envelope
   ``dblog tail`` prints (``offset`` first). Headers: ``dblog.source`` (the envelope's
   ``source`` block: the source position), ``dblog.writer`` (``generation:writer-id``).
+  With ``[log] value_format`` ``json-schema`` or ``avro`` key and value are in that
+  Kafka Connect format (``formats``: Debezium's schemas) and the envelope rides in the
+  ``dblog.event`` header, which readers take (``event_value``).
   A table's topic holds what Debezium's holds: ``c``, ``u``, ``d``, ``r`` events, and
   truncates (``op: t``, one keyless message in partition 0) only with ``[log]
   truncates = "include"`` (Debezium's ``skipped.operations = none``; by default they go
