@@ -800,6 +800,7 @@ class _AvroTable:
     key_schema: Any
     value_schema: Any
     renamed: bool  # a column name is not an Avro name: datums are renamed (``_avro_datum``)
+    row: str  # the row record's Avro full name: ``before``/``after`` name their union branch
 
 
 class AvroEncoder:
@@ -825,7 +826,8 @@ class AvroEncoder:
             t = _AvroTable(key_id, value_id,
                            fa.parse_schema(_strip_logical(key_avro)),
                            fa.parse_schema(_strip_logical(value_avro)),
-                           any(avro_name(n) != n for n, _ in fmt.columns))
+                           any(avro_name(n) != n for n, _ in fmt.columns),
+                           ".".join(filter(None, _avro_fullname(f"{fmt.topic}.Value"))))
             self._tables[id(fmt)] = t
         return t
 
@@ -844,6 +846,9 @@ class AvroEncoder:
         if t.renamed:
             payload = _avro_datum(payload, fmt.value_schema)
             kp = _avro_datum(kp, fmt.key_schema)
+        for side in ("before", "after"):  # fastavro then skips matching the union's branches
+            if payload[side] is not None:
+                payload[side] = (t.row, payload[side])
         value = self._frame(t.value_id, t.value_schema, payload)
         key = None if kp is None else self._frame(t.key_id, t.key_schema, kp)
         return value, key
