@@ -12,7 +12,7 @@ snapshot saw, in the stream's terms. Two questions decide everything:
   before ``reached`` (a commit's end, a keepalive's WAL end), has delivered every
   transaction the read saw. The rows are emitted there.
 
-Why this is exact (architecture invariant 1). Per key, the transactions the read saw
+Why this is exact (invariant 1 of docs/architecture.md). Per key, the transactions the read saw
 come before the ones it did not in the stream's commit order (a row's writers are
 serialised by its row lock, and the later one cannot become visible first). At the
 close point every seen transaction has been delivered, so a row emitted there is never
