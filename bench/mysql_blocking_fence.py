@@ -13,7 +13,7 @@ left out.
 
 Usage: ``flock /tmp/pydblog-bench.lock .venv/bin/python bench/mysql_blocking_fence.py
 [--rows 200000] [--server mariadb|mysql57] [--chunk 1024 8192] [--repeat 2]``
-(results: docs/benchmarks.md).
+(results: bench/results/, docs/performance.md).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ table, against a raw SELECT, in one run on one throwaway server.
 
 Usage: ``flock /tmp/pydblog-bench.lock .venv/bin/python bench/mysql_snapshot.py
 [--rows 1000000] [--server mariadb|mysql57] [--updates 1000] [--repeat 2]
-[--parallelism 1 2 4]`` (results: docs/benchmarks.md).
+[--parallelism 1 2 4]`` (results: bench/results/, docs/performance.md).
 """
 
 from __future__ import annotations

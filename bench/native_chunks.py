@@ -1,4 +1,4 @@
-"""Benchmark: a chunk read by the SQL fast path vs by the native encoder (issue 16).
+"""Benchmark: a chunk read by the SQL fast path vs by the native encoder.
 
 Against one throwaway PostgreSQL with a table shaped like bench/snapshot.py's (``id
 bigint PRIMARY KEY, a int, b text, c numeric(12,2), d timestamptz, n int``; every 97th
