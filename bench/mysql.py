@@ -1,4 +1,6 @@
-"""MySQL/MariaDB source benchmark, in one run on one machine (results: bench/results/, docs/performance.md).
+"""MySQL/MariaDB source benchmark, in one run on one machine.
+
+Results: bench/results/, docs/performance.md.
 
 1. raw: a bare mysql-replication loop (``BinLogStreamReader``, rows decoded, nothing else)
    over N row events already in the binlog: the ceiling of the library's decoder; then
