@@ -2,34 +2,32 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import runpy
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def _results() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_results", BENCH / "results.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _write() -> Callable[..., Path]:
+    """``bench/results.py``'s ``write`` (bench/ is not a package: run it as a script)."""
+    write: Callable[..., Path] = runpy.run_path(str(BENCH / "results.py"))["write"]
+    return write
 
 
 def test_write_records_figures_command_machine_and_head(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    results = _results()
     monkeypatch.setattr(sys, "argv", [str(BENCH / "stream.py"), "--rows", "1000"])
-    path = results.write("stream", {"dblog_events_per_s": 1234.5}, directory=tmp_path)
+    path = _write()("stream", {"dblog_events_per_s": 1234.5}, directory=tmp_path)
     assert path.parent == tmp_path
     assert path.name.startswith("stream-") and path.name.endswith("Z.json")
-    record = json.loads(path.read_text())
+    record: dict[str, Any] = json.loads(path.read_text())
     assert record["figures"] == {"dblog_events_per_s": 1234.5}
     assert record["command"] == "python bench/stream.py --rows 1000"
     assert record["machine"]["cores"] >= 1
@@ -41,4 +39,4 @@ def test_write_records_figures_command_machine_and_head(
 @pytest.mark.parametrize("name", ["", "a/b", ".hidden"])
 def test_write_refuses_a_name_that_is_not_a_file_stem(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError, match="plain file name stem"):
-        _results().write(name, {}, directory=tmp_path)
+        _write()(name, {}, directory=tmp_path)
