@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+import results
 from pydblog.changelog.formats import AvroEncoder, Formatter, Registry
 from pydblog.ports import ColumnSchema, TableSchema
 
@@ -70,8 +71,9 @@ def main() -> None:
              "avro": len(av.encode(topic, TABLE, ENV)[0])}
     result = {k: {"median_us": round(statistics.median(v), 2), "ratio_to_parse":
                   round(statistics.median(v) / base, 1)} for k, v in out.items()}
-    print(json.dumps({"rounds": rounds, "events_per_round": n, "per_event": result,
-                      "value_bytes": sizes}, indent=1))
+    figures = {"rounds": rounds, "events_per_round": n, "per_event": result, "value_bytes": sizes}
+    print(json.dumps(figures, indent=1))
+    print(results.write("formats", figures))
 
 
 if __name__ == "__main__":
