@@ -374,3 +374,20 @@ def test_config_rules() -> None:
     with pytest.raises(ValueError, match="http"):
         LogConfig(**kafka, value_format="avro", schema_registry_url="registry:8081")  # type: ignore[arg-type]
     LogConfig(**kafka, value_format="avro", schema_registry_url="http://r:8081")  # type: ignore[arg-type]
+
+
+def test_a_table_without_a_recorded_schema() -> None:
+    """Types from the values; a truncate first, rows with their columns after it."""
+    f = Formatter("json-schema", "app")
+    trunc = {**ENV, "op": "t", "key": None, "before": None, "after": None}
+    f.encode(TOPIC, None, trunc)
+    row = {"id": 1, "name": "x", "n": 2.5, "ok": True, "doc": {"a": 1}}
+    value, key = f.encode(TOPIC, None, {**ENV, "op": "c", "key": {"id": 1}, "before": None,
+                                        "after": row})
+    doc = orjson.loads(value)
+    cols = {c["field"]: c for c in doc["schema"]["fields"][1]["fields"]}
+    assert {n: c["type"] for n, c in cols.items()} == {
+        "id": "int64", "name": "string", "n": "double", "ok": "boolean", "doc": "string"}
+    assert cols["doc"]["name"] == "io.debezium.data.Json"
+    assert doc["payload"]["after"] == {**row, "doc": '{"a":1}'}
+    assert orjson.loads(key)["payload"] == {"id": 1}  # type: ignore[arg-type]

@@ -868,8 +868,10 @@ def decode_avro(data: bytes, registry: Registry) -> Any:
 
 @dataclass
 class Formatter:
-    """Per log: turns change-log envelopes into the chosen format's key and value.
-    ``schemas`` gives a table's current ``TableSchema`` (the log's record of it)."""
+    """Per log: turns change-log envelopes into the chosen format's key and value, one
+    ``TableFormat`` per topic, made again when the table's ``TableSchema`` (the log's
+    record of its columns) or the event key's columns change. A table without a recorded
+    schema gets one from its rows' values, made again when a row has other columns."""
 
     value_format: str
     server: str
@@ -893,7 +895,8 @@ class Formatter:
         """``(value, key)`` of one event (``key`` None for keyless events)."""
         key_names = tuple((env.get("key") or {}).keys())
         cached = self._tables.get(topic)
-        if cached is not None and cached[0] is table and (not key_names or cached[1] == key_names):
+        if cached is not None and cached[0] is table and (not key_names or cached[1] == key_names) \
+                and (table is not None or _same_columns(cached[2], env)):
             fmt = cached[2]
         else:
             connector = str((env.get("source") or {}).get("connector") or "postgresql")
@@ -905,3 +908,11 @@ class Formatter:
         key: bytes | None
         value, key = self._encoder.encode(fmt, env)
         return value, key
+
+
+def _same_columns(fmt: TableFormat, env: Mapping[str, Any]) -> bool:
+    """Whether an event of a table without a recorded schema has the columns ``fmt`` was
+    inferred with (an event without a row, a truncate, has)."""
+    row = env.get("after") or env.get("before")
+    return row is None or (len(row) == len(fmt.columns)
+                           and all(n in row for n, _ in fmt.columns))
