@@ -469,10 +469,11 @@ def load_config(path: str | Path) -> Config:
 
 def _resolve_paths(cfg: Config, base: Path) -> Config:
     """Relative paths (log, sync checkpoint, sink paths) are relative to ``base``, the
-    config file's directory, wherever the command runs from."""
+    config file's directory, wherever the command runs from; URIs (``s3a://bucket/x``)
+    are kept as they are."""
 
     def rel(path: str | None) -> str | None:
-        if path is None or Path(path).is_absolute():
+        if path is None or Path(path).is_absolute() or "://" in path:
             return path
         return str(base / path)
 

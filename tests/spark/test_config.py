@@ -50,3 +50,14 @@ def test_valid_sync_section() -> None:
 def test_invalid_sync_section(sync: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         cfg(sync)
+
+
+def test_sink_uris_are_not_made_relative_to_the_config(tmp_path: Any) -> None:
+    from pydblog.config import load_config
+
+    path = tmp_path / "dblog.toml"
+    path.write_text('[source]\ndsn = "postgresql://u@h/db"\n[[sync.sinks]]\ntype = "delta"\n'
+                    'path = "s3a://lake/mirror"\n[[sync.sinks]]\ntype = "history"\n'
+                    'path = "lake/_changes"\n')
+    sinks = load_config(str(path)).sync.sinks
+    assert [s.path for s in sinks] == ["s3a://lake/mirror", str(tmp_path / "lake" / "_changes")]
