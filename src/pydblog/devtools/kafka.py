@@ -67,7 +67,6 @@ process.roles=broker,controller
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-auto.create.topics.enable=false
 group.initial.rebalance.delay.ms=0
 offsets.topic.num.partitions=3
 transaction.state.log.num.partitions=3
