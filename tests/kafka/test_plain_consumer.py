@@ -58,13 +58,14 @@ def test_a_read_committed_consumer_sees_every_event_once(kafka_log: LogConfig, t
     try:
         while len(eof) < len(parts):
             for m in consumer.consume(1000, 1.0):
-                if m.error() is not None:
-                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                    eof.add((m.topic(), m.partition()))
+                err, tp = m.error(), (str(m.topic()), int(m.partition() or 0))
+                if err is not None:
+                    assert err.code() == KafkaError._PARTITION_EOF, err
+                    eof.add(tp)
                     continue
-                value = orjson.loads(m.value())
-                per_partition.setdefault((m.topic(), m.partition()), []).append(value["offset"])
-                if not any(k == HEADER_FANOUT for k, _ in m.headers() or ()):
+                value = orjson.loads(m.value() or b"null")
+                per_partition.setdefault(tp, []).append(value["offset"])
+                if not any(h[0] == HEADER_FANOUT for h in m.headers() or ()):
                     seen.append(value["offset"])
                     expected = want.get(value["offset"])
                     assert expected is not None, f"offset {value['offset']} is no event"

@@ -37,6 +37,7 @@ import time
 import uuid
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from pydblog.devtools.pgcluster import free_port
 
@@ -386,7 +387,7 @@ class KafkaCluster:
     def node(self, node_id: int) -> KafkaNode:
         return self.nodes[node_id - 1]
 
-    def start(self, timeout_s: float = 180.0) -> KafkaCluster:
+    def start(self, timeout_s: float = 180.0) -> Self:
         for n in self.nodes:
             n.launch()
         try:
@@ -419,7 +420,7 @@ class KafkaCluster:
             n.kill()  # a throwaway cluster: its data goes with it
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> KafkaCluster:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, t: type[BaseException] | None, v: BaseException | None,
