@@ -1,5 +1,6 @@
-"""The Kafka-protocol broker fixture shared by the suites: ``KAFKA_BOOTSTRAP_SERVERS``
-(a real Kafka) when set, else a Tansu broker (in memory) started once per session."""
+"""The Kafka broker fixture shared by the suites: ``KAFKA_BOOTSTRAP_SERVERS`` (any Kafka)
+when set, else one Apache Kafka node (``pydblog.devtools.kafka``, KRaft) started once per
+session (per pytest-xdist worker)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def kafka_bootstrap() -> Iterator[str]:
     if external:
         yield external
         return
-    from pydblog.devtools.tansu import TansuBroker
+    from pydblog.devtools.kafka import KafkaBroker
 
-    with TansuBroker() as broker:
+    with KafkaBroker() as broker:
         yield broker.bootstrap

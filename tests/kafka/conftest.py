@@ -1,5 +1,5 @@
-"""A Kafka-protocol broker for the tests: ``KAFKA_BOOTSTRAP_SERVERS`` (a real Kafka) when
-set, else a Tansu broker (in memory) started for the session. Every test uses its own
+"""A Kafka broker for the tests: ``KAFKA_BOOTSTRAP_SERVERS`` (any Kafka) when set, else
+one Apache Kafka node started for the session (``tests/kafka_broker.py``). Every test uses its own
 random topic prefix, so tests never see each other's topics."""
 
 from __future__ import annotations

@@ -759,14 +759,34 @@ class _Client:
         if not tps:
             return {}
         k = self.k
-        try:
-            got = self.admin.list_offsets(
-                {k.TopicPartition(t, p): k.admin.OffsetSpec.latest() for t, p in tps},
-                isolation_level=k.IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S,
-            )
-            return {(tp.topic, tp.partition): max(0, f.result().offset) for tp, f in got.items()}
-        except k.KafkaException as exc:
-            raise _unavailable("listing offsets", self.cfg, exc) from None
+        got = self._list_offsets(tps, k.admin.OffsetSpec.latest(), k.IsolationLevel.READ_COMMITTED)
+        return {tp: max(0, o) for tp, o in got.items()}
+
+    def _list_offsets(self, tps: Sequence[tuple[str, int]], spec: Any,
+                      isolation: Any = None) -> dict[tuple[str, int], int]:
+        """The broker's list-offsets answer for each partition. A retriable error (a
+        partition whose leader is not elected yet or just moved: "not leader", "leader
+        not available", "unknown topic or partition" for a topic a moment old) is asked
+        again until ``TIMEOUT_S``; any other error, or one still there then, is
+        ``ChangeLogUnavailable``."""
+        k = self.k
+        deadline = time.monotonic() + TIMEOUT_S
+        pause = 0.02
+        while True:
+            try:
+                kw = {} if isolation is None else {"isolation_level": isolation}
+                got = self.admin.list_offsets(
+                    {k.TopicPartition(t, p): spec for t, p in tps}, request_timeout=TIMEOUT_S, **kw)
+                return {(tp.topic, tp.partition): f.result().offset for tp, f in got.items()}
+            except k.KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], k.KafkaError) else None
+                again = err is not None and (err.retriable() or err.code() in (
+                    k.KafkaError.NOT_LEADER_FOR_PARTITION, k.KafkaError.LEADER_NOT_AVAILABLE,
+                    k.KafkaError.UNKNOWN_TOPIC_OR_PART))  # (the admin client calls them final)
+                if not again or time.monotonic() + pause > deadline:
+                    raise _unavailable("listing offsets", self.cfg, exc) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
 
     def watermarks(self, tps: Sequence[tuple[str, int]], committed: bool = False) -> dict[tuple[str, int], tuple[int, int]]:
         """(low, high) offsets of each partition, in one request per broker."""
@@ -775,19 +795,8 @@ class _Client:
         k = self.k
         spec = k.admin.OffsetSpec
         iso = k.IsolationLevel.READ_COMMITTED if committed else k.IsolationLevel.READ_UNCOMMITTED
-        try:
-            hi = self.admin.list_offsets(
-                {k.TopicPartition(t, p): spec.latest() for t, p in tps},
-                isolation_level=iso, request_timeout=TIMEOUT_S,
-            )
-            lo = self.admin.list_offsets(
-                {k.TopicPartition(t, p): spec.earliest() for t, p in tps},
-                request_timeout=TIMEOUT_S,
-            )
-            his = {(tp.topic, tp.partition): f.result().offset for tp, f in hi.items()}
-            los = {(tp.topic, tp.partition): f.result().offset for tp, f in lo.items()}
-        except k.KafkaException as exc:
-            raise _unavailable("listing offsets", self.cfg, exc) from None
+        his = self._list_offsets(tps, spec.latest(), iso)
+        los = self._list_offsets(tps, spec.earliest())
         return {tp: (max(0, los[tp]), max(0, his[tp])) for tp in his}
 
     def read_range(self, ranges: Mapping[tuple[str, int], tuple[int, int | None]],
