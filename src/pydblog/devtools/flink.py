@@ -74,10 +74,10 @@ def install() -> Path:
     jar = connector_jar()
     if not jar.exists():
         jar.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=jar.parent) as tmp:
+        with tempfile.TemporaryDirectory(dir=jar.parent) as fetched:
             subprocess.run(["mvn", "-q", "dependency:copy", f"-Dartifact={KAFKA_CONNECTOR}",
-                            f"-DoutputDirectory={tmp}"], check=True)
-            (Path(tmp) / jar.name).rename(jar)
+                            f"-DoutputDirectory={fetched}"], check=True)
+            (Path(fetched) / jar.name).rename(jar)
     exe = python()
     if exe is not None:
         return exe
