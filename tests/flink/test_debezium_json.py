@@ -6,7 +6,12 @@ table equal to the source, every column.
 Flink needs ``before`` on updates and deletes: the source table has ``REPLICA IDENTITY
 FULL`` (as Debezium's users set it for Flink). Flink reads the topic from Kafka through
 its own Kafka connector (``'connector' = 'kafka'``, read_committed, from the earliest to
-the latest offsets)."""
+the latest offsets).
+
+Slow (a Flink job). The default run covers what Flink relies on:
+``tests/kafka/test_envelope.py`` (a capture's table topics hold only ``c``, ``u``, ``d``,
+``r`` and, with ``truncates = "include"``, one ``t``; the notifications in Debezium's
+channel shape) and ``tests/kafka/test_kafka_log.py::test_table_topics_hold_what_debeziums_hold``."""
 
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from tests.kafka.conftest import kafka_log_toml
 @pytest.fixture(scope="module", autouse=True)
 def _flink() -> None:
     """Flink's venv (``python -m pydblog.devtools.flink install``): skipped without it,
-    unless ``PYDBLOG_REQUIRE_FLINK=1`` (set by .ci/run)."""
+    unless ``PYDBLOG_REQUIRE_FLINK=1`` (set by ``.ci/run -m slow``, which installs it)."""
     if flink.python() is None or not flink.connector_jar().exists():
         reason = f"Flink is not installed in {flink.home()}: python -m pydblog.devtools.flink install"
         if os.environ.get("PYDBLOG_REQUIRE_FLINK") == "1":
@@ -49,6 +54,7 @@ def _sorted(rows: list[list[Any]]) -> list[list[Any]]:
     return sorted(rows, key=lambda r: r[0])
 
 
+@pytest.mark.slow  # a Flink job: 60-100 s on the shared 2-core machine, beyond the default run's budget
 def test_flink_debezium_json_materializes_the_source(pg_db: str, tmp_path: Path,
                                                      kafka_bootstrap: str) -> None:
     h = PgHarness(pg_db)
