@@ -14,10 +14,13 @@ own (~850 MB):
 ``python -m pydblog.devtools.flink install`` makes it (idempotent; ``.ci/run`` calls it).
 ``materialize`` runs one Flink job in that venv's Python: a ``filesystem`` table of the
 messages' values in ``debezium-json``, with the table's primary key and
-``table.exec.source.cdc-events-duplicate`` (Flink's documented setting for Debezium
-topics, whose incremental snapshots may read a row whose insert was already sent: Flink
-then keeps one row per key), and the rows of the changelog Flink emits, applied in
-order (+I and +U add a row, -U and -D take one away). Timestamps are taken as Flink's
+``table.exec.source.cdc-events-duplicate`` (Flink's setting for Debezium topics that
+may hold an event twice: Flink then keeps the last row per key). An incremental snapshot,
+pydblog's as Debezium's, needs it: a row updated before its chunk was read has its ``u``
+event (with a ``before`` the consumer never had: Flink alone fails to take away a row it
+does not hold) and then its chunk's ``r`` (a second insert of the key). The rows of the
+changelog Flink emits are applied in order (+I and +U add a row, -U and -D take one
+away). Timestamps are taken as Flink's
 text of them (``CAST(... AS STRING)``): the rows its Python API returns hold
 ``datetime`` values cut to milliseconds.
 """
