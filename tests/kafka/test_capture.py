@@ -381,7 +381,7 @@ def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
             broker.bootstrap, extra="partitions = 2\nbatch_max_ms = 250"), heartbeat_s=5)
         stop = threading.Event()
         load = threading.Thread(target=writer, args=(pg_db, stop, 7, 2000.0))
-        proc = start_run(config, env={"PYTHONFAULTHANDLER": "1"})  # (SIGABRT: stacks)
+        proc = start_run(config, env={"PYTHONFAULTHANDLER": "1"}, drain=True)  # (SIGABRT: stacks)
         load.start()
         try:
             for kill in BROKER_KILLS:

@@ -54,7 +54,7 @@ def test_the_partition_leaders_killed_under_load(pg_db: str, tmp_path: Path) -> 
             heartbeat_s=5)
         stop = threading.Event()
         load = threading.Thread(target=writer, args=(pg_db, stop, 7, 1000.0))
-        proc = start_run(config, env={"PYTHONFAULTHANDLER": "1"})
+        proc = start_run(config, env={"PYTHONFAULTHANDLER": "1"}, drain=True)
         load.start()
         try:
             deadline = time.monotonic() + 120
