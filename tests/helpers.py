@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -51,17 +52,32 @@ path = "{directory / "data"}"
     return path
 
 
+_DRAINS: dict[int, tuple[threading.Thread, list[bytes]]] = {}
+
+
 def start_run(
-    config: Path, env: dict[str, str] | None = None, wait: bool = True
+    config: Path, env: dict[str, str] | None = None, wait: bool = True, drain: bool = False
 ) -> subprocess.Popen[bytes]:
     """Start `dblog run`; with ``wait``, return once its slot exists (the first
-    checkpoint is in the change log), so writes from then on are captured."""
+    checkpoint is in the change log), so writes from then on are captured. ``drain``:
+    a thread reads its stderr while it runs (``stop_run`` returns it), for a test whose
+    capture may log more than a pipe holds (64 KB: the client's connection errors while
+    a broker is down for seconds) before it is stopped: else the capture blocks in its
+    next log line."""
     proc = subprocess.Popen(
         [*DBLOG, "run", "--config", str(config), *(["-v"] if os.environ.get("DBLOG_TEST_VERBOSE") else [])],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
     )
+    if drain:
+        chunks: list[bytes] = []
+        assert proc.stderr is not None
+        fd = proc.stderr.fileno()
+        reader = threading.Thread(
+            target=lambda: chunks.extend(iter(lambda: os.read(fd, 65536), b"")), daemon=True)
+        reader.start()
+        _DRAINS[proc.pid] = (reader, chunks)
     if wait:
 
         def ready() -> bool:
@@ -106,6 +122,24 @@ def first_checkpoint(config: Path) -> bool:
 
 
 def stop_run(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str]:
+    drained = _DRAINS.pop(proc.pid, None)
+    if drained is not None:  # (``start_run(drain=True)``: its thread reads stderr)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            drained[0].join(10)
+            if proc.stderr is not None:
+                proc.stderr.close()
+            raise AssertionError("dblog run did not stop on SIGTERM: "
+                                 f"{b''.join(drained[1]).decode()[-2000:]}") from None
+        drained[0].join(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+        return proc.returncode, b"".join(drained[1]).decode()
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:

@@ -105,6 +105,7 @@ def _no_learned_waits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.tansu
 def test_a_follower_on_s3_storage_gets_the_last_commit_of_an_idle_capture(tmp_path: Path) -> None:
     """Tansu's high watermark on S3 storage lags the partition's end by up to ~16 offsets
     for good (it moves in steps as commits come): a follower's read that stopped at the

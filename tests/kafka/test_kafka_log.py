@@ -689,6 +689,7 @@ def test_records_deleted_before_read_are_reported(kafka_log: LogConfig) -> None:
     reader.close()
 
 
+@pytest.mark.tansu
 def test_a_storage_stall_is_paid_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     """Tansu on S3 storage answers a 5 ms fetch of records written in transactions with
