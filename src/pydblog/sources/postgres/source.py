@@ -434,7 +434,8 @@ class PgLogSource:
         self._reset_tables(gone, ResetKind.GONE)
         if self.read_only:
             own = {t for t in own if setup.table_exists(meta, t)}
-        setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)])
+        setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)],
+                                 [t.qualified for t in tables if t.partitioned], self._warned)
         return names, oids
 
     def _reset_tables(self, tables: list[str], kind: ResetKind) -> None:
