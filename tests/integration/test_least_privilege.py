@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from pydblog.devtools.pgcluster import PgCluster
 from tests.helpers import (
@@ -114,3 +115,67 @@ def test_an_owner_without_create_on_the_database_is_told_to_get_it(
     assert f'GRANT CREATE ON DATABASE "{dbname}" TO "capture_own"' in res.stderr
     assert 'CREATE PUBLICATION "dblog" FOR TABLE "public"."o"' in res.stderr  # the administrator's way
     assert "as the tables' owner run" not in res.stderr
+
+
+def run_as_superuser(pg_cluster: PgCluster, dbname: str, script: str) -> None:
+    """``psql -v ON_ERROR_STOP=1 -f``: as a DBA runs a script."""
+    import subprocess
+
+    path = Path(pg_cluster.root) / f"setup-{dbname}.sql"
+    path.write_text(script)
+    res = subprocess.run([str(pg_cluster.bindir / "psql"), "-v", "ON_ERROR_STOP=1", "-q", "-f", str(path),
+                          pg_cluster.dsn(dbname)], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("mode", ["read-only", "table", "message"])
+def test_the_printed_setup_is_all_a_capture_needs(
+    pg_db: str, pg_cluster: PgCluster, tmp_path: Path, mode: str
+) -> None:
+    """``dblog setup --print-sql`` run by a superuser (psql) is all the capture role
+    needs: the capture runs as it alone (an initial snapshot, then the stream, of a plain
+    and a partitioned table in two schemas) and the change log materializes to the
+    source. The role owns nothing and has no CREATE anywhere."""
+    dbname = pg_db.rsplit("/", 1)[1]
+    user = f"cap_{mode.replace('-', '_')}"
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {user}")
+        conn.execute("CREATE SCHEMA sales")
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 300) g")
+        conn.execute("CREATE TABLE sales.p (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+        conn.execute("CREATE TABLE sales.p1 PARTITION OF sales.p FOR VALUES FROM (0) TO (1000)")
+        conn.execute("CREATE TABLE sales.p2 PARTITION OF sales.p FOR VALUES FROM (1000) TO (2000)")
+        conn.execute("INSERT INTO sales.p SELECT g, 'v' || g FROM generate_series(1, 1500, 3) g")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY)")  # not captured: no grant
+    config = write_config(
+        tmp_path, pg_cluster.dsn(dbname, user=user, password="pw"),
+        extra=f'[snapshot]\nmode = "initial"\nchunk_size = 100\nwatermark = "{mode}"\n',
+        source_extra='tables = ["public\\\\.t", "sales\\\\.p"]')
+    script = dblog("setup", "--print-sql", "--config", str(config)).stdout
+    assert "pw" not in script.replace("PASSWORD '...'", "")
+    run_as_superuser(pg_cluster, dbname, script)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(f"ALTER ROLE {user} PASSWORD 'pw'")
+    proc = start_run(config)
+    try:
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("INSERT INTO t SELECT g, 'w' || g FROM generate_series(301, 340) g")
+            conn.execute("UPDATE t SET v = 'u' WHERE id <= 20")
+            conn.execute("INSERT INTO sales.p VALUES (1999, 'late'), (2, 'two')")
+            conn.execute("DELETE FROM sales.p WHERE id = 1")
+        capture_matches_source(config, pg_db, "t", 340)
+        events = read_log(config)
+        def p_done() -> bool:
+            return len(materialize(read_log(config)).get("sales.p", {})) >= 501
+
+        wait_for(p_done, 60, "sales.p in the change log")
+        events = read_log(config)
+        got = materialize(events)["sales.p"]
+        want = source_rows(pg_db, "sales.p", ["id"])
+        assert {k: {c: r.get(c) for c in ("id", "v")} for k, r in got.items()} == want
+    finally:
+        code, err = stop_run(proc)
+    assert code == 0, err[-3000:]
+    assert "must be owner" not in err and "permission denied" not in err, err[-3000:]
+    assert not any(e["source"].get("table") == "other" for e in events if "source" in e)

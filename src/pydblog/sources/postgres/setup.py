@@ -134,6 +134,10 @@ def ensure_own_tables(conn: psycopg.Connection[Any], signal_table: str, watermar
     ):
         schema, table = split_name(qualified)
         ident = sql.Identifier(schema, table)
+        if table_exists(conn, qualified):
+            # (made by an administrator: CREATE ... IF NOT EXISTS would still need CREATE
+            # on the schema, which a least-privilege role lacks)
+            continue
         try:
             conn.execute(sql.SQL(ddl).format(ident))
         except psycopg.Error as exc:
