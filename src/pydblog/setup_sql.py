@@ -59,9 +59,11 @@ def _postgres(cfg: Config, dsn: str | None) -> str:
     patterns = cfg.source.tables
     literal = literal_tables(patterns) if patterns is not None else None
     looked = _look(cfg, dsn, need=patterns is not None and literal is None)
+    own: list[str] = []
+    version: int | None = None
     if looked is None:
         assert literal is not None or patterns is None
-        tables, version, own = (literal or []), None, []
+        tables = literal or []
     else:
         tables, version, own = looked
         if literal is not None:
