@@ -68,9 +68,11 @@ def setup_sql(cfg: Config, target: MyTarget) -> str:
     ]
     for name, value, note in SERVER_SETTINGS:
         out.append(f"--   {name} = {value}" + (f"  ({note})" if note else ""))
+    gtids = ("required: read-only chunks are fenced by GTID sets" if mode == "read-only"
+             else "recommended: a resume survives a failover")
     out += [
-        "-- GTIDs are recommended (a resume survives a failover): MySQL gtid_mode = ON and "
-        "enforce_gtid_consistency = ON; MariaDB has them always.",
+        f"-- GTIDs, {gtids}: MySQL gtid_mode = ON and enforce_gtid_consistency = ON; "
+        "MariaDB has them always.",
         f"CREATE USER IF NOT EXISTS {who};",
         f"-- Its password (never printed): ALTER USER {who} IDENTIFIED BY '...';",
         f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {who};",
