@@ -6,9 +6,8 @@ No I/O. The capture user gets ``REPLICATION SLAVE`` (to read the binlog), ``REPL
 CLIENT`` (the binlog position; MariaDB 10.5+ calls it ``BINLOG MONITOR`` and takes the old
 name) and ``SELECT`` on the captured database (snapshots, column names on servers whose
 binlog has none). With ``watermark = "table"`` an administrator creates the signal and the
-watermark table, and the user may ``INSERT``/``UPDATE`` the watermark row (and ``CREATE``
-both tables: the capture's ``CREATE TABLE IF NOT EXISTS`` at start checks that grant even
-when they exist). With ``"read-only"`` the user cannot write anything; the signal table is
+watermark table, and the user may ``INSERT``/``UPDATE`` the watermark row (the capture
+creates only a missing table). With ``"read-only"`` the user cannot write anything; the signal table is
 created by the administrator (the capture never creates it: even ``CREATE TABLE IF NOT
 EXISTS`` of an existing table is written to the binlog).
 
@@ -22,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pydblog.config import Config
-from pydblog.sources.mysql.setup import own_tables, signal_table_ddl
+from pydblog.sources.mysql.setup import own_tables, signal_table_ddl, watermark_table_ddl
 from pydblog.sources.mysql.types import quote_ident
 
 SERVER_SETTINGS = (
@@ -84,11 +83,9 @@ def setup_sql(cfg: Config, target: MyTarget) -> str:
                    f"GRANT INSERT ON {sig} TO <whoever sends them>.")
     else:
         out += [
-            f"CREATE TABLE IF NOT EXISTS {wm} (id INT PRIMARY KEY, value VARCHAR(64) NULL) "
-            "CHARACTER SET utf8mb4;",
+            watermark_table_ddl(own) + ";",
             f"INSERT IGNORE INTO {wm} (id, value) VALUES (1, NULL);",
-            f"GRANT CREATE, INSERT, UPDATE ON {wm} TO {who};",
-            f"GRANT CREATE ON {sig} TO {who};",
+            f"GRANT INSERT, UPDATE ON {wm} TO {who};",
             f"-- Signals by table: GRANT INSERT ON {sig} TO <whoever sends them>.",
         ]
     return "\n".join(out) + "\n"
