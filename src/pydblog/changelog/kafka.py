@@ -63,7 +63,6 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -74,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from pydblog import failpoints
 from pydblog.changelog import kafka_native
 from pydblog.errors import ChangeLogError, ChangeLogUnavailable, ConfigError, DblogError, Fenced
 from pydblog.events import TAIL_SEP, Encoded, EncodedBlock, EncodedEvent
@@ -1189,7 +1189,6 @@ class KafkaChangeLog(ChangeLogWriter):
         self._tombstones = cfg.tombstones
         self._epoch: int | None = None  # set by claim(): commits are then verified
         self._verified_to = 0
-        self._crash_at = os.environ.get("DBLOG_CRASH_AT")
         self._commits = 0
         conf = client_config(
             cfg,
@@ -1358,14 +1357,8 @@ class KafkaChangeLog(ChangeLogWriter):
         return end
 
     def _fault(self, point: str) -> None:
-        """Fault injection for crash tests: ``DBLOG_CRASH_AT=<point>:<n>`` exits the
-        process (as ``kill -9`` would) at ``point`` of the n-th commit (the begin
-        message is commit 0). Points: ``kafka-after-data`` (data acknowledged, no
-        checkpoint message yet), ``kafka-before-commit`` (checkpoint message
-        acknowledged, transaction not committed)."""
-        spec = self._crash_at
-        if spec and spec.startswith(point + ":") and int(spec.split(":")[1]) == self._commits:
-            os._exit(137)
+        """A crash test's fault point (``pydblog.failpoints``) at the current commit."""
+        failpoints.hit(point, self._commits)
 
     def _topic(self, qualified: str) -> str:
         if qualified in (".", ""):
