@@ -7,6 +7,7 @@ The oracle (invariant 2 of docs/architecture.md): replaying the change log (c/u/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,10 +23,16 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from pydblog.devtools.proc import end_process
 from pydblog.events import UNCHANGED_TOAST
 from pydblog.sources.postgres.types import SESSION_SETTINGS, TypeRegistry
 
 DBLOG = [sys.executable, "-m", "pydblog"]
+
+STARTED: list[subprocess.Popen[bytes]] = []
+"""The `dblog run` processes ``start_run`` started during the current test: the
+``_nothing_left_running`` fixture (tests/conftest.py) ends those a failed test left
+running and closes their pipes."""
 
 Key = tuple[Any, ...]
 Tables = dict[str, dict[Key, dict[str, Any]]]
@@ -78,11 +85,13 @@ def start_run(
             target=lambda: chunks.extend(iter(lambda: os.read(fd, 65536), b"")), daemon=True)
         reader.start()
         _DRAINS[proc.pid] = (reader, chunks)
+    STARTED.append(proc)
     if wait:
 
         def ready() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"dblog run exited: {proc.communicate()[1].decode()[-3000:]}")
+                _, _, err = end_process(proc)
+                raise AssertionError(f"dblog run exited: {err.decode()[-3000:]}")
             return first_checkpoint(config)
 
         try:
@@ -91,11 +100,26 @@ def start_run(
             # (an embedded log is cheap to look at: a few hundred starts in a run)
             embedded = load_config(config).log.type == "embedded"
             wait_for(ready, 60, "dblog run to start", 0.05 if embedded else 0.2)
-        except BaseException:  # not left running (a test that fails here never stops it)
-            proc.kill()
-            proc.wait()
+        except BaseException as exc:  # not left running, its pipe closed
+            _, _, err = end_process(proc, kill=True)
+            if isinstance(exc, AssertionError) and "dblog run exited" not in str(exc):
+                raise AssertionError(f"{exc}; dblog run's stderr: {err.decode()[-3000:]}") from None
             raise
     return proc
+
+
+def end_started() -> None:
+    """End every process ``start_run`` started since the last call (SIGKILL: a test that
+    left one running failed already) and close their pipes."""
+    while STARTED:
+        proc = STARTED.pop()
+        drained = _DRAINS.pop(proc.pid, None)
+        if drained is not None:  # its thread reads stderr: let it see the end first
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+            drained[0].join(10)
+        end_process(proc, kill=True)
 
 
 def first_checkpoint(config: Path) -> bool:
@@ -122,6 +146,8 @@ def first_checkpoint(config: Path) -> bool:
 
 
 def stop_run(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str]:
+    """SIGTERM `dblog run` and wait for it; its exit code and stderr. Its pipe is closed
+    and it is reaped whatever happens (``end_process``)."""
     drained = _DRAINS.pop(proc.pid, None)
     if drained is not None:  # (``start_run(drain=True)``: its thread reads stderr)
         if proc.poll() is None:
@@ -145,16 +171,17 @@ def stop_run(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, s
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
+        _, _, err = end_process(proc, kill=True)
         raise AssertionError(f"dblog run did not stop on SIGTERM: {err.decode()[-2000:]}") from None
-    return proc.returncode, err.decode()
+    except ValueError:  # read already (stopped before)
+        err = b""
+    finally:
+        end_process(proc)  # nothing left running or open, whatever happened
+    return proc.returncode, (err or b"").decode()
 
 
 def kill9(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
-    proc.communicate()
+    end_process(proc, kill=True)
 
 
 def dblog(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -168,6 +168,29 @@ def status(config_path: str, as_json: bool) -> None:
             click.echo(f"{key}: {value}")
 
 
+@main.command()
+@config_option
+@click.option("--print-sql", is_flag=True, required=True,
+              help="Print the SQL an administrator runs for a least-privilege capture.")
+@click.option("--dsn", default=None,
+              help="PostgreSQL: an administrator's connection to the same database, to list "
+                   "the tables [source] tables matches (default: the configured DSN).")
+@click.option("--host", default="%", show_default=True,
+              help="MySQL/MariaDB: the host the capture user connects from ('user'@'host').")
+def setup(config_path: str, print_sql: bool, dsn: str | None, host: str) -> None:
+    """Print what a DBA runs so that the configured capture needs the least privilege:
+    its role or user and grants, the publication (PostgreSQL), the server settings
+    (MySQL/MariaDB), and pydblog's signal and watermark tables when the watermark mode
+    writes them. Passwords are never printed: set them yourself."""
+    cfg = _load(config_path)
+    from pydblog.setup_sql import print_sql as generate
+
+    try:
+        click.echo(generate(cfg, dsn, host), nl=False)
+    except DblogError as exc:
+        _fail(exc)
+
+
 @main.command(context_settings={"ignore_unknown_options": False})
 @config_option
 @click.argument("args", nargs=-1)

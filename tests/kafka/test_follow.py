@@ -187,6 +187,7 @@ def test_dblog_tail_follows_a_kafka_log(kafka_log: LogConfig, tmp_path: Path) ->
 
     import orjson
 
+    from pydblog.devtools.proc import end_process
     from tests.helpers import DBLOG, write_config
     from tests.kafka.conftest import kafka_log_toml
 
@@ -232,8 +233,5 @@ def test_dblog_tail_follows_a_kafka_log(kafka_log: LogConfig, tmp_path: Path) ->
         assert take(30) == list(range(12, 42))
     finally:
         if tail is not None:
-            tail.terminate()
-            tail.wait(30)
-            if tail.stdout is not None:
-                tail.stdout.close()
+            end_process(tail)
         writer.close()

@@ -22,6 +22,7 @@ for a slice's write, not for the chunk's.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -207,7 +208,8 @@ class Runner:
         self._db = ""
         self._driver_active = False
         self._now_ms = int(time.time() * 1000)
-        self._last_retention = 0.0  # first idle moment applies retention
+        self._last_retention = -math.inf  # first idle moment applies retention (not
+        # RETENTION_EVERY_S after the machine's boot: monotonic time)
         self._writer_wakes = False  # the writer wakes the stream when its queue drains
         # High availability: the elected leader's term, checked before every source ack
         # and at every idle tick (``None``: no [ha], a single capture process).

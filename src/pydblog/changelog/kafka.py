@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import re
 import threading
 import time
@@ -346,7 +347,7 @@ class _Held:
     partitions are held, for the transaction's end; once it ended, ``TIMEOUT_S`` more
     (the read's own timeout ran out while it waited)."""
     holding: bool = False  # partitions were held at the last look
-    told: float = 0.0  # when the read last said so
+    told: float = -math.inf  # when the read last said so (monotonic: 0.0 is the boot)
 
 
 def checkpoint_topic_exists(cfg: LogConfig) -> bool:
@@ -1060,7 +1061,7 @@ class _Client:
             if held.holding:  # it ended: the read's own timeout starts again
                 held.until = now + TIMEOUT_S
             held.holding = False
-            held.told = 0.0
+            held.told = -math.inf
         else:
             timeout = transaction_timeout_s(self.cfg)
             if not held.holding:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -279,7 +280,7 @@ class MySqlLogSource:
         self._last_yielded: BinlogPosition | None = None
         self._last_done: BinlogPosition | None = None  # the last finished transaction
         self._last_hb: BinlogPosition | None = None
-        self._last_hb_time = 0.0
+        self._last_hb_time = -math.inf  # (monotonic time: 0.0 is the machine's boot)
         self._mappers: dict[int, _Mapper] = {}
         self._json_cols: dict[tuple[str, str], frozenset[str]] = {}
         self._nullable: dict[int, bytes] = {}

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import select
 import time
@@ -186,12 +187,16 @@ class PgLogSource:
         self._report = True
         self._acked: int = 0
         self._from_ack: int | None = None  # the checkpoint's ack LSN at ``open``
-        self._last_hb = 0.0
+        # Monotonic times start at -inf, never 0.0: monotonic time counts from the
+        # machine's boot, and on a machine up for less than the heartbeat interval a 0.0
+        # held the first heartbeat (the first checkpoint of an idle source) back until
+        # the interval had passed since boot.
+        self._last_hb = -math.inf
         self._hb_out = False  # a heartbeat sent has not come back through the stream yet
-        self._hb_sent = 0.0  # when the last heartbeat was sent
+        self._hb_sent = -math.inf  # when the last heartbeat was sent
         self._wake: tuple[int, int] | None = None  # self-pipe: wakeup() -> stream yields Idle
         self._passed = 0  # the last WAL end reported as StreamPassed
-        self._asked = 0.0  # when request_progress last asked for a keepalive
+        self._asked = -math.inf  # when request_progress last asked for a keepalive
         self._warned: set[str] = set()
         # Capture from a hot standby (``standby``): the primary of ``primary_dsn`` (the
         # publication, heartbeats and resets are written there), or without it the
@@ -269,7 +274,7 @@ class PgLogSource:
         except psycopg2.Error as exc:
             raise self._stream_error(exc) from None
         self._cur = cur
-        self._last_hb = 0.0  # first idle moment sends a heartbeat: a position to start from
+        self._last_hb = -math.inf  # first idle moment sends a heartbeat: a position to start from
         if self._wake is None:
             r, w = os.pipe()
             os.set_blocking(r, False)
@@ -429,7 +434,8 @@ class PgLogSource:
         self._reset_tables(gone, ResetKind.GONE)
         if self.read_only:
             own = {t for t in own if setup.table_exists(meta, t)}
-        setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)])
+        setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)],
+                                 [t.qualified for t in tables if t.partitioned], self._warned)
         return names, oids
 
     def _reset_tables(self, tables: list[str], kind: ResetKind) -> None:
