@@ -77,6 +77,7 @@ def run(config_path: str, verbose: bool, release_ha: bool) -> None:
         if epoch is not None:
             logging.getLogger("pydblog").warning(
                 "released the high-availability claim (epoch %d) on the change log", epoch)
+    from pydblog.api.capture import start_capture_api
     from pydblog.capture.service import run_capture
 
     stop = threading.Event()
@@ -88,7 +89,7 @@ def run(config_path: str, verbose: bool, release_ha: bool) -> None:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     try:
-        run_capture(cfg, stop)
+        run_capture(cfg, stop, serve_api=start_capture_api)
     except DblogError as exc:
         _fail(exc)
 

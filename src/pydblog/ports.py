@@ -633,3 +633,55 @@ class FencedKeyReader(Protocol):
     ) -> tuple[Sequence[ChunkRow], Any]:
         """``read_keys``' rows and the ``ReadFence`` of the snapshot that read them."""
         ...
+
+
+# -- the running capture, as the API reads it -------------------------------------------
+# The HTTP API (``api``) reads the capture's state through these views, never through the
+# capture's classes (``capture.runner.Runner`` implements ``RunnerView``): the API threads
+# only read, each a single attribute or a call that takes no lock the capture holds long.
+
+
+class StatusView(Protocol):
+    """The capture's last status (``capture.status.StatusWriter``)."""
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """Position, rate and snapshot progress as last written, at most ~1 s old; None
+        before the first write."""
+        ...
+
+    @property
+    def started_at(self) -> float:
+        """When this capture (runner) started, in seconds since the epoch."""
+        ...
+
+
+class WriterView(Protocol):
+    """The change log writer thread (``capture.writer.BatchWriter``)."""
+
+    def backlog(self) -> int:
+        """Batches handed to the writer and not appended yet."""
+        ...
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that stopped the writer thread, None while it writes."""
+        ...
+
+
+class RunnerView(Protocol):
+    """One capture run (``capture.runner.Runner``) as the API sees it."""
+
+    @property
+    def opened(self) -> bool:
+        """The source's stream opened (the capture is not stuck starting)."""
+        ...
+
+    @property
+    def status(self) -> StatusView: ...
+
+    @property
+    def writer(self) -> WriterView: ...
+
+    @property
+    def source(self) -> LogSource: ...

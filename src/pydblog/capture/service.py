@@ -8,10 +8,11 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from pydblog.api.capture import read_api_address, start_capture_api
-from pydblog.api.live import LIVE
+from pydblog.apiaddress import read_api_address
+from pydblog.capture.live import LIVE, LiveCapture
 from pydblog.capture.runner import Runner
 from pydblog.capture.status import read_status
 from pydblog.changelog import describe, open_writer
@@ -26,14 +27,28 @@ from pydblog.state.file import FileStateStore
 log = logging.getLogger(__name__)
 
 
-def run_capture(cfg: Config, stop: threading.Event) -> None:
+class Served(Protocol):
+    """What serves the capture's API (``api.capture.CaptureApi``), to be closed when the
+    capture stops."""
+
+    def close(self) -> None: ...
+
+
+ServeApi = Callable[[Config, LiveCapture], Served | None]
+"""Starts the capture's API on ``LIVE`` (``api.capture.start_capture_api``; None when
+``[api] listen`` turns it off). ``dblog run`` passes it in: the capture does not import
+the API, which reads the capture."""
+
+
+def run_capture(cfg: Config, stop: threading.Event, serve_api: ServeApi | None = None) -> None:
     """Run until ``stop`` is set; flushes, acknowledges and closes on the way out.
 
     Errors before the stream first opens are raised (the CLI prints them and exits
     with their code: bad DSN, server down, slot in use, setup missing). Once capture
     ran, retriable errors (the server restarting) are retried with backoff. With
     ``[ha]`` the process is a member of an election and captures only while it leads
-    (``ha.member``).
+    (``ha.member``). ``serve_api`` serves the API (leaders and standbys alike) from
+    before the capture starts until after its state is final.
     """
     # The chunk worker thread does many short database round trips; with the default
     # 5 ms GIL switch interval each one could wait that long behind the stream thread.
@@ -44,7 +59,7 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
     # the collector still runs, just every 100k allocations.
     gc.set_threshold(100_000, 50, 100)
     gc.freeze()  # modules and config loaded so far: never scanned again
-    api = start_capture_api(cfg, LIVE)  # serves leaders and standbys alike
+    api = serve_api(cfg, LIVE) if serve_api is not None else None
     try:
         if cfg.ha is not None:
             from pydblog.ha.member import run_member
