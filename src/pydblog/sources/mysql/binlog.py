@@ -95,6 +95,7 @@ from pydblog.sources.mysql.fences import parse_owned
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
 from pydblog.sources.mysql.history import SchemaHistory, signature
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, file_sequence
+from pydblog.sources.mysql.resume import GtidResume, plan_resume
 from pydblog.sources.mysql.setup import (
     OwnTables,
     check_source,
@@ -351,32 +352,26 @@ class MySqlLogSource:
             self._last_done = BinlogPosition(file, offset, BEFORE_TX, None, state)
             self._start_dump(file, offset, state)
             return
-        state = self._own_flavour(pos.gtids) if self._gtid_mode else None
-        if state:
-            # By GTID: the server finds the transactions after ``state``, whatever its
-            # file names; the checkpoint's transaction is re-read and its logged part
-            # dropped. A new epoch: these coordinates may not compare with the old ones.
-            self._epoch = pos.epoch + 1
-            self._skip_tx = {pos.gtid: pos.index} if pos.gtid else {}
-            if not pos.gtid:
-                # Nothing is re-read (a checkpoint between transactions): the stream has
-                # delivered ``pos.gtids`` already, which read-only fences may wait for.
-                self._last_done = pos
+        assert checkpoint is not None  # (pos is its position)
+        plan = plan_resume(
+            pos, self._own_flavour(pos.gtids) if self._gtid_mode else None,
+            mariadb=self.mariadb, dump_record=checkpoint.extra.get(DUMP_SERVER_KEY),
+        )
+        if isinstance(plan, GtidResume):
+            # By GTID: the server finds the transactions after the state, whatever its
+            # file names. A new epoch: these coordinates may not compare with the old ones.
+            self._epoch = plan.epoch
+            self._skip_tx = dict(plan.skip_tx)
+            if plan.delivered is not None:  # (read-only fences may wait for its state)
+                self._last_done = plan.delivered
             self._require_executed(pos)
-            start = None
-            if not self.mariadb and checkpoint is not None:
-                start = dumpstart.from_record(
-                    checkpoint.extra.get(DUMP_SERVER_KEY), pos.epoch, pos.file, pos.pos, pos.gtid
-                )
-            self._start_gtid_dump(state, start)
+            self._start_gtid_dump(plan.state, plan.start)
             return
         self._require_file(pos)
-        self._epoch = pos.epoch
-        self._skip_upto = pos
-        self._last_done = pos
-        if state is None:
-            state = self._state_at(pos.file, max(pos.pos, 4))
-        self._start_dump(pos.file, max(pos.pos, 4), state)
+        self._epoch = plan.epoch
+        self._skip_upto = self._last_done = plan.skip_upto
+        state = plan.state if plan.state is not None else self._state_at(plan.file, plan.offset)
+        self._start_dump(plan.file, plan.offset, state)
 
     def stream(self) -> Iterator[Any]:
         last_yield = time.monotonic()
