@@ -115,13 +115,10 @@ from pydblog.sources.mysql.tablemap import (
 from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
 from pydblog.sources.mysql.wake import Wakeup
 from pydblog.sources.mysql.xa import (
-    MAX_HELD_BYTES,
     XA_KEY,
     PreparedXa,
     Xid,
     parse_statement,
-    recover_xids,
-    xid_text,
 )
 
 log = logging.getLogger(__name__)
@@ -326,7 +323,7 @@ class MySqlLogSource:
             )
         self._history = self._load_history(checkpoint)
         if checkpoint is not None and pos is not None:
-            self._xa = self._load_xa(checkpoint, pos)
+            self._xa = PreparedXa.load(checkpoint.extra.get(XA_KEY), pos)
         if pos is None:
             self._warn_prepared_xa()
             file, offset, _ = self._master_status()
@@ -547,31 +544,8 @@ class MySqlLogSource:
         except SourceError as exc:  # a bonus check: not allowed is not fatal
             log.debug("XA RECOVER failed: %s", exc)
             return
-        if not rows:
-            return
-        xids = recover_xids(rows)
-        self._xa.note_before_start(xids)
-        self._opening_xa = SourceState(XA_KEY, self._xa.to_json())
-        names = [x[1].decode(errors="replace") for x in xids[:5]]
-        log.warning(
-            "MySQL at %s has %d prepared XA transaction(s) (%s): if they change captured "
-            "tables, their changes are not captured when they commit (their rows were "
-            "written to the binlog at XA PREPARE, before capture starts); a warning names "
-            "each one when it commits: then snapshot the tables it changed again "
-            "(or resolve them before starting capture)",
-            self.dsn.redacted, len(rows), ", ".join(repr(x) for x in names),
-        )
-
-    def _load_xa(self, checkpoint: Checkpoint, pos: BinlogPosition) -> PreparedXa:
-        """The prepared XA transactions the checkpoint holds (``xa.py``)."""
-        try:
-            return PreparedXa.from_json(checkpoint.extra.get(XA_KEY), pos)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise SourceError(
-                f"the checkpoint's prepared XA transactions cannot be read: {exc!r}",
-                hint="this change log was written by a newer pydblog; use that version, or "
-                "start with a fresh [log] path and snapshot the tables again",
-            ) from None
+        if self._xa.recovered(list(rows), self.dsn.redacted):
+            self._opening_xa = SourceState(XA_KEY, self._xa.to_json())
 
     def _server_has_gtids(self) -> bool:
         """MariaDB writes a GTID for every event group; MySQL only with gtid_mode=ON."""
@@ -1026,25 +1000,7 @@ class MySqlLogSource:
         tx.count = 0  # none of them is at this group's position
         if held:
             xid: Xid = (int(event.xid_format_id), bytes(event.xid_gtrid), bytes(event.xid_bqual))
-            self._xa.prepare(xid, str(tx.position(0)), held)
-            log.info("XA transaction %s prepared at %s with %d captured row change(s): held "
-                     "until its XA COMMIT / XA ROLLBACK", xid_text(xid), tx.position(0),
-                     len(held))
-            size = self._xa.encoded_size()
-            if size > MAX_HELD_BYTES:
-                raise SourceError(
-                    f"XA transaction {xid_text(xid)}, prepared at {tx.position(0)} with "
-                    f"{len(held)} captured row change(s), brings the held rows of prepared XA "
-                    f"transactions ({self._xa.rows()} rows, {size:,} bytes encoded) over the "
-                    f"limit of {MAX_HELD_BYTES:,} bytes: every checkpoint carries them until "
-                    "their XA COMMIT / XA ROLLBACK (a Kafka change log cannot commit a "
-                    "checkpoint above its 1 MB message limit). Fix: set "
-                    "PYDBLOG_XA_MAX_HELD_BYTES higher and restart (with a Kafka change log "
-                    "only if the checkpoint topic's max.message.bytes and the broker's limits "
-                    "allow it); capture resumes before this PREPARE, so resolving the XA "
-                    "alone does not help. Keep XA transactions on captured tables small "
-                    "(README, Limits)"
-                )
+            self._xa.hold(xid, str(tx.position(0)), held)
             yield SourceState(XA_KEY, self._xa.to_json(), tx.position(0))
         yield from self._end_tx(ts_ms)
 
@@ -1062,26 +1018,13 @@ class MySqlLogSource:
             yield from self._end_tx(ts_ms)  # one phase: the group's own rows commit here
             return
         verb, xid, _ = parsed
-        rows = self._xa.take(xid)
         tx = self._begin_if_needed(start, ts_ms)
-        if rows is None:
-            if self._xa.prepared_before_start(xid) and verb == "COMMIT":
-                log.warning(
-                    "XA transaction %s, prepared before capture started, committed at %s: "
-                    "its row changes were written to the binlog at its XA PREPARE, before "
-                    "the start position, and are not in the change log; if it changed "
-                    "captured tables, snapshot them again (dblog snapshot ...) to log their "
-                    "rows as they are now",
-                    xid_text(xid), tx.position(0),
-                )
-                yield SourceState(XA_KEY, self._xa.to_json(), tx.position(0))
-            yield from self._end_tx(ts_ms)
-            return
-        if verb == "COMMIT":
-            for ev in rows:
-                yield ev._replace(position=tx.position(tx.count), ts_ms=ts_ms)
-                tx.count += 1
-        yield SourceState(XA_KEY, self._xa.to_json(), tx.position(tx.count))
+        rows, changed = self._xa.resolve(verb, xid, str(tx.position(0)))
+        for ev in rows:
+            yield ev._replace(position=tx.position(tx.count), ts_ms=ts_ms)
+            tx.count += 1
+        if changed:
+            yield SourceState(XA_KEY, self._xa.to_json(), tx.position(tx.count))
         yield from self._end_tx(ts_ms)
 
     def _ddl(
