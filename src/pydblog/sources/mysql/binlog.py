@@ -93,7 +93,13 @@ from pydblog.sources.mysql.dumpstart import DUMP_SERVER_KEY, DumpConnection, Dum
 from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.fences import parse_owned
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
-from pydblog.sources.mysql.history import SchemaHistory, signature
+from pydblog.sources.mysql.history import (
+    HISTORY_KEY,
+    SchemaHistory,
+    history_mismatch,
+    read_baseline,
+    signature,
+)
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, file_sequence
 from pydblog.sources.mysql.resume import GtidResume, plan_resume
 from pydblog.sources.mysql.setup import (
@@ -126,7 +132,6 @@ log = logging.getLogger(__name__)
 SETTLE_S = 1.0
 """Longest a fresh MySQL start waits for the GTIDs being committed to be executed."""
 
-HISTORY_KEY = "mysql_schema_history"
 """``Checkpoint.extra`` key of the schema history (servers without binlog_row_metadata)."""
 VERIFY_WITHIN_BYTES = 4 << 20
 """A history definition is checked against information_schema when met this close to
@@ -1128,7 +1133,7 @@ class MySqlLogSource:
         if why is not None:
             self._defs.pop(key, None)
             if from_history:
-                raise self._history_mismatch(key, where, why)
+                raise history_mismatch(key, where, self.dsn.redacted, why)
             raise self._stale_table(key, where, why)
         name_columns(table.columns, defn)
         pk = defn.primary_key
@@ -1194,16 +1199,6 @@ class MySqlLogSource:
         )
         return rest < VERIFY_WITHIN_BYTES
 
-    def _history_mismatch(self, key: tuple[str, str], where: str, why: str) -> SourceError:
-        return SourceError(
-            f"cannot decode the rows of {key[0]}.{key[1]} at {where} in the binlog of MySQL "
-            f"at {self.dsn.redacted}: this server writes no column names into the binlog, "
-            f"and the schema history (the table's columns as the DDL read from the binlog "
-            f"left them) does not match the rows: {why}",
-            hint="a DDL on the table was not understood as the server executed it; start "
-            "with a fresh [log] path and snapshot the tables again (and report the DDL)",
-        )
-
     # -- schema history (servers without binlog_row_metadata) -----------------------------
     def _tracked(self, db: str, table: str) -> bool:
         """Tables whose rows this source decodes: the captured ones and its own."""
@@ -1220,42 +1215,20 @@ class MySqlLogSource:
             cur.execute("SELECT @@version")
             version = _version_number(str(cur.fetchone()[0]))
         raw = checkpoint.extra.get(HISTORY_KEY) if checkpoint is not None else None
-        if raw is None:
-            return SchemaHistory(server_version=version)
-        try:
-            history = SchemaHistory.from_json(raw, version)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise SourceError(
-                f"the checkpoint's MySQL schema history cannot be read: {exc}",
-                hint="this change log was written by a newer pydblog; use that version, or "
-                "start with a fresh [log] path and snapshot the tables again",
-            ) from None
-        history.keep_only(self._tracked)
-        return history
+        return SchemaHistory.load(raw, version, self._tracked)
 
     def _baseline(self, history: SchemaHistory, file: str, offset: int) -> None:
         """A fresh start: every tracked table's definition at ``(file, offset)``, read
         from information_schema. A table with DDL in the binlog after ``offset`` (run
         while this was read) is left out: it is read when met, under tablemap.py's rules."""
         with self._ctl_lock, self._ctl_cursor() as cur:
-            dbs = {self.db, self.own.signal[0], self.own.watermark[0]}
             names = [(self.db, t) for t in schema_mod.list_tables(cur, self.db)]
             names += [self.own.signal, self.own.watermark]
-            for db in sorted(dbs):
-                cur.execute(
-                    "SELECT DEFAULT_CHARACTER_SET_NAME FROM information_schema.SCHEMATA "
-                    "WHERE SCHEMA_NAME = %s",
-                    (db,),
-                )
-                row = cur.fetchone()
-                if row is not None and row[0]:
-                    history.charsets[db] = str(row[0]).lower()
-            for key in dict.fromkeys(names):
-                if not self._tracked(*key):
-                    continue
-                found = read_table(cur, *key)
-                if found is not None and not self._lookahead.ahead(cur, (file, offset), *key):
-                    history.put(key, found)
+            read_baseline(
+                cur, history, [k for k in dict.fromkeys(names) if self._tracked(*k)],
+                {self.db, self.own.signal[0], self.own.watermark[0]},
+                lambda key: bool(self._lookahead.ahead(cur, (file, offset), *key)),
+            )
         self._lookahead.reset()
         self._opening_state = self._history_state(None)
 
@@ -1281,16 +1254,9 @@ class MySqlLogSource:
         pos = tx.position(tx.count)
         if self._logged(pos):
             return
-        applied = history.apply(query, default_db, self._tracked)
+        applied = history.follow(query, default_db, self._tracked, pos)
         for key in applied.touched:
             self._defs.pop(key, None)
-        for key, why in applied.lost:
-            log.warning(
-                "could not follow a DDL on %s.%s at %s (%s): %s; its columns will be read "
-                "from information_schema when next met (exact while capture keeps up; if "
-                "capture is behind further column changes of it, it stops with an error)",
-                *key, pos, why, " ".join(query.split())[:300],
-            )
         if applied.touched:
             yield self._history_state(pos)
 
