@@ -23,6 +23,11 @@ from pydblog.errors import ConfigError, DblogError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Each command imports what it runs inside its function: `dblog --help` and every
+# command load only their own modules (the capture, the API, Spark's job and its
+# session: the last take seconds to import), and a missing optional extra fails only
+# the command that needs it.
+
 config_option = click.option(
     "--config", "-c", "config_path", required=True, type=click.Path(dir_okay=False),
     help="Path of the TOML configuration file.",

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+import orjson
+
 from pydblog.capture import lagtrace
 from pydblog.config import Config
 from pydblog.core.fence import describe
@@ -176,8 +178,6 @@ class SnapshotDriver:
         (the last logged event's) as a signal row read there would be. Returns the
         events and the rejection's reason, if the signal was rejected (always, with
         ``problem``: a message that was no valid signal, rejected for that reason)."""
-        import orjson
-
         try:
             if problem is not None:
                 raise SignalError(problem)

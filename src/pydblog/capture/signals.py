@@ -9,11 +9,15 @@ import urllib.request
 from typing import Any
 
 import orjson
+import psycopg
+from psycopg import sql
 
 from pydblog.apiaddress import API_FILE, read_api_address
 from pydblog.config import Config
 from pydblog.errors import ConfigError, SourceError, SourceUnavailable
 from pydblog.extras import needs_extra
+from pydblog.sources.postgres.connect import connect
+from pydblog.sources.postgres.setup import split_name
 
 
 def signals_go_direct(cfg: Config) -> bool:
@@ -31,12 +35,6 @@ def send_signal(
     exists (the Kafka signal channel forwards at least once)."""
     payload = orjson.dumps(data).decode()
     if cfg.source.type == "postgres":
-        import psycopg
-        from psycopg import sql
-
-        from pydblog.sources.postgres.connect import connect
-        from pydblog.sources.postgres.setup import split_name
-
         conn = connect(cfg.source.dsn, timeout_s=cfg.source.connect_timeout_s)
         try:
             schema, table = split_name(cfg.snapshot.signal_table)

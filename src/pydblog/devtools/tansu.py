@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 
@@ -81,8 +82,6 @@ class TansuBroker:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         _wait_port(self._moto_port, 20)
-        import urllib.request
-
         req = urllib.request.Request(
             f"http://127.0.0.1:{self._moto_port}/{self._bucket}", method="PUT")
         urllib.request.urlopen(req, timeout=10).close()

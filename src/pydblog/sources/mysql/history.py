@@ -424,7 +424,6 @@ class SchemaHistory:
             self.put(key, result)
 
 
-# -- sqlglot ------------------------------------------------------------------------------
 def read_baseline(
     cur: Any, history: SchemaHistory, keys: Iterable[Key], dbs: Iterable[str],
     changes_ahead: Callable[[Key], bool],
@@ -460,7 +459,10 @@ def history_mismatch(key: Key, where: str, server: str, why: str) -> SourceError
     )
 
 
+# -- sqlglot ------------------------------------------------------------------------------
 def _exp() -> Any:
+    # sqlglot (the mysql extra) is imported when a DDL is first parsed: only servers
+    # without column names in the binlog need it, and its import takes a moment.
     from sqlglot import exp
 
     return exp
