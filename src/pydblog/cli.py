@@ -23,6 +23,11 @@ from pydblog.errors import ConfigError, DblogError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Each command imports what it runs inside its function: `dblog --help` and every
+# command load only their own modules (the capture, the API, Spark's job and its
+# session: the last take seconds to import), and a missing optional extra fails only
+# the command that needs it.
+
 config_option = click.option(
     "--config", "-c", "config_path", required=True, type=click.Path(dir_okay=False),
     help="Path of the TOML configuration file.",
@@ -77,6 +82,7 @@ def run(config_path: str, verbose: bool, release_ha: bool) -> None:
         if epoch is not None:
             logging.getLogger("pydblog").warning(
                 "released the high-availability claim (epoch %d) on the change log", epoch)
+    from pydblog.api.capture import start_capture_api
     from pydblog.capture.service import run_capture
 
     stop = threading.Event()
@@ -88,7 +94,7 @@ def run(config_path: str, verbose: bool, release_ha: bool) -> None:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     try:
-        run_capture(cfg, stop)
+        run_capture(cfg, stop, serve_api=start_capture_api)
     except DblogError as exc:
         _fail(exc)
 

@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -38,27 +37,23 @@ from pydblog.api.live import LiveCapture
 from pydblog.api.logfigures import LogFigures
 from pydblog.api.probe import SourceProbe
 from pydblog.api.settings import split_listen
+from pydblog.apiaddress import API_FILE
+from pydblog.apiaddress import read_api_address as read_api_address  # (re-exported)
+from pydblog.capture.inbox import deliver
+from pydblog.capture.signals import send_signal, signals_go_direct
 from pydblog.config import Config, redact_dsn
+from pydblog.core.signals import parse_signal
 from pydblog.errors import DblogError, SignalError
 from pydblog.metrics import CAPTURE, CaptureMetrics
 from pydblog.ports import ChangeLogReader
 
 log = logging.getLogger(__name__)
 
-API_FILE = "api.json"
 MAX_LIMIT = 10_000
 MAX_WAIT_S = 60.0
 DIRECT_SIGNAL_WAIT_S = 10.0
 """How long ``POST /snapshots`` waits for the capture to take a read-only snapshot's
 signal before withdrawing it (503)."""
-
-
-def read_api_address(log_dir: Path) -> str | None:
-    """The URL a running `dblog run` serves its API on (from ``api.json``)."""
-    try:
-        return str(orjson.loads((log_dir / API_FILE).read_bytes())["url"])
-    except (OSError, orjson.JSONDecodeError, KeyError):
-        return None
 
 
 def open_reader(cfg: Config) -> ChangeLogReader | None:
@@ -208,8 +203,6 @@ class CaptureApi:
             signal_id, kind, data = parse_signal_body(req.body)
         except SignalError as exc:
             return error(400, exc.message, exc.hint)
-        from pydblog.capture.signals import send_signal, signals_go_direct
-
         if signals_go_direct(self.cfg):
             return self._signal_direct(signal_id, kind, data)
         try:
@@ -223,8 +216,6 @@ class CaptureApi:
     def _signal_direct(self, signal_id: str, kind: str, data: dict[str, Any]) -> Response:
         """Read-only snapshots: the signal goes to this process's capture
         (``capture.inbox``); 202 once its effect is in a durable checkpoint."""
-        from pydblog.capture.inbox import deliver
-
         if self.live.role != "leader" or self.live.state not in ("running", "retrying"):
             return error(503, f"this process is not capturing (role {self.live.role}, "
                          f"state {self.live.state}): the signal was not taken",
@@ -320,8 +311,6 @@ _BODY_FIELDS = {"id", "type", "data"}
 def parse_signal_body(body: bytes) -> tuple[str, str, dict[str, Any]]:
     """``(id, type, data)`` of a ``POST /snapshots`` body, validated exactly as a signal
     row is (``core.signals.parse_signal``); raises ``SignalError`` naming the problem."""
-    from pydblog.core.signals import parse_signal
-
     example = ('{"type": "execute-snapshot", "data": {"data-collections": '
                '["public\\\\.orders"]}}')
     if not body.strip():

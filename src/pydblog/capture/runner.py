@@ -220,6 +220,15 @@ class Runner:
         self._extra_dirty = False  # extra changed: the next flush writes a checkpoint
 
     # -- recovery ---------------------------------------------------------------------
+    @property
+    def logged_position(self) -> Position | None:
+        """The position of the last event handed to the change log writer."""
+        return self._position
+
+    def snapshot_status(self) -> dict[str, Any] | None:
+        """The snapshot core's progress, None before the snapshot driver exists."""
+        return self.driver.status() if self.driver is not None else None
+
     def recover(self) -> Checkpoint | None:
         from_log = self.changelog.last_checkpoint()
         from_state = self.state.load()

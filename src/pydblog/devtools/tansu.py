@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 
@@ -81,8 +82,6 @@ class TansuBroker:
             [moto, "-H", "127.0.0.1", "-p", str(self._moto_port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        import urllib.request
-
         try:
             _wait_port(self._moto_port, 20)
             req = urllib.request.Request(
