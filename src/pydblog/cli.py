@@ -241,6 +241,37 @@ def _log_end(cfg: Config) -> int:
 
 @main.command()
 @config_option
+@click.argument("patterns", nargs=-1, metavar="[TABLE_REGEX]...")
+@click.option("--sink", "sink", default=None,
+              help="Only this sink (its type, or type#n when several share it).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--chunk-size", default=10_000, show_default=True, type=click.IntRange(1),
+              help="Source rows per key range.")
+@click.option("--lag-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait for the capture and the mirror to pass a differing range's read.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1),
+              help="Reads of a differing range before its lagging keys count as unsettled.")
+def verify(config_path: str, patterns: tuple[str, ...], sink: str | None, as_json: bool,
+           chunk_size: int, lag_timeout: float, rounds: int) -> None:
+    """Compare each captured table with each mirror, key range by key range.
+
+    Exit 0 when every mirror equals its source, 1 when a range differs.
+    """
+    cfg = _load(config_path)
+    from pydblog.verifier.cli import verify_command
+    from pydblog.verifier.run import Options
+
+    try:
+        code = verify_command(cfg, patterns, sink, as_json,
+                              Options(chunk_size, rounds, lag_timeout))
+    except DblogError as exc:
+        _fail(exc)
+        return
+    sys.exit(code)
+
+
+@main.command()
+@config_option
 @click.option("--available-now", is_flag=True, help="Apply everything in the change log, then exit.")
 @click.option("--verbose", "-v", is_flag=True,
               help="Debug logging, and Spark's own output (log4j, JVM) on the console.")

@@ -8,6 +8,7 @@ the concurrent writes (inserts, updates, deletes, key-changing updates) and the 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import given
@@ -72,12 +73,12 @@ def test_range_snapshot_heals_the_range(
     rng = RangeEnd("t", 0, lo, hi)
     source: dict[Key, int] = {(k,): v for k, v in initial.items()}
     mirror = dict(source)
-    for k, v in drift:  # drift inside the range: the repair must remove all of it
-        if rng.holds((k,)):
-            if v is None:
-                mirror.pop((k,), None)
+    for d, dv in drift:  # drift inside the range: the repair must remove all of it
+        if rng.holds((d,)):
+            if dv is None:
+                mirror.pop((d,), None)
             else:
-                mirror[(k,)] = v + 10
+                mirror[(d,)] = dv + 10
 
     # The change log: writes before the repair, the writes while it runs (the range's
     # chunk is read after ``read_at`` of them), the chunk rows and the marker, later writes.
@@ -90,10 +91,10 @@ def test_range_snapshot_heals_the_range(
     for i, w in enumerate(during):
         if i == read_at:
             read = {k: v for k, v in source.items() if rng.holds(k)}
-        for k, v in _events(source, w):
-            log.append(("ev", k, v))
-            if rng.holds(k):
-                touched.add(k)
+        for key, val in _events(source, w):
+            log.append(("ev", key, val))
+            if rng.holds(key):
+                touched.add(key)
     if read_at == len(during):
         read = {k: v for k, v in source.items() if rng.holds(k)}
     emitted = {k: v for k, v in read.items() if k not in touched}  # the window drops the rest
@@ -104,23 +105,23 @@ def test_range_snapshot_heals_the_range(
 
     # Apply in batches, each reduced to the last event per key, as a sink does.
     points = sorted({c for c in cuts if 0 < c < len(log)} | {0, len(log)})
-    for start, end in zip(points, points[1:], strict=False):
+    for start, end in itertools.pairwise(points):
         net: dict[Key, tuple[int, int | None]] = {}
         ends = []
         for offset in range(start, end):
-            kind, key, val = log[offset]
+            kind, lkey, val = log[offset]
             if kind == "end":
                 ends.append(RangeEnd("t", offset, lo, hi, val))
             else:
-                assert key is not None
-                net[key] = (offset, val)
+                assert lkey is not None
+                net[lkey] = (offset, val)
         purge = plan_purge(ends, {k: o for k, (o, _) in net.items()})
         apply_purge(mirror, purge)
-        for k, (_, v) in net.items():
-            if v is None or k in purge.dropped:
-                mirror.pop(k, None)
+        for nk, (_, nv) in net.items():
+            if nv is None or nk in purge.dropped:
+                mirror.pop(nk, None)
             else:
-                mirror[k] = v
+                mirror[nk] = nv
     assert mirror == source
 
 
