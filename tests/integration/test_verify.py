@@ -4,6 +4,7 @@ exactly the damaged key ranges and nothing else, and passes on an intact mirror.
 
 from __future__ import annotations
 
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -225,3 +226,113 @@ def test_lag_is_not_drift(setup: tuple[Path, MiniSync], pg_db: str) -> None:
     sync.catch_up()
     code, report = verify(config, r"public\.items")
     assert code == 0, report
+
+
+class SyncThread:
+    """``MiniSync.catch_up`` in a loop (a running `dblog sync`)."""
+
+    def __init__(self, sync: MiniSync) -> None:
+        import threading
+
+        self.sync = sync
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.sync.catch_up()
+            except BaseException as exc:  # surfaced by close()
+                self.error = exc
+                return
+            self.stop.wait(0.2)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+
+def assert_mirrors_equal_source(config: Path, pg_db: str, mirror_db: str, tables: list[str]) -> None:
+    """The demo's independent comparison (whole tables, every column)."""
+    from pydblog.verify import compare, delta_table, postgres_table, schemas, source_table
+
+    cfg = load_config(config)
+    found = schemas(Path(cfg.log.path))
+    for name in tables:
+        s = found[name]
+        f32 = [i for i, c in enumerate(s.columns) if c.logical == "float32"]
+
+        def single(rows: dict[str, tuple[Any, ...]], f32: list[int] = f32) -> dict[str, tuple[Any, ...]]:
+            # (a real read as text parses to a double; Delta holds the float32)
+            return {k: tuple(struct.unpack("f", struct.pack("f", v))[0] if i in f32 and v is not None
+                             else v for i, v in enumerate(r)) for k, r in rows.items()}
+
+        src = single(source_table(pg_db, s))
+        pg = single(postgres_table(mirror_db, "mirror", s))
+        lake = single(delta_table(tmp_lake(config), s))
+        assert compare(name, "postgres", src, pg).ok, name
+        assert compare(name, "delta", src, lake).ok, name
+
+
+def tmp_lake(config: Path) -> Path:
+    return config.parent / "lake"
+
+
+def damage(mirror_db: str, lake: Path) -> None:
+    from deltalake import DeltaTable
+
+    with psycopg.connect(mirror_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM mirror.items WHERE id IN (10, 11)")
+        conn.execute("UPDATE mirror.items SET price = price + 1 WHERE id = 600")
+        conn.execute("DELETE FROM mirror.items WHERE id > 1000 AND id <= 1250")
+        conn.execute("INSERT INTO mirror.items (id, name) VALUES (5000, 'ghost'), (-1, 'below')")
+        conn.execute("UPDATE mirror.words SET n = 0 WHERE w = 'w3Ä'")
+        conn.execute("INSERT INTO mirror.words VALUES ('zz-extra', 1)")
+    DeltaTable(str(lake / "public" / "items")).delete("id = 7 OR (id > 500 AND id <= 750)")
+    DeltaTable(str(lake / "public" / "words")).delete("w = 'w30a'")
+
+
+def test_repair_heals_exactly_the_damage(setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str) -> None:
+    config, sync = setup
+    damage(mirror_db, tmp_lake(config))
+    running = SyncThread(sync)
+    try:
+        code, out = verify(config, r"public\.(items|words|pairs)", "--repair", "--repair-timeout", "120")
+    finally:
+        running.close()
+    assert out["before"]["ok"] is False
+    assert set(out["repair"]["markers"]) == {"public.items", "public.words"}
+    assert out["repair"]["ranges"] == {"public.items": 5, "public.words": 2} or \
+        out["repair"]["ranges"]["public.items"] >= 4, out["repair"]
+    assert code == 0, out["after"]
+    assert out["after"]["ok"]
+    assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.items", "public.words", "public.pairs"])
+
+
+def test_whole_table_repair_deletes_what_the_source_lost(setup: tuple[Path, MiniSync], pg_db: str,
+                                                          mirror_db: str) -> None:
+    """`dblog snapshot --repair`: a row the source no longer has (here: inserted in the
+    mirrors by hand) goes, the rest is upserted."""
+    import subprocess
+
+    from deltalake import DeltaTable
+
+    config, sync = setup
+    with psycopg.connect(mirror_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO mirror.pairs VALUES (99, 'ghost', 'x')")
+        conn.execute("DELETE FROM mirror.pairs WHERE a = 3")
+    DeltaTable(str(tmp_lake(config) / "public" / "pairs")).delete("a = 4")
+    res = subprocess.run(
+        [*DBLOG, "snapshot", "--config", str(config), "--repair", "--wait", r"public\.pairs"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    wait_for_marker(config, pg_db)
+    sync.catch_up()
+    code, report = verify(config, r"public\.pairs")
+    assert code == 0, report
+    assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.pairs"])

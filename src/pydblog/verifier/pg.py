@@ -107,6 +107,27 @@ class PgTable:
             return sql.SQL("TRUE"), params
         return sql.SQL(" AND ").join(parts), params
 
+    def cond_text(self, lo: Sequence[str] | None, hi: Sequence[str] | None) -> str:
+        """``_cond`` with the bounds as SQL literals (a filter for a snapshot signal)."""
+        keys = sql.SQL(", ").join(self._key_expr(k) for k in self.keys)
+
+        def bounds(texts: Sequence[str]) -> sql.Composable:
+            out = []
+            for k, t in zip(self.keys, texts, strict=True):
+                col = self.columns.get(k)
+                cast = sql.SQL("CAST({} AS {})").format(
+                    sql.Literal(t), sql.SQL(col.sql_type if col is not None else "text"))
+                out.append(sql.SQL('{} COLLATE "C"').format(cast) if col is not None and col.collatable
+                           else cast)
+            return sql.SQL(", ").join(out)
+
+        parts: list[sql.Composable] = []
+        if lo is not None:
+            parts.append(sql.SQL("ROW({}) > ROW({})").format(keys, bounds(lo)))
+        if hi is not None:
+            parts.append(sql.SQL("ROW({}) <= ROW({})").format(keys, bounds(hi)))
+        return sql.SQL(" AND ").join(parts).as_string(self.conn) if parts else "TRUE"
+
     def _canon(self, name: str) -> sql.Composable:
         col = self.columns.get(name)
         if col is None:
