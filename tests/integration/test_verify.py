@@ -293,7 +293,7 @@ def damage(mirror_db: str, lake: Path) -> None:
         conn.execute("UPDATE mirror.words SET n = 0 WHERE w = 'w3Ä'")
         conn.execute("INSERT INTO mirror.words VALUES ('zz-extra', 1)")
     DeltaTable(str(lake / "public" / "items")).delete("id = 7 OR (id > 500 AND id <= 750)")
-    DeltaTable(str(lake / "public" / "words")).delete("w = 'w30a'")
+    DeltaTable(str(lake / "public" / "words")).delete("w = 'w31a'")
 
 
 def test_repair_heals_exactly_the_damage(setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str) -> None:
@@ -336,3 +336,98 @@ def test_whole_table_repair_deletes_what_the_source_lost(setup: tuple[Path, Mini
     code, report = verify(config, r"public\.pairs")
     assert code == 0, report
     assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.pairs"])
+
+
+class Workload:
+    """Writes to ``items`` while verify and repair run: updates, inserts, deletes and
+    key-changing updates, on keys the damage leaves alone (the damage stays exactly what
+    the test made), in the damaged ranges and the others."""
+
+    DAMAGED = {7, 10, 11, 600, 1999, *range(501, 751), *range(1001, 1251)}
+
+    def __init__(self, dsn: str) -> None:
+        import random
+        import threading
+
+        self.dsn = dsn
+        self.rng = random.Random(7)
+        self.stop = threading.Event()
+        self.writes = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _key(self) -> int:
+        while True:
+            k = self.rng.randint(12, 1990)
+            if k not in self.DAMAGED:
+                return k
+
+    def _run(self) -> None:
+        next_id = 20_000
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                op = self.rng.random()
+                k = self._key()
+                if op < 0.5:
+                    conn.execute("UPDATE items SET name = md5(random()::text) WHERE id = %s", (k,))
+                elif op < 0.7:
+                    conn.execute("DELETE FROM items WHERE id = %s", (k,))
+                elif op < 0.85:
+                    conn.execute("INSERT INTO items (id, name) VALUES (%s, 'new') ON CONFLICT DO NOTHING", (k,))
+                else:  # a key-changing update, into another range
+                    next_id += 1
+                    conn.execute("UPDATE items SET id = %s WHERE id = %s", (next_id, k))
+                self.writes += 1
+                self.stop.wait(0.005)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+@pytest.mark.slow
+def test_verify_and_repair_under_writes(setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str) -> None:
+    config, sync = setup
+    damage(mirror_db, tmp_lake(config))
+    running = SyncThread(sync)
+    work = Workload(pg_db)
+    try:
+        code, report = verify(config, r"public\.(items|words)", "--lag-timeout", "30")
+        assert code == 1
+        # Range bounds move with the writes; the drift itself must be exactly the damage.
+        found: dict[tuple[str, str, str], int] = {}
+        keys: dict[tuple[str, str, str], set[Any]] = {}
+        for t in report["tables"]:
+            for r in t["differing"]:
+                assert r["status"] == "drift", r
+                for kind in ("missing", "extra", "different"):
+                    at = (t["table"], t["sink"], kind)
+                    found[at] = found.get(at, 0) + r[kind]
+                    keys.setdefault(at, set()).update(k[0] for k in r["sample"][kind])
+        found = {k: v for k, v in found.items() if v}
+        assert found == {
+            ("public.items", "postgres", "missing"): 252,
+            ("public.items", "postgres", "extra"): 2,
+            ("public.items", "postgres", "different"): 1,
+            ("public.items", "delta", "missing"): 251,
+            ("public.words", "postgres", "different"): 1,
+            ("public.words", "postgres", "extra"): 1,
+            ("public.words", "delta", "missing"): 1,
+        }, report
+        assert keys[("public.items", "postgres", "extra")] == {-1, 5000}
+        assert keys[("public.items", "postgres", "different")] == {600}
+        assert keys[("public.items", "delta", "missing")] <= {7, *range(501, 751)}
+        assert keys[("public.words", "delta", "missing")] == {"w31a"}
+        code, out = verify(config, r"public\.(items|words)", "--repair", "--repair-timeout", "180",
+                           "--lag-timeout", "30")
+        assert out["repair"]["markers"], out["repair"]
+    finally:
+        work.close()
+        running.close()
+    assert work.writes > 100
+    assert code == 0, out
+    wait_for_marker(config, pg_db)
+    sync.catch_up()
+    code, report = verify(config, r"public\.(items|words|pairs)")
+    assert code == 0, report
+    assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.items", "public.words"])

@@ -21,8 +21,10 @@ use a default-collation index (the table is read per range: slower, still no loc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -200,6 +202,26 @@ class PgTable:
         assert row is not None
         return int(row[0]), int(row[1])
 
+    def rows_by_keys(self, keys: Collection[Key]) -> list[tuple[Key, Row]]:
+        """The rows with these (normalized) keys, normalized."""
+        if not keys or not self.exists or any(k not in self.columns for k in self.keys):
+            return []
+        names = [sql.Identifier(f"_dblog_a{i}") for i in range(len(self.keys))]
+        casts = sql.SQL(", ").join(
+            sql.SQL("CAST(u.{} AS {})").format(n, sql.SQL(self.columns[k].sql_type))
+            for n, k in zip(names, self.keys, strict=True)
+        )
+        cond = sql.SQL("ROW({}) IN (SELECT {} FROM unnest({}) AS u({}))").format(
+            sql.SQL(", ").join(sql.Identifier(k) for k in self.keys),
+            casts,
+            sql.SQL(", ").join(sql.SQL("%s::text[]") for _ in self.keys),
+            sql.SQL(", ").join(names),
+        )
+        ordered = list(keys)
+        params = [[_sql_text(k[i]) for k in ordered] for i in range(len(self.keys))]
+        rows, _ = self._select(cond, list(params), None)
+        return rows
+
     def rows(
         self, lo: Sequence[str] | None, hi: Sequence[str] | None, limit: int | None = None
     ) -> tuple[list[tuple[Key, Row]], tuple[str, ...] | None]:
@@ -208,6 +230,10 @@ class PgTable:
         if not self.exists:
             return [], None
         cond, params = self._cond(lo, hi)
+        return self._select(cond, params, limit)
+
+    def _select(self, cond: sql.Composable, params: list[Any],
+                limit: int | None) -> tuple[list[tuple[Key, Row]], tuple[str, ...] | None]:
         cols = self.schema.columns
         exprs: list[str] = []
         convs: list[Converter | None] = []
@@ -263,6 +289,21 @@ class PgTable:
         row = self.conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
         assert row is not None
         return int(row[0])
+
+
+def _sql_text(v: Any) -> str | None:
+    """A normalized key value as text PostgreSQL casts back to the column's type."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, bytes):
+        return "\\x" + v.hex()
+    if isinstance(v, datetime | date):
+        return v.isoformat()
+    if isinstance(v, Decimal | int | float):
+        return str(v)
+    return str(v)
 
 
 PROGRESS_TABLE = "dblog_sync_progress"

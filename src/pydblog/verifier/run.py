@@ -342,27 +342,35 @@ def suspects_rows(src: PgTable, mirror_rows: Callable[[Range, set[Key]], dict[Ke
     return out
 
 
+Target = tuple[Range, set[Key] | None]
+"""A range to read again: the whole range (``None``), or only these keys of it."""
+Rows = dict[Key, Row] | list[Row]
+
+
 def settle(
     src: PgTable,
     reader: ChangeLogReader,
     suspects: list[Range],
-    read_mirror: Callable[[list[Range], dict[int, set[Key]]], dict[int, dict[Key, Row] | list[Row]]],
+    read_mirror: Callable[[list[Target], dict[int, set[Key]]], dict[int, Rows]],
     applied: Callable[[], int],
     opts: Options,
 ) -> list[RangeResult]:
-    """Read each suspect range again on both sides until its differing keys are drift
-    (no change-log event between the reads) or the rounds are spent (``unsettled``)."""
+    """Read each suspect range again on both sides; its differing keys without a
+    change-log event between the reads are drift, the others are read again (only those
+    keys) until they settle or the rounds are spent (``unsettled``: never drift)."""
     schema = src.schema
     keyless = is_keyless(schema)
-    found: dict[int, RangeResult] = {}
-    pending = list(suspects)
+    ranges = {r.index: r for r in suspects}
+    drift: dict[int, RowDiff] = {}
+    unsettled: dict[int, int] = {}
+    pending: list[Target] = [(r, None) for r in suspects]
     for _ in range(opts.rounds):
         if not pending:
             break
         o_start = reader.next_offset()
-        source: dict[int, dict[Key, Row] | list[Row]] = {}
-        for rng in pending:
-            rows, _ = src.rows(rng.lo_text, rng.hi_text)
+        source: dict[int, Rows] = {}
+        for rng, keys in pending:
+            rows = src.rows(rng.lo_text, rng.hi_text)[0] if keys is None else src.rows_by_keys(keys)
             source[rng.index] = [r for _, r in rows] if keyless else dict(rows)
         lsn = src.wal_lsn()
         o_l = wait_capture(reader, lsn, opts.lag_timeout_s)
@@ -378,8 +386,8 @@ def settle(
             if o_l is not None
             else "unknown"
         )
-        still = []
-        for rng in pending:
+        still: list[Target] = []
+        for rng, keys in pending:
             s, m = source[rng.index], mirror[rng.index]
             if isinstance(s, dict) and isinstance(m, dict):
                 d = diff_rows(s, m)
@@ -388,18 +396,30 @@ def settle(
                     s if isinstance(s, list) else list(s.values()),
                     m if isinstance(m, list) else list(m.values()),
                 )
-            drift, unsure = classify(sorted(d.keys(), key=repr), moved)
-            if not d:
-                found.pop(rng.index, None)
-                continue
+            if keys is not None:
+                d = d.only(keys)
+            sure, unsure = classify(sorted(d.keys(), key=repr), moved)
+            if sure:
+                drift[rng.index] = _merge(drift.get(rng.index), d.only(sure))
+            unsettled[rng.index] = len(unsure)
             if unsure:
-                found[rng.index] = RangeResult(
-                    rng, "drift" if drift else "unsettled", d.only(drift), len(unsure))
-                still.append(rng)
-            else:
-                found[rng.index] = RangeResult(rng, "drift", d)
+                still.append((rng, None if keyless else unsure))
         pending = still
-    return [found[i] for i in sorted(found)]
+    out = []
+    for i in sorted(set(drift) | {i for i, n in unsettled.items() if n}):
+        d = drift.get(i, RowDiff())
+        out.append(RangeResult(ranges[i], "drift" if d else "unsettled", d, unsettled.get(i, 0)))
+    return out
+
+
+def _merge(a: RowDiff | None, b: RowDiff) -> RowDiff:
+    if a is None:
+        return b
+    return RowDiff(
+        a.missing + [k for k in b.missing if k not in set(a.missing)],
+        a.extra + [k for k in b.extra if k not in set(a.extra)],
+        a.different + [k for k in b.different if k not in set(a.different)],
+    )
 
 
 def verify_table(schema: TableSchema, src_conn: psycopg.Connection[Any],
@@ -424,10 +444,10 @@ def verify_table(schema: TableSchema, src_conn: psycopg.Connection[Any],
                 opts.chunk_size, res, advance,
             )
 
-        def read_pg(ranges: list[Range], _keys: dict[int, set[Key]]) -> dict[int, dict[Key, Row] | list[Row]]:
-            out: dict[int, dict[Key, Row] | list[Row]] = {}
-            for rng in ranges:
-                rows, _ = dst.rows(rng.lo_text, rng.hi_text)
+        def read_pg(targets: list[Target], _keys: dict[int, set[Key]]) -> dict[int, Rows]:
+            out: dict[int, Rows] = {}
+            for rng, keys in targets:
+                rows = dst.rows(rng.lo_text, rng.hi_text)[0] if keys is None else dst.rows_by_keys(keys)
                 out[rng.index] = [r for _, r in rows] if keyless else dict(rows)
             return out
 
@@ -446,11 +466,17 @@ def verify_table(schema: TableSchema, src_conn: psycopg.Connection[Any],
             suspects = suspects_rows(src, table.range_rows, lambda: table.rows,
                                      opts.chunk_size, res, advance)
 
-        def read_delta(ranges: list[Range], keys: dict[int, set[Key]]) -> dict[int, dict[Key, Row] | list[Row]]:
+        def read_delta(targets: list[Target], keys: dict[int, set[Key]]) -> dict[int, Rows]:
             table.load()
-            if keyless:
-                return {r.index: list(table.multiset) for r in ranges}
-            return {r.index: table.range_rows(r, keys[r.index]) for r in ranges}
+            out: dict[int, Rows] = {}
+            for rng, only in targets:
+                if keyless:
+                    out[rng.index] = list(table.multiset)
+                elif only is None:
+                    out[rng.index] = table.range_rows(rng, keys[rng.index])
+                else:
+                    out[rng.index] = {k: table.rows[k] for k in only if k in table.rows}
+            return out
 
         res.differing = settle(src, reader, suspects, read_delta, table.applied, opts)
     res.seconds = time.monotonic() - t0
