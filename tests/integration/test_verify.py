@@ -8,7 +8,7 @@ import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import psycopg
@@ -343,7 +343,7 @@ class Workload:
     key-changing updates, on keys the damage leaves alone (the damage stays exactly what
     the test made), in the damaged ranges and the others."""
 
-    DAMAGED = {7, 10, 11, 600, 1999, *range(501, 751), *range(1001, 1251)}
+    DAMAGED: ClassVar[frozenset[int]] = frozenset({7, 10, 11, 600, 1999, *range(501, 751), *range(1001, 1251)})
 
     def __init__(self, dsn: str) -> None:
         import random
