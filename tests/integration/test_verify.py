@@ -5,6 +5,7 @@ exactly the damaged key ranges and nothing else, and passes on an intact mirror.
 from __future__ import annotations
 
 import struct
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ pytest.importorskip("pyarrow")
 
 ROWS = 2000
 CHUNK = 250  # 8 ranges of the items table
+PROCS: dict[Path, subprocess.Popen[bytes]] = {}  # each test's `dblog run` (a test may restart it)
 
 
 class MiniSync:
@@ -96,9 +98,11 @@ schema = "mirror"
 [[sync.sinks]]
 type = "delta"
 path = "{tmp_path / "lake"}"
+[snapshot]
+chunk_size = 100
 """,
     )
-    proc = start_run(config)
+    PROCS[config] = start_run(config)
     try:
         with psycopg.connect(pg_db, autocommit=True) as conn:
             conn.execute(
@@ -118,12 +122,10 @@ path = "{tmp_path / "lake"}"
         yield config, sync
         sync.close()
     finally:
-        stop_run(proc)
+        stop_run(PROCS.pop(config))
 
 
 def verify(config: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    import subprocess
-
     res = subprocess.run(
         [*DBLOG, "verify", "--config", str(config), "--json", "--chunk-size", str(CHUNK),
          "--lag-timeout", "20", *args],
@@ -317,8 +319,6 @@ def test_whole_table_repair_deletes_what_the_source_lost(setup: tuple[Path, Mini
                                                           mirror_db: str) -> None:
     """`dblog snapshot --repair`: a row the source no longer has (here: inserted in the
     mirrors by hand) goes, the rest is upserted."""
-    import subprocess
-
     from deltalake import DeltaTable
 
     config, sync = setup
@@ -428,6 +428,72 @@ def test_verify_and_repair_under_writes(setup: tuple[Path, MiniSync], pg_db: str
     assert code == 0, out
     wait_for_marker(config, pg_db)
     sync.catch_up()
+    code, report = verify(config, r"public\.(items|words|pairs)")
+    assert code == 0, report
+    assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.items", "public.words"])
+
+
+def markers_of(config: Path, signal_id: str) -> list[str]:
+    """The tables whose range-end marker of ``signal_id`` is in the change log."""
+    from pydblog.changelog import open_reader
+
+    reader = open_reader(load_config(config).log)
+    try:
+        out = []
+        for rec in reader.read(0, 1_000_000):
+            if rec.op == "n":
+                body = orjson.loads(rec.body)
+                note = body.get("notification") or {}
+                if note.get("signal_id") == signal_id and (body.get("after") or {}).get("repair"):
+                    out.append(f"{body['source']['schema']}.{body['source']['table']}")
+        return out
+    finally:
+        reader.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after_s", [0.05, 0.2, 0.4])
+def test_kill_9_during_a_repair(setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str,
+                                after_s: float) -> None:
+    """`kill -9` of the capture while a repair reads its table, and a sync that starts
+    over from the change log's start (its progress in the targets makes the replay a
+    no-op): the repair still ends with its marker and the mirrors equal the source."""
+    import time
+
+    from deltalake import DeltaTable
+
+    from tests.helpers import kill9
+
+    config, sync = setup
+    damage(mirror_db, tmp_lake(config))
+    DeltaTable(str(tmp_lake(config) / "public" / "items")).delete("id > 1500 AND id <= 1600")
+    running = SyncThread(sync)
+    work = Workload(pg_db)
+    try:
+        res = subprocess.run(
+            [*DBLOG, "snapshot", "--config", str(config), "--repair", r"public\.(items|words)"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert res.returncode == 0, res.stderr
+        signal_id = res.stdout.split()[-1]
+        time.sleep(after_s)
+        kill9(PROCS[config])
+        assert len(markers_of(config, signal_id)) < 2, "the repair ended before the kill"
+        PROCS[config] = start_run(config)
+        from pydblog.verifier.repair import wait_markers
+
+        outcome = wait_markers(load_config(config), signal_id, 0, 120)
+        assert set(outcome.markers) == {"public.items", "public.words"}, outcome
+    finally:
+        work.close()
+        running.close()
+    wait_for_marker(config, pg_db)
+    sync.catch_up()
+    fresh = MiniSync(config)  # a sync whose checkpoint was lost: replays everything
+    try:
+        fresh.catch_up()
+    finally:
+        fresh.close()
     code, report = verify(config, r"public\.(items|words|pairs)")
     assert code == 0, report
     assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.items", "public.words"])
