@@ -33,7 +33,7 @@ from psycopg import sql
 from pydblog.ports import TableSchema
 from pydblog.sources.postgres.connect import connect
 from pydblog.sources.postgres.types import Converter, TypeRegistry
-from pydblog.verifier.ranges import Key, Row, key_columns, value
+from pydblog.verifier.ranges import Key, Row, key_columns, normalizer, value
 
 
 @dataclass(frozen=True)
@@ -266,10 +266,12 @@ class PgTable:
         out: list[tuple[Key, Row]] = []
         last: tuple[str, ...] | None = None
         n = len(cols)
+        norms = [normalizer(c.logical) for c in cols]
+        steps = list(zip(norms, convs, strict=True))
         for rec in self.conn.execute(query, params):
             row = tuple(
-                value(c.logical, None if v is None or f is None else f(v))
-                for c, f, v in zip(cols, convs, rec[:n], strict=True)
+                None if v is None else (g(f(v)) if f is not None else None)
+                for (g, f), v in zip(steps, rec[:n], strict=True)
             )
             out.append((tuple(row[i] for i in key_idx), row))
             last = tuple(rec[n:])

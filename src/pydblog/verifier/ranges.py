@@ -14,9 +14,11 @@ equal when they mean the same value.
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -37,6 +39,29 @@ def value(logical: str, v: Any) -> Any:
     return out
 
 
+_AS_IS = frozenset({"int16", "int32", "int64", "string", "bool", "enum", "time", "timetz", "interval"})
+
+
+def normalizer(logical: str) -> Callable[[Any], Any]:
+    """``value`` for one logical type, resolved once (a column's values all share it)."""
+    lg = logical.lower()
+    if lg in _AS_IS:
+        return _same
+    if lg == "decimal":
+        return _decimal
+    return lambda v: value(logical, v)
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def _decimal(v: Any) -> Any:
+    if v is None or isinstance(v, Decimal):
+        return v
+    return Decimal(str(v))
+
+
 def key_columns(schema: TableSchema) -> list[str]:
     """The columns that identify a row: the key, or every column for a keyless table."""
     return list(schema.key) or [c.name for c in schema.columns]
@@ -48,10 +73,21 @@ def is_keyless(schema: TableSchema) -> bool:
 
 def row_of(schema: TableSchema, get: Mapping[str, Any]) -> tuple[Key, Row]:
     """(normalized key, normalized row) of a row given as column -> value."""
-    logical = {c.name: c.logical for c in schema.columns}
-    row = tuple(value(c.logical, get.get(c.name)) for c in schema.columns)
-    key = tuple(value(logical[k], get.get(k)) for k in key_columns(schema))
-    return key, row
+    norms = _norms(schema)
+    row = tuple(f(get.get(c.name)) for c, f in zip(schema.columns, norms, strict=True))
+    pos = _key_pos(schema)
+    return tuple(row[i] for i in pos), row
+
+
+@functools.lru_cache(maxsize=256)
+def _norms(schema: TableSchema) -> tuple[Callable[[Any], Any], ...]:
+    return tuple(normalizer(c.logical) for c in schema.columns)
+
+
+@functools.lru_cache(maxsize=256)
+def _key_pos(schema: TableSchema) -> tuple[int, ...]:
+    names = [c.name for c in schema.columns]
+    return tuple(names.index(k) for k in key_columns(schema))
 
 
 def show(v: Any) -> Any:
