@@ -497,3 +497,31 @@ def test_kill_9_during_a_repair(setup: tuple[Path, MiniSync], pg_db: str, mirror
     code, report = verify(config, r"public\.(items|words|pairs)")
     assert code == 0, report
     assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.items", "public.words"])
+
+
+def test_scheduled_verify_on_health_and_metrics(setup: tuple[Path, MiniSync], mirror_db: str) -> None:
+    """`[verify] interval_minutes`: `dblog run` verifies in the background; /health's
+    `verify` check and /metrics follow the mirrors."""
+    from tests.helpers import wait_for
+    from tests.integration.test_api import Api
+
+    config, _ = setup
+    stop_run(PROCS[config])
+    (config.parent / "data" / "api.json").unlink(missing_ok=True)
+    with config.open("a") as f:
+        f.write('\n[verify]\ninterval_minutes = 0.05\ntables = ["public\\\\.items"]\nsink = "postgres"\n')
+    PROCS[config] = start_run(config)
+    api = Api(config)
+
+    def check() -> dict[str, Any] | None:
+        _, report = api.json("GET", "/health")
+        return next((c for c in report["checks"] if c["name"] == "verify"), None)
+
+    wait_for(lambda: (check() or {}).get("detail", "").startswith("every mirror"), 90, "a passing verify")
+    assert api.metrics()["dblog_verify_ok"] == 1.0
+    with psycopg.connect(mirror_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM mirror.items WHERE id = 42")
+    wait_for(lambda: (check() or {}).get("ok") is False, 90, "a failing verify")
+    assert "public.items -> postgres (1 ranges)" in (check() or {})["detail"]
+    m = api.metrics()
+    assert m["dblog_verify_ok"] == 0.0 and m["dblog_verify_differing_ranges"] == 1.0

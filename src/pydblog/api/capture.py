@@ -42,6 +42,7 @@ from pydblog.config import Config, redact_dsn
 from pydblog.errors import DblogError, SignalError
 from pydblog.metrics import CAPTURE, CaptureMetrics
 from pydblog.ports import ChangeLogReader
+from pydblog.verifier.schedule import STATE as VERIFY
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,8 @@ class CaptureApi:
             snapshot_paused=bool(snap.get("paused")),
             progress_age_s=now - metrics.progress_time,
             runner_age_s=None if runner is None else now - runner.status.started_at,
+            verify=VERIFY.latest,
+            verify_scheduled=self.cfg.verify.interval_minutes is not None,
         )
         ok, checks = evaluate(inp, self.cfg.health)
         return ok, {"status": "ok" if ok else "unhealthy", "role": live.role, "checks": checks}

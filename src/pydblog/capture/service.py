@@ -45,6 +45,11 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
     gc.set_threshold(100_000, 50, 100)
     gc.freeze()  # modules and config loaded so far: never scanned again
     api = start_capture_api(cfg, LIVE)  # serves leaders and standbys alike
+    scheduled = None
+    if cfg.verify.interval_minutes is not None:
+        from pydblog.verifier.schedule import ScheduledVerify
+
+        scheduled = ScheduledVerify(cfg).start()
     try:
         if cfg.ha is not None:
             from pydblog.ha.member import run_member
@@ -62,6 +67,8 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
     finally:
         if LIVE.state != "failed":
             LIVE.state = "stopped"
+        if scheduled is not None:
+            scheduled.close()
         if api is not None:
             api.close()
 
