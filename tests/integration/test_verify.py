@@ -525,3 +525,39 @@ def test_scheduled_verify_on_health_and_metrics(setup: tuple[Path, MiniSync], mi
     assert "public.items -> postgres (1 ranges)" in (check() or {})["detail"]
     m = api.metrics()
     assert m["dblog_verify_ok"] == 0.0 and m["dblog_verify_differing_ranges"] == 1.0
+
+
+def test_post_repairs(setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str) -> None:
+    """`POST /repairs` with key ranges as `dblog verify --json` reports them."""
+    from pydblog.verifier.repair import wait_markers
+    from tests.integration.test_api import Api
+
+    config, sync = setup
+    stop_run(PROCS[config])
+    (config.parent / "data" / "api.json").unlink(missing_ok=True)
+    token = "a-test-token-of-some-length"
+    with config.open("a") as f:
+        f.write(f'token = "{token}"\n')  # (the file ends with its [api] table)
+    PROCS[config] = start_run(config)
+    api = Api(config)
+    with psycopg.connect(mirror_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM mirror.items WHERE id = 42")
+        conn.execute("INSERT INTO mirror.items (id, name) VALUES (7777, 'extra')")
+    start = load_config(config)
+    from pydblog.changelog import open_reader
+
+    reader = open_reader(start.log)
+    offset = reader.next_offset()
+    reader.close()
+    body = orjson.dumps({"ranges": {"public.items": [{"lo": None, "hi": [100]}, {"lo": [2000], "hi": None}]}})
+    auth = {"Authorization": f"Bearer {token}"}
+    code, answer = api.json("POST", "/repairs", body=body, headers=auth)
+    assert code == 202, answer
+    code, bad = api.json("POST", "/repairs", body=b'{"ranges": {"public.nope": []}}', headers=auth)
+    assert code == 400 and "public.nope" in bad["error"]
+    outcome = wait_markers(start, answer["id"], offset, 60)
+    assert set(outcome.markers) == {"public.items"}
+    wait_for_marker(config, pg_db)
+    sync.catch_up()
+    code, report = verify(config, r"public\.items", "--sink", "postgres")
+    assert code == 0, report
