@@ -609,16 +609,18 @@ class Runner:
             return False
         note = ev.notification or {}
         sid = str(note.get("signal_id"))
-        spans: dict[str, int] = self._extra.setdefault(repairs.REPAIR_SPANS, {})
         if kind == "start":
-            spans[sid] = self._repair_log().next_offset()
+            self._extra.setdefault(repairs.REPAIR_SPANS, {})[sid] = self._repair_log().next_offset()
             return False
         if kind == "done":
+            spans = self._extra.get(repairs.REPAIR_SPANS)
             waiting = self._extra.get(repairs.REPAIR_MARKERS) or []
-            if sid in spans and not any(
+            if spans and sid in spans and not any(
                 (m["notification"] or {}).get("signal_id") == sid for m in waiting
             ):
                 del spans[sid]
+                if not spans:
+                    del self._extra[repairs.REPAIR_SPANS]
             return False
         self._extra.setdefault(repairs.REPAIR_MARKERS, []).append(repairs.stored(ev))
         return True
