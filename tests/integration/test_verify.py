@@ -88,6 +88,8 @@ def setup(tmp_path: Path, pg_db: str, mirror_db: str) -> Iterator[tuple[Path, Mi
         )
         conn.execute("CREATE TABLE words (w text PRIMARY KEY, n bigint)")
         conn.execute("CREATE TABLE pairs (a int, b text, v text, PRIMARY KEY (a, b))")
+        conn.execute("CREATE TABLE notes (a int, b text)")  # keyless: compared as a multiset
+        conn.execute("ALTER TABLE notes REPLICA IDENTITY FULL")
     config = write_config(
         tmp_path, pg_db,
         extra=f"""
@@ -116,6 +118,7 @@ chunk_size = 100
                 "FROM generate_series(1, 600) g"
             )
             conn.execute("INSERT INTO pairs SELECT g % 10, 'k' || g, 'v' FROM generate_series(1, 300) g")
+            conn.execute("INSERT INTO notes SELECT g % 5, NULL FROM generate_series(1, 20) g")
         wait_for_marker(config, pg_db)
         sync = MiniSync(config)
         sync.catch_up()
@@ -170,6 +173,8 @@ def test_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str, tmp_path:
         )  # extra beyond the last key and before the first
         conn.execute("UPDATE mirror.words SET n = 0 WHERE w = 'w3Ä'")
         conn.execute("TRUNCATE mirror.pairs")
+        conn.execute("DELETE FROM mirror.notes WHERE ctid IN (SELECT ctid FROM mirror.notes WHERE a = 2 LIMIT 1)")
+        conn.execute("INSERT INTO mirror.notes VALUES (9, 'x')")
     path = str(tmp_path / "lake" / "public" / "items")
     dt = DeltaTable(path)
     dt.delete("id = 7 OR (id > 500 AND id <= 750)")
@@ -179,9 +184,12 @@ def test_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str, tmp_path:
     extra = extra.set_column(extra.schema.get_field_index("id"), "id", pa.array([3333], extra.schema.field("id").type))
     write_deltalake(path, extra, mode="append")
 
-    code, report = verify(config, r"public\.(items|words|pairs)")
+    code, report = verify(config, r"public\.(items|words|pairs|notes)")
     assert code == 1
     got = differing(report, "postgres")
+    [n] = got["public.notes"]  # one range: the whole keyless table, rows as a multiset
+    assert (n["missing"], n["extra"], n["sample"]["missing"], n["sample"]["extra"]) == (
+        1, 1, [[2, None]], [[9, "x"]])
     assert {r["index"] for r in got["public.items"]} == {0, 2, 4, 8}
     assert all(r["status"] == "drift" for r in got["public.items"])
     first = next(r for r in got["public.items"] if r["index"] == 0)
@@ -197,7 +205,7 @@ def test_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str, tmp_path:
     assert sum(r["missing"] for r in got["public.pairs"]) == 300
 
     lake = {r["index"]: r for r in differing(report, "delta")["public.items"]}
-    assert set(differing(report, "delta")) == {"public.items"}
+    assert set(differing(report, "delta")) == {"public.items"}  # its notes are intact
     assert set(lake) == {0, 2, 7, 8}, lake
     assert lake[0]["sample"]["missing"] == [[7]]
     assert lake[2]["missing"] == 250
