@@ -204,8 +204,10 @@ def setup(config_path: str, print_sql: bool, dsn: str | None, host: str) -> None
 @click.option("--surrogate-key", default=None, help="Column to chunk by instead of the primary key.")
 @click.option("--blocking", is_flag=True, help="Blocking snapshot: streaming waits while the tables are read.")
 @click.option("--wait", is_flag=True, help="Follow the snapshot to its end with a progress bar (exit 1 if aborted or rejected).")
+@click.option("--repair", is_flag=True,
+              help="A repair: the sinks also delete the rows the source no longer has.")
 def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
-             surrogate_key: str | None, blocking: bool, wait: bool) -> None:
+             surrogate_key: str | None, blocking: bool, wait: bool, repair: bool) -> None:
     """Ask for a snapshot of TABLE_REGEX... (or: snapshot stop|pause|resume [TABLE_REGEX...]).
 
     The request is a row in the signal table; the running `dblog run` picks it up
@@ -218,6 +220,8 @@ def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
     data: dict[str, Any]
     if args and args[0] in actions:
         kind = actions[args[0]]
+        if repair:
+            raise click.UsageError("--repair applies to a snapshot request, not to stop/pause/resume")
         data = {"data-collections": list(args[1:])} if args[1:] else {}
         if kind == "stop-snapshot":
             data["type"] = "incremental"
@@ -232,6 +236,10 @@ def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
             ]
         if surrogate_key:
             data["surrogate-key"] = surrogate_key
+        if repair:
+            if filter_ or blocking:
+                raise click.UsageError("--repair reads whole tables: drop --filter and --blocking")
+            data["repair"] = [{"data-collection": pattern, "ranges": None} for pattern in args]
     signal_id = f"cli-{uuid.uuid4()}"
     start = _log_end(cfg) if wait else 0
     try:
@@ -266,6 +274,44 @@ def _log_end(cfg: Config) -> int:
         return reader.next_offset()
     finally:
         reader.close()
+
+
+@main.command()
+@config_option
+@click.argument("patterns", nargs=-1, metavar="[TABLE_REGEX]...")
+@click.option("--sink", "sink", default=None,
+              help="Only this sink (its type, or type#n when several share it).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--chunk-size", default=10_000, show_default=True, type=click.IntRange(1),
+              help="Source rows per key range.")
+@click.option("--lag-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait for the capture and the mirror to pass a differing range's read.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1),
+              help="Reads of a differing range before its lagging keys count as unsettled.")
+@click.option("--repair", is_flag=True,
+              help="Repair the differing ranges through the capture, wait for the mirrors "
+              "to apply the repair, then verify them again.")
+@click.option("--repair-timeout", default=600.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait for the repair's markers, and for each mirror to apply them.")
+def verify(config_path: str, patterns: tuple[str, ...], sink: str | None, as_json: bool,
+           chunk_size: int, lag_timeout: float, rounds: int, repair: bool,
+           repair_timeout: float) -> None:
+    """Compare each captured table with each mirror, key range by key range.
+
+    Exit 0 when every mirror equals its source (after --repair: once repaired), 1 when
+    a range differs.
+    """
+    cfg = _load(config_path)
+    from pydblog.verifier.cli import verify_command
+    from pydblog.verifier.run import Options
+
+    try:
+        code = verify_command(cfg, patterns, sink, as_json,
+                              Options(chunk_size, rounds, lag_timeout), repair, repair_timeout)
+    except DblogError as exc:
+        _fail(exc)
+        return
+    sys.exit(code)
 
 
 @main.command()

@@ -67,6 +67,11 @@ def run_capture(cfg: Config, stop: threading.Event, serve_api: ServeApi | None =
     gc.set_threshold(100_000, 50, 100)
     gc.freeze()  # modules and config loaded so far: never scanned again
     api = serve_api(cfg, LIVE) if serve_api is not None else None
+    scheduled = None
+    if cfg.verify.interval_minutes is not None:
+        from pydblog.verifier.schedule import ScheduledVerify
+
+        scheduled = ScheduledVerify(cfg).start()
     try:
         if cfg.ha is not None:
             run_member(cfg, stop, _capture)
@@ -82,6 +87,8 @@ def run_capture(cfg: Config, stop: threading.Event, serve_api: ServeApi | None =
     finally:
         if LIVE.state != "failed":
             LIVE.state = "stopped"
+        if scheduled is not None:
+            scheduled.close()
         if api is not None:
             api.close()
 

@@ -143,12 +143,10 @@ BULK_FETCH_WAIT_MS = 100
 """The fetch wait of a client made for bulk reads (``_Client(bulk=True)``: a ``dblog
 sync`` task reading committed ranges, every record of which the broker holds). A fetch
 wait only delays a fetch that finds no records, so with a broker that answers as soon as
-it has records (Kafka) it costs nothing here. Tansu (0.6, memory storage too) spends
-~5-7 ms of its CPU on each fetch of a large partition and answers a fetch with only
-what it gathered within the wait: with 5 ms it answered most fetches of a 333k-record
-partition with nothing or one record batch, and librdkafka asked again at once. Reading
-65k records (23 MB) then cost Tansu 18 s of CPU and took 36 s at a load of 10; with
-100 ms, 0.09 s of CPU and 1.3 s (docs/benchmarks.md, session 14)."""
+it has records (Apache Kafka) it costs nothing here. A broker that answers a fetch with
+only what it gathered within the wait (Tansu 0.6, ~5-7 ms of its CPU per fetch of a
+large partition) is asked far fewer times: with 5 ms most fetches of a 333k-record
+partition came back with nothing or one record batch."""
 READ_PREFETCH = {"fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
                  "queued.min.messages": 50_000, "fetch.queue.backoff.ms": 10}
 """Reads are bounded (``read_range``'s ``hi``): librdkafka's default prefetch (100,000

@@ -29,6 +29,7 @@ from pydblog.errors import SinkError
 from pydblog.ports import TableSchema
 from pydblog.spark.batch import Batch
 from pydblog.spark.reduce import DELETE, TableChanges
+from pydblog.spark.repairs import with_target_deletes
 from pydblog.spark.typemap import arrow_schema, texts_to_arrow
 
 APP_ID = "pydblog-sync"
@@ -105,7 +106,7 @@ class DeltaSink:
         return os.path.join(self.root, schema, table)
 
     def apply(self, batch: Batch) -> None:
-        tables = sorted(batch.changes())
+        tables = sorted(set(batch.changes()) | set(batch.purges()))
         if self._pool is None or len(tables) < 2:
             for q in tables:
                 self._apply_table(batch, q)
@@ -116,17 +117,23 @@ class DeltaSink:
             raise errors[0]
 
     def _apply_table(self, batch: Batch, qualified: str) -> None:
-        full = batch.changes()[qualified]
-        path = self.table_path(full.schema, full.table)
+        schema_name, _, table = qualified.partition(".")
+        path = self.table_path(schema_name, table)
         try:
             dt = open_table(path)
             done = dt.transaction_version(APP_ID) if dt is not None else None
             if done is not None and done >= batch.end:
                 return
             changes = batch.changes(done).get(qualified)
-            if changes is None:
+            purge = batch.purges(done).get(qualified)  # repairs: spark/repairs.py
+            if changes is None and (purge is None or dt is None):
                 return
+            if changes is None:
+                changes = TableChanges(schema_name, table)
             schema = batch.schema_for(changes)
+            if purge is not None and dt is not None:
+                present = dt.to_pyarrow_table(columns=purge.key).to_pylist()
+                changes = with_target_deletes(changes, purge, schema, present, batch.end - 1)
             if dt is None and not changes.ops and not schema.columns:
                 # Only a truncate of a table with no schema and no target (dropped before
                 # any row was logged): nothing to empty, nothing to create.
@@ -137,6 +144,11 @@ class DeltaSink:
             if not isinstance(target, pa.Schema):
                 target = pa.schema(target)
             source = _source(changes, schema, target)
+            if source.num_rows == 0 and not changes.truncated:
+                # A repair's marker with nothing to delete: record the batch (an empty
+                # MERGE would commit nothing, and the table's version would not say it).
+                write_deltalake(dt, target.empty_table(), mode="append", commit_properties=txn)
+                return
             if changes.truncated:
                 self._overwrite(dt, source, target, txn)
             else:

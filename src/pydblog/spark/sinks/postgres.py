@@ -42,6 +42,7 @@ from pydblog.errors import SinkError
 from pydblog.ports import ColumnSchema, TableSchema
 from pydblog.spark.batch import Batch
 from pydblog.spark.reduce import DELETE, TableChanges
+from pydblog.spark.repairs import pg_purge
 from pydblog.spark.typemap import null_safe_key
 
 PROGRESS_TABLE = "dblog_sync_progress"
@@ -186,7 +187,7 @@ class PostgresSink:
     # -- apply -------------------------------------------------------------------------
     def apply(self, batch: Batch) -> None:
         changes = batch.changes()
-        if not changes:
+        if not changes and not batch.purges():
             return
         schemas = {q: batch.schema_for(c) for q, c in changes.items()}
         try:
@@ -230,6 +231,12 @@ class PostgresSink:
                         )
                 except psycopg.Error as exc:
                     raise SinkError(f"table {self._label(ch)}: {exc}") from exc
+            for q, purge in sorted(batch.purges(done).items()):  # repairs: spark/repairs.py
+                schema_name, _, table = q.partition(".")
+                try:
+                    pg_purge(conn, *self.target(schema_name, table), purge)
+                except psycopg.Error as exc:
+                    raise SinkError(f"repair of table {q}: {exc}") from exc
             self._record(conn, batch, -1)
 
     def _ensure_table(self, conn: psycopg.Connection[Any], schema: TableSchema) -> None:
