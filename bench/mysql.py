@@ -1,4 +1,6 @@
-"""MySQL/MariaDB source benchmark, in one run on one machine (results: docs/mysql.md).
+"""MySQL/MariaDB source benchmark, in one run on one machine.
+
+Results: bench/results/, docs/performance.md.
 
 1. raw: a bare mysql-replication loop (``BinLogStreamReader``, rows decoded, nothing else)
    over N row events already in the binlog: the ceiling of the library's decoder; then
@@ -27,6 +29,7 @@ from typing import Any
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
+import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import parse_config
 from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB
@@ -201,6 +204,14 @@ def main() -> None:
             f"dblog run into the change log: {e2e:,.0f} rows/s ({e2e / raw:.2f} x raw), "
             f"peak RSS {rss / 1024:.0f} MB"
         )
+    results.write("mysql", {
+        "rows": args.rows, "rows_per_transaction": args.batch,
+        "raw_mysql_replication_rows_per_s": round(raw),
+        "loop_with_pydblog_decoder_rows_per_s": round(fast),
+        "source_stream_rows_per_s": round(src),
+        "dblog_run_rows_per_s": round(e2e), "dblog_run_over_raw": round(e2e / raw, 3),
+        "peak_rss_mb": round(rss / 1024),
+    })
 
 
 if __name__ == "__main__":

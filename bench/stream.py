@@ -36,6 +36,7 @@ import psycopg
 import psycopg2
 import psycopg2.extras
 
+import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.proc import cpu_seconds, cpu_since, family_cpu, peak_rss_kb
@@ -246,6 +247,22 @@ def main() -> None:
             f"(d) dblog run peak RSS: {rss / 1024:.0f} MB (after bulk drain: {rss_bulk / 1024:.0f} MB)"
         )
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    results.write("stream", {
+        "rows": args.rows,
+        "transactions": args.tx,
+        "a_bare_loop_events_per_s": round(raw),
+        "a2_pg_recvlogical_events_per_s": round(recv),
+        "b_dblog_run_events_per_s": round(e2e),
+        "b_over_a": round(e2e / raw, 3),
+        "b_over_a2": round(e2e / recv, 3),
+        "b_with_process_start_events_per_s": round(whole),
+        "dblog_run_cpu_us_per_row": round((dblog_cpu - first[2]) * 1e6 / counted, 2),
+        "postgres_cpu_us_per_row": round(server_cpu * 1e6 / counted, 2),
+        "c_steady_events_per_s": round(rate),
+        "c_latency_p50_ms": round(p50, 1),
+        "c_latency_p99_ms": round(p99, 1),
+        "d_peak_rss_mb": round(rss / 1024),
+    })
     os.system(f"rm -rf {work}")
 
 

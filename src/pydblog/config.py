@@ -122,7 +122,11 @@ class LogConfig(_Model):
     """``[log]``. ``type = "embedded"`` (default): the SQLite log in ``path``;
     ``type = "kafka"``: topics ``<topic_prefix>.<schema>.<table>`` on
     ``bootstrap_servers`` (docs/kafka.md), with ``path`` still holding the local state
-    and status files. ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
+    and status files. ``truncates``: ``"skip"`` (Debezium's default,
+    ``skipped.operations = t``) keeps truncates out of the tables' topics (pydblog's own
+    readers still see them, in ``<topic_prefix>.__dblog.truncates``); ``"include"`` writes
+    each as one ``op: "t"`` message into its table's topic, as Debezium does with
+    ``skipped.operations = none``. ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
     through to every Kafka client (compression, SASL/TLS, ...)."""
 
     type: Literal["embedded", "kafka"] = "embedded"
@@ -136,7 +140,10 @@ class LogConfig(_Model):
     partitions: int = Field(default=1, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1, le=32)
     tombstones: bool = False
+    truncates: Literal["skip", "include"] = "skip"
     transactional_id: str | None = None
+    value_format: Literal["json", "json-schema", "avro"] = "json"
+    schema_registry_url: str | None = None
     kafka: dict[str, KafkaSetting] = Field(default_factory=dict)
 
     @field_validator("kafka")
@@ -160,6 +167,17 @@ class LogConfig(_Model):
                     f"{self.topic_prefix!r} is not a valid topic prefix "
                     "(letters, digits, '.', '_' and '-')"
                 )
+        if self.value_format != "json" and self.type != "kafka":
+            raise ValueError(
+                f'value_format = "{self.value_format}" is a format of Kafka topics: it needs '
+                'type = "kafka" (the embedded log stores pydblog\'s JSON envelope)')
+        if self.value_format == "avro" and not self.schema_registry_url:
+            raise ValueError(
+                'value_format = "avro" needs schema_registry_url (a Confluent-API schema '
+                'registry, e.g. "http://127.0.0.1:8081")')
+        if self.schema_registry_url is not None and not re.match(r"https?://", self.schema_registry_url):
+            raise ValueError(
+                f"schema_registry_url {self.schema_registry_url!r} is not an http(s) URL")
         return self
 
     def __repr__(self) -> str:

@@ -1,7 +1,7 @@
 """Debezium envelope conformance: what a consumer written for Debezium's PostgreSQL or
 MySQL JSON change events (``value.converter.schemas.enable=false``) reads from the
 topics, field by field, for creates, updates, deletes, incremental snapshot reads and
-truncates; the documented differences (docs/kafka.md) are exactly the ones there are.
+truncates, and from the notification topic; the documented differences (docs/kafka.md) are exactly the ones there are.
 
 Debezium's ``source`` blocks, from its connector docs: PostgreSQL ``version, connector,
 name, ts_ms, snapshot, db, sequence, schema, table, txId, lsn, xmin``; MySQL ``version,
@@ -75,13 +75,14 @@ def read_topic(bootstrap: str, topic: str) -> list[Any]:
     return out
 
 
-def _capture_scenario(h: Harness, tmp_path: Path, bootstrap: str) -> tuple[str, str]:
+def _capture_scenario(h: Harness, tmp_path: Path, bootstrap: str, truncates: str) -> tuple[str, str]:
     """Two rows snapshotted, then a create, an update, a delete and a truncate; the
     topic and the schema (database) of the table."""
     h.execute("CREATE TABLE customers (id INT PRIMARY KEY, email VARCHAR(40), n INT)",
               "INSERT INTO customers VALUES (10, 's@x', 10), (11, 't@x', 11)")
     prefix = f"e{uuid.uuid4().hex[:8]}"
-    with Capture(h, tmp_path, kafka_log_toml(bootstrap, prefix, "partitions = 2\ntombstones = true\n")) as cap:
+    extra = f'partitions = 2\ntombstones = true\ntruncates = "{truncates}"\n'
+    with Capture(h, tmp_path, kafka_log_toml(bootstrap, prefix, extra)) as cap:
         mark = cap.end()
         h.signal("snap", "execute-snapshot", {"data-collections": [f"{h.schema}\\.customers"]})
         cap.wait_notification("COMPLETED", after=mark, signal_id="snap")
@@ -93,11 +94,11 @@ def _capture_scenario(h: Harness, tmp_path: Path, bootstrap: str) -> tuple[str, 
     return f"{prefix}.{h.schema}.customers", h.schema
 
 
-def check_envelope(msgs: list[Any], flavour: Flavour, schema: str) -> None:
+def check_envelope(msgs: list[Any], flavour: Flavour, schema: str, truncates: str) -> None:
     data = [m for m in msgs if m.value() is not None]
     ops = sorted(orjson.loads(m.value())["op"] for m in data)
-    # a truncate and the snapshot's notifications once per partition (the ordering rule)
-    assert ops == ["c", "c", "d", "n", "n", "n", "n", "r", "r", "t", "t", "u"], ops
+    # Debezium's ops only: no notification; a truncate only with truncates = "include"
+    assert ops == ["c", "c", "d", "r", "r", *(["t"] if truncates == "include" else []), "u"], ops
     for m in data:
         v = orjson.loads(m.value())
         assert set(v) >= DEBEZIUM_VALUE, v
@@ -111,9 +112,9 @@ def check_envelope(msgs: list[Any], flavour: Flavour, schema: str) -> None:
         assert src["connector"] == flavour.connector and src["table"] == "customers"
         assert src["schema"] == schema
         assert dict(m.headers())["dblog.source"] == orjson.dumps(src)
-        if op in ("t", "n"):
+        if op == "t":  # one keyless message, as Debezium's
             assert m.key() is None and v["before"] is None and v["after"] is None
-            assert src["snapshot"] == ("false" if op == "t" else "incremental"), src
+            assert m.partition() == 0 and src["snapshot"] == "false", src
             continue
         key = orjson.loads(m.key())
         row = v["after"] if op in ("c", "u", "r") else v["before"]
@@ -137,10 +138,28 @@ def check_envelope(msgs: list[Any], flavour: Flavour, schema: str) -> None:
     assert orjson.loads(delete.value())["op"] == "d" and delete.key() == by_part[p][i].key() == b'{"id":2}'
 
 
+def check_notifications(bootstrap: str, prefix: str) -> None:
+    """The snapshot's notifications, in the notification topic, as Debezium's Kafka
+    notification channel sends them: key ``{"id"}``, value ``{"id", "aggregate_type",
+    "type", "additional_data" (strings), "timestamp"}``; ``id`` the signal's."""
+    notes = read_topic(bootstrap, f"{prefix}.__dblog.notifications")
+    assert notes
+    types = []
+    for m in notes:
+        v = orjson.loads(m.value())
+        assert set(v) == {"id", "aggregate_type", "type", "additional_data", "timestamp"}, v
+        assert orjson.loads(m.key()) == {"id": "snap"} and v["id"] == "snap"
+        assert v["aggregate_type"] == "Incremental Snapshot" and isinstance(v["timestamp"], int)
+        assert all(isinstance(x, str) for x in v["additional_data"].values()), v
+        types.append(v["type"])
+    assert types[0] == "STARTED" and types[-1] == "COMPLETED" and "TABLE_SCAN_COMPLETED" in types
+
+
 def test_debezium_postgres_envelope(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
-    topic, schema = _capture_scenario(PgHarness(pg_db), tmp_path, kafka_bootstrap)
+    topic, schema = _capture_scenario(PgHarness(pg_db), tmp_path, kafka_bootstrap, "include")
     msgs = read_topic(kafka_bootstrap, topic)
-    check_envelope(msgs, POSTGRES, schema)
+    check_envelope(msgs, POSTGRES, schema, "include")
+    check_notifications(kafka_bootstrap, topic.split(".")[0])
     before = [orjson.loads(m.value())["before"] for m in msgs if m.value() is not None]
     assert {"id": 2} in before  # a delete's before: the key only (REPLICA IDENTITY DEFAULT)
     updates = [orjson.loads(m.value()) for m in msgs if m.value() and b'"op":"u"' in m.value()]
@@ -154,9 +173,10 @@ def test_debezium_mariadb_envelope(tmp_path: Path, kafka_bootstrap: str,
     server = request.getfixturevalue("mariadb")
     db = request.getfixturevalue("my_db")
     h = MariaHarness(server, db)
-    topic, schema = _capture_scenario(h, tmp_path, kafka_bootstrap)
+    topic, schema = _capture_scenario(h, tmp_path, kafka_bootstrap, "skip")
     msgs = read_topic(kafka_bootstrap, topic)
-    check_envelope(msgs, MYSQL, schema)
+    check_envelope(msgs, MYSQL, schema, "skip")
+    check_notifications(kafka_bootstrap, topic.split(".")[0])
     for m in msgs:
         if m.value() is None:
             continue

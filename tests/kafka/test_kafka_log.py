@@ -133,49 +133,36 @@ def partition_messages(cfg: LogConfig, topic: str, parts: int) -> dict[int, list
     return out
 
 
-def test_truncate_reaches_partitions_added_later(kafka_log: LogConfig) -> None:
-    """A partition added to a table's topic while capture runs gets the truncates too
-    (the partition count is asked of the broker for each commit that fans out), and
-    readers find them there. Tansu cannot add partitions: there the topic is re-created
-    with more (what the writer sees is the same: more partitions than when it first
-    wrote the topic), and the partition the first event went to is given one foreign
-    record first, so that its offsets go on above the old topic's end (a commit below it is refused:
-    ``test_a_recreated_topic_is_refused``); the first event went with the old topic, so
-    the reader is checked from the truncate on (audit13 T2: it was not checked there)."""
-    from confluent_kafka import KafkaError, KafkaException, Producer
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewPartitions
+def test_a_log_of_the_older_layout_reads_the_same(kafka_log: LogConfig, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log written before notifications had their own topic (truncates and a table's
+    notifications in every partition of its topic, copies marked ``dblog.fanout``),
+    continued by the current writer: ``dblog tail``'s reader and the Spark source read
+    every event once, as the embedded log holds them."""
+    from tests.kafka.legacy import LegacyKafkaChangeLog
 
+    old, sq = LegacyKafkaChangeLog(kafka_log), SqliteChangeLog(tmp_path / "sq")
+    bs = batches()
+    for i, b in enumerate(bs[:3]):
+        old.append(b, cp(i))
+        sq.append(b, cp(i))
+    old.close()
     assert kafka_log.topic_prefix is not None
-    topic = data_topic(kafka_log.topic_prefix, "public.b")
-    kf = KafkaChangeLog(kafka_log)
-    kf.append([row_event(Op.CREATE, "b", 10, {"id": 1}, {"id": 1})], cp(0))
-    bootstrap = kafka_log.bootstrap_servers or ""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    recreated = False
-    try:
-        for fut in admin.create_partitions([NewPartitions(topic, 5)]).values():
-            fut.result()
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError._UNSUPPORTED_FEATURE:
-            raise
-        recreate_topic(bootstrap, topic, 5)
-        pad = Producer({"bootstrap.servers": bootstrap})
-        pad.produce(topic, b'{"op":"pad"}', partition=murmur2_partition(b'{"id":1}', 3))
-        assert pad.flush(30) == 0
-        recreated = True
-    kf.append([encode_event(ChangeEvent(Op.TRUNCATE, "public", "b", pos(11), 1), "postgresql",
-                            "app", 5)], cp(1))
-    kf.close()
-    per_partition = partition_messages(kafka_log, topic, 5)
-    assert [sum(orjson.loads(m.value())["op"] == "t" for m in per_partition[p]) for p in range(5)] \
-        == [1] * 5
-    reader = KafkaChangeLogReader(kafka_log)
-    try:
-        got = [(r.offset, r.op) for r in reader.read(1 if recreated else 0, 100)]
-    finally:
-        reader.close()
-    assert got == ([(1, "t")] if recreated else [(0, "c"), (1, "t")])
+    per_partition = partition_messages(kafka_log, data_topic(kafka_log.topic_prefix, "public.b"), 3)
+    assert [sum(orjson.loads(m.value())["op"] == "t" for m in ms) for ms in per_partition.values()] \
+        == [1, 1, 1], "the older layout: a truncate in every partition"
+    new = KafkaChangeLog(kafka_log)
+    for i, b in enumerate(bs[3:], 3):
+        new.append(b + bs[2], cp(i))  # the new layout's truncates and notifications too
+        sq.append(b + bs[2], cp(i))
+    new.close()
+    want = records(SqliteChangeLogReader(tmp_path / "sq"))
+    got = records(KafkaChangeLogReader(kafka_log))
+    assert [(r.offset, orjson.loads(r.body)) for r in got] == [
+        (r.offset, orjson.loads(r.body)) for r in want]
+    monkeypatch.setattr(kafka_spark, "MIN_RANGE_RECORDS", 7)
+    for columns in (None, ["offset", "op", "table", "key", "after", "unchanged", "ts_ms"]):
+        assert source_rows(kafka_log, columns) == embedded_rows(tmp_path / "sq", columns)
 
 
 def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -247,22 +234,65 @@ def test_a_recreated_topic_is_refused(tmp_path: Path, kafka_bootstrap: str, when
         reader.close()
 
 
-def test_truncate_reaches_every_partition_and_keys_stay_together(kafka_log: LogConfig) -> None:
-    kf = KafkaChangeLog(kafka_log)
+@pytest.mark.parametrize("truncates", ["skip", "include"])
+def test_table_topics_hold_what_debeziums_hold(kafka_log: LogConfig, truncates: str) -> None:
+    """A table's topic holds its row events, and its truncates only with ``truncates =
+    "include"`` (one keyless message, as Debezium's); notifications go to the
+    notification topic in the shape of Debezium's Kafka notification channel, with the
+    envelope in a header; skipped truncates to the truncates topic."""
+    from pydblog.changelog.kafka import notifications_topic, truncates_topic
+
+    cfg = kafka_log.model_copy(update={"truncates": truncates})
+    kf = KafkaChangeLog(cfg)
     for i, b in enumerate(batches()):
         kf.append(b, cp(i))
     kf.close()
-    assert kafka_log.topic_prefix is not None
-    topic = data_topic(kafka_log.topic_prefix, "public.b")
-    per_partition = partition_messages(kafka_log, topic, 3)
-    truncs = {p: [m for m in ms if orjson.loads(m.value())["op"] == "t"] for p, ms in per_partition.items()}
-    assert all(len(t) == 1 for t in truncs.values()), "every partition holds the truncate"
-    update = [m for ms in per_partition.values() for m in ms if orjson.loads(m.value())["op"] == "u"]
-    assert len(update) == 1 and update[0].key() == b'{"before":1,"k":"z"}'
-    headers = dict(update[0].headers())
-    src = orjson.loads(headers["dblog.source"])
+    assert cfg.topic_prefix is not None
+    topic = data_topic(cfg.topic_prefix, "public.b")
+    per_partition = partition_messages(cfg, topic, 3)
+    msgs = [m for ms in per_partition.values() for m in ms]
+    ops = sorted(orjson.loads(m.value())["op"] for m in msgs)
+    assert ops == (["t", "u"] if truncates == "include" else ["u"]), ops
+    a_ops = {orjson.loads(m.value())["op"]
+             for ms in partition_messages(cfg, data_topic(cfg.topic_prefix, "public.a"), 3).values()
+             for m in ms if m.value() is not None}
+    assert a_ops == {"c", "d", "r"}, a_ops  # (the table's notification is not there)
+    (update,) = [m for m in msgs if orjson.loads(m.value())["op"] == "u"]
+    assert update.key() == b'{"before":1,"k":"z"}'
+    src = orjson.loads(dict(update.headers())["dblog.source"])
     assert src["lsn"] == 20 and src["table"] == "b" and src["txId"] == 720
-    assert orjson.loads(update[0].value())["offset"] == 50
+    assert orjson.loads(update.value())["offset"] == 50
+    (trunc,) = [m for m in (msgs if truncates == "include"
+                            else partition_messages(cfg, truncates_topic(cfg.topic_prefix), 1)[0])
+                if orjson.loads(m.value())["op"] == "t"]
+    assert trunc.partition() == 0 and trunc.key() is None
+    assert orjson.loads(trunc.value())["source"]["table"] == "b"
+    notes = partition_messages(cfg, notifications_topic(cfg.topic_prefix), 1)[0]
+    assert [orjson.loads(m.value()) for m in notes] == [
+        {"id": "", "aggregate_type": None, "type": "STARTED", "additional_data": {}, "timestamp": 5},
+        {"id": "", "aggregate_type": None, "type": "COMPLETED", "additional_data": {}, "timestamp": 5}]
+    assert [m.key() for m in notes] == [b'{"id":""}'] * 2
+    envelopes = [orjson.loads(dict(m.headers())["dblog.event"]) for m in notes]
+    assert [(e["op"], e["source"]["table"], e["notification"]["type"]) for e in envelopes] == [
+        ("n", "a", "STARTED"), ("n", "", "COMPLETED")]
+
+
+def test_notification_value_is_debeziums_shape() -> None:
+    """Debezium's notification channel sends ``additional_data`` as a map of strings."""
+    from pydblog.changelog.kafka import notification_value
+    from pydblog.core.notices import Notice, NotificationType
+
+    note = Notice(NotificationType.IN_PROGRESS, "sig-1", SnapshotKind.INCREMENTAL, "public.a",
+                  {"data_collections": ["public.a", "public.b"], "rows_scanned": 10,
+                   "maximum_key": [5], "last_processed_key": None, "percent": 12.5})
+    text = orjson.dumps(note.event(pos(3), 7).envelope("postgresql", "app", 99)).decode()
+    key, value = notification_value(text)
+    assert orjson.loads(key) == {"id": "sig-1"}
+    assert orjson.loads(value) == {
+        "id": "sig-1", "aggregate_type": "Incremental Snapshot", "type": "IN_PROGRESS",
+        "additional_data": {"data_collections": "public.a, public.b", "rows_scanned": "10",
+                            "maximum_key": "[5]", "percent": "12.5"},
+        "timestamp": 99}
 
 
 def murmur2(key: bytes) -> int:
@@ -310,9 +340,9 @@ def test_every_event_of_a_key_in_one_partition_in_order(
     """A capture into four partitions: snapshot rows, creates, updates, deletes, a
     key-changing update whose new key is re-read (unchanged TOAST), a truncate, then
     the keys again. Every event of a key lands in the partition Java's partitioner
-    gives its message key, and in log order; every truncate and table notification is
-    in every partition, at its place among that partition's events (each partition's
-    ``offset`` values rise, copies included); the merged log materializes to the table."""
+    gives its message key, and in log order (each partition's ``offset`` values rise);
+    the topic holds no truncate or notification (``truncates = "skip"``, the default);
+    the merged log materializes to the table."""
     import uuid
 
     from tests.contract.capture import Capture
@@ -362,12 +392,9 @@ def test_every_event_of_a_key_in_one_partition_in_order(
     for p, msgs in per_part.items():
         offsets = [orjson.loads(m.value())["offset"] for m in msgs if m.value() is not None]
         assert offsets == sorted(set(offsets)), f"partition {p} is out of log order"
-        assert set(fanned) <= set(offsets), f"partition {p} misses a truncate or notification"
+        assert not set(fanned) & set(offsets), f"partition {p} holds a truncate or notification"
         for m in msgs:
             v = orjson.loads(m.value())
-            if v["op"] in ("t", "n"):
-                assert m.key() is None
-                continue
             assert m.key() == orjson.dumps(v["key"])
             assert murmur2_partition(m.key(), parts) == p, (m.key(), p)
             seen.setdefault(m.key(), []).append(v["offset"])

@@ -1,5 +1,5 @@
 """The Kafka writer's native path (``kafka_native``, C): byte for byte the records of the
-Python path (value, key, partition, headers; tombstones, a truncate's fan-out copies,
+Python path (value, key, partition, headers; tombstones, truncates and notifications,
 template blocks, envelopes the C path leaves to Python), with the producer's queue full
 again and again; and the commit's ends from the interceptor's acknowledgements."""
 
@@ -14,7 +14,13 @@ import orjson
 import pytest
 
 from pydblog.changelog import kafka_native
-from pydblog.changelog.kafka import HEADER_WRITER, KafkaChangeLog, KafkaChangeLogReader
+from pydblog.changelog.kafka import (
+    HEADER_WRITER,
+    KafkaChangeLog,
+    KafkaChangeLogReader,
+    notifications_topic,
+    truncates_topic,
+)
 from pydblog.config import LogConfig
 from pydblog.events import ChangeEvent, Encoded, EncodedEvent, Op, encode_event
 from tests.kafka.test_kafka_log import batches, cp, pos, row_event
@@ -50,7 +56,7 @@ def write(cfg: LogConfig) -> KafkaChangeLog:
 
 
 def raw(cfg: LogConfig) -> list[tuple[Any, ...]]:
-    """Every data record of the log's table topics: (table topic, partition, offset, key,
+    """Every data record of the log's table, notification and truncate topics: (topic, partition, offset, key,
     value, headers without the session tag)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
     from confluent_kafka.admin import AdminClient
@@ -59,7 +65,8 @@ def raw(cfg: LogConfig) -> list[tuple[Any, ...]]:
     bootstrap = str(cfg.bootstrap_servers)
     md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
     tps = [(name, p) for name, t in md.topics.items()
-           if name.startswith(prefix + ".public.") for p in t.partitions]
+           if name.startswith(prefix + ".public.")
+           or name in (notifications_topic(prefix), truncates_topic(prefix)) for p in t.partitions]
     assert tps
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "raw",
                   "enable.auto.commit": False, "enable.partition.eof": True})

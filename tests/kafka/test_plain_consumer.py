@@ -2,8 +2,9 @@
 pydblog code, no checkpoint topic): after a writer killed inside a commit (its records
 acknowledged, its transaction left open, then aborted by the next session's producer)
 and the next session's retry, every event once, at its global offset, per partition in
-offset order (the data topics and the notifications topic); the truncate's copies
-(``dblog.fanout``) are the only records a consumer merging partitions drops (docs/kafka.md, "Reading a Kafka log from elsewhere")."""
+offset order (the tables' topics, the truncates topic, and the notifications topic, whose
+records carry the event in their ``dblog.event`` header) (docs/kafka.md, "Reading a Kafka
+log from elsewhere")."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pydblog.changelog.kafka import HEADER_FANOUT, KafkaChangeLog, data_topic, notifications_topic
+from pydblog.changelog.kafka import (
+    HEADER_EVENT,
+    KafkaChangeLog,
+    data_topic,
+    notifications_topic,
+    truncates_topic,
+)
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.config import LogConfig
 from tests.kafka.test_kafka_log import _crashing_writer, batches, cp, records
@@ -51,6 +58,7 @@ def test_a_read_committed_consumer_sees_every_event_once(kafka_log: LogConfig, t
     parts = [TopicPartition(data_topic(prefix, t), p, 0) for t in ("public.a", "public.b")
              for p in range(kafka_log.partitions)]
     parts.append(TopicPartition(notifications_topic(prefix), 0, 0))
+    parts.append(TopicPartition(truncates_topic(prefix), 0, 0))
     consumer.assign(parts)
     seen: list[int] = []
     per_partition: dict[tuple[str, int], list[int]] = {}
@@ -63,14 +71,14 @@ def test_a_read_committed_consumer_sees_every_event_once(kafka_log: LogConfig, t
                     assert err.code() == KafkaError._PARTITION_EOF, err
                     eof.add(tp)
                     continue
-                value = orjson.loads(m.value() or b"null")
+                event = dict(m.headers() or ()).get(HEADER_EVENT)  # a notification's
+                value = orjson.loads(event or m.value() or b"null")
                 per_partition.setdefault(tp, []).append(value["offset"])
-                if not any(h[0] == HEADER_FANOUT for h in m.headers() or ()):
-                    seen.append(value["offset"])
-                    expected = want.get(value["offset"])
-                    assert expected is not None, f"offset {value['offset']} is no event"
-                    assert {k: v for k, v in value.items() if k not in ("offset", "ts_ms")} == \
-                        {k: v for k, v in expected.items() if k not in ("offset", "ts_ms")}
+                seen.append(value["offset"])
+                expected = want.get(value["offset"])
+                assert expected is not None, f"offset {value['offset']} is no event"
+                assert {k: v for k, v in value.items() if k not in ("offset", "ts_ms")} == \
+                    {k: v for k, v in expected.items() if k not in ("offset", "ts_ms")}
     finally:
         consumer.close()
     assert sorted(seen) == sorted(want), "every event once, nothing of the aborted commit"

@@ -18,6 +18,7 @@ from pydblog.changelog.kafka import (
     data_topic,
     notifications_topic,
     schemas_topic,
+    truncates_topic,
 )
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.config import LogConfig
@@ -38,7 +39,8 @@ def test_topics_read_back_to_their_start_have_no_time_retention(kafka_log: LogCo
     client = admin.AdminClient({"bootstrap.servers": kafka_log.bootstrap_servers or ""})
     topics = {
         checkpoint_topic(prefix): True, schemas_topic(prefix): True,
-        notifications_topic(prefix): False, data_topic(prefix, "public.a"): False,
+        notifications_topic(prefix): False, truncates_topic(prefix): False,
+        data_topic(prefix, "public.a"): False,
         data_topic(prefix, "public.b"): False,
     }
     assert set(topics) <= set(client.list_topics(timeout=10).topics)

@@ -1,7 +1,7 @@
 """``KafkaChangeLog._copies`` reads back below a commit's first offset for records of
 its own session; where retention deleted the partition's start, that read begins at
-the partition's low watermark (review14 R2: it began at the last valid commit's end,
-the consumer failed on the deleted offset, and every restart replayed the same stop)."""
+the partition's low watermark, not at the last valid commit's end (there the consumer
+would fail on the deleted offset, and every restart would replay the same stop)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _writer(valid_end: int, low: int) -> tuple[KafkaChangeLog, list[tuple[int, i
     w = object.__new__(KafkaChangeLog)
     w.client = _Marks(low)  # type: ignore[assignment]
     w._after = {}
-    w._fanned = {TP}  # a truncate's fan-out copy: the read below the first offset runs
+    w._no_run = {TP}  # a partition without a run: the read below the first offset runs
     w._valid_ends = {TP: valid_end}
     w._all_ends_read = True
 

@@ -16,7 +16,6 @@ so a slow disk slows the stream instead of growing memory.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -24,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from pydblog import failpoints
 from pydblog.capture import lagtrace
 from pydblog.events import Encoded
 from pydblog.metrics import CAPTURE as METRICS
@@ -80,8 +80,6 @@ class BatchWriter:
         self._lock = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()
-        # Fault injection for crash tests: DBLOG_CRASH_AT=after-log|after-state.
-        self._crash_at = os.environ.get("DBLOG_CRASH_AT")
         self._thread = threading.Thread(target=self._run, name="dblog-writer", daemon=True)
         self._thread.start()
 
@@ -219,8 +217,7 @@ class BatchWriter:
             lagtrace.appended(batch.trace, w0, time.time(), batch.size,
                               time.thread_time() - c0, lagtrace.run_wait() - q0)
         METRICS.observe_append(batch.events, batch.size, time.perf_counter() - t0, end)
-        if self._crash_at == "after-log":
-            os._exit(137)
+        failpoints.hit("after-log")
         self._unsaved = batch
         with self._lock:
             self._written += batch.size
@@ -236,8 +233,7 @@ class BatchWriter:
         t0 = time.perf_counter()
         self.state.save(batch.checkpoint)
         METRICS.observe_state_save(time.perf_counter() - t0)
-        if self._crash_at == "after-state":
-            os._exit(137)
+        failpoints.hit("after-state")
         self._last_save = time.monotonic()
         self._unsaved = None
         if batch.ack is not None:

@@ -8,17 +8,28 @@ Topics (``P`` = ``[log] topic_prefix``; names outside ``[A-Za-z0-9._-]`` get ``_
   Java producer would choose), so each key's events stay in order. Value = the envelope
   ``dblog tail`` prints (``offset`` first). Headers: ``dblog.source`` (the envelope's
   ``source`` block: the source position), ``dblog.writer`` (``generation:writer-id``).
-  Truncates (``op: t``) and the table's notifications (``op: n``) go to *every*
-  partition of the table's topic (key null; the copies in partitions > 0 carry the
-  header ``dblog.fanout``): whatever a consumer of one partition reads, a truncate is
-  ordered with that partition's keys exactly as in the source. With ``tombstones``
-  a delete is followed by a null-valued message of the same key (for compaction).
+  With ``[log] value_format`` ``json-schema`` or ``avro`` key and value are in that
+  Kafka Connect format (``formats``: Debezium's schemas) and the envelope rides in the
+  ``dblog.event`` header, which readers take (``event_value``).
+  A table's topic holds what Debezium's holds: ``c``, ``u``, ``d``, ``r`` events, and
+  truncates (``op: t``, one keyless message in partition 0) only with ``[log]
+  truncates = "include"`` (Debezium's ``skipped.operations = none``; by default they go
+  to ``P.__dblog.truncates``, as Debezium's default skips them). With ``tombstones`` a
+  delete is followed by a null-valued message of the same key (for compaction).
+  Logs written before notifications had their own topic hold a table's notifications
+  and truncates in every partition of its topic (copies in partitions > 0 marked
+  ``dblog.fanout``): readers still read them, skipping the copies.
 - ``P.__dblog.checkpoint`` (one partition, never compacted): one message per commit,
   ``{"gen", "w", "a", "b", "cp", "ends", ...}``: the commit's global offsets
   ``a <= offset < b``, the checkpoint (source position, snapshot progress), and the
   end offset of every data partition the commit wrote (``ends``, only those).
 - ``P.__dblog.schemas``: the table schemas as they change; ``P.__dblog.notifications``:
-  notifications that belong to no table.
+  every snapshot notification, shaped as Debezium's Kafka notification channel sends
+  them (``notification_value``), the envelope in the ``dblog.event`` header.
+
+Notifications and truncates have global offsets like every event: the checkpoint
+topic's cuts order them with the data (readers merge every partition by offset), so
+no table topic needs a message that Debezium's would not hold.
 
 Exactly once. Every ``append`` is one Kafka transaction of the producer whose
 ``transactional.id`` is ``[log] transactional_id`` (default ``dblog-P``): data
@@ -37,8 +48,8 @@ and, per data partition, only offsets below the ``ends`` of a valid checkpoint, 
 a record only if its ``dblog.writer`` header names the writer of the first valid
 checkpoint whose end is above the record's offset (``Span``). Where that checkpoint
 lists the partition in ``runs`` (``first``: every offset ``first <= o < end`` is one of
-its records, as its delivery reports showed: no aborted record, no other writer's, no
-fan-out copy in between), the records are taken by offset without reading headers (the
+its records, as its delivery reports showed: no aborted record, no other writer's in
+between; the notification topic gets none: its values are not envelopes), the records are taken by offset without reading headers (the
 sync's fast path); a partition a commit shares with anything else is checked record by
 record. A writer session has a generation
 ``gen`` (one more than any in the topic, or the HA fencing epoch if larger) and a random
@@ -62,7 +73,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import re
 import threading
 import time
@@ -73,6 +83,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from pydblog import failpoints
 from pydblog.changelog import kafka_native
 from pydblog.errors import ChangeLogError, ChangeLogUnavailable, ConfigError, DblogError, Fenced
 from pydblog.events import TAIL_SEP, Encoded, EncodedBlock, EncodedEvent
@@ -87,6 +98,12 @@ INTERNAL = "__dblog"
 HEADER_SOURCE = "dblog.source"
 HEADER_WRITER = "dblog.writer"
 HEADER_FANOUT = "dblog.fanout"
+"""Marked the copies of a truncate or table notification that logs written before
+notifications had their own topic held in every partition but 0 (readers skip them)."""
+HEADER_EVENT = "dblog.event"
+"""The event's envelope (``{"offset": ...}``), which readers take instead of the value:
+on a notification-topic message (the value is Debezium's notification shape), and on
+every table record of a log with a Kafka Connect ``[log] value_format`` (``event_value``)."""
 RECOVERY_WINDOW = 2000
 KNOWN_EVERY = RECOVERY_WINDOW // 4
 """A writer that knows every data partition's last valid end puts them all into its
@@ -182,7 +199,43 @@ def schemas_topic(prefix: str) -> str:
 
 
 def notifications_topic(prefix: str) -> str:
+    """Every snapshot notification, as Debezium's Kafka notification channel sends them
+    (``notification_value``)."""
     return f"{prefix}.{INTERNAL}.notifications"
+
+
+def truncates_topic(prefix: str) -> str:
+    """Truncates under ``[log] truncates = "skip"``: out of the tables' topics, for
+    pydblog's own readers (the envelope, as a table topic would hold it)."""
+    return f"{prefix}.{INTERNAL}.truncates"
+
+
+def notification_value(text: str) -> tuple[bytes, bytes]:
+    """``(key, value)`` of a notification in the notification topic, from its envelope
+    (``events.ChangeEvent.envelope``'s JSON), in the shape of Debezium's Kafka
+    notification channel (``notification.sink.topic.name``): key ``{"id": ...}``, value
+    ``{"id", "aggregate_type", "type", "additional_data", "timestamp"}``. ``id`` is the
+    signal's id (as Debezium's incremental snapshot notifications carry the
+    execute-snapshot signal's); ``additional_data`` is a map of strings as Debezium's
+    (a list of strings joined with ``", "``, other values as JSON text, nulls left
+    out); ``timestamp`` is the envelope's ``ts_ms``. pydblog's readers read the
+    envelope itself, from the ``dblog.event`` header."""
+    env = orjson.loads(text)
+    note = env.get("notification") or {}
+    ident = str(note.get("signal_id") or "")
+    data: dict[str, str] = {}
+    for name, v in (note.get("additional_data") or {}).items():
+        if v is None:
+            continue
+        if isinstance(v, str):
+            data[name] = v
+        elif isinstance(v, list) and all(isinstance(x, str) for x in v):
+            data[name] = ", ".join(v)
+        else:
+            data[name] = orjson.dumps(v).decode()
+    value = {"id": ident, "aggregate_type": note.get("aggregate_type"), "type": note.get("type"),
+             "additional_data": data, "timestamp": env.get("ts_ms")}
+    return orjson.dumps({"id": ident}), orjson.dumps(value)
 
 
 def client_config(cfg: LogConfig, **extra: Any) -> dict[str, Any]:
@@ -323,7 +376,8 @@ class CommitRecord:
     runs: dict[str, dict[str, int]] = field(default_factory=dict)
     """topic -> partition (text) -> first offset, for the partitions whose records of
     this commit are exactly the offsets ``first <= o < end`` (every one of them a record
-    of this commit, none a fan-out copy): readers take those without looking at headers.
+    of this commit; never the notification topic's, whose envelopes are in headers):
+    readers take those without looking at headers.
     Partitions not listed are checked record by record (``dblog.writer`` header)."""
     known: dict[str, dict[str, int]] | None = None
     """Every data partition's last valid end before this commit, as its writer knew
@@ -543,16 +597,17 @@ class CommitLog:
 
 
 def commit_ends(
-    delivered: Mapping[tuple[str, int], Sequence[int]], fanned: Iterable[tuple[str, int]],
+    delivered: Mapping[tuple[str, int], Sequence[int]], no_run: Iterable[tuple[str, int]],
 ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
     """A commit's ``ends`` and ``runs`` from its delivery reports: per data partition
-    ``[lowest offset, highest offset, records]`` (``fanned``: the partitions that got a
-    fan-out copy). The end is one past the highest offset; the partition has a run from
-    the lowest if its records fill every offset in between (offsets are unique in a
-    partition, so then nothing else lies there) and none is a fan-out copy."""
+    ``[lowest offset, highest offset, records]`` (``no_run``: partitions whose records
+    readers must look at, the notification topic's: its values are not envelopes). The
+    end is one past the highest offset; the partition has a run from the lowest if its
+    records fill every offset in between (offsets are unique in a partition, so then
+    nothing else lies there) and it is not in ``no_run``."""
     ends: dict[str, dict[str, int]] = {}
     runs: dict[str, dict[str, int]] = {}
-    skip = set(fanned)
+    skip = set(no_run)
     for (topic, part), (first, last, count) in delivered.items():
         ends.setdefault(topic, {})[str(part)] = last + 1
         if count == last + 1 - first and (topic, part) not in skip:
@@ -594,6 +649,21 @@ def _header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> by
     return None
 
 
+def event_value(m: Any) -> bytes | None:
+    """A data message's event as pydblog's JSON envelope (``parse_value`` reads it): the
+    ``dblog.event`` header of a record in a Kafka Connect format, else the value (the
+    ``json`` format; a null value, a tombstone, stays null)."""
+    value: bytes | None = m.value()
+    if value is None:
+        return None
+    headers = m.headers()
+    if headers and len(headers) > 2:
+        event = _header(headers, HEADER_EVENT)
+        if event is not None:
+            return event
+    return value
+
+
 class _Client:
     """The Kafka clients a log needs: an admin client and a consumer for bounded reads
     (``read_range``), with the topic metadata cached."""
@@ -606,8 +676,10 @@ class _Client:
         self.prefix = _prefix(cfg)
         self._admin: Any = None
         self._consumer: Any = None
-        # ``read_values`` by ``kafka_native`` (its consumer then has no logger)
-        self.native = native and kafka_native.available()
+        # ``read_values`` by ``kafka_native`` (its consumer then has no logger); it reads
+        # values only, so not for a Kafka Connect format (the event is in a header)
+        self.formatted = cfg.value_format != "json"
+        self.native = native and not self.formatted and kafka_native.available()
         self._client_id = ""
         self._partitions: dict[str, int] = {}
         self._consumer_topics: set[str] = set()  # topics whose metadata the consumer has
@@ -681,7 +753,8 @@ class _Client:
         new = [
             self.k.admin.NewTopic(
                 t, 1 if f".{INTERNAL}." in t else partitions, self.cfg.replication_factor,
-                config={"retention.ms": "-1"} if f".{INTERNAL}." in t and not t.endswith("notifications") else {},
+                config={"retention.ms": "-1"} if t in (checkpoint_topic(self.prefix),
+                                                      schemas_topic(self.prefix)) else {},
             )
             for t in missing
         ]
@@ -1197,7 +1270,6 @@ class KafkaChangeLog(ChangeLogWriter):
         self._tombstones = cfg.tombstones
         self._epoch: int | None = None  # set by claim(): commits are then verified
         self._verified_to = 0
-        self._crash_at = os.environ.get("DBLOG_CRASH_AT")
         self._commits = 0
         conf = client_config(
             cfg,
@@ -1210,11 +1282,20 @@ class KafkaChangeLog(ChangeLogWriter):
         )
         # The C path (``kafka_native``): records produced and their acknowledgements
         # counted without Python per record; the same records, the same checks.
-        self._native = kafka_native.writer_available()
+        # A Kafka Connect format (``formats``) is produced from Python.
+        self._formatter: Any = None
+        if cfg.value_format != "json":
+            from pydblog.changelog.formats import Formatter
+
+            try:
+                self._formatter = Formatter(cfg.value_format, self.prefix, cfg.schema_registry_url)
+            except (ImportError, ValueError) as exc:
+                raise ConfigError(f"[log] value_format: {exc}") from None
+        self._native = kafka_native.writer_available() and self._formatter is None
         self._client_id = ""
         self._delivered: dict[tuple[str, int], list[int]] = {}  # [first, last, count]
-        self._fanned: set[tuple[str, int]] = set()  # partitions holding fan-out copies
-        self._fan_out_parts: dict[str, int] = {}  # topic -> partitions (this commit)
+        self._no_run: set[tuple[str, int]] = set()  # partitions without a run (notifications)
+        self._include_truncates = getattr(cfg, "truncates", "skip") == "include"
         self._delivery_error: Any = None
         self._after: dict[tuple[str, int], int] = {}
         """Per data partition this session wrote, the end of its last commit there
@@ -1227,7 +1308,7 @@ class KafkaChangeLog(ChangeLogWriter):
         try:
             client.ensure_topics(
                 [checkpoint_topic(self.prefix), schemas_topic(self.prefix),
-                 notifications_topic(self.prefix)], 1)
+                 notifications_topic(self.prefix), truncates_topic(self.prefix)], 1)
             self._producer = self._make_producer(conf)
             self._producer.init_transactions(TIMEOUT_S)
         except k.KafkaException as exc:
@@ -1241,6 +1322,8 @@ class KafkaChangeLog(ChangeLogWriter):
         self.writer_id = uuid.uuid4().hex[:16]
         self._tag = f"{self.gen}:{self.writer_id}".encode()
         self._schemas = client.read_schemas()
+        self._table_schemas: dict[str, TableSchema] = {s.qualified: s for _, s in self._schemas}
+        """Each table's current schema (what ``formats`` derive its Connect schemas from)."""
         self._begin()
         log.info("Kafka change log %s on %s: session %s, next offset %d", self.prefix,
                  cfg.bootstrap_servers, self._tag.decode(), self._next)
@@ -1357,6 +1440,8 @@ class KafkaChangeLog(ChangeLogWriter):
                                "schema": s.to_json()}), s.qualified) for s in schemas]
         rec = CommitRecord(self.gen, self.writer_id, start, end, checkpoint, {}, epoch=self._epoch,
                            known=self._known() if self._commits % KNOWN_EVERY == 0 else None)
+        for s in schemas:  # they apply from this commit's first event
+            self._table_schemas[s.qualified] = s
         self._commit(events, rec, topics, msgs)
         self._next = end
         self._checkpoint = checkpoint
@@ -1366,14 +1451,8 @@ class KafkaChangeLog(ChangeLogWriter):
         return end
 
     def _fault(self, point: str) -> None:
-        """Fault injection for crash tests: ``DBLOG_CRASH_AT=<point>:<n>`` exits the
-        process (as ``kill -9`` would) at ``point`` of the n-th commit (the begin
-        message is commit 0). Points: ``kafka-after-data`` (data acknowledged, no
-        checkpoint message yet), ``kafka-before-commit`` (checkpoint message
-        acknowledged, transaction not committed)."""
-        spec = self._crash_at
-        if spec and spec.startswith(point + ":") and int(spec.split(":")[1]) == self._commits:
-            os._exit(137)
+        """A crash test's fault point (``pydblog.failpoints``) at the current commit."""
+        failpoints.hit(point, self._commits)
 
     def _topic(self, qualified: str) -> str:
         if qualified in (".", ""):
@@ -1392,8 +1471,7 @@ class KafkaChangeLog(ChangeLogWriter):
         p = self._producer
         data: dict[tuple[str, int], list[int]] = {}
         self._delivered.clear()
-        self._fanned.clear()
-        self._fan_out_parts.clear()
+        self._no_run.clear()
         self._delivery_error = None
         try:
             if self._native:
@@ -1422,7 +1500,7 @@ class KafkaChangeLog(ChangeLogWriter):
                     hint="the capture retries from the last checkpoint in Kafka (a new session "
                          "writes the events again; readers skip the aborted session's records)",
                 )
-            rec.ends, rec.runs = commit_ends(data, self._fanned)
+            rec.ends, rec.runs = commit_ends(data, self._no_run)
             self._delivered.clear()
             cp_topic = checkpoint_topic(self.prefix)
             self._send(cp_topic, rec.to_bytes(), self.prefix.encode(), None, None)
@@ -1474,8 +1552,8 @@ class KafkaChangeLog(ChangeLogWriter):
         again; Tansu across a restart), or it answered the retry as a duplicate without
         offsets (Tansu).
 
-        A transaction's records in a partition fill one stretch (one producer; fan-out
-        copies and tombstones are reported too), and where this session wrote before
+        A transaction's records in a partition fill one stretch (one producer;
+        tombstones are reported too), and where this session wrote before
         (``_after``: the end of its last commit there) they begin after its commit
         marker (one offset; none if the broker lost it). Only where the reports leave
         room for other records are those offsets read back: between the lowest and
@@ -1514,7 +1592,7 @@ class KafkaChangeLog(ChangeLogWriter):
             lo: int | None = None
             if after is not None:  # (first >= after: _valid_end(tp) is after)
                 lo = after if first > after + 1 else None
-            elif not dense or tp in self._fanned:
+            elif not dense or tp in self._no_run:
                 lo = self._valid_end(tp)
             if lo is not None and lo < first:
                 # Records retention deleted are no copies a reader takes, and reading
@@ -1613,13 +1691,6 @@ class KafkaChangeLog(ChangeLogWriter):
         elif off < seen[0]:
             seen[0] = off
 
-    def _on_fan_out_delivery(self, err: Any, msg: Any) -> None:
-        """A fan-out copy's delivery report: its partition gets no run (readers must
-        see the ``dblog.fanout`` header to skip the copy)."""
-        self._on_delivery(err, msg)
-        if err is None:
-            self._fanned.add((msg.topic(), msg.partition()))
-
     def _abort(self) -> Any:
         """Abort the open transaction; the error if that failed (a KafkaError)."""
         try:
@@ -1648,6 +1719,9 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _produce(self, events: Sequence[Encoded], seq: int, topics: dict[str, str]) -> None:
         """Produce every event (global offsets from ``seq``)."""
+        if self._formatter is not None:
+            self._produce_formatted(events, seq, topics)
+            return
         if self._native:
             self._produce_native(events if type(events) is list else list(events), seq, topics)
             return
@@ -1655,7 +1729,8 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _produce_native(self, events: list[Encoded], seq: int, topics: dict[str, str]) -> None:
         """``_produce`` by ``kafka_native``: runs of stream events and template blocks in
-        C; whatever it leaves (fan-outs, other envelopes) in Python, in order."""
+        C; whatever it leaves (truncates, notifications, other envelopes) in Python, in
+        order."""
         k = self.client.k
         p = self._producer
         i, n = 0, len(events)
@@ -1669,7 +1744,7 @@ class KafkaChangeLog(ChangeLogWriter):
             i, seq, status, code, why = kafka_native.produce_events(
                 p, self._client_id, events, i, seq, topics, self._tag, self._tombstones,
                 EncodedEvent)
-            if status == 1:  # Python's: a fan-out, or an envelope the C path does not cut
+            if status == 1:  # Python's: a truncate, a notification, or an envelope it does not cut
                 if type(events[i]) is not EncodedBlock:
                     seq = self._produce_py([events[i]], seq, topics)
                     i += 1
@@ -1705,8 +1780,8 @@ class KafkaChangeLog(ChangeLogWriter):
                 source = text[src_start:src_end]
                 value = f'{{"offset":{seq},{text[1:]}'
                 headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, source)]
-                if op in ("t", "n"):
-                    self._fan_out(topic, value, headers)
+                if op in ("n", "t"):
+                    self._table_event(op, topic, text, value, headers)
                 else:
                     key = _key_of(text, src_end + 7)
                     if not tombstone_only:
@@ -1717,6 +1792,48 @@ class KafkaChangeLog(ChangeLogWriter):
                     if op == "d" and self._tombstones:
                         self._send(topic, None, key, headers, None)
                 seq += 1
+        return seq
+
+    def _produce_formatted(self, events: Sequence[Encoded], seq: int, topics: dict[str, str]) -> int:
+        """``_produce`` in a Kafka Connect format (``[log] value_format``): key and value
+        by ``formats.Formatter`` from the table's schema, the JSON envelope in the
+        ``dblog.event`` header (what readers take). Notifications and skipped truncates
+        go where ``_table_event`` puts them, as in the ``json`` format; an included
+        truncate is a keyless record in partition 0 of the table's topic, in the format."""
+        from pydblog.changelog.formats import RegistryError
+
+        tag = self._tag
+        for item in events:
+            topic = topics[item.table]
+            if type(item) is EncodedBlock:
+                bodies = item.bodies()
+            else:
+                body = item.body
+                bodies = [body if isinstance(body, str) else body.decode()]
+            table = self._table_schemas.get(item.table)
+            op = item.op
+            for text in bodies:
+                event = f'{{"offset":{seq},{text[1:]}'
+                env = orjson.loads(text)
+                headers: list[tuple[str, Any]] = [(HEADER_WRITER, tag),
+                                                  (HEADER_SOURCE, orjson.dumps(env["source"]))]
+                seq += 1
+                if op == "n" or (op == "t" and not self._include_truncates):
+                    self._table_event(op, topic, text, event, headers)
+                    continue
+                try:
+                    value, key = self._formatter.encode(topic, table, env)
+                except RegistryError as exc:
+                    raise ChangeLogUnavailable(
+                        f"{exc}; the transaction is aborted",
+                        hint="the capture retries from the last checkpoint in Kafka") from None
+                headers.append((HEADER_EVENT, event))
+                if op == "t":
+                    self._send(topic, value, None, headers, 0)
+                    continue
+                self._send(topic, value, key, headers, None)
+                if op == "d" and self._tombstones:
+                    self._send(topic, None, key, headers, None)
         return seq
 
     def _produce_template(self, block: EncodedBlock, topic: str, seq: int) -> int:
@@ -1755,30 +1872,26 @@ class KafkaChangeLog(ChangeLogWriter):
             seq += 1
         return seq
 
-    def _fan_out(self, topic: str, value: str, headers: list[tuple[str, Any]]) -> None:
-        """Truncates and table notifications: one copy in every partition. The count is
-        asked of the broker once per commit that fans out, through the producer (its
-        own metadata then knows them too; not cached for the session): partitions added
-        to the topic later get the copies too."""
-        parts = self._fan_out_parts.get(topic)
-        if parts is None:
-            try:
-                md = self._producer.list_topics(timeout=TIMEOUT_S)
-            except self.client.k.KafkaException as exc:
-                raise _unavailable("reading metadata", self.cfg, exc) from None
-            t = md.topics.get(topic)
-            parts = len(t.partitions) if t is not None and t.error is None and t.partitions \
-                else self.client.partitions(topic)
-            self._fan_out_parts[topic] = parts
-        for part in range(parts):
-            if part == 0:
-                self._send(topic, value, None, headers, part)
-            elif self._native:  # acknowledgements come from ``_take_acks``
-                self._send(topic, value, None, [*headers, (HEADER_FANOUT, b"1")], part)
-                self._fanned.add((topic, part))
-            else:
-                self._send(topic, value, None, [*headers, (HEADER_FANOUT, b"1")], part,
-                           self._on_fan_out_delivery)
+    def _table_event(self, op: str, topic: str, text: str, value: str,
+                     headers: list[tuple[str, Any]]) -> None:
+        """A notification (``op`` ``n``) or a truncate (``t``) of the table whose topic is
+        ``topic``, from its envelope ``text`` (``value``: with its ``offset``).
+
+        A notification goes into the notification topic, shaped as Debezium's
+        (``notification_value``), the envelope in the ``dblog.event`` header; the
+        partition gets no run (``commit_ends``): readers check its records' headers,
+        where they find the envelope. A truncate goes into partition 0 of the table's
+        topic with ``truncates = "include"`` (Debezium sends one keyless message), else
+        into the truncates topic. Either has its global offset: readers merge it with
+        the data by offset, as every event."""
+        if op == "n":
+            topic = notifications_topic(self.prefix)
+            key, body = notification_value(text)
+            self._send(topic, body, key, [*headers, (HEADER_EVENT, value.encode())], 0)
+            self._no_run.add((topic, 0))
+        else:
+            self._send(topic if self._include_truncates else truncates_topic(self.prefix),
+                       value, None, headers, 0)
 
     def close(self) -> None:
         try:
@@ -1892,7 +2005,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         out: list[LogRecord] = []
         seen: dict[tuple[str, int], int] = {}  # each partition's offset after the last record
         for m in self._data.read_range(ranges):
-            value = m.value()
+            value = event_value(m)
             if value is None:
                 continue
             off = m.offset()
@@ -1910,6 +2023,7 @@ class KafkaChangeLogReader(ChangeLogReader):
                     continue
                 if _header(headers, HEADER_FANOUT) is not None:
                     continue
+                value = _header(headers, HEADER_EVENT) or value  # a notification's envelope
             elif not span.valid(off, None):
                 continue
             seq, body = parse_value(value)
@@ -2071,7 +2185,11 @@ class KafkaChangeLogReader(ChangeLogReader):
     def describe(self) -> dict[str, Any]:
         commits = self._whole()
         topics: dict[str, dict[str, Any]] = {}
-        marks = self.client.watermarks(sorted(commits.ends))
+        # every partition of each topic the log wrote (one no commit wrote yet too: a
+        # table's topic gets no copy of anything in every partition)
+        names = sorted({t for t, _ in commits.ends})
+        marks = self.client.watermarks(sorted(
+            {*commits.ends, *((t, p) for t in names for p in range(self.client.partitions(t)))}))
         for (t, _p), (lo, hi) in sorted(marks.items()):
             info = topics.setdefault(t, {"partitions": 0, "end_offsets": [], "messages": 0})
             info["partitions"] += 1
@@ -2144,7 +2262,7 @@ the sink commits are what make the sync exactly once)."""
 
 
 def sync_lag(client: _Client, commits: CommitLog) -> int | None:
-    """Data messages (one per event; truncates one per partition) not yet applied by
+    """Data messages (one per event) not yet applied by
     ``dblog sync``, from the offsets it commits to its consumer group, or None. A
     partition's offsets also count one transaction marker per commit that wrote it
     (each at that commit's end offset): those are not messages and are left out."""

@@ -241,8 +241,8 @@ def stream_values(part: KafkaRange, allow_gaps: bool = False,
     read concurrently by up to ``READ_THREADS`` consumers, one thread each, so chunks of
     different pieces interleave. Where a span has a run the records are taken by offset
     (``_read_runs``: no Python code per record); elsewhere each record's headers decide
-    (``changelog.kafka``'s rules: the writer header names the span's writer; fan-out
-    copies are skipped). Run records that are missing (``_RunCheck``) raise
+    (``changelog.kafka``'s rules: the writer header names the span's writer; older logs'
+    fan-out copies are skipped; a notification's envelope is its ``dblog.event`` header). Run records that are missing (``_RunCheck``) raise
     ``ChangeLogError`` unless ``allow_gaps``.
 
     The readers stop when the consumer of this generator stops (closed early, or an
@@ -489,7 +489,9 @@ def _read_messages(client: Any, piece: KafkaPiece, values: _Sink, check: _RunChe
     import confluent_kafka
     import numpy as np
 
-    value = confluent_kafka.Message.value
+    from pydblog.changelog.kafka import event_value
+
+    value = event_value if client.formatted else confluent_kafka.Message.value
     spans = piece.spans
     k = 0
     for batch in client.read_batches({(piece.topic, piece.partition): (piece.start, piece.end)}):
@@ -548,18 +550,22 @@ def _read_runs(client: Any, piece: KafkaPiece, values: _Sink, check: _RunCheck) 
 
 
 def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
-    """The values of the messages whose writer header is ``tag`` (not fan-out copies)."""
-    from pydblog.changelog.kafka import HEADER_FANOUT, HEADER_WRITER, _header
+    """The values of the messages whose writer header is ``tag`` (not fan-out copies of
+    older logs); a notification's is its envelope, from its ``dblog.event`` header."""
+    from pydblog.changelog.kafka import HEADER_EVENT, HEADER_FANOUT, HEADER_WRITER, _header
 
     for m in msgs:
         headers = m.headers()
         if not headers:  # not written by a capture
             continue
-        if len(headers) != 2 and _header(headers, HEADER_FANOUT) is not None:
-            continue
+        event = None
+        if len(headers) != 2:
+            if _header(headers, HEADER_FANOUT) is not None:
+                continue
+            event = _header(headers, HEADER_EVENT)
         got = headers[0][1] if headers[0][0] == HEADER_WRITER else _header(headers, HEADER_WRITER)
         if got == tag:
-            yield m.value()
+            yield m.value() if event is None else event
 
 
 TASKS_PER_CORE = 2
