@@ -12,9 +12,14 @@ In one run, on one machine, against one throwaway PostgreSQL (1M inserts by defa
      PostgreSQL (every process of the throwaway cluster) during (b);
  (c) commit -> change-log latency p50/p99 at a steady ~5k events/s;
  (d) peak RSS of the `dblog run` process.
-Each figure is printed as a ratio against (a) and (a2) of the same run.
+Each figure is printed as a ratio against (a2), pg_recvlogical from a slot made before
+the load and stopped at the WAL end after it (the server's ceiling), and against (a), of
+the same run. During (b) the HTTP API is on (as by default, on a free port) and a
+``/metrics`` scraper reads it every second; the CPU of `dblog run` is also given per
+thread (``/proc/PID/task``: the capture thread ``MainThread``/``python``, the writer
+``dblog-writer``, ...) per event.
 
-Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 10] [--profile DIR]
+Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 100] [--profile DIR]
 
 ``--profile DIR`` (needs ``pip install py-spy``) records a py-spy profile of `dblog run`
 during (b) as raw collapsed stacks in ``DIR/stream.txt`` (`--idle` off: CPU only).
@@ -30,15 +35,23 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import psycopg2
 import psycopg2.extras
 
+from pydblog.api.capture import read_api_address
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
-from pydblog.devtools.proc import cpu_seconds, cpu_since, family_cpu, peak_rss_kb
+from pydblog.devtools.proc import cpu_seconds, cpu_since, family_cpu, peak_rss_kb, thread_cpu
+
+try:  # bench/results.py: raw results under bench/results/
+    import results  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - an older tree
+    results = None
 
 
 def load(dsn: str, rows: int, txs: int) -> None:
@@ -83,6 +96,8 @@ def write_config(directory: Path, dsn: str) -> Path:
         f'[source]\ndsn = "{dsn}"\ntables = ["public\\\\.bench", "public\\\\.steady"]\n'
         f'slot = "dblogbench"\npublication = "dblogpub"\n'
         f'[log]\npath = "{directory / "data"}"\n'
+        # The API on, as by default, on a free port (another run may hold 8083).
+        f'[api]\nlisten = "127.0.0.1:0"\n'
     )
     return path
 
@@ -108,10 +123,24 @@ def recvlogical_rate(cluster: PgCluster, dsn: str, slot: str, rows: int) -> tupl
     return rows / elapsed, cpu * 1e6 / rows
 
 
+def scrape(log_dir: Path, stop: threading.Event, count: list[int]) -> None:
+    """GET the API's ``/metrics`` every second until ``stop`` (a Prometheus scraper)."""
+    while not stop.wait(1.0):
+        url = read_api_address(log_dir)
+        if url is None:
+            continue
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+                resp.read()
+            count[0] += 1
+        except OSError:
+            pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--tx", type=int, default=10)
+    ap.add_argument("--tx", type=int, default=100)
     ap.add_argument("--steady-seconds", type=float, default=20.0)
     ap.add_argument("--steady-rate", type=int, default=5000)
     ap.add_argument("--profile", type=Path, help="py-spy profile of (b) into DIR/stream.txt")
@@ -131,9 +160,14 @@ def main() -> None:
         # Start dblog once so that it creates its slot and publication, then stop it.
         proc = subprocess.Popen(
             [sys.executable, "-m", "pydblog", "run", "--config", str(config)],
-            stderr=subprocess.DEVNULL,
+            stderr=(work / "first-run.log").open("w"),
         )
-        time.sleep(3)
+        deadline = time.monotonic() + 120
+        while not (work / "data" / "api.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"dblog run did not start: {(work / 'first-run.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        time.sleep(1)
         proc.terminate()
         proc.wait()
         t0 = time.perf_counter()
@@ -151,7 +185,7 @@ def main() -> None:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-m", "pydblog", "run", "--config", str(config)],
-            stderr=subprocess.DEVNULL,
+            stderr=(work / "run.log").open("w"),
         )
         spy = None
         if args.profile is not None:
@@ -162,17 +196,25 @@ def main() -> None:
                  str(args.profile / "stream.txt")],
                 stdout=subprocess.DEVNULL,
             )
+        scraping = threading.Event()
+        scrapes = [0]
+        scraper = threading.Thread(target=scrape, args=(work / "data", scraping, scrapes), daemon=True)
+        scraper.start()
+        while not (work / "data" / "changelog.sqlite").exists():
+            time.sleep(0.05)
         reader = SqliteChangeLogReader(work / "data")
-        first: tuple[float, int, float, dict[int, float]] | None = None
+        first: tuple[float, int, float, dict[int, float], dict[str, float]] | None = None
         while True:
             time.sleep(0.005)
             n = reader.next_offset()
             if first is None and n > 0:
-                first = (time.perf_counter(), n, cpu_seconds(proc.pid), family_cpu(postmaster))
+                first = (time.perf_counter(), n, cpu_seconds(proc.pid), family_cpu(postmaster),
+                         thread_cpu(proc.pid))
             if n >= args.rows:
                 break
         end = time.perf_counter()
         dblog_cpu = cpu_seconds(proc.pid)
+        threads_end = thread_cpu(proc.pid)
         server_cpu = cpu_since(family_cpu(postmaster), first[3]) if first else 0.0
         rss_bulk = peak_rss_kb(proc.pid)
         if spy is not None:
@@ -191,6 +233,22 @@ def main() -> None:
             f"    CPU per row during (b): dblog run {(dblog_cpu - first[2]) * 1e6 / counted:.2f} us, "
             f"PostgreSQL {server_cpu * 1e6 / counted:.2f} us"
         )
+        per_thread = {name: (c - first[4].get(name, 0.0)) * 1e6 / counted
+                      for name, c in sorted(threads_end.items())}
+        print("    dblog run CPU per event by thread: " + ", ".join(
+            f"{name} {us:.2f} us" for name, us in per_thread.items() if us >= 0.005))
+        print(f"    /metrics scraped {scrapes[0]} times during (b)")
+        figures: dict[str, Any] = {
+            "rows": args.rows, "transactions": args.tx,
+            "bare_loop_events_per_s": round(raw), "pg_recvlogical_events_per_s": round(recv),
+            "pg_recvlogical_cpu_us_per_event": round(recv_cpu, 3),
+            "dblog_events_per_s": round(e2e), "ratio_to_pg_recvlogical": round(e2e / recv, 3),
+            "ratio_to_bare_loop": round(e2e / raw, 3),
+            "dblog_cpu_us_per_event": round((dblog_cpu - first[2]) * 1e6 / counted, 3),
+            "dblog_cpu_us_per_event_by_thread": {k: round(v, 3) for k, v in per_thread.items()},
+            "postgres_cpu_us_per_event": round(server_cpu * 1e6 / counted, 3),
+            "metrics_scrapes": scrapes[0],
+        }
 
         # (c) steady load latency
         start_offset = reader.next_offset()
@@ -231,6 +289,8 @@ def main() -> None:
         time.sleep(1.0)
         stop.set()
         th.join()
+        scraping.set()
+        scraper.join()
         rss = peak_rss_kb(proc.pid)
         proc.terminate()
         proc.wait()
@@ -245,7 +305,13 @@ def main() -> None:
         print(
             f"(d) dblog run peak RSS: {rss / 1024:.0f} MB (after bulk drain: {rss_bulk / 1024:.0f} MB)"
         )
+        figures.update({
+            "steady_events_per_s": round(rate), "latency_p50_ms": round(p50, 2),
+            "latency_p99_ms": round(p99, 2), "peak_rss_mb": round(rss / 1024),
+        })
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    if results is not None:
+        results.write("stream", figures)
     os.system(f"rm -rf {work}")
 
 
