@@ -20,6 +20,11 @@ thread (``/proc/PID/task``: the capture thread ``MainThread``/``python``, the wr
 ``dblog-writer``, ...) per event.
 
 Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 100] [--profile DIR]
+           [--log embedded|kafka]
+
+``--log kafka``: `dblog run` writes into Kafka instead (a Tansu broker started for the
+run, or ``KAFKA_BOOTSTRAP_SERVERS``); (b) counts the events of the log's last commit
+(bench/kafka.py's ``KafkaEnd``) and (c) reads the log with ``KafkaChangeLogReader``.
 
 ``--profile DIR`` (needs ``pip install py-spy``) records a py-spy profile of `dblog run`
 during (b) as raw collapsed stacks in ``DIR/stream.txt`` (`--idle` off: CPU only).
@@ -36,6 +41,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +96,12 @@ def raw_rate(dsn: str, slot: str, rows: int) -> float:
     return rows / elapsed
 
 
-def write_config(directory: Path, dsn: str) -> Path:
+def write_config(directory: Path, dsn: str, log_keys: str = "") -> Path:
     path = directory / "dblog.toml"
     path.write_text(
         f'[source]\ndsn = "{dsn}"\ntables = ["public\\\\.bench", "public\\\\.steady"]\n'
         f'slot = "dblogbench"\npublication = "dblogpub"\n'
-        f'[log]\npath = "{directory / "data"}"\n'
+        f'[log]\npath = "{directory / "data"}"\n{log_keys}'
         # The API on, as by default, on a free port (another run may hold 8083).
         f'[api]\nlisten = "127.0.0.1:0"\n'
     )
@@ -144,8 +150,29 @@ def main() -> None:
     ap.add_argument("--steady-seconds", type=float, default=20.0)
     ap.add_argument("--steady-rate", type=int, default=5000)
     ap.add_argument("--profile", type=Path, help="py-spy profile of (b) into DIR/stream.txt")
+    ap.add_argument("--log", choices=["embedded", "kafka"], default="embedded")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
+    broker: Any = None
+    log_keys = ""
+    bootstrap = prefix = ""
+    if args.log == "kafka":
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        if not bootstrap:
+            from pydblog.devtools.tansu import TansuBroker
+
+            broker = TansuBroker().start()
+            bootstrap = broker.bootstrap
+        prefix = f"s{uuid.uuid4().hex[:8]}"
+        log_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"\n'
+    try:
+        run(args, work, log_keys, bootstrap, prefix)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, prefix: str) -> None:
     with PgCluster() as cluster:
         dsn = cluster.create_database("bench")
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -156,7 +183,7 @@ def main() -> None:
             conn.execute("CREATE PUBLICATION benchpub FOR TABLE bench")
             conn.execute("SELECT pg_create_logical_replication_slot('rawbench', 'pgoutput')")
             conn.execute("SELECT pg_create_logical_replication_slot('recvbench', 'pgoutput')")
-        config = write_config(work, dsn)
+        config = write_config(work, dsn, log_keys)
         # Start dblog once so that it creates its slot and publication, then stop it.
         proc = subprocess.Popen(
             [sys.executable, "-m", "pydblog", "run", "--config", str(config)],
@@ -200,13 +227,26 @@ def main() -> None:
         scrapes = [0]
         scraper = threading.Thread(target=scrape, args=(work / "data", scraping, scrapes), daemon=True)
         scraper.start()
-        while not (work / "data" / "changelog.sqlite").exists():
-            time.sleep(0.05)
-        reader = SqliteChangeLogReader(work / "data")
+        reader: Any
+        if log_keys:
+            from kafka import KafkaEnd  # bench/kafka.py
+            from pydblog.changelog.kafka import KafkaChangeLogReader
+            from pydblog.config import LogConfig
+
+            reader = KafkaChangeLogReader(LogConfig(type="kafka", path=str(work / "data"),
+                                                    bootstrap_servers=bootstrap, topic_prefix=prefix))
+            end_probe = KafkaEnd(bootstrap, prefix)
+            end_probe.active(True)
+            count = end_probe.count
+        else:
+            while not (work / "data" / "changelog.sqlite").exists():
+                time.sleep(0.05)
+            reader = SqliteChangeLogReader(work / "data")
+            count = reader.next_offset
         first: tuple[float, int, float, dict[int, float], dict[str, float]] | None = None
         while True:
             time.sleep(0.005)
-            n = reader.next_offset()
+            n = count()
             if first is None and n > 0:
                 first = (time.perf_counter(), n, cpu_seconds(proc.pid), family_cpu(postmaster),
                          thread_cpu(proc.pid))
@@ -214,6 +254,8 @@ def main() -> None:
                 break
         end = time.perf_counter()
         dblog_cpu = cpu_seconds(proc.pid)
+        if log_keys:
+            end_probe.close()
         threads_end = thread_cpu(proc.pid)
         server_cpu = cpu_since(family_cpu(postmaster), first[3]) if first else 0.0
         rss_bulk = peak_rss_kb(proc.pid)
@@ -239,7 +281,7 @@ def main() -> None:
             f"{name} {us:.2f} us" for name, us in per_thread.items() if us >= 0.005))
         print(f"    /metrics scraped {scrapes[0]} times during (b)")
         figures: dict[str, Any] = {
-            "rows": args.rows, "transactions": args.tx,
+            "log": args.log, "rows": args.rows, "transactions": args.tx,
             "bare_loop_events_per_s": round(raw), "pg_recvlogical_events_per_s": round(recv),
             "pg_recvlogical_cpu_us_per_event": round(recv_cpu, 3),
             "dblog_events_per_s": round(e2e), "ratio_to_pg_recvlogical": round(e2e / recv, 3),
