@@ -30,6 +30,7 @@ from pathlib import Path
 import orjson
 import psycopg
 
+import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.proc import cpu_seconds
@@ -196,6 +197,14 @@ def main() -> None:
     print(f"dblog run CPU per event (all its threads): {c_off:.2f} us without, {c_on:.2f} us "
           f"with: the API costs {c_on / c_off - 1:+.1%} (throughput {c_off / c_on:.3f} x when "
           "the capture process is the bound)")
+    results.write("api", {
+        "rows_per_round": args.rows, "rounds": args.rounds,
+        "events_per_s_api_off": rates[False], "events_per_s_api_on": rates[True],
+        "median_events_per_s_api_off": round(off), "median_events_per_s_api_on": round(on),
+        "on_over_off": round(on / off, 3),
+        "dblog_run_cpu_us_per_event_api_off": round(c_off, 2),
+        "dblog_run_cpu_us_per_event_api_on": round(c_on, 2),
+    })
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from typing import Any
 
 import psycopg
 
+import results
 from pydblog.config import Config
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.proc import cpu_seconds
@@ -76,6 +77,10 @@ class _Source:
     captured_tables: tuple[str, ...] = ()
 
 
+MEASURED: dict[str, list[dict[str, float]]] = {}
+"""Every measurement of the run by label, for ``results.write``."""
+
+
 def measure(label: str, rows: int, run: Callable[[], int], base: float | None) -> float:
     t0, c0, s0 = time.perf_counter(), time.process_time(), server_cpu()
     n = run()
@@ -86,6 +91,11 @@ def measure(label: str, rows: int, run: Callable[[], int], base: float | None) -
     ratio = f" = {rate / base:.2f} x (b)" if base else ""
     print(f"{label}: {rate:,.0f} rows/s{ratio} (client CPU {cpu * 1e6 / rows:.2f} us/row, "
           f"PostgreSQL CPU {server * 1e6 / rows:.2f} us/row)", flush=True)
+    MEASURED.setdefault(label, []).append({
+        "rows_per_s": round(rate), "x_raw_copy": round(rate / base, 3) if base else 1.0,
+        "client_cpu_us_per_row": round(cpu * 1e6 / rows, 2),
+        "postgres_cpu_us_per_row": round(server * 1e6 / rows, 2),
+    })
     return rate
 
 
@@ -316,6 +326,7 @@ def main() -> None:
         aconn.close()
         reader.close()
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    results.write("arrow_chunks", {"rows": rows, "chunk": size, "measurements": MEASURED})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psycopg
 
+import results
 from pydblog.config import Config
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.sources.postgres.chunks import PgSnapshotReader
@@ -82,9 +83,11 @@ def main() -> None:
                                      "snapshot": {"parallelism": 1}})
         reader = PgSnapshotReader(cfg, _Source())  # type: ignore[arg-type]
         variants = ("unchecked", "checked", "ordered")
+        figures: dict[str, dict[str, list[float]]] = {}
         try:
             for table in ("public.big", "public.bigt"):
                 times: dict[str, list[float]] = {v: [] for v in variants}
+                figures[table] = times
                 scan(reader, table, "unchecked")  # warm the cache
                 for _ in range(args.repeats):
                     for v in variants:
@@ -96,6 +99,15 @@ def main() -> None:
                           f"{args.rows / med:,.0f} rows/s  {med / base:.3f} x unchecked")
         finally:
             reader.close()
+    results.write("chunk_order", {
+        "rows": args.rows,
+        "scan_seconds": figures,
+        "median_x_unchecked": {
+            t: {v: round(statistics.median(ts[v]) / statistics.median(ts["unchecked"]), 3)
+                for v in ts}
+            for t, ts in figures.items()
+        },
+    })
 
 
 if __name__ == "__main__":

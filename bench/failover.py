@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psycopg
 
+import results
 from pydblog.devtools.hamembers import Members
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.zookeeper import ZkServer
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace, rng: random.Random, work: Path) -> None:
         stop = threading.Event()
         load = threading.Thread(target=steady_writer, args=(dsn, stop), daemon=True)
         load.start()
-        results: dict[str, dict[str, list[float]]] = {}
+        runs: dict[str, dict[str, list[float]]] = {}
         try:
             members.leader()
             members.wait_progress(0)
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace, rng: random.Random, work: Path) -> None:
                 members.leader(timeout=120, not_pid=leader.pid)
                 elected = time.monotonic() - t0
                 gap = members.wait_progress(before) - t0
-                r = results.setdefault(kind, {"elected": [], "gap": [], "baseline": []})
+                r = runs.setdefault(kind, {"elected": [], "gap": [], "baseline": []})
                 r["elected"].append(elected)
                 r["gap"].append(gap)
                 print(f"{n:3d} {kind:8s} elected {elected:6.2f} s  gap {gap:6.2f} s", flush=True)
@@ -174,18 +175,26 @@ def run(args: argparse.Namespace, rng: random.Random, work: Path) -> None:
                 members.start()
             for kind in ("kill9", "sigstop"):
                 for _ in range(args.rounds):
-                    results[kind]["baseline"].append(
+                    runs[kind]["baseline"].append(
                         baseline(kind, args.backend, zk, dsn, timeout_s))
         finally:
             stop.set()
             members.stop_all()
     print(f"\nbackend {args.backend}, session_timeout_s {timeout_s}, ZooKeeper tickTime 2000 ms")
-    for kind, r in results.items():
+    for kind, r in runs.items():
         print(f"{kind}:")
         print("  " + show("elected     ", r["elected"]))
         print("  " + show("gap         ", r["gap"]))
         print("  " + show("bare lock   ", r["baseline"]))
         print(f"  gap p50 / bare lock p50: {statistics.median(r['gap']) / statistics.median(r['baseline']):.2f}")
+    results.write("failover", {
+        "backend": args.backend, "session_timeout_s": timeout_s, "rounds": args.rounds,
+        "seconds": runs,
+        "gap_p50_over_bare_lock_p50": {
+            kind: round(statistics.median(r["gap"]) / statistics.median(r["baseline"]), 3)
+            for kind, r in runs.items()
+        },
+    })
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
+import results
 from pydblog.changelog import kafka_native
 from pydblog.changelog.kafka import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLog
@@ -69,12 +70,12 @@ def main() -> None:
         broker = TansuBroker().start()
         bootstrap = broker.bootstrap
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kwriter-"))
-    results: dict[str, list[tuple[float, float, float]]] = {"embedded": [], "kafka python": [],
-                                                            "kafka native": []}
+    runs: dict[str, list[tuple[float, float, float]]] = {"embedded": [], "kafka python": [],
+                                                         "kafka native": []}
     try:
         for r in range(args.rounds):
             evs = events(args.events, 1000 * (r + 1))
-            names = list(results)
+            names = list(runs)
             for name in names[r % 3:] + names[:r % 3]:
                 d = work / uuid.uuid4().hex[:8]
                 w: ChangeLogWriter
@@ -85,19 +86,29 @@ def main() -> None:
                     w = KafkaChangeLog(LogConfig(type="kafka", path=str(d), bootstrap_servers=bootstrap,
                                                  topic_prefix=f"w{uuid.uuid4().hex[:8]}"))
                     assert w._native == (name == "kafka native")
-                results[name].append(run(w, evs, args.batch))
+                runs[name].append(run(w, evs, args.batch))
                 w.close()
-                rate, thread_us, proc_us = results[name][-1]
+                rate, thread_us, proc_us = runs[name][-1]
                 print(f"round {r + 1} {name:13s} {rate:10,.0f} events/s; appending thread "
                       f"{thread_us:5.2f} us/event, process {proc_us:5.2f} us/event", flush=True)
     finally:
         if broker is not None:
             broker.stop()
     print(f"medians of {args.rounds} rounds, {args.events:,} events in batches of {args.batch:,}:")
-    for name, rs in results.items():
+    for name, rs in runs.items():
         print(f"  {name:13s} {statistics.median(x[0] for x in rs):10,.0f} events/s; appending "
               f"thread {statistics.median(x[1] for x in rs):5.2f} us/event, process "
               f"{statistics.median(x[2] for x in rs):5.2f} us/event")
+    results.write("kafka_writer", {
+        "events": args.events, "batch": args.batch, "rounds": args.rounds,
+        "broker": "KAFKA_BOOTSTRAP_SERVERS" if broker is None else "tansu",
+        "median_events_per_s": {n: round(statistics.median(x[0] for x in rs))
+                                for n, rs in runs.items()},
+        "median_thread_us_per_event": {n: round(statistics.median(x[1] for x in rs), 2)
+                                       for n, rs in runs.items()},
+        "median_process_us_per_event": {n: round(statistics.median(x[2] for x in rs), 2)
+                                        for n, rs in runs.items()},
+    })
 
 
 if __name__ == "__main__":

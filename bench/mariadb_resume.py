@@ -23,6 +23,7 @@ import time
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
+import results
 from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB
 from pydblog.ports import Checkpoint, Commit
 from pydblog.sources.mysql.position import BinlogPosition
@@ -88,6 +89,11 @@ def main() -> None:
         print(f"(b) GTID resume:          {b * 1000:.0f} ms ({b / a:.1f} x a)")
         print(f"(e) fresh start:          {e * 1000:.0f} ms")
         print(f"load average {' '.join(str(round(x, 1)) for x in os.getloadavg())}")
+        results.write("mariadb_resume", {
+            "server": version, "transactions": args.tx, "binlog_mb": round(size / 1e6, 1),
+            "a_raw_file_offset_dump_ms": round(a * 1000), "b_gtid_resume_ms": round(b * 1000),
+            "b_over_a": round(b / a, 2), "e_fresh_start_ms": round(e * 1000),
+        })
     finally:
         server.stop()
 

@@ -1,4 +1,6 @@
-"""MySQL/MariaDB source benchmark, in one run on one machine (results: docs/mysql.md).
+"""MySQL/MariaDB source benchmark, in one run on one machine.
+
+Results: bench/results/, docs/performance.md.
 
 0. server: ``mariadb-binlog`` (or ``mysqlbinlog``) ``--read-from-remote-server --raw`` from
    the load's first position to the binlog's end, into a scratch directory: the fastest
@@ -32,6 +34,7 @@ from typing import Any
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
+import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import parse_config
 from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB
@@ -235,6 +238,17 @@ def main() -> None:
             f"dblog run into the change log: {e2e:,.0f} rows/s ({e2e / raw:.2f} x raw, "
             f"{e2e / dump:.2f} x the dump), peak RSS {rss / 1024:.0f} MB"
         )
+    results.write("mysql", {
+        "rows": args.rows, "rows_per_transaction": args.batch,
+        "binlog_dump_rows_per_s": round(dump), "binlog_dump_cpu_us_per_row": round(dump_cpu, 3),
+        "raw_mysql_replication_rows_per_s": round(raw),
+        "loop_with_pydblog_decoder_rows_per_s": round(fast),
+        "source_stream_rows_per_s": round(src),
+        "dblog_run_rows_per_s": round(e2e), "dblog_run_over_raw": round(e2e / raw, 3),
+        "dblog_run_over_binlog_dump": round(e2e / dump, 3),
+        "dblog_run_cpu_us_per_row_by_thread": {k: round(v, 3) for k, v in sorted(cpu.items())},
+        "peak_rss_mb": round(rss / 1024),
+    })
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ left out.
 
 Usage: ``flock /tmp/pydblog-bench.lock .venv/bin/python bench/mysql_blocking_fence.py
 [--rows 200000] [--server mariadb|mysql57] [--chunk 1024 8192] [--repeat 2]``
-(results: docs/benchmarks.md).
+(results: bench/results/, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any
 
+import results
 from pydblog.config import parse_config
 from pydblog.devtools.mariadb import MariaDB
 from pydblog.devtools.mysql57 import MySQL57
@@ -82,6 +83,7 @@ def main() -> None:
         cfg = parse_config({"source": {"type": "mysql", "dsn": server.dsn(DB), "server_id": 9005}})
         _, reader = create(cfg)
         assert isinstance(reader, MySqlSnapshotReader)
+        figures: list[dict[str, float]] = []
         try:
             assert reader.fences_blocking_reads()
             for _ in range(args.repeat):
@@ -94,9 +96,17 @@ def main() -> None:
                           f"fenced = {sum(plain) / sum(fenced):.3f} x unfenced; median extra "
                           f"per chunk {extra_ms * 1000:.2f} ms; load {os.getloadavg()[0]:.1f}",
                           flush=True)
+                    figures.append({
+                        "chunk": chunk, "unfenced_rows_per_s": round(n / sum(plain)),
+                        "fenced_rows_per_s": round(n / sum(fenced)),
+                        "fenced_over_unfenced": round(sum(plain) / sum(fenced), 3),
+                        "median_extra_ms_per_chunk": round(extra_ms * 1000, 2),
+                    })
         finally:
             reader.close()
     print(f"load average after: {os.getloadavg()}")
+    results.write("mysql_blocking_fence", {"server": args.server, "rows": args.rows,
+                                           "runs": figures})
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import Any
 
 import pymysql
 
+import results
 from pydblog.devtools.mariadb import MariaDB
 from pydblog.devtools.mysql57 import MySQL57, TestServer
 from pydblog.sources.mysql.connect import Connection
@@ -36,7 +37,7 @@ def per_connection(open_one: Callable[[], Any], n: int) -> float:
     return (time.perf_counter() - t0) / n * 1000
 
 
-def run(server: TestServer, n: int, repeat: int) -> None:
+def run(server: TestServer, n: int, repeat: int) -> dict[str, float]:
     kw = {"host": "127.0.0.1", "port": server.port, "user": "root", "password": "root"}
     with server.admin() as cur:
         cur.execute("SHOW VARIABLES LIKE 'have_ssl'")
@@ -52,6 +53,7 @@ def run(server: TestServer, n: int, repeat: int) -> None:
     print(f"{type(server).__name__} (have_ssl = {tls[1] if tls else '?'}):")
     for name, ms in got.items():
         print(f"  {name}: {ms:.1f} ms per connection ({ms / base:.2f} x a)")
+    return {name: round(ms, 2) for name, ms in got.items()}
 
 
 def main() -> None:
@@ -59,12 +61,14 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    figures: dict[str, dict[str, float]] = {}
     for make in (MariaDB, MySQL57):
         server = make().start()
         try:
-            run(server, args.n, args.repeat)
+            figures[make.__name__] = run(server, args.n, args.repeat)
         finally:
             server.stop()
+    results.write("mysql_connect", {"connections": args.n, "ms_per_connection": figures})
 
 
 if __name__ == "__main__":

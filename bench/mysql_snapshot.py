@@ -12,7 +12,7 @@ table, against a raw SELECT, in one run on one throwaway server.
 
 Usage: ``flock /tmp/pydblog-bench.lock .venv/bin/python bench/mysql_snapshot.py
 [--rows 1000000] [--server mariadb|mysql57] [--updates 1000] [--repeat 2]
-[--parallelism 1 2 4]`` (results: docs/benchmarks.md).
+[--parallelism 1 2 4]`` (results: bench/results/, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 import pymysql.cursors
 
+import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.devtools.mariadb import MariaDB
 from pydblog.devtools.mysql57 import MySQL57, TestServer
@@ -165,17 +166,17 @@ def main() -> None:
         raw = raw_rate(server, args.rows)
         print(f"{args.server}: {args.rows:,} rows; raw SELECT * streamed: {raw:,.0f} rows/s")
         variants = [(w, p) for p in args.parallelism for w in ("table", "read-only")]
-        results: dict[tuple[str, int], list[dict[str, Any]]] = {v: [] for v in variants}
+        runs: dict[tuple[str, int], list[dict[str, Any]]] = {v: [] for v in variants}
         for _ in range(args.repeat):
             for watermark, par in variants:
                 r = snapshot(server, Path(tmp), watermark, args.rows, args.updates, par)
-                results[(watermark, par)].append(r)
+                runs[(watermark, par)].append(r)
                 print(
                     f"  {watermark:9s} p{par}: {r['rows_s']:,.0f} rows/s ({r['rows_s'] / raw:.2f} x raw) "
                     f"in {r['s']:.1f}s; CPU per row: dblog run {r['dblog_us']:.1f} us, "
                     f"server {r['server_us']:.1f} us; load {os.getloadavg()[0]:.1f}", flush=True,
                 )
-        best = {v: max(r["rows_s"] for r in rs) for v, rs in results.items()}
+        best = {v: max(r["rows_s"] for r in rs) for v, rs in runs.items()}
         base = best[("table", args.parallelism[0])]
         for par in args.parallelism:
             t, ro = best[("table", par)], best[("read-only", par)]
@@ -183,6 +184,14 @@ def main() -> None:
                   f"{t / raw:.2f} x raw), read-only {ro:,.0f} rows/s ({ro / raw:.2f} x raw): "
                   f"read-only = {ro / t:.2f} x the watermark table")
         print(f"load average after: {os.getloadavg()}")
+    results.write("mysql_snapshot", {
+        "server": args.server, "rows": args.rows, "updates_per_s": args.updates,
+        "raw_select_rows_per_s": round(raw),
+        "runs": {f"{w} p{p}": rs for (w, p), rs in runs.items()},
+        "best_rows_per_s": {f"{w} p{p}": round(b) for (w, p), b in best.items()},
+        "read_only_over_table": {f"p{p}": round(best[("read-only", p)] / best[("table", p)], 3)
+                                 for p in args.parallelism},
+    })
 
 
 if __name__ == "__main__":

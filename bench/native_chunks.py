@@ -1,4 +1,4 @@
-"""Benchmark: a chunk read by the SQL fast path vs by the native encoder (issue 16).
+"""Benchmark: a chunk read by the SQL fast path vs by the native encoder.
 
 Against one throwaway PostgreSQL with a table shaped like bench/snapshot.py's (``id
 bigint PRIMARY KEY, a int, b text, c numeric(12,2), d timestamptz, n int``; every 97th
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psycopg
 
+import results
 from pydblog.config import Config
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.events import EncodedChunk
@@ -137,6 +138,8 @@ def main() -> None:
             cluster_cpu.measure("(n0) the encoder alone, COPY text in memory", rows, encode_only, base)
         reader.close()
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    results.write("native_chunks", {"rows": rows, "chunk": size,
+                                    "measurements": cluster_cpu.MEASURED})
 
 
 if __name__ == "__main__":

@@ -44,14 +44,10 @@ from typing import Any
 
 import psycopg
 
+import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PASSWORD, SUPERUSER, PgCluster
 from pydblog.devtools.proc import cpu_seconds
-
-try:  # bench/results.py: raw results under bench/results/
-    import results  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # pragma: no cover - an older tree
-    results = None
 
 DEBEZIUM = "3.6.1.Final"
 CACHE = Path(os.environ.get("PYDBLOG_MAVEN_CACHE", "/var/cache/pydblog/maven")) / "debezium-3.6.1"
@@ -374,8 +370,7 @@ def main() -> None:
                       f"p99 {r.get('p99_ms', float('nan'))} ms ({r['records']} events)")
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     figures["load_average_end"] = os.getloadavg()[0]
-    if results is not None:
-        results.write("peers", figures)
+    results.write("peers", figures)
     print(f"work directory (logs): {work}")
 
 

@@ -52,6 +52,7 @@ from pathlib import Path
 import orjson
 import psycopg
 
+import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.proc import cpu_seconds, peak_rss_kb, thread_cpu
@@ -166,7 +167,8 @@ def run_snapshot(
     dsn: str, rows: int, work: Path, extra: str, label: str, copy: float,
     profile: Path | None = None, trace: Path | None = None, keys: str = "dense",
     gil: bool = False, rate: int = 1000,
-) -> None:
+) -> dict[str, float]:
+    """Runs one variant's snapshot and prints its figures; returns them for the results."""
     name = re.sub(r"[^a-z0-9_]", "_", label.lower())
     # "env NAME=value" lines set the process's environment, not [snapshot]
     env = dict(os.environ)
@@ -307,6 +309,16 @@ def run_snapshot(
     if trace:
         report_trace(label, trace_file, t_first)
     shutil.rmtree(data, ignore_errors=True)
+    return {
+        "rows_per_s": round(snap_rows / elapsed), "x_raw_copy": round(snap_rows / elapsed / copy, 3),
+        "dblog_run_cpu_us_per_row": round(cpu * 1e6 / max(snap_rows, 1), 2),
+        "postgres_cpu_us_per_row": round(server * 1e6 / max(snap_rows, 1), 2),
+        "postgres_cpu_us_per_row_without_updater": round(
+            (server - updates) * 1e6 / max(snap_rows, 1), 2),
+        "lag_p50_ms": round(p50, 1), "lag_p99_ms": round(p99, 1),
+        "lag_max_ms": round(lag[-1], 1) if lag else float("nan"),
+        "peak_rss_mb": round(rss / 1024),
+    }
 
 
 def report_gil(label: str, path: Path, elapsed: float, rows: int) -> None:
@@ -435,6 +447,7 @@ def main() -> None:
             f"(a) COPY TO STDOUT as raw bytes: {copy:,.0f} rows/s (client CPU {copy_cpu:.2f} us/row, "
             f"PostgreSQL CPU {copy_server:.2f} us/row)"
         )
+        measured: dict[str, dict[str, float]] = {}
         try:
             for label, extra in variants.items():
                 if not args.only or label in args.only:
@@ -442,13 +455,22 @@ def main() -> None:
                         if standby is None:
                             raise SystemExit(f"variant {label} reads from the standby: add --standby")
                         extra = extra.replace("{standby}", standby.dsn("bench"))
-                    run_snapshot(dsn, args.rows, work, extra, label, copy, args.profile,
-                                 args.trace, args.keys, args.gil, args.updates_per_s)
+                    measured[label] = run_snapshot(
+                        dsn, args.rows, work, extra, label, copy, args.profile, args.trace,
+                        args.keys, args.gil, args.updates_per_s)
         finally:
             if standby is not None:
                 standby.stop()
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
     shutil.rmtree(work, ignore_errors=True)
+    results.write("snapshot", {
+        "rows": args.rows, "keys": args.keys, "updates_per_s": args.updates_per_s,
+        "variants": {label: variants[label].strip() for label in measured},
+        "a_raw_copy_rows_per_s": round(copy),
+        "a_raw_copy_client_cpu_us_per_row": round(copy_cpu, 2),
+        "a_raw_copy_postgres_cpu_us_per_row": round(copy_server, 2),
+        "b": measured,
+    })
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 import orjson
 import psycopg
 
+import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.proc import cpu_seconds
@@ -56,7 +57,8 @@ def copy_all(dsn: str, tables: int, rows: int) -> float:
     return n / elapsed
 
 
-def run_variant(dsn: str, work: Path, label: str, extra: str, total: int, copy: float) -> None:
+def run_variant(dsn: str, work: Path, label: str, extra: str, total: int,
+                copy: float) -> dict[str, float]:
     name = re.sub(r"[^a-z0-9_]", "_", label.lower())
     data = work / f"{name}-data"
     config = work / f"{name}.toml"
@@ -116,6 +118,13 @@ def run_variant(dsn: str, work: Path, label: str, extra: str, total: int, copy: 
         f"us/row; at most {most} tables being read at once"
     )
     shutil.rmtree(data, ignore_errors=True)
+    return {
+        "seconds_from_signal": round(end - t0, 2), "rows_per_s": round(snap / elapsed),
+        "x_raw_copy": round(snap / elapsed / copy, 3),
+        "dblog_run_cpu_us_per_row": round(cpu * 1e6 / snap, 2),
+        "postgres_cpu_us_per_row": round(server * 1e6 / snap, 2),
+        "most_tables_at_once": most,
+    }
 
 
 def main() -> None:
@@ -151,11 +160,15 @@ def main() -> None:
         copy = copy_all(dsn, args.tables, args.rows)
         print(f"(a) COPY TO STDOUT of {args.tables} tables x {args.rows:,} rows as raw bytes: "
               f"{copy:,.0f} rows/s")
-        for label, extra in variants.items():
-            if not args.only or label in args.only:
-                run_variant(dsn, work, label, extra, total, copy)
+        measured = {label: run_variant(dsn, work, label, extra, total, copy)
+                    for label, extra in variants.items() if not args.only or label in args.only}
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
     shutil.rmtree(work, ignore_errors=True)
+    results.write("snapshot_tables", {
+        "tables": args.tables, "rows_per_table": args.rows,
+        "variants": {label: variants[label].strip() for label in measured},
+        "a_raw_copy_rows_per_s": round(copy), "b": measured,
+    })
 
 
 if __name__ == "__main__":

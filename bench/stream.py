@@ -49,15 +49,11 @@ import psycopg
 import psycopg2
 import psycopg2.extras
 
+import results
 from pydblog.api.capture import read_api_address
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.proc import cpu_seconds, cpu_since, family_cpu, peak_rss_kb, thread_cpu
-
-try:  # bench/results.py: raw results under bench/results/
-    import results  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # pragma: no cover - an older tree
-    results = None
 
 
 def load(dsn: str, rows: int, txs: int) -> None:
@@ -285,6 +281,7 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
             "bare_loop_events_per_s": round(raw), "pg_recvlogical_events_per_s": round(recv),
             "pg_recvlogical_cpu_us_per_event": round(recv_cpu, 3),
             "dblog_events_per_s": round(e2e), "ratio_to_pg_recvlogical": round(e2e / recv, 3),
+            "dblog_events_per_s_with_process_start": round(whole),
             "ratio_to_bare_loop": round(e2e / raw, 3),
             "dblog_cpu_us_per_event": round((dblog_cpu - first[2]) * 1e6 / counted, 3),
             "dblog_cpu_us_per_event_by_thread": {k: round(v, 3) for k, v in per_thread.items()},
@@ -352,8 +349,7 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
             "latency_p99_ms": round(p99, 2), "peak_rss_mb": round(rss / 1024),
         })
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
-    if results is not None:
-        results.write("stream", figures)
+    results.write("stream", figures)
     os.system(f"rm -rf {work}")
 
 

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import results
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -95,7 +97,7 @@ def main() -> None:
         shutil.rmtree(work / "log", ignore_errors=True)
         write_load(work / "log", SyntheticLoad(seed=1), args.events, chunk=50_000)
         os.sync()
-    results: dict[str, list[tuple[float, float]]] = {n: [] for n in variants}
+    measured: dict[str, list[tuple[float, float]]] = {n: [] for n in variants}
     cmd = [sys.executable, "-u", __file__, "--child", "--workdir", str(work),
            "--events", str(args.events), "--master", args.master,
            "--max-events-per-trigger", str(args.max_events_per_trigger), "x"]
@@ -109,11 +111,11 @@ def main() -> None:
                 print(f"round {r} {name}: failed\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
                 continue
             run = (float(m.group(1)), float(m.group(2)))
-            results[name].append(run)
+            measured[name].append(run)
             print(f"round {r} {name}: first query {run[0]:.2f}s "
                   f"({args.events / run[0]:,.0f} events/s), first batch in foreachBatch "
                   f"after {run[1]:.2f}s", flush=True)
-    for name, runs in results.items():
+    for name, runs in measured.items():
         if not runs:
             continue
         secs = [s for s, _ in runs]
@@ -121,6 +123,15 @@ def main() -> None:
         print(f"{name}: median {med:.2f}s = {args.events / med:,.0f} events/s "
               f"(min {min(secs):.2f}s, max {max(secs):.2f}s, {len(secs)} runs); "
               f"first batch in foreachBatch median {statistics.median(b for _, b in runs):.2f}s")
+    results.write("sync_first_query", {
+        "events": args.events, "master": args.master,
+        "max_events_per_trigger": args.max_events_per_trigger,
+        "variants": variants,
+        "first_query_seconds": {n: [s for s, _ in rs] for n, rs in measured.items()},
+        "first_batch_seconds": {n: [b for _, b in rs] for n, rs in measured.items()},
+        "median_events_per_s": {n: round(args.events / statistics.median(s for s, _ in rs))
+                                for n, rs in measured.items() if rs},
+    })
 
 
 if __name__ == "__main__":

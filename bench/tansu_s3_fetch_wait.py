@@ -10,7 +10,7 @@ checkpoint topic: before a restart there was nothing to read yet).
 
     .venv/bin/python bench/tansu_s3_fetch_wait.py
 
-Output on the test machine (2026-11-23):
+Output on the test machine:
     s3, fetch.wait.max.ms=5: 0 records and no end of partition in 10 s
     s3, fetch.wait.max.ms=500: 5 records, then end of partition at 10
     memory, fetch.wait.max.ms=5: 5 records, then end of partition at 10

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psycopg
 
+import results
 from pydblog.changelog import log_exists, open_reader
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.proc import peak_rss_kb
@@ -106,6 +107,7 @@ def main() -> None:
     args = ap.parse_args()
     cluster = PgCluster().start()
     root = Path(tempfile.mkdtemp(prefix="dblog-unsettled-"))
+    figures: dict[str, dict[str, float]] = {}
     try:
         for paused in (False, True)[args.only_paused:]:
             name = f"db_{int(paused)}"
@@ -124,12 +126,17 @@ def main() -> None:
             print(f"{what:>16}: peak RSS {before / 1024:7.1f} MiB before the updates, "
                   f"{after / 1024:7.1f} MiB after ({args.updates} x {args.width} B, "
                   f"watermark {args.watermark}, load {os.getloadavg()[0]:.1f})", flush=True)
+            figures[what] = {"peak_rss_mib_before": round(before / 1024, 1),
+                             "peak_rss_mib_after": round(after / 1024, 1)}
     finally:
         cluster.stop()
         if not os.environ.get("KEEP"):
             subprocess.run(["rm", "-rf", str(root)], check=False)
         else:
             print(f"kept {root}")
+    results.write("unsettled_rss", {"updates": args.updates, "width_bytes": args.width,
+                                    "rows": args.rows, "watermark": args.watermark,
+                                    "peak_rss": figures})
 
 
 if __name__ == "__main__":

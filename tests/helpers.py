@@ -1,7 +1,7 @@
 """Test helpers shared by the integration suites: run `dblog` as a real process,
 read its change log, materialize it, and read the source tables the same way.
 
-The oracle (architecture invariant 2): replaying the change log (c/u/r upsert
+The oracle (invariant 2 of docs/architecture.md): replaying the change log (c/u/r upsert
 ``after``, d delete, t truncate) must give each source table's content.
 """
 

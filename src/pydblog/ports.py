@@ -1,6 +1,6 @@
 """The small interfaces the parts of pydblog talk through.
 
-Commit order (the correctness contract, invariant 5 of the architecture):
+Commit order (the correctness contract, invariant 5 of docs/architecture.md):
 
 1. ``ChangeLogWriter.append(events, checkpoint)`` commits the events *and* the
    checkpoint that describes them (source position, snapshot progress) atomically

@@ -32,10 +32,9 @@ The budget chose this split: the Kafka scenarios of the default run take about 2
 minutes (``--durations``: the ones added to the former seven 60-80 s with the machine
 idle or loaded, the largest ``test_stop_pause_resume_then_new_snapshot`` at ~19 s), plus
 11-16 s for ``test_resume_elsewhere`` (PostgreSQL; MariaDB and MySQL 5.7 are ``slow``). The
-scenarios left to ``PYDBLOG_KAFKA_ALL`` passed on both Kafka harnesses when this was
-written. Session 12's CI took 25.5 min with all of the above, so two Kafka scenarios
-went back to ``PYDBLOG_KAFKA_ALL`` (~25 s): stop/pause/resume (its notifications on a
-Kafka log are also ``tests/kafka/test_signals.py``, through the signal topic) and the
+scenarios left to ``PYDBLOG_KAFKA_ALL`` pass on both Kafka harnesses. With all of the
+above CI took ~25 min, so two Kafka scenarios went back to ``PYDBLOG_KAFKA_ALL`` (~25 s):
+stop/pause/resume (its notifications on a Kafka log are also ``tests/kafka/test_signals.py``, through the signal topic) and the
 short soak (kill -9s under load on Kafka: ``test_soak_long[postgres+kafka]`` with ``-m
 slow``, and ``tests/kafka/test_capture.py::test_kill9_during_load`` and
 ``tests/kafka/test_resume_elsewhere.py`` by default).

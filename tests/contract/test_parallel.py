@@ -149,8 +149,8 @@ def test_parallel_chunks_survive_kill9_at_random_points(
         from tests.contract.test_read_only import read_only  # (it imports this module)
 
         h = read_only(h)  # MySQL: a capture user that cannot write; the signal table made
-    # 600k rows on PostgreSQL: at 120k a quiet machine finished the snapshot before the
-    # first kill (session 12: the native chunk and stream paths).
+    # 600k rows on PostgreSQL: with the native chunk and stream paths a quiet machine
+    # finished a 120k-row snapshot before the first kill.
     rows, chunk = sized(h, 600_000, 512)
     big_table(h, rows)
     rng = random.Random(watermark)

@@ -240,8 +240,8 @@ def test_stop_pause_resume_then_new_snapshot(harness: Harness, tmp_path: Path) -
         harness.signal(sid(), "stop-snapshot",
                        {"data-collections": [q(harness, "s2")], "type": "incremental"})
         cap.wait_notification("ABORTED", after=mark)
-        # s2 was the snapshot's last table: its own end, ABORTED under its id (review13
-        # C1: before, the stop's ABORTED alone, and `dblog snapshot --wait` hung)
+        # s2 was the snapshot's last table: its own end, ABORTED under its id (not only
+        # the stop's ABORTED, on which `dblog snapshot --wait` would hang)
         events = cap.wait_notification("ABORTED", after=mark, signal_id=first)
         ends = [e["notification"] for e in events if e["op"] == "n"
                 and e["notification"]["signal_id"] == first

@@ -789,7 +789,7 @@ def _items_until(source: PgLogSource, items: Iterator[Any], pred: Callable[[Any]
 def test_a_reset_logged_on_the_old_primary_around_the_promotion_is_logged_again(
     pair: Pair, tmp_path: Path, publication: str
 ) -> None:
-    """In process, with ``primary_dsn`` (review13b finding 2): a captured table dropped
+    """In process, with ``primary_dsn``: a captured table dropped
     on the primary (replayed), then the standby cut off from the primary's WAL (an
     asynchronous failover), then a heartbeat's ``refresh_tables``: the standby is still
     in recovery, so it logs the table's GONE reset on the old primary, and hands on

@@ -189,7 +189,7 @@ def test_a_change_log_deleted_while_its_state_file_remains(pg_db: str, tmp_path:
     """The change log deleted (or replaced) while `[log] path` keeps state.json: resuming
     at state.json's position would write into an empty log that lacks every event before
     it, and `mode = "initial"` would take no snapshot (its flag is in the checkpoint).
-    The start is refused, naming both and the fix (audit13 F2)."""
+    The start is refused, naming both and the fix."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
         conn.execute("INSERT INTO t SELECT generate_series(1, 5)")

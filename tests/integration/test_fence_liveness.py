@@ -77,7 +77,7 @@ def test_a_restarted_snapshot_finishes_while_an_undelivered_transaction_stays_op
 def test_a_snapshot_with_a_synchronous_standby_finishes_while_a_session_idles_in_a_transaction(
     sync_db: str, tmp_path: Path, watermark: str  # noqa: F811 - the fixture
 ) -> None:
-    """Review finding H: with ``synchronous_standby_names`` set, a start's first read
+    """With ``synchronous_standby_names`` set, a start's first read
     resolves what the stream delivered before it conservatively (every transaction
     running and unseen), and an idle-in-transaction session's xid held every later floor
     until the session ended. It was never delivered: a backend idle in its transaction

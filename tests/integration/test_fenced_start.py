@@ -6,8 +6,8 @@ before the table joined the publication, or before the slot) come only from the
 snapshot, so the max key must see them. With a synchronous standby a commit can be
 decoded (its record flushed) yet stay invisible while it waits for the standby's
 acknowledgement; a max key read meanwhile misses its rows. Read-only snapshots read the
-start fenced (d8ee12b: a lagging hot standby); watermark snapshots (the default) read
-it plainly and lost those rows for good.
+start fenced (for a lagging hot standby); watermark snapshots (the default) read it
+fenced too: read plainly, they would lose those rows for good.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class _Source:
 
 
 def _escape(mark: Path) -> str:
-    """SQL that leaves the READ ONLY transaction and writes (as the reviewer's repro)."""
+    """SQL that leaves the READ ONLY transaction and writes (a user's filter can try)."""
     return (f"COMMIT; CREATE TABLE pwned AS SELECT 1 AS x; DELETE FROM victim WHERE id = 2; "
             f"COPY (SELECT 'owned') TO PROGRAM 'touch {mark}'; BEGIN READ ONLY")
 

@@ -1,4 +1,4 @@
-"""One row identity per table on every path (issue 12, item 3), against a real
+"""One row identity per table on every path, against a real
 PostgreSQL through `dblog run` and signals: stream events, snapshot rows and deletes
 carry the same key, and the materialized log equals the table keyed by it."""
 

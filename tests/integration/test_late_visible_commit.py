@@ -12,7 +12,7 @@ a few microseconds there); a synchronous standby that never answers makes it as 
 as the test wants, so this test forces it every time: one UPDATE waits for the standby
 (decoded, logged, invisible) while the snapshot reads its key, then is released.
 A blocking snapshot read during such a wait, with the stream paused after the commit
-(no L orders the read), is fenced too (98bf20c):
+(no L orders the read), is fenced too:
 ``test_blocking_snapshot_during_a_commit_held_for_a_synchronous_standby``.
 """
 
@@ -132,9 +132,9 @@ def test_blocking_snapshot_during_a_commit_held_for_a_synchronous_standby(
     another is decoded and logged but waits for a synchronous standby that is not
     connected (invisible). The paused stream never delivers it again, so an unfenced
     blocking read that misses it lands the older rows after its events for good (the
-    deleted row back). Fenced (98bf20c), the read cannot decide while the commit waits and
-    is read again once ``synchronous_standby_names`` is cleared (which releases it).
-    Failed with 98bf20c's core change reverted."""
+    deleted row back). Fenced, the read cannot decide while the commit waits and is read
+    again once ``synchronous_standby_names`` is cleared (which releases it). Fails when
+    blocking reads are not fenced."""
     h = PgHarness(sync_db)
     h.execute(
         "CREATE TABLE lv (id int PRIMARY KEY, v text, n int)",

@@ -1,4 +1,4 @@
-"""Partitioned tables are captured under the parent's name (issue 12, item 2), against a
+"""Partitioned tables are captured under the parent's name, against a
 real PostgreSQL through `dblog run`: stream and snapshot events name ``public.orders``
 (publish_via_partition_root), leaves are not listed separately, rows moving between
 partitions and partitions created after start are covered, and the log materializes to

@@ -1,4 +1,4 @@
-"""A table dropped and created again under the same name (issue 12, the hunt), against a
+"""A table dropped and created again under the same name, against a
 real PostgreSQL through `dblog run`: the old table's rows must leave the materialized
 log (a truncate in stream order, before the new table's first event), and the new
 table's rows written before it joined the publication must arrive (its snapshot starts
@@ -311,7 +311,7 @@ def test_table_recreated_in_a_for_all_tables_publication(pg_db: str, tmp_path: P
 def test_table_newly_captured_at_a_restart_in_a_for_all_tables_publication(
     pg_db: str, tmp_path: Path
 ) -> None:
-    """review13 P1. An existing table with rows that a restart captures for the first
+    """An existing table with rows that a restart captures for the first
     time (the `tables` setting widened; another one that gained a primary key while
     dblog was down) with mode = "initial": its rows are in no event, so it is reset
     (JOINED) and snapshotted, in a FOR ALL TABLES publication as in a FOR TABLE one

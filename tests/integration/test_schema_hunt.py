@@ -1,4 +1,4 @@
-"""The next bugs of the family (issue 12, the hunt), against a real PostgreSQL through
+"""Schema shapes that break naive capture, against a real PostgreSQL through
 `dblog run` and signals: domains and enums as keys, quoted case-sensitive identifiers,
 very wide rows, generated columns, REPLICA IDENTITY NOTHING. Each table is snapshotted
 in small chunks while it is written to, and the log must materialize to it."""

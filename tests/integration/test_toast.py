@@ -1,4 +1,4 @@
-"""Unchanged TOAST never loses a value (issue 12, item 1), against a real PostgreSQL
+"""Unchanged TOAST never loses a value, against a real PostgreSQL
 through `dblog run`: materializing the log (keeping the previous value of every
 ``unchanged`` column) gives the table byte for byte, the TOASTed column included, when
 the only event of a key carries the placeholder: a partial UPDATE inside a chunk's

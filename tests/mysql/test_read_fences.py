@@ -135,10 +135,10 @@ def test_gtid_mode_off_is_refused_naming_the_setting(tmp_path: Any) -> None:
 def test_blocking_reads_fall_back_unfenced_when_gtid_mode_is_lowered(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Review 15 F2 on a server: gtid_mode ON at the capture's start (blocking reads
-    fenced), then stepped down online. The blocking read failed with the read-only
-    mode's error (the table REJECTED after max_attempts); it is read unfenced now, with
-    a warning naming blocking snapshots, the cause and the fix."""
+    """On a server: gtid_mode ON at the capture's start (blocking reads
+    fenced), then stepped down online. The blocking read is read unfenced, with a
+    warning naming blocking snapshots, the cause and the fix, not failed with the
+    read-only mode's error (the table REJECTED after max_attempts)."""
     require_mysql57()
     with MySQL57(server_id=8) as s:
         s.execute("CREATE DATABASE d")

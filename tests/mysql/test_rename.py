@@ -60,7 +60,7 @@ def test_rename_column_names_no_table() -> None:
 
 @pytest.mark.parametrize("server", ["mariadb"], indirect=True)
 def test_ddl_that_is_no_drop_or_rename(server: TestServer, db: str, tmp_path: Path) -> None:
-    """Review s11: none of these truncated a table before 0a8e021's fix was fixed:
+    """None of these is a drop or a rename, so none truncates a table:
     - a string literal holding "rename x" (ALTER TABLE ... COMMENT) is no rename;
     - the server's own ``DROP /*!40005 TEMPORARY */ TABLE IF EXISTS`` of a session's
       temporary table shadowing a captured one (statement format, at its disconnect);

@@ -32,7 +32,7 @@ def test_one_tls_context_and_the_same_tls(server: Server, db: str) -> None:
         # TLS wherever pymysql alone uses it (MySQL 5.7 makes its own certificates).
         assert _cipher(a) == _cipher(b) == _cipher(alone)
         assert bool(_cipher(a)) == (type(server).__name__ == "MySQL57")
-        reader.captured_tables()  # the table listing's own connection (3f5ff64) too
+        reader.captured_tables()  # the table listing's own connection too
         assert reader._catalog.ctx is a.ctx
         assert reader._connection().ctx is a.ctx  # and the chunk reads' connection
         run_sql(server, db, "INSERT INTO t VALUES (1)")  # and the binlog dump's

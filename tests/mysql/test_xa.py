@@ -1,11 +1,10 @@
 """XA transactions in the binlog (MariaDB 10.11 and MySQL 5.7).
 
 An XA transaction's rows are written to the binlog at ``XA PREPARE`` but commit (or
-vanish) only at a later, separate ``XA COMMIT`` / ``XA ROLLBACK`` group. pydblog used to
-log them at the PREPARE as committed: a rolled-back XA transaction left phantom rows in
-the change log, and a snapshot chunk read between PREPARE and COMMIT logged the old row
-after the new one (review E). Now the source holds a prepared transaction's rows (in the
-checkpoint too) and logs them at its ``XA COMMIT`` group, as one transaction there, or
+vanish) only at a later, separate ``XA COMMIT`` / ``XA ROLLBACK`` group. Logged at the
+PREPARE as committed, a rolled-back XA transaction would leave phantom rows in the change
+log, and a snapshot chunk read between PREPARE and COMMIT would log the old row after
+the new one. So the source holds a prepared transaction's rows (in the checkpoint too) and logs them at its ``XA COMMIT`` group, as one transaction there, or
 drops them at its ``XA ROLLBACK`` (``sources.mysql.xa``). The oracle: materialize the log
 and compare it with the tables, every column.
 """
@@ -70,7 +69,7 @@ def _prepare(cur: Any, xid: str, *statements: str) -> None:
 
 
 def test_xa_commit_and_rollback_are_exact(server: Server, db: str, tmp_path: Path) -> None:
-    """Review E, repro 1 (PREPARE then ROLLBACK: before, '1 extra, 1 differ'), and a
+    """PREPARE then ROLLBACK (logged at the PREPARE: '1 extra, 1 differ'), and a
     committed one interleaved with ordinary transactions: the rolled-back rows are never
     logged; the committed ones are logged at the XA COMMIT, after what committed between
     PREPARE and COMMIT, as one transaction there (one GTID); an xid with bqual and
@@ -119,10 +118,10 @@ def test_xa_commit_and_rollback_are_exact(server: Server, db: str, tmp_path: Pat
 def test_snapshot_chunk_between_prepare_and_commit(
     server: Server, db: str, tmp_path: Path, watermark: str
 ) -> None:
-    """Review E, repro 2: a chunk read while an UPDATE is prepared reads the old row
+    """A chunk read while an UPDATE is prepared reads the old row
     (prepared changes are invisible); the UPDATE is logged at its XA COMMIT, after the
-    chunk's window, so the log ends with the new row. Before: the UPDATE was logged at
-    the PREPARE and the chunk's old row after it, for good."""
+    chunk's window, so the log ends with the new row (logged at the PREPARE, the chunk's
+    old row would follow it, for good)."""
     inner = MariaHarness(server, db)
     h = ReadOnlyUser(inner) if watermark == "read-only" else inner
     inner.execute(T1, "INSERT INTO t1 VALUES (1, 'old', 1), (2, 'old', 2), (3, 'old', 3)")
@@ -294,7 +293,7 @@ def _big_prepare(xa: Any, xid: str, rows: int) -> None:
 def test_held_rows_over_the_limit_stop_capture_loudly(
     server: Server, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Review s11 F1: every checkpoint carries a prepared XA transaction's rows, so their
+    """Every checkpoint carries a prepared XA transaction's rows, so their
     encoded size is bounded (``PYDBLOG_XA_MAX_HELD_BYTES``): above it capture stops with a
     SourceError naming the xid, the size and the fix, instead of writing ever larger
     checkpoints; with the limit raised, a restart re-reads the PREPARE and the XA COMMIT
@@ -325,9 +324,9 @@ def test_held_rows_over_the_limit_stop_capture_loudly(
 def test_held_rows_over_a_kafka_message_stop_capture_loudly(
     server: Server, db: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """Review s11 F1 with the Kafka change log: 8,000 held rows (~1.5 MB of checkpoint)
-    made every commit fail (message too large) and stalled capture silently; now the
-    default limit stops it at the PREPARE with the SourceError."""
+    """The same with the Kafka change log: 8,000 held rows (~1.5 MB of checkpoint) would
+    make every commit fail (message too large) and stall capture silently; the default
+    limit stops it at the PREPARE with the SourceError."""
     pytest.importorskip("confluent_kafka", reason="pip install 'pydblog[kafka]'")
     from tests.kafka.conftest import kafka_log_toml
 

@@ -690,7 +690,7 @@ class Sim:
             schema, name = req.table.split(".")
             info = TableInfo(schema, name, ("id", "v", "t"), ("int", "int", "text"), ("id",))
             fence = self.fence() if req.fenced else None
-            # a blocking start too (fenced since session 13): it read without the
+            # a blocking start too (fenced): it read without the
             # invisible early transactions, which may become visible from now on
             self.fenced_reads += fence is not None and req.kind is SnapshotKind.BLOCKING
             self.emit(self.core.on_table_started(req.id, info, top, fence=fence))
@@ -1028,8 +1028,8 @@ def assert_notifications_in_order(
 def assert_one_end_per_snapshot(sim: Sim) -> None:
     """Once the core is idle: every snapshot (a STARTED under a signal id) has exactly
     one end under its own id, COMPLETED or (a stop removed its last tables) ABORTED,
-    whatever other snapshots shared its lane (before d547f91 only the lane's last one
-    got its COMPLETED; before review13 C1 a stop left a snapshot with none). A stop's
+    whatever other snapshots shared its lane (not only the lane's last one; a stop
+    never leaves a snapshot with none). A stop's
     own ABORTED (under the stop's id) ends nothing. ``initial`` may start again once
     ended; a STARTED of it while it runs adds tables to the same snapshot."""
     stops = {item.id for txn in sim.log for item in txn
@@ -1118,8 +1118,8 @@ def run(
 
 
 # No shrinking in the default run: an example runs 0.2-3 s, and hypothesis shrinks for up
-# to 5 min (then explains), so a failure found in CI (session 13: seeds 6 and 8 of the
-# re-create step) timed out at pytest's 300 s before it was reported. Unshrunk, the
+# to 5 min (then explains), so a failure found in CI would time out at pytest's 300 s
+# before it is reported. Unshrunk, the
 # failing example is reported at once, with its draws and a @reproduce_failure blob
 # (``print_blob``); shrink it locally with PYDBLOG_PROPERTY_SHRINK=1 (and --timeout 1800),
 # or by the ``*_long`` tests (``pytest -m slow``), which shrink.
@@ -1226,7 +1226,7 @@ def test_concurrent_windows_long(data: st.DataObject, mode: str) -> None:
 @pytest.mark.parametrize("mode", [
     "watermarks", "read-only",
     pytest.param("late", marks=pytest.mark.xfail(reason=(
-        "known bug, not fixed (session 11): slices of fenced watermark windows with late "
+        "known bug, not fixed: slices of fenced watermark windows with late "
         "visible commits; after ~400 examples a table materializes differently (slices "
         "are off by default, PYDBLOG_SLICE_ROWS=0)"), strict=False)),
 ])

@@ -73,7 +73,7 @@ def test_close_ends_the_worker_threads(tmp_path: Path) -> None:
 
 
 def test_after_a_read_that_could_not_decide_the_next_request_waits(tmp_path: Path) -> None:
-    """Review finding K: an inconclusive read (an uncovered fenced start or chunk) is
+    """An inconclusive read (an uncovered fenced start or chunk) is
     not followed by the next request at once (``core.retry``)."""
     d, reader = _driver(tmp_path)
     d.core._read_again = 1  # as if the last read could not decide
@@ -85,7 +85,7 @@ def test_after_a_read_that_could_not_decide_the_next_request_waits(tmp_path: Pat
 
 
 def test_a_blocking_snapshot_backs_off_after_a_read_that_could_not_decide(tmp_path: Path) -> None:
-    """Fenced blocking reads (98bf20c) are read again while they cannot decide (a
+    """Fenced blocking reads are read again while they cannot decide (a
     delivered commit still waits for a synchronous standby): ``run_blocking`` waits
     between them as ``submit_next`` does, instead of a tight loop of reads."""
     import json

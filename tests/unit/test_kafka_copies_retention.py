@@ -1,7 +1,7 @@
 """``KafkaChangeLog._copies`` reads back below a commit's first offset for records of
 its own session; where retention deleted the partition's start, that read begins at
-the partition's low watermark (review14 R2: it began at the last valid commit's end,
-the consumer failed on the deleted offset, and every restart replayed the same stop)."""
+the partition's low watermark, not at the last valid commit's end (there the consumer
+would fail on the deleted offset, and every restart would replay the same stop)."""
 
 from __future__ import annotations
 

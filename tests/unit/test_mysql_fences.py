@@ -107,10 +107,10 @@ BLOCKING = json.dumps({"data-collections": ["public\\.t"], "type": "blocking"})
 
 @pytest.mark.parametrize("gtids", [None, f"{U}:1-50"])
 def test_fenced_blocking_floor_without_gtid_state_does_not_stall(gtids: str | None) -> None:
-    """Review 15 F1: a blocking snapshot queued at a position without GTID state (a
+    """A blocking snapshot queued at a position without GTID state (a
     legacy checkpoint, a capture begun with gtid_mode = OFF) has a floor no GTID fence
-    can judge: every table start was read again forever while the stream stayed paused.
-    Such a floor is not fenced (as before fencing: a warning says so)."""
+    can judge: fenced, every table start would be read again forever while the stream
+    stays paused. Such a floor is not fenced (a warning says so)."""
     core = SnapshotCore(CoreSettings(chunk_size=4, fenced_blocking=True), instance="t")
     state = None if gtids is None else MySqlGtidSet.parse(gtids)
     pos = BinlogPosition("binlog.000003", 1000, 2, None if state is None else f"{U}:51", state)
@@ -170,10 +170,10 @@ class _Cursor:
 def test_a_blocking_read_after_gtid_mode_was_lowered_falls_back_unfenced(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Review 15 F2: gtid_mode lowered from ON at runtime (``fences_blocking_reads``
-    said yes at the start). A blocking read failed with the read-only mode's message and
-    the table ended REJECTED; it is now read unfenced, as a capture begun without GTIDs
-    reads, with a warning naming blocking snapshots, the cause and the fix. Read-only
+    """gtid_mode lowered from ON at runtime (``fences_blocking_reads`` said yes at the
+    start). A blocking read is read unfenced, as a capture begun without GTIDs reads,
+    with a warning naming blocking snapshots, the cause and the fix (not failed with the
+    read-only mode's message, the table ending REJECTED). Read-only
     (and fenced watermark) chunks still need GTIDs."""
     monkeypatch.setattr(fenced, "_warned", False)
     cur = _Cursor("ON_PERMISSIVE")

@@ -78,8 +78,9 @@ def test_semisync_warning_without_gtids(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
     variables: dict[str, str], warned: bool,
 ) -> None:
-    """Review 15 F3: only ``rpl_semi_sync_master_enabled`` was looked up, so MySQL
-    8.0.26+'s ``semisync_source`` plugin (and 8.4's only name) never warned."""
+    """Every name of the semi-sync source variable is looked up, not only
+    ``rpl_semi_sync_master_enabled``: MySQL 8.0.26+'s ``semisync_source`` plugin (and
+    8.4's only name) warns too."""
     reader = _reader(monkeypatch, {"gtid_mode": "OFF", **variables})
     with caplog.at_level(logging.WARNING):
         assert reader.fences_blocking_reads() is False

@@ -80,7 +80,7 @@ def test_an_unknown_or_old_reset_is_always_yielded() -> None:
 
 
 def test_copies_of_many_resets_after_their_originals_are_all_skipped() -> None:
-    """review14 R1: more resets kept at an open than any bounded memory of ids come back
+    """More resets kept at an open than any bounded memory of ids come back
     (``pg_restore --clean`` of a 40-table schema: 40 GONE, then 40 RECREATED, a reopen
     while the stream is behind): the originals come back, then every copy. No copy is
     yielded: a GONE copy after its table's RECREATED would truncate the mirror's rows

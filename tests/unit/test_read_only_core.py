@@ -279,7 +279,7 @@ def test_after_a_start_only_committing_transactions_are_in_doubt() -> None:
 
 
 def test_after_a_restart_an_open_transaction_never_delivered_does_not_hold_the_lost_events() -> None:
-    """Review finding I: lost events (held before a restart) are judged by their own
+    """Lost events (held before a restart) are judged by their own
     xids, not by ``xmin``. Tx 5 is idle in transaction (it holds ``xmin`` at 5 for as
     long as it lives) and was never delivered; a read that misses a lost one (tx 11)
     cannot decide, the next, seeing tx 10 and 11 but not 5, does. (Fenced watermark
@@ -321,7 +321,7 @@ def test_lost_transactions_are_judged_by_their_ids_or_their_range() -> None:
 
 
 def test_a_fence_requested_before_a_floor_or_a_clear_does_not_judge_it() -> None:
-    """Review finding J: a fence's running xids were taken when its read ran; a
+    """A fence's running xids were taken when its read ran; a
     transaction that got its xid after that, was delivered, and still waits for a
     synchronous standby is in no doubt set of that fence. Such a fence must not drop a
     floor taken after its request (nor resolve what ``Delivered`` forgot after it)."""

@@ -1,6 +1,6 @@
 """Which checkpoint capture resumes from (``runner.resume_from``): the change log's,
 unless the local state file is newer, which means the log is not the one that capture
-wrote or lost commits (audit13 F2): refused, never a silent gap."""
+wrote or lost commits: refused, never a silent gap."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_the_kafka_log_is_named(tmp_path: Path) -> None:
 
 
 def test_an_older_log_of_a_mysql_source_may_drop_the_state_file(tmp_path: Path) -> None:
-    """review15 F4: acknowledging a MySQL/MariaDB source discards nothing (the binlog
+    """Acknowledging a MySQL/MariaDB source discards nothing (the binlog
     has its own expiry, and the source refuses clearly when what it needs is gone), so
     for a log restored from an older copy the hint offers removing state.json, not only
     a new log and a full snapshot. A Kafka log's message names a checkpoint topic whose

@@ -1,6 +1,6 @@
-"""``core.retry.RetryBackoff``: no tight loop of reads that cannot decide (review
-finding K: an uncovered table start or chunk was read again at once, each time a fenced
-transaction and its queries against the source)."""
+"""``core.retry.RetryBackoff``: no tight loop of reads that cannot decide (an
+uncovered table start or chunk read again at once, each time a fenced transaction and
+its queries against the source)."""
 
 from __future__ import annotations
 

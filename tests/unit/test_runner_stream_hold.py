@@ -3,8 +3,8 @@
 appended by the writer. Once the writer has appended it, chunks go again.
 
 Why: on a loaded machine the writer and the capture thread wait for a CPU most of the
-time (docs/benchmarks.md, the lag trace); each chunk read then only queued more rows
-in front of the stream's next events (native chunks: lag p99 > 500 ms)."""
+time (a lag trace shows it: ``capture/lagtrace.py``); each chunk read then only queues
+more rows in front of the stream's next events."""
 
 from __future__ import annotations
 

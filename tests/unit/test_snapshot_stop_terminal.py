@@ -1,4 +1,4 @@
-"""A stop-snapshot never leaves another snapshot without its end (review13 C1).
+"""A stop-snapshot never leaves another snapshot without its end.
 
 Every execute-snapshot (and the ``initial`` snapshot) ends with exactly one terminal
 notification under its own signal id: ABORTED when a stop removed its last remaining
@@ -51,7 +51,7 @@ def make_restored(state: dict[str, Any]) -> ExpandingCore:
 
 
 def test_stop_of_a_signals_remaining_table_aborts_that_signal() -> None:
-    """The reviewer's case: s1 covers t and u; t is done; a stop of u ends s1 (ABORTED
+    """s1 covers t and u; t is done; a stop of u ends s1 (ABORTED
     under s1, naming u and the stop)."""
     core = make(chunk=2)
     log = execute(core, "public\\.t", "public\\.u")

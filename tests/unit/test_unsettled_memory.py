@@ -1,7 +1,7 @@
 """The events a fenced snapshot keeps while no fence settles them (``core.fence.Unsettled``)
 are bounded in bytes, not only in number: a paused snapshot of a table of wide rows under
 write load kept up to ``MAX_UNSETTLED`` (200,000) whole events, gigabytes at 10 KB a row
-(architecture invariant 6: memory bounded by chunk and batch sizes)."""
+(invariant 6 of docs/architecture.md: memory bounded by chunk and batch sizes)."""
 
 from __future__ import annotations
 

@@ -68,10 +68,9 @@ SLICE_ROWS = int(os.environ.get("PYDBLOG_SLICE_ROWS", "0"))
 (``CoreSettings.slice_rows``): one at H, the next ones at the stream's transaction
 boundaries while the writer's backlog is short (``runner.SLICE_BACKLOG``), so a
 stream event after H waits for a slice's write, not for the whole chunk's. **Off (0,
-whole chunks at H) by default**: measured on the 2-core machine under load (session
-11, ``docs/benchmarks.md``), 4,096-row slices halved the writer's terms of the lag but
-added ~0.15-0.25 µs of capture-thread CPU per row and 4-5 x the appends, so the wait
-moved to the capture thread and rows/s fell in three of five runs.
+whole chunks at H) by default**: slices shorten the writer's part of the lag but cost
+capture-thread CPU per row and several times the appends, so on a machine with few
+cores the wait moves to the capture thread and rows/s fall.
 ``PYDBLOG_SLICE_ROWS`` turns them on (e.g. 4096: four of the log's blocks)."""
 
 SLICE_BYTES = 1 << 20

@@ -86,8 +86,8 @@ stream batches most of the time.)"""
 HOLD_STREAM_WAIT_S = float(os.environ.get("PYDBLOG_HOLD_STREAM_WAIT_MS", "50")) / 1000
 """New snapshot chunks also wait while a stream event received this long ago is not yet
 in the change log (pending, or queued to the writer). On a busy machine the writer and
-the capture thread wait for a CPU most of the time (``docs/benchmarks.md``, the lag
-trace): each chunk read in that state only queues more rows in front of the stream's
+the capture thread wait for a CPU most of the time (a lag trace shows it,
+``capture/lagtrace.py``): each chunk read in that state only queues more rows in front of the stream's
 next events. Measured on this process's own clock (no clock skew to the server).
 ``PYDBLOG_HOLD_STREAM_WAIT_MS`` overrides it for benchmarks (0: off)."""
 
@@ -119,7 +119,7 @@ def resume_from(from_log: Checkpoint | None, from_state: Checkpoint | None,
     broker restarted, the SQLite file deleted, replaced or restored from an older copy.
     Resuming at the state file's position would continue that log as if it held every
     event before it, and ``mode = "initial"`` would take no snapshot (its flag is in the
-    checkpoint): a silent gap. Refused (audit13 F2)."""
+    checkpoint): a silent gap. So it is refused."""
     if from_state is None or not from_state.is_newer_than(from_log):
         return from_log
     state_file = cfg.log_dir / STATE_FILE

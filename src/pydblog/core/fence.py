@@ -12,7 +12,7 @@ snapshot saw, in the stream's terms. Two questions decide everything:
   before ``reached`` (a commit's end, a keepalive's WAL end), has delivered every
   transaction the read saw. The rows are emitted there.
 
-Why this is exact (architecture invariant 1). Per key, the transactions the read saw
+Why this is exact (invariant 1 of docs/architecture.md). Per key, the transactions the read saw
 come before the ones it did not in the stream's commit order (a row's writers are
 serialised by its row lock, and the later one cannot become visible first). At the
 close point every seen transaction has been delivered, so a row emitted there is never
@@ -189,7 +189,7 @@ class Delivered:
         """Clears and new floors so far. A fence resolves ``forgotten`` (and judges a
         floor) only if its read was requested in the current epoch (``issued``) or the
         floor's: one requested before the clear may have taken its running transactions
-        before some forgotten ones had an xid (review finding J)."""
+        before some forgotten ones had an xid."""
 
     def add(self, position: Position) -> None:
         tx = getattr(position, "tx_id", None)
@@ -328,7 +328,7 @@ class Unsettled:
         """A table is watched from now on; ``position``: the newest the stream has
         delivered (None: nothing yet). Replaces an older floor (a later position: a
         fence that covers it covers the older one)."""
-        self.delivered.epoch += 1  # reads requested before it cannot judge it (finding J)
+        self.delivered.epoch += 1  # reads requested before it cannot judge it
         self.floor = Floor.at(position, self.delivered)
 
     def learn(self, position: Position) -> None:

@@ -4,7 +4,7 @@ A fenced read is inconclusive while its fence does not cover the table's floor o
 settle what was lost (a lagging standby, a commit waiting for a synchronous standby, a
 transaction in doubt): the core then reads the chunk (or the table's start) again.
 Without a pause that is a tight loop of fenced transactions against the source for as
-long as the cause lasts (review finding K). Invariant: after each inconclusive read the
+long as the cause lasts. Invariant: after each inconclusive read the
 next request waits at least ``base_s``, doubling with every further inconclusive read in
 a row, up to ``max_s``; a request submitted without a new inconclusive read since the
 last one (its read decided) ends the run of them."""

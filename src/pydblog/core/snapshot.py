@@ -403,7 +403,7 @@ class SnapshotCore:
         a watermark, or ``on_stream_paused``). Blocking work goes first."""
         request = self._next_request()
         if request is not None and getattr(request, "fenced", False):
-            # Which Delivered epoch the read's fence comes from (core.fence, finding J).
+            # Which Delivered epoch the read's fence comes from (core.fence, Delivered).
             # Bounded: an answer that never comes (a failed read) leaves its entry; one
             # dropped here is judged as too old (conservative).
             issued = self._issued

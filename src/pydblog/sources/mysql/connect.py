@@ -154,7 +154,7 @@ class Connection(pymysql.connections.Connection):  # type: ignore[misc]
     (pymysql 1.2 tries TLS whenever the server offers it, unverified, as the C client's
     ``--ssl-mode=PREFERRED`` does). pymysql builds that context in every connection's
     constructor (``ssl.create_default_context()``, which loads the system's CA store:
-    ~30-140 ms here, more than the rest of a connection; docs/benchmarks.md); the
+    more than the rest of a connection; docs/performance.md); the
     context is the same each time, so it is built once (by pymysql's own code, whatever
     its settings are in this pymysql version) and shared: an ``SSLContext`` may wrap
     sockets of several threads. Explicit TLS options (none are exposed today) would

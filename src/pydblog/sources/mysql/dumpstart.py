@@ -3,7 +3,7 @@
 A MySQL GTID dump (COM_BINLOG_DUMP_GTID) with an empty file name makes the server find
 the first binlog file not wholly in the requested GTID set and read it from its start,
 skipping every transaction in the set: MySQL 5.7 skips ~4,000 small transactions a second
-(~4 MB/s; docs/benchmarks.md), so a restart late in a large binlog file waits for
+(docs/performance.md), so a restart late in a large binlog file waits for
 seconds to minutes. The same command also takes a file name and an offset: the server
 then starts reading there, still skipping transactions in the set.
 

@@ -77,7 +77,7 @@ def open_fenced(
     ``blocking_only``: the capture fences only its blocking reads (MySQL with
     ``gtid_mode = ON`` at its start, ``fences_blocking_reads``): if gtid_mode is no
     longer ON, the read is opened unfenced (``UNFENCED``) with a warning, as a capture
-    begun without GTIDs reads, instead of failing (review 15 F2)."""
+    begun without GTIDs reads, instead of failing."""
     if mariadb:
         return _open_mariadb(cur, where, None if local is None else int(local))
     cur.execute("SELECT @@GLOBAL.gtid_mode, @@GLOBAL.gtid_executed")

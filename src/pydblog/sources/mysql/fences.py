@@ -136,8 +136,8 @@ class GtidFence:
         without GTID state (a legacy checkpoint, a capture begun with gtid_mode = OFF,
         a file resume MariaDB could not place: ``BINLOG_GTID_POS`` NULL) cannot be
         judged by any fence, and the stream paused by a blocking snapshot delivers no
-        later one: holding reads back for it stalled the capture for good (review 15
-        F1). It is let through, unfenced as before session 15, with a warning."""
+        later one: holding reads back for it would stall the capture for good. It is
+        let through unfenced, with a warning."""
         if not isinstance(position, BinlogPosition):
             return False
         after = position.after_state()
@@ -169,9 +169,9 @@ class Unfenced:
     """The fence of a blocking read that could not be fenced: MySQL whose ``gtid_mode``
     was lowered from ON after ``dblog run`` started (``fences_blocking_reads`` said yes
     then). It claims the read saw everything, so the blocking read is decided as an
-    unfenced one was before session 15 (what a capture begun with ``gtid_mode = OFF``
-    does; docs/exactness.md, "Not covered"), instead of rejecting the table (review 15
-    F2). Never used for read-only or fenced watermark chunks: those need GTIDs."""
+    unfenced one (what a capture begun with ``gtid_mode = OFF`` does; docs/exactness.md,
+    "Not covered"), instead of rejecting the table. Never used for read-only or fenced
+    watermark chunks: those need GTIDs."""
 
     __slots__ = ()
 

@@ -65,8 +65,8 @@ backend) until after it became visible; ``pg_locks`` shows them to any user. Lef
 the xids of a backend idle in its transaction (``pg_stat_activity.state``): it is not
 committing, so none of them was delivered and is still invisible (one it held when
 ``pg_locks`` was read but that ended before ``state`` was, is visible to the read, taken
-later); without them an idle-in-transaction session held every floor until it ended
-(review finding H).
+later); without them an idle-in-transaction session would hold every floor until it
+ended.
 
 Committing (``PgXidFence.committing``): the backend waits for a synchronous standby
 (``wait_event = 'SyncRep'``: its commit record is flushed, so the stream may have
