@@ -664,7 +664,7 @@ class InsertRun(NamedTuple):
                                    self.ts_ms, orjson.loads(key), None, orjson.loads(after[:-1])))
         return out
 
-    def after(self, position: Position) -> InsertRun | None:
+    def past(self, position: Position) -> InsertRun | None:
         """The run without its events at or below ``position`` (None: nothing left)."""
         lines = self.tails.split("\n")
         drop = 0

@@ -362,15 +362,15 @@ def test_insert_runs_are_cut_and_ordered() -> None:
 
 
 def test_insert_run_after_a_position() -> None:
-    """``InsertRun.after``: a restart inside a transaction drops what was logged."""
+    """``InsertRun.past``: a restart inside a transaction drops what was logged."""
     from pydblog.positions import Lsn, PgPosition
 
     tails = "\n".join(f'{{"id":{i}}}{TAIL_SEP}{{"id":{i}}}}}' for i in range(4))
     r = InsertRun("public", "t", Lsn(100), 3, 7, 1, 4, tails)
-    assert r.after(PgPosition(Lsn(100), 2, None, 7)) == r
-    cut = r.after(PgPosition(Lsn(100), 4, None, 7))
+    assert r.past(PgPosition(Lsn(100), 2, None, 7)) == r
+    cut = r.past(PgPosition(Lsn(100), 4, None, 7))
     assert cut is not None and (cut.first, cut.size) == (5, 2)
     assert [e.position for e in cut.events()] == [PgPosition(Lsn(100), i, None, 7) for i in (5, 6)]
     assert [e.key for e in cut.events()] == [{"id": 2}, {"id": 3}]
-    assert r.after(PgPosition(Lsn(100), 6, None, 7)) is None
-    assert r.after(PgPosition(Lsn(99), 9, None, 7)) == r
+    assert r.past(PgPosition(Lsn(100), 6, None, 7)) is None
+    assert r.past(PgPosition(Lsn(99), 9, None, 7)) == r

@@ -323,7 +323,7 @@ class Runner:
                     assert run is not None
                     if run.last_position <= self._skip:
                         continue
-                    run = run.after(self._skip)
+                    run = run.past(self._skip)
                     self._skip = None
                     if run is None:
                         continue
