@@ -278,6 +278,7 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
         print(f"    /metrics scraped {scrapes[0]} times during (b)")
         figures: dict[str, Any] = {
             "log": args.log, "rows": args.rows, "transactions": args.tx,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("PYDBLOG_")},
             "bare_loop_events_per_s": round(raw), "pg_recvlogical_events_per_s": round(recv),
             "pg_recvlogical_cpu_us_per_event": round(recv_cpu, 3),
             "dblog_events_per_s": round(e2e), "ratio_to_pg_recvlogical": round(e2e / recv, 3),
