@@ -24,7 +24,10 @@ small pom) into ``$PYDBLOG_MAVEN_CACHE/debezium-3.6.1`` (default /var/cache/pydb
 on the first run.
 
 Usage: .venv/bin/python bench/peers.py [--rows 1000000] [--tx 100] [--rate 5000]
-           [--seconds 20] [--only s,t,l]
+           [--seconds 20] [--only s,t,l] [--source postgres|mysql]
+
+``--source mysql``: parts (s) and (t) against MySQL 5.7 (``pydblog.devtools.mysql57``)
+with Debezium's MySQL connector (schema history in a file).
 """
 
 from __future__ import annotations
@@ -280,7 +283,12 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--only", default="s,t,l", help="which parts: s (snapshot), t (stream), l (latency)")
+    ap.add_argument("--source", choices=["postgres", "mysql"], default="postgres",
+                    help="mysql: MySQL 5.7 and Debezium's MySQL connector (parts s and t)")
     args = ap.parse_args()
+    if args.source == "mysql":
+        mysql_main(args)
+        return
     parts = set(args.only.split(","))
     cp = debezium_classpath()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-peers-"))
@@ -305,7 +313,7 @@ def main() -> None:
             for variant in ("default", "tuned"):
                 dbz = Debezium(cp, work, f"dbz_snap_{variant}", pg_props(
                     cluster, "bench", work, f"dbz_snap_{variant}", "snap", "initial_only", variant == "tuned"))
-                r = Debezium.result(dbz.start(args.rows, "count", 0))
+                r = Debezium.result(dbz.start(args.rows, "count", 1800))
                 per_s = r["records"] / r["seconds"] if r["seconds"] else 0.0
                 cpu_us = r["cpu_seconds"] * 1e6 / r["records"] if r["records"] else 0.0
                 figures[f"snapshot_debezium_{variant}"] = {"per_s": per_s, "cpu_us": cpu_us, **r}
@@ -341,7 +349,7 @@ def main() -> None:
             print(f"(t) stream of {args.rows:,} inserts: dblog run {got['per_s']:,.0f} events/s, "
                   f"{got['cpu_us']:.2f} us CPU per event")
             for variant, dbz in peers.items():
-                r = Debezium.result(dbz.start(args.rows, "count", 0))
+                r = Debezium.result(dbz.start(args.rows, "count", 1800))
                 per_s = r["records"] / r["seconds"] if r["seconds"] else 0.0
                 cpu_us = r["cpu_seconds"] * 1e6 / r["records"] if r["records"] else 0.0
                 figures[f"stream_debezium_{variant}"] = {"per_s": per_s, "cpu_us": cpu_us, **r}
@@ -371,6 +379,152 @@ def main() -> None:
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     figures["load_average_end"] = os.getloadavg()[0]
     results.write("peers", figures)
+    print(f"work directory (logs): {work}")
+
+
+MY_DDL = "(id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(20,2), d DATETIME(6))"
+MY_NUMS = ("INSERT INTO nums SELECT n FROM (SELECT a.i + 10 * b.i + 100 * c.i + 1000 * d.i + 10000 * e.i "
+           "+ 100000 * f.i + 1000000 * g.i AS n FROM digits a, digits b, digits c, digits d, digits e, "
+           "digits f, digits g) x WHERE n < {rows}")
+MY_ROWS = "SELECT n, n % 1000, CONCAT('text-', n), n * 1.5, NOW(6) FROM nums WHERE n BETWEEN {lo} AND {hi}"
+
+
+def my_props(server: Any, work: Path, name: str, table: str, mode: str, tuned: bool, sid: int) -> dict[str, str]:
+    from pydblog.devtools.mariadb import PASSWORD as MY_PASSWORD
+    from pydblog.devtools.mariadb import SUPERUSER as MY_USER
+
+    props = {
+        "name": name,
+        "connector.class": "io.debezium.connector.mysql.MySqlConnector",
+        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+        "offset.storage.file.filename": str(work / f"{name}.offsets"),
+        "database.hostname": "127.0.0.1",
+        "database.port": str(server.port),
+        "database.user": MY_USER,
+        "database.password": MY_PASSWORD,
+        "database.server.id": str(sid),
+        "topic.prefix": name,
+        "database.include.list": "peer",
+        "table.include.list": f"peer.{table}",
+        "schema.history.internal": "io.debezium.storage.file.history.FileSchemaHistory",
+        "schema.history.internal.file.filename": str(work / f"{name}.history"),
+        "snapshot.mode": mode,
+        "bench.tables": table,
+    }
+    if tuned:
+        props.update(THROUGHPUT)
+    return props
+
+
+def my_dblog_config(work: Path, name: str, server: Any, table: str, sid: int, snapshot: bool = False) -> Path:
+    directory = work / name
+    directory.mkdir()
+    path = directory / "dblog.toml"
+    path.write_text(
+        f'[source]\ntype = "mysql"\ndsn = "{server.dsn("peer")}"\nserver_id = {sid}\n'
+        f'tables = ["peer\\\\.{table}"]\n'
+        f'[log]\npath = "{directory / "data"}"\n'
+        f'[api]\nlisten = "127.0.0.1:0"\n'
+        + ('[snapshot]\nmode = "initial"\n' if snapshot else "")
+    )
+    return path
+
+
+def dump_threads(server: Any) -> int:
+    rows = server.execute("SHOW PROCESSLIST")
+    return sum(1 for r in rows if str(r[4]).startswith("Binlog Dump"))
+
+
+def mysql_main(args: argparse.Namespace) -> None:
+    """Parts (s) and (t) against MySQL 5.7 (``pydblog.devtools.mysql57``) with Debezium's
+    MySQL connector; each side's start position is taken before the load (a first start
+    that checkpoints, or streams, then stops)."""
+    from pydblog.devtools.mysql57 import MySQL57
+
+    parts = set(args.only.split(","))
+    cp = debezium_classpath()
+    work = Path(tempfile.mkdtemp(prefix="dblog-bench-peers-mysql-"))
+    figures: dict[str, Any] = {"source": "mysql 5.7", "debezium": DEBEZIUM, "rows": args.rows,
+                               "transactions": args.tx, "throughput_settings": THROUGHPUT}
+    rows_of = {"default": "Debezium (defaults)", "tuned": "Debezium (throughput settings)"}
+    with MySQL57() as server:
+        server.execute("CREATE DATABASE peer")
+        for t in ("snap", "stream"):
+            server.execute(f"CREATE TABLE {t} {MY_DDL}", "peer")
+        server.execute("CREATE TABLE digits (i INT PRIMARY KEY)", "peer")
+        server.execute("INSERT INTO digits VALUES (0),(1),(2),(3),(4),(5),(6),(7),(8),(9)", "peer")
+        server.execute("CREATE TABLE nums (n BIGINT PRIMARY KEY)", "peer")
+        server.execute(MY_NUMS.format(rows=args.rows), "peer")
+        sid = iter(range(7001, 7100))
+        if "s" in parts:
+            server.execute("INSERT INTO snap " + MY_ROWS.format(lo=0, hi=args.rows - 1), "peer")
+            got = dblog_drain(my_dblog_config(work, "dblog_snap", server, "snap", next(sid), snapshot=True),
+                              args.rows)
+            figures["snapshot_dblog"] = got
+            print(f"(s) MySQL snapshot of {args.rows:,} rows: dblog run {got['per_s']:,.0f} rows/s, "
+                  f"{got['cpu_us']:.2f} us CPU per row")
+            for variant in ("default", "tuned"):
+                name = f"dbz_snap_{variant}"
+                dbz = Debezium(cp, work, name, my_props(server, work, name, "snap", "initial_only",
+                                                        variant == "tuned", next(sid)))
+                r = Debezium.result(dbz.start(args.rows, "count", 1800))
+                per_s = r["records"] / r["seconds"] if r["seconds"] else 0.0
+                cpu_us = r["cpu_seconds"] * 1e6 / r["records"] if r["records"] else 0.0
+                figures[f"snapshot_debezium_{variant}"] = {"per_s": per_s, "cpu_us": cpu_us, **r}
+                print(f"    {rows_of[variant]}: {per_s:,.0f} rows/s, {cpu_us:.2f} us CPU per row "
+                      f"(dblog: {ratio(got['per_s'], per_s)} the rate, {ratio(got['cpu_us'], cpu_us)} the CPU)")
+        if "t" in parts:
+            config = my_dblog_config(work, "dblog_stream", server, "stream", next(sid))
+            proc = start_dblog(config)
+            deadline = time.monotonic() + 180
+            data = config.parent / "data"
+            while True:  # its start position checkpointed (a restart reads the backlog)
+                if (data / "changelog.sqlite").exists():
+                    reader = SqliteChangeLogReader(data)
+                    try:
+                        if reader.last_checkpoint() is not None:
+                            break
+                    finally:
+                        reader.close()
+                assert time.monotonic() < deadline, "dblog run did not checkpoint its start"
+                time.sleep(0.2)
+            stop(proc)
+            peers = {}
+            for variant in ("default", "tuned"):
+                name = f"dbz_stream_{variant}"
+                dbz = Debezium(cp, work, name, my_props(server, work, name, "stream", "no_data",
+                                                        variant == "tuned", next(sid)))
+                deadline = time.monotonic() + 180
+                while dump_threads(server) > 0:  # the previous reader's dump is gone
+                    assert time.monotonic() < deadline, "a binlog dump thread stays"
+                    time.sleep(0.2)
+                p = dbz.start(0, "start", 600)
+                while dump_threads(server) < 1:
+                    assert time.monotonic() < deadline, f"{name} did not start streaming"
+                    time.sleep(0.2)
+                time.sleep(2)
+                Debezium.result(p, stop=True)
+                assert (work / f"{name}.offsets").exists(), f"{name} stored no offsets"
+                peers[variant] = dbz
+            per = args.rows // args.tx
+            t0 = time.perf_counter()
+            for k in range(args.tx):
+                server.execute("INSERT INTO stream " + MY_ROWS.format(lo=k * per, hi=(k + 1) * per - 1), "peer")
+            print(f"loaded {args.rows:,} rows in {args.tx} transactions in {time.perf_counter() - t0:.1f}s")
+            got = dblog_drain(config, args.rows)
+            figures["stream_dblog"] = got
+            print(f"(t) MySQL stream of {args.rows:,} inserts: dblog run {got['per_s']:,.0f} events/s, "
+                  f"{got['cpu_us']:.2f} us CPU per event")
+            for variant, dbz in peers.items():
+                r = Debezium.result(dbz.start(args.rows, "count", 1800))
+                per_s = r["records"] / r["seconds"] if r["seconds"] else 0.0
+                cpu_us = r["cpu_seconds"] * 1e6 / r["records"] if r["records"] else 0.0
+                figures[f"stream_debezium_{variant}"] = {"per_s": per_s, "cpu_us": cpu_us, **r}
+                print(f"    {rows_of[variant]}: {per_s:,.0f} events/s, {cpu_us:.2f} us CPU per event "
+                      f"(dblog: {ratio(got['per_s'], per_s)} the rate, {ratio(got['cpu_us'], cpu_us)} the CPU)")
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    figures["load_average_end"] = os.getloadavg()[0]
+    results.write("peers-mysql", figures)
     print(f"work directory (logs): {work}")
 
 

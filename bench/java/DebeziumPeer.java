@@ -5,7 +5,7 @@
 // Runs the connector PROPS describes (a java.util.Properties file) in Debezium's embedded
 // engine with the JSON format, and counts the data records of the tables it captures
 // (destination ending in one of the table names in the property bench.tables). MODE:
-//   count:   until EXPECT records arrived (or the engine stopped); prints one JSON line
+//   count:   until EXPECT records arrived (or the engine stopped, or SECONDS if > 0); prints one JSON line
 //            with the time from the first to the last record and the process's CPU time
 //            (every JVM thread) over the same span;
 //   latency: until a line on standard input (or SECONDS), each record's source commit
@@ -99,7 +99,7 @@ public class DebeziumPeer {
             stdin.start();
             done.await((long) (seconds * 1000), TimeUnit.MILLISECONDS);
         } else {
-            done.await(3600, TimeUnit.SECONDS);
+            done.await(seconds > 0 ? (long) (seconds * 1000) : 3_600_000L, TimeUnit.MILLISECONDS);
         }
         long n = count.get();
         if (lastCpu.get() == 0) lastCpu.set(cpuNanos());
