@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 from pydblog.devtools.proc import end_process
-from pydblog.events import UNCHANGED_TOAST
+from pydblog.events import UNCHANGED_TOAST, InsertRun
 from pydblog.sources.postgres.types import SESSION_SETTINGS, TypeRegistry
 
 DBLOG = [sys.executable, "-m", "pydblog"]
@@ -248,6 +248,17 @@ class LogFollower:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
+
+
+def each_event(items: Iterable[Any]) -> Iterator[Any]:
+    """A source's stream items with every ``InsertRun`` (a run of Inserts the native
+    decoder encoded) as the ``ChangeEvent``s it stands for, lazily (a test may act on
+    the source between items, as the runner does)."""
+    for item in items:
+        if type(item) is InsertRun:
+            yield from item.events()
+        else:
+            yield item
 
 
 def sid() -> str:

@@ -243,7 +243,10 @@ def test_retention_by_size_runs_in_capture(pg_db: str, tmp_path: Path) -> None:
     proc = start_run(config)
     try:
         with psycopg.connect(pg_db, autocommit=True) as conn:
-            conn.execute("INSERT INTO r SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
+            # Incompressible rows (a stream's inserts are stored zstd-compressed): ~3 MB.
+            conn.execute("INSERT INTO r SELECT g, md5(g::text) || md5((-g)::text) || md5((7 * g)::text) "
+                         "|| md5((13 * g)::text) || md5((17 * g)::text) || md5((19 * g)::text) "
+                         "FROM generate_series(1, 20000) g")
         wait_for_marker(config, pg_db)
     finally:
         stop_run(proc)

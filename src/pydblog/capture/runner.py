@@ -28,6 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from pydblog.capture import lagtrace, repairs
@@ -45,9 +46,11 @@ from pydblog.events import (
     ChangeEvent,
     Emitted,
     Encoded,
+    InsertRun,
     Op,
     SnapshotRows,
     encode_event,
+    encode_insert_run,
     encode_snapshot_rows,
     last_position,
 )
@@ -290,6 +293,8 @@ class Runner:
         pending = self._pending
         max_events = self.cfg.log.batch_max_events
         trace = lagtrace.ON
+        if hasattr(self.source, "run_rows"):  # a batch never holds much more than max_events
+            self.source.run_rows = max(1, min(BLOCK_EVENTS, max_events))
         self.status.maybe_write(self, force=True)  # opened (api.health: not stuck)
         for item in self.source.stream():
             if type(item) is ChangeEvent:
@@ -320,6 +325,38 @@ class Runner:
                 if trace:
                     self._trace.append((ev.ts_ms, time.time()))
                 if len(pending) >= max_events:
+                    t0 = time.time() if trace else 0.0
+                    self.flush()
+                    if trace:
+                        lagtrace.stall(t0, "flush")
+                continue
+            if type(item) is InsertRun:
+                # Inserts the source encoded in C: one block, no event objects.
+                run: InsertRun | None = item
+                if self._skip is not None:
+                    assert run is not None
+                    if run.last_position <= self._skip:
+                        continue
+                    run = run.past(self._skip)
+                    self._skip = None
+                    if run is None:
+                        continue
+                assert run is not None
+                self._in_tx = True
+                self._position = run.last_position
+                if self._driver_active:  # the windows see every event
+                    for ev in run.events():
+                        driver.on_event(ev)
+                if not pending:
+                    self._pending_since = time.monotonic()
+                if self._stream_since is None:
+                    self._stream_since = time.monotonic()
+                encoded = encode_insert_run(run, self._connector, self._db, self._now_ms)
+                pending.extend(encoded)
+                self._pending_extra += run.size - len(encoded)
+                if trace:
+                    self._trace.extend(repeat((run.ts_ms, time.time()), run.size))
+                if len(pending) + self._pending_extra >= max_events:
                     t0 = time.time() if trace else 0.0
                     self.flush()
                     if trace:

@@ -45,7 +45,7 @@ import psycopg2.extras
 
 from pydblog.config import Config, TableMatcher
 from pydblog.errors import SourceError, SourceUnavailable
-from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op
+from pydblog.events import BLOCK_EVENTS, UNCHANGED_TOAST, ChangeEvent, InsertRun, Op
 from pydblog.ports import (
     Checkpoint,
     ColumnSchema,
@@ -151,6 +151,15 @@ assert ChangeEvent._fields[:8] == ("op", "schema", "table", "position", "ts_ms",
 PG_EPOCH_US = 946_684_800_000_000
 
 
+def _take_run(acc: Any, lsn: Lsn, idx: int, ts_ms: int, tx_id: int) -> InsertRun:
+    """The Inserts ``acc`` holds (``rowdecode.tails``), from index ``idx``."""
+    rel, count, text = acc.take()
+    return _new_run(InsertRun, (rel.schema, rel.table, lsn, idx, tx_id, ts_ms, count, text))
+
+
+_new_run = tuple.__new__
+
+
 class PgLogSource:
     connector = "postgresql"
 
@@ -172,6 +181,12 @@ class PgLogSource:
         self._relations: dict[int, RelationState] = {}
         # The captured relations as the native row decoder takes them (``rowdecode``).
         self._specs: dict[int, rowdecode.Spec] = {}
+        # The captured relations whose Inserts are encoded straight into change-log
+        # tails (``rowdecode.fast_spec``: every captured table but the signal and
+        # watermark tables, whose events the runner routes), and at most how many
+        # consecutive Inserts one ``InsertRun`` holds.
+        self._fast_specs: dict[int, rowdecode.FastSpec] = {}
+        self.run_rows = BLOCK_EVENTS
         self._captured: list[str] = []
         # Every table captured, in this session or (from the checkpoint) an earlier
         # one; whether the runner is to be handed them (a ``SourceState``).
@@ -485,6 +500,9 @@ class PgLogSource:
         handlers = self._handlers()
         native = rowdecode.decoder()
         specs = self._specs
+        # Runs of Inserts encoded in C (``InsertRun``): taken before any other item.
+        acc = rowdecode.tails(self.run_rows) if native is not None else None
+        fast = self._fast_specs
         unchanged = po.UNCHANGED
         begin: po.Begin | None = None
         lsn: Lsn = Lsn(0)
@@ -499,6 +517,10 @@ class PgLogSource:
             except psycopg2.Error as exc:
                 raise self._stream_error(exc) from None
             if msg is None:
+                if acc is not None and acc.count:
+                    run = _take_run(acc, lsn, idx, ts_ms, tx_id)
+                    idx += run.size
+                    yield run
                 if begin is None and self._report:
                     yield self._captured_state()
                 now = time.monotonic()
@@ -526,6 +548,24 @@ class PgLogSource:
                         yield IDLE  # someone has work for the runner between stream reads
                 continue
             payload = msg.payload
+            if acc is not None:
+                n = acc.add(payload, fast)
+                if n > 0:
+                    if acc.full:
+                        run = _take_run(acc, lsn, idx, ts_ms, tx_id)
+                        idx += run.size
+                        yield run
+                    continue
+                if acc.count:  # another message: the run before it goes first
+                    run = _take_run(acc, lsn, idx, ts_ms, tx_id)
+                    idx += run.size
+                    yield run
+                    if n < 0 and acc.add(payload, fast) > 0:  # an Insert of another table
+                        if acc.full:
+                            run = _take_run(acc, lsn, idx, ts_ms, tx_id)
+                            idx += run.size
+                            yield run
+                        continue
             if native is not None:
                 # A captured relation's row change, decoded into row dicts in C (None:
                 # another message, or one the Python path decides: ``rowdecode``).
@@ -736,6 +776,10 @@ class PgLogSource:
             self._specs[m.oid] = rowdecode.spec(rel)
         else:
             self._specs.pop(m.oid, None)
+        if rel.captured and not own:
+            self._fast_specs[m.oid] = rowdecode.fast_spec(rel)
+        else:
+            self._fast_specs.pop(m.oid, None)
         if self._fixed is not None and not own:
             try:
                 self._fixed.check_relation(m.oid, qualified, captured)
