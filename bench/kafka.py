@@ -1,6 +1,7 @@
 """Benchmark: capture into Kafka against capture into the embedded log, same load, one run.
 
-One throwaway PostgreSQL, one Tansu broker (in memory, or KAFKA_BOOTSTRAP_SERVERS):
+One throwaway PostgreSQL, one Apache Kafka broker (``pydblog.devtools.kafka``: one KRaft
+node, default settings, 512 MB heap; or KAFKA_BOOTSTRAP_SERVERS):
  (a) `dblog run` with the embedded log drains N inserts from its own slot (from its
      first event in the log to its last);
  (b) `dblog run` with [log] type = "kafka" drains the same N inserts from another slot
@@ -374,9 +375,9 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
         t.start()
     time.sleep(1)
     pids = {"dblog run": proc.pid, "bench (load + followers)": os.getpid()}
-    tansu = getattr(broker, "_proc", None)
-    if kreader is not None and tansu is not None:
-        pids["tansu"] = tansu.pid
+    broker_pid = getattr(broker, "pid", None)
+    if kreader is not None and broker_pid is not None:
+        pids["kafka broker"] = broker_pid
     before = scrape(url)
     cpu0 = {k: cpu_s(p) for k, p in pids.items()}
     t0 = time.time()
@@ -484,9 +485,9 @@ def main() -> None:
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        from pydblog.devtools.tansu import TansuBroker
+        from pydblog.devtools.kafka import KafkaBroker
 
-        broker = TansuBroker().start()
+        broker = KafkaBroker(optimize=True).start()
         bootstrap = broker.bootstrap
     prefix = f"b{uuid.uuid4().hex[:8]}"
     kafka_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"'

@@ -6,7 +6,7 @@ encoded once, then appended in batches of ``--batch`` (the capture's default
 ``batch_max_events``) by each writer in turn, for ``--rounds`` rounds (the order rotates
 each round). Per writer: events/s (wall) and CPU microseconds per event of the appending
 thread (the thread that competes with the stream's decoding for the GIL) and of the whole
-process (librdkafka's threads included). One Tansu broker (in memory), or
+process (librdkafka's threads included). One Apache Kafka broker (devtools.kafka), or
 KAFKA_BOOTSTRAP_SERVERS.
 
 Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/kafka_writer.py [--events 200000]
@@ -65,9 +65,9 @@ def main() -> None:
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        from pydblog.devtools.tansu import TansuBroker
+        from pydblog.devtools.kafka import KafkaBroker
 
-        broker = TansuBroker().start()
+        broker = KafkaBroker(optimize=True).start()
         bootstrap = broker.bootstrap
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kwriter-"))
     runs: dict[str, list[tuple[float, float, float]]] = {"embedded": [], "kafka python": [],

@@ -2,6 +2,10 @@
 
 Results: bench/results/, docs/performance.md.
 
+0. server: ``mariadb-binlog`` (or ``mysqlbinlog``) ``--read-from-remote-server --raw`` from
+   the load's first position to the binlog's end, into a scratch directory: the fastest
+   bare reader that runs here (C, no decoding: the server's binlog dump is its only
+   bound), the baseline every rate below is also given against;
 1. raw: a bare mysql-replication loop (``BinLogStreamReader``, rows decoded, nothing else)
    over N row events already in the binlog: the ceiling of the library's decoder; then
    the same loop with pydblog's row decoder (``fastrows``) installed;
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +38,7 @@ import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import parse_config
 from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB
-from pydblog.devtools.proc import peak_rss_kb
+from pydblog.devtools.proc import peak_rss_kb, thread_cpu
 from pydblog.events import ChangeEvent
 from pydblog.sources.mysql import fastrows
 from pydblog.sources.mysql.binlog import MySqlLogSource
@@ -84,6 +89,25 @@ def raw_rate(server: MariaDB, file: str, pos: int, rows: int) -> float:
     return n / elapsed
 
 
+def binlog_dump_rate(server: MariaDB, file: str, rows: int, work: Path) -> tuple[float, float]:
+    """Rows/s of the C client dumping the binlog from ``file`` to its end (the rows of
+    the load, which starts there), and its own CPU per row (us)."""
+    tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+    if tool is None:
+        raise RuntimeError("mariadb-binlog / mysqlbinlog not found (Debian's mariadb-client)")
+    out = work / "binlog-dump"
+    out.mkdir()
+    cmd = [tool, "--read-from-remote-server", "--raw", "--host=127.0.0.1", f"--port={server.port}",
+           f"--user={SUPERUSER}", f"--password={PASSWORD}", f"--result-file={out}/", "--to-last-log", file]
+    before = os.times()
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    elapsed = time.perf_counter() - t0
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return rows / elapsed, cpu * 1e6 / rows
+
+
 def source_rate(server: MariaDB, checkpoint: Any, rows: int) -> float:
     cfg = parse_config({"source": {"type": "mysql", "dsn": server.dsn(DB), "server_id": 9002}})
     src, _ = create(cfg)
@@ -101,7 +125,9 @@ def source_rate(server: MariaDB, checkpoint: Any, rows: int) -> float:
     return n / elapsed
 
 
-def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int]:
+def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int, dict[str, float]]:
+    """Rows/s of `dblog run` from its first logged event to the ``rows``-th, its peak
+    RSS, and its CPU per row over the same span, per thread (``MainThread`` is ``python``)."""
     env = {**os.environ}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pydblog", "run", "--config", str(config)],
@@ -112,6 +138,7 @@ def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int]:
     path = log_path(data)
     first_t: float | None = None
     first_n = 0
+    first_cpu: dict[str, float] = {}
     base = _count(path)
     try:
         while True:
@@ -121,9 +148,12 @@ def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int]:
             now = time.perf_counter()
             if first_t is None and n > 0:
                 first_t, first_n = now, n
+                first_cpu = thread_cpu(proc.pid)
             if n >= rows:
                 assert first_t is not None
-                return (n - first_n) / (now - first_t), peak_rss_kb(proc.pid)
+                cpu = {k: (v - first_cpu.get(k, 0.0)) * 1e6 / (n - first_n)
+                       for k, v in thread_cpu(proc.pid).items()}
+                return (n - first_n) / (now - first_t), peak_rss_kb(proc.pid), cpu
             time.sleep(0.05)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -192,24 +222,31 @@ def main() -> None:
         start = Checkpoint(BinlogPosition(str(file), int(pos), -1))
         load_s = load(server, args.rows, args.batch)
         print(f"loaded {args.rows} rows in {load_s:.1f}s ({args.batch} rows per transaction)")
+        dump, dump_cpu = binlog_dump_rate(server, str(file), args.rows, work)
+        print(f"binlog dump (C, --raw, no decoding): {dump:,.0f} rows/s (its CPU {dump_cpu:.2f} us/row)")
         raw = raw_rate(server, str(file), int(pos), args.rows)
-        print(f"raw mysql-replication loop: {raw:,.0f} rows/s")
+        print(f"raw mysql-replication loop: {raw:,.0f} rows/s ({raw / dump:.2f} x the dump)")
         fastrows.install()
         fast = raw_rate(server, str(file), int(pos), args.rows)
         print(f"same loop with pydblog's row decoder: {fast:,.0f} rows/s ({fast / raw:.2f} x raw)")
         src = source_rate(server, start, args.rows)
         print(f"pydblog MySqlLogSource.stream(): {src:,.0f} rows/s ({src / raw:.2f} x raw)")
-        e2e, rss = end_to_end(config, data, args.rows)
+        e2e, rss, cpu = end_to_end(config, data, args.rows)
+        print("  dblog run CPU per row by thread: " + ", ".join(
+            f"{k} {v:.2f} us" for k, v in sorted(cpu.items()) if v >= 0.005))
         print(
-            f"dblog run into the change log: {e2e:,.0f} rows/s ({e2e / raw:.2f} x raw), "
-            f"peak RSS {rss / 1024:.0f} MB"
+            f"dblog run into the change log: {e2e:,.0f} rows/s ({e2e / raw:.2f} x raw, "
+            f"{e2e / dump:.2f} x the dump), peak RSS {rss / 1024:.0f} MB"
         )
     results.write("mysql", {
         "rows": args.rows, "rows_per_transaction": args.batch,
+        "binlog_dump_rows_per_s": round(dump), "binlog_dump_cpu_us_per_row": round(dump_cpu, 3),
         "raw_mysql_replication_rows_per_s": round(raw),
         "loop_with_pydblog_decoder_rows_per_s": round(fast),
         "source_stream_rows_per_s": round(src),
         "dblog_run_rows_per_s": round(e2e), "dblog_run_over_raw": round(e2e / raw, 3),
+        "dblog_run_over_binlog_dump": round(e2e / dump, 3),
+        "dblog_run_cpu_us_per_row_by_thread": {k: round(v, 3) for k, v in sorted(cpu.items())},
         "peak_rss_mb": round(rss / 1024),
     })
 

@@ -12,9 +12,19 @@ In one run, on one machine, against one throwaway PostgreSQL (1M inserts by defa
      PostgreSQL (every process of the throwaway cluster) during (b);
  (c) commit -> change-log latency p50/p99 at a steady ~5k events/s;
  (d) peak RSS of the `dblog run` process.
-Each figure is printed as a ratio against (a) and (a2) of the same run.
+Each figure is printed as a ratio against (a2), pg_recvlogical from a slot made before
+the load and stopped at the WAL end after it (the server's ceiling), and against (a), of
+the same run. During (b) the HTTP API is on (as by default, on a free port) and a
+``/metrics`` scraper reads it every second; the CPU of `dblog run` is also given per
+thread (``/proc/PID/task``: the capture thread ``MainThread``/``python``, the writer
+``dblog-writer``, ...) per event.
 
-Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 10] [--profile DIR]
+Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 100] [--profile DIR]
+           [--log embedded|kafka]
+
+``--log kafka``: `dblog run` writes into Kafka instead (a Tansu broker started for the
+run, or ``KAFKA_BOOTSTRAP_SERVERS``); (b) counts the events of the log's last commit
+(bench/kafka.py's ``KafkaEnd``) and (c) reads the log with ``KafkaChangeLogReader``.
 
 ``--profile DIR`` (needs ``pip install py-spy``) records a py-spy profile of `dblog run`
 during (b) as raw collapsed stacks in ``DIR/stream.txt`` (`--idle` off: CPU only).
@@ -30,16 +40,20 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import psycopg2
 import psycopg2.extras
 
 import results
+from pydblog.api.capture import read_api_address
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
-from pydblog.devtools.proc import cpu_seconds, cpu_since, family_cpu, peak_rss_kb
+from pydblog.devtools.proc import cpu_seconds, cpu_since, family_cpu, peak_rss_kb, thread_cpu
 
 
 def load(dsn: str, rows: int, txs: int) -> None:
@@ -78,12 +92,14 @@ def raw_rate(dsn: str, slot: str, rows: int) -> float:
     return rows / elapsed
 
 
-def write_config(directory: Path, dsn: str) -> Path:
+def write_config(directory: Path, dsn: str, log_keys: str = "") -> Path:
     path = directory / "dblog.toml"
     path.write_text(
         f'[source]\ndsn = "{dsn}"\ntables = ["public\\\\.bench", "public\\\\.steady"]\n'
         f'slot = "dblogbench"\npublication = "dblogpub"\n'
-        f'[log]\npath = "{directory / "data"}"\n'
+        f'[log]\npath = "{directory / "data"}"\n{log_keys}'
+        # The API on, as by default, on a free port (another run may hold 8083).
+        f'[api]\nlisten = "127.0.0.1:0"\n'
     )
     return path
 
@@ -109,15 +125,50 @@ def recvlogical_rate(cluster: PgCluster, dsn: str, slot: str, rows: int) -> tupl
     return rows / elapsed, cpu * 1e6 / rows
 
 
+def scrape(log_dir: Path, stop: threading.Event, count: list[int]) -> None:
+    """GET the API's ``/metrics`` every second until ``stop`` (a Prometheus scraper)."""
+    while not stop.wait(1.0):
+        url = read_api_address(log_dir)
+        if url is None:
+            continue
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+                resp.read()
+            count[0] += 1
+        except OSError:
+            pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--tx", type=int, default=10)
+    ap.add_argument("--tx", type=int, default=100)
     ap.add_argument("--steady-seconds", type=float, default=20.0)
     ap.add_argument("--steady-rate", type=int, default=5000)
     ap.add_argument("--profile", type=Path, help="py-spy profile of (b) into DIR/stream.txt")
+    ap.add_argument("--log", choices=["embedded", "kafka"], default="embedded")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
+    broker: Any = None
+    log_keys = ""
+    bootstrap = prefix = ""
+    if args.log == "kafka":
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        if not bootstrap:
+            from pydblog.devtools.tansu import TansuBroker
+
+            broker = TansuBroker().start()
+            bootstrap = broker.bootstrap
+        prefix = f"s{uuid.uuid4().hex[:8]}"
+        log_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"\n'
+    try:
+        run(args, work, log_keys, bootstrap, prefix)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, prefix: str) -> None:
     with PgCluster() as cluster:
         dsn = cluster.create_database("bench")
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -128,13 +179,18 @@ def main() -> None:
             conn.execute("CREATE PUBLICATION benchpub FOR TABLE bench")
             conn.execute("SELECT pg_create_logical_replication_slot('rawbench', 'pgoutput')")
             conn.execute("SELECT pg_create_logical_replication_slot('recvbench', 'pgoutput')")
-        config = write_config(work, dsn)
+        config = write_config(work, dsn, log_keys)
         # Start dblog once so that it creates its slot and publication, then stop it.
         proc = subprocess.Popen(
             [sys.executable, "-m", "pydblog", "run", "--config", str(config)],
-            stderr=subprocess.DEVNULL,
+            stderr=(work / "first-run.log").open("w"),
         )
-        time.sleep(3)
+        deadline = time.monotonic() + 120
+        while not (work / "data" / "api.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"dblog run did not start: {(work / 'first-run.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        time.sleep(1)
         proc.terminate()
         proc.wait()
         t0 = time.perf_counter()
@@ -152,7 +208,7 @@ def main() -> None:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-m", "pydblog", "run", "--config", str(config)],
-            stderr=subprocess.DEVNULL,
+            stderr=(work / "run.log").open("w"),
         )
         spy = None
         if args.profile is not None:
@@ -163,17 +219,40 @@ def main() -> None:
                  str(args.profile / "stream.txt")],
                 stdout=subprocess.DEVNULL,
             )
-        reader = SqliteChangeLogReader(work / "data")
-        first: tuple[float, int, float, dict[int, float]] | None = None
+        scraping = threading.Event()
+        scrapes = [0]
+        scraper = threading.Thread(target=scrape, args=(work / "data", scraping, scrapes), daemon=True)
+        scraper.start()
+        reader: Any
+        if log_keys:
+            from kafka import KafkaEnd  # bench/kafka.py
+            from pydblog.changelog.kafka import KafkaChangeLogReader
+            from pydblog.config import LogConfig
+
+            reader = KafkaChangeLogReader(LogConfig(type="kafka", path=str(work / "data"),
+                                                    bootstrap_servers=bootstrap, topic_prefix=prefix))
+            end_probe = KafkaEnd(bootstrap, prefix)
+            end_probe.active(True)
+            count = end_probe.count
+        else:
+            while not (work / "data" / "changelog.sqlite").exists():
+                time.sleep(0.05)
+            reader = SqliteChangeLogReader(work / "data")
+            count = reader.next_offset
+        first: tuple[float, int, float, dict[int, float], dict[str, float]] | None = None
         while True:
             time.sleep(0.005)
-            n = reader.next_offset()
+            n = count()
             if first is None and n > 0:
-                first = (time.perf_counter(), n, cpu_seconds(proc.pid), family_cpu(postmaster))
+                first = (time.perf_counter(), n, cpu_seconds(proc.pid), family_cpu(postmaster),
+                         thread_cpu(proc.pid))
             if n >= args.rows:
                 break
         end = time.perf_counter()
         dblog_cpu = cpu_seconds(proc.pid)
+        if log_keys:
+            end_probe.close()
+        threads_end = thread_cpu(proc.pid)
         server_cpu = cpu_since(family_cpu(postmaster), first[3]) if first else 0.0
         rss_bulk = peak_rss_kb(proc.pid)
         if spy is not None:
@@ -192,6 +271,24 @@ def main() -> None:
             f"    CPU per row during (b): dblog run {(dblog_cpu - first[2]) * 1e6 / counted:.2f} us, "
             f"PostgreSQL {server_cpu * 1e6 / counted:.2f} us"
         )
+        per_thread = {name: (c - first[4].get(name, 0.0)) * 1e6 / counted
+                      for name, c in sorted(threads_end.items())}
+        print("    dblog run CPU per event by thread: " + ", ".join(
+            f"{name} {us:.2f} us" for name, us in per_thread.items() if us >= 0.005))
+        print(f"    /metrics scraped {scrapes[0]} times during (b)")
+        figures: dict[str, Any] = {
+            "log": args.log, "rows": args.rows, "transactions": args.tx,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("PYDBLOG_")},
+            "bare_loop_events_per_s": round(raw), "pg_recvlogical_events_per_s": round(recv),
+            "pg_recvlogical_cpu_us_per_event": round(recv_cpu, 3),
+            "dblog_events_per_s": round(e2e), "ratio_to_pg_recvlogical": round(e2e / recv, 3),
+            "dblog_events_per_s_with_process_start": round(whole),
+            "ratio_to_bare_loop": round(e2e / raw, 3),
+            "dblog_cpu_us_per_event": round((dblog_cpu - first[2]) * 1e6 / counted, 3),
+            "dblog_cpu_us_per_event_by_thread": {k: round(v, 3) for k, v in per_thread.items()},
+            "postgres_cpu_us_per_event": round(server_cpu * 1e6 / counted, 3),
+            "metrics_scrapes": scrapes[0],
+        }
 
         # (c) steady load latency
         start_offset = reader.next_offset()
@@ -232,6 +329,8 @@ def main() -> None:
         time.sleep(1.0)
         stop.set()
         th.join()
+        scraping.set()
+        scraper.join()
         rss = peak_rss_kb(proc.pid)
         proc.terminate()
         proc.wait()
@@ -246,23 +345,12 @@ def main() -> None:
         print(
             f"(d) dblog run peak RSS: {rss / 1024:.0f} MB (after bulk drain: {rss_bulk / 1024:.0f} MB)"
         )
+        figures.update({
+            "steady_events_per_s": round(rate), "latency_p50_ms": round(p50, 2),
+            "latency_p99_ms": round(p99, 2), "peak_rss_mb": round(rss / 1024),
+        })
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
-    results.write("stream", {
-        "rows": args.rows,
-        "transactions": args.tx,
-        "a_bare_loop_events_per_s": round(raw),
-        "a2_pg_recvlogical_events_per_s": round(recv),
-        "b_dblog_run_events_per_s": round(e2e),
-        "b_over_a": round(e2e / raw, 3),
-        "b_over_a2": round(e2e / recv, 3),
-        "b_with_process_start_events_per_s": round(whole),
-        "dblog_run_cpu_us_per_row": round((dblog_cpu - first[2]) * 1e6 / counted, 2),
-        "postgres_cpu_us_per_row": round(server_cpu * 1e6 / counted, 2),
-        "c_steady_events_per_s": round(rate),
-        "c_latency_p50_ms": round(p50, 1),
-        "c_latency_p99_ms": round(p99, 1),
-        "d_peak_rss_mb": round(rss / 1024),
-    })
+    results.write("stream", figures)
     os.system(f"rm -rf {work}")
 
 

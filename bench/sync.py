@@ -354,11 +354,11 @@ def main() -> None:
     broker = None
     kafka_logs: dict[int, dict[str, Any]] = {}
     if "kafka" in only:
-        # The same events from a Kafka log (Tansu in memory, or KAFKA_BOOTSTRAP_SERVERS), as
+        # The same events from a Kafka log (one Apache Kafka broker, or KAFKA_BOOTSTRAP_SERVERS), as
         # further queries of the warm session: compare with the warm embedded drain.
-        from pydblog.devtools.tansu import TansuBroker
+        from pydblog.devtools.kafka import KafkaBroker
 
-        broker = None if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else TansuBroker().start()
+        broker = None if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else KafkaBroker(optimize=True).start()
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or (broker.bootstrap if broker else "")
         for parts in args.kafka_partitions or [1, 4]:
             log = {"type": "kafka", "path": str(work / f"kafka-{parts}"),

@@ -7,13 +7,15 @@ The oracle (invariant 2 of docs/architecture.md): replaying the change log (c/u/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,16 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from pydblog.events import UNCHANGED_TOAST
+from pydblog.devtools.proc import end_process
+from pydblog.events import UNCHANGED_TOAST, InsertRun
 from pydblog.sources.postgres.types import SESSION_SETTINGS, TypeRegistry
 
 DBLOG = [sys.executable, "-m", "pydblog"]
+
+STARTED: list[subprocess.Popen[bytes]] = []
+"""The `dblog run` processes ``start_run`` started during the current test: the
+``_nothing_left_running`` fixture (tests/conftest.py) ends those a failed test left
+running and closes their pipes."""
 
 Key = tuple[Any, ...]
 Tables = dict[str, dict[Key, dict[str, Any]]]
@@ -51,22 +59,39 @@ path = "{directory / "data"}"
     return path
 
 
+_DRAINS: dict[int, tuple[threading.Thread, list[bytes]]] = {}
+
+
 def start_run(
-    config: Path, env: dict[str, str] | None = None, wait: bool = True
+    config: Path, env: dict[str, str] | None = None, wait: bool = True, drain: bool = False
 ) -> subprocess.Popen[bytes]:
     """Start `dblog run`; with ``wait``, return once its slot exists (the first
-    checkpoint is in the change log), so writes from then on are captured."""
+    checkpoint is in the change log), so writes from then on are captured. ``drain``:
+    a thread reads its stderr while it runs (``stop_run`` returns it), for a test whose
+    capture may log more than a pipe holds (64 KB: the client's connection errors while
+    a broker is down for seconds) before it is stopped: else the capture blocks in its
+    next log line."""
     proc = subprocess.Popen(
         [*DBLOG, "run", "--config", str(config), *(["-v"] if os.environ.get("DBLOG_TEST_VERBOSE") else [])],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
     )
+    if drain:
+        chunks: list[bytes] = []
+        assert proc.stderr is not None
+        fd = proc.stderr.fileno()
+        reader = threading.Thread(
+            target=lambda: chunks.extend(iter(lambda: os.read(fd, 65536), b"")), daemon=True)
+        reader.start()
+        _DRAINS[proc.pid] = (reader, chunks)
+    STARTED.append(proc)
     if wait:
 
         def ready() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"dblog run exited: {proc.communicate()[1].decode()[-3000:]}")
+                _, _, err = end_process(proc)
+                raise AssertionError(f"dblog run exited: {err.decode()[-3000:]}")
             return first_checkpoint(config)
 
         try:
@@ -75,11 +100,26 @@ def start_run(
             # (an embedded log is cheap to look at: a few hundred starts in a run)
             embedded = load_config(config).log.type == "embedded"
             wait_for(ready, 60, "dblog run to start", 0.05 if embedded else 0.2)
-        except BaseException:  # not left running (a test that fails here never stops it)
-            proc.kill()
-            proc.wait()
+        except BaseException as exc:  # not left running, its pipe closed
+            _, _, err = end_process(proc, kill=True)
+            if isinstance(exc, AssertionError) and "dblog run exited" not in str(exc):
+                raise AssertionError(f"{exc}; dblog run's stderr: {err.decode()[-3000:]}") from None
             raise
     return proc
+
+
+def end_started() -> None:
+    """End every process ``start_run`` started since the last call (SIGKILL: a test that
+    left one running failed already) and close their pipes."""
+    while STARTED:
+        proc = STARTED.pop()
+        drained = _DRAINS.pop(proc.pid, None)
+        if drained is not None:  # its thread reads stderr: let it see the end first
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+            drained[0].join(10)
+        end_process(proc, kill=True)
 
 
 def first_checkpoint(config: Path) -> bool:
@@ -106,21 +146,42 @@ def first_checkpoint(config: Path) -> bool:
 
 
 def stop_run(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, str]:
+    """SIGTERM `dblog run` and wait for it; its exit code and stderr. Its pipe is closed
+    and it is reaped whatever happens (``end_process``)."""
+    drained = _DRAINS.pop(proc.pid, None)
+    if drained is not None:  # (``start_run(drain=True)``: its thread reads stderr)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            drained[0].join(10)
+            if proc.stderr is not None:
+                proc.stderr.close()
+            raise AssertionError("dblog run did not stop on SIGTERM: "
+                                 f"{b''.join(drained[1]).decode()[-2000:]}") from None
+        drained[0].join(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+        return proc.returncode, b"".join(drained[1]).decode()
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
+        _, _, err = end_process(proc, kill=True)
         raise AssertionError(f"dblog run did not stop on SIGTERM: {err.decode()[-2000:]}") from None
-    return proc.returncode, err.decode()
+    except ValueError:  # read already (stopped before)
+        err = b""
+    finally:
+        end_process(proc)  # nothing left running or open, whatever happened
+    return proc.returncode, (err or b"").decode()
 
 
 def kill9(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
-    proc.communicate()
+    end_process(proc, kill=True)
 
 
 def dblog(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -187,6 +248,17 @@ class LogFollower:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
+
+
+def each_event(items: Iterable[Any]) -> Iterator[Any]:
+    """A source's stream items with every ``InsertRun`` (a run of Inserts the native
+    decoder encoded) as the ``ChangeEvent``s it stands for, lazily (a test may act on
+    the source between items, as the runner does)."""
+    for item in items:
+        if type(item) is InsertRun:
+            yield from item.events()
+        else:
+            yield item
 
 
 def sid() -> str:

@@ -23,6 +23,11 @@ from pydblog.errors import ConfigError, DblogError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Each command imports what it runs inside its function: `dblog --help` and every
+# command load only their own modules (the capture, the API, Spark's job and its
+# session: the last take seconds to import), and a missing optional extra fails only
+# the command that needs it.
+
 config_option = click.option(
     "--config", "-c", "config_path", required=True, type=click.Path(dir_okay=False),
     help="Path of the TOML configuration file.",
@@ -77,6 +82,7 @@ def run(config_path: str, verbose: bool, release_ha: bool) -> None:
         if epoch is not None:
             logging.getLogger("pydblog").warning(
                 "released the high-availability claim (epoch %d) on the change log", epoch)
+    from pydblog.api.capture import start_capture_api
     from pydblog.capture.service import run_capture
 
     stop = threading.Event()
@@ -88,7 +94,7 @@ def run(config_path: str, verbose: bool, release_ha: bool) -> None:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     try:
-        run_capture(cfg, stop)
+        run_capture(cfg, stop, serve_api=start_capture_api)
     except DblogError as exc:
         _fail(exc)
 
@@ -168,6 +174,29 @@ def status(config_path: str, as_json: bool) -> None:
             click.echo(f"{key}: {value}")
 
 
+@main.command()
+@config_option
+@click.option("--print-sql", is_flag=True, required=True,
+              help="Print the SQL an administrator runs for a least-privilege capture.")
+@click.option("--dsn", default=None,
+              help="PostgreSQL: an administrator's connection to the same database, to list "
+                   "the tables [source] tables matches (default: the configured DSN).")
+@click.option("--host", default="%", show_default=True,
+              help="MySQL/MariaDB: the host the capture user connects from ('user'@'host').")
+def setup(config_path: str, print_sql: bool, dsn: str | None, host: str) -> None:
+    """Print what a DBA runs so that the configured capture needs the least privilege:
+    its role or user and grants, the publication (PostgreSQL), the server settings
+    (MySQL/MariaDB), and pydblog's signal and watermark tables when the watermark mode
+    writes them. Passwords are never printed: set them yourself."""
+    cfg = _load(config_path)
+    from pydblog.setup_sql import print_sql as generate
+
+    try:
+        click.echo(generate(cfg, dsn, host), nl=False)
+    except DblogError as exc:
+        _fail(exc)
+
+
 @main.command(context_settings={"ignore_unknown_options": False})
 @config_option
 @click.argument("args", nargs=-1)
@@ -175,8 +204,10 @@ def status(config_path: str, as_json: bool) -> None:
 @click.option("--surrogate-key", default=None, help="Column to chunk by instead of the primary key.")
 @click.option("--blocking", is_flag=True, help="Blocking snapshot: streaming waits while the tables are read.")
 @click.option("--wait", is_flag=True, help="Follow the snapshot to its end with a progress bar (exit 1 if aborted or rejected).")
+@click.option("--repair", is_flag=True,
+              help="A repair: the sinks also delete the rows the source no longer has.")
 def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
-             surrogate_key: str | None, blocking: bool, wait: bool) -> None:
+             surrogate_key: str | None, blocking: bool, wait: bool, repair: bool) -> None:
     """Ask for a snapshot of TABLE_REGEX... (or: snapshot stop|pause|resume [TABLE_REGEX...]).
 
     The request is a row in the signal table; the running `dblog run` picks it up
@@ -189,6 +220,8 @@ def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
     data: dict[str, Any]
     if args and args[0] in actions:
         kind = actions[args[0]]
+        if repair:
+            raise click.UsageError("--repair applies to a snapshot request, not to stop/pause/resume")
         data = {"data-collections": list(args[1:])} if args[1:] else {}
         if kind == "stop-snapshot":
             data["type"] = "incremental"
@@ -203,6 +236,10 @@ def snapshot(config_path: str, args: tuple[str, ...], filter_: str | None,
             ]
         if surrogate_key:
             data["surrogate-key"] = surrogate_key
+        if repair:
+            if filter_ or blocking:
+                raise click.UsageError("--repair reads whole tables: drop --filter and --blocking")
+            data["repair"] = [{"data-collection": pattern, "ranges": None} for pattern in args]
     signal_id = f"cli-{uuid.uuid4()}"
     start = _log_end(cfg) if wait else 0
     try:
@@ -253,6 +290,44 @@ def sync_jars_cmd(s3: bool) -> None:
                 click.echo(jar)
     except DblogError as exc:
         _fail(exc)
+
+
+@main.command()
+@config_option
+@click.argument("patterns", nargs=-1, metavar="[TABLE_REGEX]...")
+@click.option("--sink", "sink", default=None,
+              help="Only this sink (its type, or type#n when several share it).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--chunk-size", default=10_000, show_default=True, type=click.IntRange(1),
+              help="Source rows per key range.")
+@click.option("--lag-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait for the capture and the mirror to pass a differing range's read.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1),
+              help="Reads of a differing range before its lagging keys count as unsettled.")
+@click.option("--repair", is_flag=True,
+              help="Repair the differing ranges through the capture, wait for the mirrors "
+              "to apply the repair, then verify them again.")
+@click.option("--repair-timeout", default=600.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait for the repair's markers, and for each mirror to apply them.")
+def verify(config_path: str, patterns: tuple[str, ...], sink: str | None, as_json: bool,
+           chunk_size: int, lag_timeout: float, rounds: int, repair: bool,
+           repair_timeout: float) -> None:
+    """Compare each captured table with each mirror, key range by key range.
+
+    Exit 0 when every mirror equals its source (after --repair: once repaired), 1 when
+    a range differs.
+    """
+    cfg = _load(config_path)
+    from pydblog.verifier.cli import verify_command
+    from pydblog.verifier.run import Options
+
+    try:
+        code = verify_command(cfg, patterns, sink, as_json,
+                              Options(chunk_size, rounds, lag_timeout), repair, repair_timeout)
+    except DblogError as exc:
+        _fail(exc)
+        return
+    sys.exit(code)
 
 
 @main.command()

@@ -358,6 +358,32 @@ class HaConfig(_Model):
         return f"HaConfig(backend={self.backend!r}, hosts={self.hosts!r}, path={self.path!r}, dsn={dsn!r})"
 
 
+class VerifyConfig(_Model):
+    """``[verify]``: scheduled verification by `dblog run` (docs/verify.md).
+
+    ``interval_minutes`` between the end of one pass and the start of the next (unset:
+    off); ``tables`` regexes on ``schema.table`` (empty: every captured table);
+    ``sink`` one sink's name (as ``dblog verify --sink``); ``max_rows_per_s`` caps the
+    source rows read per second (unset: no cap)."""
+
+    interval_minutes: float | None = Field(default=None, gt=0)
+    tables: list[str] = Field(default_factory=list)
+    sink: str | None = None
+    chunk_size: int = Field(default=10_000, ge=1)
+    max_rows_per_s: float | None = Field(default=None, gt=0)
+    lag_timeout_s: float = Field(default=60.0, ge=0)
+
+    @field_validator("tables")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        for v in value:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"{v!r} is not a regular expression: {exc}") from None
+        return value
+
+
 class Config(_Model):
     source: SourceConfig
     log: LogConfig = Field(default_factory=LogConfig)
@@ -366,6 +392,7 @@ class Config(_Model):
     ha: HaConfig | None = None
     api: ApiConfig = Field(default_factory=ApiConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
 
     @model_validator(mode="after")
     def _ha_dsn(self) -> Config:

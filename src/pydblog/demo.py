@@ -28,6 +28,7 @@ from pydblog.capture.status import read_status
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.errors import DblogError
+from pydblog.events import decode_envelope
 
 TABLES = {"public.customers": ["id"], "public.orders": ["id"]}
 
@@ -128,8 +129,6 @@ chunk_size = 1024
 def _events(work: Path) -> list[dict[str, Any]]:
     reader = SqliteChangeLogReader(work / "dblog-data")
     try:
-        from pydblog.events import decode_envelope
-
         return [decode_envelope(r.offset, r.body) for r in reader.read(0, 10**9)]
     finally:
         reader.close()

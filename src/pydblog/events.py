@@ -626,6 +626,83 @@ def expand(items: Sequence[Emitted]) -> list[ChangeEvent]:
     return out
 
 
+class InsertRun(NamedTuple):
+    """Consecutive inserts of one table in one PostgreSQL transaction, already encoded
+    by the native decoder (``_pgrow.Tails``): no ``ChangeEvent`` per row.
+
+    Event ``i`` (``0 <= i < size``) is an ``op: c`` event at ``PgPosition(lsn, first +
+    i, None, tx_id)`` with ``ts_ms``; ``tails`` holds the ``size`` events' envelope tails joined
+    by newlines, each ``key_json + TAIL_SEP + after_json + "}"``: byte for byte what
+    ``encode_event`` writes after the envelope's ``"key":`` for that event (so
+    ``encode_insert_run`` gives the same bodies as ``encode_event`` of ``events()``)."""
+
+    schema: str
+    table: str
+    lsn: Lsn
+    first: int
+    tx_id: int | None
+    ts_ms: int
+    size: int
+    tails: str
+
+    @property
+    def first_position(self) -> PgPosition:
+        return PgPosition(self.lsn, self.first, None, self.tx_id)
+
+    @property
+    def last_position(self) -> PgPosition:
+        return PgPosition(self.lsn, self.first + self.size - 1, None, self.tx_id)
+
+    def events(self) -> list[ChangeEvent]:
+        """One ``ChangeEvent`` per row, its key and row parsed back from the tails (the
+        JSON values the converters gave: orjson writes them back to the same text)."""
+        out = []
+        for i, tail in enumerate(self.tails.split("\n")):
+            key, _, after = tail.partition(TAIL_SEP)
+            out.append(ChangeEvent(Op.CREATE, self.schema, self.table,
+                                   PgPosition(self.lsn, self.first + i, None, self.tx_id),
+                                   self.ts_ms, orjson.loads(key), None, orjson.loads(after[:-1])))
+        return out
+
+    def past(self, position: Position) -> InsertRun | None:
+        """The run without its events at or below ``position`` (None: nothing left)."""
+        lines = self.tails.split("\n")
+        drop = 0
+        while drop < self.size and PgPosition(self.lsn, self.first + drop, None, self.tx_id) <= position:
+            drop += 1
+        if drop == self.size:
+            return None
+        return self._replace(first=self.first + drop, size=self.size - drop,
+                             tails="\n".join(lines[drop:]))
+
+
+def encode_insert_run(run: InsertRun, connector: str, db: str, now_ms: int) -> list[Encoded]:
+    """The change-log form of ``run``: one template ``EncodedBlock`` whose bodies are
+    ``encode_event`` of ``run.events()``, byte for byte (the envelope around the index
+    is ``encode_event``'s template for the run's table, lsn, txId and ts_ms); events
+    one by one where there is no template."""
+    lsn = run.lsn.value
+    tx = run.tx_id
+    ts = run.ts_ms
+    key = (Op.CREATE, run.schema, run.table, SnapshotKind.NONE, connector, db)
+    last = _LAST_TX
+    if last[0] == (key, now_ms, lsn, tx, ts):
+        parts = last[1]
+    else:
+        t = _TEMPLATES.get(key)
+        if t is None:
+            probe = ChangeEvent(Op.CREATE, run.schema, run.table, run.first_position, ts)
+            t = _template(probe, connector, db)
+        parts = None if t is None else (
+            t[0], f"{t[1]}{now_ms}{t[2]}{lsn}{t[3]}{'null' if tx is None else tx}{t[4]}",
+            f"{t[5]}{ts}{t[6]}")
+        _remember_tx((key, now_ms, lsn, tx, ts), parts)
+    if parts is None or type(lsn) is not int or type(ts) is not int or type(now_ms) is not int:
+        return [encode_event(e, connector, db, now_ms) for e in run.events()]
+    return [_new_tuple(EncodedBlock, (parts[0], Op.CREATE, ts, run.size, run.tails, parts[1],
+                                      f'{parts[2]}"key":', run.first))]
+
+
 def last_position(item: Emitted) -> Position:
     if isinstance(item, SnapshotRows):
         return item.last_position

@@ -104,6 +104,22 @@ class CaptureMetrics:
             "dblog_capture_restarts", "Capture restarts after a retriable error.", registry=r)
         self.running = Gauge(
             "dblog_capture_running", "1 while the capture loop runs.", registry=r)
+        self.verify_runs = Counter(
+            "dblog_verify_runs", "Scheduled verification passes ([verify]).", registry=r)
+        self.verify_ok = Gauge(
+            "dblog_verify_ok", "1 when the last scheduled verification found every mirror "
+            "equal to its source, 0 when not (absent before the first pass).", registry=r)
+        self.verify_differing_ranges = Gauge(
+            "dblog_verify_differing_ranges", "Key ranges that differed (drift or unsettled) "
+            "in the last scheduled verification.", registry=r)
+        self.verify_rows = Gauge(
+            "dblog_verify_rows", "Source rows read by the last scheduled verification.",
+            registry=r)
+        self.verify_seconds = Gauge(
+            "dblog_verify_seconds", "Duration of the last scheduled verification.", registry=r)
+        self.verify_finished = Gauge(
+            "dblog_verify_finished_timestamp_seconds", "When the last scheduled verification "
+            "ended (Unix time).", registry=r)
         self.ha_role = Gauge(
             "dblog_ha_role", "1 for this process's high-availability role.", ["role"],
             registry=r)
@@ -185,6 +201,15 @@ class CaptureMetrics:
 
     def restart(self) -> None:
         self.restarts.inc()
+
+    def observe_verify(self, result: dict[str, Any]) -> None:
+        """A scheduled verification's summary (``verifier.schedule.summary``)."""
+        self.verify_runs.inc()
+        self.verify_ok.set(1 if result.get("ok") else 0)
+        self.verify_differing_ranges.set(result.get("differing_ranges") or 0)
+        self.verify_rows.set(result.get("rows") or 0)
+        self.verify_seconds.set(result.get("seconds") or 0.0)
+        self.verify_finished.set(result.get("finished_at") or 0.0)
 
     def set_role(self, role: str) -> None:
         for name in ("leader", "standby", "stopped"):

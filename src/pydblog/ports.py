@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
@@ -551,6 +551,7 @@ class FencedChangeLog(Protocol):
         ...
 
 
+@runtime_checkable
 class ConcurrentReader(Protocol):
     """A ``SnapshotReader`` that can read several chunks at once, each in its own window
     (``core.flight``): ``fork`` gives another reader on connections of its own (closed
@@ -580,6 +581,7 @@ class ConcurrentReader(Protocol):
         ...
 
 
+@runtime_checkable
 class IntegerKeyReader(Protocol):
     """A ``ConcurrentReader`` that can tell a single-column integer chunk key: its ranges
     are then cut by arithmetic (``core.intsplit``) instead of by ``chunk_bounds``
@@ -592,6 +594,7 @@ class IntegerKeyReader(Protocol):
         ...
 
 
+@runtime_checkable
 class FencedReader(Protocol):
     """A ``SnapshotReader`` that can read chunks for read-only snapshots (``[snapshot]
     watermark = "read-only"``): no watermark, the read's ``core.fence.ReadFence``
@@ -615,6 +618,7 @@ class FencedReader(Protocol):
         ...
 
 
+@runtime_checkable
 class ReplayWaiter(Protocol):
     """A ``FencedReader`` that may lag the stream (a hot standby) and can wait for it."""
 
@@ -624,6 +628,7 @@ class ReplayWaiter(Protocol):
         ...
 
 
+@runtime_checkable
 class FencedKeyReader(Protocol):
     """A ``FencedReader`` that can also re-read keys (``core.rereads``) in read-only
     snapshots (sources whose events can carry unchanged columns: PostgreSQL)."""
@@ -633,3 +638,93 @@ class FencedKeyReader(Protocol):
     ) -> tuple[Sequence[ChunkRow], Any]:
         """``read_keys``' rows and the ``ReadFence`` of the snapshot that read them."""
         ...
+
+
+@runtime_checkable
+class WindowFencer(Protocol):
+    """A ``SnapshotReader`` that can hand a ``ReadFence`` with watermark windows' rows
+    where the source needs it (``CoreSettings.fenced``)."""
+
+    def fences_watermark_windows(self) -> bool:
+        """Every watermark window's rows come with the fence of their read (the source
+        can make commits visible out of log order; asked once, at start)."""
+        ...
+
+
+@runtime_checkable
+class BlockingFencer(Protocol):
+    """A ``SnapshotReader`` that can hand a ``ReadFence`` with blocking reads' rows
+    where the source needs it (``CoreSettings.fenced_blocking``)."""
+
+    def fences_blocking_reads(self) -> bool:
+        """Every blocking read's rows come with the fence of their read (the stream can
+        deliver a commit before it is visible; asked once, at start)."""
+        ...
+
+
+@runtime_checkable
+class RequestScoped(Protocol):
+    """A ``SnapshotReader`` that wants to know when a snapshot request starts (a
+    replica's reader waits for the source's state once per request, not per read)."""
+
+    def begin_request(self) -> None:
+        """A snapshot request starts on this reader; its reads follow."""
+        ...
+
+
+# -- capability declarations -------------------------------------------------------------
+# A reader declares the optional capabilities above by subclassing their Protocols
+# (``class MySqlSnapshotReader(ConcurrentReader, FencedReader, ...)``): mypy then checks
+# its methods against each Protocol where the class is defined, and the driver asks
+# ``isinstance(reader, FencedReader)`` (``runtime_checkable``), never ``hasattr``.
+
+# -- the running capture, as the API reads it -------------------------------------------
+# The HTTP API (``api``) reads the capture's state through these views, never through the
+# capture's classes (``capture.runner.Runner`` implements ``RunnerView``): the API threads
+# only read, each a single attribute or a call that takes no lock the capture holds long.
+
+
+class StatusView(Protocol):
+    """The capture's last status (``capture.status.StatusWriter``)."""
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """Position, rate and snapshot progress as last written, at most ~1 s old; None
+        before the first write."""
+        ...
+
+    @property
+    def started_at(self) -> float:
+        """When this capture (runner) started, in seconds since the epoch."""
+        ...
+
+
+class WriterView(Protocol):
+    """The change log writer thread (``capture.writer.BatchWriter``)."""
+
+    def backlog(self) -> int:
+        """Batches handed to the writer and not appended yet."""
+        ...
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that stopped the writer thread, None while it writes."""
+        ...
+
+
+class RunnerView(Protocol):
+    """One capture run (``capture.runner.Runner``) as the API sees it."""
+
+    @property
+    def opened(self) -> bool:
+        """The source's stream opened (the capture is not stuck starting)."""
+        ...
+
+    @property
+    def status(self) -> StatusView: ...
+
+    @property
+    def writer(self) -> WriterView: ...
+
+    @property
+    def source(self) -> LogSource: ...

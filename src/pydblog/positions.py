@@ -10,6 +10,7 @@ Invariants:
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Self
 
@@ -159,8 +160,6 @@ def decode_position(text: str | bytes | dict[str, Any]) -> Position:
     kind = data.get("kind") if isinstance(data, dict) else None
     module = _MODULES.get(kind) if isinstance(kind, str) else None
     if module is not None and kind not in _KINDS:
-        import importlib
-
         importlib.import_module(module)  # registers its kind
     try:
         cls = _KINDS[data["kind"]]

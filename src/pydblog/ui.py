@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
+import orjson
 from rich.console import Console, Group, RenderableType
 from rich.progress import (
     BarColumn,
@@ -30,7 +31,9 @@ from rich.progress import (
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from pydblog.api.events import open_log_reader
 from pydblog.capture.status import read_status
+from pydblog.changelog import open_reader
 from pydblog.config import Config
 
 log = logging.getLogger(__name__)
@@ -73,10 +76,6 @@ def wait_for_snapshot(cfg: Config, signal_id: str, start_offset: int,
                       poll_s: float = 0.5, console: Console | None = None) -> int:
     """Follow the notifications of ``signal_id`` from ``start_offset`` until the snapshot
     completes (0) or is aborted / rejected (1), with a progress bar."""
-    import orjson
-
-    from pydblog.changelog import open_reader
-
     out = console or stderr_console()
     reader = open_reader(cfg.log)
     offset = start_offset
@@ -174,9 +173,7 @@ class SyncProgress:
         return self
 
     def _reader_end(self) -> int:
-        from pydblog.api.capture import open_reader
-
-        reader = open_reader(self.cfg)
+        reader = open_log_reader(self.cfg.log)
         if reader is None:
             return 0
         try:

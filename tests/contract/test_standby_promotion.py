@@ -48,7 +48,7 @@ from tests.contract.test_standby_capture import (
     standby_snapshots,
     typed_writer,
 )
-from tests.helpers import materialize, sid, wait_for, write_config
+from tests.helpers import each_event, materialize, sid, wait_for, write_config
 
 Pair = tuple[PgCluster, PgStandby, PgHarness, str]
 
@@ -811,7 +811,7 @@ def test_a_reset_logged_on_the_old_primary_around_the_promotion_is_logged_again(
     source = PgLogSource(cfg)
     try:
         source.open(None)
-        items = source.stream()
+        items = each_event(source.stream())
         first = next(items)
         assert type(first) is SourceState and "public.t2" in first.value["captured"]
         inner.execute("DROP TABLE t2")
@@ -836,7 +836,7 @@ def test_a_reset_logged_on_the_old_primary_around_the_promotion_is_logged_again(
     try:
         source.open(checkpoint)
         assert not source.standby
-        items = source.stream()
+        items = each_event(source.stream())
         got = _items_until(source, items,
                            lambda i: type(i) is RelationReset and i.event.table == "t2", 30,
                            "reset of t2")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pydblog.changelog.sqlite import SqliteChangeLog, log_path
+from pydblog.devtools.proc import end_process
 from pydblog.errors import ChangeLogError
 from pydblog.ha.fencing import claim
 from pydblog.ha.lease import DeadlineLease
@@ -39,8 +40,12 @@ sys.stdin.readline()
 def hold(tmp_path: Path, mode: str, who: str = "owner") -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(log_path(tmp_path)), mode, who],
                             stdout=subprocess.PIPE, stdin=subprocess.PIPE)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == b"locked"
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"locked"
+    except BaseException:
+        end_process(proc, kill=True)
+        raise
     return proc
 
 
@@ -80,9 +85,7 @@ def test_stopped_lock_holder_is_killed(tmp_path: Path) -> None:
         assert proc.returncode == -signal.SIGKILL
         assert log.fence_epoch() == 7
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+        end_process(proc, kill=True)
         log.close()
 
 
@@ -91,13 +94,18 @@ def test_running_lock_holder_is_waited_for(tmp_path: Path) -> None:
     proc = hold(tmp_path, "run")
     stop = threading.Event()
     t, result = claim_in_thread(log, 3, stop)
-    time.sleep(2.0)  # past the grace period: a running holder is not killed
-    assert proc.poll() is None and not result
-    proc.communicate(b"\n", timeout=10)  # the holder ends (its transaction rolls back)
-    t.join(10)
-    assert result == [None]
-    assert log.fence_epoch() == 3
-    log.close()
+    try:
+        time.sleep(2.0)  # past the grace period: a running holder is not killed
+        assert proc.poll() is None and not result
+        proc.communicate(b"\n", timeout=10)  # the holder ends (its transaction rolls back)
+        t.join(10)
+        assert result == [None]
+        assert log.fence_epoch() == 3
+    finally:
+        stop.set()
+        t.join(10)
+        end_process(proc, kill=True)
+        log.close()
 
 
 def test_stopped_claim_gives_up(tmp_path: Path) -> None:
@@ -109,8 +117,7 @@ def test_stopped_claim_gives_up(tmp_path: Path) -> None:
         with pytest.raises(ChangeLogError):
             claim(log, DeadlineLease(3, 30.0, "test", lambda: None), stop)
     finally:
-        proc.kill()
-        proc.communicate()
+        end_process(proc, kill=True)
         log.close()
 
 
@@ -129,9 +136,7 @@ def test_stopped_holder_that_is_not_the_owner_is_not_killed(tmp_path: Path) -> N
     finally:
         stop.set()
         t.join(10)
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-        proc.communicate()
+        end_process(proc, kill=True)
         log.close()
 
 

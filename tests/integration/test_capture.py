@@ -8,6 +8,8 @@ from pathlib import Path
 
 import psycopg
 
+from pydblog.capture.status import read_status
+from pydblog.config import load_config
 from tests.helpers import (
     assert_oracle,
     materialize,
@@ -241,7 +243,10 @@ def test_retention_by_size_runs_in_capture(pg_db: str, tmp_path: Path) -> None:
     proc = start_run(config)
     try:
         with psycopg.connect(pg_db, autocommit=True) as conn:
-            conn.execute("INSERT INTO r SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
+            # Incompressible rows (a stream's inserts are stored zstd-compressed): ~3 MB.
+            conn.execute("INSERT INTO r SELECT g, md5(g::text) || md5((-g)::text) || md5((7 * g)::text) "
+                         "|| md5((13 * g)::text) || md5((17 * g)::text) || md5((19 * g)::text) "
+                         "FROM generate_series(1, 20000) g")
         wait_for_marker(config, pg_db)
     finally:
         stop_run(proc)
@@ -256,3 +261,31 @@ def test_retention_by_size_runs_in_capture(pg_db: str, tmp_path: Path) -> None:
     assert events[0]["offset"] == reader.first_offset() > 0
     assert events[-1]["offset"] == reader.next_offset() - 1
     assert [e["offset"] for e in events] == list(range(events[0]["offset"], reader.next_offset()))
+
+
+def test_an_idle_source_with_a_long_heartbeat_has_a_position_at_once(pg_db: str, tmp_path: Path) -> None:
+    """`dblog run` on a source nobody writes to, with a heartbeat interval longer than the
+    machine has been up (monotonic time: a fresh machine's is small): the first idle moment
+    sends a heartbeat, so the first checkpoint (writes from then on are captured) and a
+    status with a position come within seconds, not after the interval."""
+    import time
+
+    from tests.helpers import first_checkpoint, wait_for
+
+    create_tables(pg_db)
+    config = write_config(tmp_path, pg_db, heartbeat_s=10**9)
+    t0 = time.monotonic()
+    proc = start_run(config, wait=False)
+    try:
+        wait_for(lambda: first_checkpoint(config), 30, "the first checkpoint", 0.05)
+
+        def positioned() -> bool:
+            status = read_status(load_config(config).log_dir)
+            return status is not None and status.get("position") is not None
+
+        wait_for(positioned, 10, "a status with a position", 0.05)
+        elapsed = time.monotonic() - t0
+    finally:
+        code, err = stop_run(proc)
+    assert code == 0, err[-2000:]
+    assert elapsed < 30

@@ -30,7 +30,7 @@ from pydblog.ports import (
 from pydblog.sources.postgres.source import CAPTURED_KEY, PgLogSource
 from tests.contract.capture import Capture
 from tests.contract.harness import PgHarness
-from tests.helpers import materialize, sid, start_run, wait_for
+from tests.helpers import each_event, materialize, sid, start_run, wait_for
 from tests.integration.test_recreate import create
 
 
@@ -79,7 +79,7 @@ def test_captured_tables_reach_the_checkpoint_of_a_stream_never_idle(pg_db: str)
         source._cur = NeverIdle(source._cur)
         h.execute("INSERT INTO ca VALUES (10, 'busy')")
         h.marker("m1")
-        items = source.stream()
+        items = each_event(source.stream())
         got = until_marker(items, source, "m1")
         states = [i for i in got if type(i) is SourceState]
         # Set at start: the runner's first checkpoint must carry it.
@@ -123,7 +123,7 @@ def test_a_stream_never_idle_sends_heartbeats_and_refreshes(pg_db: str) -> None:
     source.open(None)
     try:
         source._cur = NeverIdle(source._cur)
-        items = source.stream()
+        items = each_event(source.stream())
         got: list[StreamItem] = []
         created = False
         deadline = time.monotonic() + 60

@@ -17,6 +17,7 @@ from pydblog.events import ChangeEvent
 from pydblog.ports import Heartbeat
 from pydblog.positions import PgPosition
 from pydblog.sources.postgres.source import HEARTBEAT_PREFIX, PgLogSource
+from tests.helpers import each_event
 
 
 def test_heartbeat_sorts_before_a_commit_that_follows_it(pg_db: str) -> None:
@@ -32,7 +33,7 @@ def test_heartbeat_sorts_before_a_commit_that_follows_it(pg_db: str) -> None:
             other.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
             writer.commit()  # its commit record starts where the message ends
         heartbeat = None
-        for item in source.stream():
+        for item in each_event(source.stream()):
             if isinstance(item, Heartbeat):
                 heartbeat = item
             elif isinstance(item, ChangeEvent) and item.table == "hb_t":

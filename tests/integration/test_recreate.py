@@ -17,7 +17,7 @@ import pytest
 
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import PgHarness
-from tests.helpers import materialize, sid, source_rows, write_config
+from tests.helpers import each_event, materialize, sid, source_rows, write_config
 
 
 def create(h: PgHarness, name: str, first: int, last: int, tag: str) -> None:
@@ -133,7 +133,7 @@ def test_table_dropped_while_the_publication_is_refreshed(
         assert source.captured_tables == ["public.dblog_test_marker"]
         h.execute("INSERT INTO dblog_test_marker VALUES ('end')")
         resets = []
-        for item in source.stream():
+        for item in each_event(source.stream()):
             if isinstance(item, RelationReset):
                 resets.append(item.kind)
             elif getattr(item, "table", None) == "dblog_test_marker":
@@ -227,7 +227,7 @@ def test_publication_refresh_that_keeps_failing(
         assert "public.rg" not in source.captured_tables
         h.execute("INSERT INTO dblog_test_marker VALUES ('end')")
         resets = []
-        for item in source.stream():
+        for item in each_event(source.stream()):
             if isinstance(item, RelationReset):
                 resets.append((item.event.table, item.kind))
             elif getattr(item, "table", None) == "dblog_test_marker":

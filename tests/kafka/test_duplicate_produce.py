@@ -45,6 +45,7 @@ def proxied(tmp_path: Path) -> Iterator[tuple[LogConfig, DupProxy]]:
             proxy.close()
 
 
+@pytest.mark.tansu  # Apache Kafka's idempotent producer state drops the second copy
 def test_a_produce_answered_twice_fails_the_commit_and_the_retry_logs_it_once(
         proxied: tuple[LogConfig, DupProxy]) -> None:
     cfg, proxy = proxied
@@ -68,6 +69,7 @@ def test_a_produce_answered_twice_fails_the_commit_and_the_retry_logs_it_once(
     assert [r.offset for r in got] == list(range(len(bs[0]) + len(bs[2]) + len(bs[4])))
 
 
+@pytest.mark.tansu  # Apache Kafka's idempotent producer state drops the second copy
 def test_a_checkpoint_message_answered_without_its_offset_fails_the_commit(
         proxied: tuple[LogConfig, DupProxy], monkeypatch: pytest.MonkeyPatch) -> None:
     """Tansu on S3, restarted with a commit's checkpoint message in flight, answered the

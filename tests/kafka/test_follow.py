@@ -105,6 +105,7 @@ def _no_learned_waits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.tansu
 def test_a_follower_on_s3_storage_gets_the_last_commit_of_an_idle_capture(tmp_path: Path) -> None:
     """Tansu's high watermark on S3 storage lags the partition's end by up to ~16 offsets
     for good (it moves in steps as commits come): a follower's read that stopped at the
@@ -186,6 +187,7 @@ def test_dblog_tail_follows_a_kafka_log(kafka_log: LogConfig, tmp_path: Path) ->
 
     import orjson
 
+    from pydblog.devtools.proc import end_process
     from tests.helpers import DBLOG, write_config
     from tests.kafka.conftest import kafka_log_toml
 
@@ -231,8 +233,5 @@ def test_dblog_tail_follows_a_kafka_log(kafka_log: LogConfig, tmp_path: Path) ->
         assert take(30) == list(range(12, 42))
     finally:
         if tail is not None:
-            tail.terminate()
-            tail.wait(30)
-            if tail.stdout is not None:
-                tail.stdout.close()
+            end_process(tail)
         writer.close()

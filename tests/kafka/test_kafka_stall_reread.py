@@ -22,6 +22,8 @@ from pydblog.errors import ChangeLogError
 from pydblog.events import Op
 from tests.kafka.test_kafka_log import cp, row_event
 
+pytestmark = pytest.mark.tansu
+
 PLAN = [5, 0, None]
 """Per consumer, in the order the read makes them: the first returns 5 records and then
 nothing (a stall), the second (the next longer fetch wait) nothing at all, the third

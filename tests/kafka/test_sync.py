@@ -29,6 +29,7 @@ from deltalake import DeltaTable
 from pydblog.changelog.kafka import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.config import LogConfig, load_config
+from pydblog.devtools.proc import end_process
 from pydblog.errors import SinkError
 from pydblog.events import EncodedEvent
 from pydblog.ports import Checkpoint
@@ -110,11 +111,11 @@ def run_job(cfg: Path, fault: str, log: Path) -> int:
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             return proc.wait(timeout=240)
-        except subprocess.TimeoutExpired:  # not left running (its JVM, its Python workers)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        except subprocess.TimeoutExpired:
             raise AssertionError(f"the job did not reach its kill ({fault}) in 240 s:\n"
                                  f"{log.read_text(errors='replace')[-5000:]}") from None
+        finally:  # not left running (its JVM, its Python workers)
+            end_process(proc, kill=True, group=True)
 
 
 @pytest.mark.usefixtures("spark")
@@ -520,14 +521,15 @@ def test_sync_from_kafka_killed_at_random_moments(pg_db: str, tmp_path: Path, ka
         with (tmp_path / f"job-{n}.log").open("wb") as out:
             job = subprocess.Popen([sys.executable, "-m", "pydblog.spark.job", "--config", str(stream)],
                                    env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            before = version()
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and version() == before and job.poll() is None:
-                time.sleep(0.1)
-            delay = rng.uniform(0, 4.0)
-            time.sleep(delay)
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=60)
+            try:
+                before = version()
+                deadline = time.monotonic() + 240
+                while time.monotonic() < deadline and version() == before and job.poll() is None:
+                    time.sleep(0.1)
+                delay = rng.uniform(0, 4.0)
+                time.sleep(delay)
+            finally:  # killed (its JVM, its Python workers), whatever happened
+                end_process(job, 60, kill=True, group=True)
         kills.append(f"job {n}: {delay:.2f} s after history version {version()}")
         assert version() != before, state()
         print(kills[-1])

@@ -16,7 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pydblog.config import parse_config
-from pydblog.events import ChangeEvent, encode_event
+from pydblog.events import (
+    TAIL_SEP,
+    ChangeEvent,
+    EncodedBlock,
+    InsertRun,
+    encode_event,
+    encode_insert_run,
+)
 from pydblog.sources.postgres import pgoutput as po
 from pydblog.sources.postgres import rowdecode
 from pydblog.sources.postgres import types as t
@@ -76,6 +83,7 @@ def source(names: tuple[str, ...], oids: tuple[int, ...], pk: list[str], identit
                          REGISTRY, pk, True)
     src._relations[OID] = rel
     src._specs[OID] = rowdecode.spec(rel)
+    src._fast_specs[OID] = rowdecode.fast_spec(rel)
     src._report = False
     src._last_hb = float("inf")
     src._cur = Cursor([])
@@ -98,18 +106,33 @@ def _run(src: PgLogSource, payloads: list[bytes]) -> Any:
     src._cur = Cursor(payloads)
     items: list[Any] = []
     try:
-        for item in src.stream():
-            items.append(item)
-            if type(item) is ChangeEvent:
-                items.append(encode_event(item, "postgresql", "db", 1234).body)
-                items.append((repr(item), item.position.to_json(), hash(item.position)))
-                items.append([(k, type(v)) for k, v in (item.after or {}).items()])
-                items.append([(k, type(v)) for k, v in (item.before or {}).items()])
+        for got in src.stream():
+            # An InsertRun (native path) as the events it stands for, each with the body
+            # its block gives: byte for byte the Python path's, event by event.
+            if type(got) is InsertRun:
+                (block,) = encode_insert_run(got, "postgresql", "db", 1234)
+                assert type(block) is EncodedBlock
+                evs: list[Any] = got.events()
+                bodies: list[Any] = block.bodies()
+            else:
+                evs, bodies = [got], [None]
+            for item, body in zip(evs, bodies, strict=True):
+                _item(items, item, body)
     except End:
         return items
     except Exception as exc:  # the error is what is compared
         return (type(exc), str(exc))
     return items
+
+
+def _item(items: list[Any], item: Any, body: str | None) -> None:
+    items.append(item)
+    if type(item) is ChangeEvent:
+        encoded = encode_event(item, "postgresql", "db", 1234).body
+        items.append(encoded if body is None or body == encoded else ("differs", body, encoded))
+        items.append((repr(item), item.position.to_json(), hash(item.position)))
+        items.append([(k, type(v)) for k, v in (item.after or {}).items()])
+        items.append([(k, type(v)) for k, v in (item.before or {}).items()])
 
 
 @st.composite
@@ -300,3 +323,54 @@ def test_converter_errors() -> None:
         else:
             assert NATIVE(msg, specs, U) is None
     assert NATIVE(msg, {OID: rowdecode.spec(rel)}, U) is not None
+
+
+def test_insert_runs_are_cut_and_ordered() -> None:
+    """Inserts become ``InsertRun``s of at most ``run_rows`` rows of one relation, each
+    taken before any other item; positions continue across runs; the signal and
+    watermark tables' Inserts stay events (the runner routes them)."""
+    src = source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d")
+    other = 16401
+    rel = src._relations[OID]
+    import dataclasses
+
+    src._relations[other] = dataclasses.replace(rel, table="u")
+    src._specs[other] = rowdecode.spec(src._relations[other])
+    src._fast_specs[other] = rowdecode.fast_spec(src._relations[other])
+    src.run_rows = 2
+
+    def ins(oid: int, i: int) -> bytes:
+        return b"I" + struct.pack("!I", oid) + b"N" + tuple_bytes([str(i), f"v{i}"])
+
+    def raw(payloads: list[bytes]) -> list[Any]:
+        src._cur = Cursor(payloads)
+        items: list[Any] = []
+        with pytest.raises(End):
+            for item in src.stream():
+                items.append(item)
+        return items
+
+    msgs = [ins(OID, 0), ins(OID, 1), ins(OID, 2), ins(other, 3), ins(OID, 4)]
+    items = raw([begin(100), *msgs, commit(100)])
+    runs = [(i.table, i.first, i.size) for i in items if type(i) is InsertRun]
+    assert runs == [("t", 0, 2), ("t", 2, 1), ("u", 3, 1), ("t", 4, 1)]
+    assert [(e.after or {})["id"] for i in items if type(i) is InsertRun for e in i.events()] == [0, 1, 2, 3, 4]
+    del src._fast_specs[other]  # e.g. the watermark table: an event, in its place
+    items = raw([begin(100), *msgs, commit(100)])
+    kinds = [(type(i).__name__, i.table) for i in items if type(i) in (InsertRun, ChangeEvent)]
+    assert kinds == [("InsertRun", "t"), ("InsertRun", "t"), ("ChangeEvent", "u"), ("InsertRun", "t")]
+
+
+def test_insert_run_after_a_position() -> None:
+    """``InsertRun.past``: a restart inside a transaction drops what was logged."""
+    from pydblog.positions import Lsn, PgPosition
+
+    tails = "\n".join(f'{{"id":{i}}}{TAIL_SEP}{{"id":{i}}}}}' for i in range(4))
+    r = InsertRun("public", "t", Lsn(100), 3, 7, 1, 4, tails)
+    assert r.past(PgPosition(Lsn(100), 2, None, 7)) == r
+    cut = r.past(PgPosition(Lsn(100), 4, None, 7))
+    assert cut is not None and (cut.first, cut.size) == (5, 2)
+    assert [e.position for e in cut.events()] == [PgPosition(Lsn(100), i, None, 7) for i in (5, 6)]
+    assert [e.key for e in cut.events()] == [{"id": 2}, {"id": 3}]
+    assert r.past(PgPosition(Lsn(100), 6, None, 7)) is None
+    assert r.past(PgPosition(Lsn(99), 9, None, 7)) == r

@@ -16,6 +16,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pydblog.config import load_config
+from pydblog.devtools.proc import end_process
 from pydblog.spark.job import FAULT_ENV, run_sync
 from pydblog.spark.synth import SyntheticLoad
 from tests.spark.helpers import assert_mirrors, history_offsets
@@ -62,14 +63,14 @@ def start_job(cfg: Path, fault: str | None, tmp: Path, n: int) -> subprocess.Pop
     env.pop(FAULT_ENV, None)
     if fault:
         env[FAULT_ENV] = fault
-    out = open(tmp / f"job-{n}.log", "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "pydblog.spark.job", "--config", str(cfg)],
-        env=env,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(tmp / f"job-{n}.log", "wb") as out:  # (the job has its own copy)
+        return subprocess.Popen(
+            [sys.executable, "-m", "pydblog.spark.job", "--config", str(cfg)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def history_version(tmp: Path) -> int | None:
@@ -88,17 +89,22 @@ def test_kill_9_during_batches_repeatedly(spark: Any, pg_db: str, tmp_path: Path
     # 2. Killed after the first sink (Delta) of batch 3: the other sinks lag one batch.
     for n, fault in enumerate(("after-sinks:1", "after-sink:3:0")):
         job = start_job(drain, fault, tmp_path, n)
-        assert job.wait(timeout=240) == -signal.SIGKILL, (tmp_path / f"job-{n}.log").read_text()
+        try:
+            code = job.wait(timeout=240)
+        finally:  # not left running (its JVM, its Python workers), whatever happened
+            end_process(job, kill=True, group=True)
+        assert code == -signal.SIGKILL, (tmp_path / f"job-{n}.log").read_text()
 
     # 3. Killed from outside at an arbitrary moment while it streams.
     job = start_job(stream, None, tmp_path, 2)
-    before = history_version(tmp_path)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and history_version(tmp_path) == before:
-        time.sleep(0.2)
-    time.sleep(0.3)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait(timeout=30)
+    try:
+        before = history_version(tmp_path)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and history_version(tmp_path) == before:
+            time.sleep(0.2)
+        time.sleep(0.3)
+    finally:
+        end_process(job, kill=True, group=True)
     assert history_version(tmp_path) != before, (tmp_path / "job-2.log").read_text()
 
     # 4. A clean run drains the rest (in-process, on the tests' shared SparkSession).

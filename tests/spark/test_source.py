@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.changelog.sqlite_spark import OffsetRange, plan_partitions
+from pydblog.devtools.proc import end_process
 from pydblog.errors import ChangeLogError
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
@@ -166,7 +166,7 @@ def test_stream_while_another_process_appends(spark: Any, log_dir: Path, tmp_pat
             time.sleep(0.3)
     finally:
         q.stop()
-        threading.Thread(target=writer.kill).start()
+        end_process(writer, kill=True)
     ranges = [(lo, hi) for _, lo, hi, _ in seen]
     assert ranges[0][0] == 0 and ranges[-1][1] == 5_499
     for (_, hi), (lo, _) in itertools.pairwise(ranges):

@@ -4,14 +4,13 @@ console output is pydblog's lines only (Spark's go to spark.log)."""
 from __future__ import annotations
 
 import http.client
-import os
-import signal
 import subprocess
 from pathlib import Path
 
 import orjson
 import psycopg
 
+from pydblog.devtools.proc import end_process
 from tests.helpers import DBLOG, start_run, stop_run, wait_for, wait_for_marker, write_config
 
 
@@ -74,9 +73,7 @@ def test_sync_metrics_health_and_clean_output(pg_db: str, tmp_path: Path) -> Non
         assert code == 200, body
         assert {c["name"] for c in orjson.loads(body)["checks"]} == {"sync", "lag"}
     finally:
-        if sync.poll() is None:
-            os.kill(sync.pid, signal.SIGTERM)
-        stdout, stderr = sync.communicate(timeout=120)
+        _, stdout, stderr = end_process(sync, 120)
     text = stdout.decode() + stderr.decode()
     for noise in ("log4j", " WARN ", "FutureWarning", "py4j", "[cds]", "incubator"):
         assert noise not in text, (noise, text[-3000:])

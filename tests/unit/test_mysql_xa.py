@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pydblog.errors import SourceError
 from pydblog.events import ChangeEvent, Op
+from pydblog.sources.mysql import xa as xa_mod
 from pydblog.sources.mysql.position import BinlogPosition
 from pydblog.sources.mysql.xa import (
     PreparedXa,
@@ -74,3 +76,48 @@ def test_held_rows_round_trip_through_the_checkpoint() -> None:
     assert back.prepared_before_start((1, b"early", b""))
     assert not back.prepared_before_start((1, b"early", b""))
     assert xid_key((1, b"x1", b"")) == "1:7831:"
+
+
+def _row(n: int) -> ChangeEvent:
+    pos = BinlogPosition("binlog.000001", 100, n)
+    return ChangeEvent(Op.CREATE, "db", "t", pos, 1000, {"id": n}, None, {"id": n})
+
+
+def test_commit_logs_the_held_rows_rollback_forgets_them() -> None:
+    xa = PreparedXa()
+    xa.hold((1, b"c", b""), "binlog.000001:100", [_row(1), _row(2)])
+    xa.hold((1, b"r", b""), "binlog.000001:200", [_row(3)])
+    rows, changed = xa.resolve("COMMIT", (1, b"c", b""), "binlog.000001:300")
+    assert [r.key for r in rows] == [{"id": 1}, {"id": 2}] and changed
+    assert xa.resolve("ROLLBACK", (1, b"r", b""), "binlog.000001:400") == ([], True)
+    assert xa.prepared == {}
+    # an XA transaction without captured rows (never held): nothing changes
+    assert xa.resolve("COMMIT", (1, b"other", b""), "binlog.000001:500") == ([], False)
+
+
+def test_commit_of_one_prepared_before_start_is_reported_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    xa = PreparedXa()
+    assert xa.recovered([(1, 2, 0, b"x1")], "mysql://h/db")
+    assert not xa.recovered([], "mysql://h/db")
+    assert "1 prepared XA transaction(s)" in caplog.text
+    assert xa.resolve("ROLLBACK", (1, b"x1", b""), "binlog.000001:100") == ([], False)
+    xa.note_before_start([(1, b"x1", b"")])
+    assert xa.resolve("COMMIT", (1, b"x1", b""), "binlog.000001:100") == ([], True)
+    assert "prepared before capture started, committed at binlog.000001:100" in caplog.text
+    assert xa.resolve("COMMIT", (1, b"x1", b""), "binlog.000001:100") == ([], False)
+
+
+def test_held_rows_over_the_limit_stop_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(xa_mod, "MAX_HELD_BYTES", 200)
+    xa = PreparedXa()
+    xa.hold((1, b"a", b""), "binlog.000001:100", [_row(1)])
+    with pytest.raises(SourceError, match="over the limit of 200 bytes"):
+        xa.hold((1, b"b", b""), "binlog.000001:200", [_row(n) for n in range(10)])
+
+
+def test_unreadable_checkpoint_names_the_fix() -> None:
+    with pytest.raises(SourceError, match="cannot be read") as info:
+        PreparedXa.load({"prepared": {"not-a-key": {"at": "x", "rows": []}}}, None)
+    assert info.value.hint is not None and "fresh [log] path" in info.value.hint

@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -38,27 +37,24 @@ from pydblog.api.live import LiveCapture
 from pydblog.api.logfigures import LogFigures
 from pydblog.api.probe import SourceProbe
 from pydblog.api.settings import split_listen
+from pydblog.apiaddress import API_FILE
+from pydblog.apiaddress import read_api_address as read_api_address  # (re-exported)
+from pydblog.capture.inbox import deliver
+from pydblog.capture.signals import send_signal, signals_go_direct
 from pydblog.config import Config, redact_dsn
+from pydblog.core.signals import parse_signal
 from pydblog.errors import DblogError, SignalError
 from pydblog.metrics import CAPTURE, CaptureMetrics
 from pydblog.ports import ChangeLogReader
+from pydblog.verifier.schedule import STATE as VERIFY
 
 log = logging.getLogger(__name__)
 
-API_FILE = "api.json"
 MAX_LIMIT = 10_000
 MAX_WAIT_S = 60.0
 DIRECT_SIGNAL_WAIT_S = 10.0
 """How long ``POST /snapshots`` waits for the capture to take a read-only snapshot's
 signal before withdrawing it (503)."""
-
-
-def read_api_address(log_dir: Path) -> str | None:
-    """The URL a running `dblog run` serves its API on (from ``api.json``)."""
-    try:
-        return str(orjson.loads((log_dir / API_FILE).read_bytes())["url"])
-    except (OSError, orjson.JSONDecodeError, KeyError):
-        return None
 
 
 def open_reader(cfg: Config) -> ChangeLogReader | None:
@@ -79,6 +75,7 @@ class CaptureApi:
         router.add("GET", "/metrics", self.prometheus)
         router.add("GET", "/snapshots", self.snapshots)
         router.add("POST", "/snapshots", self.signal, auth=True)
+        router.add("POST", "/repairs", self.repair, auth=True)
         router.add("GET", "/events", self.events, auth=cfg.api.token is not None)
         router.add("GET", "/api/status", self.page_status)
         router.add("GET", "/", self.page)
@@ -168,6 +165,8 @@ class CaptureApi:
             snapshot_paused=bool(snap.get("paused")),
             progress_age_s=now - metrics.progress_time,
             runner_age_s=None if runner is None else now - runner.status.started_at,
+            verify=VERIFY.latest,
+            verify_scheduled=self.cfg.verify.interval_minutes is not None,
         )
         ok, checks = evaluate(inp, self.cfg.health)
         return ok, {"status": "ok" if ok else "unhealthy", "role": live.role, "checks": checks}
@@ -203,13 +202,30 @@ class CaptureApi:
         return json_response(200, {"capture": self.live.state,
                                    "snapshot": status.get("snapshot")})
 
+    def repair(self, req: Request) -> Response:
+        """``POST /repairs``: a repair signal (docs/verify.md), whole tables
+        (``{"tables": [REGEX...]}``) or key ranges (``{"ranges": {"schema.table":
+        [{"lo": [...], "hi": [...]}]}}``, as ``dblog verify --json`` reports them)."""
+        try:
+            data = repair_signal_data(self.cfg, req.body)
+            signal_id = f"repair-{uuid.uuid4()}"
+            from pydblog.core.signals import parse_signal
+
+            parse_signal(signal_id, "execute-snapshot", orjson.dumps(data).decode())
+        except SignalError as exc:
+            return error(400, exc.message, exc.hint)
+        except DblogError as exc:
+            return error(503, redact_dsn(exc.message), exc.hint)
+        return self._send(signal_id, "execute-snapshot", data)
+
     def signal(self, req: Request) -> Response:
         try:
             signal_id, kind, data = parse_signal_body(req.body)
         except SignalError as exc:
             return error(400, exc.message, exc.hint)
-        from pydblog.capture.signals import send_signal, signals_go_direct
+        return self._send(signal_id, kind, data)
 
+    def _send(self, signal_id: str, kind: str, data: dict[str, Any]) -> Response:
         if signals_go_direct(self.cfg):
             return self._signal_direct(signal_id, kind, data)
         try:
@@ -223,8 +239,6 @@ class CaptureApi:
     def _signal_direct(self, signal_id: str, kind: str, data: dict[str, Any]) -> Response:
         """Read-only snapshots: the signal goes to this process's capture
         (``capture.inbox``); 202 once its effect is in a durable checkpoint."""
-        from pydblog.capture.inbox import deliver
-
         if self.live.role != "leader" or self.live.state not in ("running", "retrying"):
             return error(503, f"this process is not capturing (role {self.live.role}, "
                          f"state {self.live.state}): the signal was not taken",
@@ -313,15 +327,13 @@ class CaptureApi:
         })
 
 
-_PATHS = {"/health", "/metrics", "/snapshots", "/events", "/api/status", "/"}
+_PATHS = {"/health", "/metrics", "/snapshots", "/repairs", "/events", "/api/status", "/"}
 _BODY_FIELDS = {"id", "type", "data"}
 
 
 def parse_signal_body(body: bytes) -> tuple[str, str, dict[str, Any]]:
     """``(id, type, data)`` of a ``POST /snapshots`` body, validated exactly as a signal
     row is (``core.signals.parse_signal``); raises ``SignalError`` naming the problem."""
-    from pydblog.core.signals import parse_signal
-
     example = ('{"type": "execute-snapshot", "data": {"data-collections": '
                '["public\\\\.orders"]}}')
     if not body.strip():
@@ -351,6 +363,72 @@ def parse_signal_body(body: bytes) -> tuple[str, str, dict[str, Any]]:
     data = data or {}
     parse_signal(signal_id, kind, orjson.dumps(data).decode())
     return signal_id, kind, data
+
+
+def repair_signal_data(cfg: Config, body: bytes) -> dict[str, Any]:
+    """The ``execute-snapshot`` data of a ``POST /repairs`` body; raises ``SignalError``
+    naming the problem."""
+    example = '{"ranges": {"public.orders": [{"lo": [100], "hi": [200]}]}} or {"tables": ["public\\\\.orders"]}'
+    try:
+        doc = orjson.loads(body or b"null")
+    except orjson.JSONDecodeError as exc:
+        raise SignalError(f"the request body is not valid JSON ({exc})", hint=example) from None
+    if not isinstance(doc, dict) or not (set(doc) <= {"tables", "ranges"}) or not doc:
+        raise SignalError("the body is an object with tables (regexes) or ranges", hint=example)
+    tables, ranges = doc.get("tables") or [], doc.get("ranges") or {}
+    if not isinstance(tables, list) or not all(isinstance(t, str) and t for t in tables):
+        raise SignalError("'tables' must be an array of regexes on schema.table", hint=example)
+    if not isinstance(ranges, dict):
+        raise SignalError("'ranges' must map schema.table to [{lo, hi}...]", hint=example)
+    data: dict[str, Any] = {"data-collections": list(tables), "type": "incremental",
+                            "repair": [{"data-collection": t, "ranges": None} for t in tables]}
+    if ranges:
+        from pydblog.changelog import open_reader
+        from pydblog.verifier.ranges import Range
+        from pydblog.verifier.repair import RepairPlan, signal_data
+
+        reader = open_reader(cfg.log)
+        try:
+            known = {s.qualified: s for _, s in reader.schemas()}
+        finally:
+            reader.close()
+        plan = RepairPlan()
+        for table, items in ranges.items():
+            schema = known.get(table)
+            if schema is None or not schema.key:
+                raise SignalError(f"{table!r} is not a captured table with a primary key",
+                                  hint="name it as schema.table, as dblog verify reports it")
+            if not isinstance(items, list) or not items:
+                raise SignalError(f"ranges of {table}: a non-empty array of {{lo, hi}}", hint=example)
+            out = []
+            for i, r in enumerate(items):
+                bounds = []
+                for end in ("lo", "hi"):
+                    b = r.get(end) if isinstance(r, dict) else None
+                    if b is not None and (not isinstance(b, list) or len(b) != len(schema.key)):
+                        raise SignalError(f"ranges of {table}[{i}].{end}: an array of "
+                                          f"{len(schema.key)} key value(s) or null", hint=example)
+                    bounds.append(None if b is None else tuple(b))
+                lo, hi = bounds
+                out.append(Range(i, None if lo is None else tuple(map(_key_text, lo)),
+                                 None if hi is None else tuple(map(_key_text, hi)), lo, hi))
+            plan.schemas[table] = schema
+            plan.ranges[table] = out
+        more = signal_data(cfg, plan)
+        data["data-collections"] += more["data-collections"]
+        data["repair"] += more["repair"]
+        data["additional-conditions"] = more.get("additional-conditions", [])
+    if not data["data-collections"]:
+        raise SignalError("name at least one table", hint=example)
+    if not data.get("additional-conditions"):
+        data.pop("additional-conditions", None)
+    return data
+
+
+def _key_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return v if isinstance(v, str) else str(v)
 
 
 def _int_arg(req: Request, name: str, default: int | None, minimum: int) -> int | None:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from pydblog.changelog import log_exists, open_reader
 from pydblog.events import with_offset
 from pydblog.ports import ChangeLogReader
 
@@ -47,8 +48,6 @@ class EventsRequest:
 def open_log_reader(log: LogConfig) -> ChangeLogReader | None:
     """A reader of the change log (``[log]``: embedded or Kafka, through the ports'
     ``ChangeLogReader``), or None while it does not exist yet."""
-    from pydblog.changelog import log_exists, open_reader
-
     if not log_exists(log):
         return None
     return open_reader(log)

@@ -14,7 +14,9 @@ The checks (thresholds from ``[health]``):
 - ``slot_lag``: source log retained for us <= ``max_slot_lag_bytes``;
 - ``changelog``: the writer has not failed, the log directory is writable and has
   at least 64 MiB free;
-- ``snapshot``: a running, unpaused snapshot moved within ``snapshot_stuck_minutes``.
+- ``snapshot``: a running, unpaused snapshot moved within ``snapshot_stuck_minutes``;
+- ``verify`` (with ``[verify] interval_minutes``): the last scheduled verification found
+  every mirror equal to its source (before the first pass: healthy, "not run yet").
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class HealthInputs:
     progress_age_s: float
     runner_age_s: float | None = None
     """Time since the runner was created (None: unknown, taken as long ago)."""
+    verify: dict[str, Any] | None = None
+    """The last scheduled verification (``verifier.schedule``); None: not scheduled."""
+    verify_scheduled: bool = False
 
 
 def evaluate(inp: HealthInputs, cfg: HealthConfig) -> tuple[bool, list[dict[str, Any]]]:
@@ -63,7 +68,23 @@ def evaluate(inp: HealthInputs, cfg: HealthConfig) -> tuple[bool, list[dict[str,
     checks.append(_lag(inp, cfg))
     checks.append(_changelog(inp))
     checks.append(_snapshot(inp, cfg))
+    if inp.verify_scheduled:
+        checks.append(_verify(inp))
     return all(c["ok"] for c in checks), checks
+
+
+def _verify(inp: HealthInputs) -> dict[str, Any]:
+    v = inp.verify
+    if v is None:
+        return _check("verify", True, "not run yet")
+    if v.get("error"):
+        return _check("verify", False, f"the last verification failed: {v['error']}")
+    if not v.get("ok"):
+        where = ", ".join(f"{d['table']} -> {d['sink']} ({d['ranges']} ranges)"
+                          for d in v.get("differing") or [])
+        return _check("verify", False, f"mirrors differ from their source: {where} "
+                      "(`dblog verify --repair` heals them)")
+    return _check("verify", True, f"every mirror equal to its source ({v.get('rows', 0)} rows)")
 
 
 def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:

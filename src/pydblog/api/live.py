@@ -1,61 +1,6 @@
-"""What the API threads read of the running capture: one ``LiveCapture`` per process,
-updated by ``capture.service.run_capture`` (never by the capture loop itself).
+"""The running capture as the API reads it: ``capture.live`` (the capture owns and
+updates ``LIVE``; the API only reads it, through ``ports.RunnerView``)."""
 
-Reads from other threads are of single attributes (atomic under the GIL); nothing here
-is written by the API.
-"""
+from pydblog.capture.live import LIVE, LiveCapture
 
-from __future__ import annotations
-
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from pydblog.ha.role import ROLE
-
-if TYPE_CHECKING:
-    from pydblog.capture.runner import Runner
-
-
-@dataclass
-class LiveCapture:
-    state: str = "starting"
-    """``starting`` | ``running`` | ``retrying`` (after a retriable error) | ``stopped``
-    | ``failed``."""
-    runner: Runner | None = None
-    error: str | None = None
-    started_at: float = field(default_factory=time.time)
-
-    @property
-    def role(self) -> str:
-        """``leader`` | ``standby`` | ``stopped`` (``ha.role``; a process without
-        ``[ha]`` is the leader while it captures)."""
-        return ROLE.get().role
-
-    def view(self) -> tuple[str, str | None, Runner | None]:
-        """``(state, error, runner)`` as one consistent reading: ``run_capture`` sets
-        the runner before it sets ``running`` (one statement, assigned left to right), so
-        reading ``state`` first never pairs ``running`` with the runner of before (None
-        at the first start: /health called that "stuck opening the source")."""
-        state, error = self.state, self.error
-        return state, error, self.runner
-
-    def status(self) -> dict[str, Any] | None:
-        """The runner's last status (position, rate, snapshot), at most ~1 s old."""
-        runner = self.runner
-        return None if runner is None else runner.status.latest
-
-    def writer_error(self) -> str | None:
-        runner = self.runner
-        if runner is None:
-            return None
-        exc = getattr(runner.writer, "_error", None)
-        return None if exc is None else str(exc)
-
-    def backlog(self) -> int:
-        runner = self.runner
-        return 0 if runner is None else runner.writer.backlog()
-
-
-LIVE = LiveCapture()
-"""The process's capture, as the API sees it."""
+__all__ = ["LIVE", "LiveCapture"]

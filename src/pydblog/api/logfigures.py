@@ -14,6 +14,7 @@ import logging
 import threading
 from typing import Any
 
+from pydblog.api.events import open_log_reader
 from pydblog.config import LogConfig
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,6 @@ class LogFigures:
             if got is None:
                 return None
             return {"size_bytes": None, "first_offset": got[0], "next_offset": got[1]}
-        from pydblog.api.events import open_log_reader
-
         reader = open_log_reader(self.cfg)
         if reader is None:
             return None

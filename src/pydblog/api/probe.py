@@ -24,6 +24,7 @@ from typing import Any
 from pydblog.api.live import LiveCapture
 from pydblog.config import Config, redact_dsn
 from pydblog.metrics import CaptureMetrics
+from pydblog.sources.postgres.connect import connect
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,6 @@ class SourceProbe:
         return self._ask_mysql()
 
     def _ask_postgres(self) -> tuple[Any, int | None]:
-        from pydblog.sources.postgres.connect import connect
-
         if self._conn is None:
             self._conn = connect(self.cfg.source.dsn, timeout_s=min(5.0, self.interval_s * 2))
         row = self._conn.execute(

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+import orjson
+
 from pydblog.capture import lagtrace
 from pydblog.config import Config
 from pydblog.core.fence import describe
@@ -45,13 +47,17 @@ from pydblog.errors import ConfigError, DblogError, SignalError, SourceError
 from pydblog.events import ChangeEvent, Emitted, Op
 from pydblog.metrics import CAPTURE as METRICS
 from pydblog.ports import (
+    BlockingFencer,
     ConcurrentReader,
     FencedKeyReader,
     FencedReader,
+    IntegerKeyReader,
     ReplayWaiter,
+    RequestScoped,
     ResetKind,
     SnapshotReader,
     TableInfo,
+    WindowFencer,
 )
 from pydblog.positions import Position
 from pydblog.threads import name_native_thread
@@ -113,7 +119,7 @@ class SnapshotDriver:
         )
         self.read_only = s.watermark == "read-only"
         self._initial = s.mode == "initial"
-        if self.read_only and not hasattr(reader, "read_chunk_fenced"):
+        if self.read_only and not isinstance(reader, FencedReader):
             raise ConfigError(
                 f'snapshot.watermark = "read-only" is not supported by the {cfg.source.type} '
                 'source yet: use "table"'
@@ -172,8 +178,6 @@ class SnapshotDriver:
         (the last logged event's) as a signal row read there would be. Returns the
         events and the rejection's reason, if the signal was rejected (always, with
         ``problem``: a message that was no valid signal, rejected for that reason)."""
-        import orjson
-
         try:
             if problem is not None:
                 raise SignalError(problem)
@@ -370,9 +374,8 @@ class SnapshotDriver:
         core = self.core
         reader = reader if reader is not None else self.reader
         for used in {id(reader): reader, id(self.reader): self.reader}.values():
-            begin = getattr(used, "begin_request", None)  # (a replica reader waits once)
-            if begin is not None:
-                begin()
+            if isinstance(used, RequestScoped):  # (a replica reader waits once)
+                used.begin_request()
         try:
             if isinstance(request, MarkRequest):
                 reader.write_watermark(request.watermark)
@@ -465,13 +468,13 @@ class SnapshotDriver:
         t0 = time.perf_counter()
         fence = None
         if request.fenced:
-            if not hasattr(self.reader, "read_keys_fenced"):
+            if not isinstance(self.reader, FencedKeyReader):
                 raise SourceError(
                     f"the {type(self.reader).__name__} cannot re-read keys in a read-only "
                     "snapshot", hint='use snapshot.watermark = "table"',
                 )
             _await_floor(self.reader, request.floor)
-            rows, fence = cast(FencedKeyReader, self.reader).read_keys_fenced(keyed, request.keys)
+            rows, fence = self.reader.read_keys_fenced(keyed, request.keys)
             self._last_fence = fence
         else:
             rows = self.reader.read_keys(keyed, request.keys)
@@ -540,24 +543,23 @@ def _await_floor(reader: SnapshotReader, floor: Position | None) -> None:
     it has replayed the floor, so that the read is not wasted (its fence would not
     cover it); bounded (``ReplayWaiter``), after which the read goes ahead anyway and
     the core reads it again if it must."""
-    if floor is not None and hasattr(reader, "wait_replayed"):
-        cast(ReplayWaiter, reader).wait_replayed(floor)
+    if floor is not None and isinstance(reader, ReplayWaiter):
+        reader.wait_replayed(floor)
 
 
 def _parallelism(reader: SnapshotReader) -> int:
     """Chunks read at once in their own windows: the reader's ``parallelism`` if it can
     fork (``ConcurrentReader``), else 1 (one chunk at a time, with read-ahead)."""
-    if not all(hasattr(reader, m) for m in ("fork", "chunk_bounds", "parallelism")):
+    if not isinstance(reader, ConcurrentReader):
         return 1
-    return max(1, cast(ConcurrentReader, reader).parallelism())
+    return max(1, reader.parallelism())
 
 
 def _integer_key(reader: SnapshotReader, info: TableInfo) -> bool:
     """The chunk key is one column of an integer type, so its ranges may be cut by
     arithmetic (``core.intsplit``): the reader's ``integer_key`` says so (a reader
     without one: never)."""
-    check = getattr(reader, "integer_key", None)
-    return bool(check(info)) if callable(check) else False
+    return isinstance(reader, IntegerKeyReader) and reader.integer_key(info)
 
 
 def _slice_rows(wanted: int, fenced: bool) -> int:
@@ -576,15 +578,13 @@ def _slice_rows(wanted: int, fenced: bool) -> int:
 def _fences_windows(reader: SnapshotReader) -> bool:
     """The reader hands a ``ReadFence`` with every watermark window's rows
     (``CoreSettings.fenced``): its ``fences_watermark_windows()`` says so."""
-    check = getattr(reader, "fences_watermark_windows", None)
-    return bool(check()) if callable(check) else False
+    return isinstance(reader, WindowFencer) and reader.fences_watermark_windows()
 
 
 def _fences_blocking_reads(reader: SnapshotReader) -> bool:
     """The reader hands a ``ReadFence`` with every blocking read's rows
     (``CoreSettings.fenced_blocking``): its ``fences_blocking_reads()`` says so."""
-    check = getattr(reader, "fences_blocking_reads", None)
-    return bool(check()) if callable(check) else False
+    return isinstance(reader, BlockingFencer) and reader.fences_blocking_reads()
 
 
 def _keyed(info: TableInfo, request: ChunkRequest) -> TableInfo:

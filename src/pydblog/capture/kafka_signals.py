@@ -64,6 +64,8 @@ from typing import Any
 
 import orjson
 
+from pydblog.capture.inbox import deliver
+from pydblog.capture.signals import send_signal, signals_go_direct
 from pydblog.config import Config
 from pydblog.core.signals import SignalType, parse_signal
 from pydblog.errors import ConfigError, DblogError, SignalError
@@ -379,8 +381,6 @@ class KafkaSignalListener:
         """One message: forward it (retrying until the source or the capture takes it),
         then commit its offset. False if closed before it was forwarded (not
         committed)."""
-        from pydblog.capture.signals import signals_go_direct
-
         signal_id = f"kafka-{m.partition()}-{m.offset()}-{m.timestamp()[1]}"
         since = self._since.get(m.partition())
         older = since is not None and m.offset() < since[1] and 0 <= m.timestamp()[1] < since[0]
@@ -420,8 +420,6 @@ class KafkaSignalListener:
 
     def _insert(self, signal_id: str, kind: str, data: dict[str, Any]) -> bool:
         """The signal row, inserted if absent; False if closed first."""
-        from pydblog.capture.signals import send_signal
-
         while not self._stop.is_set():
             try:
                 send_signal(self.cfg, signal_id, kind, data, once=True)
@@ -436,8 +434,6 @@ class KafkaSignalListener:
         """Hand the signal (or, with ``problem``, its rejection) to this process's
         capture and wait until its effect is durable (or it was a duplicate, or
         rejected); False if closed first."""
-        from pydblog.capture.inbox import deliver
-
         while not self._stop.is_set():
             item = deliver(signal_id, kind, data, 5.0, stop=self._stop, problem=problem)
             if item is not None and item.done.is_set():

@@ -22,14 +22,16 @@ for a slice's write, not for the chunk's.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
-from pydblog.capture import lagtrace
+from pydblog.capture import lagtrace, repairs
 from pydblog.capture.driver import SLICE_ROWS, SnapshotDriver
 from pydblog.capture.inbox import INBOX, REMEMBER
 from pydblog.capture.kafka_signals import CHECKPOINT_KEY, Handled
@@ -44,12 +46,16 @@ from pydblog.events import (
     ChangeEvent,
     Emitted,
     Encoded,
+    InsertRun,
+    Op,
     SnapshotRows,
     encode_event,
+    encode_insert_run,
     encode_snapshot_rows,
     last_position,
 )
 from pydblog.ports import (
+    ChangeLogReader,
     ChangeLogWriter,
     Checkpoint,
     Commit,
@@ -207,7 +213,8 @@ class Runner:
         self._db = ""
         self._driver_active = False
         self._now_ms = int(time.time() * 1000)
-        self._last_retention = 0.0  # first idle moment applies retention
+        self._last_retention = -math.inf  # first idle moment applies retention (not
+        # RETENTION_EVERY_S after the machine's boot: monotonic time)
         self._writer_wakes = False  # the writer wakes the stream when its queue drains
         # High availability: the elected leader's term, checked before every source ack
         # and at every idle tick (``None``: no [ha], a single capture process).
@@ -216,8 +223,18 @@ class Runner:
         # checkpoint's extra; set by the service before ``run``.
         self.kafka_signals: Handled | None = None
         self._extra_dirty = False  # extra changed: the next flush writes a checkpoint
+        self._repair_reader: ChangeLogReader | None = None
 
     # -- recovery ---------------------------------------------------------------------
+    @property
+    def logged_position(self) -> Position | None:
+        """The position of the last event handed to the change log writer."""
+        return self._position
+
+    def snapshot_status(self) -> dict[str, Any] | None:
+        """The snapshot core's progress, None before the snapshot driver exists."""
+        return self.driver.status() if self.driver is not None else None
+
     def recover(self) -> Checkpoint | None:
         from_log = self.changelog.last_checkpoint()
         from_state = self.state.load()
@@ -276,6 +293,8 @@ class Runner:
         pending = self._pending
         max_events = self.cfg.log.batch_max_events
         trace = lagtrace.ON
+        if hasattr(self.source, "run_rows"):  # a batch never holds much more than max_events
+            self.source.run_rows = max(1, min(BLOCK_EVENTS, max_events))
         self.status.maybe_write(self, force=True)  # opened (api.health: not stuck)
         for item in self.source.stream():
             if type(item) is ChangeEvent:
@@ -311,6 +330,38 @@ class Runner:
                     if trace:
                         lagtrace.stall(t0, "flush")
                 continue
+            if type(item) is InsertRun:
+                # Inserts the source encoded in C: one block, no event objects.
+                run: InsertRun | None = item
+                if self._skip is not None:
+                    assert run is not None
+                    if run.last_position <= self._skip:
+                        continue
+                    run = run.past(self._skip)
+                    self._skip = None
+                    if run is None:
+                        continue
+                assert run is not None
+                self._in_tx = True
+                self._position = run.last_position
+                if self._driver_active:  # the windows see every event
+                    for ev in run.events():
+                        driver.on_event(ev)
+                if not pending:
+                    self._pending_since = time.monotonic()
+                if self._stream_since is None:
+                    self._stream_since = time.monotonic()
+                encoded = encode_insert_run(run, self._connector, self._db, self._now_ms)
+                pending.extend(encoded)
+                self._pending_extra += run.size - len(encoded)
+                if trace:
+                    self._trace.extend(repeat((run.ts_ms, time.time()), run.size))
+                if len(pending) + self._pending_extra >= max_events:
+                    t0 = time.time() if trace else 0.0
+                    self.flush()
+                    if trace:
+                        lagtrace.stall(t0, "flush")
+                continue
             handler = handlers.get(type(item))
             t0 = time.time() if trace else 0.0
             if handler is not None and handler(item, stop) is False:
@@ -321,6 +372,9 @@ class Runner:
                 self.flush()
                 break
         self.flush(force=True)
+        if self._repair_reader is not None:
+            self._repair_reader.close()
+            self._repair_reader = None
 
     # -- stream items other than row changes -------------------------------------------
     def _route_own(self, ev: ChangeEvent) -> None:
@@ -396,6 +450,8 @@ class Runner:
         max_age = self.cfg.log.batch_max_ms / 1000.0
         if self._pending and time.monotonic() - self._pending_since >= max_age:
             self.flush()
+        if repairs.REPAIR_MARKERS in self._extra:
+            self._log_repairs()
 
     def _on_idle(self, item: Idle, stop: threading.Event) -> bool:
         # The source has nothing more right now: flush, unless the writer is still
@@ -408,6 +464,8 @@ class Runner:
         self._tick(stop)
         if self._driver_active:
             self._slices()
+        if repairs.REPAIR_MARKERS in self._extra:
+            self._log_repairs()
         self._now_ms = int(time.time() * 1000)
         if stop.is_set():
             return False
@@ -495,6 +553,8 @@ class Runner:
         self._ack = item.position
         self._in_tx = False
         self.flush(force=True)
+        if repairs.REPAIR_MARKERS in self._extra:
+            self._log_repairs()
         if self._driver_active:
             self._slices()
         refresh = getattr(self.source, "refresh_tables", None)
@@ -584,8 +644,70 @@ class Runner:
                 self._pending_extra += len(item.rows) - len(encoded)
                 pending.extend(encoded)
             else:
+                if item.op is Op.NOTIFICATION and self._repair_notice(item):
+                    continue  # a range-end marker: logged by _log_repairs
                 pending.append(encode_event(item, connector, db, now_ms))
         self._advance(last_position(events[-1]))
+
+    # -- repairs (capture.repairs) -------------------------------------------------------
+    def _repair_notice(self, ev: ChangeEvent) -> bool:
+        """Note a repair's start; defer its range-end marker (True: not logged now)."""
+        kind = repairs.kind_of(ev)
+        if kind is None:
+            return False
+        note = ev.notification or {}
+        sid = str(note.get("signal_id"))
+        if kind == "start":
+            self._extra.setdefault(repairs.REPAIR_SPANS, {})[sid] = self._repair_log().next_offset()
+            return False
+        if kind == "done":
+            spans = self._extra.get(repairs.REPAIR_SPANS)
+            waiting = self._extra.get(repairs.REPAIR_MARKERS) or []
+            if spans and sid in spans and not any(
+                (m["notification"] or {}).get("signal_id") == sid for m in waiting
+            ):
+                del spans[sid]
+                if not spans:
+                    del self._extra[repairs.REPAIR_SPANS]
+            return False
+        self._extra.setdefault(repairs.REPAIR_MARKERS, []).append(repairs.stored(ev))
+        return True
+
+    def _repair_log(self) -> ChangeLogReader:
+        if self._repair_reader is None:
+            from pydblog.changelog import open_reader
+
+            self._repair_reader = open_reader(self.cfg.log)
+        return self._repair_reader
+
+    def _log_repairs(self) -> None:
+        """At a transaction boundary: log the deferred range-end markers, each with the
+        keys of its span (everything logged before it is durable first)."""
+        waiting = self._extra.get(repairs.REPAIR_MARKERS)
+        if not waiting or self._in_tx or self._position is None:
+            return
+        self.flush(force=True)
+        reader = self._repair_log()
+        end = reader.next_offset()
+        spans: dict[str, int] = self._extra.get(repairs.REPAIR_SPANS) or {}
+        now_ms = int(time.time() * 1000)
+        for entry in waiting:
+            table = f"{entry['schema']}.{entry['table']}"
+            sid = str((entry["notification"] or {}).get("signal_id"))
+            start = spans.get(sid)
+            if start is None:  # (a span always is recorded; else the widest one)
+                start = reader.first_offset()
+            known = self._known_schemas.get(table)
+            key = list(known.key) if known is not None else []
+            keep = repairs.span_keys(reader, table, key, repairs.ranges_of(entry, table), start, end)
+            ev = repairs.marker_event(entry, key, keep)
+            if not self._pending:
+                self._pending_since = time.monotonic()
+            self._pending.append(encode_event(ev, self._connector, self._db, now_ms))
+            log.info("repair %s of %s: range-end marker logged (%d keys kept)", sid, table, len(keep))
+        del self._extra[repairs.REPAIR_MARKERS]
+        self._extra_dirty = True
+        self.flush(force=True)
 
     def _describe(self, schema: str, table: str) -> None:
         """Record the schema of a table whose first logged rows are snapshot rows (no

@@ -8,32 +8,54 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from pydblog.api.capture import read_api_address, start_capture_api
-from pydblog.api.live import LIVE
+from pydblog.apiaddress import read_api_address
+from pydblog.capture.kafka_signals import Handled, KafkaSignalListener, first_run_ms
+from pydblog.capture.live import LIVE, LiveCapture
 from pydblog.capture.runner import Runner
 from pydblog.capture.status import read_status
 from pydblog.changelog import describe, open_writer
 from pydblog.config import Config, redact_dsn
 from pydblog.errors import DblogError, LeadershipLost, SlotInUse
+from pydblog.ha.fencing import GuardedStateStore, claim
+from pydblog.ha.member import run_member
+from pydblog.ha.members import election_leader, read_members
 from pydblog.ha.role import ROLE, RoleInfo
+from pydblog.ha.takeover import free_slot
 from pydblog.metrics import CAPTURE as METRICS
 from pydblog.ports import Lease, StateStore
+from pydblog.sources.postgres.connect import connect
+from pydblog.sources.postgres.source import slot_lag
 from pydblog.sources.registry import create_source
 from pydblog.state.file import FileStateStore
 
 log = logging.getLogger(__name__)
 
 
-def run_capture(cfg: Config, stop: threading.Event) -> None:
+class Served(Protocol):
+    """What serves the capture's API (``api.capture.CaptureApi``), to be closed when the
+    capture stops."""
+
+    def close(self) -> None: ...
+
+
+ServeApi = Callable[[Config, LiveCapture], Served | None]
+"""Starts the capture's API on ``LIVE`` (``api.capture.start_capture_api``; None when
+``[api] listen`` turns it off). ``dblog run`` passes it in: the capture does not import
+the API, which reads the capture."""
+
+
+def run_capture(cfg: Config, stop: threading.Event, serve_api: ServeApi | None = None) -> None:
     """Run until ``stop`` is set; flushes, acknowledges and closes on the way out.
 
     Errors before the stream first opens are raised (the CLI prints them and exits
     with their code: bad DSN, server down, slot in use, setup missing). Once capture
     ran, retriable errors (the server restarting) are retried with backoff. With
     ``[ha]`` the process is a member of an election and captures only while it leads
-    (``ha.member``).
+    (``ha.member``). ``serve_api`` serves the API (leaders and standbys alike) from
+    before the capture starts until after its state is final.
     """
     # The chunk worker thread does many short database round trips; with the default
     # 5 ms GIL switch interval each one could wait that long behind the stream thread.
@@ -44,11 +66,14 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
     # the collector still runs, just every 100k allocations.
     gc.set_threshold(100_000, 50, 100)
     gc.freeze()  # modules and config loaded so far: never scanned again
-    api = start_capture_api(cfg, LIVE)  # serves leaders and standbys alike
+    api = serve_api(cfg, LIVE) if serve_api is not None else None
+    scheduled = None
+    if cfg.verify.interval_minutes is not None:
+        from pydblog.verifier.schedule import ScheduledVerify
+
+        scheduled = ScheduledVerify(cfg).start()
     try:
         if cfg.ha is not None:
-            from pydblog.ha.member import run_member
-
             run_member(cfg, stop, _capture)
             return
         ROLE.set(RoleInfo("leader"))
@@ -62,6 +87,8 @@ def run_capture(cfg: Config, stop: threading.Event) -> None:
     finally:
         if LIVE.state != "failed":
             LIVE.state = "stopped"
+        if scheduled is not None:
+            scheduled.close()
         if api is not None:
             api.close()
 
@@ -108,8 +135,6 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
                 changelog.close()
                 raise
         if lease is not None:
-            from pydblog.ha.fencing import GuardedStateStore, claim
-
             try:
                 claim(changelog, lease, stop)
             except BaseException:
@@ -137,8 +162,6 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
                 slot_deadline = slot_deadline or now + SLOT_WAIT_S
                 if now > slot_deadline:
                     raise
-                from pydblog.ha.takeover import free_slot
-
                 free_slot(cfg)
                 log.info("the previous leader still holds the replication slot; retrying")
                 delay = 0.2
@@ -172,8 +195,6 @@ def _kafka_signals(cfg: Config, runner: Runner, started_ms: int) -> Any:
     start of an earlier process noted in the log directory (``first_run_ms``)."""
     if cfg.snapshot.signal_topic is None:
         return None
-    from pydblog.capture.kafka_signals import Handled, KafkaSignalListener, first_run_ms
-
     since = first_run_ms(cfg.log_dir, cfg.snapshot.signal_topic, started_ms)
     handled = Handled(cfg.snapshot.signal_topic, since)
     runner.kafka_signals = handled
@@ -201,8 +222,6 @@ def collect_status(cfg: Config) -> dict[str, Any]:
     if cp is not None and cp.position is not None and "position" not in out:
         out["position"] = cp.position.to_json()
     if cfg.ha is not None:
-        from pydblog.ha.members import election_leader, read_members
-
         members = read_members(cfg.log_dir)
         leaders = [m for m in members if m.get("role") == "leader"]
         out["ha"] = {
@@ -223,9 +242,6 @@ def collect_status(cfg: Config) -> dict[str, Any]:
 def _lag(cfg: Config) -> int | str | None:
     if cfg.source.type != "postgres":
         return None
-    from pydblog.sources.postgres.connect import connect
-    from pydblog.sources.postgres.source import slot_lag
-
     try:
         conn = connect(cfg.source.dsn, timeout_s=3)
     except DblogError as exc:

@@ -4,13 +4,20 @@ to the running capture (``signals_go_direct``, ``capture.inbox``)."""
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from typing import Any
 
 import orjson
+import psycopg
+from psycopg import sql
 
+from pydblog.apiaddress import API_FILE, read_api_address
 from pydblog.config import Config
 from pydblog.errors import ConfigError, SourceError, SourceUnavailable
 from pydblog.extras import needs_extra
+from pydblog.sources.postgres.connect import connect
+from pydblog.sources.postgres.setup import split_name
 
 
 def signals_go_direct(cfg: Config) -> bool:
@@ -28,12 +35,6 @@ def send_signal(
     exists (the Kafka signal channel forwards at least once)."""
     payload = orjson.dumps(data).decode()
     if cfg.source.type == "postgres":
-        import psycopg
-        from psycopg import sql
-
-        from pydblog.sources.postgres.connect import connect
-        from pydblog.sources.postgres.setup import split_name
-
         conn = connect(cfg.source.dsn, timeout_s=cfg.source.connect_timeout_s)
         try:
             schema, table = split_name(cfg.snapshot.signal_table)
@@ -61,16 +62,11 @@ def send_signal(
 def post_signal(cfg: Config, signal_id: str, kind: str, data: dict[str, Any]) -> dict[str, Any]:
     """Read-only snapshots: send the signal to the running capture's API (``POST
     /snapshots``, which answers once the signal is applied); returns its answer."""
-    import urllib.error
-    import urllib.request
-
-    from pydblog.api.capture import read_api_address
-
     url = read_api_address(cfg.log_dir)
     if url is None:
         raise ConfigError(
             f"read-only snapshots take signals through the running capture, and no "
-            f"`dblog run` API is recorded in {cfg.log_dir / 'api.json'}",
+            f"`dblog run` API is recorded in {cfg.log_dir / API_FILE}",
             hint="start `dblog run` with [api] listen set (the default), or send the signal "
                  "to [snapshot] signal_topic, or create the signal table and INSERT it yourself",
         )

@@ -11,16 +11,32 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
+from pydblog.ha.role import ROLE
 from pydblog.metrics import CAPTURE as METRICS
-
-if TYPE_CHECKING:
-    from pydblog.capture.runner import Runner
+from pydblog.ports import WriterView
+from pydblog.positions import Position
 
 STATUS_FILE = "status.json"
+
+
+class Progress(Protocol):
+    """What a status reads of the capture (``capture.runner.Runner``)."""
+
+    @property
+    def logged_position(self) -> Position | None:
+        """The position of the last event handed to the change log writer."""
+        ...
+
+    @property
+    def writer(self) -> WriterView: ...
+
+    def snapshot_status(self) -> dict[str, Any] | None:
+        """The snapshot core's progress, None when no snapshot driver runs."""
+        ...
 
 
 class StatusWriter:
@@ -39,7 +55,7 @@ class StatusWriter:
     def count(self, n: int) -> None:
         self._events += n
 
-    def maybe_write(self, runner: Runner, force: bool = False) -> None:
+    def maybe_write(self, runner: Progress, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_write < 1.0:
             return
@@ -49,14 +65,14 @@ class StatusWriter:
         self._events = 0
         self._window_start = now
         self._last_write = now
-        pos = runner._position
+        pos = runner.logged_position
         data: dict[str, Any] = {
             "pid": os.getpid(),
             "started_at": self._started,
             "updated_at": time.time(),
             "position": pos.to_json() if pos is not None else None,
             "events_per_second": round(self._rate, 1),
-            "snapshot": runner.driver.status() if runner.driver is not None else None,
+            "snapshot": runner.snapshot_status(),
             **_role(),
         }
         self.latest = data
@@ -68,8 +84,6 @@ class StatusWriter:
 
 def _role() -> dict[str, Any]:
     """``role`` (``leader``: this process captures), ``epoch`` and ``member`` ([ha])."""
-    from pydblog.ha.role import ROLE
-
     info = ROLE.get()
     return {"role": "leader", "epoch": info.epoch, "member": info.member}
 

@@ -147,6 +147,12 @@ class BatchWriter:
                 continue
         self._thread.join(timeout=30)
 
+    @property
+    def error(self) -> BaseException | None:
+        """The error that stopped the writer thread (``raise_error`` raises it), None
+        while it writes."""
+        return self._error
+
     def raise_error(self) -> None:
         if self._error is not None:
             raise self._error

@@ -48,8 +48,8 @@ and, per data partition, only offsets below the ``ends`` of a valid checkpoint, 
 a record only if its ``dblog.writer`` header names the writer of the first valid
 checkpoint whose end is above the record's offset (``Span``). Where that checkpoint
 lists the partition in ``runs`` (``first``: every offset ``first <= o < end`` is one of
-its records, as its delivery reports showed: no aborted record, no other writer's, no
-fan-out copy in between), the records are taken by offset without reading headers (the
+its records, as its delivery reports showed: no aborted record, no other writer's in
+between; the notification topic gets none: its values are not envelopes), the records are taken by offset without reading headers (the
 sync's fast path); a partition a commit shares with anything else is checked record by
 record. A writer session has a generation
 ``gen`` (one more than any in the topic, or the HA fencing epoch if larger) and a random
@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import re
 import threading
 import time
@@ -142,12 +143,10 @@ BULK_FETCH_WAIT_MS = 100
 """The fetch wait of a client made for bulk reads (``_Client(bulk=True)``: a ``dblog
 sync`` task reading committed ranges, every record of which the broker holds). A fetch
 wait only delays a fetch that finds no records, so with a broker that answers as soon as
-it has records (Kafka) it costs nothing here. Tansu (0.6, memory storage too) spends
-~5-7 ms of its CPU on each fetch of a large partition and answers a fetch with only
-what it gathered within the wait: with 5 ms it answered most fetches of a 333k-record
-partition with nothing or one record batch, and librdkafka asked again at once. Reading
-65k records (23 MB) then cost Tansu 18 s of CPU and took 36 s at a load of 10; with
-100 ms, 0.09 s of CPU and 1.3 s (docs/benchmarks.md, session 14)."""
+it has records (Apache Kafka) it costs nothing here. A broker that answers a fetch with
+only what it gathered within the wait (Tansu 0.6, ~5-7 ms of its CPU per fetch of a
+large partition) is asked far fewer times: with 5 ms most fetches of a 333k-record
+partition came back with nothing or one record batch."""
 READ_PREFETCH = {"fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
                  "queued.min.messages": 50_000, "fetch.queue.backoff.ms": 10}
 """Reads are bounded (``read_range``'s ``hi``): librdkafka's default prefetch (100,000
@@ -346,7 +345,7 @@ class _Held:
     partitions are held, for the transaction's end; once it ended, ``TIMEOUT_S`` more
     (the read's own timeout ran out while it waited)."""
     holding: bool = False  # partitions were held at the last look
-    told: float = 0.0  # when the read last said so
+    told: float = -math.inf  # when the read last said so (monotonic: 0.0 is the boot)
 
 
 def checkpoint_topic_exists(cfg: LogConfig) -> bool:
@@ -376,7 +375,8 @@ class CommitRecord:
     runs: dict[str, dict[str, int]] = field(default_factory=dict)
     """topic -> partition (text) -> first offset, for the partitions whose records of
     this commit are exactly the offsets ``first <= o < end`` (every one of them a record
-    of this commit, none a fan-out copy): readers take those without looking at headers.
+    of this commit; never the notification topic's, whose envelopes are in headers):
+    readers take those without looking at headers.
     Partitions not listed are checked record by record (``dblog.writer`` header)."""
     known: dict[str, dict[str, int]] | None = None
     """Every data partition's last valid end before this commit, as its writer knew
@@ -780,14 +780,34 @@ class _Client:
         if not tps:
             return {}
         k = self.k
-        try:
-            got = self.admin.list_offsets(
-                {k.TopicPartition(t, p): k.admin.OffsetSpec.latest() for t, p in tps},
-                isolation_level=k.IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S,
-            )
-            return {(tp.topic, tp.partition): max(0, f.result().offset) for tp, f in got.items()}
-        except k.KafkaException as exc:
-            raise _unavailable("listing offsets", self.cfg, exc) from None
+        got = self._list_offsets(tps, k.admin.OffsetSpec.latest(), k.IsolationLevel.READ_COMMITTED)
+        return {tp: max(0, o) for tp, o in got.items()}
+
+    def _list_offsets(self, tps: Sequence[tuple[str, int]], spec: Any,
+                      isolation: Any = None) -> dict[tuple[str, int], int]:
+        """The broker's list-offsets answer for each partition. A retriable error (a
+        partition whose leader is not elected yet or just moved: "not leader", "leader
+        not available", "unknown topic or partition" for a topic a moment old) is asked
+        again until ``TIMEOUT_S``; any other error, or one still there then, is
+        ``ChangeLogUnavailable``."""
+        k = self.k
+        deadline = time.monotonic() + TIMEOUT_S
+        pause = 0.02
+        while True:
+            try:
+                kw = {} if isolation is None else {"isolation_level": isolation}
+                got = self.admin.list_offsets(
+                    {k.TopicPartition(t, p): spec for t, p in tps}, request_timeout=TIMEOUT_S, **kw)
+                return {(tp.topic, tp.partition): f.result().offset for tp, f in got.items()}
+            except k.KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], k.KafkaError) else None
+                again = err is not None and (err.retriable() or err.code() in (
+                    k.KafkaError.NOT_LEADER_FOR_PARTITION, k.KafkaError.LEADER_NOT_AVAILABLE,
+                    k.KafkaError.UNKNOWN_TOPIC_OR_PART))  # (the admin client calls them final)
+                if not again or time.monotonic() + pause > deadline:
+                    raise _unavailable("listing offsets", self.cfg, exc) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
 
     def watermarks(self, tps: Sequence[tuple[str, int]], committed: bool = False) -> dict[tuple[str, int], tuple[int, int]]:
         """(low, high) offsets of each partition, in one request per broker."""
@@ -796,19 +816,8 @@ class _Client:
         k = self.k
         spec = k.admin.OffsetSpec
         iso = k.IsolationLevel.READ_COMMITTED if committed else k.IsolationLevel.READ_UNCOMMITTED
-        try:
-            hi = self.admin.list_offsets(
-                {k.TopicPartition(t, p): spec.latest() for t, p in tps},
-                isolation_level=iso, request_timeout=TIMEOUT_S,
-            )
-            lo = self.admin.list_offsets(
-                {k.TopicPartition(t, p): spec.earliest() for t, p in tps},
-                request_timeout=TIMEOUT_S,
-            )
-            his = {(tp.topic, tp.partition): f.result().offset for tp, f in hi.items()}
-            los = {(tp.topic, tp.partition): f.result().offset for tp, f in lo.items()}
-        except k.KafkaException as exc:
-            raise _unavailable("listing offsets", self.cfg, exc) from None
+        his = self._list_offsets(tps, spec.latest(), iso)
+        los = self._list_offsets(tps, spec.earliest())
         return {tp: (max(0, los[tp]), max(0, his[tp])) for tp in his}
 
     def read_range(self, ranges: Mapping[tuple[str, int], tuple[int, int | None]],
@@ -1050,7 +1059,7 @@ class _Client:
             if held.holding:  # it ended: the read's own timeout starts again
                 held.until = now + TIMEOUT_S
             held.holding = False
-            held.told = 0.0
+            held.told = -math.inf
         else:
             timeout = transaction_timeout_s(self.cfg)
             if not held.holding:
@@ -1542,8 +1551,8 @@ class KafkaChangeLog(ChangeLogWriter):
         again; Tansu across a restart), or it answered the retry as a duplicate without
         offsets (Tansu).
 
-        A transaction's records in a partition fill one stretch (one producer; fan-out
-        copies and tombstones are reported too), and where this session wrote before
+        A transaction's records in a partition fill one stretch (one producer;
+        tombstones are reported too), and where this session wrote before
         (``_after``: the end of its last commit there) they begin after its commit
         marker (one offset; none if the broker lost it). Only where the reports leave
         room for other records are those offsets read back: between the lowest and
@@ -1719,7 +1728,8 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _produce_native(self, events: list[Encoded], seq: int, topics: dict[str, str]) -> None:
         """``_produce`` by ``kafka_native``: runs of stream events and template blocks in
-        C; whatever it leaves (fan-outs, other envelopes) in Python, in order."""
+        C; whatever it leaves (truncates, notifications, other envelopes) in Python, in
+        order."""
         k = self.client.k
         p = self._producer
         i, n = 0, len(events)
@@ -1733,7 +1743,7 @@ class KafkaChangeLog(ChangeLogWriter):
             i, seq, status, code, why = kafka_native.produce_events(
                 p, self._client_id, events, i, seq, topics, self._tag, self._tombstones,
                 EncodedEvent)
-            if status == 1:  # Python's: a fan-out, or an envelope the C path does not cut
+            if status == 1:  # Python's: a truncate, a notification, or an envelope it does not cut
                 if type(events[i]) is not EncodedBlock:
                     seq = self._produce_py([events[i]], seq, topics)
                     i += 1
@@ -2251,7 +2261,7 @@ the sink commits are what make the sync exactly once)."""
 
 
 def sync_lag(client: _Client, commits: CommitLog) -> int | None:
-    """Data messages (one per event; truncates one per partition) not yet applied by
+    """Data messages (one per event) not yet applied by
     ``dblog sync``, from the offsets it commits to its consumer group, or None. A
     partition's offsets also count one transaction marker per commit that wrote it
     (each at that commit's end offset): those are not messages and are left out."""

@@ -241,8 +241,8 @@ def stream_values(part: KafkaRange, allow_gaps: bool = False,
     read concurrently by up to ``READ_THREADS`` consumers, one thread each, so chunks of
     different pieces interleave. Where a span has a run the records are taken by offset
     (``_read_runs``: no Python code per record); elsewhere each record's headers decide
-    (``changelog.kafka``'s rules: the writer header names the span's writer; fan-out
-    copies are skipped). Run records that are missing (``_RunCheck``) raise
+    (``changelog.kafka``'s rules: the writer header names the span's writer; older logs'
+    fan-out copies are skipped; a notification's envelope is its ``dblog.event`` header). Run records that are missing (``_RunCheck``) raise
     ``ChangeLogError`` unless ``allow_gaps``.
 
     The readers stop when the consumer of this generator stops (closed early, or an

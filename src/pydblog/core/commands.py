@@ -31,7 +31,8 @@ def plan_execute(
     matched, unknown = match_tables(signal.data_collections, captured)
     kind = signal.snapshot_type
     jobs = [
-        TableJob(t, signal.id, kind, signal.condition_for(t), signal.surrogate_key)
+        TableJob(t, signal.id, kind, signal.condition_for(t), signal.surrogate_key,
+                 repair=signal.repair_for(t))
         for t in matched
         if t not in queued
     ]
@@ -41,6 +42,8 @@ def plan_execute(
         "unknown": unknown,
         "already_queued": [t for t in matched if t in queued],
     }
+    if signal.repair:
+        data["repair"] = True
     if not jobs:
         data["reason"] = "no table to snapshot (unknown or already queued)"
         return jobs, Notice(N.SKIPPED, signal.id, kind, "", data)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from pydblog.core.progress import TableJob, json_key
+from pydblog.core.progress import TableJob, json_key, repair_json
 from pydblog.events import ChangeEvent, Op, SnapshotKind
 from pydblog.positions import Position
 
@@ -156,9 +156,17 @@ def table_rejected(job: TableJob, reason: str, **extra: Any) -> Notice:
     return _for(job, NotificationType.REJECTED, {"reason": reason, **extra}, job.table)
 
 
+def _repair(job: TableJob, data: dict[str, Any]) -> dict[str, Any]:
+    """A repair's notices carry its ranges (the capture adds ``keep`` to the
+    TABLE_SCAN_COMPLETED one before logging it: see ``core.repair``)."""
+    if job.repair is not None:
+        data["repair"] = {"ranges": repair_json(job.repair)}
+    return data
+
+
 def table_empty(job: TableJob) -> Notice:
     data = {"data_collection": job.table, "status": "EMPTY", "total_rows_scanned": 0}
-    return _for(job, NotificationType.TABLE_SCAN_COMPLETED, data, job.table)
+    return _for(job, NotificationType.TABLE_SCAN_COMPLETED, _repair(job, data), job.table)
 
 
 def table_scan_started(job: TableJob) -> Notice:
@@ -169,7 +177,7 @@ def table_scan_started(job: TableJob) -> Notice:
         "maximum_key": json_key(job.max_key),
         "condition": job.condition,
     }
-    return _for(job, NotificationType.TABLE_SCAN_STARTED, data, job.table)
+    return _for(job, NotificationType.TABLE_SCAN_STARTED, _repair(job, data), job.table)
 
 
 def table_scan_completed(job: TableJob) -> Notice:
@@ -179,7 +187,7 @@ def table_scan_completed(job: TableJob) -> Notice:
         "total_rows_scanned": job.rows,
         "chunks": job.chunks,
     }
-    return _for(job, NotificationType.TABLE_SCAN_COMPLETED, data, job.table)
+    return _for(job, NotificationType.TABLE_SCAN_COMPLETED, _repair(job, data), job.table)
 
 
 def in_progress(job: TableJob, tables: list[str], percent: float) -> Notice:

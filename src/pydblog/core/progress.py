@@ -44,6 +44,8 @@ class TableJob:
     chunks: int = 0
     rows: int = 0
     identity: tuple[str, ...] | None = None
+    # A repair (``core.repair``): the repaired key ranges, ``(lo, hi)`` each (None: open).
+    repair: tuple[tuple[tuple[Any, ...] | None, tuple[Any, ...] | None], ...] | None = None
 
     @property
     def started(self) -> bool:
@@ -124,6 +126,7 @@ class TableJob:
             "chunks": self.chunks,
             "rows": self.rows,
             "identity": None if self.identity is None else list(self.identity),
+            **({"repair": repair_json(self.repair)} if self.repair is not None else {}),
         }
 
     @classmethod
@@ -145,7 +148,24 @@ class TableJob:
             chunks=int(data.get("chunks", 0)),
             rows=int(data.get("rows", 0)),
             identity=tup(data.get("identity")),
+            repair=repair_from_json(data.get("repair")),
         )
+
+
+RepairRanges = tuple[tuple[tuple[Any, ...] | None, tuple[Any, ...] | None], ...]
+
+
+def repair_json(ranges: RepairRanges) -> list[dict[str, Any]]:
+    return [{"lo": json_key(lo), "hi": json_key(hi)} for lo, hi in ranges]
+
+
+def repair_from_json(data: Any) -> RepairRanges | None:
+    if data is None:
+        return None
+    return tuple(
+        (None if r.get("lo") is None else tuple(r["lo"]), None if r.get("hi") is None else tuple(r["hi"]))
+        for r in data
+    )
 
 
 def json_key(key: RawKey | None) -> list[Any] | None:
@@ -235,7 +255,8 @@ class Lane:
         def fresh(j: TableJob) -> TableJob:
             if j.table != table or not j.started:
                 return j
-            return TableJob(j.table, j.signal_id, j.kind, j.condition, j.surrogate_key)
+            return TableJob(j.table, j.signal_id, j.kind, j.condition, j.surrogate_key,
+                            repair=j.repair)
 
         if self.current is not None:
             self.current = fresh(self.current)

@@ -7,7 +7,9 @@ the CLI / HTTP API). ``data`` is a JSON object::
                        "type": "incremental" | "blocking",              # default incremental
                        "additional-conditions": [{"data-collection": "public\\\\.orders",
                                                   "filter": "status = 'open'"}],
-                       "surrogate-key": "created_id"}
+                       "surrogate-key": "created_id",
+                       "repair": [{"data-collection": "public\\\\.orders",        # a repair
+                                   "ranges": [{"lo": [100], "hi": [200]}]}]}
     stop-snapshot     {"data-collections": [...], "type": "incremental"}   # both optional
     pause-snapshot    {} or empty          resume-snapshot  {} or empty
 
@@ -22,7 +24,13 @@ Rules (each violation raises ``SignalError`` naming the field and what to do):
   matched with ``fullmatch`` against ``schema.table`` names (see ``match_tables``);
 - ``filter`` must be a non-empty string (it is checked against the database by the
   chunk reader, inside a read-only transaction, not here);
-- ``surrogate-key`` is a non-empty string or null.
+- ``surrogate-key`` is a non-empty string or null;
+- ``repair`` makes the snapshot of the tables it names a repair (``core.repair``): each
+  entry's ``ranges`` are key ranges ``(lo, hi]`` (arrays of key values, null: open), or
+  null for the whole table; the table's TABLE_SCAN_COMPLETED notification then carries
+  the ranges and the keys the sinks keep, and the sinks delete the others of the ranges.
+  The rows read are those of ``additional-conditions`` (the requester restricts them to
+  the ranges).
 """
 
 from __future__ import annotations
@@ -45,6 +53,18 @@ class SignalType(StrEnum):
     RESUME_SNAPSHOT = "resume-snapshot"
 
 
+KeyBound = tuple[Any, ...] | None
+KeyRange = tuple[KeyBound, KeyBound]
+
+
+class RepairSpec(NamedTuple):
+    """The repaired key ranges of the tables whose ``schema.table`` fullmatches
+    ``data_collection`` (``((None, None),)``: the whole table)."""
+
+    data_collection: str
+    ranges: tuple[KeyRange, ...]
+
+
 class AdditionalCondition(NamedTuple):
     """A filter for the tables whose ``schema.table`` fullmatches ``data_collection``."""
 
@@ -63,6 +83,14 @@ class Signal:
     snapshot_type: SnapshotKind = SnapshotKind.INCREMENTAL
     additional_conditions: tuple[AdditionalCondition, ...] = ()
     surrogate_key: str | None = None
+    repair: tuple[RepairSpec, ...] = ()
+
+    def repair_for(self, table: str) -> tuple[KeyRange, ...] | None:
+        """The repaired ranges of ``table`` (None: not a repair)."""
+        found = [r for r in self.repair if re.fullmatch(r.data_collection, table)]
+        if not found:
+            return None
+        return tuple(rng for r in found for rng in r.ranges)
 
     def condition_for(self, table: str) -> str | None:
         """The filter for ``table``: the conditions whose regex fullmatches it, each in
@@ -79,7 +107,7 @@ class Signal:
 
 _ALLOWED_FIELDS: dict[SignalType, frozenset[str]] = {
     SignalType.EXECUTE_SNAPSHOT: frozenset(
-        {"data-collections", "type", "additional-conditions", "surrogate-key"}
+        {"data-collections", "type", "additional-conditions", "surrogate-key", "repair"}
     ),
     SignalType.STOP_SNAPSHOT: frozenset({"data-collections", "type"}),
     SignalType.PAUSE_SNAPSHOT: frozenset({"type"}),
@@ -113,6 +141,7 @@ def parse_signal(id: str, type: str, data: str | None) -> Signal:
         snapshot_type=_snapshot_kind(sid, fields.get("type")),
         additional_conditions=_conditions(sid, fields.get("additional-conditions")),
         surrogate_key=_surrogate_key(sid, fields.get("surrogate-key")),
+        repair=_repairs(sid, fields.get("repair")),
     )
 
 
@@ -221,6 +250,48 @@ def _condition(sid: str, i: int, item: Any) -> AdditionalCondition:
             f"signal {sid!r}: {where}.filter must be a non-empty SQL boolean expression"
         )
     return AdditionalCondition(regex, sql.strip())
+
+
+def _repairs(sid: str, value: Any) -> tuple[RepairSpec, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise SignalError(f"signal {sid!r}: 'repair' must be an array of objects, not {_json_type(value)}")
+    out = []
+    for i, item in enumerate(value):
+        where = f"repair[{i}]"
+        if not isinstance(item, dict):
+            raise SignalError(f"signal {sid!r}: {where} must be an object, not {_json_type(item)}")
+        extra = sorted(set(item) - {"data-collection", "ranges"})
+        if extra:
+            raise SignalError(
+                f"signal {sid!r}: {where} has unknown field(s) {', '.join(extra)}",
+                hint='each repair is {"data-collection": REGEX, "ranges": [{"lo": [...], "hi": [...]}] or null}',
+            )
+        regex = _regex(sid, f"{where}.data-collection", item.get("data-collection"))
+        ranges = item.get("ranges")
+        if ranges is None:
+            out.append(RepairSpec(regex, ((None, None),)))
+            continue
+        if not isinstance(ranges, list) or not ranges:
+            raise SignalError(f"signal {sid!r}: {where}.ranges must be a non-empty array or null")
+        parsed: list[KeyRange] = []
+        for j, rng in enumerate(ranges):
+            if not isinstance(rng, dict) or set(rng) - {"lo", "hi"}:
+                raise SignalError(
+                    f"signal {sid!r}: {where}.ranges[{j}] must be an object {{\"lo\": [...], \"hi\": [...]}}"
+                )
+            bounds = []
+            for end in ("lo", "hi"):
+                b = rng.get(end)
+                if b is not None and (not isinstance(b, list) or not b):
+                    raise SignalError(
+                        f"signal {sid!r}: {where}.ranges[{j}].{end} must be an array of key values or null"
+                    )
+                bounds.append(None if b is None else tuple(b))
+            parsed.append((bounds[0], bounds[1]))
+        out.append(RepairSpec(regex, tuple(parsed)))
+    return tuple(out)
 
 
 def _surrogate_key(sid: str, value: Any) -> str | None:

@@ -14,10 +14,13 @@ own (~850 MB):
 ``python -m pydblog.devtools.flink install`` makes it (idempotent; ``.ci/run`` calls it).
 ``materialize`` runs one Flink job in that venv's Python: a ``filesystem`` table of the
 messages' values in ``debezium-json``, with the table's primary key and
-``table.exec.source.cdc-events-duplicate`` (Flink's documented setting for Debezium
-topics, whose incremental snapshots may read a row whose insert was already sent: Flink
-then keeps one row per key), and the rows of the changelog Flink emits, applied in
-order (+I and +U add a row, -U and -D take one away). Timestamps are taken as Flink's
+``table.exec.source.cdc-events-duplicate`` (Flink's setting for Debezium topics that
+may hold an event twice: Flink then keeps the last row per key). An incremental snapshot,
+pydblog's as Debezium's, needs it: a row updated before its chunk was read has its ``u``
+event (with a ``before`` the consumer never had: Flink alone fails to take away a row it
+does not hold) and then its chunk's ``r`` (a second insert of the key). The rows of the
+changelog Flink emits are applied in order (+I and +U add a row, -U and -D take one
+away). Timestamps are taken as Flink's
 text of them (``CAST(... AS STRING)``): the rows its Python API returns hold
 ``datetime`` values cut to milliseconds.
 """
@@ -35,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 FLINK_VERSION = "2.3.0"
+KAFKA_CONNECTOR = "org.apache.flink:flink-sql-connector-kafka:5.0.0-2.2"
+"""Flink's Kafka SQL connector (one jar, its Kafka client shaded in), from Maven Central:
+the newest there is built for Flink 2.2 and runs on 2.3 (``tests/flink``)."""
 
 
 def home() -> Path:
@@ -58,9 +64,23 @@ def python() -> Path | None:
     return exe if ok.returncode == 0 else None
 
 
+def connector_jar() -> Path:
+    """Where the Kafka SQL connector's jar is kept (beside the venv)."""
+    _, artifact, version = KAFKA_CONNECTOR.split(":")
+    return home().parent / f"{artifact}-{version}.jar"
+
+
 def install() -> Path:
     """Make the venv (in a temporary directory beside it, renamed when complete: a
-    half-made venv is never taken for one); its Python."""
+    half-made venv is never taken for one) and fetch the Kafka connector's jar (Maven);
+    the venv's Python."""
+    jar = connector_jar()
+    if not jar.exists():
+        jar.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=jar.parent) as fetched:
+            subprocess.run(["mvn", "-q", "dependency:copy", f"-Dartifact={KAFKA_CONNECTOR}",
+                            f"-DoutputDirectory={fetched}"], check=True)
+            (Path(fetched) / jar.name).rename(jar)
     exe = python()
     if exe is not None:
         return exe
@@ -94,10 +114,12 @@ env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
 conf = env.get_config()
 conf.set("parallelism.default", "1")
 conf.set("table.exec.source.cdc-events-duplicate", "true")
+if spec.get("jars"):
+    conf.set("pipeline.jars", ";".join(spec["jars"]))
 cols = ", ".join(f"`{n}` {t}" for n, t in spec["columns"])
 key = ", ".join(f"`{k}`" for k in spec["key"])
-options = {"connector": "filesystem", "path": spec["path"], "format": "debezium-json",
-           "debezium-json.timestamp-format.standard": "ISO-8601", **spec["options"]}
+options = {"format": "debezium-json", "debezium-json.timestamp-format.standard": "ISO-8601",
+           **spec["options"]}
 with_ = ", ".join(f"'{k}' = '{v}'" for k, v in options.items())
 env.execute_sql(f"CREATE TABLE src ({cols}, PRIMARY KEY ({key}) NOT ENFORCED) WITH ({with_})")
 
@@ -166,12 +188,35 @@ def materialize(messages: Path, columns: Sequence[tuple[str, str]], key: Sequenc
     Flink SQL type)``; ``key``: the primary key's columns. Raises ``RuntimeError`` with
     Flink's error if the job fails (an ``op`` it does not know, a value it cannot
     parse)."""
+    return _run({"columns": list(columns), "key": list(key),
+                 "options": {"connector": "filesystem", "path": messages.resolve().as_uri(),
+                             **(options or {})}}, timeout)
+
+
+def materialize_kafka(bootstrap: str, topic: str, columns: Sequence[tuple[str, str]],
+                      key: Sequence[str], timeout: float = 600) -> tuple[list[list[Any]], int]:
+    """``materialize`` reading ``topic`` from Kafka itself, from its start to its end as
+    of the job's start (the partitions' latest offsets: a broker whose list-offsets
+    answer is not the partition's end, as Tansu's, cuts the read short), read_committed,
+    through Flink's Kafka SQL connector (``connector_jar``)."""
+    jar = connector_jar()
+    if not jar.exists():
+        raise RuntimeError(f"Flink's Kafka connector is not installed at {jar}: "
+                           "python -m pydblog.devtools.flink install")
+    return _run({"columns": list(columns), "key": list(key), "jars": [jar.resolve().as_uri()],
+                 "options": {"connector": "kafka", "topic": topic,
+                             "properties.bootstrap.servers": bootstrap,
+                             "properties.group.id": "pydblog-flink",
+                             "properties.isolation.level": "read_committed",
+                             "scan.startup.mode": "earliest-offset",
+                             "scan.bounded.mode": "latest-offset"}}, timeout)
+
+
+def _run(spec: dict[str, Any], timeout: float) -> tuple[list[list[Any]], int]:
     exe = python()
     if exe is None:
         raise RuntimeError(f"Flink is not installed in {home()}: "
                            "python -m pydblog.devtools.flink install")
-    spec = {"path": messages.resolve().as_uri(), "columns": list(columns), "key": list(key),
-            "options": options or {}}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK"))}
     proc = subprocess.run([str(exe), "-c", _JOB, json.dumps(spec)], capture_output=True,
                           text=True, timeout=timeout, env=env, check=False)

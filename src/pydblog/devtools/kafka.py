@@ -37,6 +37,7 @@ import time
 import uuid
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from pydblog.devtools.pgcluster import free_port
 
@@ -67,7 +68,6 @@ process.roles=broker,controller
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-auto.create.topics.enable=false
 group.initial.rebalance.delay.ms=0
 offsets.topic.num.partitions=3
 transaction.state.log.num.partitions=3
@@ -387,7 +387,7 @@ class KafkaCluster:
     def node(self, node_id: int) -> KafkaNode:
         return self.nodes[node_id - 1]
 
-    def start(self, timeout_s: float = 180.0) -> KafkaCluster:
+    def start(self, timeout_s: float = 180.0) -> Self:
         for n in self.nodes:
             n.launch()
         try:
@@ -420,7 +420,7 @@ class KafkaCluster:
             n.kill()  # a throwaway cluster: its data goes with it
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> KafkaCluster:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, t: type[BaseException] | None, v: BaseException | None,

@@ -123,7 +123,15 @@ def _template(install_db: Path) -> Path:
         if os.geteuid() == 0:
             shutil.chown(base, "mysql", "mysql")
         datadir = base / "data"
-        cmd = [str(install_db), "--no-defaults", f"--datadir={datadir}", *_INSTALL_OPTIONS]
+        # Its own temporary directory: once in a loaded run the bootstrap in the shared
+        # /tmp failed ("Could not remove temporary table: '/tmp/#sql-temptable-...'",
+        # "Unknown table 'mysql.tmp_user_sys'").
+        tmp = base / "tmp"
+        tmp.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(tmp, "mysql", "mysql")
+        cmd = [str(install_db), "--no-defaults", f"--datadir={datadir}", *_INSTALL_OPTIONS,
+               f"--tmpdir={tmp}"]
         res = subprocess.run(_as_mysql(cmd), capture_output=True, text=True, check=False)
         if res.returncode != 0:
             shutil.rmtree(base, ignore_errors=True)
@@ -179,6 +187,9 @@ class MariaDB(_Client):
             "collation_server": "utf8mb4_general_ci",
             "default_time_zone": "+00:00",
             "max_binlog_size": "256M",
+            # Its own temporary files: in the shared /tmp another process's cleanup took
+            # a server's temporary table away ("Could not remove temporary table").
+            "tmpdir": str(self.root / "tmp"),
             **(settings or {}),
         }
         self._proc: subprocess.Popen[bytes] | None = None
@@ -187,6 +198,7 @@ class MariaDB(_Client):
     def start(self, timeout: float = 60.0) -> MariaDB:
         shutil.copytree(_template(self.install_db), self.datadir, symlinks=True)
         (self.root / "binlog").mkdir()
+        (self.root / "tmp").mkdir()
         if os.geteuid() == 0:
             for p in [self.root, *self.root.rglob("*")]:
                 shutil.chown(p, "mysql", "mysql")

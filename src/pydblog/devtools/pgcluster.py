@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import psycopg
+
 SUPERUSER = "postgres"
 PASSWORD = "postgres"
 
@@ -237,15 +239,11 @@ class PgCluster:
         return f"postgresql://{auth}@127.0.0.1:{self.port}/{dbname}"
 
     def create_database(self, name: str) -> str:
-        import psycopg
-
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.dsn(name)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        import psycopg
-
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import psycopg
+
 from pydblog.devtools.pgcluster import PASSWORD, SUPERUSER, PgCluster, _as_postgres, free_port
 
 
@@ -56,8 +58,6 @@ class PgStandby:
             raise RuntimeError(f"{' '.join(cmd)} failed: {res.stdout}{res.stderr}{tail}")
 
     def _wait_streaming(self, timeout: float) -> None:
-        import psycopg
-
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -78,8 +78,6 @@ class PgStandby:
 
     def wait_caught_up(self, timeout: float = 30.0) -> None:
         """Until the standby has replayed everything the primary has written so far."""
-        import psycopg
-
         with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
             row = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
         assert row is not None

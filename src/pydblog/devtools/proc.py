@@ -1,9 +1,48 @@
-"""Process facts for benchmarks (Linux /proc)."""
+"""Process facts for benchmarks (Linux /proc), and ending the processes that tests and
+devtools start (``end_process``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 from pathlib import Path
+
+
+def end_process(proc: subprocess.Popen[bytes], timeout: float = 30.0, *, kill: bool = False,
+                group: bool = False) -> tuple[int, bytes, bytes]:
+    """Stop ``proc`` if it still runs (SIGTERM, or SIGKILL with ``kill``; to its whole
+    process group with ``group``, for one started with ``start_new_session``), SIGKILL it
+    after ``timeout`` s, reap it, and read and close every pipe it has: nothing is left
+    running, unreaped or open (an open pipe is an unraisable ``ResourceWarning`` in
+    whatever test runs next). Returns its exit code, stdout and stderr (``b""`` for a
+    stream that was not a pipe). Safe to call more than once."""
+
+    def send(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+
+    if proc.poll() is None:
+        send(signal.SIGKILL if kill else signal.SIGTERM)
+    elif group:  # the leader is gone; its group may not be (a JVM, a worker)
+        send(signal.SIGKILL)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        out, err = proc.communicate()
+    except ValueError:  # its pipes were read and closed already (an earlier call)
+        proc.wait()
+        out, err = b"", b""
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    return proc.returncode, out or b"", err or b""
 
 
 def peak_rss_kb(pid: int) -> int:

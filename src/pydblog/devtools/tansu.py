@@ -19,10 +19,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 
 from pydblog.devtools.pgcluster import free_port
+from pydblog.devtools.proc import end_process
 
 
 def broker_binary() -> str:
@@ -80,12 +82,15 @@ class TansuBroker:
             [moto, "-H", "127.0.0.1", "-p", str(self._moto_port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        _wait_port(self._moto_port, 20)
-        import urllib.request
-
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self._moto_port}/{self._bucket}", method="PUT")
-        urllib.request.urlopen(req, timeout=10).close()
+        try:
+            _wait_port(self._moto_port, 20)
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{self._moto_port}/{self._bucket}", method="PUT")
+            urllib.request.urlopen(req, timeout=10).close()
+        except BaseException:  # not left running
+            server, self._moto = self._moto, None
+            end_process(server, kill=True)
+            raise
 
     def start(self) -> TansuBroker:
         if self.s3 and self._moto is None:
@@ -98,7 +103,11 @@ class TansuBroker:
             stdout=log, stderr=subprocess.STDOUT, env=self._env(),
         )
         log.close()
-        _wait_port(self.port, 20)
+        try:
+            _wait_port(self.port, 20)
+        except BaseException:  # not left running
+            self.stop_broker(kill=True)
+            raise
         return self
 
     def stop_broker(self, kill: bool = False) -> None:
@@ -120,8 +129,7 @@ class TansuBroker:
     def stop(self) -> None:
         self.stop_broker()
         if self._moto is not None:
-            self._moto.terminate()
-            self._moto.wait(timeout=15)
+            end_process(self._moto, 15)
             self._moto = None
         shutil.rmtree(self.root, ignore_errors=True)
 

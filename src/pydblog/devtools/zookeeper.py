@@ -54,11 +54,14 @@ class ZkServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.proc = None
                 raise RuntimeError(f"ZooKeeper exited: {(self.root / 'zk.log').read_text()[-2000:]}")
             if self._ruok():
                 return self
             time.sleep(0.05)
-        raise RuntimeError("ZooKeeper did not start in time")
+        self.kill()  # not left running
+        raise RuntimeError("ZooKeeper did not start in time: "
+                           f"{(self.root / 'zk.log').read_text()[-2000:]}")
 
     def _ruok(self) -> bool:
         try:

@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 
 from pydblog.config import Config
+from pydblog.errors import DblogError
+from pydblog.ha import create_election
 from pydblog.ha.role import ROLE
 
 MEMBERS_DIR = "members"
@@ -102,9 +104,6 @@ def read_members(log_dir: Path) -> list[dict[str, Any]]:
 def election_leader(cfg: Config) -> str | None:
     """The leader's member name as the election backend knows it (None if unknown or
     the backend cannot be reached; ``dblog status``)."""
-    from pydblog.errors import DblogError
-    from pydblog.ha import create_election
-
     try:
         election = create_election(cfg, "dblog-status")
     except DblogError:

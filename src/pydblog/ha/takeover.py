@@ -15,6 +15,7 @@ import psycopg
 
 from pydblog.config import Config
 from pydblog.errors import DblogError
+from pydblog.sources.postgres.connect import connect
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +24,6 @@ def free_slot(cfg: Config) -> None:
     """Terminate the backend holding ``cfg``'s replication slot (best effort)."""
     if cfg.source.type != "postgres":
         return
-    from pydblog.sources.postgres.connect import connect
-
     try:
         with connect(cfg.source.dsn, timeout_s=cfg.source.connect_timeout_s) as conn:
             row = conn.execute(

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from pydblog.ports import TableSchema
 from pydblog.spark.reduce import TableChanges, reduce_events
+from pydblog.spark.repairs import TablePurge, purges
 from pydblog.spark.typemap import infer_schema, merge_schemas
 
 
@@ -35,6 +36,7 @@ class Batch:
     recorded: dict[str, TableSchema] = field(default_factory=dict)
     _reduced: dict[int, dict[str, TableChanges]] = field(default_factory=dict, repr=False)
     _sorted: bool = field(default=False, repr=False)
+    _purges: dict[int, dict[str, TablePurge]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(
@@ -62,7 +64,15 @@ class Batch:
             if since > self.start:
                 events = events.filter(pc.greater_equal(events["offset"], since))
             cached = self._reduced[since] = reduce_events(events)
+            self._purges[since] = purges(events, since, cached)  # repairs: spark/repairs.py
         return cached
+
+    def purges(self, since: int | None = None) -> dict[str, TablePurge]:
+        """The target deletes of the repairs' range-end markers in the events with
+        ``offset >= since`` (``spark.repairs``), per table."""
+        since = self.start if since is None else max(since, self.start)
+        self.changes(since)
+        return self._purges[since]
 
     def events_since(self, since: int) -> pa.Table:
         """The events with ``offset >= since``, in offset order."""

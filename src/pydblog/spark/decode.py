@@ -286,7 +286,7 @@ PACK_COMPRESSION = "lz4"
 """Packed payloads are LZ4-compressed Arrow IPC: the JSON texts shrink ~4x, and the
 JVM moves every payload twice (from the Python worker into a row, from the row into
 the collected Arrow batch): a 1M-event drain spent ~1 s less JVM CPU and ~0.4 s less
-driver CPU for ~0.3 s more on the executors (docs/benchmarks.md)."""
+driver CPU for ~0.3 s more on the executors (docs/performance.md)."""
 
 
 def pack(batch: pa.RecordBatch) -> bytes:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -93,8 +94,15 @@ from pydblog.sources.mysql.dumpstart import DUMP_SERVER_KEY, DumpConnection, Dum
 from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.fences import parse_owned
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
-from pydblog.sources.mysql.history import SchemaHistory, signature
+from pydblog.sources.mysql.history import (
+    HISTORY_KEY,
+    SchemaHistory,
+    history_mismatch,
+    read_baseline,
+    signature,
+)
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, file_sequence
+from pydblog.sources.mysql.resume import GtidResume, plan_resume
 from pydblog.sources.mysql.setup import (
     OwnTables,
     check_source,
@@ -114,13 +122,10 @@ from pydblog.sources.mysql.tablemap import (
 from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
 from pydblog.sources.mysql.wake import Wakeup
 from pydblog.sources.mysql.xa import (
-    MAX_HELD_BYTES,
     XA_KEY,
     PreparedXa,
     Xid,
     parse_statement,
-    recover_xids,
-    xid_text,
 )
 
 log = logging.getLogger(__name__)
@@ -128,7 +133,6 @@ log = logging.getLogger(__name__)
 SETTLE_S = 1.0
 """Longest a fresh MySQL start waits for the GTIDs being committed to be executed."""
 
-HISTORY_KEY = "mysql_schema_history"
 """``Checkpoint.extra`` key of the schema history (servers without binlog_row_metadata)."""
 VERIFY_WITHIN_BYTES = 4 << 20
 """A history definition is checked against information_schema when met this close to
@@ -279,7 +283,7 @@ class MySqlLogSource:
         self._last_yielded: BinlogPosition | None = None
         self._last_done: BinlogPosition | None = None  # the last finished transaction
         self._last_hb: BinlogPosition | None = None
-        self._last_hb_time = 0.0
+        self._last_hb_time = -math.inf  # (monotonic time: 0.0 is the machine's boot)
         self._mappers: dict[int, _Mapper] = {}
         self._json_cols: dict[tuple[str, str], frozenset[str]] = {}
         self._nullable: dict[int, bytes] = {}
@@ -325,7 +329,7 @@ class MySqlLogSource:
             )
         self._history = self._load_history(checkpoint)
         if checkpoint is not None and pos is not None:
-            self._xa = self._load_xa(checkpoint, pos)
+            self._xa = PreparedXa.load(checkpoint.extra.get(XA_KEY), pos)
         if pos is None:
             self._warn_prepared_xa()
             file, offset, _ = self._master_status()
@@ -351,32 +355,26 @@ class MySqlLogSource:
             self._last_done = BinlogPosition(file, offset, BEFORE_TX, None, state)
             self._start_dump(file, offset, state)
             return
-        state = self._own_flavour(pos.gtids) if self._gtid_mode else None
-        if state:
-            # By GTID: the server finds the transactions after ``state``, whatever its
-            # file names; the checkpoint's transaction is re-read and its logged part
-            # dropped. A new epoch: these coordinates may not compare with the old ones.
-            self._epoch = pos.epoch + 1
-            self._skip_tx = {pos.gtid: pos.index} if pos.gtid else {}
-            if not pos.gtid:
-                # Nothing is re-read (a checkpoint between transactions): the stream has
-                # delivered ``pos.gtids`` already, which read-only fences may wait for.
-                self._last_done = pos
+        assert checkpoint is not None  # (pos is its position)
+        plan = plan_resume(
+            pos, self._own_flavour(pos.gtids) if self._gtid_mode else None,
+            mariadb=self.mariadb, dump_record=checkpoint.extra.get(DUMP_SERVER_KEY),
+        )
+        if isinstance(plan, GtidResume):
+            # By GTID: the server finds the transactions after the state, whatever its
+            # file names. A new epoch: these coordinates may not compare with the old ones.
+            self._epoch = plan.epoch
+            self._skip_tx = dict(plan.skip_tx)
+            if plan.delivered is not None:  # (read-only fences may wait for its state)
+                self._last_done = plan.delivered
             self._require_executed(pos)
-            start = None
-            if not self.mariadb and checkpoint is not None:
-                start = dumpstart.from_record(
-                    checkpoint.extra.get(DUMP_SERVER_KEY), pos.epoch, pos.file, pos.pos, pos.gtid
-                )
-            self._start_gtid_dump(state, start)
+            self._start_gtid_dump(plan.state, plan.start)
             return
         self._require_file(pos)
-        self._epoch = pos.epoch
-        self._skip_upto = pos
-        self._last_done = pos
-        if state is None:
-            state = self._state_at(pos.file, max(pos.pos, 4))
-        self._start_dump(pos.file, max(pos.pos, 4), state)
+        self._epoch = plan.epoch
+        self._skip_upto = self._last_done = plan.skip_upto
+        state = plan.state if plan.state is not None else self._state_at(plan.file, plan.offset)
+        self._start_dump(plan.file, plan.offset, state)
 
     def stream(self) -> Iterator[Any]:
         last_yield = time.monotonic()
@@ -552,31 +550,8 @@ class MySqlLogSource:
         except SourceError as exc:  # a bonus check: not allowed is not fatal
             log.debug("XA RECOVER failed: %s", exc)
             return
-        if not rows:
-            return
-        xids = recover_xids(rows)
-        self._xa.note_before_start(xids)
-        self._opening_xa = SourceState(XA_KEY, self._xa.to_json())
-        names = [x[1].decode(errors="replace") for x in xids[:5]]
-        log.warning(
-            "MySQL at %s has %d prepared XA transaction(s) (%s): if they change captured "
-            "tables, their changes are not captured when they commit (their rows were "
-            "written to the binlog at XA PREPARE, before capture starts); a warning names "
-            "each one when it commits: then snapshot the tables it changed again "
-            "(or resolve them before starting capture)",
-            self.dsn.redacted, len(rows), ", ".join(repr(x) for x in names),
-        )
-
-    def _load_xa(self, checkpoint: Checkpoint, pos: BinlogPosition) -> PreparedXa:
-        """The prepared XA transactions the checkpoint holds (``xa.py``)."""
-        try:
-            return PreparedXa.from_json(checkpoint.extra.get(XA_KEY), pos)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise SourceError(
-                f"the checkpoint's prepared XA transactions cannot be read: {exc!r}",
-                hint="this change log was written by a newer pydblog; use that version, or "
-                "start with a fresh [log] path and snapshot the tables again",
-            ) from None
+        if self._xa.recovered(list(rows), self.dsn.redacted):
+            self._opening_xa = SourceState(XA_KEY, self._xa.to_json())
 
     def _server_has_gtids(self) -> bool:
         """MariaDB writes a GTID for every event group; MySQL only with gtid_mode=ON."""
@@ -1031,25 +1006,7 @@ class MySqlLogSource:
         tx.count = 0  # none of them is at this group's position
         if held:
             xid: Xid = (int(event.xid_format_id), bytes(event.xid_gtrid), bytes(event.xid_bqual))
-            self._xa.prepare(xid, str(tx.position(0)), held)
-            log.info("XA transaction %s prepared at %s with %d captured row change(s): held "
-                     "until its XA COMMIT / XA ROLLBACK", xid_text(xid), tx.position(0),
-                     len(held))
-            size = self._xa.encoded_size()
-            if size > MAX_HELD_BYTES:
-                raise SourceError(
-                    f"XA transaction {xid_text(xid)}, prepared at {tx.position(0)} with "
-                    f"{len(held)} captured row change(s), brings the held rows of prepared XA "
-                    f"transactions ({self._xa.rows()} rows, {size:,} bytes encoded) over the "
-                    f"limit of {MAX_HELD_BYTES:,} bytes: every checkpoint carries them until "
-                    "their XA COMMIT / XA ROLLBACK (a Kafka change log cannot commit a "
-                    "checkpoint above its 1 MB message limit). Fix: set "
-                    "PYDBLOG_XA_MAX_HELD_BYTES higher and restart (with a Kafka change log "
-                    "only if the checkpoint topic's max.message.bytes and the broker's limits "
-                    "allow it); capture resumes before this PREPARE, so resolving the XA "
-                    "alone does not help. Keep XA transactions on captured tables small "
-                    "(README, Limits)"
-                )
+            self._xa.hold(xid, str(tx.position(0)), held)
             yield SourceState(XA_KEY, self._xa.to_json(), tx.position(0))
         yield from self._end_tx(ts_ms)
 
@@ -1067,26 +1024,13 @@ class MySqlLogSource:
             yield from self._end_tx(ts_ms)  # one phase: the group's own rows commit here
             return
         verb, xid, _ = parsed
-        rows = self._xa.take(xid)
         tx = self._begin_if_needed(start, ts_ms)
-        if rows is None:
-            if self._xa.prepared_before_start(xid) and verb == "COMMIT":
-                log.warning(
-                    "XA transaction %s, prepared before capture started, committed at %s: "
-                    "its row changes were written to the binlog at its XA PREPARE, before "
-                    "the start position, and are not in the change log; if it changed "
-                    "captured tables, snapshot them again (dblog snapshot ...) to log their "
-                    "rows as they are now",
-                    xid_text(xid), tx.position(0),
-                )
-                yield SourceState(XA_KEY, self._xa.to_json(), tx.position(0))
-            yield from self._end_tx(ts_ms)
-            return
-        if verb == "COMMIT":
-            for ev in rows:
-                yield ev._replace(position=tx.position(tx.count), ts_ms=ts_ms)
-                tx.count += 1
-        yield SourceState(XA_KEY, self._xa.to_json(), tx.position(tx.count))
+        rows, changed = self._xa.resolve(verb, xid, str(tx.position(0)))
+        for ev in rows:
+            yield ev._replace(position=tx.position(tx.count), ts_ms=ts_ms)
+            tx.count += 1
+        if changed:
+            yield SourceState(XA_KEY, self._xa.to_json(), tx.position(tx.count))
         yield from self._end_tx(ts_ms)
 
     def _ddl(
@@ -1190,7 +1134,7 @@ class MySqlLogSource:
         if why is not None:
             self._defs.pop(key, None)
             if from_history:
-                raise self._history_mismatch(key, where, why)
+                raise history_mismatch(key, where, self.dsn.redacted, why)
             raise self._stale_table(key, where, why)
         name_columns(table.columns, defn)
         pk = defn.primary_key
@@ -1256,16 +1200,6 @@ class MySqlLogSource:
         )
         return rest < VERIFY_WITHIN_BYTES
 
-    def _history_mismatch(self, key: tuple[str, str], where: str, why: str) -> SourceError:
-        return SourceError(
-            f"cannot decode the rows of {key[0]}.{key[1]} at {where} in the binlog of MySQL "
-            f"at {self.dsn.redacted}: this server writes no column names into the binlog, "
-            f"and the schema history (the table's columns as the DDL read from the binlog "
-            f"left them) does not match the rows: {why}",
-            hint="a DDL on the table was not understood as the server executed it; start "
-            "with a fresh [log] path and snapshot the tables again (and report the DDL)",
-        )
-
     # -- schema history (servers without binlog_row_metadata) -----------------------------
     def _tracked(self, db: str, table: str) -> bool:
         """Tables whose rows this source decodes: the captured ones and its own."""
@@ -1282,42 +1216,20 @@ class MySqlLogSource:
             cur.execute("SELECT @@version")
             version = _version_number(str(cur.fetchone()[0]))
         raw = checkpoint.extra.get(HISTORY_KEY) if checkpoint is not None else None
-        if raw is None:
-            return SchemaHistory(server_version=version)
-        try:
-            history = SchemaHistory.from_json(raw, version)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise SourceError(
-                f"the checkpoint's MySQL schema history cannot be read: {exc}",
-                hint="this change log was written by a newer pydblog; use that version, or "
-                "start with a fresh [log] path and snapshot the tables again",
-            ) from None
-        history.keep_only(self._tracked)
-        return history
+        return SchemaHistory.load(raw, version, self._tracked)
 
     def _baseline(self, history: SchemaHistory, file: str, offset: int) -> None:
         """A fresh start: every tracked table's definition at ``(file, offset)``, read
         from information_schema. A table with DDL in the binlog after ``offset`` (run
         while this was read) is left out: it is read when met, under tablemap.py's rules."""
         with self._ctl_lock, self._ctl_cursor() as cur:
-            dbs = {self.db, self.own.signal[0], self.own.watermark[0]}
             names = [(self.db, t) for t in schema_mod.list_tables(cur, self.db)]
             names += [self.own.signal, self.own.watermark]
-            for db in sorted(dbs):
-                cur.execute(
-                    "SELECT DEFAULT_CHARACTER_SET_NAME FROM information_schema.SCHEMATA "
-                    "WHERE SCHEMA_NAME = %s",
-                    (db,),
-                )
-                row = cur.fetchone()
-                if row is not None and row[0]:
-                    history.charsets[db] = str(row[0]).lower()
-            for key in dict.fromkeys(names):
-                if not self._tracked(*key):
-                    continue
-                found = read_table(cur, *key)
-                if found is not None and not self._lookahead.ahead(cur, (file, offset), *key):
-                    history.put(key, found)
+            read_baseline(
+                cur, history, [k for k in dict.fromkeys(names) if self._tracked(*k)],
+                {self.db, self.own.signal[0], self.own.watermark[0]},
+                lambda key: bool(self._lookahead.ahead(cur, (file, offset), *key)),
+            )
         self._lookahead.reset()
         self._opening_state = self._history_state(None)
 
@@ -1343,16 +1255,9 @@ class MySqlLogSource:
         pos = tx.position(tx.count)
         if self._logged(pos):
             return
-        applied = history.apply(query, default_db, self._tracked)
+        applied = history.follow(query, default_db, self._tracked, pos)
         for key in applied.touched:
             self._defs.pop(key, None)
-        for key, why in applied.lost:
-            log.warning(
-                "could not follow a DDL on %s.%s at %s (%s): %s; its columns will be read "
-                "from information_schema when next met (exact while capture keeps up; if "
-                "capture is behind further column changes of it, it stops with an error)",
-                *key, pos, why, " ".join(query.split())[:300],
-            )
         if applied.touched:
             yield self._history_state(pos)
 

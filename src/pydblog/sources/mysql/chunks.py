@@ -36,7 +36,17 @@ import pymysql
 from pydblog.config import TableMatcher
 from pydblog.core.sizing import default_parallelism
 from pydblog.errors import SignalError, SourceError, SourceUnavailable
-from pydblog.ports import TableInfo, TableSchema
+from pydblog.ports import (
+    BlockingFencer,
+    ConcurrentReader,
+    FencedReader,
+    IntegerKeyReader,
+    RequestScoped,
+    SnapshotReader,
+    TableInfo,
+    TableSchema,
+    WindowFencer,
+)
 from pydblog.sources import intkeys
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.connect import (
@@ -101,7 +111,9 @@ class _CommitOrder:
         self.blocking_only = False
 
 
-class MySqlSnapshotReader:
+class MySqlSnapshotReader(
+    SnapshotReader, ConcurrentReader, IntegerKeyReader, FencedReader, WindowFencer, BlockingFencer, RequestScoped,
+):
     """Chunk reads and watermark writes on their own connection (see module docstring)."""
 
     def __init__(

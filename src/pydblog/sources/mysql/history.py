@@ -32,13 +32,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydblog.errors import SourceError
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
-from pydblog.sources.mysql.tablemap import _CODES, SchemaColumn, SchemaTable, _members
+from pydblog.sources.mysql.tablemap import _CODES, SchemaColumn, SchemaTable, _members, read_table
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 FORMAT = 1
+
+HISTORY_KEY = "mysql_schema_history"
+"""``Checkpoint.extra`` key of the schema history."""
 
 
 class NotUnderstood(Exception):
@@ -142,6 +146,27 @@ class SchemaHistory:
         charsets = {str(k): str(v) for k, v in (data.get("charsets") or {}).items()}
         return cls(tables, lost, charsets, server_version)
 
+    @classmethod
+    def load(
+        cls, raw: Any, server_version: int, tracked: Callable[[str, str], bool]
+    ) -> SchemaHistory:
+        """The history a checkpoint carries (``raw``, its ``HISTORY_KEY``), of the
+        ``tracked`` tables only; an empty one for a change log written without it
+        (tables are then read from information_schema when met, as tablemap.py allows).
+        Raises ``SourceError`` naming the fix when it cannot be read."""
+        if raw is None:
+            return cls(server_version=server_version)
+        try:
+            history = cls.from_json(raw, server_version)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise SourceError(
+                f"the checkpoint's MySQL schema history cannot be read: {exc}",
+                hint="this change log was written by a newer pydblog; use that version, or "
+                "start with a fresh [log] path and snapshot the tables again",
+            ) from None
+        history.keep_only(tracked)
+        return history
+
     def copy(self) -> SchemaHistory:
         return SchemaHistory(dict(self.tables), dict(self.lost), dict(self.charsets),
                              self.server_version)
@@ -165,6 +190,21 @@ class SchemaHistory:
             del self.tables[key]
         for key in [k for k in self.lost if not tracked(*k)]:
             del self.lost[key]
+
+    def follow(
+        self, query: str, default_db: str, tracked: Callable[[str, str], bool], where: object
+    ) -> Applied:
+        """``apply`` to the QUERY event at ``where``, warning about each tracked table
+        whose definition it lost (read from information_schema when next met)."""
+        applied = self.apply(query, default_db, tracked)
+        for key, why in applied.lost:
+            log.warning(
+                "could not follow a DDL on %s.%s at %s (%s): %s; its columns will be read "
+                "from information_schema when next met (exact while capture keeps up; if "
+                "capture is behind further column changes of it, it stops with an error)",
+                *key, where, why, " ".join(query.split())[:300],
+            )
+        return applied
 
     def apply(self, query: str, default_db: str, tracked: Callable[[str, str], bool]) -> Applied:
         """Move the history past one QUERY event's statement (see the module docstring).
@@ -384,8 +424,45 @@ class SchemaHistory:
             self.put(key, result)
 
 
+def read_baseline(
+    cur: Any, history: SchemaHistory, keys: Iterable[Key], dbs: Iterable[str],
+    changes_ahead: Callable[[Key], bool],
+) -> None:
+    """A fresh start: the default charset of each of ``dbs`` and the definition of each
+    of ``keys`` (the tracked tables) into ``history``, read from information_schema on
+    ``cur``. A table with DDL in the binlog after the start (``changes_ahead``: run while
+    this was read) is left out: it is read when met, under tablemap.py's rules."""
+    for db in sorted(set(dbs)):
+        cur.execute(
+            "SELECT DEFAULT_CHARACTER_SET_NAME FROM information_schema.SCHEMATA "
+            "WHERE SCHEMA_NAME = %s",
+            (db,),
+        )
+        row = cur.fetchone()
+        if row is not None and row[0]:
+            history.charsets[db] = str(row[0]).lower()
+    for key in keys:
+        found = read_table(cur, *key)
+        if found is not None and not changes_ahead(key):
+            history.put(key, found)
+
+
+def history_mismatch(key: Key, where: str, server: str, why: str) -> SourceError:
+    """The rows at ``where`` do not match the history's definition of ``key``."""
+    return SourceError(
+        f"cannot decode the rows of {key[0]}.{key[1]} at {where} in the binlog of MySQL "
+        f"at {server}: this server writes no column names into the binlog, "
+        f"and the schema history (the table's columns as the DDL read from the binlog "
+        f"left them) does not match the rows: {why}",
+        hint="a DDL on the table was not understood as the server executed it; start "
+        "with a fresh [log] path and snapshot the tables again (and report the DDL)",
+    )
+
+
 # -- sqlglot ------------------------------------------------------------------------------
 def _exp() -> Any:
+    # sqlglot (the mysql extra) is imported when a DDL is first parsed: only servers
+    # without column names in the binlog need it, and its import takes a moment.
     from sqlglot import exp
 
     return exp

@@ -158,6 +158,18 @@ def signal_table_ddl(tables: OwnTables) -> str:
     )
 
 
+def watermark_table_ddl(tables: OwnTables) -> str:
+    wm = ".".join(quote_ident(p) for p in tables.watermark)
+    return (f"CREATE TABLE IF NOT EXISTS {wm} (id INT PRIMARY KEY, value VARCHAR(64) NULL) "
+            "CHARACTER SET utf8mb4")
+
+
+def _table_exists(cur: Any, table: tuple[str, str]) -> bool:
+    cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
+                "TABLE_NAME = %s", table)
+    return cur.fetchone() is not None
+
+
 def ensure_own_tables(
     conn: Any, dsn: MySqlDsn, tables: OwnTables, *, read_only: bool = False
 ) -> None:
@@ -173,12 +185,17 @@ def ensure_own_tables(
     wm = ".".join(quote_ident(p) for p in tables.watermark)
     statements = [
         signal_table_ddl(tables),
-        f"CREATE TABLE IF NOT EXISTS {wm} (id INT PRIMARY KEY, value VARCHAR(64) NULL) "
-        "CHARACTER SET utf8mb4",
+        watermark_table_ddl(tables),
         f"INSERT IGNORE INTO {wm} (id, value) VALUES (1, NULL)",
     ]
     try:
         with conn.cursor() as cur:
+            # An existing table (an administrator's) is not created again: CREATE TABLE IF
+            # NOT EXISTS needs the CREATE grant even then (and is written to the binlog).
+            if _table_exists(cur, tables.signal):
+                statements.remove(signal_table_ddl(tables))
+            if _table_exists(cur, tables.watermark):
+                statements.remove(watermark_table_ddl(tables))
             for sql in statements:
                 cur.execute(sql)
     except pymysql.Error as exc:

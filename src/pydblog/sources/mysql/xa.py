@@ -37,6 +37,7 @@ Invariants of ``PreparedXa`` (the source owns one):
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -45,7 +46,10 @@ from typing import Any
 
 import orjson
 
+from pydblog.errors import SourceError
 from pydblog.events import ChangeEvent, Op
+
+log = logging.getLogger(__name__)
 
 XA_KEY = "mysql_xa_prepared"
 """``Checkpoint.extra`` key of the prepared XA transactions."""
@@ -129,6 +133,69 @@ class PreparedXa:
         found = self.prepared.pop(xid_key(xid), None)
         return found.rows if found is not None else None
 
+    def hold(self, xid: Xid, at: str, rows: list[ChangeEvent]) -> None:
+        """An ``XA PREPARE`` group at ``at`` with captured ``rows``: held until its
+        COMMIT / ROLLBACK. Raises ``SourceError`` when the held rows of all prepared
+        transactions exceed ``MAX_HELD_BYTES`` encoded (every checkpoint carries them)."""
+        self.prepare(xid, at, rows)
+        log.info("XA transaction %s prepared at %s with %d captured row change(s): held "
+                 "until its XA COMMIT / XA ROLLBACK", xid_text(xid), at, len(rows))
+        size = self.encoded_size()
+        if size > MAX_HELD_BYTES:
+            raise SourceError(
+                f"XA transaction {xid_text(xid)}, prepared at {at} with "
+                f"{len(rows)} captured row change(s), brings the held rows of prepared XA "
+                f"transactions ({self.rows()} rows, {size:,} bytes encoded) over the "
+                f"limit of {MAX_HELD_BYTES:,} bytes: every checkpoint carries them until "
+                "their XA COMMIT / XA ROLLBACK (a Kafka change log cannot commit a "
+                "checkpoint above its 1 MB message limit). Fix: set "
+                "PYDBLOG_XA_MAX_HELD_BYTES higher and restart (with a Kafka change log "
+                "only if the checkpoint topic's max.message.bytes and the broker's limits "
+                "allow it); capture resumes before this PREPARE, so resolving the XA "
+                "alone does not help. Keep XA transactions on captured tables small "
+                "(README, Limits)"
+            )
+
+    def resolve(self, verb: str, xid: Xid, at: str) -> tuple[list[ChangeEvent], bool]:
+        """A two-phase ``XA COMMIT`` / ``XA ROLLBACK`` (``verb``) group at ``at``:
+        ``(rows to log there, whether the held transactions changed)``. A COMMIT logs
+        the rows its PREPARE held; a ROLLBACK forgets them; one of a transaction
+        prepared before a fresh start is warned about once (its rows are not here)."""
+        rows = self.take(xid)
+        if rows is None:
+            if not (self.prepared_before_start(xid) and verb == "COMMIT"):
+                return [], False
+            log.warning(
+                "XA transaction %s, prepared before capture started, committed at %s: "
+                "its row changes were written to the binlog at its XA PREPARE, before "
+                "the start position, and are not in the change log; if it changed "
+                "captured tables, snapshot them again (dblog snapshot ...) to log their "
+                "rows as they are now",
+                xid_text(xid), at,
+            )
+            return [], True
+        return (rows if verb == "COMMIT" else []), True
+
+    def recovered(self, rows: list[tuple[Any, ...]], where: str) -> bool:
+        """A fresh start: ``XA RECOVER``'s ``rows`` (transactions prepared now, on the
+        server at ``where``) are remembered and warned about; whether there were any.
+        Their rows are in the binlog before the start position and they commit later
+        in a group without rows: their changes are not captured."""
+        if not rows:
+            return False
+        xids = recover_xids(rows)
+        self.note_before_start(xids)
+        names = [x[1].decode(errors="replace") for x in xids[:5]]
+        log.warning(
+            "MySQL at %s has %d prepared XA transaction(s) (%s): if they change captured "
+            "tables, their changes are not captured when they commit (their rows were "
+            "written to the binlog at XA PREPARE, before capture starts); a warning names "
+            "each one when it commits: then snapshot the tables it changed again "
+            "(or resolve them before starting capture)",
+            where, len(rows), ", ".join(repr(x) for x in names),
+        )
+        return True
+
     def prepared_before_start(self, xid: Xid) -> bool:
         """Whether ``xid`` was prepared before a fresh start (reported once)."""
         key = xid_key(xid)
@@ -159,6 +226,19 @@ class PreparedXa:
             },
             "before_start": sorted(self.before_start),
         }
+
+    @classmethod
+    def load(cls, data: Any, position: Any) -> PreparedXa:
+        """``from_json`` of a checkpoint's ``XA_KEY``; a ``SourceError`` naming the fix
+        when it cannot be read."""
+        try:
+            return cls.from_json(data, position)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise SourceError(
+                f"the checkpoint's prepared XA transactions cannot be read: {exc!r}",
+                hint="this change log was written by a newer pydblog; use that version, or "
+                "start with a fresh [log] path and snapshot the tables again",
+            ) from None
 
     @classmethod
     def from_json(cls, data: Any, position: Any) -> PreparedXa:

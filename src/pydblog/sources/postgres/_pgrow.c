@@ -322,6 +322,427 @@ fail:
     return NULL;
 }
 
+
+/* -- Inserts encoded straight into change-log tails ------------------------------- *
+ *
+ * Tails(dumps, max_rows): an accumulator of consecutive Inserts of one captured
+ * relation, each encoded straight from its pgoutput bytes into its event's envelope
+ * tail, ``key_json + ',"before":null,"after":' + after_json + "}"`` (``events.TAIL_SEP``),
+ * byte for byte what ``orjson.dumps`` of the Python path's key and row dicts gives
+ * (``dumps`` is ``orjson.dumps``: every value the C code does not write itself is
+ * converted by its column's converter and written by it). No Python object is built
+ * per row for the columns written in C.
+ *
+ * add(buf, fast_specs) with ``fast_specs`` {oid: (rel, name_json, codes, converters,
+ * key)} (``name_json[i]``: ``orjson.dumps(names[i]) + b":"``) returns
+ *   n > 0: the message was an Insert of that relation, appended (n rows held now);
+ *   0:     anything else (another message, a relation not in ``fast_specs``, an
+ *          unchanged value, a value this encoder does not write exactly as the Python
+ *          path would, a converter that raises): nothing appended, the caller decodes
+ *          the message by the other paths (after taking what is held: order);
+ *   -1:    an Insert of another relation while rows are held: take them first.
+ * take() returns (rel, count, text) (the tails joined by newlines) and empties the
+ * accumulator, or None when it holds nothing.
+ */
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} wbuf_t;
+
+static int wb_reserve(wbuf_t *b, size_t extra) {
+    if (b->len + extra <= b->cap) return 1;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra) cap *= 2;
+    char *data = PyMem_Realloc(b->data, cap);
+    if (data == NULL) { PyErr_NoMemory(); return 0; }
+    b->data = data;
+    b->cap = cap;
+    return 1;
+}
+
+static inline int wb_put(wbuf_t *b, const char *s, size_t n) {
+    if (!wb_reserve(b, n)) return 0;
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    return 1;
+}
+
+static inline int wb_byte(wbuf_t *b, char c) {
+    if (!wb_reserve(b, 1)) return 0;
+    b->data[b->len++] = c;
+    return 1;
+}
+
+/* Whether ``s`` is UTF-8 as Python's strict decoder takes it (no overlong forms, no
+ * surrogates, nothing above U+10FFFF). */
+static int valid_utf8(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t need;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) { need = 1; cp = c & 0x1F; }
+        else if (c >= 0xE0 && c <= 0xEF) { need = 2; cp = c & 0x0F; }
+        else if (c >= 0xF0 && c <= 0xF4) { need = 3; cp = c & 0x07; }
+        else return 0;
+        if (i + need >= n) return 0;
+        for (size_t k = 1; k <= need; k++) {
+            unsigned char d = s[i + k];
+            if ((d & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (d & 0x3F);
+        }
+        if ((need == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+            (need == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+static const char HEXD[] = "0123456789abcdef";
+
+/* ``s`` as a JSON string, escaped as orjson escapes (the text is valid UTF-8). */
+static int wb_json_string(wbuf_t *b, const char *s, size_t n) {
+    if (!wb_reserve(b, n + 2)) return 0;
+    b->data[b->len++] = '"';
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        if (!wb_put(b, s + run, i - run)) return 0;
+        run = i + 1;
+        char esc[6];
+        size_t en = 2;
+        esc[0] = '\\';
+        switch (c) {
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        default:
+            esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
+            esc[4] = HEXD[(c >> 4) & 0xf]; esc[5] = HEXD[c & 0xf];
+            en = 6;
+        }
+        if (!wb_put(b, esc, en)) return 0;
+    }
+    if (!wb_put(b, s + run, n - run)) return 0;
+    return wb_byte(b, '"');
+}
+
+/* ``padded``'s text (see above) as a JSON string. */
+static int wb_padded(wbuf_t *b, const char *s, size_t n, Py_ssize_t t_at, const char *suffix, size_t sn) {
+    const char *dot = memchr(s, '.', n);
+    size_t zeros = 0;
+    if (dot != NULL) {
+        size_t after = n - (size_t)(dot - s);
+        if (after < 7) zeros = 7 - after;
+    }
+    char small[128];
+    size_t total = n + zeros + sn;
+    if (total > sizeof(small)) return -1; /* not a timestamp's text: the converter's */
+    memcpy(small, s, n);
+    if (t_at >= 0) small[t_at] = 'T';
+    memset(small + n, '0', zeros);
+    memcpy(small + n + zeros, suffix, sn);
+    return wb_json_string(b, small, total);
+}
+
+/* One 't' value's JSON: 1 written, 0 not exactly (the caller's fallback), -1 error. */
+static int wb_value(wbuf_t *b, int code, PyObject *conv, PyObject *dumps, const char *s, size_t n) {
+    switch (code) {
+    case C_INT: {
+        size_t i = (n > 0 && s[0] == '-') ? 1 : 0;
+        if (n > i && n - i <= 18) {
+            long long v = 0;
+            size_t k = i;
+            for (; k < n && s[k] >= '0' && s[k] <= '9'; k++) v = v * 10 + (s[k] - '0');
+            if (k == n) {
+                char num[24];
+                int len = snprintf(num, sizeof(num), "%lld", i ? -v : v);
+                return wb_put(b, num, (size_t)len) ? 1 : -1;
+            }
+        }
+        break;
+    }
+    case C_STR:
+        if (!valid_utf8((const unsigned char *)s, n)) return 0;
+        return wb_json_string(b, s, n) ? 1 : -1;
+    case C_BPCHAR:
+        while (n > 0 && s[n - 1] == ' ') n--;
+        if (!valid_utf8((const unsigned char *)s, n)) return 0;
+        return wb_json_string(b, s, n) ? 1 : -1;
+    case C_BOOL:
+        if ((n == 1 && s[0] == 't') || (n == 4 && memcmp(s, "true", 4) == 0)) return wb_put(b, "true", 4) ? 1 : -1;
+        if ((n == 1 && s[0] == 'f') || (n == 5 && memcmp(s, "false", 5) == 0)) return wb_put(b, "false", 5) ? 1 : -1;
+        break;
+    case C_TSTZ:
+        if (!all_ascii(s, n)) break;
+        if (ends_with(s, n, "+00", 3)) {
+            if (n < 22) return wb_json_string(b, s, n) ? 1 : -1;
+            int r = wb_padded(b, s, n - 3, first_space(s, n - 3), "Z", 1);
+            if (r >= 0) return r ? 1 : -1;
+            break;
+        }
+        if (n < 22 || ends_with(s, n, " BC", 3)) return wb_json_string(b, s, n) ? 1 : -1;
+        break;
+    case C_TS: {
+        if (!all_ascii(s, n)) break;
+        if (n < 19 || ends_with(s, n, " BC", 3)) return wb_json_string(b, s, n) ? 1 : -1;
+        int r = wb_padded(b, s, n, first_space(s, n), "", 0);
+        if (r >= 0) return r ? 1 : -1;
+        break;
+    }
+    case C_TIME: {
+        if (!all_ascii(s, n)) break;
+        int r = wb_padded(b, s, n, -1, "", 0);
+        if (r >= 0) return r ? 1 : -1;
+        break;
+    }
+    case C_FLOAT:
+        if ((n == 3 && memcmp(s, "NaN", 3) == 0) || (n == 8 && memcmp(s, "Infinity", 8) == 0) ||
+            (n == 9 && memcmp(s, "-Infinity", 9) == 0))
+            return wb_json_string(b, s, n) ? 1 : -1;
+        break;
+    default:
+        break;
+    }
+    /* The converter's value, written by orjson. */
+    if (!valid_utf8((const unsigned char *)s, n)) return 0;
+    PyObject *text = PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, "strict");
+    if (text == NULL) return -1;
+    PyObject *v = PyObject_CallOneArg(conv, text);
+    Py_DECREF(text);
+    if (v == NULL) return -1;
+    PyObject *out = PyObject_CallOneArg(dumps, v);
+    Py_DECREF(v);
+    if (out == NULL) return -1;
+    int ok = PyBytes_Check(out) && wb_put(b, PyBytes_AS_STRING(out), (size_t)PyBytes_GET_SIZE(out));
+    if (!PyBytes_Check(out)) PyErr_SetString(PyExc_TypeError, "dumps must return bytes");
+    Py_DECREF(out);
+    return ok ? 1 : -1;
+}
+
+typedef struct {
+    PyObject_HEAD
+    wbuf_t out;        /* the tails held, joined by newlines */
+    wbuf_t row;        /* one row's after JSON */
+    size_t *vstart, *vlen;
+    Py_ssize_t vcap;
+    Py_ssize_t count;
+    uint32_t oid;
+    PyObject *spec;    /* the held rows' spec (count > 0) */
+    PyObject *dumps;
+    Py_ssize_t max_rows;
+} TailsObject;
+
+static void Tails_dealloc(TailsObject *self) {
+    PyMem_Free(self->out.data);
+    PyMem_Free(self->row.data);
+    PyMem_Free(self->vstart);
+    PyMem_Free(self->vlen);
+    Py_XDECREF(self->spec);
+    Py_XDECREF(self->dumps);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Tails_init(TailsObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *dumps;
+    Py_ssize_t max_rows = 1024;
+    if (!PyArg_ParseTuple(args, "O|n", &dumps, &max_rows)) return -1;
+    if (!PyCallable_Check(dumps)) { PyErr_SetString(PyExc_TypeError, "dumps must be callable"); return -1; }
+    Py_XSETREF(self->dumps, Py_NewRef(dumps));
+    self->max_rows = max_rows > 0 ? max_rows : 1;
+    return 0;
+}
+
+/* A fast spec's parts, checked; 0 with an exception set when it has another form. */
+static int fast_parts(PyObject *spec, PyObject **names, const unsigned char **codes, PyObject **convs,
+                      PyObject **keys) {
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
+        PyErr_SetString(PyExc_TypeError, "a fast spec is (rel, name_json, codes, converters, key)");
+        return 0;
+    }
+    *names = PyTuple_GET_ITEM(spec, 1);
+    PyObject *c = PyTuple_GET_ITEM(spec, 2);
+    *convs = PyTuple_GET_ITEM(spec, 3);
+    *keys = PyTuple_GET_ITEM(spec, 4);
+    if (!PyTuple_Check(*names) || !PyBytes_Check(c) || !PyTuple_Check(*convs) || !PyTuple_Check(*keys) ||
+        PyBytes_GET_SIZE(c) != PyTuple_GET_SIZE(*names) || PyTuple_GET_SIZE(*convs) != PyTuple_GET_SIZE(*names)) {
+        PyErr_SetString(PyExc_TypeError, "name_json, codes and converters of one length");
+        return 0;
+    }
+    *codes = (const unsigned char *)PyBytes_AS_STRING(c);
+    Py_ssize_t ncols = PyTuple_GET_SIZE(*names);
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        if ((*codes)[i] >= C_COUNT) { PyErr_SetString(PyExc_ValueError, "unknown converter code"); return 0; }
+        if (!PyBytes_Check(PyTuple_GET_ITEM(*names, i))) { PyErr_SetString(PyExc_TypeError, "name_json holds bytes"); return 0; }
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(*keys); k++) {
+        Py_ssize_t col = PyLong_AsSsize_t(PyTuple_GET_ITEM(*keys, k));
+        if (col < 0 || col >= ncols) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "key column out of range");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *Tails_add(TailsObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *specs;
+    if (!PyArg_ParseTuple(args, "y*O!", &view, &PyDict_Type, &specs)) return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    size_t len = (size_t)view.len;
+    long answer = 0;
+    PyObject *spec = NULL;
+    if (len < 6 || buf[0] != 'I' || buf[5] != 'N') goto done;
+    uint32_t oid = rd32(buf + 1);
+    if (self->count > 0) {
+        if (oid != self->oid) { answer = -1; goto done; }
+        spec = Py_NewRef(self->spec);
+    } else {
+        PyObject *key = PyLong_FromUnsignedLong(oid);
+        if (key == NULL) goto fail;
+        spec = PyDict_GetItemWithError(specs, key);
+        Py_DECREF(key);
+        if (spec == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            goto done;
+        }
+        Py_INCREF(spec); /* held: a converter called below runs Python code */
+    }
+    PyObject *names, *convs, *keys;
+    const unsigned char *codes;
+    if (!fast_parts(spec, &names, &codes, &convs, &keys)) goto fail;
+    Py_ssize_t ncols = PyTuple_GET_SIZE(names);
+    msg_t m = {buf, len};
+    size_t pos = 6;
+    if (!scan_tuple(&m, &pos, ncols) || pos != len) goto done;
+    if (ncols > self->vcap) {
+        size_t *a = PyMem_Realloc(self->vstart, (size_t)ncols * sizeof(size_t));
+        if (a == NULL) { PyErr_NoMemory(); goto fail; }
+        self->vstart = a;
+        size_t *l = PyMem_Realloc(self->vlen, (size_t)ncols * sizeof(size_t));
+        if (l == NULL) { PyErr_NoMemory(); goto fail; }
+        self->vlen = l;
+        self->vcap = ncols;
+    }
+    wbuf_t *row = &self->row;
+    row->len = 0;
+    if (!wb_byte(row, '{')) goto fail;
+    size_t p = 8;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *nj = PyTuple_GET_ITEM(names, i);
+        if ((i && !wb_byte(row, ',')) || !wb_put(row, PyBytes_AS_STRING(nj), (size_t)PyBytes_GET_SIZE(nj)))
+            goto fail;
+        self->vstart[i] = row->len;
+        unsigned char kind = buf[p];
+        if (kind == 't') {
+            size_t size = rd32(buf + p + 1);
+            p += 5;
+            int r = wb_value(row, codes[i], PyTuple_GET_ITEM(convs, i), self->dumps, (const char *)buf + p, size);
+            p += size;
+            if (r < 0) goto fallback;
+            if (r == 0) goto done;
+        } else if (kind == 'n') {
+            p += 1;
+            if (!wb_put(row, "null", 4)) goto fail;
+        } else {
+            goto done; /* an unchanged TOAST value: the Python path's */
+        }
+        self->vlen[i] = row->len - self->vstart[i];
+    }
+    if (!wb_byte(row, '}')) goto fail;
+    /* key_json + TAIL_SEP + after_json + "}" */
+    wbuf_t *out = &self->out;
+    size_t mark = out->len;
+    if (self->count && !wb_byte(out, '\n')) goto fail;
+    if (!wb_byte(out, '{')) goto undo;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
+        Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(keys, k));
+        PyObject *nj = PyTuple_GET_ITEM(names, c);
+        if ((k && !wb_byte(out, ',')) || !wb_put(out, PyBytes_AS_STRING(nj), (size_t)PyBytes_GET_SIZE(nj)) ||
+            !wb_put(out, row->data + self->vstart[c], self->vlen[c]))
+            goto undo;
+    }
+    static const char SEP[] = "},\"before\":null,\"after\":";
+    if (!wb_put(out, SEP, sizeof(SEP) - 1) || !wb_put(out, row->data, row->len) || !wb_byte(out, '}'))
+        goto undo;
+    if (self->count == 0) {
+        self->oid = oid;
+        Py_XSETREF(self->spec, Py_NewRef(spec));
+    }
+    self->count++;
+    answer = (long)self->count;
+    goto done;
+undo:
+    out->len = mark;
+    goto fail;
+fallback:
+    if (PyErr_ExceptionMatches(PyExc_MemoryError) || !PyErr_ExceptionMatches(PyExc_Exception))
+        goto fail;
+    PyErr_Clear();
+done:
+    Py_XDECREF(spec);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(answer);
+fail:
+    Py_XDECREF(spec);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+static PyObject *Tails_take(TailsObject *self, PyObject *unused) {
+    if (self->count == 0) Py_RETURN_NONE;
+    PyObject *text = PyUnicode_DecodeUTF8(self->out.data, (Py_ssize_t)self->out.len, "strict");
+    if (text == NULL) return NULL;
+    PyObject *r = Py_BuildValue("(OnN)", PyTuple_GET_ITEM(self->spec, 0), self->count, text);
+    if (r == NULL) return NULL;
+    self->count = 0;
+    self->out.len = 0;
+    Py_CLEAR(self->spec);
+    return r;
+}
+
+static PyObject *Tails_len(TailsObject *self, void *closure) {
+    return PyLong_FromSsize_t(self->count);
+}
+
+static PyObject *Tails_full(TailsObject *self, void *closure) {
+    return PyBool_FromLong(self->count >= self->max_rows);
+}
+
+static PyMethodDef Tails_methods[] = {
+    {"add", (PyCFunction)Tails_add, METH_VARARGS, "Append an Insert's tail (see the module)."},
+    {"take", (PyCFunction)Tails_take, METH_NOARGS, "(rel, count, text) of the held rows, or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Tails_getset[] = {
+    {"count", (getter)Tails_len, NULL, "rows held", NULL},
+    {"full", (getter)Tails_full, NULL, "whether max_rows are held", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject TailsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pydblog.sources.postgres._pgrow.Tails",
+    .tp_basicsize = sizeof(TailsObject),
+    .tp_dealloc = (destructor)Tails_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Consecutive Inserts of one relation encoded into change-log tails.",
+    .tp_methods = Tails_methods,
+    .tp_getset = Tails_getset,
+    .tp_init = (initproc)Tails_init,
+    .tp_new = PyType_GenericNew,
+};
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, "Decode a pgoutput Insert/Update/Delete into row dicts."},
     {NULL, NULL, 0, NULL},
@@ -332,11 +753,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pgrow", NULL, -1, m
 /* The interface version rowdecode.py expects (rowdecode.ABI_VERSION): raise both together
  * whenever the codes, the spec or the result change, so that a stale build is detected
  * (and the Python path used). */
-#define PGROW_VERSION 2
+#define PGROW_VERSION 3
 
 PyMODINIT_FUNC PyInit__pgrow(void) {
+    if (PyType_Ready(&TailsType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", PGROW_VERSION) < 0) {
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "VERSION", PGROW_VERSION) < 0 ||
+        PyModule_AddObjectRef(m, "Tails", (PyObject *)&TailsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -31,7 +31,16 @@ from pydblog.config import Config
 from pydblog.core.sizing import default_parallelism
 from pydblog.errors import SignalError, SourceError
 from pydblog.events import TAIL_SEP, EncodedChunk, EncodedRow, TailBlocks, join_tails
-from pydblog.ports import TableInfo
+from pydblog.ports import (
+    ConcurrentReader,
+    FencedKeyReader,
+    FencedReader,
+    IntegerKeyReader,
+    ReplayWaiter,
+    SnapshotReader,
+    TableInfo,
+    WindowFencer,
+)
 from pydblog.positions import Lsn, PgPosition, Position
 from pydblog.sources import intkeys
 from pydblog.sources.postgres import closing, native
@@ -60,7 +69,10 @@ REPLAY_WAIT_S = 10.0
 REPLAY_POLL_S = 0.02
 
 
-class PgSnapshotReader:
+class PgSnapshotReader(
+    SnapshotReader, ConcurrentReader, IntegerKeyReader, FencedReader, FencedKeyReader,
+    ReplayWaiter, WindowFencer,
+):
     def __init__(self, cfg: Config, source: PgLogSource, *, split: bool = True) -> None:
         """``split``: read a big chunk as parallel sub-ranges (``sources.postgres.parallel``);
         a forked reader (concurrent windows, ``fork``) reads each chunk in one SELECT."""

@@ -27,6 +27,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from pydblog.sources.postgres import types as t
 from pydblog.sources.postgres.pgoutput import UNCHANGED
 from pydblog.sources.postgres.relations import RelationState
@@ -48,7 +50,7 @@ CODES: dict[Any, int] = {
 }
 """Converter -> the C code that maps a text exactly as it does."""
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """The ``_pgrow`` interface this module speaks (its ``VERSION``)."""
 
 DISABLE_ENV = "PYDBLOG_NATIVE_STREAM"
@@ -66,6 +68,32 @@ def spec(rel: RelationState) -> Spec:
     """What the C decoder needs of a relation (``decode``'s ``specs`` values)."""
     codes = bytes(CODES.get(c, CALL) for c in rel.converters)
     return rel, rel.names, codes, rel.converters, rel.key_idx
+
+
+FastSpec = tuple[RelationState, tuple[bytes, ...], bytes, tuple[Callable[[str], Any], ...],
+                 tuple[int, ...]]
+
+
+def fast_spec(rel: RelationState) -> FastSpec:
+    """What ``Tails.add`` needs of a relation: its spec with each column name as the
+    JSON text ``orjson.dumps`` writes before the value in a dict (``"name":``)."""
+    codes = bytes(CODES.get(c, CALL) for c in rel.converters)
+    names = tuple(orjson.dumps(n) + b":" for n in rel.names)
+    return rel, names, codes, rel.converters, rel.key_idx
+
+
+RUNS_ENV = "PYDBLOG_NATIVE_RUNS"
+"""``PYDBLOG_NATIVE_RUNS=0`` turns only the Insert runs off (each Insert is then a
+``ChangeEvent`` from the native row decoder: benchmarks compare the two)."""
+
+
+def tails(max_rows: int) -> Any:
+    """A ``_pgrow.Tails`` accumulator (Inserts encoded straight into change-log tails,
+    at most ``max_rows`` held), or None where the native decoder is not in use (or
+    ``PYDBLOG_NATIVE_RUNS=0``)."""
+    if decoder() is None or os.environ.get(RUNS_ENV, "1") == "0":
+        return None
+    return _module.Tails(orjson.dumps, max_rows)
 
 
 _module: Any = None
@@ -107,4 +135,4 @@ def reset() -> None:
     _state = "unloaded"
 
 
-__all__ = ["CODES", "UNCHANGED", "decoder", "reset", "spec"]
+__all__ = ["CODES", "UNCHANGED", "decoder", "fast_spec", "reset", "spec", "tails"]

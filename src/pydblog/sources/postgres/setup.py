@@ -31,6 +31,7 @@ class CapturedTable:
     has_pk: bool
     replica_identity: str  # d, n, f, i
     oid: int = 0  # the relation (a rename keeps it; a drop and create does not)
+    partitioned: bool = False  # a partitioned table (its leaves are not listed)
 
     @property
     def qualified(self) -> str:
@@ -71,7 +72,7 @@ def list_tables(conn: psycopg.Connection[Any], matcher: TableMatcher, own: set[s
         """
         SELECT n.nspname, c.relname, c.relreplident,
                EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
-               c.oid
+               c.oid, c.relkind = 'p'
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
           AND n.nspname NOT IN ('pg_catalog', 'information_schema')
@@ -80,11 +81,11 @@ def list_tables(conn: psycopg.Connection[Any], matcher: TableMatcher, own: set[s
         """
     ).fetchall()
     out = []
-    for schema, table, ident, has_pk, oid in rows:
+    for schema, table, ident, has_pk, oid, partitioned in rows:
         q = f"{schema}.{table}"
         if q in own or not matcher(q):
             continue
-        out.append(CapturedTable(schema, table, bool(has_pk), str(ident), int(oid)))
+        out.append(CapturedTable(schema, table, bool(has_pk), str(ident), int(oid), bool(partitioned)))
     return out
 
 
@@ -133,6 +134,10 @@ def ensure_own_tables(conn: psycopg.Connection[Any], signal_table: str, watermar
     ):
         schema, table = split_name(qualified)
         ident = sql.Identifier(schema, table)
+        if table_exists(conn, qualified):
+            # (made by an administrator: CREATE ... IF NOT EXISTS would still need CREATE
+            # on the schema, which a least-privilege role lacks)
+            continue
         try:
             conn.execute(sql.SQL(ddl).format(ident))
         except psycopg.Error as exc:
@@ -145,36 +150,71 @@ def ensure_own_tables(conn: psycopg.Connection[Any], signal_table: str, watermar
     )
 
 
-def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[str]) -> None:
+def publication_sql(name: str, tables: list[str], via_root: bool = True) -> str:
+    """The ``CREATE PUBLICATION`` that publishes ``tables`` as a capture needs them."""
+    listed = ", ".join(sql_name(t) for t in tables)
+    with_ = " WITH (publish_via_partition_root = true)" if via_root else ""
+    return f"CREATE PUBLICATION {quote_ident(name)} FOR TABLE {listed}{with_}"
+
+
+def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[str],
+                       partitioned: list[str] | tuple[str, ...] = (),
+                       warned: set[str] | None = None) -> None:
     """The publication holds exactly ``tables`` (captured + signal + watermark).
 
     From PostgreSQL 13 on it publishes via the partition root: a partitioned table's
     changes come under the parent's name (whatever leaf holds the row, also leaves
     created or attached later), as its snapshot reads the parent; its leaves are not
-    captured separately (``list_tables`` skips them)."""
+    captured separately (``list_tables`` skips them). Only a captured partitioned table
+    (``partitioned``) needs that: a publication without it that the capture role cannot
+    alter (an administrator's, the usual ``CREATE PUBLICATION ... FOR TABLE``) is
+    accepted when no captured table is partitioned, with a warning (once per
+    ``warned``) about partitioned tables captured later."""
     idents = sql.SQL(", ").join(sql.Identifier(*split_name(t)) for t in tables)
     via_root = conn.info.server_version >= 130000
     exists = conn.execute(
-        "SELECT puballtables, to_jsonb(p) -> 'pubviaroot' FROM pg_publication p WHERE pubname = %s",
+        "SELECT puballtables, to_jsonb(p) -> 'pubviaroot', pg_has_role(p.pubowner, 'MEMBER') "
+        "FROM pg_publication p WHERE pubname = %s",
         (name,),
     ).fetchone()
     try:
         if exists is None:
-            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}").format(
-                sql.Identifier(name), idents,
-                sql.SQL(" WITH (publish_via_partition_root = true)" if via_root else ""),
-            ))
+            creator = _Creator.look(conn, tables)
+            try:
+                conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}").format(
+                    sql.Identifier(name), idents,
+                    sql.SQL(" WITH (publish_via_partition_root = true)" if via_root else ""),
+                ))
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise _privilege_error(
+                    exc, f"cannot create publication {name!r}",
+                    creator.fix(publication_sql(name, tables, via_root)),
+                ) from None
             return
+        owner = bool(exists[2])
         if via_root and exists[1] is not True:
             alter = sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
                 sql.Identifier(name))
-            try:
-                conn.execute(alter)
-            except psycopg.Error as exc:
-                raise _privilege_error(
-                    exc, f"publication {name!r} does not publish partitioned tables by their root",
-                    f"as its owner run: {alter.as_string(conn)}",
-                ) from None
+            if owner or partitioned:
+                try:
+                    conn.execute(alter)
+                except psycopg.Error as exc:
+                    raise _privilege_error(
+                        exc, f"publication {name!r} does not publish partitioned tables by their "
+                        f"root, and {', '.join(partitioned)} {'is' if len(partitioned) == 1 else 'are'}"
+                        " partitioned: their changes would come under the partitions' names and "
+                        "not be captured",
+                        f"as the publication's owner (or a superuser) run: {alter.as_string(conn)}",
+                    ) from None
+            elif warned is None or f"publication {name}" not in warned:
+                if warned is not None:
+                    warned.add(f"publication {name}")
+                log.warning(
+                    "publication %s does not publish partitioned tables by their root "
+                    "(publish_via_partition_root is off) and this role does not own it: fine "
+                    "while no captured table is partitioned; before a partitioned table is "
+                    "captured, its owner (or a superuser) must run: %s",
+                    name, alter.as_string(conn))
         if exists[0]:
             log.info("publication %s is FOR ALL TABLES; table filtering happens in dblog", name)
         else:
@@ -185,15 +225,75 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, tables: list[st
                 )
             }
             if current != set(tables):
-                conn.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(sql.Identifier(name), idents))
+                alter_tables = sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(
+                    sql.Identifier(name), idents)
+                try:
+                    conn.execute(alter_tables)
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    missing = sorted(set(tables) - current)
+                    raise _privilege_error(
+                        exc, f"publication {name!r} does not publish {', '.join(missing[:5]) or 'the same tables'}"
+                        f" (it has {', '.join(sorted(current)[:5]) or 'none'}), and this role "
+                        "cannot change it",
+                        f"as the publication's owner (or a superuser) run: "
+                        f"{alter_tables.as_string(conn)}; or set [source] tables to the "
+                        "published tables",
+                    ) from None
     except psycopg.errors.UndefinedTable as exc:
         # A listed table was dropped since it was listed: the caller lists again.
         raise TableDropped(f"publication {name!r}: {str(exc).strip().splitlines()[0]}") from None
+    except SourceError:
+        raise
     except psycopg.Error as exc:
         raise _privilege_error(
             exc, f"cannot create or alter publication {name!r}",
-            f"as the tables' owner run: CREATE PUBLICATION {name} FOR TABLE {', '.join(tables)}",
+            f"have an administrator run: {publication_sql(name, tables, via_root)}",
         ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Creator:
+    """What ``CREATE PUBLICATION`` needs of the role: ``CREATE`` on the database and
+    ownership of every table it lists (a superuser has both)."""
+
+    user: str
+    database: str
+    can_create: bool
+    not_owned: list[str]
+
+    @classmethod
+    def look(cls, conn: psycopg.Connection[Any], tables: list[str]) -> _Creator:
+        row = conn.execute(
+            "SELECT current_user, current_database(), "
+            "has_database_privilege(current_database(), 'CREATE')").fetchone()
+        assert row is not None
+        owners = conn.execute(
+            "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname || '.' || c.relname = ANY(%s) "
+            "AND NOT pg_has_role(c.relowner, 'MEMBER') ORDER BY 1",
+            ([sql_name(t).replace('"', "") for t in tables],)).fetchall()
+        return cls(str(row[0]), str(row[1]), bool(row[2]), [str(r[0]) for r in owners])
+
+    def fix(self, create: str) -> str:
+        if not self.can_create and not self.not_owned:
+            return (f"the role owns the tables but lacks CREATE on the database: GRANT CREATE "
+                    f"ON DATABASE {quote_ident(self.database)} TO {quote_ident(self.user)} (as "
+                    f"an administrator); or have an administrator run: {create}")
+        return (f"have an administrator (or the owner of "
+                f"{', '.join(self.not_owned[:3]) or 'the tables'}, with CREATE on the "
+                f"database) run: {create}; `dblog setup --print-sql` prints everything a "
+                "least-privilege capture needs")
+
+
+def quote_ident(name: str) -> str:
+    """An SQL identifier, always quoted (a reserved word is a valid table name)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_name(qualified: str) -> str:
+    """``schema.table`` as SQL (``split_name``: a bare name is in ``public``)."""
+    schema, table = split_name(qualified)
+    return f"{quote_ident(schema)}.{quote_ident(table)}"
 
 
 class TableDropped(SourceError):

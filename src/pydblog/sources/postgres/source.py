@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import select
 import time
@@ -44,7 +45,7 @@ import psycopg2.extras
 
 from pydblog.config import Config, TableMatcher
 from pydblog.errors import SourceError, SourceUnavailable
-from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op
+from pydblog.events import BLOCK_EVENTS, UNCHANGED_TOAST, ChangeEvent, InsertRun, Op
 from pydblog.ports import (
     Checkpoint,
     ColumnSchema,
@@ -150,6 +151,15 @@ assert ChangeEvent._fields[:8] == ("op", "schema", "table", "position", "ts_ms",
 PG_EPOCH_US = 946_684_800_000_000
 
 
+def _take_run(acc: Any, lsn: Lsn, idx: int, ts_ms: int, tx_id: int) -> InsertRun:
+    """The Inserts ``acc`` holds (``rowdecode.tails``), from index ``idx``."""
+    rel, count, text = acc.take()
+    return _new_run(InsertRun, (rel.schema, rel.table, lsn, idx, tx_id, ts_ms, count, text))
+
+
+_new_run = tuple.__new__
+
+
 class PgLogSource:
     connector = "postgresql"
 
@@ -171,6 +181,12 @@ class PgLogSource:
         self._relations: dict[int, RelationState] = {}
         # The captured relations as the native row decoder takes them (``rowdecode``).
         self._specs: dict[int, rowdecode.Spec] = {}
+        # The captured relations whose Inserts are encoded straight into change-log
+        # tails (``rowdecode.fast_spec``: every captured table but the signal and
+        # watermark tables, whose events the runner routes), and at most how many
+        # consecutive Inserts one ``InsertRun`` holds.
+        self._fast_specs: dict[int, rowdecode.FastSpec] = {}
+        self.run_rows = BLOCK_EVENTS
         self._captured: list[str] = []
         # Every table captured, in this session or (from the checkpoint) an earlier
         # one; whether the runner is to be handed them (a ``SourceState``).
@@ -186,12 +202,16 @@ class PgLogSource:
         self._report = True
         self._acked: int = 0
         self._from_ack: int | None = None  # the checkpoint's ack LSN at ``open``
-        self._last_hb = 0.0
+        # Monotonic times start at -inf, never 0.0: monotonic time counts from the
+        # machine's boot, and on a machine up for less than the heartbeat interval a 0.0
+        # held the first heartbeat (the first checkpoint of an idle source) back until
+        # the interval had passed since boot.
+        self._last_hb = -math.inf
         self._hb_out = False  # a heartbeat sent has not come back through the stream yet
-        self._hb_sent = 0.0  # when the last heartbeat was sent
+        self._hb_sent = -math.inf  # when the last heartbeat was sent
         self._wake: tuple[int, int] | None = None  # self-pipe: wakeup() -> stream yields Idle
         self._passed = 0  # the last WAL end reported as StreamPassed
-        self._asked = 0.0  # when request_progress last asked for a keepalive
+        self._asked = -math.inf  # when request_progress last asked for a keepalive
         self._warned: set[str] = set()
         # Capture from a hot standby (``standby``): the primary of ``primary_dsn`` (the
         # publication, heartbeats and resets are written there), or without it the
@@ -269,7 +289,7 @@ class PgLogSource:
         except psycopg2.Error as exc:
             raise self._stream_error(exc) from None
         self._cur = cur
-        self._last_hb = 0.0  # first idle moment sends a heartbeat: a position to start from
+        self._last_hb = -math.inf  # first idle moment sends a heartbeat: a position to start from
         if self._wake is None:
             r, w = os.pipe()
             os.set_blocking(r, False)
@@ -429,7 +449,8 @@ class PgLogSource:
         self._reset_tables(gone, ResetKind.GONE)
         if self.read_only:
             own = {t for t in own if setup.table_exists(meta, t)}
-        setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)])
+        setup.ensure_publication(meta, self.src.publication, [*names, *sorted(own)],
+                                 [t.qualified for t in tables if t.partitioned], self._warned)
         return names, oids
 
     def _reset_tables(self, tables: list[str], kind: ResetKind) -> None:
@@ -479,6 +500,9 @@ class PgLogSource:
         handlers = self._handlers()
         native = rowdecode.decoder()
         specs = self._specs
+        # Runs of Inserts encoded in C (``InsertRun``): taken before any other item.
+        acc = rowdecode.tails(self.run_rows) if native is not None else None
+        fast = self._fast_specs
         unchanged = po.UNCHANGED
         begin: po.Begin | None = None
         lsn: Lsn = Lsn(0)
@@ -493,6 +517,10 @@ class PgLogSource:
             except psycopg2.Error as exc:
                 raise self._stream_error(exc) from None
             if msg is None:
+                if acc is not None and acc.count:
+                    run = _take_run(acc, lsn, idx, ts_ms, tx_id)
+                    idx += run.size
+                    yield run
                 if begin is None and self._report:
                     yield self._captured_state()
                 now = time.monotonic()
@@ -520,6 +548,24 @@ class PgLogSource:
                         yield IDLE  # someone has work for the runner between stream reads
                 continue
             payload = msg.payload
+            if acc is not None:
+                n = acc.add(payload, fast)
+                if n > 0:
+                    if acc.full:
+                        run = _take_run(acc, lsn, idx, ts_ms, tx_id)
+                        idx += run.size
+                        yield run
+                    continue
+                if acc.count:  # another message: the run before it goes first
+                    run = _take_run(acc, lsn, idx, ts_ms, tx_id)
+                    idx += run.size
+                    yield run
+                    if n < 0 and acc.add(payload, fast) > 0:  # an Insert of another table
+                        if acc.full:
+                            run = _take_run(acc, lsn, idx, ts_ms, tx_id)
+                            idx += run.size
+                            yield run
+                        continue
             if native is not None:
                 # A captured relation's row change, decoded into row dicts in C (None:
                 # another message, or one the Python path decides: ``rowdecode``).
@@ -730,6 +776,10 @@ class PgLogSource:
             self._specs[m.oid] = rowdecode.spec(rel)
         else:
             self._specs.pop(m.oid, None)
+        if rel.captured and not own:
+            self._fast_specs[m.oid] = rowdecode.fast_spec(rel)
+        else:
+            self._fast_specs.pop(m.oid, None)
         if self._fixed is not None and not own:
             try:
                 self._fixed.check_relation(m.oid, qualified, captured)

@@ -1,0 +1,196 @@
+"""Range-end markers in a micro-batch (``core.repair``), for the sinks.
+
+A repair's marker is a notification (``op: n``) whose ``after`` holds
+``{"repair": {"key": [...], "ranges": [{"lo", "hi"}...], "keep": [[...]...]}}``.
+``purges`` reads the batch's markers and, per table, returns what the sink deletes in
+the target besides the batch's net change; it also turns the net change of keys a
+marker removes into deletes (``core.repair.plan_purge``). Keys are compared as the
+change log holds them (JSON values), in Python's order: numbers, and text by code point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pydblog.core.repair import Key, RangeEnd, TargetDelete, plan_purge
+from pydblog.spark.reduce import DELETE, TableChanges
+
+
+@dataclass
+class TablePurge:
+    """The target deletes of one table in one batch: rows whose ``key`` columns fall in
+    a ``TargetDelete``'s range and are not among its spared keys."""
+
+    key: list[str]
+    deletes: list[TargetDelete] = field(default_factory=list)
+
+
+def _markers(events: pa.Table, since: int) -> dict[str, tuple[list[str], list[RangeEnd]]]:
+    sel = pc.and_(pc.equal(events["op"], "n"), pc.greater_equal(events["offset"], since))
+    if not pc.any(sel).as_py():
+        return {}
+    notes = events.filter(sel).select(["offset", "schema", "table", "after"]).to_pylist()
+    out: dict[str, tuple[list[str], list[RangeEnd]]] = {}
+    for n in notes:
+        if not n["after"]:
+            continue
+        rep = orjson.loads(n["after"]).get("repair")
+        if not isinstance(rep, dict) or not rep.get("key"):
+            continue
+        q = f"{n['schema']}.{n['table']}"
+        keep = frozenset(tuple(k) for k in rep.get("keep") or ())
+        _, ends = out.setdefault(q, (list(rep["key"]), []))
+        for r in rep.get("ranges") or [{"lo": None, "hi": None}]:
+            lo, hi = r.get("lo"), r.get("hi")
+            ends.append(RangeEnd(q, int(n["offset"]), None if lo is None else tuple(lo),
+                                 None if hi is None else tuple(hi), keep))
+    return out
+
+
+def purges(events: pa.Table, since: int, changes: dict[str, TableChanges]) -> dict[str, TablePurge]:
+    """The batch's target deletes per table; the net changes of ``changes`` (the reduce
+    of the same events from ``since``) that a marker removes become deletes."""
+    out: dict[str, TablePurge] = {}
+    for q, (key, ends) in _markers(events, since).items():
+        ch = changes.get(q)
+        last: dict[Key, int] = {}
+        index: dict[Key, int] = {}
+        if ch is not None:
+            for i, text in enumerate(ch.keys):
+                obj = orjson.loads(text) if text else {}
+                if isinstance(obj, dict) and all(k in obj for k in key):
+                    k = tuple(obj[c] for c in key)
+                    last[k] = ch.offsets[i]
+                    index[k] = i
+        plan = plan_purge(ends, last, _less)
+        for k in plan.dropped:
+            i = index[k]
+            if ch is not None and ch.ops[i] != DELETE:
+                ch.ops[i] = DELETE
+                ch.unchanged[i] = []
+        out[q] = TablePurge(key, plan.ranges)
+    return out
+
+
+def _less(a: Key, b: Key) -> bool:
+    try:
+        return bool(a < b)
+    except TypeError:  # a key not comparable with the bounds: never in a range
+        return False
+
+
+def pg_purge(conn: Any, schema: str, table: str, purge: TablePurge) -> int:
+    """Apply ``purge`` to the PostgreSQL table ``schema.table`` inside the caller's
+    transaction: delete its rows of each range (``ROW(key) > lo AND ROW(key) <= hi``,
+    text keys compared ``COLLATE "C"``, bounds cast to the column types) whose key is
+    not spared. Returns the rows deleted."""
+    from psycopg import sql
+
+    cols = conn.execute(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typcollation <> 0 "
+        "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+        (sql.Identifier(schema, table).as_string(conn),),
+    ).fetchall()
+    types = {c[0]: (str(c[1]), bool(c[2])) for c in cols}
+    if not types or any(k not in types for k in purge.key):
+        return 0  # no such table (yet): nothing to delete
+    target = sql.Identifier(schema, table)
+    spare = sql.Identifier("_dblog_spare")
+
+    def col(name: str, alias: str) -> sql.Composable:
+        ident = sql.SQL(alias + ".{}").format(sql.Identifier(name))
+        return sql.SQL('{} COLLATE "C"').format(ident) if types[name][1] else ident
+
+    def bound(name: str) -> sql.Composable:
+        typ, collatable = types[name]
+        cast = sql.SQL("CAST(%s::text AS {})").format(sql.SQL(typ))
+        return sql.SQL('{} COLLATE "C"').format(cast) if collatable else cast
+
+    keys = sql.SQL(", ").join(col(k, "t") for k in purge.key)
+    bounds = sql.SQL(", ").join(bound(k) for k in purge.key)
+    match = sql.SQL(" AND ").join(
+        sql.SQL("s.{k} = t.{k}").format(k=sql.Identifier(k)) for k in purge.key
+    )
+    deleted = 0
+    for d in purge.deletes:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(spare))
+        conn.execute(
+            sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(
+                spare,
+                sql.SQL(", ").join(
+                    sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(types[k][0])) for k in purge.key
+                ),
+            )
+        )
+        if d.spare:
+            with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(spare)) as copy:
+                for k in d.spare:
+                    copy.write_row([None if v is None else _text(v) for v in k])
+        where: list[sql.Composable] = []
+        params: list[Any] = []
+        if d.lo is not None:
+            where.append(sql.SQL("ROW({}) > ROW({})").format(keys, bounds))
+            params.extend(_text(v) for v in d.lo)
+        if d.hi is not None:
+            where.append(sql.SQL("ROW({}) <= ROW({})").format(keys, bounds))
+            params.extend(_text(v) for v in d.hi)
+        where.append(sql.SQL("NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(spare, match))
+        cur = conn.execute(
+            sql.SQL("DELETE FROM {} t WHERE {}").format(target, sql.SQL(" AND ").join(where)),
+            params,
+        )
+        deleted += cur.rowcount
+    return deleted
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v
+    return orjson.dumps(v).decode() if isinstance(v, dict | list) else str(v)
+
+
+def with_target_deletes(changes: TableChanges, purge: TablePurge, schema: Any,
+                        target_keys: list[dict[str, Any]], offset: int) -> TableChanges:
+    """``changes`` plus a delete of each target key (rows as the target returns them)
+    that ``purge`` removes, for a sink that applies both in one commit (Delta's MERGE).
+    Keys are compared after normalization by logical type (``verifier.ranges.value``);
+    ``changes`` itself is not modified (other sinks share it)."""
+    from pydblog.verifier.ranges import show, value
+
+    logical = {c.name: c.logical for c in schema.columns}
+
+    def norm(k: Key) -> Key:
+        return tuple(value(logical.get(c, "string"), v) for c, v in zip(purge.key, k, strict=True))
+
+    have = {k for k in changes.keys}
+    out = TableChanges(changes.schema, changes.table, changes.truncated, list(changes.keys),
+                       list(changes.ops), list(changes.offsets), list(changes.texts),
+                       list(changes.unchanged))
+    for d in purge.deletes:
+        lo = None if d.lo is None else norm(d.lo)
+        hi = None if d.hi is None else norm(d.hi)
+        spare = {norm(k) for k in d.spare}
+        end = RangeEnd("", 0, lo, hi)
+        for row in target_keys:
+            k = norm(tuple(row.get(c) for c in purge.key))
+            if k in spare or not end.holds(k, _less):
+                continue
+            obj = {c: show(v) for c, v in zip(purge.key, k, strict=True)}
+            text = orjson.dumps(obj).decode()
+            if text in have:
+                continue
+            have.add(text)
+            out.keys.append(text)
+            out.ops.append(DELETE)
+            out.offsets.append(offset)
+            out.texts.append(text)
+            out.unchanged.append([])
+    return out
