@@ -54,6 +54,7 @@ STATS_SCHEMA = pa.schema(
         ("n", pa.int64()),
         ("truncate", pa.int64()),  # table: its last truncate's offset (null: none)
         ("unchanged", pa.bool_()),  # table: some event names unchanged columns
+        ("note", pa.string()),  # "m": a repair's range-end marker (its ``after``; first: offset)
     ]
 )
 
@@ -99,6 +100,13 @@ def stats(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             continue
         add(kind="a", first=pc.min(t["offset"]).as_py(), end=pc.max(t["offset"]).as_py() + 1,
             n=t.num_rows)
+        if "after" in t.column_names:
+            notes = t.filter(pc.equal(t["op"], "n"))
+            if notes.num_rows:
+                for r in notes.select(["offset", "schema", "table", "after"]).to_pylist():
+                    if r["after"] and '"repair"' in r["after"]:
+                        add(kind="m", schema=r["schema"], table=r["table"], first=r["offset"],
+                            end=r["offset"] + 1, n=1, note=r["after"])
         t = t.filter(pc.is_in(t["op"], value_set=pa.array([*ROW_OPS, "t"])))
         if t.num_rows == 0:
             continue
@@ -277,6 +285,8 @@ class SparkBatch:
     recorded: dict[str, TableSchema] = field(default_factory=dict)
     parts: int = 2
     dense: bool = True  # the payloads were checked to tile [start, end) (no duplicate)
+    # the repairs' range-end markers (offset, schema, table, after), in offset order
+    markers: list[tuple[int, str, str, str]] = field(default_factory=list)
     _reduced: dict[tuple[tuple[str, int], ...], Any] = field(default_factory=dict, repr=False)
     _inferred: dict[str, TableSchema] = field(default_factory=dict, repr=False)
 
@@ -327,8 +337,10 @@ class SparkBatch:
         for from_offset, s in schemas:
             if from_offset < end:
                 recorded[s.qualified] = merge_schemas(recorded.get(s.qualified), s)
+        markers = sorted({(int(r["first"]), str(r["schema"]), str(r["table"]), str(r["note"]))
+                          for r in rows if r["kind"] == "m"})
         return cls(batch_id, start, end, n, packed, tuple(columns), tables, recorded, parts,
-                   dense)
+                   dense, markers)
 
     def duplicates(self) -> int:
         """How many offsets the batch holds more than once (0 when ``dense``: checked)."""

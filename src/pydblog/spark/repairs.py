@@ -10,6 +10,7 @@ change log holds them (JSON values), in Python's order: numbers, and text by cod
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,19 +36,27 @@ def _markers(events: pa.Table, since: int) -> dict[str, tuple[list[str], list[Ra
     if not pc.any(sel).as_py():
         return {}
     notes = events.filter(sel).select(["offset", "schema", "table", "after"]).to_pylist()
+    return range_ends((int(n["offset"]), n["schema"], n["table"], n["after"]) for n in notes)
+
+
+def range_ends(
+    notes: Iterable[tuple[int, str, str, str | None]],
+) -> dict[str, tuple[list[str], list[RangeEnd]]]:
+    """The range-end markers among notifications ``(offset, schema, table, after)``, per
+    table: its key columns and its markers."""
     out: dict[str, tuple[list[str], list[RangeEnd]]] = {}
-    for n in notes:
-        if not n["after"]:
+    for offset, schema, table, after in notes:
+        if not after:
             continue
-        rep = orjson.loads(n["after"]).get("repair")
+        rep = orjson.loads(after).get("repair")
         if not isinstance(rep, dict) or not rep.get("key"):
             continue
-        q = f"{n['schema']}.{n['table']}"
+        q = f"{schema}.{table}"
         keep = frozenset(tuple(k) for k in rep.get("keep") or ())
         _, ends = out.setdefault(q, (list(rep["key"]), []))
         for r in rep.get("ranges") or [{"lo": None, "hi": None}]:
             lo, hi = r.get("lo"), r.get("hi")
-            ends.append(RangeEnd(q, int(n["offset"]), None if lo is None else tuple(lo),
+            ends.append(RangeEnd(q, int(offset), None if lo is None else tuple(lo),
                                  None if hi is None else tuple(hi), keep))
     return out
 
@@ -194,3 +203,77 @@ def with_target_deletes(changes: TableChanges, purge: TablePurge, schema: Any,
             out.texts.append(text)
             out.unchanged.append([])
     return out
+
+
+@dataclass
+class SparkPurge:
+    """What a batch's markers make a sink do for one table (``core.repair.plan_purge``
+    over the batch's reduced keys): ``deletes`` (target ranges minus their spared keys),
+    ``dropped`` (key texts whose net change becomes a delete) and ``keys`` (every key of
+    the table's net change, as a key tuple)."""
+
+    key: list[str]
+    deletes: list[TargetDelete]
+    dropped: list[str]
+    keys: set[Key]
+
+
+def spark_purges(batch: Any, since: Mapping[str, int], floor: int = -1) -> dict[str, SparkPurge]:
+    """The purges of ``batch`` (a ``plan.SparkBatch``) per table, from its markers of
+    offset ``>= since[table]`` and ``>= floor``; the net change is ``batch.reduced(since)``
+    (only the few rows of the marked tables reach the driver: key and offset)."""
+    notes = [m for m in batch.markers
+             if m[0] >= max(floor, since.get(f"{m[1]}.{m[2]}", -1))]
+    ends = range_ends(notes)
+    if not ends:
+        return {}
+    from pyspark.sql import functions as F
+
+    red = batch.reduced(since)
+    cond = None
+    for q in ends:
+        s, _, t = q.partition(".")
+        c = (F.col("schema") == s) & (F.col("table") == t)
+        cond = c if cond is None else cond | c
+    last: dict[str, dict[Key, int]] = {q: {} for q in ends}
+    texts: dict[str, dict[Key, str]] = {q: {} for q in ends}
+    for r in red.where(cond).select("schema", "table", "key", "offset").collect():
+        q = f"{r['schema']}.{r['table']}"
+        key = ends[q][0]
+        obj = orjson.loads(r["key"]) if r["key"] else {}
+        if isinstance(obj, dict) and all(k in obj for k in key):
+            k = tuple(obj[c] for c in key)
+            last[q][k] = int(r["offset"])
+            texts[q][k] = r["key"]
+    out: dict[str, SparkPurge] = {}
+    for q, (key, table_ends) in ends.items():
+        plan = plan_purge(table_ends, last[q], _less)
+        out[q] = SparkPurge(key, plan.ranges, sorted(texts[q][k] for k in plan.dropped),
+                            set(last[q]))
+    return out
+
+
+def target_deletes(purge: SparkPurge, schema: Any, target_keys: list[dict[str, Any]]) -> list[str]:
+    """The key texts (as the sinks' typed rows read them) of the target rows ``purge``
+    deletes: in a range, not spared, and not a key of the batch's net change (those are
+    the MERGE's own rows). Keys are compared after normalization by logical type
+    (``verifier.ranges.value``)."""
+    from pydblog.verifier.ranges import show, value
+
+    logical = {c.name: c.logical for c in schema.columns}
+
+    def norm(k: Key) -> Key:
+        return tuple(value(logical.get(c, "string"), v) for c, v in zip(purge.key, k, strict=True))
+
+    batch_keys = {norm(k) for k in purge.keys}
+    out: dict[Key, str] = {}
+    for d in purge.deletes:
+        end = RangeEnd("", 0, None if d.lo is None else norm(d.lo),
+                       None if d.hi is None else norm(d.hi))
+        spare = {norm(k) for k in d.spare}
+        for row in target_keys:
+            k = norm(tuple(row.get(c) for c in purge.key))
+            if k in spare or k in batch_keys or k in out or not end.holds(k, _less):
+                continue
+            out[k] = orjson.dumps({c: show(v) for c, v in zip(purge.key, k, strict=True)}).decode()
+    return list(out.values())

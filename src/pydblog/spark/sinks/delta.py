@@ -31,7 +31,8 @@ import pyarrow as pa
 
 from pydblog.errors import SinkError
 from pydblog.ports import TableSchema
-from pydblog.spark.plan import SparkBatch, spark_schema, typed_fn
+from pydblog.spark.plan import REDUCED_SCHEMA, SparkBatch, spark_schema, typed_fn
+from pydblog.spark.repairs import SparkPurge, spark_purges, target_deletes
 from pydblog.spark.typemap import arrow_schema
 
 APP_ID = "pydblog-sync"
@@ -119,9 +120,11 @@ class DeltaSink:
     def apply(self, batch: SparkBatch) -> None:
         spark = batch.packed.sparkSession
         done: dict[str, int | None] = {}
-        for q, ts in batch.tables.items():
+        marked = {f"{m[1]}.{m[2]}" for m in batch.markers}
+        for q in sorted(set(batch.tables) | marked):
+            schema_name, _, table = q.partition(".")
             try:
-                done[q] = txn_version(spark, self.table_path(ts.schema, ts.table), APP_ID)
+                done[q] = txn_version(spark, self.table_path(schema_name, table), APP_ID)
             except Exception as exc:
                 raise SinkError(f"table {q}: {exc}") from exc
         todo = sorted(q for q, w in done.items() if w is None or w < batch.end)
@@ -132,14 +135,28 @@ class DeltaSink:
         since.update({q: batch.end for q in done if q not in todo})
         cuts = batch.cuts(since)
         reduced = batch.reduced(since)
-        for q in todo:
-            self._apply_table(batch, q, reduced, q in cuts)
-
-    def _apply_table(self, batch: SparkBatch, qualified: str, reduced: Any, truncated: bool) -> None:
-        spark = batch.packed.sparkSession
-        ts = batch.tables[qualified]
-        path = self.table_path(ts.schema, ts.table)
         try:
+            purges = spark_purges(batch, since)  # repairs: spark/repairs.py
+        except Exception as exc:
+            raise SinkError(f"repairs: {_first_line(exc)}") from exc
+        for q in todo:
+            self._apply_table(batch, q, reduced, q in cuts, purges.get(q))
+
+    def _apply_table(self, batch: SparkBatch, qualified: str, reduced: Any, truncated: bool,
+                     purge: SparkPurge | None = None) -> None:
+        """One table's net change in one MERGE (an overwrite after a truncate) under the
+        batch's ``txnAppId``/``txnVersion``. A repair's ``purge`` joins the same commit:
+        the net change of its dropped keys becomes a delete, and the target keys it
+        deletes are added to the MERGE's source as deletes."""
+        from pyspark.sql import functions as F
+
+        spark = batch.packed.sparkSession
+        schema_name, _, table = qualified.partition(".")
+        path = self.table_path(schema_name, table)
+        ts = batch.tables.get(qualified)
+        try:
+            if ts is None and (purge is None or not table_exists(spark, path)):
+                return  # only markers, and no target to repair
             schema = batch.schema_for(qualified)
             if not schema.columns and not table_exists(spark, path):
                 # Only a truncate of a table with no schema and no target (dropped before
@@ -153,13 +170,28 @@ class DeltaSink:
                         if c.logical.lower() == "json" or c.logical.lower().startswith("array")]
             out = pa.schema([*fields, pa.field("_dblog_op", pa.string()),
                              pa.field("_dblog_unchanged", pa.list_(pa.string()))])
-            rows = reduced.where((reduced["schema"] == ts.schema) & (reduced["table"] == ts.table))
+            rows = reduced.where((reduced["schema"] == schema_name) & (reduced["table"] == table))
+            if purge is not None:
+                if purge.dropped:
+                    rows = rows.withColumn("op", F.when(F.col("key").isin(purge.dropped), F.lit("d"))
+                                           .otherwise(F.col("op")))
+                gone = [] if truncated else target_deletes(purge, schema, [
+                    r.asDict() for r in spark.read.format("delta").load(path)
+                    .select(*[quote(k) for k in purge.key]).collect()])
+                if gone:
+                    extra = spark.createDataFrame(
+                        [(schema_name, table, g, "d", batch.end - 1, g, [], 0) for g in gone],
+                        spark_schema(REDUCED_SCHEMA))
+                    rows = rows.unionByName(extra)
+                elif ts is None:
+                    return  # only markers, nothing to delete
             source = rows.mapInArrow(typed_fn(qualified, pa.schema(fields), any_json),
                                      spark_schema(out))
             if truncated:
                 self._overwrite(spark, path, source, target, batch.end)
             else:
-                self._merge(spark, path, source, schema, ts.unchanged, batch.end)
+                self._merge(spark, path, source, schema, ts is not None and ts.unchanged,
+                            batch.end)
         except SinkError as exc:
             raise SinkError(f"table {qualified}: {exc.message}", hint=exc.hint) from exc
         except Exception as exc:

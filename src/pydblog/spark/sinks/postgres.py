@@ -42,6 +42,7 @@ from pydblog.ports import ColumnSchema, TableSchema
 from pydblog.spark.batch import Batch
 from pydblog.spark.plan import SparkBatch
 from pydblog.spark.reduce import DELETE, TableChanges
+from pydblog.spark.repairs import TablePurge, pg_purge, spark_purges
 from pydblog.spark.typemap import null_safe_key
 
 PROGRESS_TABLE = "dblog_sync_progress"
@@ -186,7 +187,7 @@ class PostgresSink:
     def apply(self, batch: SparkBatch) -> None:
         """The DDL/truncate step here in the driver; the key partitions in Spark tasks
         (``pg_parts_fn``), each part in one transaction with its progress row."""
-        if not batch.tables:
+        if not batch.tables and not batch.markers:
             return
         schemas = {q: batch.schema_for(q) for q in batch.tables}
         try:
@@ -195,7 +196,7 @@ class PostgresSink:
             raise SinkError(str(exc)) from exc
         events = batch.row_events({}, self.parts)
         fn = pg_parts_fn(self.dsn, self.target_schema, self.parts, batch.batch_id, batch.start,
-                         batch.end, schemas, dict(self._keyless))
+                         batch.end, schemas, dict(self._keyless), batch.markers)
         errors = [r["error"] for r in
                   events.repartition(self.parts, "part").mapInArrow(fn, "part int, error string")
                   .collect() if r["error"]]
@@ -233,6 +234,16 @@ class PostgresSink:
                 except psycopg.Error as exc:
                     raise SinkError(f"table {label}: {exc}") from exc
             if done is None or done < batch.end:
+                # repairs (spark/repairs.py): the target deletes of the batch's markers, here
+                # before the partitions, which turn the net change of the keys a marker
+                # drops into deletes (pg_parts_fn gives each partition the markers)
+                for q, purge in sorted(spark_purges(batch, {}, done or -1).items()):
+                    schema_name, _, table = q.partition(".")
+                    try:
+                        pg_purge(conn, *self.target(schema_name, table),
+                                 TablePurge(purge.key, purge.deletes))
+                    except psycopg.Error as exc:
+                        raise SinkError(f"repair of table {q}: {exc}") from exc
                 self._record(conn, batch, -1)
 
     def _label_of(self, schema: str, table: str) -> str:
@@ -414,10 +425,13 @@ def pg_parts_fn(
     end: int,
     schemas: dict[str, TableSchema],
     keyless: dict[str, bool],
+    markers: list[tuple[int, str, str, str]] | None = None,
 ) -> Any:
     """``mapInArrow`` over row events shuffled by their ``part`` column: each key
     partition present in the task applied in one transaction with its progress row
-    (``PostgresSink._apply_part``); one ``(part, error)`` row per part."""
+    (``PostgresSink._apply_part``); one ``(part, error)`` row per part. Every part also
+    reads the batch's repair ``markers`` (offset, schema, table, after): the net change
+    of a key a marker drops is a delete (``batch.Batch.changes``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -433,6 +447,11 @@ def pg_parts_fn(
         try:
             for part in sorted(pc.unique(ev["part"]).to_pylist()):
                 mine = ev.filter(pc.equal(ev["part"], part)).drop_columns(["part"])
+                if markers:
+                    notes = pa.Table.from_pylist(
+                        [{"offset": o, "op": "n", "schema": s, "table": t, "after": a}
+                         for o, s, t, a in markers], schema=mine.schema)
+                    mine = pa.concat_tables([mine, notes])
                 batch = Batch(batch_id, start, end, mine, dict(schemas))
                 err: str | None = None
                 try:
