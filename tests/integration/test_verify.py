@@ -1,5 +1,5 @@
 """`dblog verify`: a real capture, PostgreSQL and Delta mirrors written by the sync's own
-sinks (applied here batch by batch, without Spark), damaged by hand: verify reports
+sinks (applied here batch by batch on a local Spark session), damaged by hand: verify reports
 exactly the damaged key ranges and nothing else, and passes on an intact mirror."""
 
 from __future__ import annotations
@@ -29,14 +29,22 @@ PROCS: dict[Path, subprocess.Popen[bytes]] = {}  # each test's `dblog run` (a te
 
 
 class MiniSync:
-    """The sync's sinks applied to the change log in batches (what `dblog sync` does per
-    micro-batch, minus Spark)."""
+    """The sync's batch applier (what `dblog sync` runs per micro-batch, on a local Spark
+    session) fed with the change log in batches, without Spark's streaming source."""
 
     def __init__(self, config: Path) -> None:
+        import os
+
+        from pydblog.spark.job import BatchApplier
+        from pydblog.spark.pyexec import worker_python
+        from pydblog.spark.session import spark_session
         from pydblog.spark.sinks import build_sink
 
+        os.environ.setdefault("PYSPARK_PYTHON", worker_python("local[2]"))
+        self.spark = spark_session("local[2]")
         self.cfg = load_config(config)
         self.sinks = [build_sink(s) for s in self.cfg.sync.sinks]
+        self.applier = BatchApplier(self.cfg.log, self.sinks, retries=0, backoff_s=0)
         self.next = 0
         self.batch_id = 0
 
@@ -44,21 +52,19 @@ class MiniSync:
         import pyarrow as pa
 
         from pydblog.changelog import open_reader
-        from pydblog.spark.batch import Batch
         from pydblog.spark.decode import records_to_arrow
+        from pydblog.spark.job import packed_frame
 
         reader = open_reader(self.cfg.log)
         try:
             end = reader.next_offset()
-            schemas = reader.schemas()
             while self.next < end:
                 recs = [r for r in reader.read(self.next, 5000) if r.offset < end]
                 if not recs:
                     break
-                batch = Batch.of(self.batch_id, pa.Table.from_batches([records_to_arrow(recs)]), schemas)
-                assert batch is not None
-                for sink in self.sinks:
-                    sink.apply(batch)
+                events = pa.Table.from_batches([records_to_arrow(recs)])
+                # packed here: the applier may run in another thread (no active session)
+                self.applier.apply(packed_frame(self.spark, events), self.batch_id, dense=False)
                 self.batch_id += 1
                 self.next = recs[-1].offset + 1
         finally:
