@@ -184,7 +184,12 @@ class DeltaSink:
                         spark_schema(REDUCED_SCHEMA))
                     rows = rows.unionByName(extra)
                 elif ts is None:
-                    return  # only markers, nothing to delete
+                    # Only markers, nothing to delete: record the batch (an empty MERGE
+                    # would commit nothing, and the table's version would not say it).
+                    (spark.createDataFrame([], spark_schema(target)).write.format("delta")
+                     .mode("append").option("txnAppId", APP_ID)
+                     .option("txnVersion", str(batch.end)).save(path))
+                    return
             source = rows.mapInArrow(typed_fn(qualified, pa.schema(fields), any_json),
                                      spark_schema(out))
             if truncated:
