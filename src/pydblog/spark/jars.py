@@ -62,10 +62,10 @@ def cache_dir() -> Path:
 def _spark_jars() -> set[str]:
     """Artifact names PySpark already ships (``jackson-core`` for
     ``jackson-core-2.21.2.jar``): never put a second version of them on the class path."""
-    from pydblog.spark.session import spark_home
+    from pyspark.find_spark_home import _find_spark_home
 
     names = set()
-    for p in (Path(spark_home()) / "jars").glob("*.jar"):
+    for p in (Path(_find_spark_home()) / "jars").glob("*.jar"):
         names.add(_artifact(p.name))
     return names
 
