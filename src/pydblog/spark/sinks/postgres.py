@@ -197,11 +197,25 @@ class PostgresSink:
         events = batch.row_events({}, self.parts)
         fn = pg_parts_fn(self.dsn, self.target_schema, self.parts, batch.batch_id, batch.start,
                          batch.end, schemas, dict(self._keyless), batch.markers)
-        errors = [r["error"] for r in
-                  events.repartition(self.parts, "part").mapInArrow(fn, "part int, error string")
-                  .collect() if r["error"]]
+        rows = (events.repartition(self.parts, "part").mapInArrow(fn, "part int, error string")
+                .collect())
+        errors = [r["error"] for r in rows if r["error"]]
         if errors:
             raise SinkError(errors[0])
+        # A partition without an event in the batch has nothing to apply: its progress
+        # row moves to the batch's end here (the least applied_end is where the mirror
+        # stands, e.g. for verify waiting on a repair's marker).
+        seen = {int(r["part"]) for r in rows}
+        try:
+            for part in range(self.parts):
+                if part in seen:
+                    continue
+                with self._tx(0) as conn:
+                    done = self._applied(conn, part)
+                    if done is None or done < batch.end:
+                        self._record(conn, batch, part)
+        except psycopg.Error as exc:
+            raise SinkError(str(exc)) from exc
 
     def _prepare(self, batch: SparkBatch, schemas: dict[str, TableSchema]) -> None:
         with self._tx(0) as conn:
