@@ -9,9 +9,11 @@ change-log offset that step has applied (and the Spark batch id that did it). A 
 ``[start, end)`` (see ``batch.Batch``) is applied in steps, each in one transaction that
 also moves its progress row to ``end``:
 
-1. ``part = -1``: create/alter tables, TRUNCATE the tables the batch truncates;
-2. ``part = 0..n-1`` (``n`` = parallelism; one thread and connection each, in
-   parallel): the upserts and deletes of the keys whose hash falls in the partition.
+1. ``part = -1``: create/alter tables, TRUNCATE the tables the batch truncates, delete
+   the target ranges of the batch's repair markers (``spark.repairs``);
+2. ``part = 0..n-1`` (``n`` = parallelism; one Spark task each, in parallel): the
+   upserts and deletes of the keys whose hash falls in the partition (a key a marker
+   drops is deleted); a partition with no event in the batch just moves its row.
 
 A step reads its row first (``FOR UPDATE``): with ``applied_end >= end`` it does nothing,
 otherwise it reduces only the events ``>= applied_end``. So a replayed batch (a crash
