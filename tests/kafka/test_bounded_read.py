@@ -1,5 +1,5 @@
 """A bounded read ``[lo, hi)`` of a partition ends at ``hi``, never at an end of partition
-below it (review13 K2 rest). Its ``hi`` is one past a record of a committed transaction
+below it. Its ``hi`` is one past a record of a committed transaction
 (``commit_ends``), so the broker holds every offset below it; an end-of-partition event
 below ``hi`` only says the broker did not show them yet (Tansu on S3 reports a partition's
 end behind; a real Kafka's read_committed end stops at the first offset of another

@@ -1,5 +1,6 @@
 """A broker that answers a retried produce oddly must not make the Kafka log show an
-event twice (issue 13: the broker restart test read 52,243 events, 50,425 distinct).
+event twice (a broker restart under load once made a read return 52,243 events, 50,425
+distinct).
 
 A proxy in front of a Tansu broker (``DupProxy``) sends one produce request twice and
 passes on only the answer to the second copy, as a broker does that lost its answer to

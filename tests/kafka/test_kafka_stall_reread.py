@@ -1,6 +1,6 @@
 """A storage stall (Tansu on S3: a fetch wait too short answers nothing, for good) met
 twice within one bounded read: the read goes on where it was, never from its start again
-(review13 K1: the second step's consumer had returned no record, its ``position()`` was
+(the second step's consumer had returned no record, its ``position()`` was
 -1001 and the read restarted at its ``lo``: [lo, P) twice). The broker is a real Tansu; the
 stall is faked by giving the consumers' ``consume`` a plan (records, then nothing)."""
 
@@ -200,7 +200,7 @@ def test_the_spark_check_rejects_an_offset_twice() -> None:
 @pytest.mark.usefixtures("short_stalls")
 def test_a_wait_learned_elsewhere_is_taken_at_the_next_read(
         kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """review13 K2: a long-lived client whose consumer was made before another reader of
+    """A long-lived client whose consumer was made before another reader of
     the process learned a longer fetch wait re-makes it when its next read starts: it does
     not wait the stall out again (``_storage_stall`` is never needed)."""
     cfg, tp = two_commits(tmp_path, kafka_bootstrap)

@@ -473,7 +473,7 @@ def test_a_first_start_reads_from_the_first_run_with_the_topic(
     and timestamp; those sent after it are forwarded, in partition 1 one sent before the
     listener was assigned (audit13 F1: the listener started at the topic's end, so a
     signal sent between the start and its assignment was lost) whose producer's clock
-    is 30 s behind (review15 F5: skipped, logged at INFO only). Partition 0 has no newer
+    is 30 s behind (skipped, logged at INFO only). Partition 0 has no newer
     message when the listener is assigned: Kafka then answers offsets_for_times with the
     partition's end, and the older message is never read (a broker that answers 0, as
     Tansu did, makes the listener read it and skip it by its timestamp, with a WARNING);
@@ -521,7 +521,7 @@ def test_a_first_start_reads_from_the_first_run_with_the_topic(
 def test_a_kill_before_the_first_checkpoint_keeps_since_ms(
     pg_db: str, tmp_path: Path, kafka_bootstrap: str
 ) -> None:
-    """review15 F6: `dblog run` is killed before its listener read anything and before
+    """`dblog run` is killed before its listener read anything and before
     its first checkpoint; a signal was sent meanwhile. The restart (here 10 min later)
     keeps the first process's ``since_ms`` (noted in the log directory before the
     listener starts), so the signal is forwarded, not skipped as older than the restart."""

@@ -1595,7 +1595,7 @@ class KafkaChangeLog(ChangeLogWriter):
                 lo = self._valid_end(tp)
             if lo is not None and lo < first:
                 # Records retention deleted are no copies a reader takes, and reading
-                # below the partition's start fails (review14 R2: every restart stopped).
+                # below the partition's start fails (every restart stopped).
                 lo = max(lo, self.client.watermarks([tp])[tp][0])
             if lo is not None and lo < first:
                 mine = self._own_records(tp, lo, first)
