@@ -4,7 +4,7 @@
    change log, applied with ``trigger(availableNow=True)`` into Delta, then (fresh
    checkpoint) into a throwaway PostgreSQL; reports events/s of the drain (Spark session
    start excluded, query start included). The Delta drain runs twice: first as the
-   process's first query (the figure of issue 4: it pays Spark's cold start, JVM code
+   process's first query (it pays Spark's cold start, JVM code
    paths and Python workers), then again into a fresh lake and checkpoint as a second
    query of the same session (a running job draining a backlog).
 2. latency: a writer appends at a steady rate (default 5k events/s) while the job runs

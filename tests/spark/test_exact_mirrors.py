@@ -1,4 +1,4 @@
-"""Exact mirrors on real-world schemas (issue 12), end to end in one Spark run (kept to
+"""Exact mirrors on real-world schemas, end to end in one Spark run (kept to
 one test: Spark is slow to start): `dblog run` against PostgreSQL, `run_sync` into Delta
 and a downstream PostgreSQL, each mirror compared with the source *and counted* (a stale
 duplicate would vanish in a comparison by key).
