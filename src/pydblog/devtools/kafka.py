@@ -39,6 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from pydblog.devtools.cache import maven_cache
 from pydblog.devtools.pgcluster import free_port
 
 KAFKA_VERSION = "4.4.0"
@@ -88,11 +89,7 @@ def home() -> Path:
     env = os.environ.get("PYDBLOG_KAFKA_HOME")
     if env:
         return Path(env)
-    if os.geteuid() == 0:
-        base = Path("/var/cache/pydblog/maven")
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "pydblog" / "maven"
-    return base / f"kafka-{KAFKA_VERSION}"
+    return maven_cache() / f"kafka-{KAFKA_VERSION}"
 
 
 def _jars_dir(root: Path) -> Path:

@@ -41,6 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from pydblog.devtools.cache import maven_cache
 from pydblog.devtools.kafka import KAFKA_VERSION
 from pydblog.devtools.pgcluster import free_port
 
@@ -90,11 +91,7 @@ def home() -> Path:
     env = os.environ.get("PYDBLOG_CONNECT_HOME")
     if env:
         return Path(env)
-    if os.geteuid() == 0:
-        base = Path("/var/cache/pydblog/maven")
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "pydblog" / "maven"
-    return base / f"connect-{KAFKA_VERSION}"
+    return maven_cache() / f"connect-{KAFKA_VERSION}"
 
 
 def unavailable() -> str | None:
