@@ -63,12 +63,9 @@ from pathlib import Path
 import orjson
 import psycopg
 
-from pydblog.changelog.kafka import (
-    CommitLog,
-    CommitRecord,
-    KafkaChangeLogReader,
-    checkpoint_topic,
-)
+from pydblog.changelog.kafka.protocol import CommitLog, CommitRecord
+from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+from pydblog.changelog.kafka.topics import checkpoint_topic
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.config import LogConfig
 from pydblog.devtools.pgcluster import PgCluster
@@ -326,7 +323,7 @@ def steady(dsn: str, cfg: Path, d: Path, args: argparse.Namespace, base: int,
     from confluent_kafka import Consumer, TopicPartition
 
     from pydblog.api.capture import read_api_address
-    from pydblog.changelog.kafka import data_topic
+    from pydblog.changelog.kafka.topics import data_topic
 
     proc = start(cfg)
     deadline = time.monotonic() + 60

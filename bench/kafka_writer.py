@@ -24,7 +24,7 @@ from pathlib import Path
 
 import results
 from pydblog.changelog import kafka_native
-from pydblog.changelog.kafka import KafkaChangeLog
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.config import LogConfig
 from pydblog.events import ChangeEvent, Encoded, Op, encode_event

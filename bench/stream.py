@@ -226,7 +226,7 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
         reader: Any
         if log_keys:
             from kafka import KafkaEnd  # bench/kafka.py
-            from pydblog.changelog.kafka import KafkaChangeLogReader
+            from pydblog.changelog.kafka.reader import KafkaChangeLogReader
             from pydblog.config import LogConfig
 
             reader = KafkaChangeLogReader(LogConfig(type="kafka", path=str(work / "data"),

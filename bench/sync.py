@@ -220,7 +220,7 @@ def copy_to_kafka(log_dir: Path, log: dict[str, Any], batch: int) -> int:
     schema with the commit that starts at its offset): the same events for both drains."""
     import itertools
 
-    from pydblog.changelog.kafka import KafkaChangeLog
+    from pydblog.changelog.kafka.writer import KafkaChangeLog
     from pydblog.changelog.sqlite import SqliteChangeLogReader
     from pydblog.config import LogConfig
     from pydblog.events import EncodedEvent

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydblog.changelog.kafka import HEADER_FANOUT, KafkaChangeLog
+from pydblog.changelog.kafka.topics import HEADER_FANOUT
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 
 
 class LegacyKafkaChangeLog(KafkaChangeLog):

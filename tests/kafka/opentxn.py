@@ -19,8 +19,8 @@ from typing import Any
 import confluent_kafka
 import pytest
 
-from pydblog.changelog import kafka
-from pydblog.changelog.kafka import KafkaChangeLog
+from pydblog.changelog.kafka import client as kafka_client
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 
 EOF = confluent_kafka.KafkaError._PARTITION_EOF
 
@@ -66,7 +66,7 @@ def watch_eof(monkeypatch: pytest.MonkeyPatch, seen: threading.Event) -> None:
     """Every consumer a ``_Client`` makes for ``read_batches`` sets ``seen`` when a
     ``consume`` returns an end-of-partition event (a native client's are left as they
     are: ``kafka_native.consume`` reads only a real consumer)."""
-    real_consumer = kafka._Client.consumer
+    real_consumer = kafka_client.Client.consumer
 
     class Watched:
         def __init__(self, real: Any) -> None:
@@ -87,4 +87,4 @@ def watch_eof(monkeypatch: pytest.MonkeyPatch, seen: threading.Event) -> None:
             self._consumer = real if self.native else Watched(real)
         return self._consumer
 
-    monkeypatch.setattr(kafka._Client, "consumer", consumer)
+    monkeypatch.setattr(kafka_client.Client, "consumer", consumer)

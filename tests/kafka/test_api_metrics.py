@@ -14,7 +14,7 @@ import pytest
 
 from pydblog.api.capture import CaptureApi
 from pydblog.api.live import LiveCapture
-from pydblog.changelog.kafka import KafkaChangeLog
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.config import parse_config
 from pydblog.devtools.kafka import KafkaBroker
 from pydblog.events import Op

@@ -19,8 +19,10 @@ from typing import Any
 import confluent_kafka
 import pytest
 
-from pydblog.changelog import kafka, kafka_native
-from pydblog.changelog.kafka import KafkaChangeLog, checkpoint_topic, data_topic
+from pydblog.changelog import kafka_native
+from pydblog.changelog.kafka import client as kafka_client
+from pydblog.changelog.kafka.topics import checkpoint_topic, data_topic
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.kafka_spark import KafkaStream, plan
 from pydblog.config import LogConfig
 from pydblog.events import Op
@@ -66,7 +68,7 @@ def test_an_end_of_partition_below_hi_does_not_end_the_read(
 
     writer = threading.Thread(target=second_commit)
     writer.start()
-    client = kafka._Client(cfg, native=native)
+    client = kafka_client.Client(cfg, native=native)
     try:
         got: Iterator[int]
         if native:
@@ -94,7 +96,7 @@ def test_a_commit_landing_while_the_planner_reads_is_planned(
     lost to the sync)."""
     writer = KafkaChangeLog(kafka_log)
     stream = KafkaStream(kafka_log.model_dump_json())
-    checker = kafka._Client(kafka_log)
+    checker = kafka_client.Client(kafka_log)
     try:
         append(writer, 0, 20)
         held = HeldCommit(monkeypatch, writer, lambda: append(writer, 20, 10))

@@ -264,7 +264,7 @@ class _Follower:
     broker that reads a few record batches a second, took minutes)."""
 
     def __init__(self, config: Path) -> None:
-        from pydblog.changelog.kafka import KafkaChangeLogReader
+        from pydblog.changelog.kafka.reader import KafkaChangeLogReader
         from pydblog.config import load_config
 
         self.reader = KafkaChangeLogReader(load_config(config).log)

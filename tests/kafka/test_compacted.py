@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pydblog.changelog import kafka as kafka_log_mod
 from pydblog.changelog import kafka_native, kafka_spark
+from pydblog.changelog.kafka import writer as kafka_writer
 from pydblog.config import LogConfig, load_config
 from pydblog.errors import ChangeLogError
 from pydblog.spark.job import run_sync
@@ -133,14 +133,14 @@ def test_sync_of_a_log_with_gaps(tmp_path: Path, kafka_log: LogConfig,
     """`dblog sync` of a log whose runs claim one offset more than they hold (each
     partition's commit marker before them): with a history sink it stops with the error
     and its fix; with mirror sinks only it applies everything."""
-    real = kafka_log_mod.commit_ends
+    real = kafka_writer.commit_ends
 
     def early_runs(*args: Any) -> Any:
         ends, runs = real(*args)
         return ends, {t: {p: max(0, f - 1) for p, f in parts.items()} for t, parts in runs.items()}
 
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=5))
-    monkeypatch.setattr(kafka_log_mod, "commit_ends", early_runs)
+    monkeypatch.setattr(kafka_writer, "commit_ends", early_runs)
     assert copy_to_kafka(tmp_path / "log", kafka_log) == end
     monkeypatch.undo()
     history = config(tmp_path, kafka_log, f'[[sync.sinks]]\ntype = "history"\npath = "{tmp_path / "h"}"')

@@ -55,7 +55,8 @@ def test_settings_reach_every_client_and_win(
     kafka_log: LogConfig, tmp_path: Path, pg_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from pydblog.capture.kafka_signals import KafkaSignalListener
-    from pydblog.changelog.kafka import KafkaChangeLog, KafkaChangeLogReader
+    from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+    from pydblog.changelog.kafka.writer import KafkaChangeLog
 
     cfg = kafka_log.model_copy(update={"kafka": dict(SETTINGS)})
     assert SECRET not in repr(cfg) and "sasl.password" in repr(cfg)
@@ -132,7 +133,7 @@ def test_a_refused_setting_is_a_clear_config_error(
 def test_status_never_shows_the_password(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> None:
     config = write_config(tmp_path, pg_db, extra=kafka_log_toml(kafka_bootstrap) + _toml(
         {"sasl.password": SECRET, "sasl.username": "u"}))
-    from pydblog.changelog.kafka import KafkaChangeLog
+    from pydblog.changelog.kafka.writer import KafkaChangeLog
 
     KafkaChangeLog(load_config(config).log).close()  # a log to describe
     out = _dblog("status", "--config", str(config))

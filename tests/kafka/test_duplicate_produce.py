@@ -15,13 +15,9 @@ from typing import Any
 
 import pytest
 
-from pydblog.changelog.kafka import (
-    HEADER_WRITER,
-    KafkaChangeLog,
-    KafkaChangeLogReader,
-    data_topic,
-    notifications_topic,
-)
+from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+from pydblog.changelog.kafka.topics import HEADER_WRITER, data_topic, notifications_topic
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.config import LogConfig
 from pydblog.errors import ChangeLogUnavailable
 from tests.kafka.dupproxy import DupProxy
@@ -79,7 +75,7 @@ def test_a_checkpoint_message_answered_without_its_offset_fails_the_commit(
     records (a kept run of the broker restart test: 1,529 events missing). Such an
     answer now fails the commit; the retry resumes after the message if the broker has
     it after all (as here: Tansu in memory stored the first copy) and before it if not."""
-    from pydblog.changelog.kafka import checkpoint_topic
+    from pydblog.changelog.kafka.topics import checkpoint_topic
 
     cfg, proxy = proxied
     bs = batches()

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from pydblog.changelog import kafka
-from pydblog.changelog.kafka import KafkaChangeLog, KafkaChangeLogReader, KafkaLogFigures
+from pydblog.changelog.kafka import compat as kafka_compat
+from pydblog.changelog.kafka.reader import KafkaChangeLogReader, KafkaLogFigures
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.config import LogConfig
 from tests.kafka.test_planner import append
 
@@ -101,7 +102,7 @@ def test_a_follower_keeps_up_with_a_checkpoint_topic_growing_each_fetch_wait(kaf
 
 @pytest.fixture(autouse=True)
 def _no_learned_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})
+    monkeypatch.setattr(kafka_compat, "_LEARNED_WAITS", {})
 
 
 @pytest.mark.slow

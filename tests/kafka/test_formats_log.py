@@ -15,7 +15,9 @@ import orjson
 import pytest
 
 from pydblog.changelog.formats import Registry, decode_avro
-from pydblog.changelog.kafka import HEADER_EVENT, KafkaChangeLog, KafkaChangeLogReader
+from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+from pydblog.changelog.kafka.topics import HEADER_EVENT
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.config import LogConfig
 from pydblog.events import Op

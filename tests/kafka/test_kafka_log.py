@@ -13,7 +13,9 @@ import orjson
 import pytest
 
 from pydblog.changelog import kafka_spark
-from pydblog.changelog.kafka import KafkaChangeLog, KafkaChangeLogReader, data_topic
+from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+from pydblog.changelog.kafka.topics import data_topic
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.config import LogConfig
 from pydblog.events import (
@@ -191,7 +193,7 @@ def test_a_recreated_topic_is_refused(tmp_path: Path, kafka_bootstrap: str, when
     unless a commit in the window listed every partition's end (``KNOWN_EVERY``)."""
     import uuid
 
-    from pydblog.changelog import kafka
+    from pydblog.changelog.kafka import writer as kafka_writer
     from pydblog.errors import ChangeLogError
 
     cfg = LogConfig(type="kafka", path=str(tmp_path / "k"), bootstrap_servers=kafka_bootstrap,
@@ -199,14 +201,14 @@ def test_a_recreated_topic_is_refused(tmp_path: Path, kafka_bootstrap: str, when
     assert cfg.topic_prefix is not None
     topic = data_topic(cfg.topic_prefix, "public.b")
     if when.endswith("lists every end"):
-        monkeypatch.setattr(kafka, "KNOWN_EVERY", 1)
+        monkeypatch.setattr(kafka_writer, "KNOWN_EVERY", 1)
     kf = KafkaChangeLog(cfg)
     kf.append([row_event(Op.CREATE, "b", 10 + i, {"id": i}, {"id": i}) for i in range(5)], cp(0))
     if when != "in the same session":
         kf.append([row_event(Op.CREATE, "c", 20, {"id": 1}, {"id": 1})], cp(1))
         kf.append([row_event(Op.CREATE, "c", 21, {"id": 2}, {"id": 2})], cp(2))
         kf.close()
-        monkeypatch.setattr(kafka, "RECOVERY_WINDOW", 2)  # the last two commits: table c's
+        monkeypatch.setattr(kafka_writer, "RECOVERY_WINDOW", 2)  # the last two commits: table c's
     recreate_topic(kafka_bootstrap, topic, 1)
     if when != "in the same session":
         kf = KafkaChangeLog(cfg)
@@ -240,7 +242,7 @@ def test_table_topics_hold_what_debeziums_hold(kafka_log: LogConfig, truncates: 
     "include"`` (one keyless message, as Debezium's); notifications go to the
     notification topic in the shape of Debezium's Kafka notification channel, with the
     envelope in a header; skipped truncates to the truncates topic."""
-    from pydblog.changelog.kafka import notifications_topic, truncates_topic
+    from pydblog.changelog.kafka.topics import notifications_topic, truncates_topic
 
     cfg = kafka_log.model_copy(update={"truncates": truncates})
     kf = KafkaChangeLog(cfg)
@@ -279,7 +281,7 @@ def test_table_topics_hold_what_debeziums_hold(kafka_log: LogConfig, truncates: 
 
 def test_notification_value_is_debeziums_shape() -> None:
     """Debezium's notification channel sends ``additional_data`` as a map of strings."""
-    from pydblog.changelog.kafka import notification_value
+    from pydblog.changelog.kafka.topics import notification_value
     from pydblog.core.notices import Notice, NotificationType
 
     note = Notice(NotificationType.IN_PROGRESS, "sig-1", SnapshotKind.INCREMENTAL, "public.a",
@@ -526,7 +528,7 @@ def test_claim_races_an_older_leaders_commit(kafka_log: LogConfig, race: str,
     second case made the new leader begin at offset 50 again, overlapping the old
     leader's acknowledged commit 50..351: readers then lost both sessions' events past
     offset 49."""
-    from pydblog.changelog import kafka as kafka_mod
+    from pydblog.changelog.kafka import writer as kafka_writer
     from pydblog.errors import Fenced
 
     old = KafkaChangeLog(kafka_log)
@@ -552,14 +554,14 @@ def test_claim_races_an_older_leaders_commit(kafka_log: LogConfig, race: str,
 
         monkeypatch.setattr(new, "_commit", commit_after_race)
     else:
-        real_recover = kafka_mod.recover_commits
+        real_recover = kafka_writer.recover_commits
 
         def recover_then_race(client: Any) -> Any:
             commits = real_recover(client)
             old_commits()  # lands right after the claim's read, before its begin message
             return commits
 
-        monkeypatch.setattr(kafka_mod, "recover_commits", recover_then_race)
+        monkeypatch.setattr(kafka_writer, "recover_commits", recover_then_race)
     new.claim(2)
     monkeypatch.undo()
     if race == "before-the-fence":
@@ -703,11 +705,12 @@ def test_a_storage_stall_is_paid_once_per_process(tmp_path: Path, monkeypatch: p
     learned nothing for the next one to start with. A
     later reader's own longer step (the storage slower than 100 ms for a moment: its
     client's, not the process's) is not the shortest wait paid again."""
-    from pydblog.changelog import kafka
+    from pydblog.changelog.kafka import client as kafka_client
+    from pydblog.changelog.kafka import compat as kafka_compat
     from pydblog.devtools.tansu import TansuBroker
 
-    monkeypatch.setattr(kafka, "STALL_S", 0.5)
-    monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})  # this test's broker only
+    monkeypatch.setattr(kafka_client, "STALL_S", 0.5)
+    monkeypatch.setattr(kafka_compat, "_LEARNED_WAITS", {})  # this test's broker only
     with TansuBroker(s3=True) as broker:
         cfg = LogConfig(type="kafka", path=str(tmp_path / "data"), bootstrap_servers=broker.bootstrap,
                         topic_prefix="stall", partitions=1)
@@ -716,14 +719,14 @@ def test_a_storage_stall_is_paid_once_per_process(tmp_path: Path, monkeypatch: p
             kf.append([row_event(Op.CREATE, "a", 1000 + 10 * i + j, {"id": 10 * i + j}, {"id": 10 * i + j})
                        for j in range(10)], cp(i))
         kf.close()
-        monkeypatch.setattr(kafka, "FETCH_WAITS_MS", (0, *kafka.FETCH_WAITS_MS[1:]))
+        monkeypatch.setattr(kafka_compat, "FETCH_WAITS_MS", (0, *kafka_compat.FETCH_WAITS_MS[1:]))
         tp = (data_topic("stall", "public.a"), 0)
         with caplog.at_level("WARNING", logger="pydblog.changelog.kafka"):
             caplog.clear()
             seen = []
             starts = []  # the fetch wait each reader starts with
             for native in (False, True, False):
-                client = kafka._Client(cfg, native=native)
+                client = kafka_client.Client(cfg, native=native)
                 starts.append(client.fetch_wait_ms)
                 try:
                     if client.native:

@@ -15,8 +15,12 @@ from typing import Any
 
 import pytest
 
-from pydblog.changelog import kafka, kafka_native
-from pydblog.changelog.kafka import KafkaChangeLog, KafkaChangeLogReader, data_topic
+from pydblog.changelog import kafka_native
+from pydblog.changelog.kafka import client as kafka_client
+from pydblog.changelog.kafka import compat as kafka_compat
+from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+from pydblog.changelog.kafka.topics import data_topic
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.config import LogConfig
 from pydblog.errors import ChangeLogError
 from pydblog.events import Op
@@ -55,7 +59,7 @@ def stalling_consumers(monkeypatch: pytest.MonkeyPatch, plan: list[int | None]) 
     """``_Client`` makes its consumers as ``Stalling`` ones, each giving the next of
     ``plan``'s record counts (None once ``plan`` is used up); the consumers made so far."""
     made: list[Stalling] = []
-    real = kafka._Client.consumer
+    real = kafka_client.Client.consumer
 
     def consumer(self: Any) -> Any:
         if self._consumer is None:
@@ -63,7 +67,7 @@ def stalling_consumers(monkeypatch: pytest.MonkeyPatch, plan: list[int | None]) 
             self._consumer = made[-1]
         return self._consumer
 
-    monkeypatch.setattr(kafka._Client, "consumer", consumer)
+    monkeypatch.setattr(kafka_client.Client, "consumer", consumer)
     return made
 
 
@@ -81,9 +85,9 @@ def two_commits(tmp_path: Path, bootstrap: str) -> tuple[LogConfig, tuple[str, i
 
 @pytest.fixture
 def short_stalls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kafka, "STALL_S", 0.3)
-    monkeypatch.setattr(kafka, "FIRST_STALL_S", 0.3)
-    monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})  # this test's steps only
+    monkeypatch.setattr(kafka_client, "STALL_S", 0.3)
+    monkeypatch.setattr(kafka_compat, "FIRST_STALL_S", 0.3)
+    monkeypatch.setattr(kafka_compat, "_LEARNED_WAITS", {})  # this test's steps only
 
 
 @pytest.mark.usefixtures("short_stalls")
@@ -92,23 +96,23 @@ def test_a_second_stall_step_reads_on_where_the_read_was(
     cfg, tp = two_commits(tmp_path, kafka_bootstrap)
     plan: list[int | None] = list(PLAN)
     made = stalling_consumers(monkeypatch, plan)
-    client = kafka._Client(cfg)
+    client = kafka_client.Client(cfg)
     try:
         offsets = [m.offset() for m in client.read_range({tp: (0, 21)})]
         assert len(made) == 3, "the read stalled twice"
         # a read of two partitions (the per-message path), one of them empty (read to its
         # end: a bounded read of records the broker does not hold would wait for them)
         plan[:] = list(PLAN)
-        kafka._LEARNED_WAITS.clear()  # the same steps again
+        kafka_compat._LEARNED_WAITS.clear()  # the same steps again
         client.close()
-        client = kafka._Client(cfg)
+        client = kafka_client.Client(cfg)
         other = (data_topic(cfg.topic_prefix or "", "public.b"), 0)
         client.ensure_topics([other[0]], 1)
         both = [m.offset() for m in client.read_range({tp: (0, 21), other: (0, None)})]
         plan[:] = list(PLAN)
-        kafka._LEARNED_WAITS.clear()  # the same steps again
+        kafka_compat._LEARNED_WAITS.clear()  # the same steps again
         client.close()
-        client = kafka._Client(cfg)
+        client = kafka_client.Client(cfg)
         batches = [[m.offset() for m in b] for b in client.read_batches({tp: (3, 21), other: (0, None)})]
     finally:
         client.close()
@@ -145,7 +149,7 @@ def test_the_native_read_too(kafka_bootstrap: str, tmp_path: Path,
         return b
 
     monkeypatch.setattr(kafka_native, "consume", consume)
-    client = kafka._Client(cfg, native=True)
+    client = kafka_client.Client(cfg, native=True)
     try:
         offsets = [int(o) for b in client.read_values(tp, 0, 21) for o in b.offsets]
     finally:
@@ -207,17 +211,17 @@ def test_a_wait_learned_elsewhere_is_taken_at_the_next_read(
     # the first consumer stalls after the first read
     made = stalling_consumers(monkeypatch, [20, None])
     stalls: list[int] = []
-    real_stall = kafka._Client._storage_stall
+    real_stall = kafka_client.Client._storage_stall
 
     def storage_stall(self: Any, *args: Any) -> bool:
         stalls.append(1)
         return real_stall(self, *args)
 
-    monkeypatch.setattr(kafka._Client, "_storage_stall", storage_stall)
-    client = kafka._Client(cfg)
+    monkeypatch.setattr(kafka_client.Client, "_storage_stall", storage_stall)
+    client = kafka_client.Client(cfg)
     try:
         assert len(list(client.read_range({tp: (0, 21)}))) == 20
-        kafka._LEARNED_WAITS[str(cfg.bootstrap_servers)] = 500  # another reader learned it
+        kafka_compat._LEARNED_WAITS[str(cfg.bootstrap_servers)] = 500  # another reader learned it
         assert [m.offset() for m in client.read_range({tp: (0, 21)})] == [*range(10), *range(11, 21)]
     finally:
         client.close()
@@ -230,11 +234,11 @@ def test_a_stall_below_a_live_writers_open_transaction_is_a_storage_stall(
     """A capture writing a partition has a transaction open there most of the time (the
     last stable offset below the high watermark, which moves): a read below it that the
     broker's storage stalls still steps its fetch wait. Only a transaction whose high
-    watermark stays put holds a read (``_Client._stalled``); taking every open one for
+    watermark stays put holds a read (``Client._stalled``); taking every open one for
     that, the read waited until it timed out."""
     import confluent_kafka
 
-    monkeypatch.setattr(kafka, "TIMEOUT_S", 6.0)
+    monkeypatch.setattr(kafka_client, "TIMEOUT_S", 6.0)
     cfg, tp = two_commits(tmp_path, kafka_bootstrap)
     stop, writing = threading.Event(), threading.Event()
 
@@ -255,7 +259,7 @@ def test_a_stall_below_a_live_writers_open_transaction_is_a_storage_stall(
     try:
         assert writing.wait(20)
         made = stalling_consumers(monkeypatch, [5, None])
-        client = kafka._Client(cfg)
+        client = kafka_client.Client(cfg)
         try:
             offsets = [m.offset() for m in client.read_range({tp: (0, 21)})]
         finally:

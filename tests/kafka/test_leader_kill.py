@@ -22,7 +22,7 @@ pytest.importorskip("confluent_kafka", reason="pip install 'pydblog[kafka]'")
 
 
 def _count(config: Path) -> int:
-    from pydblog.changelog.kafka import KafkaChangeLogReader
+    from pydblog.changelog.kafka.reader import KafkaChangeLogReader
     from pydblog.config import load_config
 
     reader = KafkaChangeLogReader(load_config(config).log)
@@ -43,7 +43,7 @@ def test_the_partition_leaders_killed_under_load(pg_db: str, tmp_path: Path) -> 
     every source position once and offsets dense."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         pytest.skip("kills brokers of its own cluster")
-    from pydblog.changelog.kafka import checkpoint_topic, data_topic
+    from pydblog.changelog.kafka.topics import checkpoint_topic, data_topic
     from pydblog.devtools.kafka import KafkaCluster
 
     _table(pg_db)

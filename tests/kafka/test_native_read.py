@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pydblog.changelog import kafka_native, kafka_spark
-from pydblog.changelog.kafka import KafkaChangeLog
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.config import LogConfig
 from pydblog.events import Op

@@ -14,13 +14,9 @@ import orjson
 import pytest
 
 from pydblog.changelog import kafka_native
-from pydblog.changelog.kafka import (
-    HEADER_WRITER,
-    KafkaChangeLog,
-    KafkaChangeLogReader,
-    notifications_topic,
-    truncates_topic,
-)
+from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+from pydblog.changelog.kafka.topics import HEADER_WRITER, notifications_topic, truncates_topic
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.config import LogConfig
 from pydblog.events import ChangeEvent, Encoded, EncodedEvent, Op, encode_event
 from tests.kafka.test_kafka_log import batches, cp, pos, row_event

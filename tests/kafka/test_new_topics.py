@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import uuid
 
-from pydblog.changelog.kafka import _Client
+from pydblog.changelog.kafka.client import Client
 from pydblog.config import LogConfig
 
 
 def test_offsets_of_a_topic_created_a_moment_ago(kafka_log: LogConfig) -> None:
-    client = _Client(kafka_log)
+    client = Client(kafka_log)
     try:
         for _ in range(5):
             topic = f"{kafka_log.topic_prefix}.t{uuid.uuid4().hex[:6]}"

@@ -25,8 +25,10 @@ from typing import Any
 
 import pytest
 
-from pydblog.changelog import kafka
-from pydblog.changelog.kafka import KafkaChangeLog, checkpoint_topic
+from pydblog.changelog.kafka import client as kafka_client
+from pydblog.changelog.kafka import compat as kafka_compat
+from pydblog.changelog.kafka.topics import checkpoint_topic
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.kafka_spark import KafkaStream, plan
 from pydblog.config import LogConfig
 from pydblog.ports import SyncOffset as Offset
@@ -40,7 +42,7 @@ TRANSACTION_TIMEOUT_MS = 8000
 def slow_consumers(monkeypatch: pytest.MonkeyPatch, slow: threading.Event) -> None:
     """The planner's consumers return nothing while ``slow`` is set (what they fetched
     meanwhile waits in their queue)."""
-    real_consumer = kafka._Client.consumer
+    real_consumer = kafka_client.Client.consumer
 
     class Slow:
         def __init__(self, real: Any) -> None:
@@ -61,7 +63,7 @@ def slow_consumers(monkeypatch: pytest.MonkeyPatch, slow: threading.Event) -> No
             self._consumer = real if self.native else Slow(real)
         return self._consumer
 
-    monkeypatch.setattr(kafka._Client, "consumer", consumer)
+    monkeypatch.setattr(kafka_client.Client, "consumer", consumer)
 
 
 @pytest.mark.parametrize("where", ["available-now", "bounded"])
@@ -70,13 +72,13 @@ def test_the_planner_waits_for_an_open_transaction_by_name(
         where: str) -> None:
     """``available-now``: the target (``_checkpoint_end``) read from the high watermark,
     past the open checkpoint message; ``bounded``: a plan up to an end past it."""
-    monkeypatch.setattr(kafka, "TIMEOUT_S", READ_TIMEOUT_S)
-    monkeypatch.setattr(kafka, "STALL_S", 1.0)
-    monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})  # this test's reads only
+    monkeypatch.setattr(kafka_client, "TIMEOUT_S", READ_TIMEOUT_S)
+    monkeypatch.setattr(kafka_client, "STALL_S", 1.0)
+    monkeypatch.setattr(kafka_compat, "_LEARNED_WAITS", {})  # this test's reads only
     cfg = kafka_log.model_copy(update={"kafka": {"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}})
     writer = KafkaChangeLog(cfg)
     stream = KafkaStream(cfg.model_dump_json())
-    checker = kafka._Client(cfg)
+    checker = kafka_client.Client(cfg)
     lander: threading.Thread | None = None
     try:
         append(writer, 0, 20)
@@ -102,14 +104,14 @@ def test_the_planner_waits_for_an_open_transaction_by_name(
                 time.sleep(0.1)
             # what the planner said and learned while the transaction was open
             said.extend(r.getMessage() for r in list(caplog.records))
-            learned.update(kafka._LEARNED_WAITS)
+            learned.update(kafka_compat._LEARNED_WAITS)
             # the broker slow to show what the commit made readable: the read looks
             # again meanwhile and finds the transaction gone (it then timed out at once,
             # its own timeout long past: seen once in six runs under load; a storage
             # stall's longer fetch wait is fine then)
             slow.set()
             held.finish()
-            time.sleep(kafka.STALL_S + 0.5)
+            time.sleep(kafka_client.STALL_S + 0.5)
             slow.clear()
 
         lander = threading.Thread(target=land)

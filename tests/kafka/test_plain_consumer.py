@@ -15,13 +15,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pydblog.changelog.kafka import (
+from pydblog.changelog.kafka.topics import (
     HEADER_EVENT,
-    KafkaChangeLog,
     data_topic,
     notifications_topic,
     truncates_topic,
 )
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.config import LogConfig
 from tests.kafka.test_kafka_log import _crashing_writer, batches, cp, records

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pydblog.changelog.kafka import KafkaChangeLog
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.kafka_spark import KafkaRange, KafkaStream, read_events
 from pydblog.config import LogConfig
 from pydblog.events import EncodedEvent
@@ -89,23 +89,24 @@ def test_the_task_readers_fetch_in_bulk(kafka_log: LogConfig, monkeypatch: pytes
     """A sync task's consumers wait ``BULK_FETCH_WAIT_MS`` per fetch (Tansu answers a 5 ms
     fetch of a large partition with nothing, and spent seconds of CPU re-answering); the
     planner's stays at the low-latency wait; ``[log.kafka]`` wins over both."""
-    from pydblog.changelog import kafka
+    from pydblog.changelog.kafka import client as kafka_client
+    from pydblog.changelog.kafka import compat as kafka_compat
 
     made: list[dict[str, object]] = []
-    real = kafka.make_client
+    real = kafka_client.make_client
 
     def make_client(factory: object, conf: dict[str, object], cfg: LogConfig) -> object:
         if "group.id" in conf:  # a consumer
             made.append(dict(conf))
         return real(factory, conf, cfg)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(kafka, "make_client", make_client)
+    monkeypatch.setattr(kafka_client, "make_client", make_client)
     writer = KafkaChangeLog(kafka_log)
     append(writer, 0, 30)
     writer.close()
-    for log, task_wait, plan_wait in ((kafka_log, kafka.BULK_FETCH_WAIT_MS, kafka.FETCH_WAITS_MS[0]),
+    for log, task_wait, plan_wait in ((kafka_log, kafka_compat.BULK_FETCH_WAIT_MS, kafka_compat.FETCH_WAITS_MS[0]),
                                       (kafka_log.model_copy(update={"kafka": {"fetch.wait.max.ms": 7}}), 7, 7)):
-        monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})
+        monkeypatch.setattr(kafka_compat, "_LEARNED_WAITS", {})
         stream = KafkaStream(log.model_dump_json())
         try:
             start = stream.initial_offset("earliest")
@@ -126,18 +127,20 @@ def test_bounded_plans_fetch_in_bulk(kafka_log: LogConfig, monkeypatch: pytest.M
     plan of a 1.2M-event log, 3,600 small commits, took 7-23 s; 0.25 s in bulk). The
     plan is the same; an open plan keeps the low-latency wait. ``events_end`` (the
     progress bar's total) agrees with the reader."""
-    from pydblog.changelog import kafka
+    from pydblog.changelog.kafka import client as kafka_client
+    from pydblog.changelog.kafka import compat as kafka_compat
+    from pydblog.changelog.kafka import reader as kafka_reader
 
     made: list[dict[str, object]] = []
-    real = kafka.make_client
+    real = kafka_client.make_client
 
     def make_client(factory: object, conf: dict[str, object], cfg: LogConfig) -> object:
         if "group.id" in conf and "dblog-sync" not in str(conf["group.id"]):  # a reader
             made.append(dict(conf))
         return real(factory, conf, cfg)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(kafka, "make_client", make_client)
-    monkeypatch.setattr(kafka, "_LEARNED_WAITS", {})
+    monkeypatch.setattr(kafka_client, "make_client", make_client)
+    monkeypatch.setattr(kafka_compat, "_LEARNED_WAITS", {})
     writer = KafkaChangeLog(kafka_log)
     for i in range(30):
         append(writer, 10 * i, 10)
@@ -145,7 +148,7 @@ def test_bounded_plans_fetch_in_bulk(kafka_log: LogConfig, monkeypatch: pytest.M
     try:
         start = stream.initial_offset("earliest")
         open_end = stream.latest_offset(start, 100)
-        assert made and {c["fetch.wait.max.ms"] for c in made} == {kafka.FETCH_WAITS_MS[0]}
+        assert made and {c["fetch.wait.max.ms"] for c in made} == {kafka_compat.FETCH_WAITS_MS[0]}
         assert stream._bulk is None
         append(writer, 300, 10)
         stream.prepare_available_now()  # its target: the end now (310 events)
@@ -155,12 +158,12 @@ def test_bounded_plans_fetch_in_bulk(kafka_log: LogConfig, monkeypatch: pytest.M
             end = stream.latest_offset(end, 100)
             assert end["seq"] == want
         assert end["cp"] == stream.target
-        assert made and {c["fetch.wait.max.ms"] for c in made} == {kafka.BULK_FETCH_WAIT_MS}
+        assert made and {c["fetch.wait.max.ms"] for c in made} == {kafka_compat.BULK_FETCH_WAIT_MS}
         assert offsets(stream, start, end) == list(range(310))
         stream._planned = None  # a replay plans the logged batch again: in bulk, the same
         assert offsets(stream, open_end, end) == list(range(100, 310))
-        assert {c["fetch.wait.max.ms"] for c in made} == {kafka.BULK_FETCH_WAIT_MS}
-        reader = kafka.KafkaChangeLogReader(kafka_log)
+        assert {c["fetch.wait.max.ms"] for c in made} == {kafka_compat.BULK_FETCH_WAIT_MS}
+        reader = kafka_reader.KafkaChangeLogReader(kafka_log)
         try:
             assert KafkaStream(kafka_log.model_dump_json()).events_end() == reader.next_offset() == 310
         finally:

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import orjson
 
-from pydblog.changelog.kafka import (
-    KafkaChangeLog,
-    KafkaChangeLogReader,
+from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+from pydblog.changelog.kafka.topics import (
     checkpoint_topic,
     data_topic,
     notifications_topic,
     schemas_topic,
     truncates_topic,
 )
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.config import LogConfig
 from pydblog.events import Op

@@ -330,7 +330,7 @@ def test_a_partition_added_while_running_is_read(
     from confluent_kafka.cimpl import NewTopic
 
     from pydblog.capture import kafka_signals
-    from pydblog.changelog import kafka
+    from pydblog.changelog.kafka import client as kafka_client
 
     monkeypatch.setattr(kafka_signals, "REFRESH_S", 0.5, raising=False)
     PgHarness(pg_db)  # the signal table
@@ -339,8 +339,8 @@ def test_a_partition_added_while_running_is_read(
     for fut in admin.create_topics([NewTopic(name, 2, 1)]).values():
         fut.result()
     grown = threading.Event()
-    real_make = kafka.make_client
-    monkeypatch.setattr(kafka, "make_client", lambda *a: _OnePartitionFirst(real_make(*a), name, grown))
+    real_make = kafka_client.make_client
+    monkeypatch.setattr(kafka_client, "make_client", lambda *a: _OnePartitionFirst(real_make(*a), name, grown))
     cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, name)
     listener = kafka_signals.KafkaSignalListener(cfg)
     try:
@@ -383,12 +383,12 @@ def test_a_signal_topic_created_after_the_start(
     it): that signal, sent after the start, is forwarded (audit13 F1: the listener
     started at the end of the topic it found, and committed that offset as handled)."""
     from pydblog.capture import kafka_signals
-    from pydblog.changelog import kafka
+    from pydblog.changelog.kafka import client as kafka_client
 
     PgHarness(pg_db)  # the signal table
     name = f"n{uuid.uuid4().hex[:8]}-signals"
-    real_make = kafka.make_client
-    monkeypatch.setattr(kafka, "make_client", lambda *a: _Looks(real_make(*a), name))
+    real_make = kafka_client.make_client
+    monkeypatch.setattr(kafka_client, "make_client", lambda *a: _Looks(real_make(*a), name))
     cfg = _listener_config(tmp_path, pg_db, kafka_bootstrap, name)
     listener = kafka_signals.KafkaSignalListener(cfg)
     try:
@@ -583,7 +583,7 @@ def test_signals_deleted_before_they_were_read(
     warning naming the deleted offsets, and handles every kept one (audit13 F4: with
     auto.offset.reset = latest, librdkafka skipped the kept ones too)."""
     from pydblog.capture import kafka_signals
-    from pydblog.changelog import kafka
+    from pydblog.changelog.kafka import client as kafka_client
 
     PgHarness(pg_db)  # the signal table
     topic = Topic(kafka_bootstrap, f"r{uuid.uuid4().hex[:8]}-signals")
@@ -593,8 +593,8 @@ def test_signals_deleted_before_they_were_read(
     _commit(kafka_bootstrap, group, topic.name, 0)  # handled nothing yet
     sent = [topic.send(key, {"type": "execute-snapshot", "data": {"data-collections": [W]}})
             for _ in range(3)]
-    real_make = kafka.make_client
-    monkeypatch.setattr(kafka, "make_client", lambda *a: _Retained(real_make(*a), 2))
+    real_make = kafka_client.make_client
+    monkeypatch.setattr(kafka_client, "make_client", lambda *a: _Retained(real_make(*a), 2))
     warned: list[str] = []
 
     class Seen(logging.Handler):

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from pydblog.changelog.kafka import KafkaChangeLog
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.config import LogConfig, load_config
 from pydblog.devtools.proc import end_process
@@ -387,7 +387,9 @@ def test_commits_removed_from_the_checkpoint_topic_stop_the_plan(
     events and recorded their end (silent loss). The plan fails instead, naming the
     topic; so does the replay of a batch Spark logged before they were removed. (Tansu
     has no retention: its low watermark is faked.)"""
-    from pydblog.changelog.kafka import CommitRecord, _Client, checkpoint_topic
+    from pydblog.changelog.kafka.client import Client
+    from pydblog.changelog.kafka.protocol import CommitRecord
+    from pydblog.changelog.kafka.topics import checkpoint_topic
     from pydblog.changelog.kafka_spark import KafkaRange, KafkaStream, read_events
     from pydblog.errors import ChangeLogError
 
@@ -407,10 +409,10 @@ def test_commits_removed_from_the_checkpoint_topic_stop_the_plan(
     client = stream._planning()
     commits = {CommitRecord.from_bytes(m.value(), m.offset()).end: m.offset()
                for m in client.read_range({(topic, 0): (0, None)}) if m.value() is not None}
-    real = _Client.watermarks
+    real = Client.watermarks
     gone = [commits[20] + 1]  # the second commit's message is gone
 
-    def retention(self: _Client, tps: Any, committed: bool = False) -> Any:
+    def retention(self: Client, tps: Any, committed: bool = False) -> Any:
         return {tp: (max(lo, gone[0]) if tp[0] == topic else lo, hi)
                 for tp, (lo, hi) in real(self, tps, committed).items()}
 
@@ -422,7 +424,7 @@ def test_commits_removed_from_the_checkpoint_topic_stop_the_plan(
         return sorted(got)
 
     try:
-        monkeypatch.setattr(_Client, "watermarks", retention)
+        monkeypatch.setattr(Client, "watermarks", retention)
         with pytest.raises(ChangeLogError, match=topic) as info:
             end = stream.latest_offset(end1, None)
             raise AssertionError(f"planned {end['seq'] - 10} events, read {batch(stream, end1, end)}")

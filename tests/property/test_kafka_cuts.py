@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydblog.changelog.kafka import CommitLog, CommitRecord
+from pydblog.changelog.kafka.protocol import CommitLog, CommitRecord
 
 TOPIC = "p.public.t"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydblog.changelog.kafka import CommitLog, CommitRecord, commit_ends
+from pydblog.changelog.kafka.protocol import CommitLog, CommitRecord, commit_ends
 
 TOPIC = "p.public.t"
 PARTS = 3

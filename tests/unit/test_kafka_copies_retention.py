@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydblog.changelog.kafka import KafkaChangeLog
+from pydblog.changelog.kafka.writer import KafkaChangeLog
 
 TP = ("app.public.t", 0)
 
 
 class _Marks:
-    """The broker's watermarks (a stub of ``_Client.watermarks``): retention deleted
+    """The broker's watermarks (a stub of ``Client.watermarks``): retention deleted
     the partition up to ``low``."""
 
     def __init__(self, low: int) -> None:

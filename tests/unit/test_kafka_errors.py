@@ -13,10 +13,10 @@ pytest.importorskip("confluent_kafka", reason="pip install 'pydblog[kafka]'")
 
 
 def test_garbled_client_error_reads_as_a_lost_connection() -> None:
-    from pydblog.changelog.kafka import _unavailable
+    from pydblog.changelog.kafka.client import unavailable
 
     cfg = LogConfig(type="kafka", bootstrap_servers="10.0.0.7:9092", topic_prefix="app")
-    err = _unavailable("a commit", cfg, SystemError(
+    err = unavailable("a commit", cfg, SystemError(
         "_PyErr_SetObject: exception <class 'str'> is not a BaseException subclass"))
     assert isinstance(err, ChangeLogUnavailable) and err.retriable
     assert "10.0.0.7:9092" in err.message and "connection lost" in err.message

@@ -57,7 +57,7 @@ class LogFigures:
 
     def _read(self) -> dict[str, Any] | None:
         if self.cfg.type == "kafka":
-            from pydblog.changelog.kafka import KafkaLogFigures
+            from pydblog.changelog.kafka.reader import KafkaLogFigures
 
             with self._lock:
                 if self._closed:

@@ -233,10 +233,15 @@ class KafkaSignalListener:
                 "[snapshot] signal_topic needs Kafka: set [log] bootstrap_servers",
                 hint="the signal topic is read from the cluster in [log] bootstrap_servers",
             )
-        from pydblog.changelog.kafka import _for_consumer, _kafka, client_config, make_client
+        from pydblog.changelog.kafka.client import (
+            client_config,
+            for_consumer,
+            kafka_module,
+            make_client,
+        )
 
         self.cfg = cfg
-        self.k = _kafka()
+        self.k = kafka_module()
         self.topic = str(cfg.snapshot.signal_topic)
         self.key = signal_prefix(cfg).encode()
         if handled is None:
@@ -245,7 +250,7 @@ class KafkaSignalListener:
         self.handled = handled
         # (earliest: used only for an offset below the partition's start, which
         # _starts avoids; everything kept there is newer than what was handled)
-        self.consumer = make_client(self.k.Consumer, _for_consumer(client_config(
+        self.consumer = make_client(self.k.Consumer, for_consumer(client_config(
             cfg.log, **{"group.id": GROUP.format(prefix=signal_prefix(cfg)),
                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
                         "isolation.level": "read_committed"})), cfg.log)

@@ -27,7 +27,7 @@ LOG_TYPES = ("embedded", "kafka")
 def open_writer(cfg: LogConfig) -> ChangeLogWriter:
     """The capture's writer (high availability then calls its ``claim(epoch)``)."""
     if cfg.type == "kafka":
-        from pydblog.changelog.kafka import KafkaChangeLog
+        from pydblog.changelog.kafka.writer import KafkaChangeLog
 
         Path(cfg.path).mkdir(parents=True, exist_ok=True)  # the local state and status files
         return KafkaChangeLog(cfg)
@@ -39,7 +39,7 @@ def open_writer(cfg: LogConfig) -> ChangeLogWriter:
 def open_reader(cfg: LogConfig) -> ChangeLogReader:
     """A reader (raises ``ChangeLogError`` naming the fix when there is no log yet)."""
     if cfg.type == "kafka":
-        from pydblog.changelog.kafka import KafkaChangeLogReader
+        from pydblog.changelog.kafka.reader import KafkaChangeLogReader
 
         return KafkaChangeLogReader(cfg)
     from pydblog.changelog.sqlite import SqliteChangeLogReader
@@ -59,7 +59,7 @@ def log_name(cfg: LogConfig) -> str:
 def log_exists(cfg: LogConfig) -> bool:
     """Whether a log has been created (for Kafka: its checkpoint topic exists)."""
     if cfg.type == "kafka":
-        from pydblog.changelog.kafka import checkpoint_topic_exists
+        from pydblog.changelog.kafka.client import checkpoint_topic_exists
 
         return checkpoint_topic_exists(cfg)
     from pydblog.changelog.sqlite import log_path

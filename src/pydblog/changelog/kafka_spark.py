@@ -115,7 +115,7 @@ def _tp(key: str) -> tuple[str, int]:
 def _commit_log(offset: Offset) -> Any:
     """A ``CommitLog`` positioned at ``offset`` (owner and cumulative ends, no
     spans: those of the commits applied next describe the next batch)."""
-    from pydblog.changelog.kafka import CommitLog
+    from pydblog.changelog.kafka.protocol import CommitLog
 
     log = CommitLog()
     owner = offset.get("owner")
@@ -132,11 +132,13 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
     ``max_events`` events; returns the end offset and the ``CommitLog`` (its spans
     are the new commits'). ``client``: a ``changelog.kafka._Client`` to use (kept
     open), else one made and closed here."""
-    from pydblog.changelog.kafka import CommitRecord, _Client, checkpoint_topic
+    from pydblog.changelog.kafka.client import Client
+    from pydblog.changelog.kafka.protocol import CommitRecord
+    from pydblog.changelog.kafka.topics import checkpoint_topic
 
     own = client is None
     if own:
-        client = _Client(_config(log_json))
+        client = Client(_config(log_json))
     try:
         log = _commit_log(start)
         seq = int(start.get("seq", 0))
@@ -198,11 +200,12 @@ def _not_contiguous(topic: str, seq: int, rec: Any, low: int) -> ChangeLogError:
 
 
 def _checkpoint_end(log_json: str, client: Any = None) -> int:
-    from pydblog.changelog.kafka import _Client, checkpoint_topic
+    from pydblog.changelog.kafka.client import Client
+    from pydblog.changelog.kafka.topics import checkpoint_topic
 
     own = client is None
     if own:
-        client = _Client(_config(log_json))
+        client = Client(_config(log_json))
     try:
         topic = checkpoint_topic(client.prefix)
         if not client.partitions(topic):
@@ -270,10 +273,10 @@ def stream_values(part: KafkaRange, allow_gaps: bool = False,
         raise _Stopped
 
     def reader() -> None:
-        from pydblog.changelog.kafka import _Client
+        from pydblog.changelog.kafka.client import Client
 
         try:
-            client = _Client(_config(part.log), native=True, bulk=True)
+            client = Client(_config(part.log), native=True, bulk=True)
             try:
                 while not stop.is_set():
                     with lock:
@@ -489,7 +492,7 @@ def _read_messages(client: Any, piece: KafkaPiece, values: _Sink, check: _RunChe
     import confluent_kafka
     import numpy as np
 
-    from pydblog.changelog.kafka import event_value
+    from pydblog.changelog.kafka.topics import event_value
 
     value = event_value if client.formatted else confluent_kafka.Message.value
     spans = piece.spans
@@ -552,7 +555,7 @@ def _read_runs(client: Any, piece: KafkaPiece, values: _Sink, check: _RunCheck) 
 def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
     """The values of the messages whose writer header is ``tag`` (not fan-out copies of
     older logs); a notification's is its envelope, from its ``dblog.event`` header."""
-    from pydblog.changelog.kafka import HEADER_EVENT, HEADER_FANOUT, HEADER_WRITER, _header
+    from pydblog.changelog.kafka.topics import HEADER_EVENT, HEADER_FANOUT, HEADER_WRITER, header
 
     for m in msgs:
         headers = m.headers()
@@ -560,10 +563,10 @@ def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
             continue
         event = None
         if len(headers) != 2:
-            if _header(headers, HEADER_FANOUT) is not None:
+            if header(headers, HEADER_FANOUT) is not None:
                 continue
-            event = _header(headers, HEADER_EVENT)
-        got = headers[0][1] if headers[0][0] == HEADER_WRITER else _header(headers, HEADER_WRITER)
+            event = header(headers, HEADER_EVENT)
+        got = headers[0][1] if headers[0][0] == HEADER_WRITER else header(headers, HEADER_WRITER)
         if got == tag:
             yield m.value() if event is None else event
 
@@ -645,14 +648,14 @@ class KafkaStream(ChangeLogStream):
         batches in one process): each plan made and closed a client before, ~0.03-0.1 s
         of connecting and metadata a call, two on a query's start. ``bulk``: the client
         of plans that end at a known checkpoint-topic offset (``_bulk_plans``)."""
-        from pydblog.changelog.kafka import _Client
+        from pydblog.changelog.kafka.client import Client
 
         if bulk:
             if self._bulk is None:
-                self._bulk = _Client(_config(self.log), bulk=True)
+                self._bulk = Client(_config(self.log), bulk=True)
             return self._bulk
         if self._client is None:
-            self._client = _Client(_config(self.log))
+            self._client = Client(_config(self.log))
         return self._client
 
     def _forget_client(self) -> None:
@@ -714,10 +717,10 @@ class KafkaStream(ChangeLogStream):
         """The valid commits' end: the checkpoint topic read to its end (``plan``) with
         a bulk client of its own (``KafkaChangeLogReader.next_offset`` read the 3,700
         commits of a 1.2M-event log in 14 s on Tansu, this in 0.3 s)."""
-        from pydblog.changelog.kafka import _Client
+        from pydblog.changelog.kafka.client import Client
 
         cfg = _config(self.log)
-        client, bulk = _Client(cfg), _Client(cfg, bulk=True)
+        client, bulk = Client(cfg), Client(cfg, bulk=True)
         try:
             stop = _checkpoint_end(self.log, client)
             start: Offset = {"cp": 0, "seq": 0, "owner": None, "ends": {}}
@@ -758,9 +761,10 @@ class KafkaStream(ChangeLogStream):
             client = self._planning()
             k = client.k
             if self._group is None:
-                from pydblog.changelog.kafka import SYNC_GROUP, _for_consumer, client_config
+                from pydblog.changelog.kafka.client import client_config, for_consumer
+                from pydblog.changelog.kafka.reader import SYNC_GROUP
 
-                self._group = k.Consumer(_for_consumer(client_config(
+                self._group = k.Consumer(for_consumer(client_config(
                     client.cfg, **{"group.id": SYNC_GROUP.format(prefix=client.prefix),
                                    "enable.auto.commit": False})))
             offsets = [k.TopicPartition(t, p, int(o))
