@@ -287,7 +287,6 @@ class Client:
     def partitions(self, topic: str, refresh: bool = False) -> int:
         """Partition count (0: no such topic)."""
         if refresh or topic not in self._partitions:
-            # All topics: asking for one by name makes some brokers (Tansu) create it.
             try:
                 self._partitions.update(compat.topic_partitions(self.admin, TIMEOUT_S))
             except self.k.KafkaException as exc:
