@@ -17,6 +17,7 @@ import pytest
 
 from pydblog.changelog import kafka_native, kafka_spark
 from pydblog.changelog.kafka import writer as kafka_writer
+from pydblog.changelog.kafka.protocol import commit_ends
 from pydblog.config import LogConfig, load_config
 from pydblog.errors import ChangeLogError
 from pydblog.spark.job import run_sync
@@ -133,7 +134,7 @@ def test_sync_of_a_log_with_gaps(tmp_path: Path, kafka_log: LogConfig,
     """`dblog sync` of a log whose runs claim one offset more than they hold (each
     partition's commit marker before them): with a history sink it stops with the error
     and its fix; with mirror sinks only it applies everything."""
-    real = kafka_writer.commit_ends
+    real = commit_ends
 
     def early_runs(*args: Any) -> Any:
         ends, runs = real(*args)

@@ -82,7 +82,7 @@ def test_a_follower_keeps_up_with_a_checkpoint_topic_growing_each_fetch_wait(kaf
         append(writer, 0, 5)
         beats = Heartbeats(writer, 5)
         for client in (reader.client, figures.client):
-            client._own_wait = 1000  # what storage stalls leave a follower's client with
+            client.waits.own = 1000  # what storage stalls leave a follower's client with
         follow = reader.follow(0, 0.05)
         assert [next(follow).offset for _ in range(5)] == list(range(5))
         assert beats.writing.is_set(), "the follower got the events only once the log stopped growing"
