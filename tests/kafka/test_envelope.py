@@ -75,13 +75,15 @@ def read_topic(bootstrap: str, topic: str) -> list[Any]:
     return out
 
 
-def _capture_scenario(h: Harness, tmp_path: Path, bootstrap: str, truncates: str) -> tuple[str, str]:
+def _capture_scenario(h: Harness, tmp_path: Path, bootstrap: str, truncates: str,
+                      value_format: str = "json") -> tuple[str, str]:
     """Two rows snapshotted, then a create, an update, a delete and a truncate; the
     topic and the schema (database) of the table."""
     h.execute("CREATE TABLE customers (id INT PRIMARY KEY, email VARCHAR(40), n INT)",
               "INSERT INTO customers VALUES (10, 's@x', 10), (11, 't@x', 11)")
     prefix = f"e{uuid.uuid4().hex[:8]}"
-    extra = f'partitions = 2\ntombstones = true\ntruncates = "{truncates}"\n'
+    extra = (f'partitions = 2\ntombstones = true\ntruncates = "{truncates}"\n'
+             f'value_format = "{value_format}"\n')
     with Capture(h, tmp_path, kafka_log_toml(bootstrap, prefix, extra)) as cap:
         mark = cap.end()
         h.signal("snap", "execute-snapshot", {"data-collections": [f"{h.schema}\\.customers"]})
@@ -188,3 +190,39 @@ def test_debezium_mariadb_envelope(tmp_path: Path, kafka_bootstrap: str,
             assert v["before"] == {"id": 1, "email": "a@x", "n": 1}  # binlog_row_image=FULL
         if v["op"] == "d":
             assert v["before"] == {"id": 2, "email": "b@x", "n": 2}
+
+
+DEBEZIUM_CONNECT_VALUE = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"]
+DEBEZIUM_PG_SOURCE = ["version", "connector", "name", "ts_ms", "snapshot", "db", "sequence",
+                      "ts_us", "ts_ns", "schema", "table", "txId", "lsn", "xmin"]
+
+
+def test_debezium_postgres_envelope_with_schemas(pg_db: str, tmp_path: Path,
+                                                 kafka_bootstrap: str) -> None:
+    """``value_format = "json-schema"`` (``JsonConverter`` with schemas): the payload has
+    exactly Debezium's envelope and ``source`` fields (and ``source.index``), each described
+    by the schema in that order (what ``JsonConverter`` requires); ``version``, ``name``
+    and the finer timestamps are set; ``transaction`` is null (Debezium's default)."""
+    topic, schema = _capture_scenario(PgHarness(pg_db), tmp_path, kafka_bootstrap, "include",
+                                      "json-schema")
+    prefix = topic.split(".")[0]
+    msgs = [m for m in read_topic(kafka_bootstrap, topic) if m.value() is not None]
+    assert sorted(orjson.loads(m.value())["payload"]["op"] for m in msgs) == [
+        "c", "c", "d", "r", "r", "t", "u"]
+    for m in msgs:
+        doc = orjson.loads(m.value())
+        value, payload = doc["schema"], doc["payload"]
+        assert list(payload) == DEBEZIUM_CONNECT_VALUE == [f["field"] for f in value["fields"]]
+        src = payload["source"]
+        src_schema = next(f for f in value["fields"] if f["field"] == "source")
+        assert list(src) == [*DEBEZIUM_PG_SOURCE, "index"] == [
+            f["field"] for f in src_schema["fields"]]
+        assert src["version"] == "pydblog" and src["name"] == prefix and src["schema"] == schema
+        assert isinstance(src["txId"], int) and isinstance(src["lsn"], int)
+        assert src["ts_us"] == src["ts_ms"] * 1000 and src["ts_ns"] == src["ts_ms"] * 10**6
+        assert payload["ts_us"] == payload["ts_ms"] * 1000
+        assert payload["ts_ns"] == payload["ts_ms"] * 10**6
+        assert payload["transaction"] is None and src["sequence"] is None and src["xmin"] is None
+        # the JSON envelope rides in the header, as in the json format
+        event = orjson.loads(dict(m.headers())["dblog.event"])
+        assert event["op"] == payload["op"] and event["source"]["lsn"] == src["lsn"]

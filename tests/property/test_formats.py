@@ -248,11 +248,27 @@ def test_json_schema_envelope_is_debeziums() -> None:
     assert payload["before"]["raw"] == "AP8Q"
     assert payload["source"]["lsn"] == 123456 and payload["source"]["txId"] == 77
     assert payload["source"]["name"] == "app" and payload["source"]["schema"] == "public"
-    assert payload["transaction"] is None
+    assert payload["transaction"] is None  # Debezium's without provide.transaction.metadata
+    # Debezium 2.x's finer timestamps: the same instants, at pydblog's millisecond precision
+    assert (payload["ts_us"], payload["ts_ns"]) == (1700000000123000, 1700000000123000000)
+    assert (payload["source"]["ts_us"], payload["source"]["ts_ns"]) == (
+        1700000000000000, 1700000000000000000)
+    assert payload["source"]["version"] == "pydblog" and payload["source"]["sequence"] is None
     k = orjson.loads(key)  # type: ignore[arg-type]
     assert k["schema"] == {"type": "struct", "optional": False, "name": f"{TOPIC}.Key",
                            "fields": [{"type": "int32", "optional": False, "field": "id"}]}
     assert k["payload"] == {"id": 7}
+
+
+def test_finer_timestamps_are_null_where_ts_ms_is() -> None:
+    fmt = TableFormat.build(TOPIC, PG, TABLE, ENV)
+    payload = fmt.value_payload({**ENV, "ts_ms": None})
+    assert payload["ts_us"] is None and payload["ts_ns"] is None
+    assert payload["source"]["ts_us"] == 1700000000000000  # the source's own ts_ms
+    src = {k: v for k, v in ENV["source"].items() if k != "ts_ms"}  # type: ignore[union-attr]
+    payload = fmt.value_payload({**ENV, "source": src})
+    assert payload["source"]["ts_ms"] == 1700000000123  # the event's, as ts_ms itself
+    assert payload["source"]["ts_us"] == 1700000000123000
 
 
 def test_every_payload_field_has_its_schema() -> None:

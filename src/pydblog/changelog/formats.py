@@ -534,6 +534,9 @@ class TableFormat:
                 v = v or self.connector
             elif name == "ts_ms":
                 v = v if v is not None else env.get("ts_ms", 0)
+            elif name in ("ts_us", "ts_ns"):
+                ms = src.get("ts_ms")
+                v = _scaled(ms if ms is not None else env.get("ts_ms"), name)
             elif name == "snapshot" and v is not None:
                 v = str(v)
             elif name in ("server_id", "pos", "row") and v is None:
@@ -554,9 +557,18 @@ class TableFormat:
             "transaction": None,
             "op": env["op"],
             "ts_ms": env.get("ts_ms"),
-            "ts_us": None,
-            "ts_ns": None,
+            "ts_us": _scaled(env.get("ts_ms"), "ts_us"),
+            "ts_ns": _scaled(env.get("ts_ms"), "ts_ns"),
         }
+
+
+def _scaled(ms: Any, name: str) -> int | None:
+    """``ts_us`` / ``ts_ns`` (Debezium 2.x's finer copies of a ``ts_ms``) from the change
+    log's milliseconds: the same instant, at millisecond precision (pydblog keeps
+    milliseconds); null where the ``ts_ms`` is."""
+    if not isinstance(ms, int) or isinstance(ms, bool):
+        return None
+    return ms * (1_000 if name == "ts_us" else 1_000_000)
 
 
 def _converter(schema: Schema) -> Callable[[Any], Any] | None:
