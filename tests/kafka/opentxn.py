@@ -1,5 +1,5 @@
 """Test helpers: a capture's commit held open on the broker, and a watch for the
-end-of-partition events a ``_Client``'s reads get.
+end-of-partition events a ``client.Client``'s reads get.
 
 ``HeldCommit`` runs one ``append`` of a real ``KafkaChangeLog`` in a thread and stops it
 between its checkpoint message (acknowledged) and ``commit_transaction``: where a
@@ -63,7 +63,7 @@ class HeldCommit:
 
 
 def watch_eof(monkeypatch: pytest.MonkeyPatch, seen: threading.Event) -> None:
-    """Every consumer a ``_Client`` makes for ``read_batches`` sets ``seen`` when a
+    """Every consumer a ``client.Client`` makes for ``read_batches`` sets ``seen`` when a
     ``consume`` returns an end-of-partition event (a native client's are left as they
     are: ``kafka_native.consume`` reads only a real consumer)."""
     real_consumer = kafka_client.Client.consumer

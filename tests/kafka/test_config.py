@@ -1,4 +1,4 @@
-"""``[log.kafka]`` on a real broker: the settings reach every client ``changelog/kafka.py``
+"""``[log.kafka]`` on a real broker: the settings reach every client ``changelog/kafka/``
 and the signal listener build (the writer's transactional producer, its admin client and
 consumer, the reader's consumer, the signal consumer), read back from librdkafka's own
 dump of each client's configuration (``debug = "conf"``); the user's settings win over

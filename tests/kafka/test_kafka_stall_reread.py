@@ -56,7 +56,7 @@ class Stalling:
 
 
 def stalling_consumers(monkeypatch: pytest.MonkeyPatch, plan: list[int | None]) -> list[Stalling]:
-    """``_Client`` makes its consumers as ``Stalling`` ones, each giving the next of
+    """``client.Client`` makes its consumers as ``Stalling`` ones, each giving the next of
     ``plan``'s record counts (None once ``plan`` is used up); the consumers made so far."""
     made: list[Stalling] = []
     real = kafka_client.Client.consumer

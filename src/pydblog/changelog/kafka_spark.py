@@ -49,7 +49,7 @@ Offset = SyncOffset
 @dataclass(frozen=True)
 class KafkaPiece:
     """Kafka offsets ``start <= o < end`` of one partition, and the spans
-    ``(end offset, first, writer tag)`` of the valid commits there (``changelog.kafka.Span``:
+    ``(end offset, first, writer tag)`` of the valid commits there (``changelog.kafka.protocol.Span``:
     ``first >= 0``: exactly the offsets ``first..end-1`` of the span are valid; ``-1``:
     the records whose writer header is the tag) that cover the range."""
 
@@ -130,7 +130,7 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
     """Apply the checkpoint topic's messages from ``start["cp"]`` (up to Kafka offset
     ``stop_cp``, or the topic's end), stopping after the commit that reaches
     ``max_events`` events; returns the end offset and the ``CommitLog`` (its spans
-    are the new commits'). ``client``: a ``changelog.kafka._Client`` to use (kept
+    are the new commits'). ``client``: a ``changelog.kafka.client.Client`` to use (kept
     open), else one made and closed here."""
     from pydblog.changelog.kafka.client import Client
     from pydblog.changelog.kafka.protocol import CommitRecord
@@ -383,7 +383,7 @@ class _Values:
 
 
 class _RunCheck:
-    """Every offset of a run is a record of its commit (``changelog.kafka.commit_ends``:
+    """Every offset of a run is a record of its commit (``changelog.kafka.protocol.commit_ends``:
     the delivery reports filled it), so a read of a piece must see each offset its
     spans' runs cover, ``[max(first, start), min(end, piece end))``, and nothing else
     takes those offsets: transaction markers and aborted records lie outside runs. A
