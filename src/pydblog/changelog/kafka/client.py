@@ -35,7 +35,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0
+"""A read that gets no record for this long fails (``ChangeLogUnavailable``), unless an
+open transaction holds it (``_stalled``)."""
 STALL_S = 5.0
+"""A read that gets no record for this long looks why (``_stalled``): an open
+transaction below its end, or a weaker broker's storage stall (``compat``)."""
 READ_PREFETCH = {"fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
                  "queued.min.messages": 50_000, "fetch.queue.backoff.ms": 10}
 """Reads are bounded (``read_range``'s ``hi``): librdkafka's default prefetch (100,000

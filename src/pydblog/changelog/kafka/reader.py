@@ -97,7 +97,7 @@ class KafkaChangeLogReader(ChangeLogReader):
 
     def _commit_reader(self) -> Client:
         """The client for reading the checkpoint topic from ``_cp_next``: from its start, a
-        bulk client (``BULK_FETCH_WAIT_MS``: Tansu answers a 5 ms fetch of thousands of
+        bulk client (``compat.BULK_FETCH_WAIT_MS``: Tansu answers a 5 ms fetch of thousands of
         messages with nothing, and the stall that follows would teach the whole process
         a longer fetch wait, the follower's too); near the end, ``client``."""
         return self.client if self._cp_next else self._bulk_client()
