@@ -265,7 +265,8 @@ def test_finer_timestamps_are_null_where_ts_ms_is() -> None:
     payload = fmt.value_payload({**ENV, "ts_ms": None})
     assert payload["ts_us"] is None and payload["ts_ns"] is None
     assert payload["source"]["ts_us"] == 1700000000000000  # the source's own ts_ms
-    src = {k: v for k, v in ENV["source"].items() if k != "ts_ms"}  # type: ignore[union-attr]
+    source: dict[str, Any] = dict(ENV["source"])  # type: ignore[call-overload]
+    src = {k: v for k, v in source.items() if k != "ts_ms"}
     payload = fmt.value_payload({**ENV, "source": src})
     assert payload["source"]["ts_ms"] == 1700000000123  # the event's, as ts_ms itself
     assert payload["source"]["ts_us"] == 1700000000123000

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pydblog.changelog.kafka.protocol import CommitLog, CommitRecord, commit_ends, recover
@@ -235,6 +235,8 @@ step = st.tuples(st.sampled_from(["commit", "commit", "commit", "zombie", "crash
 
 
 @settings(max_examples=120, deadline=None)
+@example(True, 2, [("commit", 0, 0, False, False, None)] * 3
+         + [("restart-keep-zombie", 1, 0, False, False, None)])  # a zombie's commit opens the window
 @given(st.booleans(), st.integers(2, 12) | st.just(10**6), st.lists(step, min_size=1, max_size=30))
 def test_the_reader_materializes_the_committed_prefix(
         ha: bool, window: int, script: list[tuple[str, int, int, bool, bool, int | None]]) -> None:

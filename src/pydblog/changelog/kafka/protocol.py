@@ -294,18 +294,30 @@ def recover(records: Iterable[CommitRecord], from_start: bool) -> CommitLog:
     topic order; ``from_start``: they begin at the topic's first message kept): the
     commit log they make, whose ``whole`` says whether ``ends`` holds every data
     partition's last valid end: so if they begin at the start, or a valid commit among
-    them listed every end as its writer knew them (``CommitRecord.known``; the valid
-    commits after it add theirs)."""
+    them listed every end as its writer knew them (``CommitRecord.known``). Then the
+    ends are the last such list's and those of the valid commits after it: a message
+    before it in the window may have been taken for valid only because the window does
+    not show the older session that owned the log (a zombie's commit as the window's
+    first message), and the list already holds every truly valid commit before it."""
     log_ = CommitLog()
     known: dict[str, dict[str, int]] | None = None
+    after: dict[tuple[str, int], int] = {}  # the ends of the valid commits from the list's on
     for rec in records:
-        if log_.apply(rec) and rec.known is not None:
+        if not log_.apply(rec) or rec.fence:
+            continue
+        if rec.known is not None:
             known = rec.known
-    log_.whole = from_start
-    if not log_.whole and known is not None:
-        for topic_name, parts in known.items():
+            after = {}
+        for topic_name, parts in rec.ends.items():
             for p, end in parts.items():
                 tp = (topic_name, int(p))
-                log_.ends[tp] = max(end, log_.ends.get(tp, 0))
+                after[tp] = max(end, after.get(tp, 0))
+    log_.whole = from_start
+    if not log_.whole and known is not None:
+        ends = {(topic_name, int(p)): end
+                for topic_name, parts in known.items() for p, end in parts.items()}
+        for tp, end in after.items():
+            ends[tp] = max(end, ends.get(tp, 0))
+        log_.ends = ends
         log_.whole = True
     return log_
