@@ -217,27 +217,17 @@ def column_types(schema: TableSchema, *, nopad: bool = True, keyed: bool = True)
     return out
 
 
-def _kind(t: str) -> str:
-    """How a change-log JSON value converts for a column of target type ``t``."""
-    t = t.upper()
-    if t == "DATETIME(6)":
-        return "datetime"
-    if t == "JSON":
-        return "json"
-    if t in ("FLOAT", "DOUBLE"):
-        return "float"
-    if t == "BOOLEAN":
-        return "bool"
-    return "plain"
+_KINDS = {"bytes": "bytes", "timestamp": "datetime", "timestamptz": "datetime",
+          "json": "json", "float32": "float", "float64": "float", "bool": "bool"}
 
 
-def converters(schema: TableSchema, types: dict[str, str]) -> dict[str, str]:
-    """Each column's conversion (``to_db``): by logical type for bytes (base64 in the
-    log), by target type for the rest."""
+def converters(schema: TableSchema) -> dict[str, str]:
+    """How each column's change-log values convert (``to_db``), by logical type (the
+    same whether the column is a key column or not)."""
     out = {}
     for c in schema.columns:
-        lg = c.logical.lower()
-        out[c.name] = "bytes" if lg == "bytes" else _kind(types[c.name])
+        lg = c.logical.lower().strip()
+        out[c.name] = "json" if lg.startswith("array<") else _KINDS.get(lg, "plain")
     return out
 
 
@@ -551,8 +541,7 @@ class MySqlSink:
         have = {str(r[0]) for r in cur.fetchall()}
         if not have or any(k not in have for k in purge.key):
             return
-        kinds = (converters(schema, column_types(schema)) if schema is not None
-                 else {k: "plain" for k in purge.key})
+        kinds = converters(schema) if schema is not None else {k: "plain" for k in purge.key}
         keys = ", ".join(q(k) for k in purge.key)
         marks = ", ".join(["%s"] * len(purge.key))
 
@@ -616,8 +605,7 @@ class MySqlSink:
     def _apply_rows(self, cur: Any, ch: TableChanges, schema: TableSchema, table: str,
                     idx: Sequence[int]) -> None:
         cols = [c.name for c in schema.columns]
-        types = column_types(schema, nopad=self._flavour.get("nopad", True))
-        kinds = converters(schema, types)
+        kinds = converters(schema)
         key = list(schema.key) or cols
         ident = self._ident(table)
         rows = ch.rows
@@ -626,7 +614,7 @@ class MySqlSink:
             return [to_db(row.get(n), kinds[n]) for n in names]
 
         if self._keyless.get(table, null_safe_key(schema)):
-            self._apply_keyless(cur, ch, ident, cols, key, kinds, idx)
+            self._apply_keyless(cur, ch, schema, ident, key, idx)
             return
         deletes = [i for i in idx if ch.ops[i] == DELETE]
         for lo in range(0, len(deletes), ROWS_PER_STATEMENT):
@@ -658,19 +646,21 @@ class MySqlSink:
                     [v for i in chunk for v in values(rows[i], cols)],
                 )
 
-    def _apply_keyless(self, cur: Any, ch: TableChanges, ident: str, cols: list[str],
-                       key: list[str], kinds: dict[str, str], idx: Sequence[int]) -> None:
+    def _apply_keyless(self, cur: Any, ch: TableChanges, schema: TableSchema, ident: str,
+                       key: list[str], idx: Sequence[int]) -> None:
         """A table without primary key (its identity may hold NULLs): rows match when
         every identity column matches null-safely (``<=>``; text compared as bytes, so
         trailing spaces count, JSON as JSON). Deletes remove every matching row; upserts
         update the matching rows, else insert one."""
         mariadb = self._flavour.get("mariadb", True)
+        cols = [c.name for c in schema.columns]
+        kinds = converters(schema)
+        types = column_types(schema, keyed=False)
 
         def cond(n: str) -> str:
-            kind = kinds[n]
-            if kind == "json" and not mariadb:
+            if kinds[n] == "json" and not mariadb:
                 return f"{q(n)} <=> CAST(%s AS JSON)"
-            if kind in ("plain", "json"):
+            if kinds[n] == "json" or types[n] in ("LONGTEXT", "CHAR(36)"):
                 return f"BINARY {q(n)} <=> BINARY %s"
             return f"{q(n)} <=> %s"
 
