@@ -327,6 +327,21 @@ def test_values_convert() -> None:
         to_db("NaN", "float")
 
 
+def test_statements_fit_the_packet() -> None:
+    """Multi-row statements are cut by rows and by bytes (MySQL 5.7's default
+    max_allowed_packet is 4 MiB: 1000 rows of TOASTed text would exceed it)."""
+    from pydblog.spark.sinks.mysql import ROWS_PER_STATEMENT, statements
+
+    wide = {i: ["x" * (100_000 if i % 7 else 3_000_000)] for i in range(50)}
+    runs = list(statements(list(wide), wide.__getitem__, 1 << 20))
+    assert [i for r in runs for i in r] == list(wide)
+    assert all(len(r) == 1 or sum(2 * len(wide[i][0]) + 12 for i in r) <= 1 << 20 for r in runs)
+    assert any(len(r) > 1 for r in runs)
+    narrow = list(range(2500))
+    assert [len(r) for r in statements(narrow, lambda i: [i], 1 << 20)] == [
+        ROWS_PER_STATEMENT, ROWS_PER_STATEMENT, 500]
+
+
 # -- errors --------------------------------------------------------------------------------
 def _fake_batch(*schemas: TableSchema) -> Any:
     tables = {s.qualified: SimpleNamespace(schema=s.schema, table=s.table, truncate=None)

@@ -63,6 +63,10 @@ KEY_BYTES = 3072
 """InnoDB's limit on an index's width (DYNAMIC rows; the default of MariaDB 10.2+ and
 MySQL 5.7.7+): a primary key's columns together fit in it."""
 ROWS_PER_STATEMENT = 1000
+STATEMENT_BYTES = 1 << 20
+"""A multi-row statement is cut at this many bytes of values (and at most at half the
+server's ``max_allowed_packet``): MySQL 5.7's default packet is 4 MiB, and wide rows
+(TOASTed text) of 1000 rows would exceed it."""
 STEP_RETRIES = 5
 SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO"
 
@@ -78,6 +82,7 @@ ER_LOCK_DEADLOCK = 1213
 ER_SPECIFIC_ACCESS_DENIED = 1227
 ER_DATA_TOO_LONG = 1406
 ER_BINLOG_STMT_MODE = 1665
+ER_NET_PACKET_TOO_LARGE = 1153
 DENIED = {ER_DBACCESS_DENIED, ER_TABLEACCESS_DENIED, ER_COLUMNACCESS_DENIED,
           ER_SPECIFIC_ACCESS_DENIED}
 UNREACHABLE = {2002, 2003, 2005, 2006, 2013}
@@ -296,11 +301,40 @@ def sink_error(exc: BaseException, target: MySqlTarget, doing: str) -> SinkError
         return SinkError(f"MySQL at {where}, {doing}: {msg}",
                          hint="the sink writes in READ COMMITTED, which needs binlog_format = "
                          "ROW or MIXED on the target")
+    if code == ER_NET_PACKET_TOO_LARGE:
+        return SinkError(f"MySQL at {where}, {doing}: {msg}",
+                         hint="a single row is larger than the server's max_allowed_packet: "
+                         "raise it on the target (SET GLOBAL max_allowed_packet = ...)")
     if code in UNREACHABLE or code is None:
         return SinkError(f"cannot reach MySQL at {where} ({doing}): {msg}",
                          hint="is the server running and reachable, and are host/port in "
-                         "the [[sync.sinks]] dsn right?")
+                         "the [[sync.sinks]] dsn right? (A server also drops a connection "
+                         "whose statement exceeds its max_allowed_packet.)")
     return SinkError(f"MySQL at {where} failed {doing}: [{code}] {msg}")
+
+
+def _size(values: Sequence[Any]) -> int:
+    """An upper bound of the bytes ``values`` take in a statement (escaped text)."""
+    n = 0
+    for v in values:
+        n += 2 * len(v) + 12 if isinstance(v, str | bytes) else 24
+    return n
+
+
+def statements(members: Sequence[int], values: Any, limit: int) -> Iterator[list[int]]:
+    """``members`` cut into runs of at most ``ROWS_PER_STATEMENT`` rows whose values
+    (``values(i)``) take at most ``limit`` bytes (a single larger row is a run alone)."""
+    run: list[int] = []
+    size = 0
+    for i in members:
+        s = _size(values(i))
+        if run and (len(run) >= ROWS_PER_STATEMENT or size + s > limit):
+            yield run
+            run, size = [], 0
+        run.append(i)
+        size += s
+    if run:
+        yield run
 
 
 def _check_identifier(name: str, what: str) -> None:
@@ -326,6 +360,7 @@ class MySqlSink:
         self._keyless: dict[str, bool] = {}
         self._conns: dict[int, Any] = {}
         self._flavour: dict[str, bool] = {}  # "nopad", "mariadb"
+        self._packet: int | None = None  # the server's max_allowed_packet
 
     def target(self, schema: str, table: str) -> str:
         """Where a source table goes: the target database, same table name. Two source
@@ -616,9 +651,9 @@ class MySqlSink:
         if self._keyless.get(table, null_safe_key(schema)):
             self._apply_keyless(cur, ch, schema, ident, key, idx)
             return
+        limit = self._statement_bytes(cur)
         deletes = [i for i in idx if ch.ops[i] == DELETE]
-        for lo in range(0, len(deletes), ROWS_PER_STATEMENT):
-            chunk = deletes[lo:lo + ROWS_PER_STATEMENT]
+        for chunk in statements(deletes, lambda i: values(rows[i], key), limit):
             if len(key) == 1:
                 cur.execute(f"DELETE FROM {ident} WHERE {q(key[0])} IN "
                             f"({', '.join(['%s'] * len(chunk))})",
@@ -638,13 +673,18 @@ class MySqlSink:
         for kept, members in sorted(groups.items()):
             update = [n for n in cols if n not in key and n not in kept] or key[:1]
             sets = ", ".join(f"{q(n)} = VALUES({q(n)})" for n in update)
-            for lo in range(0, len(members), ROWS_PER_STATEMENT):
-                chunk = members[lo:lo + ROWS_PER_STATEMENT]
+            for chunk in statements(members, lambda i: values(rows[i], cols), limit):
                 cur.execute(
                     f"INSERT INTO {ident} ({col_list}) VALUES {', '.join([row_marks] * len(chunk))}"
                     f" ON DUPLICATE KEY UPDATE {sets}",
                     [v for i in chunk for v in values(rows[i], cols)],
                 )
+
+    def _statement_bytes(self, cur: Any) -> int:
+        if self._packet is None:
+            cur.execute("SELECT @@max_allowed_packet")
+            self._packet = int(cur.fetchone()[0])
+        return max(1024, min(STATEMENT_BYTES, self._packet // 2))
 
     def _apply_keyless(self, cur: Any, ch: TableChanges, schema: TableSchema, ident: str,
                        key: list[str], idx: Sequence[int]) -> None:
@@ -704,8 +744,11 @@ def _fault(batch_id: int) -> None:
 
     if os.environ.get(FAULT_ENV, "") != f"mysql-part:{batch_id}":
         return
-    for group in {os.getsid(0), os.getpgid(0)}:
-        os.killpg(group, signal.SIGKILL)
+    # the job's session first (driver, JVM), then this worker's own group (Spark's
+    # daemon puts its workers in a group of their own): the other order kills this
+    # process before it reaches the job
+    os.killpg(os.getsid(0), signal.SIGKILL)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def mysql_parts_fn(
