@@ -113,10 +113,15 @@ def main() -> None:
                   + f" (load {os.getloadavg()[0]:.1f})")
         conn.close()
     base = statistics.median(rates["iodku"])
+    figures: dict[str, Any] = {"rows": args.rows, "rounds": args.rounds}
     for name, v in rates.items():
         if v:
             med = statistics.median(v)
             print(f"{name}: median {med:,.0f} rows/s = {med / base:.2f} x iodku")
+            figures[name] = {"rows_per_s": v, "median_rows_per_s": med, "x_iodku": med / base}
+    import results
+
+    print(f"results: {results.write('mysql_upsert', figures)}")
 
 
 if __name__ == "__main__":
