@@ -59,8 +59,11 @@ def progress(server: Any, database: str) -> dict[int, int]:
         return {}
 
 
-def test_kill_9_while_applying_to_mysql(spark: Any, mariadb: Any, my_db: str,
+@pytest.mark.parametrize("flavour", ["mariadb", "mysql57"])
+def test_kill_9_while_applying_to_mysql(spark: Any, flavour: str, request: pytest.FixtureRequest,
                                         tmp_path: Path) -> None:
+    mariadb = request.getfixturevalue(flavour)  # (either server)
+    my_db = request.getfixturevalue("my_db" if flavour == "mariadb" else "my57_db")
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=71))
     audit_progress(mariadb, my_db)
     dsn = mariadb.dsn(my_db)
