@@ -6,6 +6,7 @@ traceback, and the process exits with the error's code.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -93,6 +94,9 @@ def run(config_path: str, verbose: bool, release_ha: bool) -> None:
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr (a stalled capture's
+    # where-is-it, without stopping it).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         run_capture(cfg, stop, serve_api=start_capture_api)
     except DblogError as exc:

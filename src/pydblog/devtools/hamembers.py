@@ -39,9 +39,16 @@ class Members:
         self.procs.append(proc)
         return proc
 
-    def diagnosis(self, tail: int = 2500) -> str:
-        """The roles and each member's state and last log lines, for a failed wait."""
+    def diagnosis(self, tail: int = 12000) -> str:
+        """The roles and each member's state, thread stacks and last log lines, for a
+        failed wait (a frozen member is resumed to print its stacks)."""
         parts = [f"\nroles: {self.roles()}"]
+        running = [p for p in self.procs if p.poll() is None]
+        for p in running:  # `dblog run` prints its threads' stacks on SIGUSR1
+            p.send_signal(signal.SIGCONT)
+            p.send_signal(signal.SIGUSR1)
+        if running:
+            time.sleep(1.0)
         for p in self.procs:
             state = "running" if p.poll() is None else f"exited {p.returncode}"
             try:
