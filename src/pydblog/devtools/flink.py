@@ -8,8 +8,8 @@ the machine's Java 17; it pins its own pandas and pyarrow, so it lives in a venv
 own (~850 MB):
 
 - ``$PYDBLOG_FLINK_HOME`` if set;
-- else ``/var/cache/pydblog/flink-venv`` when running as root;
-- else ``$XDG_CACHE_HOME/pydblog/flink-venv`` (``~/.cache/pydblog/flink-venv``).
+- else ``flink-venv`` in ``devtools.cache.cache_root()`` (``$PYDBLOG_CACHE_DIR``, else
+  ``/var/cache/pydblog`` as root, else ``~/.cache/pydblog``).
 
 ``python -m pydblog.devtools.flink install`` makes it (idempotent; ``.ci/run`` calls it).
 ``materialize`` runs one Flink job in that venv's Python: a ``filesystem`` table of the
@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydblog.devtools.cache import cache_root
+
 FLINK_VERSION = "2.3.0"
 KAFKA_CONNECTOR = "org.apache.flink:flink-sql-connector-kafka:5.0.0-2.2"
 """Flink's Kafka SQL connector (one jar, its Kafka client shaded in), from Maven Central:
@@ -48,10 +50,7 @@ def home() -> Path:
     env = os.environ.get("PYDBLOG_FLINK_HOME")
     if env:
         return Path(env)
-    if os.geteuid() == 0:
-        return Path("/var/cache/pydblog/flink-venv")
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pydblog" / "flink-venv"
+    return cache_root() / "flink-venv"
 
 
 def python() -> Path | None:

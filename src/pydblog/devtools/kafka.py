@@ -5,8 +5,8 @@ Where the broker comes from: ``install()`` resolves the artifact and its depende
 Maven (a small pom, ``mvn dependency:copy-dependencies``) into ``home()``:
 
 - ``$PYDBLOG_KAFKA_HOME`` if set;
-- else ``/var/cache/pydblog/maven/kafka-<version>`` when running as root;
-- else ``$XDG_CACHE_HOME/pydblog/maven/kafka-<version>`` (``~/.cache/...``).
+- else ``maven/kafka-<version>`` in ``devtools.cache.cache_root()`` (``$PYDBLOG_CACHE_DIR``,
+  else ``/var/cache/pydblog`` as root, else ``~/.cache/pydblog``).
 
 It also formats one storage directory there (``kafka-storage format``, a JVM start of
 several seconds): every node copies it and writes its own ``meta.properties`` (cluster

@@ -3,8 +3,8 @@ fixture's version, ``kafka.KAFKA_VERSION``) with Debezium's JDBC sink connector 
 Apicurio's Avro converter as plugins, all from Maven Central, on loopback.
 
 ``install()`` resolves, with Maven (small poms, ``mvn dependency:copy-dependencies``), into
-``home()`` (``$PYDBLOG_CONNECT_HOME``, else ``/var/cache/pydblog/maven/connect-<version>``
-as root, else under ``$XDG_CACHE_HOME``):
+``home()`` (``$PYDBLOG_CONNECT_HOME``, else ``maven/connect-<version>`` in
+``devtools.cache.cache_root()``):
 
 - ``runtime/``: ``org.apache.kafka:connect-runtime`` and ``slf4j-simple`` (the worker's
   classpath, ``JsonConverter`` included);

