@@ -2,7 +2,8 @@
 
 PostgreSQL and MariaDB run every scenario. MySQL 5.7 runs those marked ``mysql57`` (the
 ones that exercise paths where MySQL differs: GTID sets, column names from the schema,
-surrogate keys, DDL); ``PYDBLOG_MYSQL57_ALL=1`` runs all of them against it too.
+surrogate keys, DDL) in the slow set (``-m slow``; ``tests/mysql`` covers MySQL 5.7's own
+paths in the default run); ``PYDBLOG_MYSQL57_ALL=1`` runs every scenario against it.
 
 The Kafka change log: ``postgres+kafka`` and ``mysql+kafka`` are the PostgreSQL and
 MariaDB sources writing a Kafka log (Tansu, one broker for the session; a fresh topic
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -79,11 +81,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     name = metafunc.function.__name__
     every = os.environ.get("PYDBLOG_KAFKA_ALL") == "1"
-    sources = ["postgres", "mysql"]
-    if metafunc.definition.get_closest_marker("mysql57") or os.environ.get(
-        "PYDBLOG_MYSQL57_ALL"
-    ) == "1":
+    sources: list[Any] = ["postgres", "mysql"]
+    if os.environ.get("PYDBLOG_MYSQL57_ALL") == "1":
         sources.append("mysql57")
+    elif metafunc.definition.get_closest_marker("mysql57"):
+        sources.append(pytest.param("mysql57", marks=pytest.mark.slow))
     if name in KAFKA_SCENARIOS or every:
         sources.append("postgres+kafka")
     if name in MYSQL_KAFKA_SCENARIOS or every:

@@ -222,6 +222,7 @@ def test_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str, tmp_path:
     assert code == 1 and {t["sink"] for t in report["tables"]} == {"delta"}
 
 
+@pytest.mark.slow
 def test_lag_is_not_drift(setup: tuple[Path, MiniSync], pg_db: str) -> None:
     """Source changes the mirror has not applied yet (the sync stopped) are reported as
     unsettled, never as drift; once applied, verify passes."""
@@ -326,6 +327,7 @@ def test_repair_heals_exactly_the_damage(setup: tuple[Path, MiniSync], pg_db: st
     assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.items", "public.words", "public.pairs"])
 
 
+@pytest.mark.slow
 def test_whole_table_repair_deletes_what_the_source_lost(setup: tuple[Path, MiniSync], pg_db: str,
                                                           mirror_db: str) -> None:
     """`dblog snapshot --repair`: a row the source no longer has (here: inserted in the
@@ -539,6 +541,7 @@ def test_scheduled_verify_on_health_and_metrics(setup: tuple[Path, MiniSync], mi
     assert m["dblog_verify_ok"] == 0.0 and m["dblog_verify_differing_ranges"] == 1.0
 
 
+@pytest.mark.slow
 def test_post_repairs(setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str) -> None:
     """`POST /repairs` with key ranges as `dblog verify --json` reports them."""
     from pydblog.verifier.repair import wait_markers

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import psycopg
+import pytest
 from deltalake import DeltaTable
 
 from pydblog.config import load_config
@@ -19,6 +20,7 @@ from tests.conftest import drop_database
 from tests.helpers import DBLOG, start_run, stop_run, wait_for_marker, write_config
 
 
+@pytest.mark.slow
 def test_repairs_through_spark(spark: Any, pg_db: str, pg_cluster: PgCluster, tmp_path: Path) -> None:
     name = f"r_{tmp_path.name[-8:].lower()}"
     replica = pg_cluster.create_database(name)

@@ -86,7 +86,7 @@ def build_scenario(log_dir: Path, load: SyntheticLoad) -> int:
 
 def test_oracle_delta_postgres_history(spark: Any, pg_db: str, tmp_path: Path) -> None:
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=21))
-    cfg = make_config(tmp_path, pg_db, max_events=1_700)
+    cfg = make_config(tmp_path, pg_db, max_events=3_000)
     assert run_sync(cfg, available_now=True) == 0
     expected = assert_mirrors(
         tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror", spark=spark
@@ -159,6 +159,7 @@ def test_replayed_batch_applies_nothing(spark: Any, pg_db: str, tmp_path: Path) 
     applier.close()
 
 
+@pytest.mark.slow
 def test_large_batch_in_one_trigger(spark: Any, pg_db: str, tmp_path: Path) -> None:
     """One trigger of 50k events: two Spark partitions (``MIN_PARTITION_EVENTS`` 10k,
     ``local[2]``), each read in several Arrow batches (``ARROW_BATCH_EVENTS`` 20k), from

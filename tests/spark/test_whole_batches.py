@@ -45,7 +45,7 @@ def without(t: pa.Table, offset: int) -> pa.Table:
     return t.filter(pc.not_equal(t["offset"], offset))
 
 
-@pytest.mark.parametrize("hole", ["inside", "repeated"])
+@pytest.mark.parametrize("hole", ["inside", pytest.param("repeated", marks=pytest.mark.slow)])
 def test_a_batch_missing_an_offset_fails_before_any_sink(spark: Any, tmp_path: Path, hole: str) -> None:
     app, end = setup(tmp_path)
     app.apply(events(tmp_path, 0, 1_000), 0)
@@ -60,6 +60,7 @@ def test_a_batch_missing_an_offset_fails_before_any_sink(spark: Any, tmp_path: P
     assert history_offsets(tmp_path / "lake" / "_changes") == list(range(end))
 
 
+@pytest.mark.slow
 def test_a_batch_starting_past_the_last_ones_end_fails(spark: Any, tmp_path: Path) -> None:
     app, end = setup(tmp_path)
     app.apply(events(tmp_path, 0, 1_000), 0)
