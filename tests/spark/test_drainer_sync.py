@@ -1,0 +1,163 @@
+"""Several sources, one `dblog sync`: two PostgreSQL databases and one MariaDB database,
+each captured by its own `dblog run`, merged by a route into one table of a Delta lake
+and of a downstream PostgreSQL. The oracle: the union of the sources' tables, each row
+with its source's identity columns, every column compared; equal keys of two shards
+are two rows. The watermarks: each source's progress and T in the sinks' tables."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from pydblog.config import load_config, parse_config
+from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.pgcluster import PgCluster
+from pydblog.errors import ConfigError
+from pydblog.spark.job import run_sync
+from tests.contract.capture import Capture
+from tests.contract.harness import PgHarness
+from tests.mysql.harness import MariaHarness
+
+Row = tuple[Any, ...]
+
+
+def _pg_rows(dsn: str) -> list[tuple[int, Decimal | None, str | None, str | None]]:
+    with psycopg.connect(dsn) as conn:
+        cols = {r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'orders'")}
+        extra = "b_only" if "b_only" in cols else "NULL::text"
+        return [tuple(r) for r in conn.execute(  # type: ignore[misc]
+            f"SELECT id, amount, note, {extra} FROM orders").fetchall()]
+
+
+def _sync_config(tmp_path: Path, sources: dict[str, Path], lake: Path, replica: str,
+                 extra: str = "") -> Path:
+    text = f'[sync]\ncheckpoint = "{tmp_path / "cp"}"\nmax_events_per_trigger = 200\n{extra}\n'
+    for name, cfg in sources.items():
+        text += f'[[sync.sources]]\nname = "{name}"\nlog = {{ path = "{load_config(cfg).log.path}" }}\n'
+    text += (
+        '[[sync.routes]]\ntables = "[^.]+\\\\.orders"\ntarget = "public.orders"\n'
+        '[[sync.routes]]\ntables = "[^.]+\\\\.(dblog_test_marker|dblog_signal)"\n'
+        'target = "public.dblog_test_marker"\n'
+        f'[[sync.sinks]]\ntype = "delta"\npath = "{lake}"\n'
+        f'[[sync.sinks]]\ntype = "postgres"\ndsn = "{replica}"\nschema = "merged"\n'
+    )
+    path = tmp_path / "sync.toml"
+    path.write_text(text)
+    return path
+
+
+def test_three_sources_merged_into_delta_and_postgres(
+    spark: Any, pg_cluster: PgCluster, mariadb: MariaDB, my_db: str, tmp_path: Path
+) -> None:
+    stamp = f"{tmp_path.name[-6:].lower()}_{int(time.time())}"
+    dsn_a = pg_cluster.create_database(f"sa_{stamp}")
+    dsn_b = pg_cluster.create_database(f"sb_{stamp}")
+    pa, pb, my = PgHarness(dsn_a), PgHarness(dsn_b), MariaHarness(mariadb, my_db)
+    pa.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), note text)")
+    pb.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), note text, "
+               "b_only text)")
+    my.execute("CREATE TABLE orders (id INT PRIMARY KEY, amount DECIMAL(10,2), note VARCHAR(40))")
+    caps = {"pg_a": Capture(pa, tmp_path / "a"), "pg_b": Capture(pb, tmp_path / "b"),
+            "maria": Capture(my, tmp_path / "m")}
+    for c in caps.values():
+        c.start()
+    try:
+        # equal keys in every shard; updates, deletes, and a column only one shard has
+        pa.execute("INSERT INTO orders SELECT i, i * 1.5, 'a' || i FROM generate_series(1, 30) i",
+                   "UPDATE orders SET note = 'a-upd' WHERE id % 3 = 0",
+                   "DELETE FROM orders WHERE id % 7 = 0")
+        pb.execute("INSERT INTO orders SELECT i, i * 2, 'b' || i, 'x' || i "
+                   "FROM generate_series(1, 25) i",
+                   "DELETE FROM orders WHERE id % 5 = 0")
+        my.execute(*[f"INSERT INTO orders VALUES ({i}, {i}.25, 'm{i}')" for i in range(1, 21)],
+                   "UPDATE orders SET amount = NULL WHERE id = 4")
+        for c in caps.values():
+            c.caught_up()
+    finally:
+        for c in caps.values():
+            c.stop()
+
+    lake = tmp_path / "lake"
+    replica = pg_cluster.create_database(f"r_{stamp}")
+    cfg = load_config(_sync_config(tmp_path, {n: c.config for n, c in caps.items()}, lake, replica))
+    assert run_sync(cfg, available_now=True) == 0
+
+    want: set[Row] = set()
+    for name, dsn, db in (("pg_a", dsn_a, f"sa_{stamp}"), ("pg_b", dsn_b, f"sb_{stamp}")):
+        want |= {(name, db, "public", i, a, n, b) for i, a, n, b in _pg_rows(dsn)}
+    want |= {("maria", my_db, my_db, i, None if i == 4 else Decimal(f"{i}.25"), f"m{i}", None)
+             for i in range(1, 21)}
+    assert len(want) == 30 - 4 + 25 - 5 + 20
+    cols = ["_dblog_source", "_dblog_db", "_dblog_schema", "id", "amount", "note", "b_only"]
+
+    got_delta = {tuple(r[c] for c in cols) for r in
+                 DeltaTable(str(lake / "public" / "orders")).to_pyarrow_table().to_pylist()}
+    assert got_delta == want
+    with psycopg.connect(replica) as conn:
+        got_pg = {tuple(r) for r in conn.execute(
+            f"SELECT {', '.join(cols)} FROM merged.orders").fetchall()}
+        marks = dict(conn.execute(
+            "SELECT source, progress_ms FROM merged._dblog_watermarks").fetchall())
+        low = conn.execute("SELECT min(low_ms) FROM merged._dblog_watermarks").fetchone()
+        progress = conn.execute("SELECT source, count(*) FROM merged.dblog_sync_progress "
+                                "GROUP BY source ORDER BY source").fetchall()
+        key = conn.execute(
+            "SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_index i JOIN pg_attribute a "
+            "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = 'merged.orders'::regclass AND i.indisprimary").fetchone()
+    assert got_pg == want
+    assert key is not None and key[0] == ["_dblog_source", "_dblog_db", "_dblog_schema", "id"]
+    assert [p[0] for p in progress] == ["maria", "pg_a", "pg_b"]
+    # each source's progress: a real commit time, at most now; T is their minimum
+    now_ms = time.time() * 1000
+    assert set(marks) == {"pg_a", "pg_b", "maria"}
+    assert all(v is not None and now_ms - 600_000 < v <= now_ms for v in marks.values()), marks
+    assert low is not None and low[0] is not None and low[0] <= min(marks.values())
+    wm = DeltaTable(str(lake / "_dblog_watermarks")).to_pyarrow_table().to_pylist()
+    assert {r["source"] for r in wm} == {"pg_a", "pg_b", "maria"}
+    assert all(r["progress_ms"] is not None for r in wm)
+    meta = [h.get("userMetadata") for h in DeltaTable(str(lake / "public" / "orders")).history()]
+    assert any(m and '"low_ms"' in m for m in meta)
+
+    # a second run applies nothing again (per-source progress honoured)
+    before = DeltaTable(str(lake / "public" / "orders")).version()
+    assert run_sync(cfg, available_now=True) == 0
+    assert DeltaTable(str(lake / "public" / "orders")).version() == before
+
+
+@pytest.mark.parametrize("text, expect", [
+    ('[[sync.sources]]\nname = "a"\nlog = { path = "x" }\n[[sync.sources]]\nname = "a"\n'
+     'log = { path = "y" }', "names must be unique: a"),
+    ('[[sync.sources]]\nname = "a b"\nlog = { path = "x" }', "source name 'a b'"),
+    ('[[sync.sources]]\nname = "a"\nlog = { path = "x" }\n[[sync.routes]]\ntables = "("\n'
+     'target = "public.t"', "not a valid regex"),
+    ('[[sync.sources]]\nname = "a"\nlog = { path = "x" }\n[[sync.routes]]\ntables = "t"\n'
+     'target = "t"', "must be schema.table"),
+    ('[[sync.sources]]\nname = "a"\nlog = { path = "x" }\n[[sync.routes]]\ntables = "t"\n'
+     'target = "s.t"\nsources = ["zz"]', "unknown source(s) zz"),
+    ('consistent = true\n[[sync.sources]]\nname = "a"\nlog = { type = "kafka", '
+     'bootstrap_servers = "h:1", topic_prefix = "p" }', "consistent = true needs embedded"),
+])
+def test_sync_sources_config_errors(text: str, expect: str) -> None:
+    import tomllib
+
+    data = tomllib.loads("[sync]\n" + text)
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert expect in str(err.value)
+
+
+def test_sync_only_config_needs_no_source() -> None:
+    import tomllib
+
+    cfg = parse_config(tomllib.loads('[[sync.sources]]\nname = "a"\nlog = { path = "x" }\n'))
+    assert [s.name for s in cfg.sync.effective_sources(cfg.log)] == ["a"]
+    single = parse_config(tomllib.loads('[source]\ndsn = "postgresql://h/d"\n'))
+    assert [s.name for s in single.sync.effective_sources(single.log)] == ["default"]
