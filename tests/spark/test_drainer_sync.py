@@ -22,6 +22,7 @@ from pydblog.errors import ConfigError
 from pydblog.spark.job import run_sync
 from tests.contract.capture import Capture
 from tests.contract.harness import PgHarness
+from tests.helpers import write_config
 from tests.mysql.harness import MariaHarness
 
 Row = tuple[Any, ...]
@@ -32,8 +33,26 @@ def _pg_rows(dsn: str) -> list[tuple[int, Decimal | None, str | None, str | None
         cols = {r[0] for r in conn.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'orders'")}
         extra = "b_only" if "b_only" in cols else "NULL::text"
-        return [tuple(r) for r in conn.execute(  # type: ignore[misc]
+        return [tuple(r) for r in conn.execute(
             f"SELECT id, amount, note, {extra} FROM orders").fetchall()]
+
+
+class SlotHarness(PgHarness):
+    """A PostgreSQL source with its own slot (slot names are cluster-wide)."""
+
+    def __init__(self, dsn: str, slot: str) -> None:
+        super().__init__(dsn)
+        self.slot = slot
+
+    def config(self, directory: Path, extra: str = "") -> Path:
+        return write_config(directory, self.dsn, extra=extra, source_extra=f'slot = "{self.slot}"')
+
+
+def _drop_slots(dsn: str, *slots: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for slot in slots:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE slot_name = %s", (slot,))
 
 
 def _sync_config(tmp_path: Path, sources: dict[str, Path], lake: Path, replica: str,
@@ -59,7 +78,9 @@ def test_three_sources_merged_into_delta_and_postgres(
     stamp = f"{tmp_path.name[-6:].lower()}_{int(time.time())}"
     dsn_a = pg_cluster.create_database(f"sa_{stamp}")
     dsn_b = pg_cluster.create_database(f"sb_{stamp}")
-    pa, pb, my = PgHarness(dsn_a), PgHarness(dsn_b), MariaHarness(mariadb, my_db)
+    slots = (f"dblog_a_{stamp}", f"dblog_b_{stamp}")
+    pa, pb = SlotHarness(dsn_a, slots[0]), SlotHarness(dsn_b, slots[1])
+    my = MariaHarness(mariadb, my_db)
     pa.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), note text)")
     pb.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), note text, "
                "b_only text)")
@@ -83,6 +104,7 @@ def test_three_sources_merged_into_delta_and_postgres(
     finally:
         for c in caps.values():
             c.stop()
+        _drop_slots(dsn_a, *slots)
 
     lake = tmp_path / "lake"
     replica = pg_cluster.create_database(f"r_{stamp}")
@@ -103,7 +125,7 @@ def test_three_sources_merged_into_delta_and_postgres(
     with psycopg.connect(replica) as conn:
         got_pg = {tuple(r) for r in conn.execute(
             f"SELECT {', '.join(cols)} FROM merged.orders").fetchall()}
-        marks = dict(conn.execute(
+        marks: dict[str, int] = dict(conn.execute(
             "SELECT source, progress_ms FROM merged._dblog_watermarks").fetchall())
         low = conn.execute("SELECT min(low_ms) FROM merged._dblog_watermarks").fetchone()
         progress = conn.execute("SELECT source, count(*) FROM merged.dblog_sync_progress "

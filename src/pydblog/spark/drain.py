@@ -57,6 +57,7 @@ class Drain:
         self.router = Router(_routes(routes))
         self.watermarks = Watermarks(list(self.sources))
         self.lock = threading.Lock()
+        self.flushed: dict[str, int | None] = {}  # the marks last written to every sink
         self._schemas: dict[str, list[tuple[int, TableSchema]]] = {}
         self._db: dict[str, str] = {}
         self._state_lock = threading.Lock()

@@ -239,9 +239,9 @@ class BatchApplier:
                     timings.append(f"{sink.name.split(':')[0]} {time.monotonic() - t1:.2f}s")
                     _fault(batch_id, i)
                 _fault(batch_id, None)
+                self.drain.advance(self.source, progress)
         finally:
             batch.release()
-        self.drain.advance(self.source, progress)
         del routed
         self.batches += 1
         self.events += batch.n
@@ -459,7 +459,7 @@ def run_sync(
             try:
                 with SyncProgress(cfg, appliers[0], enabled=available_now and len(appliers) == 1,
                                   end=_progress_end(cfg)) as progress:
-                    last_poll = 0.0
+                    last_poll = last_flush = 0.0
                     while any(q.isActive for q in queries):
                         if stop_event is not None and stop_event.is_set():
                             for q in queries:
@@ -475,6 +475,12 @@ def run_sync(
                         if time.monotonic() - last_poll > 1.0:
                             last_poll = time.monotonic()
                             _poll_heartbeats(drain, queries, appliers)
+                            if time.monotonic() - last_flush > 10.0:
+                                last_flush = time.monotonic()
+                                try:
+                                    _flush_watermarks(drain, sinks, spark)
+                                except DblogError as exc:
+                                    log.warning("watermarks not written: %s", exc.message)
             except Exception:
                 pass
             errs = [(q, a, e) for q, a in zip(queries, appliers, strict=True)
@@ -497,6 +503,7 @@ def run_sync(
         if err is not None:
             SYNC.state, SYNC.error = "failed", err.message
             raise err
+        _flush_watermarks(drain, sinks, spark)
         SYNC.state = "stopped"
         log.info("sync stopped: %d batches, %d events", sum(a.batches for a in appliers),
                  sum(a.events for a in appliers))
@@ -506,6 +513,24 @@ def run_sync(
             a.close()
         if api is not None:
             api.close()
+
+
+def _flush_watermarks(drain: Drain, sinks: list[Sink], spark: Any) -> None:
+    """Write the sources' progress times (moved by heartbeats, or by other sources'
+    batches since a sink last wrote them) into the sinks' watermark tables."""
+    from pydblog.spark.sinks.delta import DeltaSink
+    from pydblog.spark.sinks.postgres import PostgresSink
+
+    with drain.lock:
+        marks = drain.marks()
+        if marks == drain.flushed:
+            return
+        for sink in sinks:
+            if isinstance(sink, PostgresSink):
+                sink.write_watermarks(marks, "", None)
+            elif isinstance(sink, DeltaSink):
+                sink.write_marks(spark, marks, "", None)
+        drain.flushed = marks
 
 
 def _poll_heartbeats(drain: Drain, queries: list[Any], appliers: list[BatchApplier]) -> None:

@@ -168,10 +168,13 @@ class DeltaSink:
         self.write_watermarks(spark, batch)
 
     def write_watermarks(self, spark: Any, batch: SparkBatch) -> None:
+        self.write_marks(spark, batch.watermarks, batch.source, batch.end)
+
+    def write_marks(self, spark: Any, marks: dict[str, int | None], source: str,
+                    end: int | None) -> None:
         """``<root>/_dblog_watermarks``: one row per source (its progress time, the low
         watermark, its applied end), overwritten after the batch's data commits, each
         time never below what the table held."""
-        marks = batch.watermarks
         if not marks:
             return
         import datetime as dt
@@ -193,7 +196,7 @@ class DeltaSink:
             for name in sorted(marks):
                 old = have.get(name, (None, None, None))
                 rows.append((name, most(old[0], marks[name]), most(old[1], low),
-                             batch.end if name == batch.source else old[2],
+                             end if name == source and end is not None else old[2],
                              dt.datetime.now(dt.UTC)))
             if {r[0]: r[1:4] for r in rows} == have:
                 return  # nothing moved (a replayed batch, an idle source)
