@@ -166,6 +166,7 @@ class Drain:
         SYNC.observe_watermarks(st["sources"], st["low_ms"], st["holding_back"])
         if self.status_path is not None:
             try:
+                self.status_path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = self.status_path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(st))
                 tmp.replace(self.status_path)

@@ -445,7 +445,7 @@ def run_sync(
     sinks = [build_sink(s) for s in cfg.sync.sinks]
     spark = spark_session(cfg.sync.master, s3=_uses_s3(cfg))
     api = start_sync_api(cfg)
-    drain = Drain(sources, cfg.sync.routes, cfg.log_dir if cfg.log_dir.is_dir() else None)
+    drain = Drain(sources, cfg.sync.routes, cfg.log_dir)
     parts = max(2, spark.sparkContext.defaultParallelism)
     appliers = [BatchApplier(s.log, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s,
                              parts=parts, source=s.name, drain=drain) for s in sources]
