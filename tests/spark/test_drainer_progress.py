@@ -6,6 +6,7 @@ skipped), and ``consistent = true`` applies every source up to the same commit t
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ ORDERS = TableSchema("public", "orders", (ColumnSchema("id", "integer", "int32",
                                           ColumnSchema("v", "text", "string", True)), ("id",))
 
 
-def _write(directory: Path, events: list[tuple[int, Op, int, str | None]]) -> None:
+def _write(directory: Path, events: Sequence[tuple[int, Op, int, str | None]]) -> None:
     """(commit time, op, id, v) events of public.orders, one transaction each, and a
     capture checkpoint written long ago (no heartbeat moves the log's time)."""
     from pydblog.events import encode_event
@@ -127,7 +128,7 @@ def test_consistent_applies_every_source_up_to_the_same_time(spark: Any, pg_db: 
     with psycopg.connect(pg_db) as conn:
         got_pg = {tuple(r) for r in conn.execute(
             f"SELECT {', '.join(cols)} FROM mirror.orders").fetchall()}
-        marks = dict(conn.execute(
+        marks: dict[str, int] = dict(conn.execute(
             "SELECT source, progress_ms FROM mirror._dblog_watermarks").fetchall())
         low = conn.execute("SELECT max(low_ms) FROM mirror._dblog_watermarks").fetchone()
     assert got_pg == want
