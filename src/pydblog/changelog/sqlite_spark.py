@@ -218,8 +218,9 @@ def commit_times(path: str, start: int, end: int) -> list[int]:
 
 def log_complete_ms(path: str) -> int | None:
     """How far the embedded log at ``path`` is complete, in source time: its newest
-    event's commit time, or the capture's last checkpoint outside a transaction
-    (heartbeat) when later; None for an empty log without checkpoint."""
+    event's commit time (minus one while the capture's checkpoint is inside that
+    transaction), or the capture's last checkpoint outside a transaction (heartbeat)
+    when later; None for an empty log without checkpoint."""
     from pydblog.changelog.sqlite import SqliteChangeLogReader
 
     reader = SqliteChangeLogReader(path)
@@ -230,8 +231,11 @@ def log_complete_ms(path: str) -> int | None:
             "SELECT first_offset, last_offset, meta FROM blocks ORDER BY first_offset DESC "
             "LIMIT 1").fetchone()
         newest = None if row is None else _meta_times(row[2], row[0], row[1])[-1]
-        hb = reader.heartbeat()
+        hb = reader.heartbeat()  # None inside a transaction
         beat = None if hb is None else hb[0]
+        cp = reader.last_checkpoint()
+        if newest is not None and (cp is None or cp.extra.get("mid_tx")):
+            newest -= 1  # the newest transaction may go on: complete just before it
     finally:
         reader.close()
     if newest is None:

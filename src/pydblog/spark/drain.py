@@ -15,9 +15,10 @@ and its own ``BatchApplier``; they share a ``Drain``, which
   merged table would conflict).
 
 Invariant: a source's progress time never passes what its applied events prove: the
-newest applied commit time, the commit time of the first unapplied event minus one
-(commit times are in log order), or, once the whole log is applied, the time the
-capture last checkpointed with no transaction open (its heartbeat).
+commit time of the first unapplied event minus one (commit times are in log order, and
+a batch may end inside a transaction), or, once the whole log is applied, the newest
+applied commit time (minus one while the capture's checkpoint is inside a transaction)
+or the time the capture last checkpointed with no transaction open (its heartbeat).
 """
 
 from __future__ import annotations
@@ -178,8 +179,14 @@ class Drain:
         reader = open_reader(self.sources[source].log)
         try:
             nxt = reader.read(end, 1)
-            beat = None if nxt else heartbeat_ms(reader, end)
-            return _most(newest_ms, int(nxt[0].ts_ms) - 1 if nxt else beat)
+            if nxt:  # everything committed before the first unapplied event is applied
+                return int(nxt[0].ts_ms) - 1
+            cp = reader.last_checkpoint()
+            closed = cp is not None and not cp.extra.get("mid_tx")
+            # the newest applied transaction may go on in the log when the capture's
+            # checkpoint is inside it: complete only up to just before it
+            best = newest_ms if closed or newest_ms is None else newest_ms - 1
+            return _most(best, heartbeat_ms(reader, end))
         finally:
             reader.close()
 
