@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from deltalake import DeltaTable
 
 from pydblog.changelog.sqlite import SqliteChangeLog, log_path
 from pydblog.config import Config, parse_config
+from pydblog.core.drainer import SchemaConflict
 from pydblog.events import ChangeEvent, Op
 from pydblog.ports import ColumnSchema, TableSchema
 from pydblog.positions import Lsn, PgPosition
@@ -135,3 +137,30 @@ def test_consistent_applies_every_source_up_to_the_same_time(spark: Any, pg_db: 
     # T is 1050: no source's progress passes what it applied, and T is their minimum
     assert marks == {"a": 1_050, "b": 1_050}
     assert low == (1_050,)
+
+
+def test_incompatible_shards_stop_the_sync_before_anything_is_applied(
+    spark: Any, pg_db: str, tmp_path: Path
+) -> None:
+    _write(tmp_path / "a", [(1_000, Op.CREATE, 1, "x")])
+    log = SqliteChangeLog(tmp_path / "b")
+    try:
+        from pydblog.events import encode_event
+        from pydblog.ports import Checkpoint
+
+        other = TableSchema("public", "orders", (ColumnSchema("id", "integer", "int32", False),
+                                                 ColumnSchema("v", "boolean", "bool", True)),
+                            ("id",))
+        ev = ChangeEvent(Op.CREATE, "public", "orders", PgPosition(Lsn(5)), 1_000,
+                         key={"id": 1}, after={"id": 1, "v": True})
+        log.append([encode_event(ev, "postgresql", "b", 0)], Checkpoint(None), [other])
+    finally:
+        log.close()
+    cfg = _config(tmp_path, pg_db, [{"name": "a", "log": {"path": str(tmp_path / "a")}},
+                                    {"name": "b", "log": {"path": str(tmp_path / "b")}}],
+                  routes=[{"tables": r"public\.orders", "target": "public.orders"}])
+    with pytest.raises(SchemaConflict) as err:
+        run_sync(cfg, available_now=True)
+    msg = str(err.value)
+    assert "column 'v'" in msg and "a/a/public.orders" in msg and "b/b/public.orders" in msg
+    assert not (tmp_path / "lake" / "public" / "orders").exists()

@@ -444,6 +444,8 @@ def run_sync(
     sources = cfg.sync.effective_sources(cfg.log)
     sinks = [build_sink(s) for s in cfg.sync.sinks]
     spark = spark_session(cfg.sync.master, s3=_uses_s3(cfg))
+    if cfg.sync.sources:  # a sync-only config's [log] path holds only the sync's files
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
     api = start_sync_api(cfg)
     drain = Drain(sources, cfg.sync.routes, cfg.log_dir)
     parts = max(2, spark.sparkContext.defaultParallelism)

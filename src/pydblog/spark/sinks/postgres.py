@@ -232,6 +232,7 @@ class PostgresSink:
         """The progress table, keyed by ``(source, part, nparts)``; a table of the
         single-source form (no ``source``) gets the column, its rows ``DEFAULT_SOURCE``'s."""
         table = sql.Identifier(self.schema, PROGRESS_TABLE)
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (source text NOT NULL DEFAULT {}, "
