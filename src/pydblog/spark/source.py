@@ -182,17 +182,12 @@ def _max_events(options: dict[str, str]) -> int:
 
 
 def _bounded(bound: str, start: SyncOffset, end: SyncOffset) -> SyncOffset:
-    """``consistent = true`` (option ``bound``: ``{"self": path, "logs": [path, ...]}``,
-    every source's embedded log): ``end`` cut back to the last whole transaction
-    committed at or below ``T``, the least of the logs' completeness times. Planned
-    here, so Spark's offset log fixes the cut and a replay re-reads the same batch."""
-    from pydblog.changelog.sqlite_spark import consistent_end, log_complete_ms
+    """``consistent = true`` (option ``bound``): ``end`` cut back to the last whole
+    transaction committed at or below ``T`` (``changelog.consistent_end``). Planned here,
+    so Spark's offset log fixes the cut and a replay re-reads the same batch."""
+    from pydblog.changelog import consistent_end
 
-    spec = json.loads(bound)
-    times = [log_complete_ms(p) for p in spec["logs"]]
-    low = None if any(t is None for t in times) else min(t for t in times if t is not None)
-    cut = consistent_end(spec["self"], int(start["offset"]), int(end["offset"]), low)
-    return {"offset": cut}
+    return consistent_end(bound, start, end)
 
 
 class DblogDataSource(DataSource):
