@@ -14,6 +14,10 @@
 
     .venv/bin/python bench/sync.py --events 1000000 --master 'local[2]'
 
+4. mysql: the drain into a throwaway MariaDB through the MySQL sink (``--only mysql``),
+   next to the PostgreSQL drain of the same events in the same run (``--only postgres``):
+   the ratio of the two is printed.
+
 3. kafka: the same events from a Kafka log (``--kafka-partitions``), drained as further
    queries of the warm session, alternating with the warm embedded drain (``--rounds``).
    With ``--max-events-per-trigger`` below ``--events`` every drain takes several batches
@@ -270,7 +274,8 @@ def main() -> None:
     ap.add_argument("--max-events-per-trigger", type=int, default=500_000)
     ap.add_argument("--rate", type=int, default=5_000)
     ap.add_argument("--seconds", type=float, default=30)
-    ap.add_argument("--only", choices=["delta", "postgres", "latency", "kafka"], action="append")
+    ap.add_argument("--only", choices=["delta", "postgres", "mysql", "latency", "kafka"],
+                    action="append")
     ap.add_argument("--kafka-partitions", type=int, action="append",
                     help="kafka: drain the same events from a Kafka log with this many "
                          "partitions per topic (repeatable; default 1 and 4)")
@@ -414,6 +419,7 @@ def main() -> None:
     finally:
         if broker is not None:
             broker.stop()
+    pg_rate = None
     if "postgres" in only:
         with PgCluster() as pg:
             cfg = config(
@@ -424,7 +430,29 @@ def main() -> None:
                 args.master,
                 args.max_events_per_trigger,
             )
-            report("PostgreSQL", end, drain(spark, cfg, end))
+            res = drain(spark, cfg, end)
+            pg_rate = end / res[0]
+            report("PostgreSQL", end, res)
+    if "mysql" in only:
+        from pydblog.devtools.mariadb import MariaDB
+
+        shutil.rmtree(work / "cp-mysql", ignore_errors=True)
+        with MariaDB(server_id=1) as my:
+            cfg = config(work, "mysql",
+                         [{"type": "mysql", "dsn": my.dsn("replica"), "parallelism": 2}],
+                         "available-now", args.master, args.max_events_per_trigger)
+            res = drain(spark, cfg, end)
+            report("MySQL (MariaDB)", end, res)
+            figures: dict[str, Any] = {"events": end, "mysql_events_per_s": end / res[0],
+                                       "mysql_after_first_batch_events_per_s": res[1],
+                                       "postgres_events_per_s": pg_rate}
+            if pg_rate is not None:
+                figures["mysql_x_postgres"] = end / res[0] / pg_rate
+                print(f"  = {figures['mysql_x_postgres']:.2f} x the PostgreSQL drain of this run "
+                      f"(load {os.getloadavg()[0]:.1f})")
+            import results
+
+            print(f"results: {results.write('sync_mysql', figures)}")
     if "latency" in only:
         lat = latency(spark, work, args.master, args.rate, args.seconds)
         print(

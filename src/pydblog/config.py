@@ -238,10 +238,13 @@ class SinkConfig(_Model):
       ``parallelism`` = tables applied in parallel;
     - ``type = "postgres"``: ``dsn`` of the downstream database, ``schema`` to create the
       tables in (default ``public``), ``parallelism`` = key partitions applied in parallel;
+    - ``type = "mysql"``: ``dsn`` (``mysql://user:password@host:3306/database``) of a
+      MySQL/MariaDB target, ``schema`` = the target database (default: the DSN's),
+      ``parallelism`` = key partitions applied in parallel;
     - ``type = "history"``: ``path`` of the append-only change-history Delta table.
     """
 
-    type: Literal["delta", "postgres", "history"]
+    type: Literal["delta", "postgres", "mysql", "history"]
     path: str | None = None
     dsn: str | None = None
     schema_: str | None = Field(default=None, alias="schema")
@@ -256,9 +259,11 @@ class SinkConfig(_Model):
                 raise ValueError(f'a "{self.type}" sink takes path, not dsn')
         else:
             if not self.dsn:
-                raise ValueError('a "postgres" sink needs dsn (the downstream database)')
+                raise ValueError(f'a "{self.type}" sink needs dsn (the downstream database)')
             if self.path is not None:
-                raise ValueError('a "postgres" sink takes dsn, not path')
+                raise ValueError(f'a "{self.type}" sink takes dsn, not path')
+            if self.type == "mysql":
+                _mysql_sink_dsn(self.dsn, self.schema_)
             if self.schema_ is not None and not re.fullmatch(
                 r"[A-Za-z_][A-Za-z0-9_$]{0,62}", self.schema_
             ):
@@ -268,6 +273,18 @@ class SinkConfig(_Model):
     def __repr__(self) -> str:
         dsn = redact_dsn(self.dsn) if self.dsn is not None else None
         return f"SinkConfig(type={self.type!r}, path={self.path!r}, dsn={dsn!r}, schema={self.schema_!r})"
+
+
+def _mysql_sink_dsn(dsn: str, schema: str | None) -> None:
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("mysql", "mariadb"):
+        raise ValueError(
+            f"a \"mysql\" sink needs a MySQL dsn (mysql://user:password@host:3306/database), "
+            f"not {redact_dsn(dsn)!r}")
+    if not schema and not parts.path.strip("/"):
+        raise ValueError(
+            f"a \"mysql\" sink's dsn {redact_dsn(dsn)!r} names no database: name it in the "
+            "dsn's path or set schema (the target database)")
 
 
 _TRIGGER = re.compile(

@@ -1136,24 +1136,24 @@ PROFILE = settings(
 LONG = settings(PROFILE, phases=tuple(Phase))  # the slow tests: the 1800 s timeout leaves room
 
 
-# The default run's example counts are a third of a thorough run's (the property tests
-# took ~100 s of the default run); ``test_snapshots_long`` and ``test_concurrent_windows_long``
+# The default run's example counts are a sixth of a thorough run's (they keep the default
+# suite short); ``test_snapshots_long`` and ``test_concurrent_windows_long``
 # (``pytest -m slow``) run the same properties with many more examples.
 
 
-@settings(PROFILE, max_examples=70)
+@settings(PROFILE, max_examples=35)
 @given(st.data())
 def test_incremental_snapshots_materialize_without_time_travel(data: st.DataObject) -> None:
     run(data, allow_blocking=False)
 
 
-@settings(PROFILE, max_examples=40)
+@settings(PROFILE, max_examples=20)
 @given(st.data())
 def test_with_blocking_snapshots_materialize(data: st.DataObject) -> None:
     run(data, allow_blocking=True)
 
 
-@settings(PROFILE, max_examples=100)
+@settings(PROFILE, max_examples=50)
 @given(st.data())
 def test_read_only_snapshots_materialize_without_time_travel(data: st.DataObject) -> None:
     """Fences instead of watermarks, with commits that become visible late and out of
@@ -1162,7 +1162,7 @@ def test_read_only_snapshots_materialize_without_time_travel(data: st.DataObject
     run(data, allow_blocking=False, read_only=True)
 
 
-@settings(PROFILE, max_examples=40)
+@settings(PROFILE, max_examples=20)
 @given(st.data())
 def test_concurrent_windows_materialize_without_time_travel(data: st.DataObject) -> None:
     """Several chunks in flight at once (``parallelism`` 2-4), each with its own L/H
@@ -1172,14 +1172,14 @@ def test_concurrent_windows_materialize_without_time_travel(data: st.DataObject)
     run(data, allow_blocking=True, parallel=True)
 
 
-@settings(PROFILE, max_examples=40)
+@settings(PROFILE, max_examples=20)
 @given(st.data())
 def test_concurrent_read_only_windows_materialize_without_time_travel(data: st.DataObject) -> None:
     """Concurrent windows judged by their reads' fences (no watermarks)."""
     run(data, allow_blocking=False, read_only=True, parallel=True)
 
 
-@settings(PROFILE, max_examples=60)
+@settings(PROFILE, max_examples=30)
 @given(st.data())
 def test_watermark_windows_with_late_visible_commits(data: st.DataObject) -> None:
     """Watermark windows whose reads come with a fence (``CoreSettings.fenced``, the
@@ -1189,13 +1189,13 @@ def test_watermark_windows_with_late_visible_commits(data: st.DataObject) -> Non
     run(data, allow_blocking=True, late=True)
 
 
-@settings(PROFILE, max_examples=25)
+@settings(PROFILE, max_examples=12)
 @given(st.data())
 def test_concurrent_watermark_windows_with_late_visible_commits(data: st.DataObject) -> None:
     run(data, allow_blocking=True, parallel=True, late=True)
 
 
-@settings(PROFILE, max_examples=40)
+@settings(PROFILE, max_examples=20)
 @given(st.data())
 def test_sliced_windows_materialize_without_time_travel(data: st.DataObject) -> None:
     """Concurrent windows that hand their rows out in slices (``slice_rows`` 1-3):

@@ -1,5 +1,5 @@
 """Range-end markers inside one Spark batch (``spark.repairs.spark_purges``), through the
-Delta and PostgreSQL sinks, against the rule applied event by event (``core.repair``: a
+Delta, PostgreSQL and MySQL sinks, against the rule applied event by event (``core.repair``: a
 marker deletes the keys of its ranges outside ``keep``, later events still apply): random
 events and markers over a random initial mirror, both sinks compared whole."""
 
@@ -20,6 +20,7 @@ from pydblog.positions import Lsn, PgPosition
 from pydblog.spark.job import packed_frame
 from pydblog.spark.plan import SparkBatch
 from pydblog.spark.sinks.delta import DeltaSink
+from pydblog.spark.sinks.mysql import MySqlSink
 from pydblog.spark.sinks.postgres import PostgresSink
 from tests.spark.test_reduce import batch, ev
 
@@ -48,8 +49,8 @@ def spark_batch(spark: Any, batch_id: int, t: pa.Table, first: int) -> SparkBatc
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
-def test_markers_in_a_batch_follow_the_rule(spark: Any, pg_db: str, tmp_path: Path,
-                                            data: st.DataObject) -> None:
+def test_markers_in_a_batch_follow_the_rule(spark: Any, pg_db: str, mariadb: Any,
+                                            tmp_path: Path, data: st.DataObject) -> None:
     keys = st.integers(0, 9)
     initial = data.draw(st.sets(keys, min_size=1))
     bound = st.one_of(st.none(), keys)
@@ -75,7 +76,8 @@ def test_markers_in_a_batch_follow_the_rule(spark: Any, pg_db: str, tmp_path: Pa
            else ev(Op.DELETE, e[1]) if e[0] == "d" else marker(*e[1:]) for e in events]
     schema = f"m_{uuid.uuid4().hex[:8]}"
     lake = tmp_path / uuid.uuid4().hex[:8]
-    sinks: list[Any] = [DeltaSink(str(lake)), PostgresSink(pg_db, schema)]
+    sinks: list[Any] = [DeltaSink(str(lake)), PostgresSink(pg_db, schema),
+                        MySqlSink(mariadb.dsn(""), schema)]
     first = batch(*[ev(Op.READ, k, {"id": k, "v": k}) for k in sorted(initial)])
     b0 = spark_batch(spark, 0, first, 0)
     b1 = spark_batch(spark, 1, batch(*evs), first.num_rows)
@@ -94,3 +96,6 @@ def test_markers_in_a_batch_follow_the_rule(spark: Any, pg_db: str, tmp_path: Pa
     with psycopg.connect(pg_db) as conn:
         pg: dict[int, int] = dict(conn.execute(f'SELECT id, v FROM "{schema}".t').fetchall())
     assert pg == want, ("postgres", events)
+    my = dict(mariadb.execute("SELECT id, v FROM t", schema))
+    mariadb.execute(f"DROP DATABASE `{schema}`")
+    assert my == want, ("mysql", events)

@@ -39,6 +39,18 @@ class Members:
         self.procs.append(proc)
         return proc
 
+    def diagnosis(self, tail: int = 2500) -> str:
+        """The roles and each member's state and last log lines, for a failed wait."""
+        parts = [f"\nroles: {self.roles()}"]
+        for p in self.procs:
+            state = "running" if p.poll() is None else f"exited {p.returncode}"
+            try:
+                text = self.log_of(p)[-tail:]
+            except OSError as exc:
+                text = f"(no log: {exc})"
+            parts.append(f"--- member {p.pid} ({state}):\n{text}")
+        return "\n".join(parts)
+
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [p for p in self.procs if p.poll() is None]
 
@@ -57,7 +69,7 @@ class Members:
                 if p.poll() is None and r.get(p.pid) == "leader" and p.pid != not_pid:
                     return p
             time.sleep(0.02)
-        raise AssertionError(f"no leader within {timeout} s: {self.roles()}")
+        raise AssertionError(f"no leader within {timeout} s: {self.roles()}{self.diagnosis()}")
 
     def wait_standbys(self, n: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -105,7 +117,9 @@ class Members:
         finally:
             if reader is not None:
                 reader.close()
-        raise AssertionError(f"the change log did not move past {since} within {timeout} s")
+        raise AssertionError(
+            f"the change log did not move past {since} within {timeout} s{self.diagnosis()}"
+        )
 
     def stop_all(self, timeout: float = 30) -> list[int]:
         """SIGCONT + SIGTERM every member still running; their exit codes."""

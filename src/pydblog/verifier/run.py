@@ -215,6 +215,11 @@ def open_mirrors(cfg: Config, only: str | None) -> list[PgMirror | DeltaRoot]:
             continue
         if s.type == "history":
             continue  # an append-only history, not a mirror
+        if s.type == "mysql":
+            if only is not None:
+                raise ConfigError(f"dblog verify does not read MySQL sinks ({name})",
+                                  hint="verify the sync's Delta or PostgreSQL sink instead")
+            continue
         if s.type == "delta":
             from pydblog.extras import needs_extra
 

@@ -42,6 +42,15 @@ def build_sink(cfg: SinkConfig) -> Sink:
 
         assert cfg.path is not None
         return HistorySink(cfg.path)
+    if cfg.type == "mysql":
+        from pydblog.extras import needs_extra
+
+        with needs_extra("mysql", "a mysql sink"):
+            import pymysql  # noqa: F401
+        from pydblog.spark.sinks.mysql import MySqlSink
+
+        assert cfg.dsn is not None
+        return MySqlSink(cfg.dsn, cfg.schema_, cfg.parallelism)
     from pydblog.spark.sinks.postgres import PostgresSink
 
     assert cfg.dsn is not None
