@@ -521,17 +521,16 @@ def _flush_watermarks(drain: Drain, sinks: list[Sink], spark: Any) -> None:
     """Write the sources' progress times (moved by heartbeats, or by other sources'
     batches since a sink last wrote them) into the sinks' watermark tables."""
     from pydblog.spark.sinks.delta import DeltaSink
-    from pydblog.spark.sinks.postgres import PostgresSink
 
     with drain.lock:
         marks = drain.marks()
         if marks == drain.flushed:
             return
         for sink in sinks:
-            if isinstance(sink, PostgresSink):
-                sink.write_watermarks(marks, "", None)
-            elif isinstance(sink, DeltaSink):
+            if isinstance(sink, DeltaSink):
                 sink.write_marks(spark, marks, "", None)
+            elif hasattr(sink, "write_watermarks"):  # the PostgreSQL and MySQL sinks
+                sink.write_watermarks(marks, "", None)
         drain.flushed = marks
 
 
