@@ -56,7 +56,7 @@ def _drop_slots(dsn: str, *slots: str) -> None:
 
 
 def _sync_config(tmp_path: Path, sources: dict[str, Path], lake: Path, replica: str,
-                 extra: str = "") -> Path:
+                 extra: str = "", mysql: str | None = None) -> Path:
     text = f'[sync]\ncheckpoint = "{tmp_path / "cp"}"\nmax_events_per_trigger = 200\n{extra}\n'
     for name, cfg in sources.items():
         text += f'[[sync.sources]]\nname = "{name}"\nlog = {{ path = "{load_config(cfg).log.path}" }}\n'
@@ -67,6 +67,9 @@ def _sync_config(tmp_path: Path, sources: dict[str, Path], lake: Path, replica: 
         f'[[sync.sinks]]\ntype = "delta"\npath = "{lake}"\n'
         f'[[sync.sinks]]\ntype = "postgres"\ndsn = "{replica}"\nschema = "merged"\n'
     )
+    if mysql is not None:
+        text += f'[[sync.sinks]]\ntype = "mysql"\ndsn = "{mysql}"\n'
+
     path = tmp_path / "sync.toml"
     path.write_text(text)
     return path
@@ -108,7 +111,10 @@ def test_three_sources_merged_into_delta_and_postgres(
 
     lake = tmp_path / "lake"
     replica = pg_cluster.create_database(f"r_{stamp}")
-    cfg = load_config(_sync_config(tmp_path, {n: c.config for n, c in caps.items()}, lake, replica))
+    mysql_db = f"rm_{stamp}"
+    mariadb.execute(f"CREATE DATABASE `{mysql_db}`")
+    cfg = load_config(_sync_config(tmp_path, {n: c.config for n, c in caps.items()}, lake, replica,
+                                   mysql=mariadb.dsn(mysql_db)))
     assert run_sync(cfg, available_now=True) == 0
 
     want: set[Row] = set()
@@ -135,6 +141,10 @@ def test_three_sources_merged_into_delta_and_postgres(
             "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
             "WHERE i.indrelid = 'merged.orders'::regclass AND i.indisprimary").fetchone()
     assert got_pg == want
+    got_my = {tuple(r) for r in mariadb.execute(f"SELECT {', '.join(cols)} FROM orders", mysql_db)}
+    assert got_my == want
+    my_marks = dict(mariadb.execute("SELECT source, progress_ms FROM _dblog_watermarks", mysql_db))
+    assert my_marks == marks
     assert key is not None and key[0] == ["_dblog_source", "_dblog_db", "_dblog_schema", "id"]
     assert [p[0] for p in progress] == ["maria", "pg_a", "pg_b"]
     # each source's progress: a real commit time, at most now; T is their minimum
