@@ -1,6 +1,6 @@
 """Benchmark of a `dblog sync` of several sources (docs/sync.md, "Several sources").
 
-1. throughput: the same number of events (synthetic inserts/updates/deletes over two
+1. throughput: the same number of events (synthetic inserts/updates/deletes over three
    tables) in 1 embedded change log, then spread over 4, merged by routes into one
    Delta lake with ``--available-now``; reports events/s of each drain (query start
    included, Spark session start excluded) and the ratio 4 sources / 1 source.
@@ -33,7 +33,8 @@ from pydblog.spark.job import run_sync, spark_session
 from pydblog.spark.synth import SyntheticLoad, write_load
 
 ROUTES = [{"tables": r"public\.orders", "target": "public.orders"},
-          {"tables": r"public\.order_lines", "target": "public.order_lines"}]
+          {"tables": r"public\.order_lines", "target": "public.order_lines"},
+          {"tables": r"shop\.accounts", "target": "shop.accounts"}]
 
 
 def config(work: Path, n: int, trigger: str, master: str, max_events: int) -> Config:

@@ -487,6 +487,10 @@ def run_sync(
                 pass
             errs = [(q, a, e) for q, a in zip(queries, appliers, strict=True)
                     if (e := _query_error(q, a)) is not None]
+            if stop_event is not None and stop_event.is_set():
+                # a batch that query.stop() interrupted is not committed and is redone at
+                # the next start: not an error of the stop
+                errs = [x for x in errs if "InterruptedException" not in x[2].message]
             err = errs[0][2] if errs else None
             if err is None or not all(_late_python(q, a) for q, a, _ in errs) \
                     or (stop_event is not None and stop_event.is_set()):
