@@ -152,7 +152,6 @@ class DeltaSink:
                 raise SinkError(f"table {q}: {exc}") from exc
         todo = sorted(q for q, w in done.items() if w is None or w < batch.end)
         if not todo:
-            self.write_watermarks(spark, batch)
             return
         since = {q: w for q in todo if (w := done[q]) is not None}
         # Tables already done take no part: a since beyond the batch drops their events.
@@ -165,7 +164,6 @@ class DeltaSink:
             raise SinkError(f"repairs: {_first_line(exc)}") from exc
         for q in todo:
             self._apply_table(batch, q, reduced, q in cuts, purges.get(q))
-        self.write_watermarks(spark, batch)
 
     def write_watermarks(self, spark: Any, batch: SparkBatch) -> None:
         self.write_marks(spark, batch.watermarks, batch.source, batch.end)
@@ -173,8 +171,10 @@ class DeltaSink:
     def write_marks(self, spark: Any, marks: dict[str, int | None], source: str,
                     end: int | None) -> None:
         """``<root>/_dblog_watermarks``: one row per source (its progress time, the low
-        watermark, its applied end), overwritten after the batch's data commits, each
-        time never below what the table held."""
+        watermark, its applied end), overwritten after data commits (the job writes it
+        at most every 10 s and when it stops: a Delta commit is not free), each time
+        never below what the table held. Every data commit carries the batch's
+        watermarks in its ``userMetadata``."""
         if not marks:
             return
         import datetime as dt
