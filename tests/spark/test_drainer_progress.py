@@ -43,6 +43,7 @@ def _config(tmp: Path, dsn: str, sources: list[dict[str, Any]] | None, **sync: A
     return parse_config(data)
 
 
+@pytest.mark.slow  # three syncs with three sinks: over the default suite's budget
 def test_single_source_progress_survives_the_upgrade(spark: Any, pg_db: str,
                                                      tmp_path: Path) -> None:
     load = SyntheticLoad(seed=41)
