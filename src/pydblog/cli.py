@@ -72,6 +72,12 @@ def run(config_path: str, verbose: bool, release_ha: bool) -> None:
     """Capture the source's log into the change log until SIGINT/SIGTERM."""
     _setup_logging(verbose)
     cfg = _load(config_path)
+    from pydblog.config import SYNC_ONLY_DSN
+
+    if cfg.source.dsn == SYNC_ONLY_DSN:
+        _fail(ConfigError("this config has no [source]: it is a `dblog sync` config "
+                          "([[sync.sources]] name the change logs)",
+                          hint="run `dblog run` with each source's own config"))
     if release_ha:
         if cfg.ha is not None or cfg.log.type != "embedded":
             _fail(ConfigError("--release-ha applies to a `dblog run` without [ha] on the "

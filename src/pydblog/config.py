@@ -292,6 +292,56 @@ _TRIGGER = re.compile(
 )
 
 
+class SyncSourceConfig(_Model):
+    """One ``[[sync.sources]]`` entry: a change log written by its own ``dblog run``
+    (``log``: that capture's ``[log]`` table, any ``type``), read by this sync under
+    ``name`` (the ``_dblog_source`` value of its rows in merged tables, and the key of
+    its progress in every sink)."""
+
+    name: str
+    log: LogConfig
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}", value):
+            raise ValueError(
+                f"source name {value!r} must be 1-63 letters, digits, '_', '.' or '-' "
+                "(it names the source's checkpoint directory and progress)")
+        return value
+
+
+class SyncRouteConfig(_Model):
+    """One ``[[sync.routes]]`` entry: the source tables whose ``schema.table`` (or
+    ``db/schema.table`` when the regex holds a ``/``) full-matches ``tables`` (of the
+    sources listed in ``sources``; all when empty) are merged into ``target``
+    (``schema.table``). ``key = "source"`` (default): the target's key is the source's
+    identity columns plus the table's key; ``"row"``: the table's key alone."""
+
+    tables: str
+    target: str
+    key: Literal["source", "row"] = "source"
+    sources: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _valid(self) -> SyncRouteConfig:
+        from pydblog.core.drainer import Route
+        from pydblog.errors import ConfigError
+
+        try:
+            Route.parse(self.tables, self.target, self.key, self.sources)
+        except ConfigError as exc:
+            raise ValueError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
+        return self
+
+
+DEFAULT_SOURCE = "default"
+"""The name of the one source of a sync configured with ``[log]`` alone (no
+``[[sync.sources]]``); its progress in the sinks is the single-source form, so an
+explicit ``[[sync.sources]]`` entry with this name takes over a single-source sync's
+progress."""
+
+
 class SyncConfig(_Model):
     """``[sync]``: the Spark job of ``dblog sync``.
 
@@ -309,6 +359,31 @@ class SyncConfig(_Model):
     sink_retries: int = Field(default=5, ge=0)
     sink_retry_backoff_s: float = Field(default=1.0, ge=0)
     sinks: list[SinkConfig] = Field(default_factory=list)
+    sources: list[SyncSourceConfig] = Field(default_factory=list)
+    routes: list[SyncRouteConfig] = Field(default_factory=list)
+    consistent: bool = False
+
+    @model_validator(mode="after")
+    def _sources(self) -> SyncConfig:
+        names = [s.name for s in self.sources]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"[[sync.sources]] names must be unique: {', '.join(dup)} "
+                             "appears more than once")
+        for r in self.routes:
+            unknown = [n for n in r.sources if n not in names and n != DEFAULT_SOURCE]
+            if unknown:
+                raise ValueError(
+                    f"route {r.tables!r} names unknown source(s) {', '.join(unknown)}; "
+                    f"[[sync.sources]] has: {', '.join(names) or DEFAULT_SOURCE}")
+        if self.consistent:
+            kafka = [s.name for s in self.sources if s.log.type != "embedded"]
+            if kafka:
+                raise ValueError(
+                    "consistent = true needs embedded change logs (it bounds each batch by "
+                    f"the commit times in the log's blocks); source(s) {', '.join(kafka)} "
+                    "use Kafka")
+        return self
 
     @field_validator("trigger")
     @classmethod
@@ -319,6 +394,11 @@ class SyncConfig(_Model):
                 'or "available-now"'
             )
         return value
+
+    def effective_sources(self, log: LogConfig) -> list[SyncSourceConfig]:
+        """The sources this sync reads: ``[[sync.sources]]``, or, without any, the
+        ``[log]`` of the config as the one source named ``DEFAULT_SOURCE``."""
+        return list(self.sources) or [SyncSourceConfig(name=DEFAULT_SOURCE, log=log)]
 
     def trigger_interval(self) -> str | None:
         """The processing-time interval for Spark (``None`` for available-now)."""
@@ -484,7 +564,15 @@ def _format_errors(exc: ValidationError, origin: str) -> str:
     return "\n".join(lines)
 
 
+SYNC_ONLY_DSN = "sync-only:"
+"""The ``[source] dsn`` of a config without ``[source]`` whose ``[[sync.sources]]``
+name the change logs: a config for ``dblog sync`` alone (``dblog run`` refuses it)."""
+
+
 def parse_config(data: dict[str, Any], origin: str = "<config>") -> Config:
+    sync = data.get("sync")
+    if "source" not in data and isinstance(sync, dict) and sync.get("sources"):
+        data = {**data, "source": {"dsn": SYNC_ONLY_DSN}}
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -523,5 +611,8 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
 
     log = cfg.log.model_copy(update={"path": rel(cfg.log.path)})
     sinks = [s.model_copy(update={"path": rel(s.path)}) for s in cfg.sync.sinks]
-    sync = cfg.sync.model_copy(update={"checkpoint": rel(cfg.sync.checkpoint), "sinks": sinks})
+    sources = [s.model_copy(update={"log": s.log.model_copy(update={"path": rel(s.log.path)})})
+               for s in cfg.sync.sources]
+    sync = cfg.sync.model_copy(update={"checkpoint": rel(cfg.sync.checkpoint), "sinks": sinks,
+                                       "sources": sources})
     return cfg.model_copy(update={"log": log, "sync": sync})

@@ -57,6 +57,17 @@ class SyncMetrics:
                                 "last applied micro-batch.", registry=r)
         self.running = Gauge("dblog_sync_running", "1 while the streaming query runs.",
                              registry=r)
+        self.source_progress = Gauge("dblog_sync_source_progress_ms", "Per source: the "
+                                     "source commit (or heartbeat) time up to which its "
+                                     "changes are applied, ms since the epoch.", ["source"],
+                                     registry=r)
+        self.low_watermark = Gauge("dblog_sync_low_watermark_ms", "T: the merged targets "
+                                   "hold every source's changes committed at or before it "
+                                   "(the least source progress), ms since the epoch.",
+                                   registry=r)
+        self.watermarks: dict[str, int | None] = {}
+        self.low_ms: int | None = None
+        self.holding_back: list[str] = []
         self.state = "starting"
         self.error: str | None = None
         self.applied_end: int | None = None
@@ -75,6 +86,17 @@ class SyncMetrics:
         self.applied_end = end
         self.last_batch.set(now)
         self.last_batch_time = now
+
+    def observe_watermarks(self, sources: Mapping[str, int | None], low: int | None,
+                           holding_back: list[str]) -> None:
+        for name, ms in sources.items():
+            if ms is not None:
+                self.source_progress.labels(name).set(ms)
+        if low is not None:
+            self.low_watermark.set(low)
+        self.watermarks = dict(sources)
+        self.low_ms = low
+        self.holding_back = list(holding_back)
 
 
 SYNC = SyncMetrics()
@@ -140,6 +162,19 @@ class SyncApi:
             "detail": "unknown (no batch yet)" if behind is None else
             f"{behind} events behind the change log, last batch {since:.0f} s ago",
         })
+        if m.watermarks:
+            now_ms = time.time() * 1000
+            low = m.low_ms
+            behind_s = None if low is None else (now_ms - low) / 1000
+            limit_s = self.cfg.health.max_idle_minutes * 60
+            stalled = behind_s is None or behind_s > limit_s
+            checks.append({
+                "name": "watermark", "ok": not stalled or len(m.watermarks) < 2,
+                "detail": ("T unknown: no progress yet from " if low is None else
+                           f"T is {behind_s:.0f} s behind now, held back by ")
+                + ", ".join(m.holding_back),
+                "low_ms": low, "sources": m.watermarks,
+            })
         ok = all(c["ok"] for c in checks)
         return json_response(200 if ok else 503,
                              {"status": "ok" if ok else "unhealthy", "checks": checks})

@@ -223,6 +223,9 @@ class Runner:
         # checkpoint's extra; set by the service before ``run``.
         self.kafka_signals: Handled | None = None
         self._extra_dirty = False  # extra changed: the next flush writes a checkpoint
+        # when the last checkpoint was written (an idle source's is rewritten every
+        # heartbeat interval: its time tells `dblog sync` how far the source is complete)
+        self._last_checkpoint = time.monotonic()
         self._repair_reader: ChangeLogReader | None = None
 
     # -- recovery ---------------------------------------------------------------------
@@ -460,6 +463,14 @@ class Runner:
         # transaction; they would only have queued behind that commit anyway). A batch
         # older than ``batch_max_ms`` goes at the next transaction end regardless.
         if not (self._pending and self._writer_wakes and self.writer.backlog()):
+            self.flush()
+        if (not self._in_tx and not self._pending and self._position is not None
+                and time.monotonic() - self._last_checkpoint
+                >= self.cfg.source.heartbeat_interval_s):
+            # Caught up and idle: the checkpoint is rewritten (same position), so its time
+            # moves as a heartbeat's would (a MySQL/MariaDB source sends none while its
+            # position stands still).
+            self._extra_dirty = True
             self.flush()
         self._tick(stop)
         if self._driver_active:
@@ -775,6 +786,7 @@ class Runner:
             force and self._position is not None and self._position != self._saved_position
         ) or (self._extra_dirty and self._position is not None):
             self._extra_dirty = False
+            self._last_checkpoint = time.monotonic()
             driver = self.driver
             extra = dict(self._extra)
             if self._in_tx:

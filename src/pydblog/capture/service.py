@@ -201,8 +201,51 @@ def _kafka_signals(cfg: Config, runner: Runner, started_ms: int) -> Any:
     return KafkaSignalListener(cfg, handled)
 
 
+def sync_watermarks(cfg: Config) -> dict[str, Any] | None:
+    """What a running (or the last) `dblog sync` of this config published of its
+    sources' progress times and ``T`` (``spark/drain.py``), with the times as UTC."""
+    import datetime as dt
+
+    import orjson
+
+    path = cfg.log_dir / "sync-watermarks.json"
+    try:
+        raw = orjson.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+    def when(ms: Any) -> str | None:
+        if not isinstance(ms, int):
+            return None
+        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+
+    return {
+        "complete_up_to": when(raw.get("low_ms")),
+        "low_ms": raw.get("low_ms"),
+        "lag_ms": raw.get("lag_ms"),
+        "holding_back": ", ".join(raw.get("holding_back") or []),
+        **{f"source {k}": when(v) or "unknown" for k, v in (raw.get("sources") or {}).items()},
+        "written": when(raw.get("updated_ms")),
+    }
+
+
 def collect_status(cfg: Config) -> dict[str, Any]:
-    out: dict[str, Any] = {"source": redact_dsn(cfg.source.dsn)}
+    from pydblog.config import SYNC_ONLY_DSN
+
+    marks = sync_watermarks(cfg)
+    if cfg.source.dsn == SYNC_ONLY_DSN:
+        out: dict[str, Any] = {}
+        for src in cfg.sync.sources:
+            try:
+                info, _ = describe(src.log)
+            except DblogError as exc:
+                info = {"error": exc.message}
+            out[f"source {src.name}"] = info
+        out["sync watermarks"] = marks or "no sync has run with this config's [log] path"
+        return out
+    out = {"source": redact_dsn(cfg.source.dsn)}
+    if marks is not None:
+        out["sync watermarks"] = marks
     st = read_status(cfg.log_dir)
     if st is not None:
         alive = _pid_alive(int(st.get("pid", 0)))

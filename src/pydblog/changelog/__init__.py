@@ -104,3 +104,17 @@ def open_stream(log_json: str, *, allow_gaps: bool = False) -> ChangeLogStream:
     from pydblog.changelog.sqlite_spark import SqliteStream
 
     return SqliteStream.from_json(log_json)
+
+
+def consistent_end(bound_json: str, start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    """``consistent = true``: ``end`` (an embedded log's stream offset) cut back to the
+    last whole transaction committed at or below ``T``, the least completeness time of
+    the logs in ``bound_json`` (``{"self": path, "logs": [path, ...]}``, embedded logs:
+    the config refuses others)."""
+    from pydblog.changelog.sqlite_spark import consistent_end as cut
+    from pydblog.changelog.sqlite_spark import log_complete_ms
+
+    spec = json.loads(bound_json)
+    times = [log_complete_ms(p) for p in spec["logs"]]
+    low = None if any(t is None for t in times) else min(t for t in times if t is not None)
+    return {"offset": cut(spec["self"], int(start["offset"]), int(end["offset"]), low)}

@@ -183,3 +183,69 @@ class SqliteStream(ChangeLogStream):
 
     def close(self) -> None:
         """Nothing is kept open: every call opened and closed its reader."""
+
+
+def _meta_times(meta: str, first: int, last: int) -> list[int]:
+    from pydblog.changelog.sqlite import _GS, _RS, _US
+
+    if meta.startswith(_GS):
+        entry = meta.split(_GS)[1]
+        return [int(entry.split(_US)[2])] * (last - first + 1)
+    return [int(e.split(_US)[2]) for e in meta.split(_RS)]
+
+
+def commit_times(path: str, start: int, end: int) -> list[int]:
+    """The source commit time of every event ``start <= offset < end`` (from the blocks'
+    meta entries: no body is read)."""
+    from pydblog.changelog.sqlite import SqliteChangeLogReader
+
+    reader = SqliteChangeLogReader(path)
+    try:
+        if not reader.ready() or end <= start:
+            return []
+        rows = reader._conn.execute(
+            "SELECT first_offset, last_offset, meta FROM blocks WHERE last_offset >= ? "
+            "AND first_offset < ? ORDER BY first_offset", (start, end)).fetchall()
+    finally:
+        reader.close()
+    out: list[int] = []
+    for first, last, meta in rows:
+        times = _meta_times(meta, first, last)
+        lo, hi = max(0, start - first), min(len(times), end - first)
+        out.extend(times[lo:hi])
+    return out
+
+
+def log_complete_ms(path: str) -> int | None:
+    """How far the embedded log at ``path`` is complete, in source time: its newest
+    event's commit time (minus one while the capture's checkpoint is inside that
+    transaction), or the capture's last checkpoint outside a transaction (heartbeat)
+    when later; None for an empty log without checkpoint."""
+    from pydblog.changelog.sqlite import SqliteChangeLogReader
+
+    reader = SqliteChangeLogReader(path)
+    try:
+        if not reader.ready():
+            return None
+        row = reader._conn.execute(
+            "SELECT first_offset, last_offset, meta FROM blocks ORDER BY first_offset DESC "
+            "LIMIT 1").fetchone()
+        newest = None if row is None else _meta_times(row[2], row[0], row[1])[-1]
+        hb = reader.heartbeat()  # None inside a transaction
+        beat = None if hb is None else hb[0]
+        cp = reader.last_checkpoint()
+        if newest is not None and (cp is None or cp.extra.get("mid_tx")):
+            newest -= 1  # the newest transaction may go on: complete just before it
+    finally:
+        reader.close()
+    if newest is None:
+        return beat
+    return newest if beat is None else max(newest, beat)
+
+
+def consistent_end(path: str, start: int, end: int, low: int | None) -> int:
+    """``consistent = true``: the end of the longest prefix of ``[start, end)`` whose
+    commit times are at or below ``low`` (``core.drainer.consistent_cut``)."""
+    from pydblog.core.drainer import consistent_cut
+
+    return start + consistent_cut(commit_times(path, start, end), low)

@@ -22,6 +22,7 @@ and the next run converges.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -38,10 +39,11 @@ import pyarrow.compute as pc
 
 from pydblog.api.sync import SYNC, start_sync_api
 from pydblog.changelog import open_reader, open_stream
-from pydblog.config import Config, LogConfig, load_config
+from pydblog.config import DEFAULT_SOURCE, Config, LogConfig, SyncSourceConfig, load_config
 from pydblog.errors import ChangeLogError, DblogError, SinkError
 from pydblog.ports import TableSchema
 from pydblog.spark.decode import ARROW_SCHEMA, pass_through_for
+from pydblog.spark.drain import Drain, _most
 from pydblog.spark.plan import SparkBatch
 from pydblog.spark.session import DEFAULT_DRIVER_JAVA_OPTIONS as DEFAULT_DRIVER_JAVA_OPTIONS
 from pydblog.spark.session import DRIVER_JAVA_OPTIONS_ENV as DRIVER_JAVA_OPTIONS_ENV
@@ -57,7 +59,8 @@ from pydblog.ui import SyncProgress
 
 log = logging.getLogger("pydblog.sync")
 
-MIRROR_COLUMNS = ("offset", "op", "schema", "table", "key", "after", "unchanged", "ts_ms")
+MIRROR_COLUMNS = ("offset", "op", "schema", "table", "key", "after", "unchanged", "ts_ms",
+                  "source_ts_ms")
 
 FAULT_ENV = "DBLOG_SYNC_FAULT"
 """Fault injection for tests: ``after-sinks:N`` kills the job's process group with
@@ -136,8 +139,10 @@ class BatchApplier:
     remembers the first sink error for ``run_sync``."""
 
     def __init__(self, log: LogConfig, sinks: list[Sink], retries: int, backoff_s: float,
-                 parts: int = 2) -> None:
+                 parts: int = 2, source: str = DEFAULT_SOURCE, drain: Drain | None = None) -> None:
         self.log = log
+        self.source = source
+        self.drain = drain or Drain([SyncSourceConfig(name=source, log=log)], [])
         self.sinks = sinks
         # A history sink needs every event: its batches are checked to be whole
         # (``check_whole``); mirrors accept a compacted log's gaps (``allowGaps``).
@@ -162,9 +167,11 @@ class BatchApplier:
     def _read_schemas(self) -> list[tuple[int, TableSchema]]:
         reader = open_reader(self.log)
         try:
-            return reader.schemas()
+            found = reader.schemas()
         finally:
             reader.close()
+        self.drain.set_schemas(self.source, found)
+        return found
 
     def __call__(self, df: Any, batch_id: int) -> None:
         try:
@@ -208,9 +215,8 @@ class BatchApplier:
         schemas_s = time.monotonic() - t1  # waited for (read while Spark read the batch)
         if batch is None:
             return
-        for from_offset, s in schemas:
-            if from_offset < batch.end:
-                batch.recorded[s.qualified] = merge_schemas(batch.recorded.get(s.qualified), s)
+        batch.source = self.source
+        routed = self._targets(batch, schemas)
         try:
             if self.whole:
                 if self.last_end is not None:
@@ -221,21 +227,29 @@ class BatchApplier:
             timings = [f"read {self.read_s:.2f}s", f"schemas {schemas_s:.2f}s"]
             self.read_s = 0.0
             sink_s: dict[str, float] = {}
-            for i, sink in enumerate(self.sinks):
-                t1 = time.monotonic()
-                apply_with_retry(sink, batch, retries=self.retries, backoff_s=self.backoff_s)
-                sink_s[sink.name.split(":")[0]] = time.monotonic() - t1
-                timings.append(f"{sink.name.split(':')[0]} {time.monotonic() - t1:.2f}s")
-                _fault(batch_id, i)
+            progress = self.drain.progress_after(self.source, batch.end, batch.newest_ms)
+            with self.drain.lock:
+                batch.watermarks = self.drain.marks()
+                batch.watermarks[self.source] = _most(batch.watermarks.get(self.source),
+                                                      progress)
+                for i, sink in enumerate(self.sinks):
+                    t1 = time.monotonic()
+                    apply_with_retry(sink, batch, retries=self.retries, backoff_s=self.backoff_s)
+                    sink_s[sink.name.split(":")[0]] = time.monotonic() - t1
+                    timings.append(f"{sink.name.split(':')[0]} {time.monotonic() - t1:.2f}s")
+                    _fault(batch_id, i)
+                _fault(batch_id, None)
+                self.drain.advance(self.source, progress)
         finally:
             batch.release()
-        _fault(batch_id, None)
+        del routed
         self.batches += 1
         self.events += batch.n
         self.last_end = batch.end
         SYNC.observe_batch(batch.n, time.monotonic() - t0, sink_s, batch.end)
         log.info(
-            "batch %d: offsets %d..%d, %d events, %d tables, %.2fs (%s)",
+            "%sbatch %d: offsets %d..%d, %d events, %d tables, %.2fs (%s)",
+            "" if self.source == DEFAULT_SOURCE else f"source {self.source}: ",
             batch_id,
             batch.start,
             batch.end - 1,
@@ -245,11 +259,34 @@ class BatchApplier:
             ", ".join(timings),
         )
 
+    def _targets(self, batch: SparkBatch, schemas: list[tuple[int, TableSchema]]) -> dict[str, Any]:
+        """The batch's tables' schemas as targets (``Drain.target_schemas``: routed,
+        merged tables unioned across the sources); a truncate of a merged table's part
+        is refused here, before any sink."""
+        self.drain.set_schemas(self.source, schemas)
+        targets = self.drain.target_schemas(self.source, batch.end)
+        for q, (schema, target) in targets.items():
+            if q in batch.tables or not target.merged:
+                batch.recorded[q] = schema
+            if target.merged and q in batch.tables and batch.tables[q].truncate is not None:
+                raise SinkError(
+                    f"source {self.source}: a table merged into {q} was truncated (offset "
+                    f"{batch.tables[q].truncate}); a merged target holds other sources' rows "
+                    "and is not emptied",
+                    hint=f"delete this source's rows from {q} (dblog sync-remove-source), "
+                         "then restart the sync from a fresh snapshot of the source")
+        for q in batch.tables:
+            if q not in batch.recorded:
+                for from_offset, s in schemas:  # a table no schema routes (inferred types)
+                    if from_offset < batch.end and s.qualified == q:
+                        batch.recorded[q] = merge_schemas(batch.recorded.get(q), s)
+        return targets
+
     def _history_end(self, spark: Any) -> int | None:
         """The lowest end offset the history sinks recorded (None: none has any), so a
         batch the last process applied without its last events shows as a gap."""
         ends = [e for s in self.sinks if isinstance(s, HistorySink)
-                if (e := s.applied_end(spark)) is not None]
+                if (e := s.applied_end(spark, self.source)) is not None]
         return min(ends) if ends else None
 
     def close(self) -> None:
@@ -297,16 +334,27 @@ def warm_up_workers(spark: Any, log_json: str) -> threading.Thread:
     return thread
 
 
+def source_checkpoint(cfg: Config, source: str) -> str:
+    """A source's Spark checkpoint: ``[sync] checkpoint`` for the single-source sync's
+    source, ``<checkpoint>/by-source/<name>`` for any other."""
+    root = checkpoint_dir(cfg)
+    if source == DEFAULT_SOURCE:
+        return root
+    return str(Path(root) / "by-source" / source) if "://" not in root \
+        else f"{root.rstrip('/')}/by-source/{source}"
+
+
 def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now: bool,
                 parallelism: int | None = None) -> Any:
-    """Start the sync's streaming query. ``parallelism``: the source's ``numPartitions``
-    (the cores its tasks share; default Spark's default parallelism; benchmarks vary it)."""
-    log_json = cfg.log.model_dump_json()
+    """Start the sync's streaming query of ``applier``'s source. ``parallelism``: the
+    source's ``numPartitions`` (the cores its tasks share; default Spark's default
+    parallelism; benchmarks vary it)."""
+    log_json = applier.log.model_dump_json()
     warm_up_workers(spark, log_json)
     spark.dataSource.register(DblogDataSource)
     # Mirrors apply each key's newest event: a compacted topic's gaps are fine for them;
     # a history sink needs every event (docs/kafka.md, "Compacted topics").
-    stream = (
+    reader = (
         spark.readStream.format(NAME)
         .option("log", log_json)
         .option("allowGaps", "false" if applier.whole else "true")
@@ -314,12 +362,18 @@ def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now
         .option("maxEventsPerTrigger", str(cfg.sync.max_events_per_trigger))
         .option("packed", "true")
         .option("columns", ",".join(applier.columns))
-        .load()
     )
+    route = applier.drain.route_option(applier.source)
+    if route is not None:
+        reader = reader.option("route", route)
+    if cfg.sync.consistent:
+        reader = reader.option("bound", applier.drain.bound_option(applier.source))
+    stream = reader.load()
+    name = "dblog_sync" if applier.source == DEFAULT_SOURCE else f"dblog_sync_{applier.source}"
     writer = (
-        stream.writeStream.queryName("dblog_sync")
+        stream.writeStream.queryName(name)
         .foreachBatch(applier)
-        .option("checkpointLocation", checkpoint_dir(cfg))
+        .option("checkpointLocation", source_checkpoint(cfg, applier.source))
     )
     interval = cfg.sync.trigger_interval()
     if available_now or interval is None:
@@ -381,41 +435,73 @@ def run_sync(
     cfg: Config, *, available_now: bool = False, stop_event: threading.Event | None = None
 ) -> int:
     """Run ``dblog sync`` until ``stop_event`` is set (or, with ``available_now`` /
-    ``trigger = "available-now"``, until the change log as it was at start is applied).
-    Returns 0; raises ``ConfigError``/``ChangeLogError``/``SinkError`` on bad input or
-    a sink that keeps failing."""
+    ``trigger = "available-now"``, until every source's change log as it was at start is
+    applied). One streaming query per source (``[[sync.sources]]``, or ``[log]`` as the
+    one source), all applying to the same sinks (``drain.Drain``). Returns 0; raises
+    ``ConfigError``/``ChangeLogError``/``SinkError`` on bad input or a sink that keeps
+    failing."""
     check_config(cfg)
+    sources = cfg.sync.effective_sources(cfg.log)
     sinks = [build_sink(s) for s in cfg.sync.sinks]
     spark = spark_session(cfg.sync.master, s3=_uses_s3(cfg))
+    if cfg.sync.sources:  # a sync-only config's [log] path holds only the sync's files
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
     api = start_sync_api(cfg)
-    applier = BatchApplier(
-        cfg.log, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s,
-        parts=max(2, spark.sparkContext.defaultParallelism),
-    )
+    drain = Drain(sources, cfg.sync.routes, cfg.log_dir)
+    parts = max(2, spark.sparkContext.defaultParallelism)
+    appliers = [BatchApplier(s.log, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s,
+                             parts=parts, source=s.name, drain=drain) for s in sources]
+    err: DblogError | None = None
     try:
         restarts = 0  # in a row, without a batch applied in between
         while True:
-            applied = applier.batches
-            query = start_query(spark, cfg, applier, available_now=available_now)
+            applied = sum(a.batches for a in appliers)
+            queries = [start_query(spark, cfg, a, available_now=available_now) for a in appliers]
             SYNC.state = "running"
             try:
-                with SyncProgress(cfg, applier, enabled=available_now,
+                with SyncProgress(cfg, appliers[0], enabled=available_now and len(appliers) == 1,
                                   end=_progress_end(cfg)) as progress:
-                    while query.isActive:
+                    last_poll = last_flush = 0.0
+                    while any(q.isActive for q in queries):
                         if stop_event is not None and stop_event.is_set():
-                            query.stop()
+                            for q in queries:
+                                q.stop()
                             break
-                        query.awaitTermination(0.5)
+                        if any(_query_error(q, a) is not None
+                               for q, a in zip(queries, appliers, strict=True)):
+                            for q in queries:
+                                q.stop()
+                            break
+                        queries[0].awaitTermination(0.5 / len(queries))
                         progress.update()
+                        if time.monotonic() - last_poll > 1.0:
+                            last_poll = time.monotonic()
+                            _poll_heartbeats(drain, queries, appliers)
+                            if time.monotonic() - last_flush > 10.0:
+                                last_flush = time.monotonic()
+                                try:
+                                    _flush_watermarks(drain, sinks, spark)
+                                except DblogError as exc:
+                                    log.warning("watermarks not written: %s", exc.message)
             except Exception:
                 pass
-            err = _query_error(query, applier)
-            if err is None or not _late_python(query, applier) \
+            errs = [(q, a, e) for q, a in zip(queries, appliers, strict=True)
+                    if (e := _query_error(q, a)) is not None]
+            if stop_event is not None and stop_event.is_set():
+                # a batch that query.stop() interrupted is not committed and is redone at
+                # the next start: not an error of the stop
+                errs = [x for x in errs if "InterruptedException" not in x[2].message]
+            err = errs[0][2] if errs else None
+            if err is None or not all(_late_python(q, a) for q, a, _ in errs) \
                     or (stop_event is not None and stop_event.is_set()):
                 break
-            restarts = 1 if applier.batches > applied else restarts + 1
+            now = sum(a.batches for a in appliers)
+            restarts = 1 if now > applied else restarts + 1
             if restarts > START_RETRIES:
                 break
+            for q in queries:
+                if q.isActive:
+                    q.stop()
             log.warning("the sync query failed: %s (a Python process Spark started did not "
                         "connect back within Spark's fixed 10 s: the machine is loaded); "
                         "restarting the query (%d of %d in a row): it resumes after the last "
@@ -423,13 +509,54 @@ def run_sync(
         if err is not None:
             SYNC.state, SYNC.error = "failed", err.message
             raise err
+        _flush_watermarks(drain, sinks, spark)
         SYNC.state = "stopped"
-        log.info("sync stopped: %d batches, %d events", applier.batches, applier.events)
+        log.info("sync stopped: %d batches, %d events", sum(a.batches for a in appliers),
+                 sum(a.events for a in appliers))
         return 0
     finally:
-        applier.close()
+        for a in appliers:
+            a.close()
         if api is not None:
             api.close()
+
+
+def _flush_watermarks(drain: Drain, sinks: list[Sink], spark: Any) -> None:
+    """Write the sources' progress times (moved by heartbeats, or by other sources'
+    batches since a sink last wrote them) into the sinks' watermark tables."""
+    from pydblog.spark.sinks.delta import DeltaSink
+
+    with drain.lock:
+        marks = drain.marks()
+        if marks == drain.flushed:
+            return
+        for sink in sinks:
+            if isinstance(sink, DeltaSink):
+                sink.write_marks(spark, marks, "", None)
+            elif hasattr(sink, "write_watermarks"):  # the PostgreSQL and MySQL sinks
+                sink.write_watermarks(marks, "", None)
+        drain.flushed = marks
+
+
+def _poll_heartbeats(drain: Drain, queries: list[Any], appliers: list[BatchApplier]) -> None:
+    """Move an idle source's progress time: once its query has applied the whole log,
+    the capture's last checkpoint outside a transaction (its heartbeat) says how far the
+    source is complete (``Drain.progress_after``). Best effort."""
+    for q, a in zip(queries, appliers, strict=True):
+        try:
+            end = a.last_end
+            if end is None:
+                prog = q.lastProgress
+                srcs = (prog or {}).get("sources") or []
+                raw = srcs[0].get("endOffset") if srcs else None
+                parsed = json.loads(raw) if isinstance(raw, str) else raw
+                if isinstance(parsed, dict) and isinstance(parsed.get("offset"), int):
+                    end = int(parsed["offset"])
+            if end is None:
+                continue
+            drain.advance(a.source, drain.progress_after(a.source, end, None))
+        except Exception as exc:  # a log being written, a stopping query
+            log.debug("heartbeat poll of source %s: %s", a.source, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

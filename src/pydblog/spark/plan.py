@@ -55,6 +55,7 @@ STATS_SCHEMA = pa.schema(
         ("truncate", pa.int64()),  # table: its last truncate's offset (null: none)
         ("unchanged", pa.bool_()),  # table: some event names unchanged columns
         ("note", pa.string()),  # "m": a repair's range-end marker (its ``after``; first: offset)
+        ("ts", pa.int64()),  # payload: its newest source commit time (null: none known)
     ]
 )
 
@@ -95,7 +96,9 @@ def stats(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             rows[n].append(kw.get(n))
 
     for first, end, t in _payloads(batches):
-        add(kind="p", first=first, end=end, n=t.num_rows)
+        newest = (pc.max(t["source_ts_ms"]).as_py()
+                  if "source_ts_ms" in t.column_names and t.num_rows else None)
+        add(kind="p", first=first, end=end, n=t.num_rows, ts=newest)
         if t.num_rows == 0:
             continue
         add(kind="a", first=pc.min(t["offset"]).as_py(), end=pc.max(t["offset"]).as_py() + 1,
@@ -287,6 +290,10 @@ class SparkBatch:
     dense: bool = True  # the payloads were checked to tile [start, end) (no duplicate)
     # the repairs' range-end markers (offset, schema, table, after), in offset order
     markers: list[tuple[int, str, str, str]] = field(default_factory=list)
+    newest_ms: int | None = None  # the newest source commit time of the batch's events
+    source: str = "default"  # the [[sync.sources]] entry the batch is of (its progress key)
+    # every source's progress time (ms; None: not known yet) once this batch is applied
+    watermarks: dict[str, int | None] = field(default_factory=dict)
     _reduced: dict[tuple[tuple[str, int], ...], Any] = field(default_factory=dict, repr=False)
     _inferred: dict[str, TableSchema] = field(default_factory=dict, repr=False)
 
@@ -339,8 +346,9 @@ class SparkBatch:
                 recorded[s.qualified] = merge_schemas(recorded.get(s.qualified), s)
         markers = sorted({(int(r["first"]), str(r["schema"]), str(r["table"]), str(r["note"]))
                           for r in rows if r["kind"] == "m"})
+        times = [int(r["ts"]) for r in rows if r["kind"] == "p" and r["ts"] is not None]
         return cls(batch_id, start, end, n, packed, tuple(columns), tables, recorded, parts,
-                   dense, markers)
+                   dense, markers, newest_ms=max(times) if times else None)
 
     def duplicates(self) -> int:
         """How many offsets the batch holds more than once (0 when ``dense``: checked)."""

@@ -68,11 +68,14 @@ def check_config(cfg: Config) -> None:
             "[sync] has no sinks",
             hint='add at least one [[sync.sinks]] with type = "delta", "postgres" or "history"',
         )
-    if not log_exists(cfg.log):
-        raise ChangeLogError(
-            f"no change log at {cfg.log.path}",
-            hint="start `dblog run` first, or check [log] path in the config",
-        )
+    for source in cfg.sync.effective_sources(cfg.log):
+        if not log_exists(source.log):
+            named = "" if not cfg.sync.sources else f" (source {source.name})"
+            raise ChangeLogError(
+                f"no change log at {source.log.path}{named}",
+                hint="start `dblog run` first, or check [log] path in the config"
+                + ("" if not cfg.sync.sources else " ([[sync.sources]] log)"),
+            )
 
 
 def delta_confs(s3: bool = False) -> dict[str, str]:

@@ -76,7 +76,8 @@ DEFAULT_PARTITIONS = 2
 default parallelism so that every core decodes one equal share."""
 
 
-def _read(part: LogPartition | None, packed: bool, columns: list[str]) -> Iterator[Any]:
+def _read(part: LogPartition | None, packed: bool, columns: list[str],
+          route: str | None = None) -> Iterator[Any]:
     """The executor side of ``read``: Arrow batches of ``part`` (``decode``, imported
     here so that the planning processes never load it)."""
     if part is None:  # Spark's stand-in partition of a batch read with none
@@ -84,7 +85,7 @@ def _read(part: LogPartition | None, packed: bool, columns: list[str]) -> Iterat
     from pydblog.spark import decode
 
     if packed:
-        return decode.read_packed(part, decode.columns_schema(columns))
+        return decode.read_packed(part, decode.columns_schema(columns), route)
     return decode.read_range(part)
 
 
@@ -180,6 +181,15 @@ def _max_events(options: dict[str, str]) -> int:
     return value
 
 
+def _bounded(bound: str, start: SyncOffset, end: SyncOffset) -> SyncOffset:
+    """``consistent = true`` (option ``bound``): ``end`` cut back to the last whole
+    transaction committed at or below ``T`` (``changelog.consistent_end``). Planned here,
+    so Spark's offset log fixes the cut and a replay re-reads the same batch."""
+    from pydblog.changelog import consistent_end
+
+    return consistent_end(bound, start, end)
+
+
 class DblogDataSource(DataSource):
     """Options: ``log`` (the ``[log]`` config as JSON: ``cfg.log.model_dump_json()``) or
     ``path`` (an embedded log's directory); ``maxEventsPerTrigger`` (streaming, default
@@ -263,6 +273,8 @@ class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.packed = _packed(options)
         self.columns = _columns(options) if self.packed else list(EVENT_COLUMNS)
         self.starting = options.get("startingoffset", "earliest")
+        self.route = options.get("route")
+        self.bound = options.get("bound")
 
     def initialOffset(self) -> SyncOffset:
         return self.stream.initial_offset(self.starting)
@@ -279,7 +291,10 @@ class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_events = int(limit.max_rows)
         elif isinstance(limit, ReadAllAvailable):
             max_events = None
-        return self.stream.latest_offset(start, max_events)
+        end = self.stream.latest_offset(start, max_events)
+        if self.bound is not None:
+            end = _bounded(self.bound, start, end)
+        return end
 
     def reportLatestOffset(self) -> SyncOffset | None:
         return self.stream.report_latest_offset()
@@ -288,7 +303,7 @@ class DblogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [InputPartition(p) for p in self.stream.partitions(start, end, self.parts)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _read(_part(partition), self.packed, self.columns)
+        return _read(_part(partition), self.packed, self.columns, self.route)
 
     def commit(self, end: SyncOffset) -> None:
         self.stream.commit(end)

@@ -315,11 +315,17 @@ def pg_applied(conn: psycopg.Connection[Any], schema: str, parts: int) -> int:
     """One past the last change-log offset a PostgreSQL sink has applied to every
     table: the least ``applied_end`` of its steps (``-1`` and ``0..parts-1``, see the
     sink's progress table); 0 when it has applied nothing."""
+    table = sql.Identifier(schema, PROGRESS_TABLE)
     try:
+        with conn.transaction():
+            rows = conn.execute(
+                sql.SQL("SELECT part, applied_end FROM {} WHERE nparts = %s "
+                        "AND source = 'default'").format(table),
+                (parts,),
+            ).fetchall()
+    except psycopg.errors.UndefinedColumn:  # the single-source form: no source column
         rows = conn.execute(
-            sql.SQL("SELECT part, applied_end FROM {} WHERE nparts = %s").format(
-                sql.Identifier(schema, PROGRESS_TABLE)
-            ),
+            sql.SQL("SELECT part, applied_end FROM {} WHERE nparts = %s").format(table),
             (parts,),
         ).fetchall()
     except psycopg.errors.UndefinedTable:

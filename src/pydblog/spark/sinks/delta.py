@@ -36,6 +36,28 @@ from pydblog.spark.repairs import SparkPurge, spark_purges, target_deletes
 from pydblog.spark.typemap import arrow_schema
 
 APP_ID = "pydblog-sync"
+DEFAULT_SOURCE = "default"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+WATERMARKS_DIR = "_dblog_watermarks"
+"""``<root>/_dblog_watermarks``: a Delta table of each source's progress time and the
+merge's low watermark, rewritten after every batch's data commits."""
+
+
+def app_id(base: str, source: str) -> str:
+    """A source's application transaction id: ``base`` for the single-source sync's
+    source (so its progress is honoured), ``base/<source>`` for any other."""
+    return base if source == DEFAULT_SOURCE else f"{base}/{source}"
+
+
+def _metadata(batch: SparkBatch) -> str:
+    import json
+
+    marks = batch.watermarks
+    low = None if not marks or any(v is None for v in marks.values()) else min(
+        v for v in marks.values() if v is not None)
+    return json.dumps({"dblog": {"source": batch.source, "end": batch.end,
+                                 "progress_ms": marks.get(batch.source), "low_ms": low}},
+                      sort_keys=True)
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
@@ -124,7 +146,8 @@ class DeltaSink:
         for q in sorted(set(batch.tables) | marked):
             schema_name, _, table = q.partition(".")
             try:
-                done[q] = txn_version(spark, self.table_path(schema_name, table), APP_ID)
+                done[q] = txn_version(spark, self.table_path(schema_name, table),
+                                      app_id(APP_ID, batch.source))
             except Exception as exc:
                 raise SinkError(f"table {q}: {exc}") from exc
         todo = sorted(q for q, w in done.items() if w is None or w < batch.end)
@@ -141,6 +164,48 @@ class DeltaSink:
             raise SinkError(f"repairs: {_first_line(exc)}") from exc
         for q in todo:
             self._apply_table(batch, q, reduced, q in cuts, purges.get(q))
+
+    def write_watermarks(self, spark: Any, batch: SparkBatch) -> None:
+        self.write_marks(spark, batch.watermarks, batch.source, batch.end)
+
+    def write_marks(self, spark: Any, marks: dict[str, int | None], source: str,
+                    end: int | None) -> None:
+        """``<root>/_dblog_watermarks``: one row per source (its progress time, the low
+        watermark, its applied end), overwritten after data commits (the job writes it
+        at most every 10 s and when it stops: a Delta commit is not free), each time
+        never below what the table held. Every data commit carries the batch's
+        watermarks in its ``userMetadata``."""
+        if not marks:
+            return
+        import datetime as dt
+
+        path = (f"{self.root.rstrip('/')}/{WATERMARKS_DIR}" if "://" in self.root
+                else os.path.join(self.root, WATERMARKS_DIR))
+        try:
+            have: dict[str, tuple[int | None, int | None, int | None]] = {}
+            if table_exists(spark, path):
+                for r in spark.read.format("delta").load(path).collect():
+                    have[r["source"]] = (r["progress_ms"], r["low_ms"], r["applied_end"])
+            low = None if any(v is None for v in marks.values()) else min(
+                v for v in marks.values() if v is not None)
+
+            def most(a: int | None, b: int | None) -> int | None:
+                return b if a is None else a if b is None else max(a, b)
+
+            rows = []
+            for name in sorted(marks):
+                old = have.get(name, (None, None, None))
+                rows.append((name, most(old[0], marks[name]), most(old[1], low),
+                             end if name == source and end is not None else old[2],
+                             dt.datetime.now(dt.UTC)))
+            if {r[0]: r[1:4] for r in rows} == have:
+                return  # nothing moved (a replayed batch, an idle source)
+            df = spark.createDataFrame(rows, "source string, progress_ms long, low_ms long, "
+                                             "applied_end long, updated_at timestamp")
+            df.write.format("delta").mode("overwrite").option("overwriteSchema", "true") \
+                .save(path)
+        except Exception as exc:
+            raise SinkError(f"{WATERMARKS_DIR}: {_first_line(exc)}") from exc
 
     def _apply_table(self, batch: SparkBatch, qualified: str, reduced: Any, truncated: bool,
                      purge: SparkPurge | None = None) -> None:
@@ -187,16 +252,21 @@ class DeltaSink:
                     # Only markers, nothing to delete: record the batch (an empty MERGE
                     # would commit nothing, and the table's version would not say it).
                     (spark.createDataFrame([], spark_schema(target)).write.format("delta")
-                     .mode("append").option("txnAppId", APP_ID)
+                     .mode("append").option("txnAppId", app_id(APP_ID, batch.source))
                      .option("txnVersion", str(batch.end)).save(path))
                     return
             source = rows.mapInArrow(typed_fn(qualified, pa.schema(fields), any_json),
                                      spark_schema(out))
-            if truncated:
-                self._overwrite(spark, path, source, target, batch.end)
-            else:
-                self._merge(spark, path, source, schema, ts is not None and ts.unchanged,
-                            batch.end)
+            app = app_id(APP_ID, batch.source)
+            spark.conf.set(USER_METADATA, _metadata(batch))
+            try:
+                if truncated:
+                    self._overwrite(spark, path, source, target, batch.end, app)
+                else:
+                    self._merge(spark, path, source, schema, ts is not None and ts.unchanged,
+                                batch.end, app)
+            finally:
+                spark.conf.unset(USER_METADATA)
         except SinkError as exc:
             raise SinkError(f"table {qualified}: {exc.message}", hint=exc.hint) from exc
         except Exception as exc:
@@ -205,7 +275,8 @@ class DeltaSink:
             raise SinkError(f"table {qualified} ({path}): {_first_line(exc)}") from exc
 
     @staticmethod
-    def _overwrite(spark: Any, path: str, source: Any, target: pa.Schema, end: int) -> None:
+    def _overwrite(spark: Any, path: str, source: Any, target: pa.Schema, end: int,
+                   app: str = APP_ID) -> None:
         from pyspark.sql import functions as F
 
         t_spark = spark_schema(target)
@@ -216,11 +287,11 @@ class DeltaSink:
         ]
         (source.where(F.col("_dblog_op") != "d").select(*cols)
          .write.format("delta").mode("overwrite")
-         .option("txnAppId", APP_ID).option("txnVersion", str(end)).save(path))
+         .option("txnAppId", app).option("txnVersion", str(end)).save(path))
 
     @staticmethod
     def _merge(spark: Any, path: str, source: Any, schema: TableSchema, unchanged: bool,
-               end: int) -> None:
+               end: int, app: str = APP_ID) -> None:
         from delta.tables import DeltaTable
 
         key = schema.key or tuple(c.name for c in schema.columns)
@@ -243,7 +314,7 @@ class DeltaSink:
             else:
                 updates[quote(n)] = f"s.{quote(n)}"
         inserts: dict[str, Any] = {quote(n): f"s.{quote(n)}" for n in names}
-        with app_transaction(spark, APP_ID, end):
+        with app_transaction(spark, app, end):
             (
                 DeltaTable.forPath(spark, path).alias("t")
                 .merge(source.alias("s"), predicate)

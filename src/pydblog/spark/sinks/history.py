@@ -15,7 +15,7 @@ from typing import Any
 from pydblog.errors import SinkError
 from pydblog.spark.decode import ARROW_SCHEMA
 from pydblog.spark.plan import SparkBatch
-from pydblog.spark.sinks.delta import _first_line, txn_version
+from pydblog.spark.sinks.delta import DEFAULT_SOURCE, _first_line, app_id, txn_version
 
 APP_ID = "pydblog-history"
 
@@ -25,24 +25,30 @@ class HistorySink:
         self.path = path
         self.name = f"history:{path}"
 
-    def applied_end(self, spark: Any) -> int | None:
-        """The end offset of what the table holds (its application transaction), None
-        before the first batch."""
+    def path_of(self, source: str) -> str:
+        """A source's history table: ``path`` for the single-source sync's source,
+        ``<path>.<source>`` for any other (offsets are per source)."""
+        return self.path if source == DEFAULT_SOURCE else f"{self.path.rstrip('/')}.{source}"
+
+    def applied_end(self, spark: Any, source: str = DEFAULT_SOURCE) -> int | None:
+        """The end offset of what a source's table holds (its application transaction),
+        None before the first batch."""
         try:
-            return txn_version(spark, self.path, APP_ID)
+            return txn_version(spark, self.path_of(source), app_id(APP_ID, source))
         except Exception as exc:
             raise SinkError(f"{self.path}: {_first_line(exc)}") from exc
 
     def apply(self, batch: SparkBatch) -> None:
         spark = batch.packed.sparkSession
-        done = self.applied_end(spark)
+        done = self.applied_end(spark, batch.source)
         if done is not None and done >= batch.end:
             return
         try:
             events = batch.events(list(ARROW_SCHEMA.names), since=done)
             (events.write.format("delta").mode("append")
-             .option("txnAppId", APP_ID).option("txnVersion", str(batch.end))
-             .save(self.path))
+             .option("txnAppId", app_id(APP_ID, batch.source))
+             .option("txnVersion", str(batch.end))
+             .save(self.path_of(batch.source)))
         except Exception as exc:
             raise SinkError(f"{self.path}: {_first_line(exc)}") from exc
 

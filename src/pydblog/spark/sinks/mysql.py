@@ -5,8 +5,11 @@ table) and the source key as primary key; added source columns are added with AL
 TABLE. Tested against MariaDB 10.11 and MySQL 5.7.
 
 Exactly once, as the PostgreSQL sink (``sinks.postgres``): the progress table
-``<database>.dblog_sync_progress`` holds one row per step ``(part, nparts)`` with
-``applied_end``, one past the last change-log offset the step has applied. A batch
+``<database>.dblog_sync_progress`` holds one row per source and step ``(source, part,
+nparts)`` with ``applied_end``, one past the last change-log offset of that source the
+step has applied (a table of the single-source form gets the ``source`` column, its rows
+the ``default`` source's). Each source's progress time and the low watermark go to
+``<database>._dblog_watermarks`` after a batch's steps committed. A batch
 ``[start, end)`` is applied in steps, each one InnoDB transaction that also moves its
 progress row to ``end``:
 
@@ -57,6 +60,8 @@ from pydblog.spark.repairs import TablePurge, spark_purges
 from pydblog.spark.typemap import null_safe_key
 
 PROGRESS_TABLE = "dblog_sync_progress"
+WATERMARKS_TABLE = "_dblog_watermarks"
+DEFAULT_SOURCE = "default"
 MAX_IDENTIFIER = 64
 """MySQL's limit on database, table and column names (characters)."""
 KEY_BYTES = 3072
@@ -349,8 +354,12 @@ def _check_identifier(name: str, what: str) -> None:
 
 # -- the sink ------------------------------------------------------------------------------
 class MySqlSink:
-    def __init__(self, dsn: str, schema: str | None = None, parallelism: int = 2) -> None:
+    def __init__(self, dsn: str, schema: str | None = None, parallelism: int = 2,
+                 source: str = DEFAULT_SOURCE) -> None:
         self.target_db = MySqlTarget.parse(dsn, schema)
+        # the source whose batch is being applied: the progress rows' ``source``
+        self.source = source
+        self._migrated = False
         self.database = self.target_db.database
         self.parts = parallelism
         self.name = f"mysql:{self.target_db.redacted}" + (f" schema {schema}" if schema else "")
@@ -434,18 +443,19 @@ class MySqlSink:
     def _applied(self, cur: Any, part: int) -> int:
         cur.execute(
             f"SELECT applied_end FROM {self._ident(PROGRESS_TABLE)} "
-            "WHERE part = %s AND nparts = %s FOR UPDATE",
-            (part, self.parts),
+            "WHERE source = %s AND part = %s AND nparts = %s FOR UPDATE",
+            (self.source, part, self.parts),
         )
         row = cur.fetchone()
         return 0 if row is None else int(row[0])
 
     def _record(self, cur: Any, batch: Batch | SparkBatch, part: int) -> None:
         cur.execute(
-            f"INSERT INTO {self._ident(PROGRESS_TABLE)} (part, nparts, applied_end, batch_id) "
-            "VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE applied_end = VALUES(applied_end), "
-            "batch_id = VALUES(batch_id), applied_at = CURRENT_TIMESTAMP(6)",
-            (part, self.parts, batch.end, batch.batch_id),
+            f"INSERT INTO {self._ident(PROGRESS_TABLE)} "
+            "(source, part, nparts, applied_end, batch_id) "
+            "VALUES (%s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE applied_end = "
+            "VALUES(applied_end), batch_id = VALUES(batch_id), applied_at = CURRENT_TIMESTAMP(6)",
+            (self.source, part, self.parts, batch.end, batch.batch_id),
         )
 
     # -- apply -------------------------------------------------------------------------
@@ -454,14 +464,16 @@ class MySqlSink:
         (``mysql_parts_fn``), each in one transaction with its progress row."""
         import pymysql
 
+        self.source = batch.source
         if not batch.tables and not batch.markers:
+            self.write_watermarks(batch.watermarks, batch.source, batch.end)
             return
         schemas = {qn: batch.schema_for(qn) for qn in batch.tables}
         self._prepare(batch, schemas)
         events = batch.row_events({}, self.parts)
         fn = mysql_parts_fn(self.target_db.raw, self.database, self.parts, batch.batch_id,
                             batch.start, batch.end, schemas, dict(self._keyless),
-                            dict(self._flavour), batch.markers)
+                            dict(self._flavour), batch.markers, batch.source)
         rows = (events.repartition(self.parts, "part").mapInArrow(fn, "part int, error string")
                 .collect())
         errors = [r["error"] for r in rows if r["error"]]
@@ -477,6 +489,65 @@ class MySqlSink:
                         self._record(cur, batch, part)
         except pymysql.Error as exc:
             raise sink_error(exc, self.target_db, "moving the progress rows") from None
+        self.write_watermarks(batch.watermarks, batch.source, batch.end)
+
+    def _ensure_progress(self, cur: Any) -> None:
+        """The progress table keyed by ``(source, part, nparts)`` (a table of the
+        single-source form gets the column, its rows ``DEFAULT_SOURCE``'s) and the
+        watermarks table."""
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {self._ident(PROGRESS_TABLE)} (source VARCHAR(64) "
+            f"NOT NULL DEFAULT '{DEFAULT_SOURCE}', part INT NOT NULL, "
+            "nparts INT NOT NULL, applied_end BIGINT NOT NULL, batch_id BIGINT NOT NULL, "
+            "applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), "
+            "PRIMARY KEY (source, part, nparts)) ENGINE=InnoDB"
+        )
+        if self._migrated:
+            return
+        cur.execute("SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                    "AND TABLE_NAME = %s AND COLUMN_NAME = 'source'",
+                    (self.database, PROGRESS_TABLE))
+        if cur.fetchone() is None:
+            cur.execute(f"ALTER TABLE {self._ident(PROGRESS_TABLE)} ADD COLUMN source "
+                        f"VARCHAR(64) NOT NULL DEFAULT '{DEFAULT_SOURCE}' FIRST, "
+                        "DROP PRIMARY KEY, ADD PRIMARY KEY (source, part, nparts)")
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {self._ident(WATERMARKS_TABLE)} (source VARCHAR(64) "
+            "NOT NULL PRIMARY KEY, progress_ms BIGINT NULL, low_ms BIGINT NULL, "
+            "applied_end BIGINT NULL, updated_at DATETIME(6) NOT NULL DEFAULT "
+            "CURRENT_TIMESTAMP(6)) ENGINE=InnoDB")
+        self._migrated = True
+
+    def write_watermarks(self, marks: dict[str, int | None], source: str, end: int | None) -> None:
+        """Each source's progress time and the merge's low watermark into
+        ``_dblog_watermarks`` (one row per source), after the batch's data committed:
+        the table never claims more than the targets hold. Times never move back."""
+        import pymysql
+
+        if not marks:
+            return
+        low = None if any(v is None for v in marks.values()) else min(
+            v for v in marks.values() if v is not None)
+        t = self._ident(WATERMARKS_TABLE)
+        try:
+            with self._tx(0) as cur:
+                self._ensure_progress(cur)
+                names = sorted(marks)
+                cur.execute(f"DELETE FROM {t} WHERE source NOT IN "
+                            f"({', '.join(['%s'] * len(names))})", names)
+                for name in names:
+                    cur.execute(
+                        f"INSERT INTO {t} (source, progress_ms, low_ms, applied_end) "
+                        "VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE "
+                        "progress_ms = GREATEST(COALESCE(progress_ms, VALUES(progress_ms)), "
+                        "COALESCE(VALUES(progress_ms), progress_ms)), "
+                        "low_ms = GREATEST(COALESCE(low_ms, VALUES(low_ms)), "
+                        "COALESCE(VALUES(low_ms), low_ms)), "
+                        "applied_end = COALESCE(VALUES(applied_end), applied_end), "
+                        "updated_at = CURRENT_TIMESTAMP(6)",
+                        (name, marks[name], low, end if name == source else None))
+        except pymysql.Error as exc:
+            raise sink_error(exc, self.target_db, f"writing {WATERMARKS_TABLE}") from None
 
     def _prepare(self, batch: SparkBatch, schemas: dict[str, TableSchema]) -> None:
         import pymysql
@@ -492,19 +563,14 @@ class MySqlSink:
                 doing = f"creating the database {db}"
                 cur.execute(f"CREATE DATABASE IF NOT EXISTS {q(db)} CHARACTER SET utf8mb4")
             doing = f"creating the progress table {db}.{PROGRESS_TABLE}"
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._ident(PROGRESS_TABLE)} (part INT NOT NULL, "
-                "nparts INT NOT NULL, applied_end BIGINT NOT NULL, batch_id BIGINT NOT NULL, "
-                "applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), "
-                "PRIMARY KEY (part, nparts)) ENGINE=InnoDB"
-            )
+            self._ensure_progress(cur)
             # every step's row exists before any step locks it (``_applied``); IGNORE
             # skips the rows that exist (the values are constants: nothing else to ignore)
             cur.execute(
                 f"INSERT IGNORE INTO {self._ident(PROGRESS_TABLE)} "
-                "(part, nparts, applied_end, batch_id) VALUES "
-                + ", ".join(["(%s, %s, 0, -1)"] * (self.parts + 1)),
-                [v for p in range(-1, self.parts) for v in (p, self.parts)],
+                "(source, part, nparts, applied_end, batch_id) VALUES "
+                + ", ".join(["(%s, %s, %s, 0, -1)"] * (self.parts + 1)),
+                [v for p in range(-1, self.parts) for v in (self.source, p, self.parts)],
             )
             for qn in sorted(batch.tables):
                 if schemas[qn].columns:
@@ -762,6 +828,7 @@ def mysql_parts_fn(
     keyless: dict[str, bool],
     flavour: dict[str, bool],
     markers: list[tuple[int, str, str, str]] | None = None,
+    source: str = DEFAULT_SOURCE,
 ) -> Any:
     """``mapInArrow`` over row events shuffled by their ``part`` column: each key
     partition present in the task applied in one transaction with its progress row
@@ -776,7 +843,7 @@ def mysql_parts_fn(
         if not tables:
             return
         ev = pa.concat_tables(tables)
-        sink = MySqlSink(dsn, database, parts)
+        sink = MySqlSink(dsn, database, parts, source)
         sink._keyless = dict(keyless)
         sink._flavour = dict(flavour)
         out_parts: list[int] = []

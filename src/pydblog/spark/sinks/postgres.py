@@ -48,6 +48,8 @@ from pydblog.spark.repairs import TablePurge, pg_purge, spark_purges
 from pydblog.spark.typemap import null_safe_key
 
 PROGRESS_TABLE = "dblog_sync_progress"
+WATERMARKS_TABLE = "_dblog_watermarks"
+DEFAULT_SOURCE = "default"
 
 
 def _is_json(sql_type: str) -> bool:
@@ -115,8 +117,12 @@ def _copy_value(value: Any, sql_type: str) -> Any:
 
 
 class PostgresSink:
-    def __init__(self, dsn: str, schema: str | None = None, parallelism: int = 2) -> None:
+    def __init__(self, dsn: str, schema: str | None = None, parallelism: int = 2,
+                 source: str = DEFAULT_SOURCE) -> None:
         self.dsn = dsn
+        # the source whose batch is being applied: the progress rows' ``source``
+        self.source = source
+        self._migrated = False
         self.target_schema = schema
         self.schema = schema or "public"  # where the progress table lives
         self.parts = parallelism
@@ -168,28 +174,30 @@ class PostgresSink:
 
     def _applied(self, conn: psycopg.Connection[Any], part: int) -> int | None:
         row = conn.execute(
-            sql.SQL("SELECT applied_end FROM {} WHERE part = %s AND nparts = %s FOR UPDATE").format(
-                sql.Identifier(self.schema, PROGRESS_TABLE)
-            ),
-            (part, self.parts),
+            sql.SQL("SELECT applied_end FROM {} WHERE source = %s AND part = %s AND nparts = %s "
+                    "FOR UPDATE").format(sql.Identifier(self.schema, PROGRESS_TABLE)),
+            (self.source, part, self.parts),
         ).fetchone()
         return None if row is None else int(row[0])
 
     def _record(self, conn: psycopg.Connection[Any], batch: Batch | SparkBatch, part: int) -> None:
         conn.execute(
             sql.SQL(
-                "INSERT INTO {} (part, nparts, applied_end, batch_id) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (part, nparts) DO UPDATE SET applied_end = EXCLUDED.applied_end, "
-                "batch_id = EXCLUDED.batch_id, applied_at = now()"
+                "INSERT INTO {} (source, part, nparts, applied_end, batch_id) "
+                "VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (source, part, nparts) DO UPDATE SET applied_end = "
+                "EXCLUDED.applied_end, batch_id = EXCLUDED.batch_id, applied_at = now()"
             ).format(sql.Identifier(self.schema, PROGRESS_TABLE)),
-            (part, self.parts, batch.end, batch.batch_id),
+            (self.source, part, self.parts, batch.end, batch.batch_id),
         )
 
     # -- apply -------------------------------------------------------------------------
     def apply(self, batch: SparkBatch) -> None:
         """The DDL/truncate step here in the driver; the key partitions in Spark tasks
         (``pg_parts_fn``), each part in one transaction with its progress row."""
+        self.source = batch.source
         if not batch.tables and not batch.markers:
+            self.write_watermarks(batch.watermarks, batch.source, batch.end)
             return
         schemas = {q: batch.schema_for(q) for q in batch.tables}
         try:
@@ -198,7 +206,7 @@ class PostgresSink:
             raise SinkError(str(exc)) from exc
         events = batch.row_events({}, self.parts)
         fn = pg_parts_fn(self.dsn, self.target_schema, self.parts, batch.batch_id, batch.start,
-                         batch.end, schemas, dict(self._keyless), batch.markers)
+                         batch.end, schemas, dict(self._keyless), batch.markers, batch.source)
         rows = (events.repartition(self.parts, "part").mapInArrow(fn, "part int, error string")
                 .collect())
         errors = [r["error"] for r in rows if r["error"]]
@@ -218,19 +226,73 @@ class PostgresSink:
                         self._record(conn, batch, part)
         except psycopg.Error as exc:
             raise SinkError(str(exc)) from exc
+        self.write_watermarks(batch.watermarks, batch.source, batch.end)
+
+    def _ensure_progress(self, conn: psycopg.Connection[Any]) -> None:
+        """The progress table, keyed by ``(source, part, nparts)``; a table of the
+        single-source form (no ``source``) gets the column, its rows ``DEFAULT_SOURCE``'s."""
+        table = sql.Identifier(self.schema, PROGRESS_TABLE)
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (source text NOT NULL DEFAULT {}, "
+                "part int NOT NULL, nparts int NOT NULL, "
+                "applied_end bigint NOT NULL, batch_id bigint NOT NULL, "
+                "applied_at timestamptz NOT NULL DEFAULT now(), "
+                "PRIMARY KEY (source, part, nparts))"
+            ).format(table, sql.Literal(DEFAULT_SOURCE))
+        )
+        if self._migrated:
+            return
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS source text NOT NULL "
+                             "DEFAULT {}").format(table, sql.Literal(DEFAULT_SOURCE)))
+        pk = conn.execute(
+            "SELECT c.conname, array_agg(a.attname::text ORDER BY a.attname) "
+            "FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid "
+            "AND a.attnum = ANY(c.conkey) WHERE c.conrelid = to_regclass(%s) AND c.contype = 'p' "
+            "GROUP BY c.conname",
+            (table.as_string(conn),)).fetchone()
+        if pk is not None and "source" not in pk[1]:
+            conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}, ADD PRIMARY KEY "
+                                 "(source, part, nparts)").format(table, sql.Identifier(pk[0])))
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (source text PRIMARY KEY, progress_ms bigint, "
+            "low_ms bigint, applied_end bigint, updated_at timestamptz NOT NULL DEFAULT now())"
+        ).format(sql.Identifier(self.schema, WATERMARKS_TABLE)))
+        self._migrated = True
+
+    def write_watermarks(self, marks: dict[str, int | None], source: str, end: int | None) -> None:
+        """Each source's progress time and the merge's low watermark into
+        ``_dblog_watermarks`` (one row per source), after the batch's data committed:
+        the table never claims more than the targets hold. Times never move back."""
+        if not marks:
+            return
+        low = None if any(v is None for v in marks.values()) else min(
+            v for v in marks.values() if v is not None)
+        try:
+            with self._tx(0) as conn:
+                self._ensure_progress(conn)
+                t = sql.Identifier(self.schema, WATERMARKS_TABLE)
+                conn.execute(sql.SQL("DELETE FROM {} WHERE NOT (source = ANY(%s))").format(t),
+                             (list(marks),))
+                for name, ms in sorted(marks.items()):
+                    conn.execute(sql.SQL(
+                        "INSERT INTO {t} (source, progress_ms, low_ms, applied_end) "
+                        "VALUES (%s, %s, %s, %s) ON CONFLICT (source) DO UPDATE SET "
+                        "progress_ms = GREATEST({t}.progress_ms, EXCLUDED.progress_ms), "
+                        "low_ms = GREATEST({t}.low_ms, EXCLUDED.low_ms), "
+                        "applied_end = COALESCE(EXCLUDED.applied_end, {t}.applied_end), "
+                        "updated_at = now()").format(t=t),
+                        (name, ms, low, end if name == source else None))
+        except psycopg.Error as exc:
+            raise SinkError(f"{WATERMARKS_TABLE}: {exc}") from exc
 
     def _prepare(self, batch: SparkBatch, schemas: dict[str, TableSchema]) -> None:
         with self._tx(0) as conn:
             conn.execute(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
             )
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (part int NOT NULL, nparts int NOT NULL, "
-                    "applied_end bigint NOT NULL, batch_id bigint NOT NULL, "
-                    "applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (part, nparts))"
-                ).format(sql.Identifier(self.schema, PROGRESS_TABLE))
-            )
+            self._ensure_progress(conn)
             done = self._applied(conn, -1)
             for q, ts in sorted(batch.tables.items()):
                 label = self._label_of(ts.schema, ts.table)
@@ -442,6 +504,7 @@ def pg_parts_fn(
     schemas: dict[str, TableSchema],
     keyless: dict[str, bool],
     markers: list[tuple[int, str, str, str]] | None = None,
+    source: str = DEFAULT_SOURCE,
 ) -> Any:
     """``mapInArrow`` over row events shuffled by their ``part`` column: each key
     partition present in the task applied in one transaction with its progress row
@@ -456,7 +519,7 @@ def pg_parts_fn(
         if not tables:
             return
         ev = pa.concat_tables(tables)
-        sink = PostgresSink(dsn, target_schema, parts)
+        sink = PostgresSink(dsn, target_schema, parts, source)
         sink._keyless = dict(keyless)
         out_parts: list[int] = []
         out_errors: list[str | None] = []

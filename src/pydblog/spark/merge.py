@@ -1,0 +1,145 @@
+"""Many change logs, one set of targets: a source's decoded events routed to their
+targets (``core.drainer``), in the executors, before the batch is packed.
+
+Every event of a source table that a ``[[sync.routes]]`` entry merges is rewritten to
+look like an event of its target table: ``schema``/``table`` name the target, ``after``
+(and, with ``key = "source"``, ``key``) gain the identity columns ``_dblog_source``,
+``_dblog_db`` and ``_dblog_schema``. Everything after this step (the batch's summary,
+the reduce, the sinks) then sees one ordinary table per target: a merged table's rows
+of two shards have different keys, so they never meet in the reduce or in a sink.
+
+Invariants:
+- Deterministic: the same events always give the same rewritten events (a replayed
+  batch is the same batch), and the number and order of events never change (the
+  dense-offset checks still hold).
+- A table no route matches keeps its name and its events are untouched.
+- A merged table's notifications lose their payload (``after``): a repair's markers
+  name a source table, which no target is (repairs are per source table).
+- ``source_ts_ms`` (the source commit time, for the watermarks) is read from the
+  envelope text without a JSON parse per event (the strict envelope form; any other
+  body is parsed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pydblog.core.drainer import DB_COLUMN, SCHEMA_COLUMN, SOURCE_COLUMN, KeyMode, Route, Router
+
+_DB = r'"source":\{"connector":"(?:[^"\\]|\\.)*","db":"(?P<db>(?:[^"\\]|\\.)*)"'
+_TS = r'"source":\{[^{}]*?"ts_ms":(?P<ts>-?\d+)[,}]'
+
+
+def route_spec(source: str, routes: Sequence[dict[str, Any]]) -> str:
+    """The ``route`` option of the ``dblog`` source: this source's name and the routes."""
+    return json.dumps({"source": source, "routes": list(routes)})
+
+
+def _router(spec: dict[str, Any]) -> Router:
+    return Router([Route.parse(r["tables"], r["target"], r.get("key", "source"),
+                               r.get("sources", ())) for r in spec.get("routes", ())])
+
+
+def _envelope_fields(bodies: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Per body the source block's ``db`` (JSON string content, escaped as stored) and
+    ``ts_ms``; bodies not of the strict form are parsed."""
+    db = pc.struct_field(pc.extract_regex(bodies, _DB), "db")
+    ts_text = pc.struct_field(pc.extract_regex(bodies, _TS), "ts")
+    missing = pc.or_(pc.is_null(db), pc.is_null(ts_text))
+    if pc.any(missing).as_py():
+        dbs = db.to_pylist()
+        tss = ts_text.to_pylist()
+        for i in pc.indices_nonzero(missing).to_pylist():
+            src = orjson.loads(bodies[i].as_py()).get("source") or {}
+            d = src.get("db")
+            dbs[i] = None if d is None else json.dumps(str(d))[1:-1]
+            t = src.get("ts_ms")
+            tss[i] = None if t is None else str(int(t))
+        db = pa.array(dbs, pa.string())
+        ts_text = pa.array(tss, pa.string())
+    return db, pc.cast(ts_text, pa.int64())
+
+
+def source_times(bodies: pa.Array) -> pa.Array:
+    """The source commit time (``source.ts_ms``) of every body."""
+    return _envelope_fields(bodies)[1]
+
+
+def _json_str(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.RecordBatch:
+    """``batch`` (decoded columns of ``bodies``, same rows in the same order) with its
+    merged tables' events rewritten for their targets (module docstring); a
+    ``source_ts_ms`` column, when the batch has one, is filled from the bodies."""
+    spec = json.loads(spec_json)
+    source = str(spec["source"])
+    router = _router(spec)
+    n = batch.num_rows
+    if n == 0:
+        return batch
+    db_raw, ts = _envelope_fields(bodies)
+    names = batch.schema.names
+    cols = {name: batch.column(i) for i, name in enumerate(names)}
+    if "source_ts_ms" in cols:
+        cols["source_ts_ms"] = ts
+    if router.routes and "schema" in cols and "table" in cols:
+        db_filled = pc.fill_null(db_raw, "")
+        group = pc.binary_join_element_wise(db_filled, pc.fill_null(cols["schema"], ""),
+                                            pc.fill_null(cols["table"], ""), "\x1f")
+        uniq = pc.unique(group)
+        idx = pc.index_in(group, value_set=uniq)
+        t_schema: list[str | None] = []
+        t_table: list[str | None] = []
+        after_pre: list[str | None] = []
+        key_pre: list[str | None] = []
+        for g in uniq.to_pylist():
+            raw, schema, table = g.split("\x1f")
+            db = json.loads(f'"{raw}"')
+            target = None
+            for route in router.routes:
+                if route.matches(source, db, schema, table):
+                    target = route
+                    break
+            if target is None:
+                t_schema.append(None)
+                t_table.append(None)
+                after_pre.append(None)
+                key_pre.append(None)
+                continue
+            t_schema.append(target.target[0])
+            t_table.append(target.target[1])
+            ident = {SOURCE_COLUMN: _json_str(source), DB_COLUMN: _json_str(db),
+                     SCHEMA_COLUMN: _json_str(schema)}
+            after_pre.append("{" + ",".join(f'"{k}":{v}' for k, v in ident.items()))
+            key_pre.append("{" + ",".join(f'"{k}":{ident[k]}' for k in sorted(ident))
+                           if target.key is KeyMode.SOURCE else None)
+        routed = pc.is_valid(pc.take(pa.array(t_schema, pa.string()), idx))
+        if pc.any(routed).as_py():
+            cols["schema"] = pc.coalesce(pc.take(pa.array(t_schema, pa.string()), idx), cols["schema"])
+            cols["table"] = pc.coalesce(pc.take(pa.array(t_table, pa.string()), idx), cols["table"])
+            notes = pc.and_(routed, pc.equal(cols["op"], "n")) if "op" in cols else None
+            if "after" in cols:
+                cols["after"] = _prefixed(cols["after"], pc.take(pa.array(after_pre, pa.string()), idx))
+                if notes is not None:
+                    cols["after"] = pc.if_else(notes, pa.scalar(None, pa.string()), cols["after"])
+            if "key" in cols:
+                cols["key"] = _prefixed(cols["key"], pc.take(pa.array(key_pre, pa.string()), idx))
+    return pa.RecordBatch.from_arrays([cols[name] for name in names], schema=batch.schema)
+
+
+def _prefixed(texts: pa.Array, prefix: pa.Array) -> pa.Array:
+    """Each JSON object text of ``texts`` with ``prefix`` (an object's opening and
+    first members, null: unchanged) put in front of its members; null texts stay null."""
+    texts = pc.cast(texts, pa.string())
+    rest = pc.utf8_slice_codeunits(texts, 1)
+    sep = pc.if_else(pc.starts_with(rest, "}"), pa.scalar(""), pa.scalar(","))
+    joined = pc.binary_join_element_wise(prefix, sep, rest, "")
+    return pc.if_else(pc.and_(pc.is_valid(prefix), pc.is_valid(texts)), joined, texts)
