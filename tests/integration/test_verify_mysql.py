@@ -1,0 +1,222 @@
+"""`dblog verify` with MySQL/MariaDB on either side: a MariaDB source with a PostgreSQL
+mirror, and a PostgreSQL source with a ``mysql`` sink's mirror (on MariaDB), both written
+by the sync's own sinks (``MiniSync``) and damaged by hand: verify reports exactly the
+damaged key ranges, ``--repair`` heals them through the running capture, and verify then
+passes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.pgcluster import PgCluster
+from tests.conftest import drop_database
+from tests.helpers import (
+    DBLOG,
+    LogFollower,
+    start_run,
+    stop_run,
+    wait_for,
+    wait_for_marker,
+    write_config,
+)
+from tests.integration.test_verify import CHUNK, MiniSync, SyncThread, differing, verify
+
+pytest.importorskip("pymysql")
+pytest.importorskip("deltalake")
+
+ROWS = 1000  # 5 ranges of CHUNK rows
+
+
+def wait_for_my_marker(config: Path, server: MariaDB, db: str, timeout: float = 60) -> None:
+    """Write a marker row to the MariaDB source and wait until it is in the change log."""
+    token = f"m{time.monotonic_ns()}"
+    server.execute(f"INSERT INTO `{db}`.dblog_test_marker VALUES ('{token}')")
+    follower = LogFollower(config)
+
+    def seen() -> bool:
+        try:
+            events = follower()
+        except AssertionError:
+            return False
+        return any(
+            e["source"]["table"] == "dblog_test_marker" and (e.get("after") or {}).get("id") == token
+            for e in events
+        )
+
+    try:
+        wait_for(seen, timeout, "the marker row in the change log")
+    finally:
+        follower.close()
+
+
+# -- a MariaDB source, a PostgreSQL mirror ---------------------------------------------------
+@pytest.fixture
+def mirror_db(pg_cluster: PgCluster) -> Iterator[str]:
+    name = f"m_{uuid.uuid4().hex[:10]}"
+    dsn = pg_cluster.create_database(name)
+    try:
+        yield dsn
+    finally:
+        drop_database(pg_cluster, name)
+
+
+@pytest.fixture
+def maria_setup(tmp_path: Path, mariadb: MariaDB, my_db: str,
+                mirror_db: str) -> Iterator[tuple[Path, MiniSync]]:
+    mariadb.execute("CREATE TABLE dblog_test_marker (id VARCHAR(64) PRIMARY KEY)", my_db)
+    mariadb.execute(
+        "CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40), price DECIMAL(10,2), "
+        "doc JSON, at DATETIME(6), seen TIMESTAMP(3) NULL, raw VARBINARY(8), ratio DOUBLE)", my_db)
+    config = tmp_path / "dblog.toml"
+    config.write_text(
+        f'[source]\ntype = "mysql"\ndsn = "{mariadb.dsn(my_db)}"\nheartbeat_interval_s = 0.5\n'
+        f'[log]\npath = "{tmp_path / "data"}"\n'
+        f'[api]\nlisten = "127.0.0.1:0"\n'
+        f'[[sync.sinks]]\ntype = "postgres"\ndsn = "{mirror_db}"\nschema = "mirror"\n'
+        "[snapshot]\nchunk_size = 100\n"
+    )
+    proc = start_run(config)
+    try:
+        values = ", ".join(
+            f"({g}, 'item {g}', {g * 1.25:.2f}, '{{\"g\": {g}, \"h\": [{g}]}}', "
+            f"'2024-01-01 00:00:00.{g:06d}', "
+            + ("NULL" if g % 7 == 0 else f"'2024-02-01 00:{g % 60:02d}:00.123'")
+            + f", UNHEX('{g:08x}'), {g / 7.0!r})"
+            for g in range(1, ROWS + 1)
+        )
+        mariadb.execute(f"INSERT INTO items VALUES {values}", my_db)
+        wait_for_my_marker(config, mariadb, my_db)
+        sync = MiniSync(config)
+        sync.catch_up()
+        yield config, sync
+        sync.close()
+    finally:
+        stop_run(proc)
+
+
+def test_mariadb_source_postgres_mirror(maria_setup: tuple[Path, MiniSync], mariadb: MariaDB,
+                                         my_db: str, mirror_db: str) -> None:
+    config, sync = maria_setup
+    code, report = verify(config, rf"{my_db}\.items")
+    assert code == 0, report
+    [t] = report["tables"]
+    assert (t["mode"], t["source_rows"], t["ranges"]) == ("rows", ROWS, ROWS // CHUNK + 1)
+
+    with psycopg.connect(mirror_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM mirror.items WHERE id IN (10, 11)")  # range 0: missing
+        conn.execute("UPDATE mirror.items SET price = price + 1 WHERE id = 300")  # range 1
+        conn.execute("UPDATE mirror.items SET doc = '{\"g\": 0}' WHERE id = 320")  # range 1
+        conn.execute("DELETE FROM mirror.items WHERE id > 500 AND id <= 750")  # range 2 whole
+        conn.execute("INSERT INTO mirror.items (id, name) VALUES (5000, 'ghost')")  # range 4
+    code, report = verify(config, rf"{my_db}\.items")
+    assert code == 1
+    got = {r["index"]: r for r in differing(report, "postgres")[f"{my_db}.items"]}
+    assert set(got) == {0, 1, 2, 4}, got
+    assert all(r["status"] == "drift" for r in got.values())
+    assert got[0]["sample"]["missing"] == [[10], [11]] and got[0]["extra"] == 0
+    assert got[1]["sample"]["different"] == [[300], [320]]
+    assert (got[2]["lo"], got[2]["hi"], got[2]["missing"]) == ([500], [750], 250)
+    assert (got[4]["hi"], got[4]["sample"]["extra"]) == (None, [[5000]])
+
+    running = SyncThread(sync)
+    try:
+        code, out = verify(config, rf"{my_db}\.items", "--repair", "--repair-timeout", "120")
+    finally:
+        running.close()
+    assert out["before"]["ok"] is False
+    assert set(out["repair"]["markers"]) == {f"{my_db}.items"}, out["repair"]
+    assert code == 0, out["after"]
+    assert out["after"]["ok"]
+
+
+# -- a PostgreSQL source, a mysql sink's mirror ----------------------------------------------
+@pytest.fixture
+def pg_to_maria(tmp_path: Path, pg_db: str, mariadb: MariaDB,
+                my_db: str) -> Iterator[tuple[Path, MiniSync]]:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10,2), "
+            "doc jsonb, at timestamptz, ok boolean, ratio double precision)"
+        )
+        conn.execute("CREATE TABLE words (w text PRIMARY KEY, n bigint)")
+    config = write_config(
+        tmp_path, pg_db,
+        extra=f'[[sync.sinks]]\ntype = "mysql"\ndsn = "{mariadb.dsn(my_db)}"\n'
+              "[snapshot]\nchunk_size = 100\n",
+    )
+    proc = start_run(config)
+    try:
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO items SELECT g, 'item ' || g, g * 1.25, "
+                "jsonb_build_object('g', g, 'h', ARRAY[g]), '2024-01-01 00:00:00+00'::timestamptz "
+                "+ g * interval '1 minute 1.5 seconds', g % 2 = 0, g / 7.0 "
+                "FROM generate_series(1, %s) g",
+                (ROWS,),
+            )
+            conn.execute(
+                "INSERT INTO words SELECT 'w' || g || CASE WHEN g % 3 = 0 THEN 'Ä' ELSE 'a' END, g "
+                "FROM generate_series(1, 300) g"
+            )
+        wait_for_marker(config, pg_db)
+        sync = MiniSync(config)
+        sync.catch_up()
+        yield config, sync
+        sync.close()
+    finally:
+        stop_run(proc)
+
+
+def test_postgres_source_mysql_mirror(pg_to_maria: tuple[Path, MiniSync], mariadb: MariaDB,
+                                      my_db: str) -> None:
+    config, sync = pg_to_maria
+    code, report = verify(config, r"public\.(items|words)")
+    assert code == 0, report
+    by = {t["table"]: t for t in report["tables"]}
+    assert by["public.items"]["sink"] == "mysql" and by["public.items"]["mode"] == "rows"
+    assert by["public.items"]["source_rows"] == ROWS
+
+    run: Any = mariadb.execute
+    run("DELETE FROM items WHERE id IN (10, 11)", my_db)  # range 0
+    run("UPDATE items SET at = at + INTERVAL 1 SECOND WHERE id = 260", my_db)  # range 1
+    run("UPDATE items SET ok = NOT ok WHERE id = 270", my_db)  # range 1
+    run("DELETE FROM items WHERE id > 750", my_db)  # range 3 whole
+    run("INSERT INTO items (id, name) VALUES (-5, 'below')", my_db)  # range 0
+    run("UPDATE words SET n = 0 WHERE w = 'w3Ä'", my_db)
+    code, report = verify(config, r"public\.(items|words)", "--sink", "mysql")
+    assert code == 1
+    got = differing(report, "mysql")
+    items = {r["index"]: r for r in got["public.items"]}
+    assert set(items) == {0, 1, 3}, items
+    assert items[0]["sample"]["missing"] == [[10], [11]] and items[0]["sample"]["extra"] == [[-5]]
+    assert items[1]["sample"]["different"] == [[260], [270]]
+    assert (items[3]["lo"], items[3]["hi"], items[3]["missing"]) == ([750], None, 250)
+    [w] = got["public.words"]
+    assert w["sample"]["different"] == [["w3Ä"]]
+
+    running = SyncThread(sync)
+    try:
+        code, out = verify(config, r"public\.(items|words)", "--repair", "--repair-timeout", "120")
+    finally:
+        running.close()
+    assert set(out["repair"]["markers"]) == {"public.items", "public.words"}, out["repair"]
+    assert code == 0, out["after"]
+
+
+def test_verify_cli_mysql_sink_name(pg_to_maria: tuple[Path, MiniSync]) -> None:
+    """``--sink`` names a mysql sink; an unknown name is a configuration error."""
+    config, _ = pg_to_maria
+    res = subprocess.run(
+        [*DBLOG, "verify", "--config", str(config), "--sink", "nope"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 2 and "mysql" in res.stderr, res.stderr
