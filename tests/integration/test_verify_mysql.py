@@ -69,19 +69,18 @@ def mirror_db(pg_cluster: PgCluster) -> Iterator[str]:
         drop_database(pg_cluster, name)
 
 
-@pytest.fixture
-def maria_setup(tmp_path: Path, mariadb: MariaDB, my_db: str,
-                mirror_db: str) -> Iterator[tuple[Path, MiniSync]]:
+def _maria_source(tmp_path: Path, mariadb: MariaDB, my_db: str,
+                  sinks: str) -> Iterator[tuple[Path, MiniSync]]:
     mariadb.execute("CREATE TABLE dblog_test_marker (id VARCHAR(64) PRIMARY KEY)", my_db)
     mariadb.execute(
         "CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40), price DECIMAL(10,2), "
         "doc JSON, at DATETIME(6), seen TIMESTAMP(3) NULL, raw VARBINARY(8), ratio DOUBLE)", my_db)
+    mariadb.execute("CREATE TABLE words (w VARCHAR(20) PRIMARY KEY, n BIGINT UNSIGNED)", my_db)
     config = tmp_path / "dblog.toml"
     config.write_text(
         f'[source]\ntype = "mysql"\ndsn = "{mariadb.dsn(my_db)}"\nheartbeat_interval_s = 0.5\n'
         f'[log]\npath = "{tmp_path / "data"}"\n'
-        f'[api]\nlisten = "127.0.0.1:0"\n'
-        f'[[sync.sinks]]\ntype = "postgres"\ndsn = "{mirror_db}"\nschema = "mirror"\n'
+        f'[api]\nlisten = "127.0.0.1:0"\n{sinks}'
         "[snapshot]\nchunk_size = 100\n"
     )
     proc = start_run(config)
@@ -94,6 +93,12 @@ def maria_setup(tmp_path: Path, mariadb: MariaDB, my_db: str,
             for g in range(1, ROWS + 1)
         )
         mariadb.execute(f"INSERT INTO items VALUES {values}", my_db)
+        # text keys whose code point order is not the collation's (case, non-ASCII)
+        words = ", ".join(
+            f"('{'W' if g % 2 else 'w'}{g}{'Ä' if g % 3 == 0 else 'a'}', {2**63 + g})"
+            for g in range(1, 301)
+        )
+        mariadb.execute(f"INSERT INTO words VALUES {words}", my_db)
         wait_for_my_marker(config, mariadb, my_db)
         sync = MiniSync(config)
         sync.catch_up()
@@ -103,13 +108,37 @@ def maria_setup(tmp_path: Path, mariadb: MariaDB, my_db: str,
         stop_run(proc)
 
 
+@pytest.fixture
+def maria_setup(tmp_path: Path, mariadb: MariaDB, my_db: str,
+                mirror_db: str) -> Iterator[tuple[Path, MiniSync]]:
+    yield from _maria_source(
+        tmp_path, mariadb, my_db,
+        f'[[sync.sinks]]\ntype = "postgres"\ndsn = "{mirror_db}"\nschema = "mirror"\n')
+
+
+@pytest.fixture
+def maria_delta(tmp_path: Path, mariadb: MariaDB, my_db: str) -> Iterator[tuple[Path, MiniSync]]:
+    yield from _maria_source(
+        tmp_path, mariadb, my_db, f'[[sync.sinks]]\ntype = "delta"\npath = "{tmp_path / "lake"}"\n')
+
+
+def source_items(mariadb: MariaDB, db: str) -> dict[int, tuple[Any, ...]]:
+    """The source's items (id -> name, price, doc as JSON, raw), for the independent check."""
+    import json
+
+    return {int(r[0]): (r[1], str(r[2]), json.loads(r[3]), bytes(r[4]))
+            for r in mariadb.execute("SELECT id, name, price, doc, raw FROM items", db)}
+
+
 def test_mariadb_source_postgres_mirror(maria_setup: tuple[Path, MiniSync], mariadb: MariaDB,
                                          my_db: str, mirror_db: str) -> None:
     config, sync = maria_setup
-    code, report = verify(config, rf"{my_db}\.items")
-    assert code == 0, report
-    [t] = report["tables"]
+    code, report = verify(config, rf"{my_db}\.(items|words)")
+    assert code == 0, [t for t in report["tables"] if not t["ok"]]
+    by = {t["table"]: t for t in report["tables"]}
+    t = by[f"{my_db}.items"]
     assert (t["mode"], t["source_rows"], t["ranges"]) == ("rows", ROWS, ROWS // CHUNK + 1)
+    assert (by[f"{my_db}.words"]["source_rows"], by[f"{my_db}.words"]["ranges"]) == (300, 2)
 
     with psycopg.connect(mirror_db, autocommit=True) as conn:
         conn.execute("DELETE FROM mirror.items WHERE id IN (10, 11)")  # range 0: missing
@@ -117,7 +146,8 @@ def test_mariadb_source_postgres_mirror(maria_setup: tuple[Path, MiniSync], mari
         conn.execute("UPDATE mirror.items SET doc = '{\"g\": 0}' WHERE id = 320")  # range 1
         conn.execute("DELETE FROM mirror.items WHERE id > 500 AND id <= 750")  # range 2 whole
         conn.execute("INSERT INTO mirror.items (id, name) VALUES (5000, 'ghost')")  # range 4
-    code, report = verify(config, rf"{my_db}\.items")
+        conn.execute("UPDATE mirror.words SET n = 0 WHERE w = 'W3Ä'")  # range 0 ('W' < 'w')
+    code, report = verify(config, rf"{my_db}\.(items|words)")
     assert code == 1
     got = {r["index"]: r for r in differing(report, "postgres")[f"{my_db}.items"]}
     assert set(got) == {0, 1, 2, 4}, got
@@ -126,16 +156,47 @@ def test_mariadb_source_postgres_mirror(maria_setup: tuple[Path, MiniSync], mari
     assert got[1]["sample"]["different"] == [[300], [320]]
     assert (got[2]["lo"], got[2]["hi"], got[2]["missing"]) == ([500], [750], 250)
     assert (got[4]["hi"], got[4]["sample"]["extra"]) == (None, [[5000]])
+    [w] = differing(report, "postgres")[f"{my_db}.words"]
+    assert (w["index"], w["sample"]["different"]) == (0, [["W3Ä"]])
 
+    running = SyncThread(sync)
+    try:
+        code, out = verify(config, rf"{my_db}\.(items|words)", "--repair", "--repair-timeout", "120")
+    finally:
+        running.close()
+    assert out["before"]["ok"] is False
+    assert set(out["repair"]["markers"]) == {f"{my_db}.items", f"{my_db}.words"}, out["repair"]
+    assert code == 0, out["after"]
+    assert out["after"]["ok"]
+    with psycopg.connect(mirror_db, autocommit=True) as conn:
+        mirror = {int(r[0]): (r[1], str(r[2]), r[3], bytes(r[4]))
+                  for r in conn.execute("SELECT id, name, price, doc, raw FROM mirror.items")}
+    assert mirror == source_items(mariadb, my_db)
+
+
+@pytest.mark.slow
+def test_mariadb_source_delta_mirror(maria_delta: tuple[Path, MiniSync], mariadb: MariaDB,
+                                     my_db: str, tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    config, sync = maria_delta
+    code, report = verify(config, rf"{my_db}\.(items|words)")
+    assert code == 0, report
+    path = str(tmp_path / "lake" / my_db / "items")
+    DeltaTable(path).delete("id = 7 OR (id > 250 AND id <= 500)")
+    DeltaTable(path).update(predicate="id = 999", updates={"name": "'changed'"})
+    code, report = verify(config, rf"{my_db}\.(items|words)")
+    assert code == 1
+    got = {r["index"]: r for r in differing(report, "delta")[f"{my_db}.items"]}
+    assert set(got) == {0, 1, 3}, got
+    assert got[0]["sample"]["missing"] == [[7]] and got[1]["missing"] == 250
+    assert got[3]["sample"]["different"] == [[999]]
     running = SyncThread(sync)
     try:
         code, out = verify(config, rf"{my_db}\.items", "--repair", "--repair-timeout", "120")
     finally:
         running.close()
-    assert out["before"]["ok"] is False
-    assert set(out["repair"]["markers"]) == {f"{my_db}.items"}, out["repair"]
     assert code == 0, out["after"]
-    assert out["after"]["ok"]
 
 
 # -- a PostgreSQL source, a mysql sink's mirror ----------------------------------------------
@@ -211,10 +272,7 @@ def test_postgres_source_mysql_mirror(pg_to_maria: tuple[Path, MiniSync], mariad
     assert set(out["repair"]["markers"]) == {"public.items", "public.words"}, out["repair"]
     assert code == 0, out["after"]
 
-
-def test_verify_cli_mysql_sink_name(pg_to_maria: tuple[Path, MiniSync]) -> None:
-    """``--sink`` names a mysql sink; an unknown name is a configuration error."""
-    config, _ = pg_to_maria
+    # ``--sink`` names the mysql sink; an unknown name is a configuration error naming it
     res = subprocess.run(
         [*DBLOG, "verify", "--config", str(config), "--sink", "nope"],
         capture_output=True, text=True, timeout=60,
