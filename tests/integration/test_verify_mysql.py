@@ -237,8 +237,9 @@ def pg_to_maria(tmp_path: Path, pg_db: str, mariadb: MariaDB,
         stop_run(proc)
 
 
+@pytest.mark.slow
 def test_postgres_source_mysql_mirror(pg_to_maria: tuple[Path, MiniSync], mariadb: MariaDB,
-                                      my_db: str) -> None:
+                                      my_db: str, pg_db: str) -> None:
     config, sync = pg_to_maria
     code, report = verify(config, r"public\.(items|words)")
     assert code == 0, report
@@ -271,6 +272,12 @@ def test_postgres_source_mysql_mirror(pg_to_maria: tuple[Path, MiniSync], mariad
         running.close()
     assert set(out["repair"]["markers"]) == {"public.items", "public.words"}, out["repair"]
     assert code == 0, out["after"]
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        source = {(int(r[0]), r[1], str(r[2]), bool(r[3]))
+                  for r in conn.execute("SELECT id, name, price, ok FROM items")}
+    mirror = {(int(r[0]), r[1], str(r[2]), bool(r[3]))
+              for r in mariadb.execute("SELECT id, name, price, ok FROM items", my_db)}
+    assert mirror == source
 
     # ``--sink`` names the mysql sink; an unknown name is a configuration error naming it
     res = subprocess.run(
