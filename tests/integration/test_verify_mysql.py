@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.mysql57 import TestServer
 from pydblog.devtools.pgcluster import PgCluster
 from tests.conftest import drop_database
 from tests.helpers import (
@@ -36,7 +37,7 @@ pytest.importorskip("deltalake")
 ROWS = 1000  # 5 ranges of CHUNK rows
 
 
-def wait_for_my_marker(config: Path, server: MariaDB, db: str, timeout: float = 60) -> None:
+def wait_for_my_marker(config: Path, server: TestServer, db: str, timeout: float = 60) -> None:
     """Write a marker row to the MariaDB source and wait until it is in the change log."""
     token = f"m{time.monotonic_ns()}"
     server.execute(f"INSERT INTO `{db}`.dblog_test_marker VALUES ('{token}')")
@@ -69,7 +70,7 @@ def mirror_db(pg_cluster: PgCluster) -> Iterator[str]:
         drop_database(pg_cluster, name)
 
 
-def _maria_source(tmp_path: Path, mariadb: MariaDB, my_db: str,
+def _maria_source(tmp_path: Path, mariadb: TestServer, my_db: str,
                   sinks: str) -> Iterator[tuple[Path, MiniSync]]:
     mariadb.execute("CREATE TABLE dblog_test_marker (id VARCHAR(64) PRIMARY KEY)", my_db)
     mariadb.execute(
@@ -117,12 +118,20 @@ def maria_setup(tmp_path: Path, mariadb: MariaDB, my_db: str,
 
 
 @pytest.fixture
+def my57_setup(tmp_path: Path, mysql57: TestServer, my57_db: str,
+               mirror_db: str) -> Iterator[tuple[Path, MiniSync]]:
+    yield from _maria_source(
+        tmp_path, mysql57, my57_db,
+        f'[[sync.sinks]]\ntype = "postgres"\ndsn = "{mirror_db}"\nschema = "mirror"\n')
+
+
+@pytest.fixture
 def maria_delta(tmp_path: Path, mariadb: MariaDB, my_db: str) -> Iterator[tuple[Path, MiniSync]]:
     yield from _maria_source(
         tmp_path, mariadb, my_db, f'[[sync.sinks]]\ntype = "delta"\npath = "{tmp_path / "lake"}"\n')
 
 
-def source_items(mariadb: MariaDB, db: str) -> dict[int, tuple[Any, ...]]:
+def source_items(mariadb: TestServer, db: str) -> dict[int, tuple[Any, ...]]:
     """The source's items (id -> name, price, doc as JSON, raw), for the independent check."""
     import json
 
@@ -132,7 +141,18 @@ def source_items(mariadb: MariaDB, db: str) -> dict[int, tuple[Any, ...]]:
 
 def test_mariadb_source_postgres_mirror(maria_setup: tuple[Path, MiniSync], mariadb: MariaDB,
                                          my_db: str, mirror_db: str) -> None:
-    config, sync = maria_setup
+    check_postgres_mirror(*maria_setup, mariadb, my_db, mirror_db)
+
+
+@pytest.mark.slow
+def test_mysql57_source_postgres_mirror(my57_setup: tuple[Path, MiniSync], mysql57: TestServer,
+                                        my57_db: str, mirror_db: str) -> None:
+    check_postgres_mirror(*my57_setup, mysql57, my57_db, mirror_db)
+
+
+def check_postgres_mirror(config: Path, sync: MiniSync, mariadb: TestServer, my_db: str,
+                          mirror_db: str) -> None:
+    """Intact: verify passes; damaged by hand: exactly the damaged ranges; repaired: equal."""
     code, report = verify(config, rf"{my_db}\.(items|words)")
     assert code == 0, [t for t in report["tables"] if not t["ok"]]
     by = {t["table"]: t for t in report["tables"]}

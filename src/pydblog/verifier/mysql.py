@@ -14,7 +14,7 @@ range then reads the table (slower, still no lock). Integer, decimal, date and t
 use the index.
 
 Where the capture stands: the server's GTID state after a read (``@@gtid_binlog_pos``
-on MariaDB, ``@@gtid_executed`` on MySQL) is passed once the capture's checkpoint's GTID
+on MariaDB, ``@@GLOBAL.gtid_executed`` on MySQL) is passed once the capture's checkpoint's GTID
 state contains it. A server with GTIDs off gives no such state: a differing range then
 cannot be settled and is reported ``unsettled``, never drift.
 """
@@ -194,11 +194,12 @@ class MyTable:
     def gtid_state(self) -> GtidState | None:
         """The server's GTID state now (every transaction committed so far), or None
         where GTIDs are off."""
-        var = "@@gtid_binlog_pos" if self.mariadb else "@@gtid_executed"
+        # (GLOBAL: MySQL 5.7's session gtid_executed is the session's own transactions)
+        var = "@@GLOBAL.gtid_binlog_pos" if self.mariadb else "@@GLOBAL.gtid_executed"
         with self.conn.cursor() as cur:
             cur.execute(f"SELECT {var}")
             row = cur.fetchone()
-        text = str(row[0] or "") if row else ""
+        text = str(row[0] or "").replace("\n", "") if row else ""
         if not text.strip():
             return None
         return parse_gtid_state(text)
