@@ -257,7 +257,6 @@ def pg_to_maria(tmp_path: Path, pg_db: str, mariadb: MariaDB,
         stop_run(proc)
 
 
-@pytest.mark.slow
 def test_postgres_source_mysql_mirror(pg_to_maria: tuple[Path, MiniSync], mariadb: MariaDB,
                                       my_db: str, pg_db: str) -> None:
     config, sync = pg_to_maria
