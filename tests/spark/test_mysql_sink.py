@@ -544,12 +544,3 @@ def test_config_validation() -> None:
     with pytest.raises(ConfigError):
         MySqlSink("mysql://u:pw@db:3306")
 
-
-def test_verify_skips_mysql_sinks_and_refuses_to_pick_one() -> None:
-    from pydblog.verifier.run import open_mirrors
-
-    cfg = _cfg(dsn="mysql://u:pw@db:3306/replica")
-    with pytest.raises(ConfigError, match="no mirror to verify"):
-        open_mirrors(cfg, None)
-    with pytest.raises(ConfigError, match="does not read MySQL sinks"):
-        open_mirrors(cfg, "mysql")

@@ -39,7 +39,8 @@ def value(logical: str, v: Any) -> Any:
     return out
 
 
-_AS_IS = frozenset({"int16", "int32", "int64", "string", "bool", "enum", "time", "timetz", "interval"})
+_AS_IS = frozenset({"string", "bool", "enum", "time", "timetz", "interval"})
+_INTS = frozenset({"int16", "int32", "int64"})
 
 
 def normalizer(logical: str) -> Callable[[Any], Any]:
@@ -47,12 +48,24 @@ def normalizer(logical: str) -> Callable[[Any], Any]:
     lg = logical.lower()
     if lg in _AS_IS:
         return _same
+    if lg in _INTS:
+        return _int
     if lg == "decimal":
         return _decimal
     return lambda v: value(logical, v)
 
 
 def _same(v: Any) -> Any:
+    return v
+
+
+def _int(v: Any) -> Any:
+    """An integer as int: a mirror may widen it (a MySQL ``BIGINT UNSIGNED`` is
+    ``numeric(20,0)`` in PostgreSQL, read as its text, or a Decimal)."""
+    if v is None or type(v) is int:
+        return v
+    if isinstance(v, str | Decimal):
+        return int(v)
     return v
 
 

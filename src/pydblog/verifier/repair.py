@@ -2,7 +2,8 @@
 
 A repair is one ``execute-snapshot`` signal: for each table, ``additional-conditions``
 restricts the rows read to the key ranges (the same ``ROW(key) > lo AND ROW(key) <= hi``
-conditions, ``COLLATE "C"`` for text keys, as ``dblog verify`` reads them), and
+conditions as ``dblog verify`` reads them: ``COLLATE "C"`` for PostgreSQL text keys,
+``CAST(key AS BINARY)`` for MySQL/MariaDB ones), and
 ``repair`` names the ranges (``core.repair``). The capture logs, per table, a range-end
 marker (its TABLE_SCAN_COMPLETED notification); once each sink has applied past it,
 the ranges are healed.
@@ -22,7 +23,8 @@ import orjson
 from pydblog.config import Config
 from pydblog.errors import DblogError
 from pydblog.ports import TableSchema
-from pydblog.verifier.pg import PgTable, open_conn
+from pydblog.verifier.mysql import MyTable
+from pydblog.verifier.pg import PgTable
 from pydblog.verifier.ranges import Range, show
 
 
@@ -41,7 +43,7 @@ def _bound(b: tuple[Any, ...] | None) -> list[Any] | None:
     return None if b is None else [show(v) for v in b]
 
 
-def range_filter(src: PgTable, ranges: Sequence[Range]) -> str:
+def range_filter(src: PgTable | MyTable, ranges: Sequence[Range]) -> str:
     """The SQL condition selecting the rows of ``ranges`` (for ``additional-conditions``)."""
     return " OR ".join(f"({src.cond_text(r.lo_text, r.hi_text)})" for r in ranges)
 
@@ -50,7 +52,9 @@ def signal_data(cfg: Config, plan: RepairPlan) -> dict[str, Any]:
     """The ``execute-snapshot`` data of a repair."""
     data: dict[str, Any] = {"data-collections": [], "type": "incremental", "repair": []}
     conditions = []
-    conn = open_conn(cfg.source.dsn, "[source] dsn")
+    from pydblog.verifier.run import open_source, source_table
+
+    conn = open_source(cfg)
     try:
         for table, ranges in sorted(plan.ranges.items()):
             pattern = re.escape(table)
@@ -59,7 +63,7 @@ def signal_data(cfg: Config, plan: RepairPlan) -> dict[str, Any]:
                 data["repair"].append({"data-collection": pattern, "ranges": None})
                 continue
             schema = plan.schemas[table]
-            src = PgTable(conn, schema.schema, schema.table, schema)
+            src = source_table(cfg, conn, schema)
             conditions.append({"data-collection": pattern, "filter": range_filter(src, ranges)})
             data["repair"].append({
                 "data-collection": pattern,

@@ -1,9 +1,10 @@
 """The verification pass: every captured table against every mirror, range by range.
 
-1. Ranges: the source table is read in key order, ``chunk_size`` rows per range, with no
-   lock. Against a PostgreSQL mirror whose columns have the source's types, each side
-   computes the range's row count and hash sum in its own database; against a Delta
-   mirror (or a PostgreSQL mirror whose types differ) the rows are compared in Python.
+1. Ranges: the source table (PostgreSQL, MySQL or MariaDB) is read in key order,
+   ``chunk_size`` rows per range, with no lock. Against a PostgreSQL mirror of a
+   PostgreSQL source whose columns have the source's types, each side computes the
+   range's row count and hash sum in its own database; against any other mirror (Delta,
+   MySQL, a PostgreSQL mirror whose types differ) the rows are compared in Python.
 2. A range that differs is read again row by row on both sides, remembering the change
    log's end before the source read and the source position after it; once the capture
    has logged past that position and the mirror applied past it, the differing keys
@@ -29,6 +30,7 @@ from pydblog.config import Config, SinkConfig, redact_dsn
 from pydblog.errors import ConfigError, DblogError
 from pydblog.ports import ChangeLogReader, TableSchema
 from pydblog.verifier.delta import DeltaMirror
+from pydblog.verifier.mysql import MyTable, mysql_applied, open_mysql
 from pydblog.verifier.pg import PgTable, open_conn, pg_applied
 from pydblog.verifier.ranges import (
     Key,
@@ -132,6 +134,10 @@ class Options:
     lag_timeout_s: float = 60.0
 
 
+Source = PgTable | MyTable
+"""A source table (PostgreSQL or MySQL/MariaDB), read the same way on both kinds."""
+
+
 # -- mirrors ------------------------------------------------------------------------------
 class Mirror(Protocol):
     name: str
@@ -180,6 +186,31 @@ class PgMirror:
         self.conn.close()
 
 
+class MyMirror:
+    """A ``mysql`` sink: its tables in the sink's database (``schema``, else the DSN's)."""
+
+    kind = "mysql"
+
+    def __init__(self, cfg: SinkConfig, name: str) -> None:
+        from urllib.parse import unquote, urlsplit
+
+        assert cfg.dsn is not None
+        self.cfg = cfg
+        self.name = name
+        self.label = f"mysql:{redact_dsn(cfg.dsn)}"
+        self.database = cfg.schema_ or unquote(urlsplit(cfg.dsn).path.lstrip("/"))
+        self.conn = open_mysql(cfg.dsn, self.database)
+
+    def table(self, schema: TableSchema) -> MyTable:
+        return MyTable(self.conn, self.database, schema.table, schema)
+
+    def applied(self) -> int:
+        return mysql_applied(self.conn, self.database, self.cfg.parallelism)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 class DeltaRoot:
     kind = "delta"
 
@@ -201,10 +232,13 @@ class DeltaRoot:
         pass
 
 
-def open_mirrors(cfg: Config, only: str | None) -> list[PgMirror | DeltaRoot]:
+AnyMirror = PgMirror | MyMirror | DeltaRoot
+
+
+def open_mirrors(cfg: Config, only: str | None) -> list[AnyMirror]:
     sinks = cfg.sync.sinks
     names = sink_names(sinks)
-    mirrors: list[PgMirror | DeltaRoot] = []
+    mirrors: list[AnyMirror] = []
     if only is not None and only not in names:
         raise ConfigError(
             f"no sink named {only!r} in [[sync.sinks]]",
@@ -216,11 +250,12 @@ def open_mirrors(cfg: Config, only: str | None) -> list[PgMirror | DeltaRoot]:
         if s.type == "history":
             continue  # an append-only history, not a mirror
         if s.type == "mysql":
-            if only is not None:
-                raise ConfigError(f"dblog verify does not read MySQL sinks ({name})",
-                                  hint="verify the sync's Delta or PostgreSQL sink instead")
-            continue
-        if s.type == "delta":
+            from pydblog.extras import needs_extra
+
+            with needs_extra("mysql", "dblog verify of a mysql sink"):
+                import pymysql  # noqa: F401
+            mirrors.append(MyMirror(s, name))
+        elif s.type == "delta":
             from pydblog.extras import needs_extra
 
             with needs_extra("spark", "dblog verify of a Delta sink"):
@@ -230,7 +265,7 @@ def open_mirrors(cfg: Config, only: str | None) -> list[PgMirror | DeltaRoot]:
             mirrors.append(PgMirror(s, name))
     if not mirrors:
         raise ConfigError(
-            "no mirror to verify: [[sync.sinks]] has no delta or postgres sink",
+            "no mirror to verify: [[sync.sinks]] has no delta, postgres or mysql sink",
             hint="add the sinks `dblog sync` writes to the configuration",
         )
     return mirrors
@@ -268,7 +303,7 @@ def captured_tables(cfg: Config, reader: ChangeLogReader, patterns: Sequence[str
 Progress = Callable[[int], None]
 
 
-def _range(src: PgTable, index: int, lo: tuple[str, ...] | None, hi: tuple[str, ...] | None) -> Range:
+def _range(src: Source, index: int, lo: tuple[str, ...] | None, hi: tuple[str, ...] | None) -> Range:
     return Range(
         index, lo, hi,
         None if lo is None else src.key_of_text(lo),
@@ -276,7 +311,7 @@ def _range(src: PgTable, index: int, lo: tuple[str, ...] | None, hi: tuple[str, 
     )
 
 
-def _chunks(src: PgTable, size: int) -> Iterator[tuple[Range, list[tuple[Key, Row]]]]:
+def _chunks(src: Source, size: int) -> Iterator[tuple[Range, list[tuple[Key, Row]]]]:
     """The source's ranges in key order, each with its rows (rows mode)."""
     lo: tuple[str, ...] | None = None
     i = 0
@@ -313,7 +348,7 @@ def suspects_sql(src: PgTable, dst: PgTable, size: int, res: TableResult,
         lo, i = hi, i + 1
 
 
-def suspects_rows(src: PgTable, mirror_rows: Callable[[Range, set[Key]], dict[Key, Row]],
+def suspects_rows(src: Source, mirror_rows: Callable[[Range, set[Key]], dict[Key, Row]],
                   all_mirror: Callable[[], dict[Key, Row]] | None, size: int,
                   res: TableResult, advance: Progress) -> list[Range]:
     """Ranges whose rows differ, compared in Python. With ``all_mirror`` (a mirror read
@@ -353,7 +388,7 @@ Rows = dict[Key, Row] | list[Row]
 
 
 def settle(
-    src: PgTable,
+    src: Source,
     reader: ChangeLogReader,
     suspects: list[Range],
     read_mirror: Callable[[list[Target], dict[int, set[Key]]], dict[int, Rows]],
@@ -427,21 +462,41 @@ def _merge(a: RowDiff | None, b: RowDiff) -> RowDiff:
     )
 
 
-def verify_table(schema: TableSchema, src_conn: psycopg.Connection[Any],
-                 mirror: PgMirror | DeltaRoot, reader: ChangeLogReader, opts: Options,
-                 advance: Progress) -> TableResult:
+def source_table(cfg: Config, conn: Any, schema: TableSchema) -> Source:
+    """The source's table of ``schema`` on ``conn`` (``open_source``)."""
+    if cfg.source.type == "postgres":
+        return PgTable(conn, schema.schema, schema.table, schema)
+    return MyTable(conn, schema.schema, schema.table, schema)
+
+
+def open_source(cfg: Config) -> Any:
+    """A connection to the source database, for ``source_table``."""
+    if cfg.source.type == "postgres":
+        return open_conn(cfg.source.dsn, "[source] dsn")
+    from pydblog.extras import needs_extra
+
+    with needs_extra("mysql", "dblog verify of a MySQL or MariaDB source"):
+        import pymysql  # noqa: F401
+    return open_mysql(cfg.source.dsn)
+
+
+def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
+                 reader: ChangeLogReader, opts: Options, advance: Progress) -> TableResult:
     t0 = time.monotonic()
-    src = PgTable(src_conn, schema.schema, schema.table, schema)
     if not src.exists:
         res = TableResult(schema.qualified, mirror.name, "-")
         res.error = "the source table does not exist (dropped since it was captured?)"
         return res
     keyless = is_keyless(schema)
-    if isinstance(mirror, PgMirror):
-        dst = mirror.table(schema)
-        mode = "sql" if src.same_types(dst) else "rows"
+    if isinstance(mirror, PgMirror | MyMirror):
+        dst: Source = mirror.table(schema)
+        mode = (
+            "sql" if isinstance(src, PgTable) and isinstance(dst, PgTable) and src.same_types(dst)
+            else "rows"
+        )
         res = TableResult(schema.qualified, mirror.name, mode)
         if mode == "sql":
+            assert isinstance(src, PgTable) and isinstance(dst, PgTable)
             suspects = suspects_sql(src, dst, opts.chunk_size, res, advance)
         else:
             suspects = suspects_rows(
@@ -494,25 +549,21 @@ def run_verify(cfg: Config, patterns: Sequence[str], sink: str | None, opts: Opt
                on_table: Callable[[str, str], None] | None = None) -> Report:
     """Verify every (table, mirror) pair; ``on_start`` gets the estimated row total,
     ``advance`` each range's source rows, ``on_table`` each pair as it starts."""
-    if cfg.source.type != "postgres":
-        raise ConfigError(
-            "dblog verify reads PostgreSQL sources only",
-            hint="verify the mirrors of a MySQL or MariaDB source with their own tools for now",
-        )
     from pydblog.changelog import open_reader
 
     t0 = time.monotonic()
+    errors: tuple[type[BaseException], ...] = (psycopg.Error, *_mysql_errors())
     reader = open_reader(cfg.log)
-    mirrors: list[PgMirror | DeltaRoot] = []
+    mirrors: list[AnyMirror] = []
     src_conn = None
     try:
         tables = captured_tables(cfg, reader, patterns)
         mirrors = open_mirrors(cfg, sink)
-        src_conn = open_conn(cfg.source.dsn, "[source] dsn")
+        src_conn = open_source(cfg)
         if on_start is not None:
             total = 0
             for s in tables:
-                t = PgTable(src_conn, s.schema, s.table, s)
+                t = source_table(cfg, src_conn, s)
                 total += t.estimate() * len(mirrors)
             on_start(total)
         report = Report()
@@ -522,14 +573,15 @@ def run_verify(cfg: Config, patterns: Sequence[str], sink: str | None, opts: Opt
                 if on_table is not None:
                     on_table(s.qualified, m.name)
                 try:
-                    report.tables.append(verify_table(s, src_conn, m, reader, opts, step))
-                except psycopg.Error as exc:
+                    src = source_table(cfg, src_conn, s)
+                    report.tables.append(verify_table(s, src, m, reader, opts, step))
+                except errors as exc:
                     res = TableResult(s.qualified, m.name, "-")
                     res.error = " ".join(str(exc).split())
                     report.tables.append(res)
         report.seconds = time.monotonic() - t0
         return report
-    except psycopg.Error as exc:
+    except errors as exc:
         raise DblogError(f"verify failed: {' '.join(str(exc).split())}") from exc
     finally:
         for m in mirrors:
@@ -537,3 +589,11 @@ def run_verify(cfg: Config, patterns: Sequence[str], sink: str | None, opts: Opt
         if src_conn is not None:
             src_conn.close()
         reader.close()
+
+
+def _mysql_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import pymysql
+    except ImportError:
+        return ()
+    return (pymysql.Error,)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import orjson
 
@@ -25,13 +26,20 @@ WHOLE_TABLE = "whole-table"
 """``touched``'s answer when the window holds a truncate (every key may have moved)."""
 
 
-def capture_passed(reader: ChangeLogReader, lsn: int) -> int | None:
+SourceMark = int | Callable[[Any], bool]
+"""Where the source stood after a read: a PostgreSQL WAL position (an int), or a test of
+the capture's checkpoint position (a MySQL/MariaDB GTID state, ``verifier.mysql``)."""
+
+
+def capture_passed(reader: ChangeLogReader, lsn: SourceMark) -> int | None:
     """The change log's end once the capture has logged every source change before
     ``lsn`` (its checkpoint is at or past it), else ``None``."""
     cp = reader.last_checkpoint()
     if cp is None or cp.position is None:
         return None
     pos = cp.position
+    if callable(lsn):
+        return reader.next_offset() if lsn(pos) else None
     at = getattr(pos, "ack_lsn", None)
     if at is None:
         return None
@@ -40,7 +48,7 @@ def capture_passed(reader: ChangeLogReader, lsn: int) -> int | None:
     return reader.next_offset()
 
 
-def wait_capture(reader: ChangeLogReader, lsn: int, timeout_s: float,
+def wait_capture(reader: ChangeLogReader, lsn: SourceMark, timeout_s: float,
                  sleep: Callable[[float], None] = time.sleep) -> int | None:
     """``capture_passed``, polled until ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -1,0 +1,306 @@
+"""`dblog verify` with MySQL/MariaDB on either side: a MariaDB source with a PostgreSQL
+mirror, and a PostgreSQL source with a ``mysql`` sink's mirror (on MariaDB), both written
+by the sync's own sinks (``MiniSync``) and damaged by hand: verify reports exactly the
+damaged key ranges, ``--repair`` heals them through the running capture, and verify then
+passes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pydblog.devtools.mariadb import MariaDB
+from pydblog.devtools.mysql57 import TestServer
+from pydblog.devtools.pgcluster import PgCluster
+from tests.conftest import drop_database
+from tests.helpers import (
+    DBLOG,
+    LogFollower,
+    start_run,
+    stop_run,
+    wait_for,
+    wait_for_marker,
+    write_config,
+)
+from tests.integration.test_verify import CHUNK, MiniSync, SyncThread, differing, verify
+
+pytest.importorskip("pymysql")
+pytest.importorskip("deltalake")
+
+ROWS = 1000  # 5 ranges of CHUNK rows
+
+
+def wait_for_my_marker(config: Path, server: TestServer, db: str, timeout: float = 60) -> None:
+    """Write a marker row to the MariaDB source and wait until it is in the change log."""
+    token = f"m{time.monotonic_ns()}"
+    server.execute(f"INSERT INTO `{db}`.dblog_test_marker VALUES ('{token}')")
+    follower = LogFollower(config)
+
+    def seen() -> bool:
+        try:
+            events = follower()
+        except AssertionError:
+            return False
+        return any(
+            e["source"]["table"] == "dblog_test_marker" and (e.get("after") or {}).get("id") == token
+            for e in events
+        )
+
+    try:
+        wait_for(seen, timeout, "the marker row in the change log")
+    finally:
+        follower.close()
+
+
+# -- a MariaDB source, a PostgreSQL mirror ---------------------------------------------------
+@pytest.fixture
+def mirror_db(pg_cluster: PgCluster) -> Iterator[str]:
+    name = f"m_{uuid.uuid4().hex[:10]}"
+    dsn = pg_cluster.create_database(name)
+    try:
+        yield dsn
+    finally:
+        drop_database(pg_cluster, name)
+
+
+def _maria_source(tmp_path: Path, mariadb: TestServer, my_db: str,
+                  sinks: str) -> Iterator[tuple[Path, MiniSync]]:
+    mariadb.execute("CREATE TABLE dblog_test_marker (id VARCHAR(64) PRIMARY KEY)", my_db)
+    mariadb.execute(
+        "CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40), price DECIMAL(10,2), "
+        "doc JSON, at DATETIME(6), seen TIMESTAMP(3) NULL, raw VARBINARY(8), ratio DOUBLE)", my_db)
+    mariadb.execute("CREATE TABLE words (w VARCHAR(20) PRIMARY KEY, n BIGINT UNSIGNED)", my_db)
+    config = tmp_path / "dblog.toml"
+    config.write_text(
+        f'[source]\ntype = "mysql"\ndsn = "{mariadb.dsn(my_db)}"\nheartbeat_interval_s = 0.5\n'
+        f'[log]\npath = "{tmp_path / "data"}"\n'
+        f'[api]\nlisten = "127.0.0.1:0"\n{sinks}'
+        "[snapshot]\nchunk_size = 100\n"
+    )
+    proc = start_run(config)
+    try:
+        values = ", ".join(
+            f"({g}, 'item {g}', {g * 1.25:.2f}, '{{\"g\": {g}, \"h\": [{g}]}}', "
+            f"'2024-01-01 00:00:00.{g:06d}', "
+            + ("NULL" if g % 7 == 0 else f"'2024-02-01 00:{g % 60:02d}:00.123'")
+            + f", UNHEX('{g:08x}'), {g / 7.0!r})"
+            for g in range(1, ROWS + 1)
+        )
+        mariadb.execute(f"INSERT INTO items VALUES {values}", my_db)
+        # text keys whose code point order is not the collation's (case, non-ASCII)
+        words = ", ".join(
+            f"('{'W' if g % 2 else 'w'}{g}{'Ä' if g % 3 == 0 else 'a'}', {2**63 + g})"
+            for g in range(1, 301)
+        )
+        mariadb.execute(f"INSERT INTO words VALUES {words}", my_db)
+        wait_for_my_marker(config, mariadb, my_db)
+        sync = MiniSync(config)
+        sync.catch_up()
+        yield config, sync
+        sync.close()
+    finally:
+        stop_run(proc)
+
+
+@pytest.fixture
+def maria_setup(tmp_path: Path, mariadb: MariaDB, my_db: str,
+                mirror_db: str) -> Iterator[tuple[Path, MiniSync]]:
+    yield from _maria_source(
+        tmp_path, mariadb, my_db,
+        f'[[sync.sinks]]\ntype = "postgres"\ndsn = "{mirror_db}"\nschema = "mirror"\n')
+
+
+@pytest.fixture
+def my57_setup(tmp_path: Path, mysql57: TestServer, my57_db: str,
+               mirror_db: str) -> Iterator[tuple[Path, MiniSync]]:
+    yield from _maria_source(
+        tmp_path, mysql57, my57_db,
+        f'[[sync.sinks]]\ntype = "postgres"\ndsn = "{mirror_db}"\nschema = "mirror"\n')
+
+
+@pytest.fixture
+def maria_delta(tmp_path: Path, mariadb: MariaDB, my_db: str) -> Iterator[tuple[Path, MiniSync]]:
+    yield from _maria_source(
+        tmp_path, mariadb, my_db, f'[[sync.sinks]]\ntype = "delta"\npath = "{tmp_path / "lake"}"\n')
+
+
+def source_items(mariadb: TestServer, db: str) -> dict[int, tuple[Any, ...]]:
+    """The source's items (id -> name, price, doc as JSON, raw), for the independent check."""
+    import json
+
+    return {int(r[0]): (r[1], str(r[2]), json.loads(r[3]), bytes(r[4]))
+            for r in mariadb.execute("SELECT id, name, price, doc, raw FROM items", db)}
+
+
+def test_mariadb_source_postgres_mirror(maria_setup: tuple[Path, MiniSync], mariadb: MariaDB,
+                                         my_db: str, mirror_db: str) -> None:
+    check_postgres_mirror(*maria_setup, mariadb, my_db, mirror_db)
+
+
+@pytest.mark.slow
+def test_mysql57_source_postgres_mirror(my57_setup: tuple[Path, MiniSync], mysql57: TestServer,
+                                        my57_db: str, mirror_db: str) -> None:
+    check_postgres_mirror(*my57_setup, mysql57, my57_db, mirror_db)
+
+
+def check_postgres_mirror(config: Path, sync: MiniSync, mariadb: TestServer, my_db: str,
+                          mirror_db: str) -> None:
+    """Intact: verify passes; damaged by hand: exactly the damaged ranges; repaired: equal."""
+    code, report = verify(config, rf"{my_db}\.(items|words)")
+    assert code == 0, [t for t in report["tables"] if not t["ok"]]
+    by = {t["table"]: t for t in report["tables"]}
+    t = by[f"{my_db}.items"]
+    assert (t["mode"], t["source_rows"], t["ranges"]) == ("rows", ROWS, ROWS // CHUNK + 1)
+    assert (by[f"{my_db}.words"]["source_rows"], by[f"{my_db}.words"]["ranges"]) == (300, 2)
+
+    with psycopg.connect(mirror_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM mirror.items WHERE id IN (10, 11)")  # range 0: missing
+        conn.execute("UPDATE mirror.items SET price = price + 1 WHERE id = 300")  # range 1
+        conn.execute("UPDATE mirror.items SET doc = '{\"g\": 0}' WHERE id = 320")  # range 1
+        conn.execute("DELETE FROM mirror.items WHERE id > 500 AND id <= 750")  # range 2 whole
+        conn.execute("INSERT INTO mirror.items (id, name) VALUES (5000, 'ghost')")  # range 4
+        conn.execute("UPDATE mirror.words SET n = 0 WHERE w = 'W3Ä'")  # range 0 ('W' < 'w')
+    code, report = verify(config, rf"{my_db}\.(items|words)")
+    assert code == 1
+    got = {r["index"]: r for r in differing(report, "postgres")[f"{my_db}.items"]}
+    assert set(got) == {0, 1, 2, 4}, got
+    assert all(r["status"] == "drift" for r in got.values())
+    assert got[0]["sample"]["missing"] == [[10], [11]] and got[0]["extra"] == 0
+    assert got[1]["sample"]["different"] == [[300], [320]]
+    assert (got[2]["lo"], got[2]["hi"], got[2]["missing"]) == ([500], [750], 250)
+    assert (got[4]["hi"], got[4]["sample"]["extra"]) == (None, [[5000]])
+    [w] = differing(report, "postgres")[f"{my_db}.words"]
+    assert (w["index"], w["sample"]["different"]) == (0, [["W3Ä"]])
+
+    running = SyncThread(sync)
+    try:
+        code, out = verify(config, rf"{my_db}\.(items|words)", "--repair", "--repair-timeout", "120")
+    finally:
+        running.close()
+    assert out["before"]["ok"] is False
+    assert set(out["repair"]["markers"]) == {f"{my_db}.items", f"{my_db}.words"}, out["repair"]
+    assert code == 0, out["after"]
+    assert out["after"]["ok"]
+    with psycopg.connect(mirror_db, autocommit=True) as conn:
+        mirror = {int(r[0]): (r[1], str(r[2]), r[3], bytes(r[4]))
+                  for r in conn.execute("SELECT id, name, price, doc, raw FROM mirror.items")}
+    assert mirror == source_items(mariadb, my_db)
+
+
+@pytest.mark.slow
+def test_mariadb_source_delta_mirror(maria_delta: tuple[Path, MiniSync], mariadb: MariaDB,
+                                     my_db: str, tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    config, sync = maria_delta
+    code, report = verify(config, rf"{my_db}\.(items|words)")
+    assert code == 0, report
+    path = str(tmp_path / "lake" / my_db / "items")
+    DeltaTable(path).delete("id = 7 OR (id > 250 AND id <= 500)")
+    DeltaTable(path).update(predicate="id = 999", updates={"name": "'changed'"})
+    code, report = verify(config, rf"{my_db}\.(items|words)")
+    assert code == 1
+    got = {r["index"]: r for r in differing(report, "delta")[f"{my_db}.items"]}
+    assert set(got) == {0, 1, 3}, got
+    assert got[0]["sample"]["missing"] == [[7]] and got[1]["missing"] == 250
+    assert got[3]["sample"]["different"] == [[999]]
+    running = SyncThread(sync)
+    try:
+        code, out = verify(config, rf"{my_db}\.items", "--repair", "--repair-timeout", "120")
+    finally:
+        running.close()
+    assert code == 0, out["after"]
+
+
+# -- a PostgreSQL source, a mysql sink's mirror ----------------------------------------------
+@pytest.fixture
+def pg_to_maria(tmp_path: Path, pg_db: str, mariadb: MariaDB,
+                my_db: str) -> Iterator[tuple[Path, MiniSync]]:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10,2), "
+            "doc jsonb, at timestamptz, ok boolean, ratio double precision)"
+        )
+        conn.execute("CREATE TABLE words (w text PRIMARY KEY, n bigint)")
+    config = write_config(
+        tmp_path, pg_db,
+        extra=f'[[sync.sinks]]\ntype = "mysql"\ndsn = "{mariadb.dsn(my_db)}"\n'
+              "[snapshot]\nchunk_size = 100\n",
+    )
+    proc = start_run(config)
+    try:
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO items SELECT g, 'item ' || g, g * 1.25, "
+                "jsonb_build_object('g', g, 'h', ARRAY[g]), '2024-01-01 00:00:00+00'::timestamptz "
+                "+ g * interval '1 minute 1.5 seconds', g %% 2 = 0, g / 7.0 "
+                "FROM generate_series(1, %s) g",
+                (ROWS,),
+            )
+            conn.execute(
+                "INSERT INTO words SELECT 'w' || g || CASE WHEN g % 3 = 0 THEN 'Ä' ELSE 'a' END, g "
+                "FROM generate_series(1, 300) g"
+            )
+        wait_for_marker(config, pg_db)
+        sync = MiniSync(config)
+        sync.catch_up()
+        yield config, sync
+        sync.close()
+    finally:
+        stop_run(proc)
+
+
+def test_postgres_source_mysql_mirror(pg_to_maria: tuple[Path, MiniSync], mariadb: MariaDB,
+                                      my_db: str, pg_db: str) -> None:
+    config, sync = pg_to_maria
+    code, report = verify(config, r"public\.(items|words)")
+    assert code == 0, report
+    by = {t["table"]: t for t in report["tables"]}
+    assert by["public.items"]["sink"] == "mysql" and by["public.items"]["mode"] == "rows"
+    assert by["public.items"]["source_rows"] == ROWS
+
+    run: Any = mariadb.execute
+    run("DELETE FROM items WHERE id IN (10, 11)", my_db)  # range 0
+    run("UPDATE items SET at = at + INTERVAL 1 SECOND WHERE id = 260", my_db)  # range 1
+    run("UPDATE items SET ok = NOT ok WHERE id = 270", my_db)  # range 1
+    run("DELETE FROM items WHERE id > 750", my_db)  # range 3 whole (750, 1000]
+    run("INSERT INTO items (id, name) VALUES (-5, 'below')", my_db)  # range 0
+    run("UPDATE words SET n = 0 WHERE w = 'w3Ä'", my_db)
+    code, report = verify(config, r"public\.(items|words)", "--sink", "mysql")
+    assert code == 1
+    got = differing(report, "mysql")
+    items = {r["index"]: r for r in got["public.items"]}
+    assert set(items) == {0, 1, 3}, items
+    assert items[0]["sample"]["missing"] == [[10], [11]] and items[0]["sample"]["extra"] == [[-5]]
+    assert items[1]["sample"]["different"] == [[260], [270]]
+    assert (items[3]["lo"], items[3]["hi"], items[3]["missing"]) == ([750], [1000], 250)
+    [w] = got["public.words"]
+    assert w["sample"]["different"] == [["w3Ä"]]
+
+    running = SyncThread(sync)
+    try:
+        code, out = verify(config, r"public\.(items|words)", "--repair", "--repair-timeout", "120")
+    finally:
+        running.close()
+    assert set(out["repair"]["markers"]) == {"public.items", "public.words"}, out["repair"]
+    assert code == 0, out["after"]
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        source = {(int(r[0]), r[1], str(r[2]), bool(r[3]))
+                  for r in conn.execute("SELECT id, name, price, ok FROM items")}
+    mirror = {(int(r[0]), r[1], str(r[2]), bool(r[3]))
+              for r in mariadb.execute("SELECT id, name, price, ok FROM items", my_db)}
+    assert mirror == source
+
+    # ``--sink`` names the mysql sink; an unknown name is a configuration error naming it
+    res = subprocess.run(
+        [*DBLOG, "verify", "--config", str(config), "--sink", "nope"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 2 and "mysql" in res.stderr, res.stderr
