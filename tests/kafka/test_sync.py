@@ -119,6 +119,7 @@ def run_job(cfg: Path, fault: str, log: Path) -> int:
 
 
 @pytest.mark.usefixtures("spark")
+@pytest.mark.slow
 def test_sync_from_kafka_with_kill9(pg_db: str, tmp_path: Path, kafka_log: LogConfig) -> None:
     """Killed after the first sink of batch 3 (the other sinks one batch behind): the
     restart replays the batch from Kafka by the offsets Spark logged for it. (What each

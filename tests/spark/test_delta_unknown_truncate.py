@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from pydblog.config import LogConfig
@@ -19,6 +20,7 @@ from pydblog.spark.job import BatchApplier
 from pydblog.spark.sinks.delta import DeltaSink
 
 
+@pytest.mark.slow
 def test_truncate_of_unknown_table_is_a_no_op(spark: Any, tmp_path: Path) -> None:
     at = BinlogPosition("b.000001", 400, 0, "0-1-5")
     evs = [

@@ -47,7 +47,7 @@ def spark_batch(spark: Any, batch_id: int, t: pa.Table, first: int) -> SparkBatc
     return b
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_markers_in_a_batch_follow_the_rule(spark: Any, pg_db: str, mariadb: Any,
                                             tmp_path: Path, data: st.DataObject) -> None:

@@ -79,6 +79,7 @@ def test_mirrors_alone_accept_a_gap(spark: Any, tmp_path: Path) -> None:
     assert app.batches == 1
 
 
+@pytest.mark.slow
 def test_a_process_first_batch_past_what_the_history_holds_fails(spark: Any, tmp_path: Path) -> None:
     """The last batch of a process (an available-now run's, one before a kill) is checked
     by no later batch of that process: the next process's first batch is checked
