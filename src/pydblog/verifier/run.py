@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import psycopg
 
@@ -30,7 +30,6 @@ from pydblog.config import Config, SinkConfig, redact_dsn
 from pydblog.errors import ConfigError, DblogError
 from pydblog.ports import ChangeLogReader, TableSchema
 from pydblog.verifier.delta import DeltaMirror
-from pydblog.verifier.mysql import MyTable, mysql_applied, open_mysql
 from pydblog.verifier.pg import PgTable, open_conn, pg_applied
 from pydblog.verifier.ranges import (
     Key,
@@ -134,7 +133,10 @@ class Options:
     lag_timeout_s: float = 60.0
 
 
-Source = PgTable | MyTable
+if TYPE_CHECKING:  # the MySQL reader needs the mysql extra: imported where used
+    from pydblog.verifier.mysql import MyTable
+
+Source: TypeAlias = "PgTable | MyTable"
 """A source table (PostgreSQL or MySQL/MariaDB), read the same way on both kinds."""
 
 
@@ -199,12 +201,18 @@ class MyMirror:
         self.name = name
         self.label = f"mysql:{redact_dsn(cfg.dsn)}"
         self.database = cfg.schema_ or unquote(urlsplit(cfg.dsn).path.lstrip("/"))
+        from pydblog.verifier.mysql import open_mysql
+
         self.conn = open_mysql(cfg.dsn, self.database)
 
     def table(self, schema: TableSchema) -> MyTable:
+        from pydblog.verifier.mysql import MyTable
+
         return MyTable(self.conn, self.database, schema.table, schema)
 
     def applied(self) -> int:
+        from pydblog.verifier.mysql import mysql_applied
+
         return mysql_applied(self.conn, self.database, self.cfg.parallelism)
 
     def close(self) -> None:
@@ -466,6 +474,8 @@ def source_table(cfg: Config, conn: Any, schema: TableSchema) -> Source:
     """The source's table of ``schema`` on ``conn`` (``open_source``)."""
     if cfg.source.type == "postgres":
         return PgTable(conn, schema.schema, schema.table, schema)
+    from pydblog.verifier.mysql import MyTable
+
     return MyTable(conn, schema.schema, schema.table, schema)
 
 
@@ -477,6 +487,8 @@ def open_source(cfg: Config) -> Any:
 
     with needs_extra("mysql", "dblog verify of a MySQL or MariaDB source"):
         import pymysql  # noqa: F401
+    from pydblog.verifier.mysql import open_mysql
+
     return open_mysql(cfg.source.dsn)
 
 
