@@ -16,16 +16,18 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from pydblog.config import Config
 from pydblog.errors import DblogError
 from pydblog.ports import TableSchema
-from pydblog.verifier.mysql import MyTable
 from pydblog.verifier.pg import PgTable
 from pydblog.verifier.ranges import Range, show
+
+if TYPE_CHECKING:  # needs the mysql extra
+    from pydblog.verifier.mysql import MyTable
 
 
 @dataclass
