@@ -71,7 +71,9 @@ def test_sync_metrics_health_and_clean_output(pg_db: str, tmp_path: Path) -> Non
         assert m['dblog_sync_sink_apply_seconds_count{sink="delta"}'] >= 1
         code, body = _get(url, "/health")
         assert code == 200, body
-        assert {c["name"] for c in orjson.loads(body)["checks"]} == {"sync", "lag"}
+        checks = {c["name"]: c for c in orjson.loads(body)["checks"]}
+        assert set(checks) == {"sync", "lag", "watermark"}
+        assert checks["watermark"]["ok"] and set(checks["watermark"]["sources"]) == {"default"}
     finally:
         _, stdout, stderr = end_process(sync, 120)
     text = stdout.decode() + stderr.decode()
