@@ -119,7 +119,6 @@ def run_job(cfg: Path, fault: str, log: Path) -> int:
 
 
 @pytest.mark.usefixtures("spark")
-@pytest.mark.slow
 def test_sync_from_kafka_with_kill9(pg_db: str, tmp_path: Path, kafka_log: LogConfig) -> None:
     """Killed after the first sink of batch 3 (the other sinks one batch behind): the
     restart replays the batch from Kafka by the offsets Spark logged for it. (What each
@@ -211,6 +210,7 @@ KILL_POINTS = {  # batch: (kill point, what has applied the batch when it dies)
 ``test_every_kill_point_of_a_batch_replays_exactly``."""
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("spark")
 def test_every_kill_point_of_a_batch_replays_exactly(
         pg_db: str, tmp_path: Path, kafka_log: LogConfig, monkeypatch: pytest.MonkeyPatch) -> None:

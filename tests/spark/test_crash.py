@@ -25,7 +25,7 @@ from tests.spark.test_sync import build_scenario
 pytestmark = pytest.mark.timeout(600)
 
 
-def write_config(tmp: Path, dsn: str, trigger: str) -> Path:
+def write_config(tmp: Path, dsn: str, trigger: str, max_events: int = 1500) -> Path:
     cfg = tmp / f"dblog-{trigger.replace(' ', '')}.toml"
     cfg.write_text(
         f"""
@@ -37,7 +37,7 @@ path = "{tmp / "log"}"
 checkpoint = "{tmp / "cp"}"
 trigger = "{trigger}"
 master = "local[1]"
-max_events_per_trigger = 1500
+max_events_per_trigger = {max_events}
 sink_retries = 0
 [[sync.sinks]]
 type = "delta"
@@ -83,7 +83,8 @@ def history_version(tmp: Path) -> int | None:
 def test_kill_9_between_sinks(spark: Any, pg_db: str, tmp_path: Path) -> None:
     """One job killed after the first sink (Delta) of a batch, before the others and
     before Spark's commit; a clean run converges (the default suite's crash test)."""
-    kill_9_during_batches(pg_db, tmp_path, ("after-sink:1:0",), stream_kill=False)
+    kill_9_during_batches(pg_db, tmp_path, ("after-sink:1:0",), stream_kill=False,
+                          max_events=3000)
 
 
 @pytest.mark.slow
@@ -92,9 +93,9 @@ def test_kill_9_during_batches_repeatedly(spark: Any, pg_db: str, tmp_path: Path
 
 
 def kill_9_during_batches(pg_db: str, tmp_path: Path, faults: tuple[str, ...],
-                          stream_kill: bool) -> None:
+                          stream_kill: bool, max_events: int = 1500) -> None:
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=61))
-    drain = write_config(tmp_path, pg_db, "available-now")
+    drain = write_config(tmp_path, pg_db, "available-now", max_events)
     stream = write_config(tmp_path, pg_db, "200 ms")
 
     # "after-sinks:N": killed by the job itself after every sink applied batch N, before
