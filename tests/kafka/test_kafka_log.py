@@ -186,9 +186,9 @@ def test_a_recreated_topic_is_refused(tmp_path: Path, kafka_bootstrap: str, when
     its partitions' offsets at 0. Readers take a partition's records only at or above
     the last valid commit's end there (``CommitLog.apply``), so a commit of the lower
     offsets would never be read by `dblog tail -f`, the API's stream or `dblog sync`
-    (audit13 F3: the writer committed it; `read(5, 100)` gave []). The commit is
+    (committing it anyway, `read(5, 100)` would give []). The commit is
     refused, non-retriable, naming the topic, partition and offsets, and nothing is
-    committed. Also in a later session whose recovery window does not cover the
+    committed. Also in a later writer process whose recovery window does not cover the
     partition: the writer then reads the whole checkpoint topic for its end there,
     unless a commit in the window listed every partition's end (``KNOWN_EVERY``)."""
     import uuid

@@ -431,7 +431,7 @@ class KafkaChangeLog(ChangeLogWriter):
     def _went_back(self, tp: tuple[str, int], first: int, last: int, prev: int) -> ChangeLogError:
         """This commit's records in ``tp`` lie below ``prev``, the last valid commit's end
         there: readers take a partition's records only from there on, so they would never
-        read them. Kafka offsets only grow: the partition lost records (audit13 F3)."""
+        read them. Kafka offsets only grow: the partition lost records."""
         return ChangeLogError(
             f"{tp[0]} partition {tp[1]}: Kafka acknowledged this commit's records at offsets "
             f"{first} to {last}, below {prev}, the end of the last valid commit there: the "
