@@ -179,7 +179,7 @@ def test_signals_before_the_topic_exists_and_while_down(
     pg_db: str, tmp_path: Path, kafka_bootstrap: str
 ) -> None:
     """Every signal sent after the capture was first configured with its signal topic is
-    handled once (audit13 F1, F4): the first one, which creates the topic while `dblog
+    handled once: the first one, which creates the topic while `dblog
     run` runs (the listener used to start at the end of the topic it found then: the
     signal was never forwarded and its offset committed as handled), and one sent while
     `dblog run` is down after the listener's consumer-group offsets are gone (expired

@@ -100,7 +100,7 @@ def test_a_new_topic_prefix_with_the_old_state_json(pg_db: str, tmp_path: Path,
     a restarted in-memory broker) must not resume at state.json's position into it:
     that log would lack every earlier event, and `mode = "initial"` would take no
     snapshot (its flag is in state.json). The start is refused naming both; with
-    state.json removed (the fix) the new log starts with a snapshot (audit13 F2)."""
+    state.json removed (the fix) the new log starts with a snapshot."""
     import uuid
 
     import psycopg

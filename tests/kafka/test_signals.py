@@ -380,8 +380,8 @@ def test_a_signal_topic_created_after_the_start(
     pg_db: str, tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The listener starts before its signal topic exists (the first signal creates
-    it): that signal, sent after the start, is forwarded (audit13 F1: the listener
-    started at the end of the topic it found, and committed that offset as handled)."""
+    it): that signal, sent after the start, is forwarded (a listener that
+    started at the end of the topic it found, and committed that offset as handled, lost it)."""
     from pydblog.capture import kafka_signals
     from pydblog.changelog.kafka import client as kafka_client
 
@@ -410,7 +410,7 @@ def test_an_idle_listener_keeps_its_group_offsets(
 ) -> None:
     """The listener never joins its group, whose committed offsets Kafka expires
     ``offsets.retention.minutes`` (7 days) after the last commit: a listener idle that
-    long commits its positions again at every metadata refresh (audit13 F4)."""
+    long commits its positions again at every metadata refresh."""
     from confluent_kafka.admin import AdminClient
 
     from pydblog.capture import kafka_signals
@@ -471,7 +471,7 @@ def test_a_first_start_reads_from_the_first_run_with_the_topic(
     yet): signals sent before the capture was first run with the topic (less the clock
     skew margin, ``SKEW_MS``) are not replayed, each skip a WARNING naming its offset
     and timestamp; those sent after it are forwarded, in partition 1 one sent before the
-    listener was assigned (audit13 F1: the listener started at the topic's end, so a
+    listener was assigned (a listener that started at the topic's end lost a
     signal sent between the start and its assignment was lost) whose producer's clock
     is 30 s behind (skipped, logged at INFO only). Partition 0 has no newer
     message when the listener is assigned: Kafka then answers offsets_for_times with the
@@ -580,8 +580,8 @@ def test_signals_deleted_before_they_were_read(
 ) -> None:
     """`dblog run` was down longer than the signal topic's retention: the listener's
     offset is below the partition's start. It starts at the first signal kept, with a
-    warning naming the deleted offsets, and handles every kept one (audit13 F4: with
-    auto.offset.reset = latest, librdkafka skipped the kept ones too)."""
+    warning naming the deleted offsets, and handles every kept one (with
+    auto.offset.reset = latest, librdkafka would skip the kept ones too)."""
     from pydblog.capture import kafka_signals
     from pydblog.changelog.kafka import client as kafka_client
 
