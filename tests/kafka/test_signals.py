@@ -472,7 +472,7 @@ def test_a_first_start_reads_from_the_first_run_with_the_topic(
     skew margin, ``SKEW_MS``) are not replayed, each skip a WARNING naming its offset
     and timestamp; those sent after it are forwarded, in partition 1 one sent before the
     listener was assigned (a listener that started at the topic's end lost a
-    signal sent between the start and its assignment was lost) whose producer's clock
+    signal sent between the start and its assignment) whose producer's clock
     is 30 s behind (skipped, logged at INFO only). Partition 0 has no newer
     message when the listener is assigned: Kafka then answers offsets_for_times with the
     partition's end, and the older message is never read (a broker that answers 0, as
