@@ -474,6 +474,9 @@ def main() -> None:
     ap.add_argument("--plain-follower", action="store_true",
                     help="(c): and a plain read_committed consumer (see steady(); on Tansu it "
                          "loads the broker, not only measures it)")
+    ap.add_argument("--kafka-setting", action="append", default=[], metavar="KEY=VALUE",
+                    help="a [log.kafka] setting of the Kafka capture (repeatable), e.g. "
+                         "compression.type=none")
     args = ap.parse_args()
     if args.rounds < 1 or args.tx < 1 or args.rows < args.tx or args.rows % args.tx:
         ap.error(f"--rows {args.rows} must be a multiple of --tx {args.tx} (each transaction "
@@ -488,6 +491,9 @@ def main() -> None:
         bootstrap = broker.bootstrap
     prefix = f"b{uuid.uuid4().hex[:8]}"
     kafka_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"'
+    if args.kafka_setting:
+        kafka_keys += "\n[log.kafka]\n" + "\n".join(
+            f'"{k}" = "{v}"' for k, _, v in (kv.partition("=") for kv in args.kafka_setting))
     try:
         with PgCluster() as cluster:
             dsn = cluster.create_database("bench")

@@ -22,8 +22,8 @@ thread (``/proc/PID/task``: the capture thread ``MainThread``/``python``, the wr
 Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 100] [--profile DIR]
            [--log embedded|kafka]
 
-``--log kafka``: `dblog run` writes into Kafka instead (a Tansu broker started for the
-run, or ``KAFKA_BOOTSTRAP_SERVERS``); (b) counts the events of the log's last commit
+``--log kafka``: `dblog run` writes into Kafka instead (an Apache Kafka broker started
+for the run, ``pydblog.devtools.kafka``, or ``KAFKA_BOOTSTRAP_SERVERS``); (b) counts the events of the log's last commit
 (bench/kafka.py's ``KafkaEnd``) and (c) reads the log with ``KafkaChangeLogReader``.
 
 ``--profile DIR`` (needs ``pip install py-spy``) records a py-spy profile of `dblog run`
@@ -155,9 +155,9 @@ def main() -> None:
     if args.log == "kafka":
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
         if not bootstrap:
-            from pydblog.devtools.tansu import TansuBroker
+            from pydblog.devtools.kafka import KafkaBroker
 
-            broker = TansuBroker().start()
+            broker = KafkaBroker(optimize=True).start()
             bootstrap = broker.bootstrap
         prefix = f"s{uuid.uuid4().hex[:8]}"
         log_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"\n'

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from pydblog.devtools.hamembers import Members
 from pydblog.devtools.mariadb import MariaDB
 from pydblog.devtools.mysql57 import MySQL57, TestServer
 from pydblog.devtools.zookeeper import ZkServer
-from tests.ha.helpers import members
 from tests.helpers import wait_for
 from tests.mysql.test_oracle import assert_oracle, setup_tables, write_config, writer
 
@@ -47,7 +47,7 @@ def failover_sigstop(mariadb: TestServer, my_db: str, tmp_path: Path,
         f'batch_max_events = 150\n[ha]\nbackend = "zookeeper"\nhosts = "{zk_server.hosts}"\n'
         f'path = "/dblog-test/{my_db}"\nsession_timeout_s = 2.0',
     )
-    m = members(config)
+    m = Members(config, config.parent / "data", probe=lambda: server_state(mariadb))
     m.start()
     m.start()
     stop = threading.Event()
@@ -78,7 +78,21 @@ def failover_sigstop(mariadb: TestServer, my_db: str, tmp_path: Path,
         if load.is_alive():
             load.join()
     try:
-        assert_oracle(config, mariadb, my_db)
+        try:
+            assert_oracle(config, mariadb, my_db)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}{m.diagnosis()}") from None
     finally:
         codes = m.stop_all()
     assert codes[m.procs.index(second)] == 0, m.log_of(second)[-3000:]
+
+
+def server_state(server: TestServer) -> str:
+    """The server's binlog dump threads and binlog files, for a failure's diagnosis."""
+    lines = ["processlist (id, user, command, time, state, info):"]
+    for r in server.execute("SELECT id, user, command, time, state, LEFT(info, 120) "
+                            "FROM information_schema.processlist ORDER BY id"):
+        lines.append(f"  {r}")
+    lines.append("binary logs:")
+    lines.extend(f"  {r}" for r in server.execute("SHOW BINARY LOGS"))
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
@@ -21,9 +22,14 @@ DBLOG = [sys.executable, "-m", "pydblog"]
 
 
 class Members:
-    def __init__(self, config: Path, log_dir: Path) -> None:
+    """``probe``: what the source server says about itself (its replication threads,
+    binlog files), added to every failure's diagnosis."""
+
+    def __init__(self, config: Path, log_dir: Path,
+                 probe: Callable[[], str] | None = None) -> None:
         self.config = config
         self.log_dir = log_dir
+        self.probe = probe
         self.logs = config.parent / "logs"
         self.logs.mkdir(exist_ok=True)
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -56,6 +62,11 @@ class Members:
             except OSError as exc:
                 text = f"(no log: {exc})"
             parts.append(f"--- member {p.pid} ({state}):\n{text}")
+        if self.probe is not None:
+            try:
+                parts.append(f"--- source server:\n{self.probe()}")
+            except Exception as exc:  # a diagnosis must not hide the failure it explains
+                parts.append(f"--- source server: (probe failed: {exc})")
         return "\n".join(parts)
 
     def alive(self) -> list[subprocess.Popen[bytes]]:
