@@ -37,7 +37,9 @@ def write_config(tmp: Path, mariadb: TestServer, db: str, extra: str = "") -> Pa
     return path
 
 
-def writer(mariadb: TestServer, db: str, stop: threading.Event, seed: int) -> None:
+def writer(mariadb: TestServer, db: str, stop: threading.Event, seed: int,
+           pause: float = 0.0) -> None:
+    """Random transactions until ``stop``, ``pause`` seconds apart."""
     rng = random.Random(seed)
     conn = mariadb.connect(db)
     conn.autocommit(False)
@@ -69,6 +71,8 @@ def writer(mariadb: TestServer, db: str, stop: threading.Event, seed: int) -> No
                     else:
                         cur.execute("DELETE FROM w WHERE id = %s", (i,))
                 conn.commit()
+                if pause:
+                    time.sleep(pause)
     finally:
         conn.close()
 

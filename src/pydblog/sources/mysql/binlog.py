@@ -75,7 +75,7 @@ from pydblog.ports import (
     TableSchema,
 )
 from pydblog.positions import Position
-from pydblog.sources.mysql import dumpstart, fastrows
+from pydblog.sources.mysql import dumpconn, dumpstart, fastrows
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.connect import (
     ER_MASTER_FATAL_READING_BINLOG,
@@ -90,6 +90,7 @@ from pydblog.sources.mysql.connect import (
     is_mariadb,
 )
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
+from pydblog.sources.mysql.dumpconn import DUMP_CONNECTION_KEY
 from pydblog.sources.mysql.dumpstart import DUMP_SERVER_KEY, DumpConnection, DumpStart
 from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.fences import parse_owned
@@ -178,6 +179,7 @@ class _OneConnection:
         self.start = start
         self.server_uuid: str | None = None
         self.started_at: DumpStart | None = None
+        self.connection_id: int | None = None  # the stream's server connection id
 
     def __call__(self, **kwargs: Any) -> Any:
         # The library names some arguments the old way; pymysql warns about those.
@@ -188,9 +190,14 @@ class _OneConnection:
         if role in self.opened:
             raise _Reconnect(role)
         self.opened.add(role)
-        if role == "ctl" or not self.mysql:
+        if role == "ctl":
             return Connection(**kwargs)
+        if not self.mysql:
+            conn = Connection(**kwargs)
+            self.connection_id = conn.thread_id()
+            return conn
         conn = DumpConnection(**kwargs)
+        self.connection_id = conn.thread_id()
         try:
             self.server_uuid = dumpstart.server_uuid(conn)
             start = self.start
@@ -302,6 +309,10 @@ class MySqlLogSource:
         # whether it started at a checkpoint's coordinates), recorded once per dump.
         self._dump: _OneConnection | None = None
         self._dump_recorded = True
+        # Every dump's connection wrapper: its server connection id, recorded once per
+        # dump (``dumpconn``) and ended before the next dump starts.
+        self._stream_conn: _OneConnection | None = None
+        self._conn_recorded = True
 
     # -- LogSource ---------------------------------------------------------------------
     def open(self, checkpoint: Checkpoint | None) -> None:
@@ -330,6 +341,9 @@ class MySqlLogSource:
         self._history = self._load_history(checkpoint)
         if checkpoint is not None and pos is not None:
             self._xa = PreparedXa.load(checkpoint.extra.get(XA_KEY), pos)
+        previous = dumpconn.recorded(checkpoint.extra.get(DUMP_CONNECTION_KEY)) if checkpoint else None
+        if previous is not None:  # a frozen ex-leader's dump would hold ours silent
+            self._end_dump(previous)
         if pos is None:
             self._warn_prepared_xa()
             file, offset, _ = self._master_status()
@@ -406,6 +420,9 @@ class MySqlLogSource:
             record = self._dump_record()
             if record is not None:  # before any item of this dump (its epoch)
                 yield record
+            conn_record = self._conn_record()
+            if conn_record is not None:
+                yield conn_record
             for item in self._handle(event):
                 if self._drop(item):
                     continue
@@ -429,6 +446,14 @@ class MySqlLogSource:
         elif at is not None:
             log.info("GTID dump starts at the binlog's end %s:%d", at.file, at.offset)
         return SourceState(DUMP_SERVER_KEY, dumpstart.record(self._epoch, dump.server_uuid))
+
+    def _conn_record(self) -> SourceState | None:
+        """Once per dump, when connected: its server connection id (``dumpconn``)."""
+        wrapper = self._stream_conn
+        if self._conn_recorded or wrapper is None or wrapper.connection_id is None:
+            return None
+        self._conn_recorded = True
+        return SourceState(DUMP_CONNECTION_KEY, dumpconn.record(wrapper.connection_id))
 
     @property
     def dump_started_at(self) -> DumpStart | None:
@@ -684,6 +709,8 @@ class MySqlLogSource:
         """Dump from binlog coordinates; ``state`` is the GTID state there (if known)."""
         self._dump = None
         self._dump_recorded = True
+        self._stream_conn = _OneConnection()
+        self._conn_recorded = False
         self._reader = BinLogStreamReader(
             connection_settings=self._dump_settings(),
             server_id=self.server_id,
@@ -693,7 +720,7 @@ class MySqlLogSource:
             log_pos=offset,
             slave_heartbeat=self.idle_s,
             filter_non_implemented_events=False,
-            pymysql_wrapper=_OneConnection(),
+            pymysql_wrapper=self._stream_conn,
             enable_logging=False,
         )
         self._file = file
@@ -710,8 +737,9 @@ class MySqlLogSource:
         MySQL COM_BINLOG_DUMP_GTID). The server starts with a Rotate to the file where
         that is; coordinates are read from the events as usual. MySQL: at ``start``'s
         coordinates where they hold (``sources.mysql.dumpstart``)."""
-        self._dump = _OneConnection(mysql=not self.mariadb, start=start)
+        self._dump = self._stream_conn = _OneConnection(mysql=not self.mariadb, start=start)
         self._dump_recorded = False
+        self._conn_recorded = False
         self._reader = BinLogStreamReader(
             connection_settings=self._dump_settings(),
             server_id=self.server_id,
@@ -814,6 +842,9 @@ class MySqlLogSource:
         if self._reader is not None:
             with contextlib.suppress(pymysql.Error):
                 self._reader.close()
+        lost = self._stream_conn.connection_id if self._stream_conn is not None else None
+        if lost is not None:  # its server thread may still be blocked in a write
+            self._end_dump(lost)
         resume = self._gtid_resume_point()
         pending = self._skip_upto  # a file resume's skip not passed yet
         if resume is not None:
@@ -841,6 +872,15 @@ class MySqlLogSource:
             self._start_dump(file, offset, known)
         except pymysql.Error as exc:
             log.warning("reconnect failed: %s", exc)
+
+    def _end_dump(self, connection_id: int) -> None:
+        """End the dump on server connection ``connection_id`` (``dumpconn``), best effort."""
+        try:
+            with self._ctl_lock, self._ctl_cursor() as cur:
+                dumpconn.end_dump(cur, connection_id)
+        except SourceError as exc:
+            log.warning("could not end the previous binlog dump (connection %d): %s",
+                        connection_id, exc)
 
     def _reconnect_start(self) -> DumpStart | None:
         """MySQL: where a reconnect's GTID dump may start reading (``dumpstart``): the
