@@ -457,6 +457,55 @@ class LogSource(Protocol):
     def close(self) -> None: ...
 
 
+# What some log sources can do besides ``LogSource``; the runner asks with ``isinstance``.
+@runtime_checkable
+class Wakeable(Protocol):
+    """A source whose stream waits in a way another thread can end early."""
+
+    def wakeup(self) -> None:
+        """Make a waiting ``stream`` return to its caller soon (thread-safe)."""
+        ...
+
+
+@runtime_checkable
+class RunBatching(Protocol):
+    """A source that encodes runs of row events into change-log blocks itself."""
+
+    run_rows: int
+    """At most this many rows per run (the runner sets it from ``batch_max_events``)."""
+
+
+@runtime_checkable
+class RefreshesTables(Protocol):
+    def refresh_tables(self) -> None:
+        """Re-read which tables are captured (new partitions, publication changes)."""
+        ...
+
+
+@runtime_checkable
+class DescribesTables(Protocol):
+    def table_schema(self, schema: str, table: str) -> TableSchema | None:
+        """The table's schema from the source's catalog, as the stream would describe
+        it (None: no such table)."""
+        ...
+
+
+@runtime_checkable
+class ProgressRequesting(Protocol):
+    def request_progress(self) -> None:
+        """Report ``StreamPassed`` at transaction boundaries for a while (read-only
+        snapshots wait for it)."""
+        ...
+
+
+@runtime_checkable
+class KeepsAlive(Protocol):
+    def keepalive(self) -> None:
+        """Keep the replication connection alive while the stream is not read (a
+        blocking snapshot)."""
+        ...
+
+
 class SnapshotReader(Protocol):
     """The IO a snapshot needs from a source: runs on its own connection, read-only
     transactions with a statement timeout for every SELECT."""

@@ -304,3 +304,59 @@ def test_postgres_source_mysql_mirror(pg_to_maria: tuple[Path, MiniSync], mariad
         capture_output=True, text=True, timeout=60,
     )
     assert res.returncode == 2 and "mysql" in res.stderr, res.stderr
+
+
+# -- a MariaDB source, a mysql sink's mirror on MariaDB: checksums in both servers ----------
+@pytest.fixture
+def maria_to_maria(tmp_path: Path, mariadb: MariaDB,
+                   my_db: str) -> Iterator[tuple[Path, MiniSync, str]]:
+    mirror = f"m_{uuid.uuid4().hex[:10]}"
+    mariadb.execute(f"CREATE DATABASE {mirror}")
+    try:
+        for config, sync in _maria_source(
+                tmp_path, mariadb, my_db,
+                f'[[sync.sinks]]\ntype = "mysql"\ndsn = "{mariadb.dsn(mirror)}"\n'):
+            yield config, sync, mirror
+    finally:
+        mariadb.execute(f"DROP DATABASE IF EXISTS {mirror}")
+
+
+def test_mariadb_source_mysql_mirror_in_database_checksums(
+        maria_to_maria: tuple[Path, MiniSync, str], mariadb: MariaDB, my_db: str) -> None:
+    """The sink's types differ from the source's (VARCHAR -> LONGTEXT, DATETIME(6),
+    JSON text re-serialized): equal rows still checksum equal; each damage, down to one
+    microsecond or one byte, makes its range differ."""
+    config, sync, mirror = maria_to_maria
+    code, report = verify(config, rf"{my_db}\.(items|words)")
+    assert code == 0, [t for t in report["tables"] if not t["ok"]]
+    by = {t["table"]: t for t in report["tables"]}
+    t = by[f"{my_db}.items"]
+    assert (t["mode"], t["source_rows"], t["ranges"]) == ("sql", ROWS, ROWS // CHUNK + 1)
+    assert (by[f"{my_db}.words"]["mode"], by[f"{my_db}.words"]["source_rows"]) == ("sql", 300)
+
+    run: Any = mariadb.execute
+    run("DELETE FROM items WHERE id IN (10, 11)", mirror)  # range 0: missing
+    run("UPDATE items SET at = at + INTERVAL 1 MICROSECOND WHERE id = 300", mirror)  # range 1
+    run("UPDATE items SET raw = UNHEX('00') WHERE id = 320", mirror)  # range 1
+    run("DELETE FROM items WHERE id > 500 AND id <= 750", mirror)  # range 2 whole
+    run("INSERT INTO items (id, name) VALUES (5000, 'ghost')", mirror)  # range 4
+    run("UPDATE words SET n = n + 1 WHERE w = 'W3Ä'", mirror)  # range 0 ('W' < 'w')
+    code, report = verify(config, rf"{my_db}\.(items|words)")
+    assert code == 1
+    got = {r["index"]: r for r in differing(report, "mysql")[f"{my_db}.items"]}
+    assert set(got) == {0, 1, 2, 4}, got
+    assert all(r["status"] == "drift" for r in got.values())
+    assert got[0]["sample"]["missing"] == [[10], [11]] and got[0]["extra"] == 0
+    assert got[1]["sample"]["different"] == [[300], [320]]
+    assert (got[2]["lo"], got[2]["hi"], got[2]["missing"]) == ([500], [750], 250)
+    assert (got[4]["hi"], got[4]["sample"]["extra"]) == (None, [[5000]])
+    [w] = differing(report, "mysql")[f"{my_db}.words"]
+    assert (w["index"], w["sample"]["different"]) == (0, [["W3Ä"]])
+
+    running = SyncThread(sync)
+    try:
+        code, out = verify(config, rf"{my_db}\.(items|words)", "--repair", "--repair-timeout", "120")
+    finally:
+        running.close()
+    assert code == 0, out["after"]
+    assert out["after"]["ok"]

@@ -59,18 +59,24 @@ from pydblog.ports import (
     ChangeLogWriter,
     Checkpoint,
     Commit,
+    DescribesTables,
     Heartbeat,
     Idle,
+    KeepsAlive,
     Lease,
     LogSource,
+    ProgressRequesting,
+    RefreshesTables,
     RelationReset,
     ResetKind,
+    RunBatching,
     SchemaChanged,
     SnapshotReader,
     SourceState,
     StateStore,
     StreamPassed,
     TableSchema,
+    Wakeable,
     WatermarkSeen,
 )
 from pydblog.positions import PgPosition, Position
@@ -268,7 +274,7 @@ class Runner:
         driver = self.driver = SnapshotDriver(
             self.cfg, self.reader, checkpoint.snapshot if checkpoint else None
         )
-        wakeup = getattr(self.source, "wakeup", None)
+        wakeup = self.source.wakeup if isinstance(self.source, Wakeable) else None
         if wakeup is not None:
             driver.wakeup = wakeup
             self.writer.on_drained = wakeup
@@ -296,7 +302,7 @@ class Runner:
         pending = self._pending
         max_events = self.cfg.log.batch_max_events
         trace = lagtrace.ON
-        if hasattr(self.source, "run_rows"):  # a batch never holds much more than max_events
+        if isinstance(self.source, RunBatching):  # a batch never holds much more than max_events
             self.source.run_rows = max(1, min(BLOCK_EVENTS, max_events))
         self.status.maybe_write(self, force=True)  # opened (api.health: not stuck)
         for item in self.source.stream():
@@ -568,9 +574,8 @@ class Runner:
             self._log_repairs()
         if self._driver_active:
             self._slices()
-        refresh = getattr(self.source, "refresh_tables", None)
-        if refresh is not None:
-            refresh()
+        if isinstance(self.source, RefreshesTables):
+            self.source.refresh_tables()
 
     def _on_source_state(self, item: SourceState, stop: threading.Event) -> None:
         if item.position is not None:
@@ -724,11 +729,10 @@ class Runner:
         """Record the schema of a table whose first logged rows are snapshot rows (no
         stream event described it yet), from the source's catalog, as the stream would
         describe it: the sinks then need not guess column types from values."""
-        describe = getattr(self.source, "table_schema", None)
-        if describe is None:
+        if not isinstance(self.source, DescribesTables):
             return
         try:
-            ts = describe(schema, table)
+            ts = self.source.table_schema(schema, table)
         except Exception as exc:  # best effort: the sinks can still infer a schema
             log.warning("cannot describe %s.%s for the change log: %s: %s", schema, table,
                         type(exc).__name__, exc)
@@ -751,10 +755,9 @@ class Runner:
             self._take_signals()
         driver.submit_next()
         self._emit_events(driver.take())
-        if self._read_only and driver.waiting_for_progress:
-            request = getattr(self.source, "request_progress", None)
-            if request is not None:
-                request()
+        if (self._read_only and driver.waiting_for_progress
+                and isinstance(self.source, ProgressRequesting)):
+            self.source.request_progress()
         if driver.blocking and not self._in_tx and self._position is not None:
             self.flush()
 
@@ -762,7 +765,8 @@ class Runner:
                 self._emit_events(events)
                 self.flush()
 
-            source_keepalive = getattr(self.source, "keepalive", None) or (lambda: None)
+            source = self.source
+            source_keepalive = source.keepalive if isinstance(source, KeepsAlive) else (lambda: None)
 
             def keepalive() -> None:
                 source_keepalive()

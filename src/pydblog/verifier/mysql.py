@@ -13,6 +13,18 @@ of PostgreSQL's ``COLLATE "C"`` and of Python). Such a key cannot use its index:
 range then reads the table (slower, still no lock). Integer, decimal, date and time keys
 use the index.
 
+In-database checksums (``sql`` mode, when both sides are MySQL/MariaDB tables): each
+range's row count and the sum of a 64-bit hash of each row's canonical text, computed by
+the server. The canonical text of a value is lossless (two different values never give
+the same text; a column holds the same text on both sides when the sink's type differs
+from the source's, as ``mysql`` sinks map types: ``VARCHAR`` -> ``LONGTEXT``, ``BIT`` ->
+``BIGINT UNSIGNED``, ``DATETIME(0)`` -> ``DATETIME(6)``): text as UTF-8, temporal values
+with six fraction digits, ``BIT`` as its number, bytes as hex, JSON compacted (MariaDB) or
+as the server prints it (MySQL), each length-prefixed so that column boundaries count. A
+range whose checksums differ is only a suspect: it is compared row by row afterwards, so a
+value that prints differently on the two sides (a float on two server kinds) costs that
+re-read, never a false report.
+
 Where the capture stands: the server's GTID state after a read (``@@gtid_binlog_pos``
 on MariaDB, ``@@GLOBAL.gtid_executed`` on MySQL) is passed once the capture's checkpoint's GTID
 state contains it. A server with GTIDs off gives no such state: a differing range then
@@ -33,8 +45,16 @@ from pydblog.sources.mysql.gtid import GtidState, parse_gtid_state
 from pydblog.sources.mysql.types import ColumnType, quote_ident, select_column
 from pydblog.verifier.ranges import Key, Row, key_columns, row_of
 
+_TEMPORAL_FORMAT = {"datetime": "DATE_FORMAT({}, '%%Y-%%m-%%d %%H:%%i:%%s.%%f')",
+                    "timestamp": "DATE_FORMAT({}, '%%Y-%%m-%%d %%H:%%i:%%s.%%f')",
+                    "time": "TIME_FORMAT({}, '%%H:%%i:%%s.%%f')"}
+"""(``%%``: the statements holding them always go through pymysql's parameter
+formatting.)"""
 _TEXT_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"})
 _INT_LOGICAL = frozenset({"int16", "int32", "int64"})
+_BINARY_KINDS = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob",
+                           "geometry", "point", "linestring", "polygon", "multipoint",
+                           "multilinestring", "multipolygon", "geometrycollection"})
 
 
 def open_mysql(dsn: str, database: str | None = None) -> Any:
@@ -103,6 +123,86 @@ class MyTable:
         if not params:
             return cond
         return cond % tuple(self.conn.escape(p) for p in params)
+
+    def _canon(self, name: str) -> str:
+        """The lossless canonical text of column ``name`` (module docstring), or NULL."""
+        col = self.columns.get(name)
+        if col is None:
+            return "NULL"
+        q, t = quote_ident(name), col.data_type
+        if col.is_json or t == "json":
+            text = f"JSON_COMPACT({q})" if self.mariadb else f"CAST({q} AS CHAR)"
+        elif t in _TEMPORAL_FORMAT:
+            text = _TEMPORAL_FORMAT[t].format(q)
+        elif t == "bit":
+            text = f"CAST({q} + 0 AS CHAR)"
+        elif t in _BINARY_KINDS:
+            text = f"HEX({q})"
+        else:
+            text = f"CAST({q} AS CHAR CHARACTER SET utf8mb4)"
+        return f"IFNULL(CONCAT(LENGTH({text}), ':', {text}), '-')"
+
+    def hash_expr(self) -> str:
+        """A row's 64-bit hash (an unsigned integer) of its columns' canonical texts."""
+        parts = ", ".join(self._canon(c.name) for c in self.schema.columns)
+        return f"CAST(CONV(LEFT(MD5(CONCAT_WS(',', {parts})), 16), 16, 10) AS UNSIGNED)"
+
+    def comparable(self, other: MyTable) -> bool:
+        """Whether in-database checksums of the two tables can be compared: every
+        column present on both sides (a missing one reads NULL on one side only)."""
+        if not other.exists:
+            return True  # (its checksums are those of an empty range)
+        return all(c.name in self.columns and c.name in other.columns for c in self.schema.columns)
+
+    def next_chunk(self, lo: Sequence[str] | None, limit: int) -> tuple[int, int, tuple[str, ...] | None]:
+        """The next range after ``lo``: (rows, hash sum, text of its last key), at most
+        ``limit`` rows in key order, aggregated by the server."""
+        cond, params = self._cond(lo, None)
+        with self.conn.cursor() as cur:
+            cur.execute(
+                f"SELECT COUNT(*), CAST(COALESCE(SUM(_h), 0) AS CHAR) FROM (SELECT "
+                f"{self.hash_expr()} AS _h FROM {self.ident} WHERE {cond} "
+                f"ORDER BY {self._order()} LIMIT {int(limit)}) r",
+                params,
+            )
+            row = cur.fetchone()
+        count, total = int(row[0]), int(row[1])
+        if count == 0:
+            return 0, 0, None
+        return count, total, self._key_at(cond, params, count - 1)
+
+    def checksum(self, lo: Sequence[str] | None, hi: Sequence[str] | None) -> tuple[int, int]:
+        """(rows, hash sum) of the range ``(lo, hi]``, computed by the server."""
+        if not self.exists:
+            return 0, 0
+        cond, params = self._cond(lo, hi)
+        with self.conn.cursor() as cur:
+            cur.execute(
+                f"SELECT COUNT(*), CAST(COALESCE(SUM({self.hash_expr()}), 0) AS CHAR) "
+                f"FROM {self.ident} WHERE {cond}",
+                params,
+            )
+            row = cur.fetchone()
+        return int(row[0]), int(row[1])
+
+    def _key_at(self, cond: str, params: list[Any], offset: int) -> tuple[str, ...]:
+        """The text of the key at ``offset`` in key order among the rows of ``cond``
+        (as ``rows`` gives a last key)."""
+        exprs, convs = [], []
+        for k in self.keys:
+            e, f = select_column(self.columns[k])
+            exprs.append(e)
+            convs.append(f)
+        with self.conn.cursor() as cur:
+            cur.execute(
+                f"SELECT {', '.join(exprs)} FROM {self.ident} WHERE {cond} "
+                f"ORDER BY {self._order()} LIMIT 1 OFFSET {int(offset)}",
+                params,
+            )
+            rec = cur.fetchone()
+        assert rec is not None
+        return tuple(_text(None if v is None else (f(v) if f is not None else v))
+                     for f, v in zip(convs, rec, strict=True))
 
     # -- reads -------------------------------------------------------------------------
     def estimate(self) -> int:

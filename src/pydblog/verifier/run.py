@@ -332,9 +332,10 @@ def _chunks(src: Source, size: int) -> Iterator[tuple[Range, list[tuple[Key, Row
         lo, i = hi, i + 1
 
 
-def suspects_sql(src: PgTable, dst: PgTable, size: int, res: TableResult,
+def suspects_sql(src: Source, dst: Source, size: int, res: TableResult,
                  advance: Progress) -> list[Range]:
-    """Ranges whose count or hash sum differ, each side computed in its database."""
+    """Ranges whose count or hash sum differ, each side computed in its database (both
+    PostgreSQL, or both MySQL/MariaDB)."""
     out = []
     if is_keyless(src.schema):
         n, h = src.checksum(None, None)
@@ -492,6 +493,15 @@ def open_source(cfg: Config) -> Any:
     return open_mysql(cfg.source.dsn)
 
 
+def _checksummed(src: Source, dst: Source) -> bool:
+    """Whether both sides can checksum their ranges in their databases, comparably."""
+    if isinstance(src, PgTable) and isinstance(dst, PgTable):
+        return src.same_types(dst)
+    if isinstance(src, PgTable) or isinstance(dst, PgTable):
+        return False
+    return src.comparable(dst)  # (both MySQL/MariaDB tables)
+
+
 def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
                  reader: ChangeLogReader, opts: Options, advance: Progress) -> TableResult:
     t0 = time.monotonic()
@@ -502,13 +512,9 @@ def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
     keyless = is_keyless(schema)
     if isinstance(mirror, PgMirror | MyMirror):
         dst: Source = mirror.table(schema)
-        mode = (
-            "sql" if isinstance(src, PgTable) and isinstance(dst, PgTable) and src.same_types(dst)
-            else "rows"
-        )
+        mode = "sql" if _checksummed(src, dst) else "rows"
         res = TableResult(schema.qualified, mirror.name, mode)
         if mode == "sql":
-            assert isinstance(src, PgTable) and isinstance(dst, PgTable)
             suspects = suspects_sql(src, dst, opts.chunk_size, res, advance)
         else:
             suspects = suspects_rows(
