@@ -486,33 +486,6 @@ def embedded_rows(path: Path, columns: list[str] | None) -> list[dict[str, Any]]
     return [r for b in decode.read_range(OffsetRange(str(path), 0, end), schema) for r in b.to_pylist()]
 
 
-def test_claim_fences_an_older_epoch(kafka_log: LogConfig) -> None:
-    """HA: a leader that claimed epoch 2 wins over the epoch-1 leader still writing;
-    the old leader's next append raises Fenced and readers never see it."""
-    from pydblog.errors import Fenced
-
-    old = KafkaChangeLog(kafka_log)
-    old.claim(1)
-    b = batches()
-    old.append(b[0], cp(0))
-    new = KafkaChangeLog(kafka_log)
-    new.claim(2)
-    assert new.next_offset == 50 and new.last_checkpoint() == cp(0)
-    with pytest.raises(Fenced):
-        old.append(b[1], cp(1))  # lands in Kafka, but after epoch 2's begin: ignored
-    new.append(b[1], cp(1))
-    stale = KafkaChangeLog(kafka_log)
-    with pytest.raises(Fenced):
-        stale.claim(1)
-    reader = KafkaChangeLogReader(kafka_log)
-    got = records(reader)
-    assert [r.offset for r in got] == list(range(50 + 301))
-    assert reader.last_checkpoint() == cp(1)
-    for log_ in (old, new, stale):
-        log_.close()
-    reader.close()
-
-
 @pytest.mark.parametrize("race", ["before-the-fence", "after-the-recovery-read"])
 def test_claim_races_an_older_leaders_commit(kafka_log: LogConfig, race: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pydblog.changelog import sqlite as sqlite_log
 from pydblog.changelog.sqlite import BLOCK_EVENTS, SqliteChangeLog, SqliteChangeLogReader
 from pydblog.events import EncodedEvent, with_offset
-from pydblog.ports import Checkpoint, ColumnSchema, TableSchema
+from pydblog.ports import Checkpoint
 from pydblog.positions import Lsn, PgPosition
 
 
@@ -52,17 +52,7 @@ def test_offsets_are_dense_and_reads_exact(sizes: list[int], start: int, limit: 
     )
 
 
-def test_checkpoint_schemas_and_reopen(tmp_path: Path) -> None:
-    log = SqliteChangeLog(tmp_path)
-    schema = TableSchema("public", "t", (ColumnSchema("id", "integer", "int32", False),), ("id",))
-    log.append([ev(0), ev(1)], cp(5), [schema])
-    log.append([], cp(9))
-    log.close()
-    again = SqliteChangeLog(tmp_path)
-    assert again.next_offset == 2
-    last = again.last_checkpoint()
-    assert last is not None and last.snapshot == {"n": 9} and last.is_newer_than(cp(5))
-    assert again.schemas() == [(0, schema)]
+def test_with_offset_puts_the_offset_first() -> None:
     assert with_offset(7, b'{"op":"c"}') == b'{"offset":7,"op":"c"}'
 
 

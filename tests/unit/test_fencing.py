@@ -1,5 +1,7 @@
-"""Fencing of the embedded change log: an append of an epoch that no longer owns the
-log commits nothing, in the same transaction that would have written it."""
+"""Fencing of the embedded change log beyond the shared contract
+(``tests/changelog/test_contract.py``: a newer epoch fences the older writer): a claim
+sees appends made after open, an unclaimed log is not fenced, a lease without
+confirmation runs out."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
-from pydblog.errors import Fenced, LeadershipLost
+from pydblog.changelog.sqlite import SqliteChangeLog
+from pydblog.errors import LeadershipLost
 from pydblog.events import EncodedEvent
 from pydblog.ha.lease import DeadlineLease
 from pydblog.ports import Checkpoint
@@ -22,28 +24,6 @@ def ev(i: int) -> EncodedEvent:
 
 def cp(i: int) -> Checkpoint:
     return Checkpoint(PgPosition(Lsn(i), 0, Lsn(i)))
-
-
-def test_newer_epoch_fences_the_old_writer(tmp_path: Path) -> None:
-    old = SqliteChangeLog(tmp_path)
-    old.claim(1)
-    old.append([ev(0), ev(1)], cp(1))
-    new = SqliteChangeLog(tmp_path)
-    new.claim(2)
-    with pytest.raises(Fenced, match="epoch 2"):
-        old.append([ev(2)], cp(2))
-    assert new.append([ev(3)], cp(3)) == 3  # the new leader continues at the next offset
-    with pytest.raises(Fenced):
-        old.claim(1)  # an older epoch cannot take the log back
-    reader = SqliteChangeLogReader(tmp_path)
-    try:
-        assert [r.body for r in reader.read(0, 10)] == [b'{"i":0}', b'{"i":1}', b'{"i":3}']
-        got = reader.last_checkpoint()
-        assert got is not None and got.position == cp(3).position
-    finally:
-        reader.close()
-    old.close()
-    new.close()
 
 
 def test_claim_sees_appends_made_after_open(tmp_path: Path) -> None:
