@@ -513,6 +513,53 @@ def test_kill_9_during_a_repair(setup: tuple[Path, MiniSync], pg_db: str, mirror
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("after_s", [0.0, 1.5])
+def test_kill_9_of_the_sync_during_a_repair(setup: tuple[Path, MiniSync], pg_db: str,
+                                            mirror_db: str, tmp_path: Path,
+                                            after_s: float) -> None:
+    """`kill -9` of `dblog sync` (a process, as users run it) while it applies a
+    repair's range snapshots: the restarted sync applies every batch once (its progress
+    is in each target's commit), the repair ends with its markers, and the mirrors equal
+    the source."""
+    import time
+
+    from pydblog.devtools.proc import end_process
+    from tests.helpers import kill9, wait_for
+
+    config, _sync = setup
+    damage(mirror_db, tmp_lake(config))
+    log = tmp_path / "sync.log"
+
+    def start_sync() -> subprocess.Popen[bytes]:
+        with open(log, "ab") as err:
+            return subprocess.Popen([*DBLOG, "sync", "--config", str(config)],
+                                    stdout=subprocess.DEVNULL, stderr=err)
+
+    proc = start_sync()
+    try:
+        res = subprocess.run(
+            [*DBLOG, "snapshot", "--config", str(config), "--repair", r"public\.(items|words)"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert res.returncode == 0, res.stderr
+        signal_id = res.stdout.split()[-1]
+        wait_for(lambda: bool(markers_of(config, signal_id)), 120, "the repair's first marker")
+        time.sleep(after_s)
+        kill9(proc)
+        from pydblog.verifier.repair import wait_markers
+
+        outcome = wait_markers(load_config(config), signal_id, 0, 120)
+        assert set(outcome.markers) == {"public.items", "public.words"}, outcome
+        proc = start_sync()
+        wait_for_marker(config, pg_db)
+        wait_for(lambda: verify(config, r"public\.(items|words|pairs)")[0] == 0, 240,
+                 "the restarted sync to heal the mirrors")
+    finally:
+        end_process(proc, 60)
+    assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.items", "public.words"])
+
+
+@pytest.mark.slow
 def test_scheduled_verify_on_health_and_metrics(setup: tuple[Path, MiniSync], mirror_db: str) -> None:
     """`[verify] interval_minutes`: `dblog run` verifies in the background; /health's
     `verify` check and /metrics follow the mirrors."""
