@@ -25,8 +25,12 @@ API (see docs/snapshots.md for the whole protocol)::
 
 Invariants:
 
-- At most one request is outstanding: ``next_request`` returns None until the previous
-  one was answered (``on_table_started`` / ``on_chunk_read`` / ``on_request_failed``).
+- Requests outstanding: ``next_request`` returns None while no further request may go
+  out. Without concurrent windows that is one request until it is answered
+  (``on_table_started`` / ``on_chunk_read`` / ``on_request_failed``), plus, with
+  read-ahead, the table's next chunk once the previous chunk's rows are in (below);
+  with concurrent windows (``CoreSettings.parallelism > 1``, ``core.flight``) up to
+  ``parallelism`` chunk requests of one table at once, each with its own window.
 - Read-ahead (``CoreSettings.read_ahead``): once chunk n's rows are in, and n is not the
   table's last, ``next_request`` already returns chunk n+1 (``after_key`` = n's last key
   read), while n still waits for its H. The worker runs requests in order, so n+1's L
