@@ -304,14 +304,16 @@ BUFFERED = """
   bi BIGINT, bu BIGINT UNSIGNED, d1 DECIMAL(5,2), d2 DECIMAL(20,6), d3 DECIMAL(30,0),
   d4 DECIMAL(10,10), d5 DECIMAL(65,30), f FLOAT, db DOUBLE, dt DATE, dtt DATETIME,
   dt1 DATETIME(1), dt3 DATETIME(3), dt6 DATETIME(6), ts TIMESTAMP NULL, ts2 TIMESTAMP(2) NULL,
-  v VARCHAR(30), vl VARCHAR(300) CHARACTER SET latin1, tx TEXT, bl BLOB, vb VARBINARY(8)
+  v VARCHAR(30), vl VARCHAR(300) CHARACTER SET latin1, tx TEXT, bl BLOB, vb VARBINARY(8),
+  y YEAR, e ENUM('a', 'b', 'ü')
 """
 
 
 def test_whole_event_decoding_equals_the_library(mariadb: MariaDB, my_db: str) -> None:
     """A table whose every column the buffer readers decode (``fastrows._fetch_rows``):
     multi-row inserts, updates (before and after images) and deletes, extreme and
-    negative values, every fraction precision, NULLs, a zero date, give the library's
+    negative values, every fraction precision, NULLs, a zero date, a YEAR 0, an invalid
+    ENUM value (index 0), give the library's
     values and none_sources."""
     mariadb.execute(f"CREATE TABLE buf ({BUFFERED})", my_db)
     mariadb.execute("SET SESSION sql_mode = ''", my_db)
@@ -322,18 +324,18 @@ def test_whole_event_decoding_equals_the_library(mariadb: MariaDB, my_db: str) -
         "-12345678901234567890123456789012345.123456789012345678901234567890, -1.5, 1e300, "
         "'1000-01-01', '1000-01-01 00:00:00', '2024-01-02 03:04:05.1', '2024-01-02 03:04:05.123', "
         "'9999-12-31 23:59:59.999999', '1970-01-01 00:00:01', '2038-01-19 03:14:07.99', "
-        "'héllo ✓ 😀', 'Grüße', REPEAT('t', 300), x'00ff00', x'')",
+        "'héllo ✓ 😀', 'Grüße', REPEAT('t', 300), x'00ff00', x'', 1901, 'ü')",
         "(2, 127, 0, 8388607, 0, 9223372036854775807, 0, 0.00, 0.000001, 0, 0.9999999999, "
         "0.000000000000000000000000000001, 0, -2.2250738585072014e-308, '2024-02-29', "
         "'2024-02-29 23:59:59', '2024-02-29 23:59:59.9', '0000-00-00 00:00:00.000', "
-        "'2000-01-01 00:00:00.000001', NULL, NULL, '', '', '', '', NULL)",
+        "'2000-01-01 00:00:00.000001', NULL, NULL, '', '', '', '', NULL, 2155, 'x')",
         "(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
-        "'0000-00-00', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+        "'0000-00-00', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL)",
     ]
     with mariadb.admin(my_db) as cur:
         cur.execute("SET SESSION sql_mode = ''")
         cur.execute(f"INSERT INTO buf VALUES {', '.join(rows)}")
-        cur.execute("UPDATE buf SET d2 = -d2, dt6 = NULL, v = CONCAT(v, 'x'), ti = 1")
+        cur.execute("UPDATE buf SET d2 = -d2, dt6 = NULL, v = CONCAT(v, 'x'), ti = 1, e = 'a'")
         cur.execute("DELETE FROM buf WHERE id >= 2")
     library, fast = _decode_both(mariadb, my_db, file, pos)
     assert [k for k, _ in library] == ["WriteRowsEvent"] * 3 + ["UpdateRowsEvent"] * 3 + [

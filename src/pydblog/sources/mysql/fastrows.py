@@ -5,7 +5,8 @@ metadata lookups. ``install()`` replaces ``RowsEvent._read_column_data`` with a 
 that builds, once per TABLE_MAP, a plan of one small reader per column for the common
 types (integers, FLOAT/DOUBLE, VARCHAR, BLOB/TEXT, DATE, DATETIME2, TIMESTAMP2) and hands
 every other type to the library's own decoder; and ``RowsEvent._fetch_rows`` with one
-that, for a table whose every column has a buffer reader (those types and DECIMAL),
+that, for a table whose every column has a buffer reader (those types, DECIMAL, YEAR
+and ENUM),
 reads the event's body once and decodes its rows from it by offset.
 
 Invariants: the values are exactly the library's for every type, and so are the
@@ -375,7 +376,26 @@ def _buf_reader(column: Any) -> BufReader | None:
         return _buf_date
     if t == FIELD_TYPE.NEWDECIMAL:
         return _buf_decimal(column.precision, column.decimals)
+    if t == FIELD_TYPE.YEAR:
+        return _buf_year
+    if t == FIELD_TYPE.ENUM:
+        return _buf_enum(column.size, list(column.enum_values or ()))
     return None
+
+
+def _buf_year(buf: bytes, off: int) -> tuple[Any, int]:
+    return buf[off] + 1900, off + 1  # (the library's: YEAR 0 reads 1900)
+
+
+def _buf_enum(size: int, values: list[str]) -> BufReader:
+    """An ENUM's member by its index (index 0, an invalid value, is ``values[0]``);
+    None where the TABLE_MAP carried no members, as the library."""
+
+    def read(buf: bytes, off: int) -> tuple[Any, int]:
+        index = int.from_bytes(buf[off:off + size], "little")
+        return (values[index] if values else None), off + size
+
+    return read
 
 
 _ORIGINAL_FETCH: Any = RowsEvent._fetch_rows
