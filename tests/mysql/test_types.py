@@ -305,7 +305,7 @@ BUFFERED = """
   d4 DECIMAL(10,10), d5 DECIMAL(65,30), f FLOAT, db DOUBLE, dt DATE, dtt DATETIME,
   dt1 DATETIME(1), dt3 DATETIME(3), dt6 DATETIME(6), ts TIMESTAMP NULL, ts2 TIMESTAMP(2) NULL,
   v VARCHAR(30), vl VARCHAR(300) CHARACTER SET latin1, tx TEXT, bl BLOB, vb VARBINARY(8),
-  y YEAR, e ENUM('a', 'b', 'ü')
+  y YEAR, e ENUM('a', 'b', 'ü'), ch CHAR(5), cu CHAR(200) CHARACTER SET utf8mb4, bn BINARY(4)
 """
 
 
@@ -324,13 +324,13 @@ def test_whole_event_decoding_equals_the_library(mariadb: MariaDB, my_db: str) -
         "-12345678901234567890123456789012345.123456789012345678901234567890, -1.5, 1e300, "
         "'1000-01-01', '1000-01-01 00:00:00', '2024-01-02 03:04:05.1', '2024-01-02 03:04:05.123', "
         "'9999-12-31 23:59:59.999999', '1970-01-01 00:00:01', '2038-01-19 03:14:07.99', "
-        "'héllo ✓ 😀', 'Grüße', REPEAT('t', 300), x'00ff00', x'', 1901, 'ü')",
+        "'héllo ✓ 😀', 'Grüße', REPEAT('t', 300), x'00ff00', x'', 1901, 'ü', 'ab', REPEAT('é', 200), x'00ff')",
         "(2, 127, 0, 8388607, 0, 9223372036854775807, 0, 0.00, 0.000001, 0, 0.9999999999, "
         "0.000000000000000000000000000001, 0, -2.2250738585072014e-308, '2024-02-29', "
         "'2024-02-29 23:59:59', '2024-02-29 23:59:59.9', '0000-00-00 00:00:00.000', "
-        "'2000-01-01 00:00:00.000001', NULL, NULL, '', '', '', '', NULL, 2155, 'x')",
+        "'2000-01-01 00:00:00.000001', NULL, NULL, '', '', '', '', NULL, 2155, 'x', '', '', x'')",
         "(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
-        "'0000-00-00', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL)",
+        "'0000-00-00', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)",
     ]
     with mariadb.admin(my_db) as cur:
         cur.execute("SET SESSION sql_mode = ''")

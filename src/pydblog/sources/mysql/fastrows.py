@@ -165,7 +165,7 @@ def _reader(column: Any) -> Reader | None:
         return _unpacker("<f")
     if t == FIELD_TYPE.DOUBLE:
         return _unpacker("<d")
-    if t == FIELD_TYPE.VARCHAR:
+    if t in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING):  # (CHAR and BINARY are STRING)
         return _string(2 if column.max_length > 255 else 1, _encoding(column))
     if t == FIELD_TYPE.BLOB:
         return _string(column.length_size, _encoding(column))
@@ -364,7 +364,7 @@ def _buf_reader(column: Any) -> BufReader | None:
         return _buf_unpacker("<f")
     if t == FIELD_TYPE.DOUBLE:
         return _buf_unpacker("<d")
-    if t == FIELD_TYPE.VARCHAR:
+    if t in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING):  # (CHAR and BINARY are STRING)
         return _buf_string(2 if column.max_length > 255 else 1, _encoding(column))
     if t == FIELD_TYPE.BLOB:
         return _buf_string(column.length_size, _encoding(column))
