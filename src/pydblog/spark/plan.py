@@ -69,6 +69,9 @@ REDUCED_SCHEMA = pa.schema(
         ("text", pa.string()),  # the row (upsert) or the key (delete) as JSON text
         ("unchanged", pa.list_(pa.string())),  # columns whose target value is kept
         ("part", pa.int32()),  # crc32(key) % parts (the PostgreSQL sink's partitions)
+        # the key's first event of the reduced events is an insert ("c") and nothing is
+        # left to keep from the target: the target had no row of this key before them
+        ("fresh", pa.bool_()),
     ]
 )
 
@@ -188,6 +191,7 @@ def reduce_fn(parts: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
                 "text": tc.texts,
                 "unchanged": [list(u) for u in tc.unchanged],
                 "part": [zlib.crc32((k or "").encode()) % parts for k in tc.keys],
+                "fresh": [f and not u for f, u in zip(tc.fresh, tc.unchanged, strict=True)],
             }, schema=REDUCED_SCHEMA)
 
     return run
@@ -292,6 +296,8 @@ class SparkBatch:
     markers: list[tuple[int, str, str, str]] = field(default_factory=list)
     newest_ms: int | None = None  # the newest source commit time of the batch's events
     source: str = "default"  # the [[sync.sources]] entry the batch is of (its progress key)
+    # targets that union several sources' tables (they hold other sources' rows)
+    merged: set[str] = field(default_factory=set)
     # every source's progress time (ms; None: not known yet) once this batch is applied
     watermarks: dict[str, int | None] = field(default_factory=dict)
     _reduced: dict[tuple[tuple[str, int], ...], Any] = field(default_factory=dict, repr=False)

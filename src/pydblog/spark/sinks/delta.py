@@ -14,7 +14,8 @@ version ``<= w``. A crash before the commit leaves nothing behind; after it, the
 is a no-op.
 
 One commit per table and batch: a MERGE (upserts and deletes of the reduced batch), or,
-when the batch truncates the table, an overwrite with the rows after the truncate.
+when the batch truncates the table, an overwrite with the rows after the truncate, or,
+when every key of the table's reduced batch is new (``fresh_tables``), an append.
 Table creation and added columns are separate, idempotent commits before it. Tables are
 applied one after the other (the transaction confs are the session's); each MERGE is
 itself spread over the executors.
@@ -162,8 +163,9 @@ class DeltaSink:
             purges = spark_purges(batch, since)  # repairs: spark/repairs.py
         except Exception as exc:
             raise SinkError(f"repairs: {_first_line(exc)}") from exc
+        fresh = fresh_tables(batch, reduced, [q for q in todo if q not in cuts and q not in purges])
         for q in todo:
-            self._apply_table(batch, q, reduced, q in cuts, purges.get(q))
+            self._apply_table(batch, q, reduced, q in cuts, purges.get(q), q in fresh)
 
     def write_watermarks(self, spark: Any, batch: SparkBatch) -> None:
         self.write_marks(spark, batch.watermarks, batch.source, batch.end)
@@ -208,11 +210,12 @@ class DeltaSink:
             raise SinkError(f"{WATERMARKS_DIR}: {_first_line(exc)}") from exc
 
     def _apply_table(self, batch: SparkBatch, qualified: str, reduced: Any, truncated: bool,
-                     purge: SparkPurge | None = None) -> None:
-        """One table's net change in one MERGE (an overwrite after a truncate) under the
-        batch's ``txnAppId``/``txnVersion``. A repair's ``purge`` joins the same commit:
-        the net change of its dropped keys becomes a delete, and the target keys it
-        deletes are added to the MERGE's source as deletes."""
+                     purge: SparkPurge | None = None, fresh: bool = False) -> None:
+        """One table's net change in one MERGE (an overwrite after a truncate, an
+        insert-only write when ``fresh``: ``fresh_tables``) under the batch's
+        ``txnAppId``/``txnVersion``. A repair's ``purge`` joins the same commit: the net
+        change of its dropped keys becomes a delete, and the target keys it deletes are
+        added to the MERGE's source as deletes."""
         from pyspark.sql import functions as F
 
         spark = batch.packed.sparkSession
@@ -245,7 +248,7 @@ class DeltaSink:
                     .select(*[quote(k) for k in purge.key]).collect()])
                 if gone:
                     extra = spark.createDataFrame(
-                        [(schema_name, table, g, "d", batch.end - 1, g, [], 0) for g in gone],
+                        [(schema_name, table, g, "d", batch.end - 1, g, [], 0, False) for g in gone],
                         spark_schema(REDUCED_SCHEMA))
                     rows = rows.unionByName(extra)
                 elif ts is None:
@@ -262,6 +265,10 @@ class DeltaSink:
             try:
                 if truncated:
                     self._overwrite(spark, path, source, target, batch.end, app)
+                elif fresh and schema.key and batch.dense:
+                    self._overwrite(spark, path, source, target, batch.end, app, "append")
+                elif fresh and schema.key:
+                    self._insert(spark, path, source, schema, batch.end, app)
                 else:
                     self._merge(spark, path, source, schema, ts is not None and ts.unchanged,
                                 batch.end, app)
@@ -276,7 +283,9 @@ class DeltaSink:
 
     @staticmethod
     def _overwrite(spark: Any, path: str, source: Any, target: pa.Schema, end: int,
-                   app: str = APP_ID) -> None:
+                   app: str = APP_ID, mode: str = "overwrite") -> None:
+        """Write the upserts of ``source`` as the table's content (``mode`` overwrite)
+        or added to it (append), under ``(app, end)``."""
         from pyspark.sql import functions as F
 
         t_spark = spark_schema(target)
@@ -286,8 +295,26 @@ class DeltaSink:
             for f in t_spark.fields
         ]
         (source.where(F.col("_dblog_op") != "d").select(*cols)
-         .write.format("delta").mode("overwrite")
+         .write.format("delta").mode(mode)
          .option("txnAppId", app).option("txnVersion", str(end)).save(path))
+
+    @staticmethod
+    def _insert(spark: Any, path: str, source: Any, schema: TableSchema, end: int,
+                app: str = APP_ID) -> None:
+        """The upserts of ``source`` in an insert-only MERGE (Delta reads the target's
+        keys, rewrites no file): a row whose key the target holds is left as it is."""
+        from delta.tables import DeltaTable
+
+        nullable = {c.name for c in schema.columns if c.nullable}
+        predicate = " AND ".join(
+            f"t.{quote(k)} <=> s.{quote(k)}" if k in nullable else f"t.{quote(k)} = s.{quote(k)}"
+            for k in schema.key)
+        inserts: dict[str, Any] = {quote(c.name): f"s.{quote(c.name)}" for c in schema.columns}
+        with app_transaction(spark, app, end):
+            (DeltaTable.forPath(spark, path).alias("t")
+             .merge(source.where("_dblog_op = 'u'").alias("s"), predicate)
+             .whenNotMatchedInsert(values=inserts)
+             .execute())
 
     @staticmethod
     def _merge(spark: Any, path: str, source: Any, schema: TableSchema, unchanged: bool,
@@ -326,6 +353,36 @@ class DeltaSink:
 
     def close(self) -> None:
         pass
+
+
+def fresh_tables(batch: SparkBatch, reduced: Any, candidates: list[str]) -> set[str]:
+    """The tables of ``candidates`` whose every reduced key is ``fresh``: the key's first
+    event applied by this batch is an insert (``c``) and the net row keeps nothing
+    from the target. Such a table's batch is written insert-only, without a MERGE.
+
+    Exact: the target holds the mirror of the table's events below the first event this
+    batch applies to it (every earlier batch applied exactly once, the straddle of a
+    replay cut at the table's transaction version). A source inserts a key only when it
+    has no row of that key, so just before that insert the table had no row of the key,
+    and neither has its mirror: the key's net row is new to the target, and a net delete
+    deletes nothing there. A key deleted and inserted again within the batch, or a
+    snapshot row (``r``, which may re-read a row the target holds), has a first event
+    other than ``c``, which sends the whole table to the MERGE. The write carries the
+    batch's ``txnAppId``/``txnVersion`` in its one commit, as a MERGE does: a replay
+    skips it. A log whose offsets are dense (checked per batch) has no gap, so no event
+    of a key can be missing before its insert: those batches are plain appends. A log
+    that may have gaps (a compacted Kafka topic: a delete removed before it was read)
+    gets an insert-only MERGE instead: a key the target holds after all is left as is
+    rather than written twice. Targets that hold other sources' rows (merged), a repair's
+    or a truncate's table and tables without a primary key always take the MERGE."""
+    from pyspark.sql import functions as F
+
+    wanted = [q for q in candidates if q in batch.tables and q not in batch.merged]
+    if not wanted:
+        return set()
+    rows = (reduced.groupBy("schema", "table")
+            .agg(F.min(F.col("fresh").cast("int")).alias("fresh")).collect())
+    return {q for r in rows if r["fresh"] == 1 and (q := f"{r['schema']}.{r['table']}") in wanted}
 
 
 def _first_line(exc: BaseException) -> str:
