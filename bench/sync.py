@@ -455,16 +455,16 @@ def main() -> None:
                          "available-now", args.master, args.max_events_per_trigger)
             res = drain(spark, cfg, end)
             report("MySQL (MariaDB)", end, res)
-            figures: dict[str, Any] = {"events": end, "mysql_events_per_s": end / res[0],
+            my_figures: dict[str, Any] = {"events": end, "mysql_events_per_s": end / res[0],
                                        "mysql_after_first_batch_events_per_s": res[1],
                                        "postgres_events_per_s": pg_rate}
             if pg_rate is not None:
-                figures["mysql_x_postgres"] = end / res[0] / pg_rate
-                print(f"  = {figures['mysql_x_postgres']:.2f} x the PostgreSQL drain of this run "
+                my_figures["mysql_x_postgres"] = end / res[0] / pg_rate
+                print(f"  = {my_figures['mysql_x_postgres']:.2f} x the PostgreSQL drain of this run "
                       f"(load {os.getloadavg()[0]:.1f})")
             import results
 
-            print(f"results: {results.write('sync_mysql', figures)}")
+            print(f"results: {results.write('sync_mysql', my_figures)}")
     if "latency" in only:
         lat = latency(spark, work, args.master, args.rate, args.seconds)
         print(
