@@ -350,12 +350,21 @@ def main() -> None:
         )
         for name in ("delta", "delta2")
     }
+    figures: dict[str, Any] = {"events": end, "master": args.master,
+                               "max_events_per_trigger": args.max_events_per_trigger}
+
+    def record(name: str, result: tuple[float, float | None]) -> None:
+        figures[f"{name}_events_per_s"] = end / result[0]
+        figures[f"{name}_after_first_batch_events_per_s"] = result[1]
+        figures[f"{name}_load_1min"] = os.getloadavg()[0]
+
     if "delta" in only:
         # As the process's first query (cold JVM paths and Python workers), then again
         # as a second query of the same Spark session (what a running job sees when a
         # backlog builds up): into a fresh lake and checkpoint each time.
-        report("Delta (first query of the process: cold JVM paths and Python workers)", end,
-               drain(spark, delta_cfg["delta"], end))
+        res = drain(spark, delta_cfg["delta"], end)
+        report("Delta (first query of the process: cold JVM paths and Python workers)", end, res)
+        record("delta_first_query", res)
     broker = None
     kafka_logs: dict[int, dict[str, Any]] = {}
     if "kafka" in only:
@@ -393,6 +402,7 @@ def main() -> None:
                 s, base_steady = drain(spark, delta_cfg["delta2"], end)
                 base = end / s
                 report(f"Delta (second query, warm session){suffix}", end, (s, base_steady))
+                record(f"delta_warm{r + 1}", (s, base_steady))
             for (parts, par), log in kafka_runs.items():
                 clean(work, f"lake-kafka{parts}", f"cp-kafka{parts}")
                 cfg = config(work, f"kafka{parts}",
@@ -401,6 +411,7 @@ def main() -> None:
                 s, steady = drain(spark, cfg, end, par)
                 label = f"{parts} partition(s) a topic" + (f", numPartitions {par}" if par else "")
                 report(f"Delta from Kafka, {label} (warm session){suffix}", end, (s, steady))
+                record(f"kafka_p{parts}_par{par or 'default'}_round{r + 1}", (s, steady))
                 if base is not None:
                     ratios[(parts, par)].append(end / s / base)
                     extra = ""
@@ -433,6 +444,7 @@ def main() -> None:
             res = drain(spark, cfg, end)
             pg_rate = end / res[0]
             report("PostgreSQL", end, res)
+            record("postgres", res)
     if "mysql" in only:
         from pydblog.devtools.mariadb import MariaDB
 
@@ -443,16 +455,16 @@ def main() -> None:
                          "available-now", args.master, args.max_events_per_trigger)
             res = drain(spark, cfg, end)
             report("MySQL (MariaDB)", end, res)
-            figures: dict[str, Any] = {"events": end, "mysql_events_per_s": end / res[0],
+            my_figures: dict[str, Any] = {"events": end, "mysql_events_per_s": end / res[0],
                                        "mysql_after_first_batch_events_per_s": res[1],
                                        "postgres_events_per_s": pg_rate}
             if pg_rate is not None:
-                figures["mysql_x_postgres"] = end / res[0] / pg_rate
-                print(f"  = {figures['mysql_x_postgres']:.2f} x the PostgreSQL drain of this run "
+                my_figures["mysql_x_postgres"] = end / res[0] / pg_rate
+                print(f"  = {my_figures['mysql_x_postgres']:.2f} x the PostgreSQL drain of this run "
                       f"(load {os.getloadavg()[0]:.1f})")
             import results
 
-            print(f"results: {results.write('sync_mysql', figures)}")
+            print(f"results: {results.write('sync_mysql', my_figures)}")
     if "latency" in only:
         lat = latency(spark, work, args.master, args.rate, args.seconds)
         print(
@@ -460,6 +472,10 @@ def main() -> None:
             f"p50 {pct(lat, 0.5) / 1000:.2f}s p99 {pct(lat, 0.99) / 1000:.2f}s "
             f"mean {statistics.fmean(lat) / 1000:.2f}s"
         )
+    if len(figures) > 3:  # a Delta or Kafka drain ran (the MySQL figures have their file)
+        import results
+
+        print(f"results: {results.write('sync', figures)}")
     spark.stop()
     if not args.workdir:  # a temporary workdir (~0.4 GB for 1M events) goes with the run
         shutil.rmtree(work, ignore_errors=True)

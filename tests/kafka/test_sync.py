@@ -250,7 +250,7 @@ def test_every_kill_point_of_a_batch_replays_exactly(
 
     def delta_table(self: DeltaSink, batch: Any, qualified: str, *args: Any) -> None:
         if point[0] == "delta-second-table" and qualified == sorted(batch.tables)[1]:
-            raise Killed(point[0])  # the first table commits (tables go one by one)
+            raise Killed(point[0])  # the first table commits (its thread runs to its end)
         real_table(self, batch, qualified, *args)
 
     def pg_prepare(self: PostgresSink, *args: Any) -> None:

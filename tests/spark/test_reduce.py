@@ -140,3 +140,22 @@ def test_any_row_order_gives_the_same_net_change(data: st.DataObject) -> None:
                 for q, c in red.items()}
 
     assert flat(reduce_events(shuffled)) == flat(reduce_events(t))
+
+
+def test_fresh_keys_are_those_whose_first_event_is_an_insert() -> None:
+    """``fresh`` (the Delta sink's insert-only writes): the key's first event of the
+    batch is a ``c``; a delete or snapshot row first, or an update, is not fresh."""
+    t = batch(
+        ev(Op.CREATE, 1, {"id": 1, "v": "a", "big": "B"}),
+        ev(Op.UPDATE, 1, {"id": 1, "v": "b", "big": UNCHANGED_TOAST}, unchanged=("big",)),
+        ev(Op.UPDATE, 2, {"id": 2, "v": "x"}),
+        ev(Op.DELETE, 3), ev(Op.CREATE, 3, {"id": 3, "v": "y"}),  # deleted, inserted again
+        ev(Op.CREATE, 4, {"id": 4}), ev(Op.DELETE, 4),  # inserted and deleted
+        ev(Op.READ, 5, {"id": 5}),  # a snapshot row may re-read a held row
+        ev(Op.CREATE, 6, {"id": 6}), ev(Op.DELETE, 6), ev(Op.CREATE, 6, {"id": 6, "v": "z"}),
+    )
+    for rows in (t, t.take(pa.array(list(reversed(range(t.num_rows))), pa.int64()))):
+        ch = reduce_events(rows)["public.t"]
+        fresh = {r["id"]: f for r, f in zip(ch.rows, ch.fresh, strict=True)}
+        assert fresh == {1: True, 2: False, 3: False, 4: True, 5: False, 6: True}
+        assert net(rows)[1] == ("u", {"id": 1, "v": "b", "big": "B"}, [])

@@ -268,6 +268,8 @@ class BatchApplier:
         for q, (schema, target) in targets.items():
             if q in batch.tables or not target.merged:
                 batch.recorded[q] = schema
+            if target.merged:
+                batch.merged.add(q)
             if target.merged and q in batch.tables and batch.tables[q].truncate is not None:
                 raise SinkError(
                     f"source {self.source}: a table merged into {q} was truncated (offset "

@@ -69,6 +69,9 @@ REDUCED_SCHEMA = pa.schema(
         ("text", pa.string()),  # the row (upsert) or the key (delete) as JSON text
         ("unchanged", pa.list_(pa.string())),  # columns whose target value is kept
         ("part", pa.int32()),  # crc32(key) % parts (the PostgreSQL sink's partitions)
+        # the key's first event of the reduced events is an insert ("c") and nothing is
+        # left to keep from the target: the target had no row of this key before them
+        ("fresh", pa.bool_()),
     ]
 )
 
@@ -143,13 +146,15 @@ def events_fn(
     since: Mapping[str, int] | None = None,
     cut: Mapping[str, int] | None = None,
     parts: int | None = None,
+    rows: bool = False,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """``mapInArrow`` over packed rows: their events (``schema``'s columns). With
-    ``since``/``cut`` only row events of offset ``>= since[table]`` and ``> cut[table]``
-    (the mirrors' input); with ``parts`` a column ``part`` = ``crc32(key) % parts``."""
+    ``rows``, ``since``/``cut`` or ``parts`` only row events of offset ``>=
+    since[table]`` and ``> cut[table]`` (the mirrors' input); with ``parts`` a column
+    ``part`` = ``crc32(key) % parts``."""
     since = dict(since or {})
     cut = dict(cut or {})
-    rows_only = bool(since or cut) or parts is not None
+    rows_only = rows or bool(since or cut) or parts is not None
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for _first, _end, t in _payloads(batches):
@@ -188,6 +193,7 @@ def reduce_fn(parts: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Re
                 "text": tc.texts,
                 "unchanged": [list(u) for u in tc.unchanged],
                 "part": [zlib.crc32((k or "").encode()) % parts for k in tc.keys],
+                "fresh": [f and not u for f, u in zip(tc.fresh, tc.unchanged, strict=True)],
             }, schema=REDUCED_SCHEMA)
 
     return run
@@ -292,6 +298,8 @@ class SparkBatch:
     markers: list[tuple[int, str, str, str]] = field(default_factory=list)
     newest_ms: int | None = None  # the newest source commit time of the batch's events
     source: str = "default"  # the [[sync.sources]] entry the batch is of (its progress key)
+    # targets that union several sources' tables (they hold other sources' rows)
+    merged: set[str] = field(default_factory=set)
     # every source's progress time (ms; None: not known yet) once this batch is applied
     watermarks: dict[str, int | None] = field(default_factory=dict)
     _reduced: dict[tuple[tuple[str, int], ...], Any] = field(default_factory=dict, repr=False)
@@ -376,20 +384,24 @@ class SparkBatch:
         return {q: ts.truncate for q, ts in self.tables.items()
                 if ts.truncate is not None and ts.truncate >= since.get(q, -1)}
 
-    def row_events(self, since: Mapping[str, int], parts: int | None = None) -> Any:
+    def row_events(self, since: Mapping[str, int], parts: int | None = None,
+                   part: bool = True) -> Any:
         """The mirrors' input: row events of offset ``>= since[table]``, after each
         table's last truncate, with their ``part`` (``crc32(key) % parts``, default
-        the batch's ``parts``)."""
+        the batch's ``parts``; without it when not ``part``)."""
         cols = [c for c in ("offset", "op", "schema", "table", "key", "after", "unchanged")
                 if c in self.columns]
         full = columns_schema(self.columns)
-        out = columns_schema(cols).append(pa.field("part", pa.int32()))
-
-        inner = events_fn(full, since, self.cuts(since), parts or self.parts)
+        out = columns_schema(cols)
+        if part:
+            out = out.append(pa.field("part", pa.int32()))
+        inner = events_fn(full, since, self.cuts(since),
+                          (parts or self.parts) if part else None, rows=True)
+        names = out.names
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for b in inner(batches):
-                yield b.select([*cols, "part"])
+                yield b.select(names)
 
         return self.packed.mapInArrow(run, spark_schema(out))
 
@@ -400,7 +412,7 @@ class SparkBatch:
         k = tuple(sorted(since.items()))
         df = self._reduced.get(k)
         if df is None:
-            ev = self.row_events(since)
+            ev = self.row_events(since, part=False)  # the reduce computes its own
             df = (ev.repartition(self.parts, "schema", "table", "key")
                   .mapInArrow(reduce_fn(self.parts), spark_schema(REDUCED_SCHEMA)))
             from pyspark import StorageLevel

@@ -37,7 +37,8 @@ class TableChanges:
     """The net change of one table in one batch. Row ``i`` is ``ops[i]`` (``u``
     upsert or ``d`` delete) of ``rows[i]`` (the full row for an upsert, the key columns
     for a delete), from the event at ``offsets[i]``; ``unchanged[i]`` lists columns whose
-    target value must be kept. ``texts[i]`` is ``rows[i]`` as JSON text (what the log
+    target value must be kept; ``fresh[i]`` says the key's first event in the reduced
+events is an insert (``c``): the source had no row of that key just before it. ``texts[i]`` is ``rows[i]`` as JSON text (what the log
     holds; the placeholders of kept columns replaced by null): ``rows`` is parsed from
     ``texts`` on first use, so a sink that converts the texts in bulk never builds the
     dicts."""
@@ -50,6 +51,7 @@ class TableChanges:
     offsets: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     unchanged: list[Sequence[str]] = field(default_factory=list)
+    fresh: list[bool] = field(default_factory=list)
     _rows: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -130,10 +132,12 @@ def _fill_unchanged(rows: pa.Table, pending: Pending) -> None:
         tc.texts[i] = orjson.dumps(row).decode()
 
 
-def _collect(tc: TableChanges, part: pa.Table, pending: Pending) -> None:
-    """Append the last events of one table (``part``, in offset order) to ``tc`` as
-    net changes: an upsert keeps the event's ``after`` text, a delete the key's."""
+def _collect(tc: TableChanges, part: pa.Table, fresh: pa.Array, pending: Pending) -> None:
+    """Append the last events of one table (``part``, in offset order; ``fresh``: per
+    row whether its key's first event is an insert) to ``tc`` as net changes: an upsert
+    keeps the event's ``after`` text, a delete the key's."""
     keys = part["key"].to_pylist()
+    tc.fresh.extend(fresh.to_pylist())
     deleted = pc.fill_null(
         pc.or_(pc.equal(part["op"], DELETE), pc.is_null(part["after"])), True
     ).combine_chunks()
@@ -216,20 +220,27 @@ def reduce_events(events: pa.Table) -> dict[str, TableChanges]:
     # only the few last events are sorted, not every row of the batch.
     codes, names = _table_codes(ev)
     groups = pa.table({"q": codes, "key": ev["key"], "offset": ev["offset"]})
-    last = groups.group_by(["q", "key"], use_threads=False).aggregate([("offset", "max")])
+    last = groups.group_by(["q", "key"], use_threads=False).aggregate(
+        [("offset", "max"), ("offset", "min")])
     idx = pc.indices_nonzero(pc.is_in(ev["offset"], value_set=last["offset_max"]))
     idx = pc.take(idx, pc.sort_indices(pc.take(ev["offset"], idx)))
     last_codes = pc.take(codes, idx)
+    # Per last event: whether its key's first event (the group's lowest offset) is a "c".
+    first_ops = pc.take(ev["op"], pc.index_in(last["offset_min"], value_set=ev["offset"]))
+    group_fresh = pc.fill_null(pc.equal(first_ops, "c"), False)
+    last_fresh = pc.take(group_fresh, pc.index_in(pc.take(ev["offset"], idx),
+                                                  value_set=last["offset_max"]))
     needed = ev.select(["offset", "op", "key", "after", "unchanged"])
     pending: Pending = {}
     for code in pc.unique(last_codes).to_pylist():
         schema, table = names[code]
         q = f"{schema}.{table}"
-        part = needed.take(pc.filter(idx, pc.equal(last_codes, code)))
+        mine = pc.equal(last_codes, code)
+        part = needed.take(pc.filter(idx, mine))
         tc = out.get(q)
         if tc is None:
             tc = out[q] = TableChanges(schema, table)
-        _collect(tc, part, pending)
+        _collect(tc, part, pc.filter(last_fresh, mine), pending)
     if pending:
         _fill_unchanged(ev.append_column("_q", _qualified(ev)), pending)
     return out

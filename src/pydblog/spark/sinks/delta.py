@@ -14,18 +14,23 @@ version ``<= w``. A crash before the commit leaves nothing behind; after it, the
 is a no-op.
 
 One commit per table and batch: a MERGE (upserts and deletes of the reduced batch), or,
-when the batch truncates the table, an overwrite with the rows after the truncate.
-Table creation and added columns are separate, idempotent commits before it. Tables are
-applied one after the other (the transaction confs are the session's); each MERGE is
-itself spread over the executors.
+when the batch truncates the table, an overwrite with the rows after the truncate, or,
+when every key of the table's reduced batch is new (``fresh_tables``), an append.
+Table creation and added columns are separate, idempotent commits before it. Up to
+``parallelism`` tables are applied at once, each in a thread of its own with a Spark
+session of its own (``SparkSession.newSession``: the transaction confs of a MERGE are
+the session's, and sessions share the SparkContext, its cache and the executors); each
+commit is itself spread over the executors.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import queue
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -35,6 +40,7 @@ from pydblog.spark.plan import REDUCED_SCHEMA, SparkBatch, spark_schema, typed_f
 from pydblog.spark.repairs import SparkPurge, spark_purges, target_deletes
 from pydblog.spark.typemap import arrow_schema
 
+T = TypeVar("T")
 APP_ID = "pydblog-sync"
 DEFAULT_SOURCE = "default"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -132,7 +138,36 @@ class DeltaSink:
     def __init__(self, root: str, parallelism: int = 2) -> None:
         self.root = root
         self.name = f"delta:{root}"
-        self.parallelism = parallelism
+        self.parallelism = max(1, parallelism)
+        self._pool: ThreadPoolExecutor | None = None
+        self._sessions: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._owner: Any = None  # the session the pooled sessions were made from
+
+    def _each(self, spark: Any, fn: Callable[[Any, str], T], tables: list[str]) -> dict[str, T]:
+        """``fn(session, q)`` for every table, up to ``parallelism`` at once, each call
+        with a session of its own (made from ``spark``, reused across batches); the
+        first error is raised after every call ended."""
+        if self.parallelism == 1 or len(tables) < 2:
+            return {q: fn(spark, q) for q in tables}
+        if self._owner is not spark:  # a new session (tests, a restarted job)
+            self._sessions = queue.SimpleQueue()
+            self._owner = spark
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.parallelism, thread_name_prefix="dblog-delta")
+
+        def run(q: str) -> T:
+            try:
+                session = self._sessions.get_nowait()
+            except queue.Empty:
+                session = spark.newSession()
+            try:
+                return fn(session, q)
+            finally:
+                self._sessions.put(session)
+
+        futures = {q: self._pool.submit(run, q) for q in tables}
+        wait(futures.values())
+        return {q: f.result() for q, f in futures.items()}
 
     def table_path(self, schema: str, table: str) -> str:
         if "://" in self.root:
@@ -141,15 +176,17 @@ class DeltaSink:
 
     def apply(self, batch: SparkBatch) -> None:
         spark = batch.packed.sparkSession
-        done: dict[str, int | None] = {}
         marked = {f"{m[1]}.{m[2]}" for m in batch.markers}
-        for q in sorted(set(batch.tables) | marked):
+
+        def version(session: Any, q: str) -> int | None:
             schema_name, _, table = q.partition(".")
             try:
-                done[q] = txn_version(spark, self.table_path(schema_name, table),
-                                      app_id(APP_ID, batch.source))
+                return txn_version(session, self.table_path(schema_name, table),
+                                   app_id(APP_ID, batch.source))
             except Exception as exc:
                 raise SinkError(f"table {q}: {exc}") from exc
+
+        done = self._each(spark, version, sorted(set(batch.tables) | marked))
         todo = sorted(q for q, w in done.items() if w is None or w < batch.end)
         if not todo:
             return
@@ -162,8 +199,12 @@ class DeltaSink:
             purges = spark_purges(batch, since)  # repairs: spark/repairs.py
         except Exception as exc:
             raise SinkError(f"repairs: {_first_line(exc)}") from exc
-        for q in todo:
-            self._apply_table(batch, q, reduced, q in cuts, purges.get(q))
+        fresh = fresh_tables(batch, reduced, [q for q in todo if q not in cuts and q not in purges])
+        for q in todo:  # inferred schemas: one job for all tables, before the threads
+            if q in batch.tables:
+                batch.schema_for(q)
+        self._each(spark, lambda session, q: self._apply_table(
+            batch, q, reduced, q in cuts, purges.get(q), q in fresh, session), todo)
 
     def write_watermarks(self, spark: Any, batch: SparkBatch) -> None:
         self.write_marks(spark, batch.watermarks, batch.source, batch.end)
@@ -208,26 +249,30 @@ class DeltaSink:
             raise SinkError(f"{WATERMARKS_DIR}: {_first_line(exc)}") from exc
 
     def _apply_table(self, batch: SparkBatch, qualified: str, reduced: Any, truncated: bool,
-                     purge: SparkPurge | None = None) -> None:
-        """One table's net change in one MERGE (an overwrite after a truncate) under the
-        batch's ``txnAppId``/``txnVersion``. A repair's ``purge`` joins the same commit:
-        the net change of its dropped keys becomes a delete, and the target keys it
-        deletes are added to the MERGE's source as deletes."""
+                     purge: SparkPurge | None = None, fresh: bool = False,
+                     session: Any = None) -> None:
+        """One table's net change in one MERGE (an overwrite after a truncate, an
+        insert-only write when ``fresh``: ``fresh_tables``) under the batch's
+        ``txnAppId``/``txnVersion``. A repair's ``purge`` joins the same commit: the net
+        change of its dropped keys becomes a delete, and the target keys it deletes are
+        added to the MERGE's source as deletes. DataFrames are built in the batch's
+        session, the table's commands run in ``session`` (default: the batch's)."""
         from pyspark.sql import functions as F
 
         spark = batch.packed.sparkSession
+        own = session or spark
         schema_name, _, table = qualified.partition(".")
         path = self.table_path(schema_name, table)
         ts = batch.tables.get(qualified)
         try:
-            if ts is None and (purge is None or not table_exists(spark, path)):
+            if ts is None and (purge is None or not table_exists(own, path)):
                 return  # only markers, and no target to repair
             schema = batch.schema_for(qualified)
-            if not schema.columns and not table_exists(spark, path):
+            if not schema.columns and not table_exists(own, path):
                 # Only a truncate of a table with no schema and no target (dropped before
                 # any row was logged): nothing to empty, nothing to create.
                 return
-            target = ensure_table(spark, path, arrow_schema(schema))
+            target = ensure_table(own, path, arrow_schema(schema))
             typed = arrow_schema(schema)
             fields = [(target.field(n) if n in target.names else typed.field(n)).with_nullable(True)
                       for n in typed.names]
@@ -245,28 +290,35 @@ class DeltaSink:
                     .select(*[quote(k) for k in purge.key]).collect()])
                 if gone:
                     extra = spark.createDataFrame(
-                        [(schema_name, table, g, "d", batch.end - 1, g, [], 0) for g in gone],
+                        [(schema_name, table, g, "d", batch.end - 1, g, [], 0, False) for g in gone],
                         spark_schema(REDUCED_SCHEMA))
                     rows = rows.unionByName(extra)
                 elif ts is None:
                     # Only markers, nothing to delete: record the batch (an empty MERGE
                     # would commit nothing, and the table's version would not say it).
                     (spark.createDataFrame([], spark_schema(target)).write.format("delta")
-                     .mode("append").option("txnAppId", app_id(APP_ID, batch.source))
+                     .mode("append").option("userMetadata", _metadata(batch))
+                     .option("txnAppId", app_id(APP_ID, batch.source))
                      .option("txnVersion", str(batch.end)).save(path))
                     return
             source = rows.mapInArrow(typed_fn(qualified, pa.schema(fields), any_json),
                                      spark_schema(out))
             app = app_id(APP_ID, batch.source)
-            spark.conf.set(USER_METADATA, _metadata(batch))
-            try:
-                if truncated:
-                    self._overwrite(spark, path, source, target, batch.end, app)
-                else:
-                    self._merge(spark, path, source, schema, ts is not None and ts.unchanged,
-                                batch.end, app)
-            finally:
-                spark.conf.unset(USER_METADATA)
+            meta = _metadata(batch)
+            if truncated:
+                self._overwrite(spark, path, source, target, batch.end, app, meta=meta)
+            elif fresh and schema.key and batch.dense:
+                self._overwrite(spark, path, source, target, batch.end, app, "append", meta)
+            else:
+                own.conf.set(USER_METADATA, meta)
+                try:
+                    if fresh and schema.key:
+                        self._insert(own, path, source, schema, batch.end, app)
+                    else:
+                        self._merge(own, path, source, schema, ts is not None and ts.unchanged,
+                                    batch.end, app)
+                finally:
+                    own.conf.unset(USER_METADATA)
         except SinkError as exc:
             raise SinkError(f"table {qualified}: {exc.message}", hint=exc.hint) from exc
         except Exception as exc:
@@ -276,7 +328,10 @@ class DeltaSink:
 
     @staticmethod
     def _overwrite(spark: Any, path: str, source: Any, target: pa.Schema, end: int,
-                   app: str = APP_ID) -> None:
+                   app: str = APP_ID, mode: str = "overwrite", meta: str | None = None) -> None:
+        """Write the upserts of ``source`` as the table's content (``mode`` overwrite)
+        or added to it (append), under ``(app, end)``, with ``meta`` as the commit's
+        ``userMetadata``."""
         from pyspark.sql import functions as F
 
         t_spark = spark_schema(target)
@@ -286,8 +341,26 @@ class DeltaSink:
             for f in t_spark.fields
         ]
         (source.where(F.col("_dblog_op") != "d").select(*cols)
-         .write.format("delta").mode("overwrite")
+         .write.format("delta").mode(mode).options(**({"userMetadata": meta} if meta else {}))
          .option("txnAppId", app).option("txnVersion", str(end)).save(path))
+
+    @staticmethod
+    def _insert(spark: Any, path: str, source: Any, schema: TableSchema, end: int,
+                app: str = APP_ID) -> None:
+        """The upserts of ``source`` in an insert-only MERGE (Delta reads the target's
+        keys, rewrites no file): a row whose key the target holds is left as it is."""
+        from delta.tables import DeltaTable
+
+        nullable = {c.name for c in schema.columns if c.nullable}
+        predicate = " AND ".join(
+            f"t.{quote(k)} <=> s.{quote(k)}" if k in nullable else f"t.{quote(k)} = s.{quote(k)}"
+            for k in schema.key)
+        inserts: dict[str, Any] = {quote(c.name): f"s.{quote(c.name)}" for c in schema.columns}
+        with app_transaction(spark, app, end):
+            (DeltaTable.forPath(spark, path).alias("t")
+             .merge(source.where("_dblog_op = 'u'").alias("s"), predicate)
+             .whenNotMatchedInsert(values=inserts)
+             .execute())
 
     @staticmethod
     def _merge(spark: Any, path: str, source: Any, schema: TableSchema, unchanged: bool,
@@ -325,7 +398,41 @@ class DeltaSink:
             )
 
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._sessions = queue.SimpleQueue()
+        self._owner = None
+
+
+def fresh_tables(batch: SparkBatch, reduced: Any, candidates: list[str]) -> set[str]:
+    """The tables of ``candidates`` whose every reduced key is ``fresh``: the key's first
+    event applied by this batch is an insert (``c``) and the net row keeps nothing
+    from the target. Such a table's batch is written insert-only, without a MERGE.
+
+    Exact: the target holds the mirror of the table's events below the first event this
+    batch applies to it (every earlier batch applied exactly once, the straddle of a
+    replay cut at the table's transaction version). A source inserts a key only when it
+    has no row of that key, so just before that insert the table had no row of the key,
+    and neither has its mirror: the key's net row is new to the target, and a net delete
+    deletes nothing there. A key deleted and inserted again within the batch, or a
+    snapshot row (``r``, which may re-read a row the target holds), has a first event
+    other than ``c``, which sends the whole table to the MERGE. The write carries the
+    batch's ``txnAppId``/``txnVersion`` in its one commit, as a MERGE does: a replay
+    skips it. A log whose offsets are dense (checked per batch) has no gap, so no event
+    of a key can be missing before its insert: those batches are plain appends. A log
+    that may have gaps (a compacted Kafka topic: a delete removed before it was read)
+    gets an insert-only MERGE instead: a key the target holds after all is left as is
+    rather than written twice. Targets that hold other sources' rows (merged), a repair's
+    or a truncate's table and tables without a primary key always take the MERGE."""
+    from pyspark.sql import functions as F
+
+    wanted = [q for q in candidates if q in batch.tables and q not in batch.merged]
+    if not wanted:
+        return set()
+    rows = (reduced.groupBy("schema", "table")
+            .agg(F.min(F.col("fresh").cast("int")).alias("fresh")).collect())
+    return {q for r in rows if r["fresh"] == 1 and (q := f"{r['schema']}.{r['table']}") in wanted}
 
 
 def _first_line(exc: BaseException) -> str:
