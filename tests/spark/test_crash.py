@@ -84,7 +84,7 @@ def test_kill_9_between_sinks(spark: Any, pg_db: str, tmp_path: Path) -> None:
     """One job killed after the first sink (Delta) of a batch, before the others and
     before Spark's commit; a clean run converges (the default suite's crash test)."""
     kill_9_during_batches(pg_db, tmp_path, ("after-sink:1:0",), stream_kill=False,
-                          max_events=3000)
+                          max_events=5000)  # two batches: the kill is in the second
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ def build_scenario(log_dir: Path, load: SyntheticLoad) -> int:
 
 def test_oracle_delta_postgres_history(spark: Any, pg_db: str, tmp_path: Path) -> None:
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=21))
-    cfg = make_config(tmp_path, pg_db, max_events=3_000)
+    cfg = make_config(tmp_path, pg_db, max_events=5_000)  # two batches: the truncate in the 2nd
     assert run_sync(cfg, available_now=True) == 0
     expected = assert_mirrors(
         tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror", spark=spark
