@@ -29,8 +29,8 @@ from typing import Any
 
 from pydblog.api.sync import SYNC
 from pydblog.config import Config, parse_config
+from pydblog.devtools.synth import SyntheticLoad, write_load
 from pydblog.spark.job import run_sync, spark_session
-from pydblog.spark.synth import SyntheticLoad, write_load
 
 ROUTES = [{"tables": r"public\.orders", "target": "public.orders"},
           {"tables": r"public\.order_lines", "target": "public.order_lines"},

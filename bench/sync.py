@@ -42,9 +42,9 @@ from typing import Any
 
 from pydblog.config import Config, parse_config
 from pydblog.devtools.pgcluster import PgCluster
+from pydblog.devtools.synth import SyntheticLoad, write_load
 from pydblog.spark.job import BatchApplier, spark_session, start_query
 from pydblog.spark.sinks import build_sink
-from pydblog.spark.synth import SyntheticLoad, write_load
 
 
 def config(

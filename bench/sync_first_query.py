@@ -91,7 +91,7 @@ def main() -> None:
         name, _, envs = spec.partition(":")
         variants[name] = dict(kv.split("=", 1) for kv in envs.split(",") if kv)
 
-    from pydblog.spark.synth import SyntheticLoad, write_load
+    from pydblog.devtools.synth import SyntheticLoad, write_load
 
     if _bench()._log_events(work / "log") != args.events:
         shutil.rmtree(work / "log", ignore_errors=True)

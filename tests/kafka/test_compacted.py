@@ -19,9 +19,9 @@ from pydblog.changelog import kafka_native, kafka_spark
 from pydblog.changelog.kafka import writer as kafka_writer
 from pydblog.changelog.kafka.protocol import commit_ends
 from pydblog.config import LogConfig, load_config
+from pydblog.devtools.synth import SyntheticLoad
 from pydblog.errors import ChangeLogError
 from pydblog.spark.job import run_sync
-from pydblog.spark.synth import SyntheticLoad
 from tests.kafka.test_sync import copy_to_kafka
 from tests.spark.conftest import spark  # noqa: F401 - fixture
 from tests.spark.helpers import assert_mirrors

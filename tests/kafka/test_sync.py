@@ -30,12 +30,12 @@ from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.config import LogConfig, load_config
 from pydblog.devtools.proc import end_process
+from pydblog.devtools.synth import SyntheticLoad
 from pydblog.errors import SinkError
 from pydblog.events import EncodedEvent
 from pydblog.ports import Checkpoint
 from pydblog.positions import Lsn, PgPosition
 from pydblog.spark.job import FAULT_ENV, run_sync
-from pydblog.spark.synth import SyntheticLoad
 from tests.helpers import dblog
 from tests.spark.conftest import spark  # noqa: F401 - fixture
 from tests.spark.helpers import (

@@ -13,8 +13,8 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
+from pydblog.devtools.synth import key_json, materialize
 from pydblog.ports import TableSchema
-from pydblog.spark.synth import key_json, materialize
 from pydblog.verify import norm
 
 Table = dict[str, tuple[Any, ...]]

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from pydblog.devtools.sparkcluster import SparkCluster
+from pydblog.devtools.synth import SyntheticLoad, write_load
 from pydblog.spark.job import FAULT_ENV
-from pydblog.spark.synth import SyntheticLoad, write_load
 from tests.spark.helpers import assert_mirrors, history_offsets, latest_schemas, oracle
 
 pytestmark = pytest.mark.slow
@@ -114,7 +114,7 @@ def test_delta_on_s3(tmp_path: Path) -> None:
 
     from deltalake import DeltaTable
 
-    from pydblog.spark.synth import key_json
+    from pydblog.devtools.synth import key_json
     from pydblog.verify import norm
 
     with socket.socket() as sock:

@@ -17,8 +17,8 @@ from deltalake import DeltaTable
 
 from pydblog.config import load_config
 from pydblog.devtools.proc import end_process
+from pydblog.devtools.synth import SyntheticLoad
 from pydblog.spark.job import FAULT_ENV, run_sync
-from pydblog.spark.synth import SyntheticLoad
 from tests.spark.helpers import assert_mirrors, history_offsets
 from tests.spark.test_sync import build_scenario
 

@@ -18,11 +18,11 @@ from deltalake import DeltaTable
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.changelog.sqlite_spark import OffsetRange
 from pydblog.config import LogConfig
+from pydblog.devtools.synth import ACCOUNTS, LINES, ORDERS, SyntheticLoad, append_events, key_json
 from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op
 from pydblog.spark.decode import read_range
 from pydblog.spark.job import BatchApplier
 from pydblog.spark.sinks.delta import DeltaSink
-from pydblog.spark.synth import ACCOUNTS, LINES, ORDERS, SyntheticLoad, append_events, key_json
 from tests.spark.helpers import assert_tables_equal, delta_table, latest_schemas, oracle
 
 

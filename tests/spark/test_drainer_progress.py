@@ -17,11 +17,11 @@ from deltalake import DeltaTable
 from pydblog.changelog.sqlite import SqliteChangeLog, log_path
 from pydblog.config import Config, parse_config
 from pydblog.core.drainer import SchemaConflict
+from pydblog.devtools.synth import SyntheticLoad, write_load
 from pydblog.events import ChangeEvent, Op
 from pydblog.ports import ColumnSchema, TableSchema
 from pydblog.positions import Lsn, PgPosition
 from pydblog.spark.job import run_sync
-from pydblog.spark.synth import SyntheticLoad, write_load
 from tests.spark.helpers import assert_delta_batches_once, assert_mirrors, history_offsets
 
 

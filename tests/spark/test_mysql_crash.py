@@ -14,9 +14,9 @@ import pytest
 
 from pydblog.config import load_config
 from pydblog.devtools.proc import end_process
+from pydblog.devtools.synth import SyntheticLoad
 from pydblog.spark.job import run_sync
 from pydblog.spark.sinks.mysql import PROGRESS_TABLE
-from pydblog.spark.synth import SyntheticLoad
 from tests.helpers import wait_for
 from tests.spark.helpers import assert_tables_equal, latest_schemas, oracle
 from tests.spark.test_crash import start_job

@@ -18,6 +18,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pydblog.changelog.sqlite import SqliteChangeLog, SqliteChangeLogReader
 from pydblog.changelog.sqlite_spark import OffsetRange, plan_partitions
 from pydblog.devtools.proc import end_process
+from pydblog.devtools.synth import SyntheticLoad, append_events, write_load
 from pydblog.errors import ChangeLogError
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
@@ -30,7 +31,6 @@ from pydblog.spark.decode import (
     unpack,
 )
 from pydblog.spark.source import DblogStreamReader
-from pydblog.spark.synth import SyntheticLoad, append_events, write_load
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_stream_available_now_honours_max_events(spark: Any, log_dir: Path, tmp_
 
 WRITER = """
 import sys, time
-from pydblog.spark.synth import SyntheticLoad, write_load
+from pydblog.devtools.synth import SyntheticLoad, write_load
 load = SyntheticLoad(seed=11)
 for i in range(12):
     write_load(sys.argv[1], load, 250, chunk=250, first=False)

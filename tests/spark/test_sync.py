@@ -14,6 +14,7 @@ from deltalake import DeltaTable
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.changelog.sqlite_spark import OffsetRange, plan_partitions
 from pydblog.config import Config, LogConfig, parse_config
+from pydblog.devtools.synth import ORDERS, SyntheticLoad, append_events, write_load
 from pydblog.errors import ChangeLogError, ConfigError, SinkError
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
@@ -21,7 +22,6 @@ from pydblog.spark.batch import Batch
 from pydblog.spark.decode import ARROW_BATCH_EVENTS, read_range
 from pydblog.spark.job import BatchApplier, run_sync
 from pydblog.spark.sinks import build_sink
-from pydblog.spark.synth import ORDERS, SyntheticLoad, append_events, write_load
 from tests.spark.helpers import assert_mirrors, history_offsets
 
 

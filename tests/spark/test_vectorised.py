@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pydblog.devtools.synth import SyntheticLoad
 from pydblog.errors import SinkError
 from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op, encode_event
 from pydblog.ports import LogRecord
@@ -25,7 +26,6 @@ from pydblog.spark.decode import (
     records_to_arrow,
 )
 from pydblog.spark.reduce import reduce_events
-from pydblog.spark.synth import SyntheticLoad
 from pydblog.spark.typemap import _bulk_texts_to_arrow, rows_to_arrow, texts_to_arrow
 
 Net = dict[str, tuple[bool, dict[str, tuple[str, dict[str, Any], list[str]]]]]

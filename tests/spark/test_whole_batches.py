@@ -15,11 +15,11 @@ import pytest
 
 from pydblog.changelog.sqlite_spark import OffsetRange
 from pydblog.config import LogConfig, SinkConfig
+from pydblog.devtools.synth import SyntheticLoad, write_load
 from pydblog.errors import ChangeLogError
 from pydblog.spark.decode import read_range
 from pydblog.spark.job import BatchApplier
 from pydblog.spark.sinks import build_sink
-from pydblog.spark.synth import SyntheticLoad, write_load
 from tests.spark.helpers import history_offsets
 
 
