@@ -31,19 +31,12 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-DELTA_TABLES = 1
-"""A Delta sink's tables applied at once when ``parallelism`` is not set."""
-
-
 def build_sink(cfg: SinkConfig) -> Sink:
     if cfg.type == "delta":
         from pydblog.spark.sinks.delta import DeltaSink
 
         assert cfg.path is not None
-        # One table at a time unless set: on a small machine two concurrent MERGEs
-        # competed for the same cores (measured slower at low load).
-        tables = cfg.parallelism if "parallelism" in cfg.model_fields_set else DELTA_TABLES
-        return DeltaSink(cfg.path, tables)
+        return DeltaSink(cfg.path, cfg.parallelism)
     if cfg.type == "history":
         from pydblog.spark.sinks.history import HistorySink
 
