@@ -277,6 +277,11 @@ class PgTable:
             last = tuple(rec[n:])
         return out, last
 
+    def bound_text(self, key: Key | None) -> tuple[str | None, ...] | None:
+        """A normalized range bound as this table's key text (for a bound read from a
+        source of another kind, whose text would not cast here: MySQL's ``0x..`` bytes)."""
+        return None if key is None else tuple(_sql_text(v) for v in key)
+
     def key_of_text(self, texts: Sequence[str]) -> Key:
         """The normalized key of a key's text (as ``rows`` and ``next_chunk`` give it)."""
         logical = {c.name: c.logical for c in self.schema.columns}

@@ -502,6 +502,15 @@ def _checksummed(src: Source, dst: Source) -> bool:
     return src.comparable(dst)  # (both MySQL/MariaDB tables)
 
 
+def _bounds(src: Source, dst: Source, rng: Range) -> tuple[Any, Any]:
+    """``rng``'s bounds as ``dst``'s key text: the source's own text where both are one
+    database kind, else ``dst``'s text of the normalized bounds (binary and time zone
+    values print differently across kinds)."""
+    if type(src) is type(dst):
+        return rng.lo_text, rng.hi_text
+    return dst.bound_text(rng.lo), dst.bound_text(rng.hi)
+
+
 def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
                  reader: ChangeLogReader, opts: Options, advance: Progress) -> TableResult:
     t0 = time.monotonic()
@@ -518,14 +527,15 @@ def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
             suspects = suspects_sql(src, dst, opts.chunk_size, res, advance)
         else:
             suspects = suspects_rows(
-                src, lambda rng, _keys: dict(dst.rows(rng.lo_text, rng.hi_text)[0]), None,
+                src, lambda rng, _keys: dict(dst.rows(*_bounds(src, dst, rng))[0]), None,
                 opts.chunk_size, res, advance,
             )
 
         def read_pg(targets: list[Target], _keys: dict[int, set[Key]]) -> dict[int, Rows]:
             out: dict[int, Rows] = {}
             for rng, keys in targets:
-                rows = dst.rows(rng.lo_text, rng.hi_text)[0] if keys is None else dst.rows_by_keys(keys)
+                rows = (dst.rows(*_bounds(src, dst, rng))[0] if keys is None
+                        else dst.rows_by_keys(keys))
                 out[rng.index] = [r for _, r in rows] if keyless else dict(rows)
             return out
 
