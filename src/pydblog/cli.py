@@ -333,7 +333,8 @@ def verify(config_path: str, patterns: tuple[str, ...], sink: str | None, as_jso
 
     try:
         code = verify_command(cfg, patterns, sink, as_json,
-                              Options(chunk_size, rounds, lag_timeout), repair, repair_timeout)
+                              Options(chunk_size, rounds, lag_timeout, delta_spark=True),
+                              repair, repair_timeout)
     except DblogError as exc:
         _fail(exc)
         return

@@ -170,9 +170,11 @@ class PgTable:
         ).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
-    def next_chunk(self, lo: Sequence[str] | None, limit: int) -> tuple[int, int, tuple[str, ...] | None]:
+    def next_chunk(self, lo: Sequence[str] | None, limit: int,
+                   h: sql.Composable | None = None) -> tuple[int, int, tuple[str, ...] | None]:
         """The source's next range after ``lo``: (rows, hash sum, text of its last key),
-        at most ``limit`` rows in key order, aggregated in the database."""
+        at most ``limit`` rows in key order, aggregated in the database (``h``: the row
+        hash, default ``hash_expr``)."""
         cond, params = self._cond(lo, None)
         last = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in self.keys)
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in self.keys)
@@ -181,7 +183,7 @@ class PgTable:
             "ORDER BY {order} LIMIT {n}) "
             "SELECT count(*), coalesce(sum(_h), 0)::text, "
             "(SELECT ARRAY[{last}] FROM r ORDER BY {desc} LIMIT 1) FROM r"
-        ).format(keys=keys, h=self.hash_expr(), t=self.ident, cond=cond, order=self._order(),
+        ).format(keys=keys, h=h if h is not None else self.hash_expr(), t=self.ident, cond=cond, order=self._order(),
                  n=sql.Literal(limit), last=last, desc=self._order(desc=True))
         row = self.conn.execute(query, params).fetchone()
         assert row is not None
