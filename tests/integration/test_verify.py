@@ -152,10 +152,13 @@ chunk_size = 100
         stop_run(PROCS.pop(config))
 
 
-def verify(config: Path, *args: str) -> tuple[int, dict[str, Any]]:
+def verify(config: Path, *args: str, spark: bool = False) -> tuple[int, dict[str, Any]]:
+    """``dblog verify --json``; Delta mirrors row by row unless ``spark`` (the default
+    mode's Spark session costs each process a JVM start: the tests of that mode ask)."""
+    mode = () if spark else ("--delta-mode", "rows")
     res = subprocess.run(
         [*DBLOG, "verify", "--config", str(config), "--json", "--chunk-size", str(CHUNK),
-         "--lag-timeout", "20", *args],
+         "--lag-timeout", "20", *mode, *args],
         capture_output=True, text=True, timeout=300,
     )
     assert res.returncode in (0, 1), res.stderr
@@ -172,7 +175,7 @@ def differing(report: dict[str, Any], sink: str) -> dict[str, list[dict[str, Any
 
 def test_intact_mirrors_verify(setup: tuple[Path, MiniSync]) -> None:
     config, _ = setup
-    code, report = verify(config, r"public\.(items|words|pairs|kinds)")
+    code, report = verify(config, r"public\.(items|words|pairs|kinds)", spark=True)
     assert code == 0, [(t["sink"], t["table"], t["differing"][0]["sample"]) for t in report["tables"] if not t["ok"]]
     assert report["ok"]
     by = {(t["table"], t["sink"]): t for t in report["tables"]}
@@ -220,7 +223,7 @@ def test_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str, tmp_path:
         predicate="w = 'w100a'", updates={"n": "-5"})
     DeltaTable(str(tmp_path / "lake" / "public" / "pairs")).delete("a = 4 AND b = 'k4'")
 
-    code, report = verify(config, r"public\.(items|words|pairs|notes)")
+    code, report = verify(config, r"public\.(items|words|pairs|notes)", spark=True)
     assert code == 1
     got = differing(report, "postgres")
     [n] = got["public.notes"]  # one range: the whole keyless table, rows as a multiset
