@@ -107,7 +107,6 @@ def test_three_sources_merged_into_delta_and_postgres(
     finally:
         for c in caps.values():
             c.stop()
-        _drop_slots(dsn_a, *slots)
 
     lake = tmp_path / "lake"
     replica = pg_cluster.create_database(f"r_{stamp}")
@@ -162,6 +161,28 @@ def test_three_sources_merged_into_delta_and_postgres(
     before = DeltaTable(str(lake / "public" / "orders")).version()
     assert run_sync(cfg, available_now=True) == 0
     assert DeltaTable(str(lake / "public" / "orders")).version() == before
+
+    # A truncate of one shard empties only its part of the merged table, in every sink;
+    # in the same batch, its row before the truncate is gone, its rows after it are there.
+    try:
+        caps["pg_a"].start()
+        pa.execute("INSERT INTO orders VALUES (100, 100, 'a-before')", "TRUNCATE orders",
+                   "INSERT INTO orders VALUES (1, 1, 'a-after'), (200, 200, 'a-after')")
+        caps["pg_a"].caught_up()
+    finally:
+        caps["pg_a"].stop()
+        _drop_slots(dsn_a, *slots)
+    assert run_sync(cfg, available_now=True) == 0
+    want = {r for r in want if r[0] != "pg_a"}
+    want |= {("pg_a", f"sa_{stamp}", "public", i, Decimal(i), "a-after", None) for i in (1, 200)}
+    got_delta = {tuple(r[c] for c in cols) for r in
+                 DeltaTable(str(lake / "public" / "orders")).to_pyarrow_table().to_pylist()}
+    assert got_delta == want
+    with psycopg.connect(replica) as conn:
+        assert {tuple(r) for r in conn.execute(
+            f"SELECT {', '.join(cols)} FROM merged.orders").fetchall()} == want
+    assert {tuple(r) for r in mariadb.execute(
+        f"SELECT {', '.join(cols)} FROM orders", mysql_db)} == want
 
 
 @pytest.mark.slow

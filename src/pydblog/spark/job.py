@@ -261,8 +261,8 @@ class BatchApplier:
 
     def _targets(self, batch: SparkBatch, schemas: list[tuple[int, TableSchema]]) -> dict[str, Any]:
         """The batch's tables' schemas as targets (``Drain.target_schemas``: routed,
-        merged tables unioned across the sources); a truncate of a merged table's part
-        is refused here, before any sink."""
+        merged tables unioned across the sources). A truncate of a merged table's part
+        is scoped to that part (``plan.SparkBatch.scoped``)."""
         self.drain.set_schemas(self.source, schemas)
         targets = self.drain.target_schemas(self.source, batch.end)
         for q, (schema, target) in targets.items():
@@ -270,13 +270,6 @@ class BatchApplier:
                 batch.recorded[q] = schema
             if target.merged:
                 batch.merged.add(q)
-            if target.merged and q in batch.tables and batch.tables[q].truncate is not None:
-                raise SinkError(
-                    f"source {self.source}: a table merged into {q} was truncated (offset "
-                    f"{batch.tables[q].truncate}); a merged target holds other sources' rows "
-                    "and is not emptied",
-                    hint=f"delete this source's rows from {q} (dblog sync-remove-source), "
-                         "then restart the sync from a fresh snapshot of the source")
         for q in batch.tables:
             if q not in batch.recorded:
                 for from_offset, s in schemas:  # a table no schema routes (inferred types)

@@ -15,6 +15,9 @@ Invariants:
 - A table no route matches keeps its name and its events are untouched.
 - A merged table's notifications lose their payload (``after``): a repair's markers
   name a source table, which no target is (repairs are per source table).
+- A merged table's truncate empties only its own part of the target: its ``key`` is the
+  part's identity, ``{"_dblog_db", "_dblog_schema", "_dblog_source"}`` (``scope_of``),
+  and ``after_prefix`` gives the text every row event of that part starts with.
 - ``source_ts_ms`` (the source commit time, for the watermarks) is read from the
   envelope text without a JSON parse per event (the strict envelope form; any other
   body is parsed).
@@ -75,6 +78,29 @@ def _json_str(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _identity(source: str, db: str, schema: str) -> dict[str, str]:
+    return {SOURCE_COLUMN: _json_str(source), DB_COLUMN: _json_str(db),
+            SCHEMA_COLUMN: _json_str(schema)}
+
+
+def after_prefix(scope: dict[str, str]) -> str:
+    """The opening of every routed row event's ``after`` of the part ``scope`` (a
+    truncate's ``key``, parsed), up to its identity members."""
+    ident = _identity(scope[SOURCE_COLUMN], scope[DB_COLUMN], scope[SCHEMA_COLUMN])
+    return "{" + ",".join(f'"{k}":{v}' for k, v in ident.items())
+
+
+def scope_of(key_text: str) -> dict[str, str] | None:
+    """The part a routed truncate empties (its ``key``), or None for any other key."""
+    try:
+        obj = orjson.loads(key_text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or set(obj) != {SOURCE_COLUMN, DB_COLUMN, SCHEMA_COLUMN}:
+        return None
+    return {k: str(v) for k, v in obj.items()}
+
+
 def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.RecordBatch:
     """``batch`` (decoded columns of ``bodies``, same rows in the same order) with its
     merged tables' events rewritten for their targets (module docstring); a
@@ -100,6 +126,7 @@ def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.R
         t_table: list[str | None] = []
         after_pre: list[str | None] = []
         key_pre: list[str | None] = []
+        scopes: list[str | None] = []
         for g in uniq.to_pylist():
             raw, schema, table = g.split("\x1f")
             db = json.loads(f'"{raw}"')
@@ -113,14 +140,15 @@ def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.R
                 t_table.append(None)
                 after_pre.append(None)
                 key_pre.append(None)
+                scopes.append(None)
                 continue
             t_schema.append(target.target[0])
             t_table.append(target.target[1])
-            ident = {SOURCE_COLUMN: _json_str(source), DB_COLUMN: _json_str(db),
-                     SCHEMA_COLUMN: _json_str(schema)}
+            ident = _identity(source, db, schema)
             after_pre.append("{" + ",".join(f'"{k}":{v}' for k, v in ident.items()))
-            key_pre.append("{" + ",".join(f'"{k}":{ident[k]}' for k in sorted(ident))
-                           if target.key is KeyMode.SOURCE else None)
+            sorted_ident = ",".join(f'"{k}":{ident[k]}' for k in sorted(ident))
+            key_pre.append("{" + sorted_ident if target.key is KeyMode.SOURCE else None)
+            scopes.append("{" + sorted_ident + "}")
         routed = pc.is_valid(pc.take(pa.array(t_schema, pa.string()), idx))
         if pc.any(routed).as_py():
             cols["schema"] = pc.coalesce(pc.take(pa.array(t_schema, pa.string()), idx), cols["schema"])
@@ -132,6 +160,11 @@ def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.R
                     cols["after"] = pc.if_else(notes, pa.scalar(None, pa.string()), cols["after"])
             if "key" in cols:
                 cols["key"] = _prefixed(cols["key"], pc.take(pa.array(key_pre, pa.string()), idx))
+                if "op" in cols:  # a truncate names the part it empties
+                    truncates = pc.and_(routed, pc.equal(cols["op"], "t"))
+                    if pc.any(truncates).as_py():
+                        cols["key"] = pc.if_else(
+                            truncates, pc.take(pa.array(scopes, pa.string()), idx), cols["key"])
     return pa.RecordBatch.from_arrays([cols[name] for name in names], schema=batch.schema)
 
 

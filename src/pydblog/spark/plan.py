@@ -20,7 +20,11 @@ run on the executors:
 
 Truncates: a table's events up to its last truncate in the batch are dropped before the
 shuffle (the cut travels in the plan), and the sinks empty the target first, so the
-per-partition reduce never sees a truncate.
+per-partition reduce never sees a truncate. A merged target's truncate (``merge``: its
+``key`` names the part, one source table) is *scoped*: only that part's upserts before
+it are dropped (``scoped_cuts``), and the sinks delete only that part's target rows
+(``SparkBatch.scoped``); a delete before it may stay, it deletes a row the truncate
+removes anyway.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ STATS_SCHEMA = pa.schema(
         ("ts", pa.int64()),  # payload: its newest source commit time (null: none known)
     ]
 )
+# "s" rows: a merged target's truncate of one part (first: its offset; note: its key,
+# the part's identity)
 
 REDUCED_SCHEMA = pa.schema(
     [
@@ -117,6 +123,13 @@ def stats(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if t.num_rows == 0:
             continue
         is_t = pc.equal(t["op"], "t")
+        if "key" in t.column_names:
+            scoped = pc.and_(is_t, pc.is_valid(t["key"]))
+            if pc.any(scoped).as_py():
+                for r in t.filter(scoped).select(["offset", "schema", "table", "key"]).to_pylist():
+                    add(kind="s", schema=r["schema"], table=r["table"], first=r["offset"],
+                        end=r["offset"] + 1, n=1, note=r["key"])
+                is_t = pc.and_(is_t, pc.is_null(t["key"]))
         has_unch = pc.fill_null(pc.greater(pc.list_value_length(t["unchanged"]), 0), False)
         g = pa.table({
             "schema": t["schema"], "table": t["table"], "offset": t["offset"],
@@ -147,14 +160,17 @@ def events_fn(
     cut: Mapping[str, int] | None = None,
     parts: int | None = None,
     rows: bool = False,
+    scoped: Mapping[str, Sequence[tuple[int, str]]] | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """``mapInArrow`` over packed rows: their events (``schema``'s columns). With
     ``rows``, ``since``/``cut`` or ``parts`` only row events of offset ``>=
-    since[table]`` and ``> cut[table]`` (the mirrors' input); with ``parts`` a column
-    ``part`` = ``crc32(key) % parts``."""
+    since[table]`` and ``> cut[table]`` (the mirrors' input), without the upserts of a
+    part before its scoped truncate (``scoped[table]``: ``(offset, after prefix)``);
+    with ``parts`` a column ``part`` = ``crc32(key) % parts``."""
     since = dict(since or {})
     cut = dict(cut or {})
-    rows_only = rows or bool(since or cut) or parts is not None
+    parts_cut = {q: list(v) for q, v in (scoped or {}).items() if v}
+    rows_only = rows or bool(since or cut or parts_cut) or parts is not None
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for _first, _end, t in _payloads(batches):
@@ -164,6 +180,8 @@ def events_fn(
                     keep = pc.and_(keep, pc.greater_equal(t["offset"], _limits(t, since, -1)))
                 if cut:
                     keep = pc.and_(keep, pc.greater(t["offset"], _limits(t, cut, -1)))
+                if parts_cut and "after" in t.column_names:
+                    keep = pc.and_(keep, pc.invert(_before_scoped(t, parts_cut)))
                 t = t.filter(keep)
             if parts is not None:
                 keys = t["key"].to_pylist()
@@ -172,6 +190,20 @@ def events_fn(
             yield from t.to_batches()
 
     return run
+
+
+def _before_scoped(t: pa.Table, scoped: Mapping[str, Sequence[tuple[int, str]]]) -> pa.Array:
+    """Per event of ``t``: an upsert of a part before that part's scoped truncate."""
+    q = pc.binary_join_element_wise(t["schema"], t["table"], ".")
+    upsert = pc.is_in(t["op"], value_set=pa.array(["c", "u", "r"]))
+    out = pa.array([False] * t.num_rows)
+    for table, cuts in scoped.items():
+        mine = pc.and_(pc.equal(q, table), upsert)
+        for offset, prefix in cuts:
+            hit = pc.and_(pc.and_(mine, pc.less(t["offset"], offset)),
+                          pc.starts_with(pc.fill_null(t["after"], ""), prefix + ","))
+            out = pc.or_(out, pc.fill_null(hit, False))
+    return out
 
 
 def reduce_fn(parts: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -300,6 +332,9 @@ class SparkBatch:
     source: str = "default"  # the [[sync.sources]] entry the batch is of (its progress key)
     # targets that union several sources' tables (they hold other sources' rows)
     merged: set[str] = field(default_factory=set)
+    # scoped truncates of merged targets (offset, schema, table, the part's identity as
+    # JSON), in offset order
+    scoped: list[tuple[int, str, str, str]] = field(default_factory=list)
     # every source's progress time (ms; None: not known yet) once this batch is applied
     watermarks: dict[str, int | None] = field(default_factory=dict)
     _reduced: dict[tuple[tuple[str, int], ...], Any] = field(default_factory=dict, repr=False)
@@ -354,9 +389,11 @@ class SparkBatch:
                 recorded[s.qualified] = merge_schemas(recorded.get(s.qualified), s)
         markers = sorted({(int(r["first"]), str(r["schema"]), str(r["table"]), str(r["note"]))
                           for r in rows if r["kind"] == "m"})
+        scoped = sorted({(int(r["first"]), str(r["schema"]), str(r["table"]), str(r["note"]))
+                         for r in rows if r["kind"] == "s"})
         times = [int(r["ts"]) for r in rows if r["kind"] == "p" and r["ts"] is not None]
         return cls(batch_id, start, end, n, packed, tuple(columns), tables, recorded, parts,
-                   dense, markers, newest_ms=max(times) if times else None)
+                   dense, markers, newest_ms=max(times) if times else None, scoped=scoped)
 
     def duplicates(self) -> int:
         """How many offsets the batch holds more than once (0 when ``dense``: checked)."""
@@ -384,6 +421,26 @@ class SparkBatch:
         return {q: ts.truncate for q, ts in self.tables.items()
                 if ts.truncate is not None and ts.truncate >= since.get(q, -1)}
 
+    def scoped_truncates(self, since: Mapping[str, int]) -> dict[str, list[tuple[int, dict[str, str]]]]:
+        """Per merged target, its scoped truncates at or after its ``since``: ``(offset,
+        the part's identity)``, in offset order."""
+        from pydblog.spark.merge import scope_of
+
+        out: dict[str, list[tuple[int, dict[str, str]]]] = {}
+        for offset, schema, table, key in self.scoped:
+            q = f"{schema}.{table}"
+            scope = scope_of(key)
+            if scope is not None and offset >= since.get(q, -1):
+                out.setdefault(q, []).append((offset, scope))
+        return out
+
+    def scoped_cuts(self, since: Mapping[str, int]) -> dict[str, list[tuple[int, str]]]:
+        """``scoped_truncates`` as ``(offset, after prefix)`` (``events_fn``'s cut)."""
+        from pydblog.spark.merge import after_prefix
+
+        return {q: [(o, after_prefix(sc)) for o, sc in v]
+                for q, v in self.scoped_truncates(since).items()}
+
     def row_events(self, since: Mapping[str, int], parts: int | None = None,
                    part: bool = True) -> Any:
         """The mirrors' input: row events of offset ``>= since[table]``, after each
@@ -396,7 +453,8 @@ class SparkBatch:
         if part:
             out = out.append(pa.field("part", pa.int32()))
         inner = events_fn(full, since, self.cuts(since),
-                          (parts or self.parts) if part else None, rows=True)
+                          (parts or self.parts) if part else None, rows=True,
+                          scoped=self.scoped_cuts(since))
         names = out.names
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -233,11 +233,13 @@ class DeltaSink:
         except Exception as exc:
             raise SinkError(f"repairs: {_first_line(exc)}") from exc
         fresh = fresh_tables(batch, reduced, [q for q in todo if q not in cuts and q not in purges])
+        parts = batch.scoped_truncates(since)
         for q in todo:  # inferred schemas: one job for all tables, before the threads
             if q in batch.tables:
                 batch.schema_for(q)
         self._each(spark, lambda session, q: self._apply_table(
-            batch, q, reduced, q in cuts, purges.get(q), q in fresh, session), todo)
+            batch, q, reduced, q in cuts, purges.get(q), q in fresh, session,
+            [scope for _, scope in parts.get(q, ())]), todo)
 
     def write_watermarks(self, spark: Any, batch: SparkBatch) -> None:
         self.write_marks(spark, batch.watermarks, batch.source, batch.end)
@@ -283,13 +285,15 @@ class DeltaSink:
 
     def _apply_table(self, batch: SparkBatch, qualified: str, reduced: Any, truncated: bool,
                      purge: SparkPurge | None = None, fresh: bool = False,
-                     session: Any = None) -> None:
+                     session: Any = None, parts: Sequence[dict[str, str]] = ()) -> None:
         """One table's net change in one MERGE (an overwrite after a truncate, an
         insert-only write when ``fresh``: ``fresh_tables``) under the batch's
         ``txnAppId``/``txnVersion``. A repair's ``purge`` joins the same commit: the net
         change of its dropped keys becomes a delete, and the target keys it deletes are
-        added to the MERGE's source as deletes. DataFrames are built in the batch's
-        session, the table's commands run in ``session`` (default: the batch's)."""
+        added to the MERGE's source as deletes. So do the target rows of the ``parts``
+        (identities) of a merged target truncated in the batch, except the keys the
+        batch writes again. DataFrames are built in the batch's session, the table's
+        commands run in ``session`` (default: the batch's)."""
         from pyspark.sql import functions as F
 
         spark = batch.packed.sparkSession
@@ -314,6 +318,12 @@ class DeltaSink:
             out = pa.schema([*fields, pa.field("_dblog_op", pa.string()),
                              pa.field("_dblog_unchanged", pa.list_(pa.string()))])
             rows = reduced.where((reduced["schema"] == schema_name) & (reduced["table"] == table))
+            if parts:
+                gone_parts = _part_deletes(spark, path, schema, rows, parts)
+                if gone_parts:
+                    rows = rows.unionByName(spark.createDataFrame(
+                        [(schema_name, table, g, "d", batch.end - 1, g, [], 0, False)
+                         for g in gone_parts], spark_schema(REDUCED_SCHEMA)))
             if purge is not None:
                 if purge.dropped:
                     rows = rows.withColumn("op", F.when(F.col("key").isin(purge.dropped), F.lit("d"))
@@ -436,6 +446,45 @@ class DeltaSink:
             self._pool = None
         self._sessions = queue.SimpleQueue()
         self._owner = None
+
+
+def _part_deletes(spark: Any, path: str, schema: TableSchema, rows: Any,
+                  parts: Sequence[dict[str, str]]) -> list[str]:
+    """The key texts of the target rows of ``parts`` (identity column values) that the
+    batch's own rows (``rows``, reduced) do not write again."""
+    import orjson
+    from pyspark.sql import functions as F
+
+    from pydblog.verifier.ranges import show, value
+
+    key = list(schema.key) or [c.name for c in schema.columns]
+    logical = {c.name: c.logical for c in schema.columns}
+
+    def norm(vals: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(value(logical.get(c, "string"), v) for c, v in zip(key, vals, strict=True))
+
+    cond: Any = None
+    for part in parts:
+        one: Any = None
+        for c, v in part.items():
+            eq = F.col(quote(c)) == F.lit(v)
+            one = eq if one is None else one & eq
+        cond = one if cond is None else cond | one
+    target = (spark.read.format("delta").load(path).where(cond)
+              .select(*[quote(k) for k in key]).collect())
+    if not target:
+        return []
+    written = set()
+    for r in rows.select("key").collect():
+        obj = orjson.loads(r["key"]) if r["key"] else {}
+        if isinstance(obj, dict) and all(k in obj for k in key):
+            written.add(norm([obj[k] for k in key]))
+    out: dict[tuple[Any, ...], str] = {}
+    for r in target:
+        k = norm([r[c] for c in key])
+        if k not in written and k not in out:
+            out[k] = orjson.dumps({c: show(v) for c, v in zip(key, k, strict=True)}).decode()
+    return list(out.values())
 
 
 def fresh_tables(batch: SparkBatch, reduced: Any, candidates: list[str]) -> set[str]:

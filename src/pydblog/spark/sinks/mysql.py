@@ -591,6 +591,19 @@ class MySqlSink:
                             table = self.target(stats.schema, stats.table)
                             doing = f"emptying table {db}.{table}"
                             cur.execute(f"DELETE FROM {self._ident(table)}")
+                    # a merged target's truncate of one part: only that part's rows
+                    for qn, cuts in sorted(batch.scoped_truncates({}).items()):
+                        schema_name, _, tname = qn.partition(".")
+                        table = self.target(schema_name, tname)
+                        if table not in self._columns:
+                            continue  # no target yet: nothing of the part to delete
+                        doing = f"emptying a part of table {db}.{table}"
+                        for offset, scope in cuts:
+                            if offset >= done:
+                                cur.execute(
+                                    f"DELETE FROM {self._ident(table)} WHERE "
+                                    + " AND ".join(f"{q(c)} = %s" for c in scope),
+                                    list(scope.values()))
                     for qn, purge in sorted(spark_purges(batch, {}, done).items()):
                         schema_name, _, table = qn.partition(".")
                         doing = f"the repair of table {qn}"

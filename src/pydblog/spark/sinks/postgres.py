@@ -313,6 +313,25 @@ class PostgresSink:
                 except psycopg.Error as exc:
                     raise SinkError(f"table {label}: {exc}") from exc
             if done is None or done < batch.end:
+                # a merged target's truncate of one part: only that part's rows
+                for q, cuts in sorted(batch.scoped_truncates({}).items()):
+                    schema_name, _, table = q.partition(".")
+                    ident = sql.Identifier(*self.target(schema_name, table))
+                    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                          (ident.as_string(conn),)).fetchone()
+                    if not exists or not exists[0]:
+                        continue  # no target yet: nothing of the part to delete
+                    for offset, scope in cuts:
+                        if offset < (done or -1):
+                            continue
+                        try:
+                            conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(
+                                ident, sql.SQL(" AND ").join(
+                                    sql.SQL("{} = %s").format(sql.Identifier(c)) for c in scope)),
+                                list(scope.values()))
+                        except psycopg.Error as exc:
+                            raise SinkError(f"truncate of a part of table {q}: {exc}") from exc
+            if done is None or done < batch.end:
                 # repairs (spark/repairs.py): the target deletes of the batch's markers, here
                 # before the partitions, which turn the net change of the keys a marker
                 # drops into deletes (pg_parts_fn gives each partition the markers)
