@@ -590,7 +590,11 @@ class MySqlSink:
                         if stats.truncate is not None and stats.truncate >= done:
                             table = self.target(stats.schema, stats.table)
                             doing = f"emptying table {db}.{table}"
-                            cur.execute(f"DELETE FROM {self._ident(table)}")
+                            cur.execute("SELECT 1 FROM information_schema.TABLES WHERE "
+                                        "TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                                        (self.database, table))
+                            if cur.fetchone():  # (a table never created: nothing to empty)
+                                cur.execute(f"DELETE FROM {self._ident(table)}")
                     # a merged target's truncate of one part: only that part's rows
                     for qn, cuts in sorted(batch.scoped_truncates({}).items()):
                         schema_name, _, tname = qn.partition(".")

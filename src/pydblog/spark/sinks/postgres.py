@@ -305,11 +305,11 @@ class PostgresSink:
                     if done is not None and done >= batch.end:
                         continue
                     if ts.truncate is not None and ts.truncate >= (done or -1):
-                        conn.execute(
-                            sql.SQL("TRUNCATE {}").format(
-                                sql.Identifier(*self.target(ts.schema, ts.table))
-                            )
-                        )
+                        target = sql.Identifier(*self.target(ts.schema, ts.table))
+                        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                              (target.as_string(conn),)).fetchone()
+                        if exists and exists[0]:  # (a table never created: nothing to empty)
+                            conn.execute(sql.SQL("TRUNCATE {}").format(target))
                 except psycopg.Error as exc:
                     raise SinkError(f"table {label}: {exc}") from exc
             if done is None or done < batch.end:
