@@ -112,7 +112,7 @@ from pydblog.sources.mysql.setup import (
     OwnTables,
     check_source,
     ensure_own_tables,
-    tables_without_key,
+    warn_keyless,
 )
 from pydblog.sources.mysql.wake import Wakeup
 from pydblog.sources.mysql.xa import XA_KEY, PreparedXa, XaGroups
@@ -207,7 +207,9 @@ class MySqlLogSource:
         self.mariadb = self._rows.mariadb = is_mariadb(self._ctl)
         check_source(self._ctl, self.dsn)
         ensure_own_tables(self._ctl, self.dsn, self.own, read_only=self.read_only)
-        self._warn_keyless()
+        with self._cursor() as cur:
+            names = [t for t in schema_mod.list_tables(cur, self.db) if self.matcher(f"{self.db}.{t}")]
+        warn_keyless(self._ctl, self.db, names)
         with self._cursor() as cur:
             mode = "ON" if self.mariadb else srv.gtid_mode(cur)
         self._gtid_mode = mode.upper() == "ON"
@@ -560,15 +562,7 @@ class MySqlLogSource:
     def _dump_error(self, exc: pymysql.Error) -> SourceError:
         if errno(exc) == ER_MASTER_FATAL_READING_BINLOG and self._dump_state is not None:
             return self._gtid_dump_error(self._dump_state, detail(exc))
-        if errno(exc) == ER_MASTER_FATAL_READING_BINLOG:
-            return SourceError(
-                f"MySQL at {self.dsn.redacted} cannot send the binlog from "
-                f"{self._file}:{self._last_end}: {exc.args[1] if len(exc.args) > 1 else exc}",
-                hint="the binlog may have been purged; start with a fresh [log] path and "
-                "snapshot the tables again",
-            )
-        return classify(exc, self.dsn, "reading the binlog")
-
+        return srv.dump_error(exc, self.dsn, self._file, self._last_end)
 
     def _gtid_dump_error(self, state: GtidState, message: str) -> SourceError:
         """The server refused to send the transactions after ``state``: say why, as far
@@ -802,18 +796,3 @@ class MySqlLogSource:
             self._last_hb = done
             self._last_hb_time = now
             yield Heartbeat(done)
-
-
-    def _warn_keyless(self) -> None:
-        with self._cursor() as cur:
-            names = [
-                t for t in schema_mod.list_tables(cur, self.db) if self.matcher(f"{self.db}.{t}")
-            ]
-        for t in tables_without_key(self._ctl, self.db, names):
-            log.warning(
-                "table %s.%s has no primary key: its events are keyed by the whole row "
-                "(rows that are equal in every column cannot be told apart) and a snapshot "
-                "needs a surrogate key; add a primary key to capture it fully",
-                self.db,
-                t,
-            )

@@ -14,7 +14,13 @@ from typing import Any
 import pymysql
 
 from pydblog.errors import SourceError
-from pydblog.sources.mysql.connect import ER_PARSE_ERROR, errno
+from pydblog.sources.mysql.connect import (
+    ER_MASTER_FATAL_READING_BINLOG,
+    ER_PARSE_ERROR,
+    MySqlDsn,
+    classify,
+    errno,
+)
 from pydblog.sources.mysql.dumpstart import DumpStart
 from pydblog.sources.mysql.fences import parse_owned
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
@@ -187,6 +193,18 @@ def gtid_dump_error(server: str, state: GtidState, message: str, why: str) -> So
         "purged (or this server never had them), changes after them are lost: start "
         "with a fresh [log] path and snapshot the tables again",
     )
+
+
+def dump_error(exc: pymysql.Error, dsn: MySqlDsn, file: str, offset: int) -> SourceError:
+    """A binlog dump from ``file:offset`` failed with ``exc`` (not a GTID dump's refusal)."""
+    if errno(exc) == ER_MASTER_FATAL_READING_BINLOG:
+        return SourceError(
+            f"MySQL at {dsn.redacted} cannot send the binlog from "
+            f"{file}:{offset}: {exc.args[1] if len(exc.args) > 1 else exc}",
+            hint="the binlog may have been purged; start with a fresh [log] path and "
+            "snapshot the tables again",
+        )
+    return classify(exc, dsn, "reading the binlog")
 
 
 def binlog_sizes(cur: Any) -> list[tuple[str, int]]:
