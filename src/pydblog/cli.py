@@ -319,9 +319,13 @@ def sync_jars_cmd(s3: bool) -> None:
               "to apply the repair, then verify them again.")
 @click.option("--repair-timeout", default=600.0, show_default=True, type=click.FloatRange(0),
               help="Seconds to wait for the repair's markers, and for each mirror to apply them.")
+@click.option("--delta-mode", type=click.Choice(["spark", "rows"]), default="spark",
+              show_default=True,
+              help="Delta mirrors: checksums through Spark where the column types allow "
+              "(starts a Spark session), or every row compared in Python.")
 def verify(config_path: str, patterns: tuple[str, ...], sink: str | None, as_json: bool,
            chunk_size: int, lag_timeout: float, rounds: int, repair: bool,
-           repair_timeout: float) -> None:
+           repair_timeout: float, delta_mode: str) -> None:
     """Compare each captured table with each mirror, key range by key range.
 
     Exit 0 when every mirror equals its source (after --repair: once repaired), 1 when
@@ -333,7 +337,9 @@ def verify(config_path: str, patterns: tuple[str, ...], sink: str | None, as_jso
 
     try:
         code = verify_command(cfg, patterns, sink, as_json,
-                              Options(chunk_size, rounds, lag_timeout), repair, repair_timeout)
+                              Options(chunk_size, rounds, lag_timeout,
+                                      delta_spark=delta_mode == "spark"),
+                              repair, repair_timeout)
     except DblogError as exc:
         _fail(exc)
         return

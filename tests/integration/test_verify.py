@@ -95,6 +95,11 @@ def setup(tmp_path: Path, pg_db: str, mirror_db: str) -> Iterator[tuple[Path, Mi
         conn.execute("CREATE TABLE words (w text PRIMARY KEY, n bigint)")
         conn.execute("CREATE TABLE pairs (a int, b text, v text, PRIMARY KEY (a, b))")
         conn.execute("CREATE TABLE notes (a int, b text)")  # keyless: compared as a multiset
+        conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
+        conn.execute(  # every type with a portable checksum (Delta through Spark)
+            "CREATE TABLE kinds (id int PRIMARY KEY, a int2, b int8, c numeric(12,3), d numeric, "
+            "e text, f uuid, g bool, h date, i real, j double precision, k timestamp, "
+            "l timestamptz, m bytea, n mood)")
         conn.execute("ALTER TABLE notes REPLICA IDENTITY FULL")
     config = write_config(
         tmp_path, pg_db,
@@ -125,6 +130,19 @@ chunk_size = 100
             )
             conn.execute("INSERT INTO pairs SELECT g % 10, 'k' || g, 'v' FROM generate_series(1, 300) g")
             conn.execute("INSERT INTO notes SELECT g % 5, NULL FROM generate_series(1, 20) g")
+            conn.execute(
+                "INSERT INTO kinds SELECT g, (g * 7 - 300)::int2, g::int8 * 1000000007, "
+                "g * 1.001, (g / 3.0)::numeric, CASE WHEN g % 5 = 0 THEN NULL "
+                "WHEN g % 5 = 1 THEN '' ELSE 'tëxt ' || g || E' \\ \"q\"' END, "
+                "md5(g::text)::uuid, g % 2 = 0, DATE '2000-02-29' + g * 17, "
+                "(ARRAY['NaN', '-0', '1e30', '1.17549e-38']::real[])[g % 5] , "
+                "CASE g % 6 WHEN 0 THEN 'Infinity'::float8 WHEN 1 THEN -0.0 WHEN 2 THEN 1e300 "
+                "WHEN 3 THEN 5e-324 ELSE g / 7.0 END, "
+                "TIMESTAMP '1969-12-31 23:59:59.999999' + g * interval '1 day 1.000001 s', "
+                "TIMESTAMPTZ '2024-03-31 01:30:00+02' + g * interval '7 hours', "
+                "CASE WHEN g % 4 = 0 THEN NULL ELSE decode(repeat(lpad(to_hex(g), 2, '0'), g % 9), "
+                "'hex') END, (ARRAY['sad', 'ok', 'happy']::mood[])[1 + g % 3] "
+                "FROM generate_series(1, 120) g")
         wait_for_marker(config, pg_db)
         sync = MiniSync(config)
         sync.catch_up()
@@ -134,10 +152,13 @@ chunk_size = 100
         stop_run(PROCS.pop(config))
 
 
-def verify(config: Path, *args: str) -> tuple[int, dict[str, Any]]:
+def verify(config: Path, *args: str, spark: bool = False) -> tuple[int, dict[str, Any]]:
+    """``dblog verify --json``; Delta mirrors row by row unless ``spark`` (the default
+    mode's Spark session costs each process a JVM start: the tests of that mode ask)."""
+    mode = () if spark else ("--delta-mode", "rows")
     res = subprocess.run(
         [*DBLOG, "verify", "--config", str(config), "--json", "--chunk-size", str(CHUNK),
-         "--lag-timeout", "20", *args],
+         "--lag-timeout", "20", *mode, *args],
         capture_output=True, text=True, timeout=300,
     )
     assert res.returncode in (0, 1), res.stderr
@@ -154,12 +175,19 @@ def differing(report: dict[str, Any], sink: str) -> dict[str, list[dict[str, Any
 
 def test_intact_mirrors_verify(setup: tuple[Path, MiniSync]) -> None:
     config, _ = setup
-    code, report = verify(config, r"public\.(items|words|pairs)")
-    assert code == 0, report
+    code, report = verify(config, r"public\.(items|words|pairs|kinds)", spark=True)
+    assert code == 0, [(t["sink"], t["table"], t["differing"][0]["sample"]) for t in report["tables"] if not t["ok"]]
     assert report["ok"]
     by = {(t["table"], t["sink"]): t for t in report["tables"]}
+    # every portable type checksums alike in PostgreSQL and Spark: no range read again
+    kinds = by[("public.kinds", "delta")]
+    assert (kinds["mode"], kinds["ranges"], kinds["suspects"]) == ("spark", 1, 0)
+    assert by[("public.words", "delta")]["suspects"] == by[("public.pairs", "delta")]["suspects"] == 0
     assert by[("public.items", "postgres")]["mode"] == "sql"
-    assert by[("public.items", "delta")]["mode"] == "rows"
+    assert by[("public.items", "delta")]["mode"] == "rows"  # (an array and a json column)
+    assert by[("public.words", "delta")]["mode"] == "spark"
+    assert by[("public.pairs", "delta")]["mode"] == "spark"
+    assert by[("public.words", "delta")]["source_rows"] == 600
     assert by[("public.items", "postgres")]["source_rows"] == ROWS
     assert by[("public.items", "postgres")]["ranges"] == ROWS // CHUNK + 1
 
@@ -189,8 +217,13 @@ def test_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str, tmp_path:
     extra = DeltaTable(path).to_pyarrow_table().filter(pa.compute.equal(pa.compute.field("id"), 3))
     extra = extra.set_column(extra.schema.get_field_index("id"), "id", pa.array([3333], extra.schema.field("id").type))
     write_deltalake(path, extra, mode="append")
+    # checksummed through Spark (no json or array column): a changed value, a lost row of
+    # a composite key
+    DeltaTable(str(tmp_path / "lake" / "public" / "words")).update(
+        predicate="w = 'w100a'", updates={"n": "-5"})
+    DeltaTable(str(tmp_path / "lake" / "public" / "pairs")).delete("a = 4 AND b = 'k4'")
 
-    code, report = verify(config, r"public\.(items|words|pairs|notes)")
+    code, report = verify(config, r"public\.(items|words|pairs|notes)", spark=True)
     assert code == 1
     got = differing(report, "postgres")
     [n] = got["public.notes"]  # one range: the whole keyless table, rows as a multiset
@@ -211,7 +244,14 @@ def test_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str, tmp_path:
     assert sum(r["missing"] for r in got["public.pairs"]) == 300
 
     lake = {r["index"]: r for r in differing(report, "delta")["public.items"]}
-    assert set(differing(report, "delta")) == {"public.items"}  # its notes are intact
+    delta = differing(report, "delta")
+    assert set(delta) == {"public.items", "public.words", "public.pairs"}  # notes intact
+    [w] = delta["public.words"]
+    assert (w["status"], w["different"], w["sample"]["different"]) == ("drift", 1, [["w100a"]])
+    [pr] = delta["public.pairs"]
+    assert (pr["missing"], pr["sample"]["missing"]) == (1, [[4, "k4"]])
+    modes = {(t["table"], t["sink"]): t["mode"] for t in report["tables"]}
+    assert modes[("public.words", "delta")] == modes[("public.pairs", "delta")] == "spark"
     assert set(lake) == {0, 2, 7, 8}, lake
     assert lake[0]["sample"]["missing"] == [[7]]
     assert lake[2]["missing"] == 250

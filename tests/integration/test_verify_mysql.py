@@ -6,10 +6,11 @@ passes."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import psycopg
 import pytest
 
 from pydblog.devtools.mariadb import MariaDB
-from pydblog.devtools.mysql57 import TestServer
+from pydblog.devtools.mysql57 import MySQL57, TestServer
 from pydblog.devtools.pgcluster import PgCluster
 from tests.conftest import drop_database
 from tests.helpers import (
@@ -30,11 +31,34 @@ from tests.helpers import (
     write_config,
 )
 from tests.integration.test_verify import CHUNK, MiniSync, SyncThread, differing, verify
+from tests.mysql.servers import require_mysql57
 
 pytest.importorskip("pymysql")
 pytest.importorskip("deltalake")
 
 ROWS = 1000  # 5 ranges of CHUNK rows
+BLOB_KEYS = sorted({bytes([g % 256]) * (1 + g % 3) + bytes([255 - g % 256]) * (g % 2)
+                    for g in range(320)})
+"""Binary keys of several lengths (byte order is neither their hex's by length nor their
+base64's): two ranges of CHUNK rows."""
+
+
+def check_binary_keys(config: Path, table: str, sink: str, damage: Callable[[str], None]) -> None:
+    """A binary-keyed table's mirror in another database kind: intact it verifies;
+    damaged (the fifth key deleted, the last key's row changed), exactly the first and
+    last ranges differ, each with that key."""
+    code, report = verify(config, rf"{re.escape(table)}")
+    assert code == 0, [t for t in report["tables"] if not t["ok"]]
+    [t] = report["tables"]
+    assert (t["source_rows"], t["ranges"]) == (len(BLOB_KEYS), len(BLOB_KEYS) // CHUNK + 1)
+    damage(f"{BLOB_KEYS[4].hex()}")
+    code, report = verify(config, rf"{re.escape(table)}", "--sink", sink)
+    assert code == 1
+    got = {r["index"]: r for r in differing(report, sink)[table]}
+    last = (len(BLOB_KEYS) - 1) // CHUNK
+    assert set(got) == {0, last}, got
+    assert (got[0]["missing"], got[0]["extra"], got[0]["different"]) == (1, 0, 0), got[0]
+    assert (got[last]["missing"], got[last]["different"]) == (0, 1), got[last]
 
 
 def wait_for_my_marker(config: Path, server: TestServer, db: str, timeout: float = 60) -> None:
@@ -77,6 +101,7 @@ def _maria_source(tmp_path: Path, mariadb: TestServer, my_db: str,
         "CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40), price DECIMAL(10,2), "
         "doc JSON, at DATETIME(6), seen TIMESTAMP(3) NULL, raw VARBINARY(8), ratio DOUBLE)", my_db)
     mariadb.execute("CREATE TABLE words (w VARCHAR(20) PRIMARY KEY, n BIGINT UNSIGNED)", my_db)
+    mariadb.execute("CREATE TABLE blobs (k VARBINARY(16) PRIMARY KEY, n INT)", my_db)
     config = tmp_path / "dblog.toml"
     config.write_text(
         f'[source]\ntype = "mysql"\ndsn = "{mariadb.dsn(my_db)}"\nheartbeat_interval_s = 0.5\n'
@@ -100,6 +125,8 @@ def _maria_source(tmp_path: Path, mariadb: TestServer, my_db: str,
             for g in range(1, 301)
         )
         mariadb.execute(f"INSERT INTO words VALUES {words}", my_db)
+        blobs = ", ".join(f"(UNHEX('{k.hex()}'), {n})" for n, k in enumerate(BLOB_KEYS))
+        mariadb.execute(f"INSERT INTO blobs VALUES {blobs}", my_db)
         wait_for_my_marker(config, mariadb, my_db)
         sync = MiniSync(config)
         sync.catch_up()
@@ -144,10 +171,39 @@ def test_mariadb_source_postgres_mirror(maria_setup: tuple[Path, MiniSync], mari
     check_postgres_mirror(*maria_setup, mariadb, my_db, mirror_db)
 
 
+def test_mariadb_binary_keys_postgres_mirror(maria_setup: tuple[Path, MiniSync],
+                                             my_db: str, mirror_db: str) -> None:
+    def damage(key_hex: str) -> None:
+        with psycopg.connect(mirror_db, autocommit=True) as conn:
+            conn.execute(f"DELETE FROM mirror.blobs WHERE k = '\\x{key_hex}'::bytea")
+            conn.execute("UPDATE mirror.blobs SET n = -1 WHERE k = %s", (BLOB_KEYS[-1],))
+
+    check_binary_keys(maria_setup[0], f"{my_db}.blobs", "postgres", damage)
+
+
 @pytest.mark.slow
 def test_mysql57_source_postgres_mirror(my57_setup: tuple[Path, MiniSync], mysql57: TestServer,
                                         my57_db: str, mirror_db: str) -> None:
     check_postgres_mirror(*my57_setup, mysql57, my57_db, mirror_db)
+
+
+def test_mysql57_gtid_mode_off_settles_drift(tmp_path: Path, mirror_db: str) -> None:
+    """A MySQL source with GTIDs off has no GTID state to wait for: verify waits for the
+    capture to pass the binlog's end it saw (an idle capture's checkpoint moves there),
+    so damage is still reported as drift (not unsettled) and repaired."""
+    require_mysql57()
+    with MySQL57(server_id=9, settings={"gtid_mode": "OFF",
+                                        "enforce_gtid_consistency": "OFF"}) as server:
+        server.create_database("nogtid")
+        setup = _maria_source(
+            tmp_path, server, "nogtid",
+            f'[[sync.sinks]]\ntype = "postgres"\ndsn = "{mirror_db}"\nschema = "mirror"\n')
+        config, sync = next(setup)
+        try:
+            check_postgres_mirror(config, sync, server, "nogtid", mirror_db)
+        finally:
+            for _ in setup:  # its teardown: the sync's connections, the capture
+                pass
 
 
 def check_postgres_mirror(config: Path, sync: MiniSync, mariadb: TestServer, my_db: str,
@@ -229,6 +285,7 @@ def pg_to_maria(tmp_path: Path, pg_db: str, mariadb: MariaDB,
             "doc jsonb, at timestamptz, ok boolean, ratio double precision)"
         )
         conn.execute("CREATE TABLE words (w text PRIMARY KEY, n bigint)")
+        conn.execute("CREATE TABLE blobs (k bytea PRIMARY KEY, n int)")
     config = write_config(
         tmp_path, pg_db,
         extra=f'[[sync.sinks]]\ntype = "mysql"\ndsn = "{mariadb.dsn(my_db)}"\n'
@@ -248,6 +305,9 @@ def pg_to_maria(tmp_path: Path, pg_db: str, mariadb: MariaDB,
                 "INSERT INTO words SELECT 'w' || g || CASE WHEN g % 3 = 0 THEN 'Ä' ELSE 'a' END, g "
                 "FROM generate_series(1, 300) g"
             )
+            with conn.cursor() as cur:
+                cur.executemany("INSERT INTO blobs VALUES (%s, %s)",
+                                [(k, n) for n, k in enumerate(BLOB_KEYS)])
         wait_for_marker(config, pg_db)
         sync = MiniSync(config)
         sync.catch_up()
@@ -255,6 +315,15 @@ def pg_to_maria(tmp_path: Path, pg_db: str, mariadb: MariaDB,
         sync.close()
     finally:
         stop_run(proc)
+
+
+def test_postgres_binary_keys_mysql_mirror(pg_to_maria: tuple[Path, MiniSync],
+                                           mariadb: MariaDB, my_db: str) -> None:
+    def damage(key_hex: str) -> None:
+        mariadb.execute(f"DELETE FROM blobs WHERE k = UNHEX('{key_hex}')", my_db)
+        mariadb.execute(f"UPDATE blobs SET n = -1 WHERE k = UNHEX('{BLOB_KEYS[-1].hex()}')", my_db)
+
+    check_binary_keys(pg_to_maria[0], "public.blobs", "mysql", damage)
 
 
 def test_postgres_source_mysql_mirror(pg_to_maria: tuple[Path, MiniSync], mariadb: MariaDB,

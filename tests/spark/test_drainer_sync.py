@@ -164,6 +164,64 @@ def test_three_sources_merged_into_delta_and_postgres(
     assert DeltaTable(str(lake / "public" / "orders")).version() == before
 
 
+@pytest.mark.slow
+def test_a_column_widened_in_one_shard_is_widened_in_every_sink(
+    spark: Any, pg_cluster: PgCluster, mariadb: MariaDB, tmp_path: Path
+) -> None:
+    """A shard's ``int`` column becomes ``bigint`` after the targets were created: the
+    merged column is widened in place in Delta, PostgreSQL and MySQL, the rows already
+    there keep their values, and a value above 2^31 lands in every sink."""
+    stamp = f"w{tmp_path.name[-6:].lower()}_{int(time.time())}"
+    dsn_a = pg_cluster.create_database(f"wa_{stamp}")
+    dsn_b = pg_cluster.create_database(f"wb_{stamp}")
+    slots = (f"dblog_wa_{stamp}", f"dblog_wb_{stamp}")
+    pa, pb = SlotHarness(dsn_a, slots[0]), SlotHarness(dsn_b, slots[1])
+    for h in (pa, pb):
+        h.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), note text, "
+                  "qty int)")
+    caps = {"pg_a": Capture(pa, tmp_path / "a"), "pg_b": Capture(pb, tmp_path / "b")}
+    lake = tmp_path / "lake"
+    replica = pg_cluster.create_database(f"wr_{stamp}")
+    mysql_db = f"wm_{stamp}"
+    mariadb.execute(f"CREATE DATABASE `{mysql_db}`")
+    cfg = load_config(_sync_config(tmp_path, {n: c.config for n, c in caps.items()}, lake,
+                                   replica, mysql=mariadb.dsn(mysql_db)))
+    big = 5_000_000_000
+    for c in caps.values():
+        c.start()
+    try:
+        pa.execute("INSERT INTO orders SELECT i, i, 'a', i FROM generate_series(1, 5) i")
+        pb.execute("INSERT INTO orders SELECT i, i, 'b', -i FROM generate_series(1, 5) i")
+        for c in caps.values():
+            c.caught_up()
+        assert run_sync(cfg, available_now=True) == 0
+        pb.execute("ALTER TABLE orders ALTER COLUMN qty TYPE bigint",
+                   f"INSERT INTO orders VALUES (6, 6, 'b', {big})",
+                   f"UPDATE orders SET qty = {-big} WHERE id = 1")
+        pa.execute("UPDATE orders SET qty = 7 WHERE id = 2")
+        for c in caps.values():
+            c.caught_up()
+    finally:
+        for c in caps.values():
+            c.stop()
+        _drop_slots(dsn_a, *slots)
+    assert run_sync(cfg, available_now=True) == 0
+
+    want = {("pg_a", i, 7 if i == 2 else i) for i in range(1, 6)}
+    want |= {("pg_b", i, -big if i == 1 else -i) for i in range(1, 6)} | {("pg_b", 6, big)}
+    table = DeltaTable(str(lake / "public" / "orders")).to_pyarrow_table()
+    assert str(table.schema.field("qty").type) == "int64"
+    assert {(r["_dblog_source"], r["id"], r["qty"]) for r in table.to_pylist()} == want
+    with psycopg.connect(replica) as conn:
+        got_pg = {tuple(r) for r in conn.execute("SELECT _dblog_source, id, qty FROM merged.orders")}
+        [pg_type] = conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+                                 "WHERE attrelid = 'merged.orders'::regclass AND attname = 'qty'"
+                                 ).fetchone() or [None]
+    assert (got_pg, pg_type) == (want, "bigint")
+    got_my = {tuple(r) for r in mariadb.execute("SELECT _dblog_source, id, qty FROM orders", mysql_db)}
+    assert got_my == want
+
+
 @pytest.mark.parametrize("text, expect", [
     ('[[sync.sources]]\nname = "a"\nlog = { path = "x" }\n[[sync.sources]]\nname = "a"\n'
      'log = { path = "y" }', "names must be unique: a"),

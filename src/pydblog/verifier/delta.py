@@ -1,6 +1,11 @@
-"""A Delta mirror table, read with delta-rs (``deltalake``) into Arrow and compared row
-by row in Python after normalization by logical type (Delta has no SQL engine here:
-the source side of a Delta comparison is read row by row too).
+"""A Delta mirror table: checksummed through Spark, and read with delta-rs
+(``deltalake``) into Arrow for the row-by-row comparison after normalization by logical
+type.
+
+``spark_checksums``: the row count and hash sum (``portable.spark_hash``) of every range
+at once, computed by Spark's executors over one version of the table (each row is put
+in its range by its normalized key, in the source's key order); only one pair of
+numbers per range reaches the driver.
 
 Where the mirror stands: each data commit of the sync carries the application
 transaction ``(pydblog-sync, end)``, one past the last change-log offset applied to
@@ -12,10 +17,11 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pydblog.ports import TableSchema
-from pydblog.verifier.ranges import Key, Range, Row, row_of
+from pydblog.verifier.ranges import Key, Range, Row, key_columns, row_of, value
 
 APP_ID = "pydblog-sync"
 
@@ -80,3 +86,59 @@ def _after(keys: list[Key], lo: Key) -> int:
     while i < len(keys) and keys[i] <= lo:
         i += 1
     return i
+
+
+def spark_portable(spark: Any, path: str, schema: TableSchema) -> bool:
+    """Whether ``spark_checksums`` can checksum the Delta table at ``path``."""
+    from pydblog.verifier.portable import spark_hash
+
+    fields = {f.name: f.dataType.simpleString()
+              for f in spark.read.format("delta").load(path).schema.fields}
+    return spark_hash(schema, fields) is not None and all(k in fields for k in key_columns(schema))
+
+
+def spark_checksums(spark: Any, path: str, schema: TableSchema, his: Sequence[Key | None],
+                    ) -> dict[int, tuple[int, int]] | None:
+    """``{range index: (rows, hash sum)}`` of the Delta table at ``path`` for the ranges
+    ending at ``his`` (``(his[i-1], his[i]]``, the last one open), computed by Spark; an
+    index missing from the answer has no row. None when the table's column types have
+    no portable hash (``portable.spark_hash``). A row whose key does not order with the
+    bounds counts in the last range (which then differs from the source's)."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from pydblog.spark.plan import spark_schema
+    from pydblog.verifier.portable import spark_hash
+
+    df = spark.read.format("delta").load(path)
+    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    h = spark_hash(schema, fields)
+    keys = key_columns(schema)
+    if h is None or any(k not in fields for k in keys):
+        return None
+    logical = {c.name: c.logical for c in schema.columns}
+    bounds = [b for b in his if b is not None]
+    last = len(bounds)
+    names = [f"_k{i}" for i in range(len(keys))]
+
+    def assign(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            cols = [b.column(n).to_pylist() for n in names]
+            out = []
+            for vals in zip(*cols, strict=True):
+                key = tuple(value(logical[k], v) for k, v in zip(keys, vals, strict=True))
+                try:
+                    out.append(bisect_left(bounds, key))
+                except TypeError:
+                    out.append(last)
+            yield pa.RecordBatch.from_arrays([pa.array(out, pa.int32()), b.column("_h")],
+                                             names=["_r", "_h"])
+
+    out_schema = spark_schema(pa.schema([("_r", pa.int32()), ("_h", pa.int64())]))
+    rows = (df.select(*[F.col(f"`{k}`").alias(n) for k, n in zip(keys, names, strict=True)],
+                      F.expr(h).alias("_h"))
+            .mapInArrow(assign, out_schema)
+            .groupBy("_r").agg(F.count(F.lit(1)).alias("n"),
+                               F.sum(F.col("_h").cast("decimal(38,0)")).alias("s"))
+            .collect())
+    return {int(r["_r"]): (int(r["n"]), int(r["s"] or 0)) for r in rows}

@@ -27,8 +27,11 @@ re-read, never a false report.
 
 Where the capture stands: the server's GTID state after a read (``@@gtid_binlog_pos``
 on MariaDB, ``@@GLOBAL.gtid_executed`` on MySQL) is passed once the capture's checkpoint's GTID
-state contains it. A server with GTIDs off gives no such state: a differing range then
-cannot be settled and is reported ``unsettled``, never drift.
+state contains it. A MySQL server with GTIDs off gives no such state: there the binlog's
+end after the read (``SHOW MASTER STATUS``: file and offset) is passed once the capture's
+checkpoint is at or past it in file order (an idle capture's checkpoint moves to the end
+of what it has read, ``binlog.py``'s heartbeats), so a later transaction, or the capture
+having read to that end, settles it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pydblog.ports import TableSchema
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.connect import MySqlDsn, connect, is_mariadb
 from pydblog.sources.mysql.gtid import GtidState, parse_gtid_state
+from pydblog.sources.mysql.position import BinlogPosition, file_sequence
 from pydblog.sources.mysql.types import ColumnType, quote_ident, select_column
 from pydblog.verifier.ranges import Key, Row, key_columns, row_of
 
@@ -278,6 +282,12 @@ class MyTable:
                 last = tuple(_text(mapped[pos[k]]) for k in self.keys)
         return out, last
 
+    def bound_text(self, key: Key | None) -> tuple[str, ...] | None:
+        """A normalized range bound as this table's key text (for a bound read from a
+        source of another kind, whose text would not compare here: PostgreSQL's ``\\x..``
+        bytes, its time zone suffixes)."""
+        return None if key is None else tuple(_text(v) for v in key)
+
     def key_of_text(self, texts: Sequence[str]) -> Key:
         """The normalized key of a key's text (as ``rows`` gives it)."""
         logical = {c.name: c.logical for c in self.schema.columns}
@@ -302,14 +312,38 @@ class MyTable:
             return None
         return parse_gtid_state(text)
 
+    def binlog_end(self) -> tuple[str, int] | None:
+        """The end of the server's binlog now (file, offset), or None where the server
+        does not say (binary logging off, or no privilege to ask)."""
+        import pymysql
+
+        for statement in ("SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"):
+            try:
+                with self.conn.cursor() as cur:
+                    cur.execute(statement)
+                    row = cur.fetchone()
+            except pymysql.err.MySQLError:
+                continue
+            if row:
+                return str(row[0]), int(row[1])
+        return None
+
     def wal_lsn(self) -> Any:
         """A test ``checkpoint position -> bool``: whether the capture has logged every
-        change committed before now (never, where GTIDs are off)."""
+        change committed before now (by GTID state; with GTIDs off, by the binlog's end
+        in file order)."""
         state = self.gtid_state()
+        end = self.binlog_end() if state is None else None
 
         def passed(position: Any) -> bool:
             if state is None:
-                return False
+                if end is None or not isinstance(position, BinlogPosition):
+                    return False
+                try:
+                    return (file_sequence(position.file), position.pos) >= (
+                        file_sequence(end[0]), end[1])
+                except ValueError:
+                    return False
             after = getattr(position, "after_state", None)
             have = after() if callable(after) else None
             if have is None:

@@ -170,9 +170,11 @@ class PgTable:
         ).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
-    def next_chunk(self, lo: Sequence[str] | None, limit: int) -> tuple[int, int, tuple[str, ...] | None]:
+    def next_chunk(self, lo: Sequence[str] | None, limit: int,
+                   h: sql.Composable | None = None) -> tuple[int, int, tuple[str, ...] | None]:
         """The source's next range after ``lo``: (rows, hash sum, text of its last key),
-        at most ``limit`` rows in key order, aggregated in the database."""
+        at most ``limit`` rows in key order, aggregated in the database (``h``: the row
+        hash, default ``hash_expr``)."""
         cond, params = self._cond(lo, None)
         last = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in self.keys)
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in self.keys)
@@ -181,7 +183,7 @@ class PgTable:
             "ORDER BY {order} LIMIT {n}) "
             "SELECT count(*), coalesce(sum(_h), 0)::text, "
             "(SELECT ARRAY[{last}] FROM r ORDER BY {desc} LIMIT 1) FROM r"
-        ).format(keys=keys, h=self.hash_expr(), t=self.ident, cond=cond, order=self._order(),
+        ).format(keys=keys, h=h if h is not None else self.hash_expr(), t=self.ident, cond=cond, order=self._order(),
                  n=sql.Literal(limit), last=last, desc=self._order(desc=True))
         row = self.conn.execute(query, params).fetchone()
         assert row is not None
@@ -276,6 +278,11 @@ class PgTable:
             out.append((tuple(row[i] for i in key_idx), row))
             last = tuple(rec[n:])
         return out, last
+
+    def bound_text(self, key: Key | None) -> tuple[str | None, ...] | None:
+        """A normalized range bound as this table's key text (for a bound read from a
+        source of another kind, whose text would not cast here: MySQL's ``0x..`` bytes)."""
+        return None if key is None else tuple(_sql_text(v) for v in key)
 
     def key_of_text(self, texts: Sequence[str]) -> Key:
         """The normalized key of a key's text (as ``rows`` and ``next_chunk`` give it)."""

@@ -30,12 +30,21 @@ Key = tuple[Any, ...]
 Row = tuple[Any, ...]
 
 
+NAN = float("nan")
+"""Every NaN normalizes to this one object: rows (tuples) holding it compare equal, as
+tuple comparison takes identical items as equal, where two NaN objects never are."""
+
+
 def value(logical: str, v: Any) -> Any:
     """``norm`` plus: a float32 rounds to float32 (a mirror may widen it to float64, a
-    text parses as float64), so ``0.1`` from the source and ``0.1f`` compare equal."""
+    text parses as float64), so ``0.1`` from the source and ``0.1f`` compare equal; a
+    NaN is ``NAN``."""
     out = norm(logical, v)
-    if logical.lower() == "float32" and isinstance(out, float):
-        out = struct.unpack("f", struct.pack("f", out))[0]
+    if isinstance(out, float):
+        if out != out:
+            return NAN
+        if logical.lower() == "float32":
+            out = struct.unpack("f", struct.pack("f", out))[0]
     return out
 
 

@@ -31,6 +31,7 @@ from pydblog.errors import ConfigError, DblogError
 from pydblog.ports import ChangeLogReader, TableSchema
 from pydblog.verifier.delta import DeltaMirror
 from pydblog.verifier.pg import PgTable, open_conn, pg_applied
+from pydblog.verifier.portable import portable
 from pydblog.verifier.ranges import (
     Key,
     Range,
@@ -73,10 +74,11 @@ class RangeResult:
 class TableResult:
     table: str
     sink: str
-    mode: str  # "sql" (checksums in both databases) | "rows" (compared in Python)
+    mode: str  # "sql" (checksums in both databases) | "spark" (PostgreSQL and Spark) | "rows"
     ranges: int = 0
     source_rows: int = 0
     seconds: float = 0.0
+    suspects: int = 0  # ranges whose first comparison differed (read again row by row)
     differing: list[RangeResult] = field(default_factory=list)
     error: str | None = None
 
@@ -92,6 +94,7 @@ class TableResult:
             "ok": self.ok,
             "ranges": self.ranges,
             "source_rows": self.source_rows,
+            "suspects": self.suspects,
             "seconds": round(self.seconds, 3),
             "differing": [r.to_json() for r in self.differing],
             **({"error": self.error} if self.error else {}),
@@ -131,6 +134,7 @@ class Options:
     chunk_size: int = 10_000
     rounds: int = 3
     lag_timeout_s: float = 60.0
+    delta_spark: bool = False  # Delta mirrors checksummed through Spark (``dblog verify``)
 
 
 if TYPE_CHECKING:  # the MySQL reader needs the mysql extra: imported where used
@@ -222,12 +226,25 @@ class MyMirror:
 class DeltaRoot:
     kind = "delta"
 
-    def __init__(self, cfg: SinkConfig, name: str) -> None:
+    def __init__(self, cfg: SinkConfig, name: str, master: str = "local[*]") -> None:
         assert cfg.path is not None
         self.root = cfg.path
         self.name = name
         self.label = f"delta:{cfg.path}"
+        self.master = master
         self._current: DeltaMirror | None = None
+        self._spark: Any = None
+
+    def spark(self) -> Any:
+        """A Spark session of its own (UTC) for checksums, started on first use with the
+        sync's master and jars."""
+        if self._spark is None:
+            from pydblog.spark.session import spark_session
+
+            session = spark_session(self.master, s3=self.root.startswith("s3a://")).newSession()
+            session.conf.set("spark.sql.session.timeZone", "UTC")
+            self._spark = session
+        return self._spark
 
     def table(self, schema: TableSchema) -> DeltaMirror:
         self._current = DeltaMirror(self.root, schema)
@@ -268,7 +285,7 @@ def open_mirrors(cfg: Config, only: str | None) -> list[AnyMirror]:
 
             with needs_extra("spark", "dblog verify of a Delta sink"):
                 import deltalake  # noqa: F401
-            mirrors.append(DeltaRoot(s, name))
+            mirrors.append(DeltaRoot(s, name, cfg.sync.master))
         else:
             mirrors.append(PgMirror(s, name))
     if not mirrors:
@@ -355,6 +372,40 @@ def suspects_sql(src: Source, dst: Source, size: int, res: TableResult,
         if hi is None:
             return out
         lo, i = hi, i + 1
+
+
+def suspects_spark(src: PgTable, table: DeltaMirror, root: DeltaRoot, size: int,
+                   res: TableResult, advance: Progress) -> list[Range] | None:
+    """Ranges whose count or hash sum differ, the source's computed in PostgreSQL and
+    the Delta mirror's by Spark (``portable``: the same canonical row text in both);
+    None when the mirror's column types have no portable hash (then rows mode)."""
+    from deltalake import DeltaTable
+
+    from pydblog.verifier.delta import spark_checksums, spark_portable
+    from pydblog.verifier.portable import pg_hash
+
+    if not DeltaTable.is_deltatable(table.path) or not spark_portable(root.spark(), table.path,
+                                                                      src.schema):
+        return None
+    h = pg_hash(src.schema, src.columns)
+    ranges: list[Range] = []
+    sums: list[tuple[int, int]] = []
+    lo: tuple[str, ...] | None = None
+    while True:
+        n, total, last = src.next_chunk(lo, size, h)
+        hi = last if n == size else None
+        ranges.append(_range(src, len(ranges), lo, hi))
+        sums.append((n, total))
+        advance(n)
+        if hi is None:
+            break
+        lo = hi
+    got = spark_checksums(root.spark(), table.path, src.schema, [r.hi for r in ranges])
+    if got is None:
+        return None
+    res.mode = "spark"
+    res.ranges, res.source_rows = len(ranges), sum(n for n, _ in sums)
+    return [r for r, want in zip(ranges, sums, strict=True) if got.get(r.index, (0, 0)) != want]
 
 
 def suspects_rows(src: Source, mirror_rows: Callable[[Range, set[Key]], dict[Key, Row]],
@@ -502,6 +553,15 @@ def _checksummed(src: Source, dst: Source) -> bool:
     return src.comparable(dst)  # (both MySQL/MariaDB tables)
 
 
+def _bounds(src: Source, dst: Source, rng: Range) -> tuple[Any, Any]:
+    """``rng``'s bounds as ``dst``'s key text: the source's own text where both are one
+    database kind, else ``dst``'s text of the normalized bounds (binary and time zone
+    values print differently across kinds)."""
+    if type(src) is type(dst):
+        return rng.lo_text, rng.hi_text
+    return dst.bound_text(rng.lo), dst.bound_text(rng.hi)
+
+
 def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
                  reader: ChangeLogReader, opts: Options, advance: Progress) -> TableResult:
     t0 = time.monotonic()
@@ -518,29 +578,37 @@ def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
             suspects = suspects_sql(src, dst, opts.chunk_size, res, advance)
         else:
             suspects = suspects_rows(
-                src, lambda rng, _keys: dict(dst.rows(rng.lo_text, rng.hi_text)[0]), None,
+                src, lambda rng, _keys: dict(dst.rows(*_bounds(src, dst, rng))[0]), None,
                 opts.chunk_size, res, advance,
             )
 
         def read_pg(targets: list[Target], _keys: dict[int, set[Key]]) -> dict[int, Rows]:
             out: dict[int, Rows] = {}
             for rng, keys in targets:
-                rows = dst.rows(rng.lo_text, rng.hi_text)[0] if keys is None else dst.rows_by_keys(keys)
+                rows = (dst.rows(*_bounds(src, dst, rng))[0] if keys is None
+                        else dst.rows_by_keys(keys))
                 out[rng.index] = [r for _, r in rows] if keyless else dict(rows)
             return out
 
+        res.suspects = len(suspects)
         res.differing = settle(src, reader, suspects, read_pg, mirror.applied, opts)
     else:
         table = mirror.table(schema)
-        table.load()
         res = TableResult(schema.qualified, mirror.name, "rows")
-        if keyless:
+        checked = None
+        if opts.delta_spark and isinstance(src, PgTable) and not keyless and portable(schema):
+            checked = suspects_spark(src, table, mirror, opts.chunk_size, res, advance)
+        if checked is not None:
+            suspects = checked
+        elif keyless:
+            table.load()
             rows, _ = src.rows(None, None)
             res.ranges, res.source_rows = 1, len(rows)
             advance(len(rows))
             suspects = [] if not diff_multisets([r for _, r in rows], table.multiset) else [
                 Range(0, None, None, None, None)]
         else:
+            table.load()
             suspects = suspects_rows(src, table.range_rows, lambda: table.rows,
                                      opts.chunk_size, res, advance)
 
@@ -556,6 +624,7 @@ def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
                     out[rng.index] = {k: table.rows[k] for k in only if k in table.rows}
             return out
 
+        res.suspects = len(suspects)
         res.differing = settle(src, reader, suspects, read_delta, table.applied, opts)
     res.seconds = time.monotonic() - t0
     return res

@@ -660,6 +660,7 @@ class MySqlLogSource:
                 yield self._names.state(None)
         elif isinstance(event, HeartbeatLogEvent):
             if self._tx is None:
+                self._read_to_end()
                 yield from self._heartbeat(force=True)
             yield Idle()
 
@@ -784,6 +785,20 @@ class MySqlLogSource:
         would make the next resume send the resumed transaction again, logged part and
         all."""
         return self._delivered.pending(self._gtids)
+
+    def _read_to_end(self) -> None:
+        """With GTIDs off, an idle dump's place moves to the end of what it has read
+        (``BEFORE_TX`` at that offset: below every event of a transaction starting
+        there, so a file resume from it drops nothing unread). A checkpoint there says
+        every transaction before that offset is logged, which is how a reader without
+        GTIDs (``dblog verify``) tells that the capture has passed the binlog's end it
+        saw. With GTIDs the last transaction's position already says so (its state)."""
+        done = self._last_done
+        if self._gtid_mode or done is None or self._last_end <= 0:
+            return
+        at = BinlogPosition(self._file, self._last_end, BEFORE_TX, None, done.gtids, self._epoch)
+        if at > done:
+            self._last_done = at
 
     def _heartbeat(self, *, force: bool) -> Iterator[Any]:
         done = self._last_done

@@ -25,6 +25,7 @@ commit is itself spread over the executors.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 from collections.abc import Callable, Iterator
@@ -38,7 +39,10 @@ from pydblog.errors import SinkError
 from pydblog.ports import TableSchema
 from pydblog.spark.plan import REDUCED_SCHEMA, SparkBatch, spark_schema, typed_fn
 from pydblog.spark.repairs import SparkPurge, spark_purges, target_deletes
+from pydblog.spark.sinks.widen import widens
 from pydblog.spark.typemap import arrow_schema
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 APP_ID = "pydblog-sync"
@@ -128,7 +132,36 @@ def ensure_table(spark: Any, path: str, schema: pa.Schema) -> pa.Schema:
             for f in missing)
         spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({cols})")
         have = target_arrow_schema(spark, path)
+    wider = {f.name: f.type for f in schema if f.name in have.names
+             and widens(_sql_name(have.field(f.name).type), _sql_name(f.type))}
+    if wider:
+        _rewrite_wider(spark, path, have, wider)
+        have = target_arrow_schema(spark, path)
     return have
+
+
+def _sql_name(t: pa.DataType) -> str:
+    """An Arrow numeric type's SQL name (for ``widens``); other types' own names."""
+    if pa.types.is_decimal(t):
+        return f"numeric({t.precision},{t.scale})"
+    return {pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "integer",
+            pa.int64(): "bigint", pa.float32(): "real", pa.float64(): "double"}.get(t, str(t))
+
+
+def _rewrite_wider(spark: Any, path: str, have: pa.Schema, wider: dict[str, pa.DataType]) -> None:
+    """Rewrite the table with ``wider``'s columns cast to their wider types (one
+    overwrite commit with the new schema; every value is kept, ``widen.widens``). No
+    table feature is turned on, so every Delta reader still reads the table (Delta's
+    own type widening needs a reader feature delta-rs lacks). Idempotent: a replay finds
+    the types already wide."""
+    from pyspark.sql import functions as F
+
+    cols = [F.col(quote(n)).cast(spark_schema(pa.schema([pa.field(n, wider[n])]))[0].dataType)
+            .alias(n) if n in wider else F.col(quote(n)) for n in have.names]
+    log.warning("Delta table %s: widening %s (the table is rewritten once)", path,
+                ", ".join(f"{n} to {t}" for n, t in wider.items()))
+    (spark.read.format("delta").load(path).select(*cols).write.format("delta")
+     .mode("overwrite").option("overwriteSchema", "true").save(path))
 
 
 class DeltaSink:

@@ -57,6 +57,7 @@ from pydblog.spark.batch import Batch
 from pydblog.spark.plan import SparkBatch
 from pydblog.spark.reduce import DELETE, TableChanges
 from pydblog.spark.repairs import TablePurge, spark_purges
+from pydblog.spark.sinks.widen import widens
 from pydblog.spark.typemap import null_safe_key
 
 PROGRESS_TABLE = "dblog_sync_progress"
@@ -364,7 +365,7 @@ class MySqlSink:
         self.parts = parallelism
         self.name = f"mysql:{self.target_db.redacted}" + (f" schema {schema}" if schema else "")
         self._targets: dict[str, str] = {}
-        self._columns: dict[str, set[str]] = {}
+        self._columns: dict[str, dict[str, str]] = {}  # table -> column -> type ensured
         # target table -> True when it has no primary key: rows are matched null-safely
         self._keyless: dict[str, bool] = {}
         self._conns: dict[int, Any] = {}
@@ -605,13 +606,13 @@ class MySqlSink:
 
     def _ensure_table(self, cur: Any, schema: TableSchema) -> None:
         table = self.target(schema.schema, schema.table)
+        keyless = null_safe_key(schema)
+        types = column_types(schema, nopad=self._flavour.get("nopad", True), keyed=not keyless)
         have = self._columns.get(table)
-        if have is not None and all(c.name in have for c in schema.columns):
+        if have is not None and all(have.get(c.name) == types[c.name] for c in schema.columns):
             return
         for c in schema.columns:
             _check_identifier(c.name, f"column of {schema.qualified}")
-        keyless = null_safe_key(schema)
-        types = column_types(schema, nopad=self._flavour.get("nopad", True), keyed=not keyless)
         cols = ", ".join(f"{q(c.name)} {types[c.name]}" for c in schema.columns)
         pk = "" if keyless else f", PRIMARY KEY ({', '.join(q(k) for k in schema.key)})"
         # A whole-row identity (no primary key at the source) may hold NULLs: no
@@ -619,18 +620,23 @@ class MySqlSink:
         cur.execute(f"CREATE TABLE IF NOT EXISTS {self._ident(table)} ({cols}{pk}) "
                     "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
         cur.execute(
-            "SELECT COLUMN_NAME, COLUMN_KEY FROM information_schema.COLUMNS "
+            "SELECT COLUMN_NAME, COLUMN_KEY, COLUMN_TYPE FROM information_schema.COLUMNS "
             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (self.database, table))
         rows = cur.fetchall()
-        have = {str(r[0]) for r in rows}
-        self._keyless[table] = not any(r[1] == "PRI" for r in rows)
+        have = {str(r[0]): str(r[2]) for r in rows}
+        keyed = {str(r[0]) for r in rows if r[1] == "PRI"}
+        self._keyless[table] = not keyed
         for c in schema.columns:
             if c.name not in have:
                 # only ever added: MySQL has no ADD COLUMN IF NOT EXISTS (MariaDB has),
                 # and information_schema said the column is missing
                 cur.execute(f"ALTER TABLE {self._ident(table)} ADD COLUMN {q(c.name)} "
                             f"{mysql_type(c)}")
-                have.add(c.name)
+            elif widens(have[c.name], types[c.name]):
+                null = "NOT NULL" if c.name in keyed else "NULL"
+                cur.execute(f"ALTER TABLE {self._ident(table)} MODIFY COLUMN {q(c.name)} "
+                            f"{types[c.name]} {null}")
+            have[c.name] = types[c.name]
         self._columns[table] = have
 
     def _purge(self, cur: Any, schema: TableSchema | None, table: str, purge: TablePurge) -> None:

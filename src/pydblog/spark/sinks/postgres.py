@@ -45,6 +45,7 @@ from pydblog.spark.batch import Batch
 from pydblog.spark.plan import SparkBatch
 from pydblog.spark.reduce import DELETE, TableChanges
 from pydblog.spark.repairs import TablePurge, pg_purge, spark_purges
+from pydblog.spark.sinks.widen import widens
 from pydblog.spark.typemap import null_safe_key
 
 PROGRESS_TABLE = "dblog_sync_progress"
@@ -129,7 +130,7 @@ class PostgresSink:
         self.name = f"postgres:{redact_dsn(dsn)}" + (f" schema {schema}" if schema else "")
         self._targets: dict[tuple[str, str], str] = {}
         self._conns: dict[int, psycopg.Connection[Any]] = {}
-        self._columns: dict[str, set[str]] = {}
+        self._columns: dict[str, dict[str, str]] = {}  # table -> column -> type ensured
         # target -> True when it has no primary key: rows are matched null-safely
         self._keyless: dict[str, bool] = {}
         self._lock = threading.Lock()
@@ -333,7 +334,7 @@ class PostgresSink:
         tschema, tname = self.target(schema.schema, schema.table)
         ident = sql.Identifier(tschema, tname)
         have = self._columns.get(f"{tschema}.{tname}")
-        if have is not None and all(c.name in have for c in schema.columns):
+        if have is not None and all(have.get(c.name) == target_type(c) for c in schema.columns):
             return
         cols = sql.SQL(", ").join(
             sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(target_type(c)))
@@ -351,24 +352,28 @@ class PostgresSink:
                 sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(ident, cols, key)
             )
         rows = conn.execute(
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_schema = %s AND table_name = %s",
-            (tschema, tname),
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+            (ident.as_string(conn),),
         ).fetchall()
-        have = {r[0] for r in rows}
+        have = {str(r[0]): str(r[1]) for r in rows}
         pk = conn.execute(
             "SELECT 1 FROM pg_index WHERE indrelid = to_regclass(%s) AND indisprimary",
             (sql.Identifier(tschema, tname).as_string(conn),),
         ).fetchone()
         self._keyless[f"{tschema}.{tname}"] = pk is None
         for c in schema.columns:
+            want = target_type(c)
             if c.name not in have:
                 conn.execute(
                     sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
-                        ident, sql.Identifier(c.name), sql.SQL(target_type(c))
+                        ident, sql.Identifier(c.name), sql.SQL(want)
                     )
                 )
-                have.add(c.name)
+            elif widens(have[c.name], want):
+                conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE {}").format(
+                    ident, sql.Identifier(c.name), sql.SQL(want)))
+            have[c.name] = want
         self._columns[f"{tschema}.{tname}"] = have
 
     def _apply_part(
