@@ -132,12 +132,12 @@ def test_fresh_start_does_not_read_the_binlog_file(
     """A fresh start with GTIDs asks the server for the transactions after its executed
     GTID set (no scan of the current binlog file to learn the set at an offset, which
     cost ~0.2 s per MB). Transactions committing while it starts are captured once."""
-    import pydblog.sources.mysql.binlog as binlog_mod
+    import pydblog.sources.mysql.server as server_mod
 
     def no_scan(*args: object, **kwargs: object) -> None:
         raise AssertionError("the binlog file was scanned for the GTID state")
 
-    monkeypatch.setattr(binlog_mod, "mysql_state_at", no_scan)
+    monkeypatch.setattr(server_mod, "mysql_state_at", no_scan)
     db = my57_db
     mysql57.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", db)
     for i in range(50):  # some history in the current file before the start

@@ -162,15 +162,10 @@ class MyTable:
         """The next range after ``lo``: (rows, hash sum, text of its last key), at most
         ``limit`` rows in key order, aggregated by the server."""
         cond, params = self._cond(lo, None)
-        with self.conn.cursor() as cur:
-            cur.execute(
-                f"SELECT COUNT(*), CAST(COALESCE(SUM(_h), 0) AS CHAR) FROM (SELECT "
-                f"{self.hash_expr()} AS _h FROM {self.ident} WHERE {cond} "
-                f"ORDER BY {self._order()} LIMIT {int(limit)}) r",
-                params,
-            )
-            row = cur.fetchone()
-        count, total = int(row[0]), int(row[1])
+        count, total = self._count_sum(
+            "_h", f"(SELECT {self.hash_expr()} AS _h FROM {self.ident} WHERE {cond} "
+            f"ORDER BY {self._order()} LIMIT {int(limit)}) r", params,
+        )
         if count == 0:
             return 0, 0, None
         return count, total, self._key_at(cond, params, count - 1)
@@ -180,11 +175,14 @@ class MyTable:
         if not self.exists:
             return 0, 0
         cond, params = self._cond(lo, hi)
+        return self._count_sum(self.hash_expr(), f"{self.ident} WHERE {cond}", params)
+
+    def _count_sum(self, hashed: str, rows: str, params: list[Any]) -> tuple[int, int]:
+        """(rows, sum of ``hashed`` over them) of ``SELECT ... FROM {rows}``, computed by
+        the server (the sum as text: it may exceed 64 bits)."""
         with self.conn.cursor() as cur:
             cur.execute(
-                f"SELECT COUNT(*), CAST(COALESCE(SUM({self.hash_expr()}), 0) AS CHAR) "
-                f"FROM {self.ident} WHERE {cond}",
-                params,
+                f"SELECT COUNT(*), CAST(COALESCE(SUM({hashed}), 0) AS CHAR) FROM {rows}", params
             )
             row = cur.fetchone()
         return int(row[0]), int(row[1])

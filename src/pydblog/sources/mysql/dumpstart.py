@@ -135,3 +135,49 @@ class DumpConnection(Connection):
         if start is not None and len(data) > 4 and data[4] == COM_BINLOG_DUMP_GTID:
             data = with_start(data, start.file, start.offset)
         super()._write_bytes(data)
+
+
+class Reconnect(Exception):
+    """The library tried to reconnect by itself (from a position we do not trust)."""
+
+
+class OneConnection:
+    """``pymysql_wrapper`` for one ``BinLogStreamReader``: one stream and one control
+    connection, never a silent second one (``Reconnect``). MySQL (``mysql``): the stream
+    connection learns its server's ``server_uuid`` and, if ``start`` holds there, starts
+    the GTID dump at its coordinates."""
+
+    def __init__(self, *, mysql: bool = False, start: DumpStart | None = None) -> None:
+        self.opened: set[str] = set()
+        self.mysql = mysql
+        self.start = start
+        self.server_uuid: str | None = None
+        self.started_at: DumpStart | None = None
+        self.connection_id: int | None = None  # the stream's server connection id
+
+    def __call__(self, **kwargs: Any) -> Any:
+        # The library names some arguments the old way; pymysql warns about those.
+        for old, new in (("db", "database"), ("passwd", "password")):
+            if old in kwargs:
+                kwargs[new] = kwargs.pop(old)
+        role = "ctl" if kwargs.get("database") == "information_schema" else "stream"
+        if role in self.opened:
+            raise Reconnect(role)
+        self.opened.add(role)
+        if role == "ctl":
+            return Connection(**kwargs)
+        if not self.mysql:
+            conn = Connection(**kwargs)
+            self.connection_id = conn.thread_id()
+            return conn
+        conn = DumpConnection(**kwargs)
+        self.connection_id = conn.thread_id()
+        try:
+            self.server_uuid = server_uuid(conn)
+            start = self.start
+            if start is not None and start.server_uuid == self.server_uuid and holds(conn, start):
+                conn.start = self.started_at = start
+        except BaseException:
+            conn.close()
+            raise
+        return conn

@@ -1,19 +1,24 @@
 """A faster row decoder for mysql-replication (the capture's CPU ceiling).
 
 mysql-replication decodes every value through one long ``if/elif`` chain with per-column
-metadata lookups. ``install()`` replaces ``RowsEvent._read_column_data`` with a version
-that builds, once per TABLE_MAP, a plan of one small reader per column for the common
-types (integers, FLOAT/DOUBLE, VARCHAR, BLOB/TEXT, DATE, DATETIME2, TIMESTAMP2) and hands
-every other type to the library's own decoder; and ``RowsEvent._fetch_rows`` with one
-that, for a table whose every column has a buffer reader (those types, DECIMAL, YEAR
-and ENUM),
-reads the event's body once and decodes its rows from it by offset.
+metadata lookups. Here each column type has one reader over a buffer and an offset
+(``_codec``: the one table of types: integers, FLOAT/DOUBLE, VARCHAR/CHAR/BINARY,
+BLOB/TEXT, DATE, DATETIME2, TIMESTAMP2, DECIMAL, YEAR and ENUM), built once per
+TABLE_MAP. ``install()`` replaces
+
+- ``RowsEvent._fetch_rows``: for a table whose every column has a reader, the event's
+  body is read from the packet once and its rows are decoded from it by offset;
+- ``RowsEvent._read_column_data`` (the row-by-row path, for the other tables): each
+  value's bytes are taken from the packet (its width, or its length prefix and what
+  it counts) and handed to the same reader; a column without one goes to the library's
+  own decoder.
 
 Invariants: the values are exactly the library's for every type, and so are the
 ``none_sources`` it records, except that an out-of-range DATE/DATETIME (a zero date) is
 reported as plain ``"null"``; partial JSON updates, ``ignore_decode_errors`` and tables
-whose TABLE_MAP lacks column names go through the library's original code. ``tests/mysql/test_types.py`` checks every
-type against SELECT with this decoder installed.
+whose TABLE_MAP lacks column names go through the library's original code.
+``tests/mysql/test_types.py`` checks every type against SELECT and against the library
+with this decoder installed.
 """
 
 from __future__ import annotations
@@ -22,14 +27,18 @@ import codecs
 import datetime as dt
 import struct
 from collections.abc import Callable
-from typing import Any
+from decimal import Decimal
+from typing import Any, NamedTuple
 
 from pymysqlreplication.bitmap import BitCount
 from pymysqlreplication.constants import BINLOG, FIELD_TYPE, NONE_SOURCE
 from pymysqlreplication.row_event import RowsEvent
 
-Reader = Callable[[Any], Any]
+Reader = Callable[[bytes, int], tuple[Any, int]]
+"""Decodes the value at ``off`` in ``buf``: ``(value, the offset after it)``."""
+
 _ORIGINAL: Any = RowsEvent._read_column_data
+_ORIGINAL_FETCH: Any = RowsEvent._fetch_rows
 _INSTALLED = False
 
 _INTS: dict[int, tuple[str, str]] = {
@@ -39,6 +48,7 @@ _INTS: dict[int, tuple[str, str]] = {
     FIELD_TYPE.LONGLONG: ("<q", "<Q"),
 }
 _FSP_BYTES = {0: 0, 1: 1, 2: 1, 3: 2, 4: 2, 5: 3, 6: 3}
+_DIG2BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
 _EPOCH = dt.datetime(1970, 1, 1)  # naive UTC, as utcfromtimestamp (deprecated in 3.12)
 _SECOND = dt.timedelta(seconds=1)
 
@@ -52,19 +62,20 @@ def install() -> None:
         _INSTALLED = True
 
 
+# -- readers ------------------------------------------------------------------------------
 def _unpacker(fmt: str) -> Reader:
-    size = struct.calcsize(fmt)
-    unpack = struct.Struct(fmt).unpack
+    st = struct.Struct(fmt)
+    size, unpack_from = st.size, st.unpack_from
 
-    def read(packet: Any) -> Any:
-        return unpack(packet.read(size))[0]
+    def read(buf: bytes, off: int) -> tuple[Any, int]:
+        return unpack_from(buf, off)[0], off + size
 
     return read
 
 
 def _int24(signed: bool) -> Reader:
-    def read(packet: Any) -> int:
-        return int.from_bytes(packet.read(3), "little", signed=signed)
+    def read(buf: bytes, off: int) -> tuple[Any, int]:
+        return int.from_bytes(buf[off:off + 3], "little", signed=signed), off + 3
 
     return read
 
@@ -83,170 +94,6 @@ def _encoding(column: Any) -> str | None:
 
 
 def _string(length_size: int, encoding: str | None) -> Reader:
-    def read(packet: Any) -> Any:
-        raw = packet.read(int.from_bytes(packet.read(length_size), "little"))
-        if encoding is None:
-            # The library's b"".decode("binary") succeeds (empty input is not decoded).
-            return raw if raw else ""
-        return raw.decode(encoding)
-
-    return read
-
-
-def _fraction(fsp: int) -> Callable[[Any], int]:
-    nbytes = _FSP_BYTES[fsp]
-    scale = int(10 ** (6 - fsp))
-
-    def read(packet: Any) -> int:
-        if not nbytes:
-            return 0
-        raw = int.from_bytes(packet.read(nbytes), "big", signed=True)
-        if fsp % 2:
-            raw = int(raw / 10)
-        return raw * scale
-
-    return read
-
-
-def _datetime2(fsp: int) -> Reader:
-    frac = _fraction(fsp)
-
-    def read(packet: Any) -> dt.datetime | None:
-        data = int.from_bytes(packet.read(5), "big")
-        year_month = (data >> 22) & 0x1FFFF
-        try:
-            value = dt.datetime(
-                year_month // 13,
-                year_month % 13,
-                (data >> 17) & 0x1F,
-                (data >> 12) & 0x1F,
-                (data >> 6) & 0x3F,
-                data & 0x3F,
-            )
-        except ValueError:
-            frac(packet)
-            return None
-        micros = frac(packet)
-        return value.replace(microsecond=micros) if micros > 0 else value
-
-    return read
-
-
-def _timestamp2(fsp: int) -> Reader:
-    frac = _fraction(fsp)
-
-    def read(packet: Any) -> dt.datetime:
-        value = _EPOCH + int.from_bytes(packet.read(4), "big", signed=True) * _SECOND
-        micros = frac(packet)
-        return value.replace(microsecond=micros) if micros > 0 else value
-
-    return read
-
-
-def _date(packet: Any) -> dt.date | None:
-    raw = int.from_bytes(packet.read(3), "little")
-    if raw == 0:
-        return None
-    year, month, day = (raw & (0x7FFF << 9)) >> 9, (raw >> 5) & 0xF, raw & 0x1F
-    if not (year and month and day):
-        return None
-    return dt.date(year, month, day)
-
-
-def _reader(column: Any) -> Reader | None:
-    """A fast reader for ``column``'s type, or None to use the library's decoder."""
-    t = column.type
-    if t in _INTS:
-        signed, unsigned = _INTS[t]
-        return _unpacker(unsigned if column.unsigned else signed)
-    if t == FIELD_TYPE.INT24:
-        return _int24(not column.unsigned)
-    if t == FIELD_TYPE.FLOAT:
-        return _unpacker("<f")
-    if t == FIELD_TYPE.DOUBLE:
-        return _unpacker("<d")
-    if t in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING):  # (CHAR and BINARY are STRING)
-        return _string(2 if column.max_length > 255 else 1, _encoding(column))
-    if t == FIELD_TYPE.BLOB:
-        return _string(column.length_size, _encoding(column))
-    if t == FIELD_TYPE.DATETIME2:
-        return _datetime2(column.fsp)
-    if t == FIELD_TYPE.TIMESTAMP2:
-        return _timestamp2(column.fsp)
-    if t == FIELD_TYPE.DATE:
-        return _date
-    return None
-
-
-def _plan(event: Any) -> list[tuple[str, Reader | None, Any]] | None:
-    table = event.table_map[event.table_id]
-    plan: list[tuple[str, Reader | None, Any]] | None = getattr(table, "_dblog_plan", None)
-    if plan is None:
-        if any(not c.name for c in table.columns) or event._ignore_decode_errors:
-            return None
-        plan = [(c.name, _reader(c), c) for c in table.columns]
-        table._dblog_plan = plan
-    return plan
-
-
-def _read_column_data(self: Any, cols_bitmap: Any, row_image_type: Any = None) -> Any:
-    if self.event_type == BINLOG.PARTIAL_UPDATE_ROWS_EVENT:
-        return _ORIGINAL(self, cols_bitmap, row_image_type)
-    plan = _plan(self)
-    if plan is None:
-        return _ORIGINAL(self, cols_bitmap, row_image_type)
-    self.is_partial_json_update = False
-    packet = self.packet
-    null_bitmap = packet.read((BitCount(cols_bitmap) + 7) // 8)
-    none_sources = self._RowsEvent__none_sources
-    library = self._RowsEvent__read_values_name
-    values: dict[str, Any] = {}
-    nulls = 0
-    for i, (name, read, column) in enumerate(plan):
-        if not cols_bitmap[i >> 3] & (1 << (i & 7)):
-            none_sources[name] = NONE_SOURCE.COLS_BITMAP
-            values[name] = None
-            continue
-        if null_bitmap[nulls >> 3] & (1 << (nulls & 7)):
-            none_sources[name] = NONE_SOURCE.NULL
-            values[name] = None
-        elif read is not None:
-            values[name] = read(packet)
-        else:
-            values[name] = library(
-                column, null_bitmap, nulls, False, cols_bitmap, column.unsigned, i
-            )
-        nulls += 1
-    return values
-
-
-# -- whole-event decoding -----------------------------------------------------------------
-# Where every column of a table has a reader below, a rows event's body is read from the
-# packet once and its rows are decoded from that buffer by offset (no per-value call
-# through the packet wrapper); other tables decode row by row as above.
-
-BufReader = Callable[[bytes, int], tuple[Any, int]]
-_DIG2BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
-
-
-def _buf_unpacker(fmt: str) -> BufReader:
-    st = struct.Struct(fmt)
-    size, unpack_from = st.size, st.unpack_from
-
-    def read(buf: bytes, off: int) -> tuple[Any, int]:
-        return unpack_from(buf, off)[0], off + size
-
-    return read
-
-
-def _buf_int24(signed: bool) -> BufReader:
-    def read(buf: bytes, off: int) -> tuple[Any, int]:
-        return int.from_bytes(buf[off:off + 3], "little", signed=signed), off + 3
-
-    return read
-
-
-def _buf_string(length_size: int, encoding: str | None) -> BufReader:
     def read(buf: bytes, off: int) -> tuple[Any, int]:
         n = int.from_bytes(buf[off:off + length_size], "little")
         start = off + length_size
@@ -254,13 +101,14 @@ def _buf_string(length_size: int, encoding: str | None) -> BufReader:
         if len(raw) != n:
             raise ValueError("rows event shorter than its values")
         if encoding is None:
+            # The library's b"".decode("binary") succeeds (empty input is not decoded).
             return (raw if raw else ""), start + n
         return raw.decode(encoding), start + n
 
     return read
 
 
-def _buf_fraction(fsp: int) -> Callable[[bytes, int], tuple[int, int]]:
+def _fraction(fsp: int) -> Callable[[bytes, int], tuple[int, int]]:
     nbytes = _FSP_BYTES[fsp]
     scale = int(10 ** (6 - fsp))
 
@@ -275,8 +123,8 @@ def _buf_fraction(fsp: int) -> Callable[[bytes, int], tuple[int, int]]:
     return read
 
 
-def _buf_datetime2(fsp: int) -> BufReader:
-    frac = _buf_fraction(fsp)
+def _datetime2(fsp: int) -> Reader:
+    frac = _fraction(fsp)
 
     def read(buf: bytes, off: int) -> tuple[Any, int]:
         data = int.from_bytes(buf[off:off + 5], "big")
@@ -292,8 +140,8 @@ def _buf_datetime2(fsp: int) -> BufReader:
     return read
 
 
-def _buf_timestamp2(fsp: int) -> BufReader:
-    frac = _buf_fraction(fsp)
+def _timestamp2(fsp: int) -> Reader:
+    frac = _fraction(fsp)
 
     def read(buf: bytes, off: int) -> tuple[Any, int]:
         value = _EPOCH + int.from_bytes(buf[off:off + 4], "big", signed=True) * _SECOND
@@ -303,7 +151,7 @@ def _buf_timestamp2(fsp: int) -> BufReader:
     return read
 
 
-def _buf_date(buf: bytes, off: int) -> tuple[Any, int]:
+def _date(buf: bytes, off: int) -> tuple[Any, int]:
     raw = int.from_bytes(buf[off:off + 3], "little")
     year, month, day = (raw & (0x7FFF << 9)) >> 9, (raw >> 5) & 0xF, raw & 0x1F
     if not (raw and year and month and day):
@@ -311,15 +159,18 @@ def _buf_date(buf: bytes, off: int) -> tuple[Any, int]:
     return dt.date(year, month, day), off + 3
 
 
-def _buf_decimal(precision: int, scale: int) -> BufReader:
+def _decimal_size(precision: int, scale: int) -> int:
+    uncomp_int, comp_int = divmod(precision - scale, 9)
+    uncomp_frac, comp_frac = divmod(scale, 9)
+    return _DIG2BYTES[comp_int] + 4 * uncomp_int + 4 * uncomp_frac + _DIG2BYTES[comp_frac]
+
+
+def _decimal(precision: int, scale: int) -> Reader:
     """MySQL's binary DECIMAL, as the library decodes it (a ``Decimal`` of the same
     text: sign, integral digits, ``.``, ``scale`` fractional digits)."""
-    from decimal import Decimal
-
-    integral = precision - scale
-    uncomp_int, comp_int = divmod(integral, 9)
+    uncomp_int, comp_int = divmod(precision - scale, 9)
     uncomp_frac, comp_frac = divmod(scale, 9)
-    size = (_DIG2BYTES[comp_int] + 4 * uncomp_int + 4 * uncomp_frac + _DIG2BYTES[comp_frac])
+    size = _decimal_size(precision, scale)
     first = _DIG2BYTES[comp_int]
     last = _DIG2BYTES[comp_frac]
 
@@ -351,43 +202,11 @@ def _buf_decimal(precision: int, scale: int) -> BufReader:
     return read
 
 
-def _buf_reader(column: Any) -> BufReader | None:
-    """A buffer reader for ``column``'s type, or None (the table then decodes row by
-    row through the packet)."""
-    t = column.type
-    if t in _INTS:
-        signed, unsigned = _INTS[t]
-        return _buf_unpacker(unsigned if column.unsigned else signed)
-    if t == FIELD_TYPE.INT24:
-        return _buf_int24(not column.unsigned)
-    if t == FIELD_TYPE.FLOAT:
-        return _buf_unpacker("<f")
-    if t == FIELD_TYPE.DOUBLE:
-        return _buf_unpacker("<d")
-    if t in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING):  # (CHAR and BINARY are STRING)
-        return _buf_string(2 if column.max_length > 255 else 1, _encoding(column))
-    if t == FIELD_TYPE.BLOB:
-        return _buf_string(column.length_size, _encoding(column))
-    if t == FIELD_TYPE.DATETIME2:
-        return _buf_datetime2(column.fsp)
-    if t == FIELD_TYPE.TIMESTAMP2:
-        return _buf_timestamp2(column.fsp)
-    if t == FIELD_TYPE.DATE:
-        return _buf_date
-    if t == FIELD_TYPE.NEWDECIMAL:
-        return _buf_decimal(column.precision, column.decimals)
-    if t == FIELD_TYPE.YEAR:
-        return _buf_year
-    if t == FIELD_TYPE.ENUM:
-        return _buf_enum(column.size, list(column.enum_values or ()))
-    return None
-
-
-def _buf_year(buf: bytes, off: int) -> tuple[Any, int]:
+def _year(buf: bytes, off: int) -> tuple[Any, int]:
     return buf[off] + 1900, off + 1  # (the library's: YEAR 0 reads 1900)
 
 
-def _buf_enum(size: int, values: list[str]) -> BufReader:
+def _enum(size: int, values: list[str]) -> Reader:
     """An ENUM's member by its index (index 0, an invalid value, is ``values[0]``);
     None where the TABLE_MAP carried no members, as the library."""
 
@@ -398,25 +217,116 @@ def _buf_enum(size: int, values: list[str]) -> BufReader:
     return read
 
 
-_ORIGINAL_FETCH: Any = RowsEvent._fetch_rows
+class Codec(NamedTuple):
+    """A column's reader and how many bytes its value takes: ``width`` (fixed), or a
+    ``prefix``-byte little-endian length and that many bytes (``width`` 0)."""
+
+    read: Reader
+    width: int
+    prefix: int = 0
 
 
-def _buf_plan(event: Any) -> list[tuple[str, BufReader]] | None:
-    """The table's buffer plan: a reader for every column, or None."""
+def _codec(column: Any) -> Codec | None:
+    """The one table of types: ``column``'s reader, or None (the library decodes it)."""
+    t = column.type
+    if t in _INTS:
+        signed, unsigned = _INTS[t]
+        fmt = unsigned if column.unsigned else signed
+        return Codec(_unpacker(fmt), struct.calcsize(fmt))
+    if t == FIELD_TYPE.INT24:
+        return Codec(_int24(not column.unsigned), 3)
+    if t == FIELD_TYPE.FLOAT:
+        return Codec(_unpacker("<f"), 4)
+    if t == FIELD_TYPE.DOUBLE:
+        return Codec(_unpacker("<d"), 8)
+    if t in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING):  # (CHAR and BINARY are STRING)
+        prefix = 2 if column.max_length > 255 else 1
+        return Codec(_string(prefix, _encoding(column)), 0, prefix)
+    if t == FIELD_TYPE.BLOB:
+        return Codec(_string(column.length_size, _encoding(column)), 0, column.length_size)
+    if t == FIELD_TYPE.DATETIME2:
+        return Codec(_datetime2(column.fsp), 5 + _FSP_BYTES[column.fsp])
+    if t == FIELD_TYPE.TIMESTAMP2:
+        return Codec(_timestamp2(column.fsp), 4 + _FSP_BYTES[column.fsp])
+    if t == FIELD_TYPE.DATE:
+        return Codec(_date, 3)
+    if t == FIELD_TYPE.NEWDECIMAL:
+        return Codec(_decimal(column.precision, column.decimals),
+                     _decimal_size(column.precision, column.decimals))
+    if t == FIELD_TYPE.YEAR:
+        return Codec(_year, 1)
+    if t == FIELD_TYPE.ENUM:
+        return Codec(_enum(column.size, list(column.enum_values or ())), column.size)
+    return None
+
+
+# -- plans --------------------------------------------------------------------------------
+class _Plan(NamedTuple):
+    """A table's decoding plan: per column ``(name, reader, width, prefix, column)``
+    (reader None: the library decodes it, see ``Codec``); ``readers``: every column's
+    reader where every column has one (its events then decode from one buffer)."""
+
+    columns: list[tuple[str, Reader | None, int, int, Any]]
+    readers: list[tuple[str, Reader]] | None
+
+
+def _plan(event: Any) -> _Plan | None:
+    """The table's plan, built once per TABLE_MAP (once its columns are named); None
+    where the library decodes (no column names, or ``ignore_decode_errors``)."""
     table = event.table_map[event.table_id]
-    plan: list[tuple[str, BufReader]] | bool | None = getattr(table, "_dblog_buf_plan", False)
-    if plan is False:
-        plan = None
-        if all(c.name for c in table.columns) and not event._ignore_decode_errors:
-            readers = [_buf_reader(c) for c in table.columns]
-            if all(r is not None for r in readers):
-                plan = [(c.name, r) for c, r in zip(table.columns, readers, strict=True)
-                        if r is not None]
-        table._dblog_buf_plan = plan
-    return plan if isinstance(plan, list) else None
+    plan: _Plan | None = getattr(table, "_dblog_plan", None)
+    if plan is None:
+        if any(not c.name for c in table.columns) or event._ignore_decode_errors:
+            return None
+        found = [(c, _codec(c)) for c in table.columns]
+        columns: list[tuple[str, Reader | None, int, int, Any]] = [
+            (c.name, k.read, k.width, k.prefix, c) if k is not None else (c.name, None, 0, 0, c)
+            for c, k in found
+        ]
+        whole = all(k is not None for _, k in found)
+        plan = _Plan(columns, [(c.name, k.read) for c, k in found if k is not None]
+                     if whole else None)
+        table._dblog_plan = plan
+    return plan
 
 
-def _image(plan: list[tuple[str, BufReader]], buf: bytes, off: int, present: bytes,
+# -- row by row, through the packet --------------------------------------------------------
+def _read_column_data(self: Any, cols_bitmap: Any, row_image_type: Any = None) -> Any:
+    if self.event_type == BINLOG.PARTIAL_UPDATE_ROWS_EVENT:
+        return _ORIGINAL(self, cols_bitmap, row_image_type)
+    plan = _plan(self)
+    if plan is None:
+        return _ORIGINAL(self, cols_bitmap, row_image_type)
+    self.is_partial_json_update = False
+    packet = self.packet
+    null_bitmap = packet.read((BitCount(cols_bitmap) + 7) // 8)
+    none_sources = self._RowsEvent__none_sources
+    library = self._RowsEvent__read_values_name
+    values: dict[str, Any] = {}
+    nulls = 0
+    for i, (name, read, width, prefix, column) in enumerate(plan.columns):
+        if not cols_bitmap[i >> 3] & (1 << (i & 7)):
+            none_sources[name] = NONE_SOURCE.COLS_BITMAP
+            values[name] = None
+            continue
+        if null_bitmap[nulls >> 3] & (1 << (nulls & 7)):
+            none_sources[name] = NONE_SOURCE.NULL
+            values[name] = None
+        elif read is None:
+            values[name] = library(
+                column, null_bitmap, nulls, False, cols_bitmap, column.unsigned, i
+            )
+        elif prefix:  # the length, then what it counts
+            head = packet.read(prefix)
+            values[name] = read(head + packet.read(int.from_bytes(head, "little")), 0)[0]
+        else:
+            values[name] = read(packet.read(width), 0)[0]
+        nulls += 1
+    return values
+
+
+# -- whole events, from one buffer ---------------------------------------------------------
+def _image(readers: list[tuple[str, Reader]], buf: bytes, off: int, present: bytes,
            none_sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str], int]:
     """One row image at ``off``: (values, their none sources, the offset after it),
     as ``_read_column_data`` and the library's ``_get_none_sources`` give them."""
@@ -427,7 +337,7 @@ def _image(plan: list[tuple[str, BufReader]], buf: bytes, off: int, present: byt
     values: dict[str, Any] = {}
     nulls = 0
     missing = False
-    for i, (name, read) in enumerate(plan):
+    for i, (name, read) in enumerate(readers):
         if not present[i >> 3] & (1 << (i & 7)):
             none_sources[name] = NONE_SOURCE.COLS_BITMAP
             values[name] = None
@@ -450,9 +360,10 @@ def _image(plan: list[tuple[str, BufReader]], buf: bytes, off: int, present: byt
 def _fetch_rows(self: Any) -> None:
     if self.event_type == BINLOG.PARTIAL_UPDATE_ROWS_EVENT or not self.complete:
         return _ORIGINAL_FETCH(self)  # type: ignore[no-any-return]
-    plan = _buf_plan(self)
-    if plan is None:
+    plan = _plan(self)
+    if plan is None or plan.readers is None:
         return _ORIGINAL_FETCH(self)  # type: ignore[no-any-return]
+    readers = plan.readers
     body = self.packet.read(self.event_size - self.packet.read_bytes)
     none_sources = self._RowsEvent__none_sources
     rows: list[dict[str, Any]] = []
@@ -461,12 +372,12 @@ def _fetch_rows(self: Any) -> None:
     first = self.columns_present_bitmap
     while off < end:
         if second is not None:  # an update: the before image, then the after image
-            before, before_none, off = _image(plan, body, off, first, none_sources)
-            after, after_none, off = _image(plan, body, off, second, none_sources)
+            before, before_none, off = _image(readers, body, off, first, none_sources)
+            after, after_none, off = _image(readers, body, off, second, none_sources)
             rows.append({"before_values": before, "before_none_sources": before_none,
                          "after_values": after, "after_none_sources": after_none})
         else:
-            values, sources, off = _image(plan, body, off, first, none_sources)
+            values, sources, off = _image(readers, body, off, first, none_sources)
             rows.append({"values": values, "none_sources": sources})
     self._RowsEvent__rows = rows
     return None

@@ -28,13 +28,27 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydblog.errors import SourceError
+from pydblog.ports import SourceState
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
-from pydblog.sources.mysql.tablemap import _CODES, SchemaColumn, SchemaTable, _members, read_table
+from pydblog.sources.mysql.position import file_sequence
+from pydblog.sources.mysql.tablemap import (
+    _CODES,
+    DdlLookahead,
+    SchemaColumn,
+    SchemaTable,
+    _members,
+    describe,
+    may_rename,
+    name_columns,
+    read_table,
+    type_mismatch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -705,3 +719,202 @@ def _unquote(ident: str) -> str:
 
 def _short(query: str) -> str:
     return " ".join(query.split())[:200]
+
+
+# -- the history in a binlog stream -------------------------------------------------------
+VERIFY_WITHIN_BYTES = 4 << 20
+"""A history definition is checked against information_schema when met this close to
+the binlog's end (the DDL scan up to the end is cheap there)."""
+
+
+def version_number(version: str) -> int:
+    """``"5.7.29-log"`` -> ``50729`` (as in ``/*!50729 ... */`` comments)."""
+    parts = [*version.split("-", 1)[0].split("."), "0", "0"][:3]
+    try:
+        major, minor, patch = (int(p) for p in parts)
+    except ValueError:
+        return 50700
+    return major * 10000 + minor * 100 + patch
+
+
+def load_history(
+    cur: Any, mariadb: bool, raw: Any, tracked: Callable[[str, str], bool]
+) -> SchemaHistory | None:
+    """The schema history a checkpoint carries (``raw``, its ``HISTORY_KEY``); None where
+    the binlog has column names (MariaDB; MySQL with ``binlog_row_metadata``); an empty
+    one for a change log written without it (tables are then read from
+    information_schema when met, as tablemap.py allows)."""
+    cur.execute("SHOW GLOBAL VARIABLES LIKE 'binlog_row_metadata'")
+    if mariadb or cur.fetchone() is not None:
+        return None
+    cur.execute("SELECT @@version")
+    version = version_number(str(cur.fetchone()[0]))
+    return SchemaHistory.load(raw, version, tracked)
+
+
+def stale_table(key: Key, where: str, server: str, why: str) -> SourceError:
+    """The rows at ``where`` cannot be named: information_schema no longer describes them."""
+    return SourceError(
+        f"cannot decode the rows of {key[0]}.{key[1]} at {where} in the binlog of MySQL "
+        f"at {server}: this server does not write column names into the "
+        f"binlog (no binlog_row_metadata before MySQL 8.0.14), and information_schema no "
+        f"longer describes these rows: {why}",
+        hint="the table's columns were renamed, moved, dropped or changed while capture "
+        "was behind; on MySQL 5.7 change columns only while capture is caught up "
+        "(docs/mysql.md, 'MySQL 5.7'), or use MySQL 8.0.14+ with "
+        "binlog_row_metadata=FULL. To go on: start with a fresh [log] path and snapshot "
+        "the tables again",
+    )
+
+
+class TableNames:
+    """Names the columns of TABLE_MAPs that carry none (no binlog_row_metadata) for one
+    binlog stream: from the schema history (``history``; None where the source keeps
+    none), else from information_schema where that is the rows' own definition (see
+    tablemap.py); and moves the history along the stream's DDL.
+
+    Invariants:
+    - ``defs`` holds the definitions in use, ``(definition, appended, from the
+      history)``; one is dropped at each DDL on its table (``forget``) and all at each
+      new dump (``reset``);
+    - every change to ``history`` is reported by the caller as a ``SourceState``
+      (``state``) at or before the first item that relies on it;
+    - a DDL at or below what a resume already logged is not applied again (``ddl``'s
+      ``logged``: the checkpoint's history has it)."""
+
+    def __init__(
+        self,
+        history: SchemaHistory | None,
+        cursor: Callable[[], AbstractContextManager[Any]],
+        tracked: Callable[[str, str], bool],
+        server: str,
+    ) -> None:
+        self.history = history
+        self.cursor = cursor  # a cursor on the control connection, held alone
+        self.tracked = tracked
+        self.server = server
+        self.defs: dict[Key, tuple[SchemaTable, bool, bool]] = {}
+        self.lookahead = DdlLookahead()
+
+    def reset(self) -> None:
+        """A new dump: nothing read ahead, no definition in use."""
+        self.defs.clear()
+        self.lookahead.reset()
+
+    def forget(self, key: Key) -> None:
+        self.defs.pop(key, None)
+
+    def state(self, position: Any) -> SourceState:
+        assert self.history is not None
+        return SourceState(HISTORY_KEY, self.history.to_json(), position)
+
+    def baseline(self, names: Iterable[Key], dbs: Iterable[str], file: str, offset: int) -> SourceState:
+        """A fresh start at ``(file, offset)``: every tracked table of ``names`` read
+        from information_schema into the history (``read_baseline``); its state."""
+        assert self.history is not None
+        with self.cursor() as cur:
+            read_baseline(
+                cur, self.history, [k for k in dict.fromkeys(names) if self.tracked(*k)], dbs,
+                lambda key: bool(self.lookahead.ahead(cur, (file, offset), *key)),
+            )
+        self.lookahead.reset()
+        return self.state(None)
+
+    def ddl(self, pos: Any, query: str, default_db: str, logged: bool) -> Iterator[SourceState]:
+        """Move the history past the QUERY event at ``pos`` (``logged``: at or below what
+        a resume already logged); a DDL on a tracked table gives a ``SourceState`` at its
+        own position (also when nothing changed: the checkpoint must pass it, or a
+        definition read later from information_schema, which already has it, would get
+        it applied again after a restart)."""
+        history = self.history
+        if history is None or logged:
+            return
+        applied = history.follow(query, default_db, self.tracked, pos)
+        for key in applied.touched:
+            self.defs.pop(key, None)
+        if applied.touched:
+            yield self.state(pos)
+
+    def name(self, table: Any, file: str, start: int) -> bool:
+        """Name the columns of ``table`` (a TABLE_MAP's, at ``file:start``) and set its
+        primary key; SourceError when neither the history nor information_schema
+        describes its rows. True if the history changed."""
+        key = (str(table.schema), str(table.table))
+        if not self.tracked(*key):
+            return False  # never decoded
+        where = f"{file}:{start}"
+        changed = False
+        cached = self.defs.get(key)
+        if cached is None:
+            cached, changed = self._definition(key, file, start, where)
+            self.defs[key] = cached
+        defn, appended, from_history = cached
+        why = type_mismatch(table.columns, defn, appended)
+        if why is not None:
+            self.defs.pop(key, None)
+            if from_history:
+                raise history_mismatch(key, where, self.server, why)
+            raise stale_table(key, where, self.server, why)
+        name_columns(table.columns, defn)
+        pk = defn.primary_key
+        table.primary_key = pk[0] if len(pk) == 1 else (tuple(pk) if pk else "")
+        return changed
+
+    def _definition(
+        self, key: Key, file: str, start: int, where: str
+    ) -> tuple[tuple[SchemaTable, bool, bool], bool]:
+        """``((definition, appended, from the history), history changed)``."""
+        history = self.history
+        entry = history.tables.get(key) if history is not None else None
+        if entry is not None:
+            if history is None or not self._near_end(file, start):
+                return (entry, False, True), False
+            # Nearly caught up: information_schema is checked against the history where
+            # no DDL on the table lies ahead (then it describes these rows exactly).
+            with self.cursor() as cur:
+                if self.lookahead.ahead(cur, (file, start), *key):
+                    return (entry, False, True), False
+                found = read_table(cur, *key)
+            if found is None or signature(found) == signature(entry):
+                return (entry, False, True), False
+            log.warning(
+                "the schema history's columns of %s.%s differ from information_schema's, "
+                "with no DDL on it ahead in the binlog (a DDL was read wrongly); using "
+                "information_schema's from %s on: history %s, information_schema %s",
+                *key, where, signature(entry), signature(found),
+            )
+            history.put(key, found)
+            return (found, False, False), True
+        with self.cursor() as cur:
+            found = read_table(cur, *key)
+            ahead = self.lookahead.ahead(cur, (file, start), *key)
+        risky = [d for d in ahead if may_rename(*d)]
+        if found is None or risky:
+            now = "no longer exists" if found is None else "now has another definition"
+            later = f" (later in the binlog: {describe(risky)})" if risky else ""
+            lost = history.lost.get(key) if history is not None else None
+            since = f"; the schema history lost its columns at: {lost}" if lost else ""
+            raise stale_table(key, where, self.server, f"the table {now}{later}{since}")
+        # Harmless ALTERs ahead (ADD COLUMN, ADD INDEX, ...): columns may have been
+        # appended since these rows.
+        appended = any(kind == DdlKind.ALTER for kind, _ in ahead)
+        if history is not None and not ahead:
+            history.put(key, found)  # exact: these rows' own definition
+            return (found, appended, False), True
+        return (found, appended, False), False
+
+    def _near_end(self, file: str, start: int) -> bool:
+        """Whether less than ``VERIFY_WITHIN_BYTES`` of binlog follow ``start`` in
+        ``file`` (then scanning them for DDL is cheap)."""
+        if not file:
+            return False
+        with self.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            logs = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
+        here = file_sequence(file)
+        rest = sum(
+            size - start if file_sequence(name) == here else size
+            for name, size in logs
+            if file_sequence(name) >= here
+        )
+        return rest < VERIFY_WITHIN_BYTES

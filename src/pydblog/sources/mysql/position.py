@@ -162,3 +162,24 @@ class BinlogPosition:
 
 
 register_position(BinlogPosition)
+
+
+@dataclass(slots=True)
+class OpenTx:
+    """The transaction being read: its rows are at ``position(0 .. count - 1)``, its
+    ``Commit`` at ``position(count)``."""
+
+    file: str
+    start: int
+    gtid: str | None
+    explicit: bool  # inside BEGIN..COMMIT (or a MariaDB non-standalone GTID group)
+    ts_ms: int
+    gtids: GtidState | None  # the GTID state before this transaction
+    epoch: int
+    count: int = 0
+    # An XA transaction's group (XA START, or MariaDB's FL_PREPARED_XA): its captured
+    # rows, held until the group says whether it commits here (one phase) or later.
+    xa: list[Any] | None = None
+
+    def position(self, index: int) -> BinlogPosition:
+        return BinlogPosition(self.file, self.start, index, self.gtid, self.gtids, self.epoch)

@@ -239,3 +239,15 @@ def tables_without_key(conn: Any, database: str, names: list[str]) -> list[str]:
         )
         keyed = {str(r[0]) for r in cur.fetchall()}
     return [n for n in names if n not in keyed]
+
+
+def warn_keyless(conn: Any, database: str, names: list[str]) -> None:
+    """Warn about each captured table of ``names`` without a primary key."""
+    for t in tables_without_key(conn, database, names):
+        log.warning(
+            "table %s.%s has no primary key: its events are keyed by the whole row "
+            "(rows that are equal in every column cannot be told apart) and a snapshot "
+            "needs a surrogate key; add a primary key to capture it fully",
+            database,
+            t,
+        )

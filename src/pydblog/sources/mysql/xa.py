@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,8 @@ import orjson
 
 from pydblog.errors import SourceError
 from pydblog.events import ChangeEvent, Op
+from pydblog.ports import SourceState
+from pydblog.sources.mysql.position import OpenTx
 
 log = logging.getLogger(__name__)
 
@@ -265,3 +267,80 @@ def recover_xids(rows: Iterable[tuple[Any, ...]]) -> list[Xid]:
         raw = data if isinstance(data, bytes) else str(data).encode()
         out.append((fmt, raw[:glen], raw[glen:glen + blen]))
     return out
+
+
+class XaGroups:
+    """The XA groups of one binlog stream, as the source reads them (module docstring):
+    the rows of an open XA group are held in its transaction (``OpenTx.xa``) until the
+    group ends; an ``XA PREPARE`` moves them to ``held`` (``PreparedXa``, which the
+    checkpoint carries from that group on); the later ``XA COMMIT`` places them at its
+    own group's positions, an ``XA ROLLBACK`` drops them.
+
+    Every method yields the items for the group it ends (rows and the ``SourceState`` of
+    the held transactions) and leaves ending the transaction (its ``Commit``) to the
+    source, after them."""
+
+    def __init__(self, held: PreparedXa | None = None) -> None:
+        self.held = held if held is not None else PreparedXa()
+        self.opening: SourceState | None = None
+        """A fresh start's ``SourceState`` of the transactions prepared then, to yield
+        first (``recovered``)."""
+
+    def recovered(self, rows: list[tuple[Any, ...]], where: str) -> None:
+        """A fresh start: ``XA RECOVER``'s ``rows``. XA transactions prepared now have
+        their rows in the binlog before the start position, and commit later in a group
+        without rows: if they change captured tables, those changes are not in the change
+        log (and a snapshot chunk read before their commit reads the rows as before
+        them). ``XA RECOVER`` lists them (all of them on MariaDB and MySQL 5.7; MySQL 8
+        shows others' only with XA_RECOVER_ADMIN): warned about now, and again when one
+        of them commits (``PreparedXa.before_start``, kept in the checkpoint)."""
+        if self.held.recovered(rows, where):
+            self.opening = self.state(None)
+
+    def state(self, position: Any) -> SourceState:
+        return SourceState(XA_KEY, self.held.to_json(), position)
+
+    @staticmethod
+    def starts(tx: OpenTx) -> None:
+        """``XA START`` (or MariaDB's GTID event flagged ``FL_PREPARED_XA``): ``tx``'s
+        rows are held until its group ends."""
+        tx.explicit = True
+        tx.xa = []
+
+    def prepared(self, tx: OpenTx, xid: Xid) -> Iterator[SourceState]:
+        """The ``XA PREPARE`` that ends ``tx``'s group (two-phase): its rows are in the
+        binlog now but become visible (or vanish) only at a later, separate ``XA COMMIT``
+        / ``XA ROLLBACK`` group, so they are held and logged there, at that group's
+        position, as one transaction. The checkpoint carries them from here on
+        (``SourceState`` at this group): a restart or kill -9 before their commit finds
+        them in it, one before this group reads the group again. None of them stays at
+        this group's position (``tx.count`` back to 0)."""
+        rows, tx.xa = tx.xa or [], None
+        tx.count = 0
+        if rows:
+            self.held.hold(xid, str(tx.position(0)), rows)
+            yield self.state(tx.position(0))
+
+    def resolved(self, tx: OpenTx, verb: str, xid: Xid, ts_ms: int) -> Iterator[Any]:
+        """A two-phase ``XA COMMIT`` / ``XA ROLLBACK`` (``verb``), a group of its own
+        (``tx``): a COMMIT logs the rows its PREPARE held, at this group's positions
+        (index 0..n-1, its ``Commit`` at n: the commit is where they become visible, so
+        snapshot windows and read fences judge them there); a ROLLBACK forgets them.
+        Either way the checkpoint's held transactions change at this group (a restart
+        before its ``Commit`` is durable reads it again, with the rows still held)."""
+        rows, changed = self.held.resolve(verb, xid, str(tx.position(0)))
+        for ev in rows:
+            yield ev._replace(position=tx.position(tx.count), ts_ms=ts_ms)
+            tx.count += 1
+        if changed:
+            yield self.state(tx.position(tx.count))
+
+    @staticmethod
+    def two_phase_end(query: str, tx: OpenTx | None) -> tuple[str, Xid] | None:
+        """``(verb, xid)`` of an ``XA COMMIT`` / ``XA ROLLBACK`` query that ends a
+        prepared transaction; None for one that ends its own group (``XA COMMIT ... ONE
+        PHASE`` on MariaDB before 10.5: the group's own rows commit there)."""
+        parsed = parse_statement(query)
+        if parsed is None or (tx is not None and tx.xa is not None):
+            return None
+        return parsed[0], parsed[1]

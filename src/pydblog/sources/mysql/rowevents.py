@@ -1,0 +1,180 @@
+"""Row events to change events, for one binlog stream.
+
+Invariants:
+- a rows event of a table outside the source's database, or not captured and not one of
+  pydblog's own tables, yields nothing;
+- a captured table's ``SchemaChanged`` (its columns as the TABLE_MAP describes them) is
+  yielded before its first row after each change of them;
+- each row gets the open transaction's next index (``OpenTx.count``); an update that
+  changes the row's key is a delete of the old key then a create of the new one (two
+  indexes); the key of a table without a primary key is the whole row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from pymysqlreplication.row_event import DeleteRowsEvent, WriteRowsEvent
+
+from pydblog.config import TableMatcher
+from pydblog.events import ChangeEvent, Op
+from pydblog.ports import ColumnSchema, SchemaChanged, TableSchema
+from pydblog.sources.mysql import schema as schema_mod
+from pydblog.sources.mysql.position import OpenTx
+from pydblog.sources.mysql.setup import OwnTables
+from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
+
+
+@dataclass(slots=True)
+class _Mapper:
+    table: Any  # the library's Table of the TABLE_MAP this mapper was built for
+    rows: BinlogRowMapper
+    key: tuple[str, ...]
+    kind: str  # "captured" | "own" | "skip"
+    label: tuple[str, str]  # (schema, table) put on the events
+    table_schema: TableSchema | None
+
+
+class RowEvents:
+    """Decodes the rows events of one stream (module docstring). ``cursor`` gives a
+    cursor on the control connection, held alone (for JSON columns on MariaDB)."""
+
+    def __init__(
+        self,
+        db: str,
+        own: OwnTables,
+        matcher: TableMatcher,
+        mariadb: bool,
+        cursor: Callable[[], AbstractContextManager[Any]],
+    ) -> None:
+        self.db = db
+        self.own = own
+        self.matcher = matcher
+        self.mariadb = mariadb
+        self.cursor = cursor
+        self.mappers: dict[int, _Mapper] = {}
+        self.json_cols: dict[tuple[str, str], frozenset[str]] = {}
+        self.nullable: dict[int, bytes] = {}
+        self.schemas: dict[tuple[str, str], TableSchema] = {}  # as last yielded
+
+    def captured(self, db: str, table: str) -> bool:
+        qualified = f"{db}.{table}"
+        return db == self.db and qualified not in self.own.qualified and self.matcher(qualified)
+
+    def tracked(self, db: str, table: str) -> bool:
+        """Tables whose rows this source decodes: the captured ones and its own."""
+        return self.captured(db, table) or (db, table) in (self.own.signal, self.own.watermark)
+
+    def table_map(self, event: Any) -> None:
+        self.nullable[event.table_id] = bytes(event.null_bitmask)
+
+    def forget(self, db: str, table: str) -> None:
+        """A DDL on ``db.table``: its columns are read again."""
+        self.json_cols.pop((db, table), None)
+
+    def rows(self, event: Any, begin: Callable[[int], OpenTx]) -> Iterator[Any]:
+        """The items of one rows event; ``begin(ts_ms)``: the open transaction (opened
+        if none is)."""
+        if event.table_id not in event.table_map:
+            return
+        mapper = self._mapper(event)
+        if mapper.kind == "skip":
+            return
+        ts = mapper.table_schema
+        if ts is not None and self.schemas.get(mapper.label) != ts:
+            self.schemas[mapper.label] = ts
+            yield SchemaChanged(ts)
+        ts_ms = event.timestamp * 1000
+        tx = begin(ts_ms)
+        (db, name), key = mapper.label, mapper.key
+        rows = mapper.rows
+        if isinstance(event, WriteRowsEvent):
+            for r in event.rows:
+                after = rows.map(r["values"], r["none_sources"])
+                yield ChangeEvent(
+                    Op.CREATE, db, name, tx.position(tx.count), ts_ms,
+                    {k: after[k] for k in key} if key else None, None, after,
+                )
+                tx.count += 1
+        elif isinstance(event, DeleteRowsEvent):
+            for r in event.rows:
+                before = rows.map(r["values"], r["none_sources"])
+                yield ChangeEvent(
+                    Op.DELETE, db, name, tx.position(tx.count), ts_ms,
+                    {k: before[k] for k in key} if key else None, before, None,
+                )
+                tx.count += 1
+        else:
+            for r in event.rows:
+                before = rows.map(r["before_values"], r["before_none_sources"])
+                after = rows.map(r["after_values"], r["after_none_sources"])
+                new_key = {k: after[k] for k in key} if key else None
+                old_key = {k: before[k] for k in key} if key else None
+                if old_key != new_key:
+                    # A key change is a delete of the old key and a create of the new one.
+                    yield ChangeEvent(
+                        Op.DELETE, db, name, tx.position(tx.count), ts_ms, old_key, before, None
+                    )
+                    tx.count += 1
+                    yield ChangeEvent(
+                        Op.CREATE, db, name, tx.position(tx.count), ts_ms, new_key, None, after
+                    )
+                else:
+                    yield ChangeEvent(
+                        Op.UPDATE, db, name, tx.position(tx.count), ts_ms, new_key, before, after
+                    )
+                tx.count += 1
+
+    def _mapper(self, event: Any) -> _Mapper:
+        table = event.table_map[event.table_id]
+        cached = self.mappers.get(event.table_id)
+        if cached is not None and cached.table is table:
+            return cached
+        db, name = event.schema, event.table
+        label = (db, name)
+        if db != self.db:
+            kind = "skip"
+        elif (db, name) == self.own.signal:
+            kind, label = "own", self.own.signal_label
+        elif (db, name) == self.own.watermark:
+            kind, label = "own", self.own.watermark_label
+        else:
+            kind = "captured" if self.matcher(f"{db}.{name}") else "skip"
+        json_cols: frozenset[str] = frozenset()
+        if kind != "skip" and self.mariadb:
+            json_cols = self._json_columns(db, name)
+        pk = table.primary_key
+        key = (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
+        if not key:  # the row identity without a primary key: every column (TableInfo)
+            key = tuple(c.name for c in table.columns if c.name is not None)
+        ts = None
+        if kind == "captured":
+            ts = self._binlog_schema(event.table_id, db, name, table.columns, json_cols, key)
+        mapper = _Mapper(
+            table, BinlogRowMapper.build(table.columns, json_cols), key, kind, label, ts
+        )
+        self.mappers[event.table_id] = mapper
+        return mapper
+
+    def _binlog_schema(
+        self, table_id: int, db: str, name: str, columns: list[Any],
+        json_cols: frozenset[str], key: tuple[str, ...],
+    ) -> TableSchema:
+        nulls = self.nullable.get(table_id, b"")
+        cols = []
+        for i, col in enumerate(columns):
+            sql_type, logical = binlog_column_type(col, col.name in json_cols)
+            nullable = bool(nulls[i // 8] & (1 << (i % 8))) if i // 8 < len(nulls) else True
+            cols.append(ColumnSchema(col.name, sql_type, logical, nullable))
+        return TableSchema(db, name, tuple(cols), key)
+
+    def _json_columns(self, db: str, table: str) -> frozenset[str]:
+        found = self.json_cols.get((db, table))
+        if found is None:
+            with self.cursor() as cur:
+                found = schema_mod.json_columns(cur, db, table, self.mariadb)
+            self.json_cols[(db, table)] = found
+        return found
