@@ -158,12 +158,14 @@ class MyTable:
             return True  # (its checksums are those of an empty range)
         return all(c.name in self.columns and c.name in other.columns for c in self.schema.columns)
 
-    def next_chunk(self, lo: Sequence[str] | None, limit: int) -> tuple[int, int, tuple[str, ...] | None]:
+    def next_chunk(self, lo: Sequence[str] | None, limit: int,
+                   h: str | None = None) -> tuple[int, int, tuple[str, ...] | None]:
         """The next range after ``lo``: (rows, hash sum, text of its last key), at most
-        ``limit`` rows in key order, aggregated by the server."""
+        ``limit`` rows in key order, aggregated by the server (``h``: the row hash,
+        default ``hash_expr``)."""
         cond, params = self._cond(lo, None)
         count, total = self._count_sum(
-            "_h", f"(SELECT {self.hash_expr()} AS _h FROM {self.ident} WHERE {cond} "
+            "_h", f"(SELECT {h or self.hash_expr()} AS _h FROM {self.ident} WHERE {cond} "
             f"ORDER BY {self._order()} LIMIT {int(limit)}) r", params,
         )
         if count == 0:

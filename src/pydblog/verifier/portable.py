@@ -1,5 +1,5 @@
-"""A row hash that PostgreSQL and Spark compute alike, for checksums of a Delta mirror of
-a PostgreSQL source inside both engines.
+"""A row hash that PostgreSQL or MySQL/MariaDB and Spark compute alike, for checksums of
+a Delta mirror inside both engines.
 
 The canonical text of a row is its columns' canonical texts in schema order, each as
 ``<length>:<text>`` (``-`` for NULL), joined by ``,``; its hash is the first 60 bits of
@@ -9,7 +9,8 @@ text is the same in both engines for the value the change log carries:
 - integers, decimals, text (also enums, uuids), booleans, dates: their SQL text
   (PostgreSQL's ``::text``, Spark's ``CAST(c AS STRING)``);
 - floats: the IEEE-754 bits of the value as a double, as a signed decimal integer
-  (PostgreSQL ``float8send``, Spark ``Double.doubleToLongBits``);
+  (PostgreSQL ``float8send``, Spark ``Double.doubleToLongBits``; MySQL has no way to
+  print them: a MySQL table with a float column is not checksummed this way);
 - timestamps with and without time zone: microseconds since the epoch, UTC;
 - bytes: base64 (the Delta sink stores them as the change log's base64 text).
 
@@ -112,3 +113,44 @@ def spark_hash(schema: TableSchema, fields: Mapping[str, str]) -> str | None:
             text = f"CAST({_q(c.name)} AS STRING)"
         parts.append(f"coalesce(concat(CAST(length({text}) AS STRING), ':', {text}), '-')")
     return f"CAST(conv(substr(md5(concat_ws(',', {', '.join(parts)})), 1, 15), 16, 10) AS BIGINT)"
+
+
+_MY_FLOATS = frozenset({"float", "double", "real"})
+
+
+def my_portable(schema: TableSchema, present: Mapping[str, object]) -> bool:
+    """Whether a MySQL/MariaDB table (``present``: its columns, ``ColumnType``) has a
+    portable hash: ``portable`` and no float or JSON column."""
+    if not portable(schema):
+        return False
+    for c in schema.columns:
+        col = present.get(c.name)
+        if col is not None and (getattr(col, "data_type", "") in _MY_FLOATS
+                                or getattr(col, "is_json", False)):
+            return False
+    return True
+
+
+def my_hash(schema: TableSchema, present: Mapping[str, object]) -> str:
+    """The row hash as a MySQL/MariaDB expression (an unsigned integer, 60 bits) in a UTC
+    session, for statements that go through pymysql's parameter formatting (``%%``)."""
+    parts = []
+    for c in schema.columns:
+        col = present.get(c.name)
+        q = "`" + c.name.replace("`", "``") + "`"
+        t = str(getattr(col, "data_type", ""))
+        lg = _logical(c)
+        if col is None:
+            text = "NULL"
+        elif lg in _TIME:
+            text = f"CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {q}) AS CHAR)"
+        elif lg == "date":
+            text = f"DATE_FORMAT({q}, '%%Y-%%m-%%d')"
+        elif lg in _BYTES:
+            text = f"REPLACE(TO_BASE64({q}), '\\n', '')"
+        elif t == "bit":
+            text = f"CAST(CAST({q} AS UNSIGNED) AS CHAR)"
+        else:
+            text = f"CAST({q} AS CHAR CHARACTER SET utf8mb4)"
+        parts.append(f"COALESCE(CONCAT(CHAR_LENGTH({text}), ':', {text}), '-')")
+    return f"CAST(CONV(SUBSTRING(MD5(CONCAT_WS(',', {', '.join(parts)})), 1, 15), 16, 10) AS UNSIGNED)"

@@ -374,20 +374,30 @@ def suspects_sql(src: Source, dst: Source, size: int, res: TableResult,
         lo, i = hi, i + 1
 
 
-def suspects_spark(src: PgTable, table: DeltaMirror, root: DeltaRoot, size: int,
+def _spark_portable(src: Source) -> bool:
+    """Whether the source table has a row hash Spark computes alike (``portable``)."""
+    if isinstance(src, PgTable):
+        return portable(src.schema)
+    from pydblog.verifier.portable import my_portable
+
+    return my_portable(src.schema, src.columns)
+
+
+def suspects_spark(src: Source, table: DeltaMirror, root: DeltaRoot, size: int,
                    res: TableResult, advance: Progress) -> list[Range] | None:
-    """Ranges whose count or hash sum differ, the source's computed in PostgreSQL and
+    """Ranges whose count or hash sum differ, the source's computed in its database and
     the Delta mirror's by Spark (``portable``: the same canonical row text in both);
     None when the mirror's column types have no portable hash (then rows mode)."""
     from deltalake import DeltaTable
 
     from pydblog.verifier.delta import spark_checksums, spark_portable
-    from pydblog.verifier.portable import pg_hash
+    from pydblog.verifier.portable import my_hash, pg_hash
 
     if not DeltaTable.is_deltatable(table.path) or not spark_portable(root.spark(), table.path,
                                                                       src.schema):
         return None
-    h = pg_hash(src.schema, src.columns)
+    h: Any = (pg_hash(src.schema, src.columns) if isinstance(src, PgTable)
+              else my_hash(src.schema, src.columns))
     ranges: list[Range] = []
     sums: list[tuple[int, int]] = []
     lo: tuple[str, ...] | None = None
@@ -596,7 +606,7 @@ def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
         table = mirror.table(schema)
         res = TableResult(schema.qualified, mirror.name, "rows")
         checked = None
-        if opts.delta_spark and isinstance(src, PgTable) and not keyless and portable(schema):
+        if opts.delta_spark and not keyless and _spark_portable(src):
             checked = suspects_spark(src, table, mirror, opts.chunk_size, res, advance)
         if checked is not None:
             suspects = checked
