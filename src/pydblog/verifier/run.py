@@ -1,10 +1,11 @@
 """The verification pass: every captured table against every mirror, range by range.
 
 1. Ranges: the source table (PostgreSQL, MySQL or MariaDB) is read in key order,
-   ``chunk_size`` rows per range, with no lock. Against a PostgreSQL mirror of a
-   PostgreSQL source whose columns have the source's types, each side computes the
-   range's row count and hash sum in its own database; against any other mirror (Delta,
-   MySQL, a PostgreSQL mirror whose types differ) the rows are compared in Python.
+   ``chunk_size`` rows per range, with no lock. Against a mirror in the same kind of
+   database with comparable columns (``sql``), or a Delta mirror whose column types have
+   a portable row hash (``spark``: Spark computes the mirror's side), each side computes
+   the range's row count and hash sum itself; against any other mirror the rows are
+   compared in Python (``rows``).
 2. A range that differs is read again row by row on both sides, remembering the change
    log's end before the source read and the source position after it; once the capture
    has logged past that position and the mirror applied past it, the differing keys
