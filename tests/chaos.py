@@ -102,10 +102,7 @@ class Kills:
 
     seed: int
     rounds: list[str] = field(default_factory=list)
-
-    @property
-    def killed(self) -> int:
-        return sum(1 for r in self.rounds if "killed" in r)
+    killed: int = 0
 
     def __str__(self) -> str:
         return (f"kill seed {self.seed} (DBLOG_KILL_SEED={self.seed} runs the same delays "
@@ -142,6 +139,7 @@ def kill_and_restart(
                 done.rounds.append(f"round {n}: {wait:.2f} s, not killed")
                 continue
             kill()
+            done.killed += 1
             off = rng.uniform(*down)
             if off:
                 time.sleep(off)
