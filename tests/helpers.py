@@ -379,11 +379,18 @@ def source_rows(dsn: str, table: str, key: list[str]) -> dict[Key, dict[str, Any
 
 
 def assert_oracle(config: Path, dsn: str, tables: dict[str, list[str]],
-                  read: Callable[[], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+                  read: Callable[[], list[dict[str, Any]]] | None = None,
+                  context: object = "") -> list[dict[str, Any]]:
     """Materialize the change log and compare it with every table in ``tables``
-    (name -> key columns). Returns the events read (``read``: as ``wait_for_marker``)."""
-    events = wait_for_marker(config, dsn, 60 if read is None else 300, read)
-    assert_materializes_to_source(events, dsn, tables)
+    (name -> key columns). Returns the events read (``read``: as ``wait_for_marker``).
+    ``context``: what a failure message adds (``tests.chaos.Kills``: the kills done)."""
+    try:
+        events = wait_for_marker(config, dsn, 60 if read is None else 300, read)
+        assert_materializes_to_source(events, dsn, tables)
+    except AssertionError as exc:
+        if not str(context):
+            raise
+        raise AssertionError(f"{exc}\n{context}") from exc
     return events
 
 

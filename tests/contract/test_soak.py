@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.chaos import kill_and_restart, kill_seed, writing
 from tests.contract.capture import Capture
 from tests.contract.harness import Harness
 
@@ -60,26 +61,17 @@ def soak(harness: Harness, tmp_path: Path, rounds: int) -> None:
             f"INSERT INTO {t} (id, v, n) VALUES "
             + ", ".join(f"({i}, 'init{i}', 0)" for i in range(0, KEYS, 2))
         )
-    rng = random.Random(2024)
     cap = Capture(harness, tmp_path, "[snapshot]\nchunk_size = 37")
-    stop = threading.Event()
-    writers = [threading.Thread(target=load, args=(harness, stop, s)) for s in (1, 2)]
+
+    def snapshot_signal(round_: int, rng: random.Random) -> None:
+        tables = rng.sample(TABLES, rng.randrange(1, 4))
+        harness.signal(f"soak-{round_}-{uuid.uuid4().hex[:6]}", "execute-snapshot",
+                       {"data-collections": [f"{harness.schema}\\.{t}" for t in tables]})
+
     cap.start()
-    for w in writers:
-        w.start()
-    try:
-        for round_ in range(rounds):
-            tables = rng.sample(TABLES, rng.randrange(1, 4))
-            harness.signal(f"soak-{round_}-{uuid.uuid4().hex[:6]}", "execute-snapshot",
-                           {"data-collections": [f"{harness.schema}\\.{t}" for t in tables]})
-            time.sleep(rng.uniform(0.5, 2.5))
-            if rng.random() < 0.7:
-                cap.kill()
-                cap.start()
-    finally:
-        stop.set()
-        for w in writers:
-            w.join()
+    with writing(*(lambda stop, s=s: load(harness, stop, s) for s in (1, 2))):
+        done = kill_and_restart(cap.kill, cap.start, rounds, kill_seed(2024), delay=(0.5, 2.5),
+                                chance=0.7, each_round=snapshot_signal)
     try:
         # a last full snapshot after the load stopped, then everything must match
         final = f"soak-final-{uuid.uuid4().hex[:6]}"
@@ -94,6 +86,9 @@ def soak(harness: Harness, tmp_path: Path, rounds: int) -> None:
             return bool(seen) and any(i > seen[0] and n["type"] == "COMPLETED" for i, n in notes)
 
         cap.wait_until(final_done, timeout=240, what="the final snapshot to complete")
-        cap.assert_oracle({t: ["id"] for t in TABLES})
+        try:
+            cap.assert_oracle({t: ["id"] for t in TABLES})
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{done}") from exc
     finally:
         cap.stop()

@@ -7,6 +7,7 @@ printed (``pytest -m slow -s`` shows it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -24,9 +25,9 @@ import pytest
 from pydblog.capture.status import read_status
 from pydblog.config import load_config
 from pydblog.devtools.zookeeper import ZkServer
+from tests.chaos import kill_seed, pg_writer, writing
 from tests.ha.helpers import duplicates, ha_config, members
 from tests.helpers import assert_oracle
-from tests.integration.test_crash import writer
 
 FAILOVERS = 21
 BIG_ROWS = 60_000
@@ -65,17 +66,14 @@ def test_chaos_failovers(pg_db: str, tmp_path: Path, zk_server: ZkServer) -> Non
     m = members(config)
     for _ in range(3):
         m.start()
-    rng = random.Random(14)
-    stop = threading.Event()
-    loads = [threading.Thread(target=writer, args=(pg_db, stop, 11)),
-             threading.Thread(target=big_writer, args=(pg_db, stop))]
+    rng = random.Random(kill_seed(14))
+    loads = contextlib.ExitStack()
     record: list[dict[str, Any]] = []
     stopped: list[Any] = []
     try:
         m.leader()
         m.wait_checkpoint()
-        for t in loads:
-            t.start()
+        loads.enter_context(writing(pg_writer(pg_db, 11), lambda stop: big_writer(pg_db, stop)))
         time.sleep(2.0)
         for n in range(FAILOVERS):
             if n % 5 == 4:
@@ -115,12 +113,14 @@ def test_chaos_failovers(pg_db: str, tmp_path: Path, zk_server: ZkServer) -> Non
             while len(m.alive()) < 3:
                 m.start()
     finally:
-        stop.set()
-        if sys.exc_info()[0] is not None:  # failed: leave no member running
+        failed = sys.exc_info()[0] is not None
+        if failed:  # leave no member running
             m.stop_all()
-        for t in loads:
-            if t.is_alive():
-                t.join()
+        try:
+            loads.close()  # stops the loads, raises a load's error
+        except AssertionError:
+            if not failed:
+                raise
         for p in stopped:
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)

@@ -5,8 +5,6 @@ wakes up): the change log materializes to the source, nothing is logged twice.""
 from __future__ import annotations
 
 import signal
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -14,9 +12,9 @@ import orjson
 import psycopg
 import pytest
 
+from tests.chaos import pg_writer, writing
 from tests.ha.helpers import duplicates, ha_config, members
 from tests.helpers import assert_oracle, dblog, wait_for
-from tests.integration.test_crash import writer
 
 
 @pytest.mark.parametrize("backend", ["zookeeper", pytest.param("postgres", marks=pytest.mark.slow)])
@@ -29,8 +27,6 @@ def test_failover_kill9_and_sigstop(backend: str, pg_db: str, tmp_path: Path,
     m = members(config)
     m.start()
     m.start()
-    stop = threading.Event()
-    load = threading.Thread(target=writer, args=(pg_db, stop, 7))
     try:
         first = m.leader()
         m.wait_checkpoint()
@@ -38,29 +34,26 @@ def test_failover_kill9_and_sigstop(backend: str, pg_db: str, tmp_path: Path,
         status = orjson.loads(dblog("status", "--config", str(config), "--json").stdout)
         assert status["ha"]["leader"].endswith(f":{first.pid}")
         assert len(status["ha"]["standbys"]) == 1
-        load.start()
-        time.sleep(1.0)
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        second = m.leader(timeout=30)
-        m.start()  # a new standby
-        m.wait_standbys(1)
-        time.sleep(1.0)
-        second.send_signal(signal.SIGSTOP)
-        third = m.leader(timeout=30, not_pid=second.pid)
-        time.sleep(1.0)
-        if second.poll() is None:  # not killed as a frozen lock holder (ha.stonith)
-            second.send_signal(signal.SIGCONT)  # wakes up as an ex-leader: must step down
-            wait_for(lambda: "stepping down" in m.log_of(second) or second.poll() is not None,
-                     30, "the old leader to step down")
-        time.sleep(0.5)
-        assert m.roles().get(third.pid) == "leader"
-    finally:
-        stop.set()
-        if sys.exc_info()[0] is not None:  # failed: leave no member running
-            m.stop_all()
-        if load.is_alive():
-            load.join()
+        with writing(pg_writer(pg_db, 7)):
+            time.sleep(1.0)
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            second = m.leader(timeout=30)
+            m.start()  # a new standby
+            m.wait_standbys(1)
+            time.sleep(1.0)
+            second.send_signal(signal.SIGSTOP)
+            third = m.leader(timeout=30, not_pid=second.pid)
+            time.sleep(1.0)
+            if second.poll() is None:  # not killed as a frozen lock holder (ha.stonith)
+                second.send_signal(signal.SIGCONT)  # wakes up as an ex-leader: must step down
+                wait_for(lambda: "stepping down" in m.log_of(second) or second.poll() is not None,
+                         30, "the old leader to step down")
+            time.sleep(0.5)
+            assert m.roles().get(third.pid) == "leader"
+    except BaseException:  # failed: leave no member running
+        m.stop_all()
+        raise
     try:
         events = assert_oracle(config, pg_db, {"public.w": ["id"]})
     finally:
@@ -86,25 +79,20 @@ def test_sigterm_hands_over_at_once(pg_db: str, tmp_path: Path) -> None:
     m = members(config)
     m.start()
     m.start()
-    stop = threading.Event()
-    load = threading.Thread(target=writer, args=(pg_db, stop, 9))
     try:
         first = m.leader()
         m.wait_checkpoint()
         m.wait_standbys(1)
-        load.start()
-        time.sleep(1.0)
-        first.send_signal(signal.SIGTERM)
-        assert first.wait(30) == 0, m.log_of(first)[-2000:]
-        assert "released" in m.log_of(first)
-        second = m.leader(timeout=30)  # far less than the 60 s session timeout
-        assert second is not first
-    finally:
-        stop.set()
-        if sys.exc_info()[0] is not None:  # failed: leave no member running
-            m.stop_all()
-        if load.is_alive():
-            load.join()
+        with writing(pg_writer(pg_db, 9)):
+            time.sleep(1.0)
+            first.send_signal(signal.SIGTERM)
+            assert first.wait(30) == 0, m.log_of(first)[-2000:]
+            assert "released" in m.log_of(first)
+            second = m.leader(timeout=30)  # far less than the 60 s session timeout
+            assert second is not first
+    except BaseException:  # failed: leave no member running
+        m.stop_all()
+        raise
     try:
         events = assert_oracle(config, pg_db, {"public.w": ["id"]})
     finally:

@@ -504,6 +504,25 @@ def markers_of(config: Path, signal_id: str) -> list[str]:
         reader.close()
 
 
+def start_repair(config: Path) -> str:
+    """`dblog snapshot --repair` of ``items`` and ``words`` (what ``damage`` damaged):
+    the repair's signal id, once the signal is sent."""
+    res = subprocess.run(
+        [*DBLOG, "snapshot", "--config", str(config), "--repair", r"public\.(items|words)"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()[-1]
+
+
+def assert_repair_ends(config: Path, signal_id: str) -> None:
+    """The repair ``start_repair`` sent ends with a marker for each of its tables."""
+    from pydblog.verifier.repair import wait_markers
+
+    outcome = wait_markers(load_config(config), signal_id, 0, 120)
+    assert set(outcome.markers) == {"public.items", "public.words"}, outcome
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("after_s", [0.05, 0.2, 0.4])
 def test_kill_9_during_a_repair(setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str,
@@ -523,20 +542,12 @@ def test_kill_9_during_a_repair(setup: tuple[Path, MiniSync], pg_db: str, mirror
     running = SyncThread(sync)
     work = Workload(pg_db)
     try:
-        res = subprocess.run(
-            [*DBLOG, "snapshot", "--config", str(config), "--repair", r"public\.(items|words)"],
-            capture_output=True, text=True, timeout=60,
-        )
-        assert res.returncode == 0, res.stderr
-        signal_id = res.stdout.split()[-1]
+        signal_id = start_repair(config)
         time.sleep(after_s)
         kill9(PROCS[config])
         assert len(markers_of(config, signal_id)) < 2, "the repair ended before the kill"
         PROCS[config] = start_run(config)
-        from pydblog.verifier.repair import wait_markers
-
-        outcome = wait_markers(load_config(config), signal_id, 0, 120)
-        assert set(outcome.markers) == {"public.items", "public.words"}, outcome
+        assert_repair_ends(config, signal_id)
     finally:
         work.close()
         running.close()
@@ -577,19 +588,11 @@ def test_kill_9_of_the_sync_during_a_repair(setup: tuple[Path, MiniSync], pg_db:
 
     proc = start_sync()
     try:
-        res = subprocess.run(
-            [*DBLOG, "snapshot", "--config", str(config), "--repair", r"public\.(items|words)"],
-            capture_output=True, text=True, timeout=60,
-        )
-        assert res.returncode == 0, res.stderr
-        signal_id = res.stdout.split()[-1]
+        signal_id = start_repair(config)
         wait_for(lambda: bool(markers_of(config, signal_id)), 120, "the repair's first marker")
         time.sleep(after_s)
         kill9(proc)
-        from pydblog.verifier.repair import wait_markers
-
-        outcome = wait_markers(load_config(config), signal_id, 0, 120)
-        assert set(outcome.markers) == {"public.items", "public.words"}, outcome
+        assert_repair_ends(config, signal_id)
         proc = start_sync()
         wait_for_marker(config, pg_db)
         wait_for(lambda: verify(config, r"public\.(items|words|pairs)")[0] == 0, 240,

@@ -258,6 +258,38 @@ def test_mysql57_gtid_mode_off_settles_drift(tmp_path: Path, mirror_db: str) -> 
                 pass
 
 
+def damage_mirror(run: Callable[[str], object], prefix: str, change_300: str, change_320: str,
+                  change_word: str) -> None:
+    """Damage a mirror of a MySQL/MariaDB source's ``items`` and ``words`` (tables
+    ``<prefix>items``, ``<prefix>words``) by hand, each damage in a range of its own
+    (``assert_damage_found``): range 0 of items misses keys 10 and 11; range 1 differs at
+    300 and 320 (``change_300``, ``change_320``: SET clauses); range 2 misses all of
+    (500, 750]; range 4 holds key 5000 the source never had; words differs at 'W3Ä'
+    (``change_word``) in its range 0 ('W' < 'w')."""
+    run(f"DELETE FROM {prefix}items WHERE id IN (10, 11)")
+    run(f"UPDATE {prefix}items SET {change_300} WHERE id = 300")
+    run(f"UPDATE {prefix}items SET {change_320} WHERE id = 320")
+    run(f"DELETE FROM {prefix}items WHERE id > 500 AND id <= 750")
+    run(f"INSERT INTO {prefix}items (id, name) VALUES (5000, 'ghost')")
+    run(f"UPDATE {prefix}words SET {change_word} WHERE w = 'W3Ä'")
+
+
+def assert_damage_found(config: Path, db: str, sink: str) -> None:
+    """`dblog verify` reports exactly the ranges ``damage_mirror`` damaged in ``sink``'s
+    mirror, each as drift, with the keys it sampled."""
+    code, report = verify(config, rf"{db}\.(items|words)")
+    assert code == 1
+    got = {r["index"]: r for r in differing(report, sink)[f"{db}.items"]}
+    assert set(got) == {0, 1, 2, 4}, got
+    assert all(r["status"] == "drift" for r in got.values())
+    assert got[0]["sample"]["missing"] == [[10], [11]] and got[0]["extra"] == 0
+    assert got[1]["sample"]["different"] == [[300], [320]]
+    assert (got[2]["lo"], got[2]["hi"], got[2]["missing"]) == ([500], [750], 250)
+    assert (got[4]["hi"], got[4]["sample"]["extra"]) == (None, [[5000]])
+    [w] = differing(report, sink)[f"{db}.words"]
+    assert (w["index"], w["sample"]["different"]) == (0, [["W3Ä"]])
+
+
 def check_postgres_mirror(config: Path, sync: MiniSync, mariadb: TestServer, my_db: str,
                           mirror_db: str) -> None:
     """Intact: verify passes; damaged by hand: exactly the damaged ranges; repaired: equal."""
@@ -269,23 +301,9 @@ def check_postgres_mirror(config: Path, sync: MiniSync, mariadb: TestServer, my_
     assert (by[f"{my_db}.words"]["source_rows"], by[f"{my_db}.words"]["ranges"]) == (300, 2)
 
     with psycopg.connect(mirror_db, autocommit=True) as conn:
-        conn.execute("DELETE FROM mirror.items WHERE id IN (10, 11)")  # range 0: missing
-        conn.execute("UPDATE mirror.items SET price = price + 1 WHERE id = 300")  # range 1
-        conn.execute("UPDATE mirror.items SET doc = '{\"g\": 0}' WHERE id = 320")  # range 1
-        conn.execute("DELETE FROM mirror.items WHERE id > 500 AND id <= 750")  # range 2 whole
-        conn.execute("INSERT INTO mirror.items (id, name) VALUES (5000, 'ghost')")  # range 4
-        conn.execute("UPDATE mirror.words SET n = 0 WHERE w = 'W3Ä'")  # range 0 ('W' < 'w')
-    code, report = verify(config, rf"{my_db}\.(items|words)")
-    assert code == 1
-    got = {r["index"]: r for r in differing(report, "postgres")[f"{my_db}.items"]}
-    assert set(got) == {0, 1, 2, 4}, got
-    assert all(r["status"] == "drift" for r in got.values())
-    assert got[0]["sample"]["missing"] == [[10], [11]] and got[0]["extra"] == 0
-    assert got[1]["sample"]["different"] == [[300], [320]]
-    assert (got[2]["lo"], got[2]["hi"], got[2]["missing"]) == ([500], [750], 250)
-    assert (got[4]["hi"], got[4]["sample"]["extra"]) == (None, [[5000]])
-    [w] = differing(report, "postgres")[f"{my_db}.words"]
-    assert (w["index"], w["sample"]["different"]) == (0, [["W3Ä"]])
+        damage_mirror(conn.execute, "mirror.", "price = price + 1", "doc = '{\"g\": 0}'",
+                      "n = 0")
+    assert_damage_found(config, my_db, "postgres")
 
     running = SyncThread(sync)
     try:
@@ -455,22 +473,7 @@ def test_mariadb_source_mysql_mirror_in_database_checksums(
     assert (t["mode"], t["source_rows"], t["ranges"]) == ("sql", ROWS, ROWS // CHUNK + 1)
     assert (by[f"{my_db}.words"]["mode"], by[f"{my_db}.words"]["source_rows"]) == ("sql", 300)
 
-    run: Any = mariadb.execute
-    run("DELETE FROM items WHERE id IN (10, 11)", mirror)  # range 0: missing
-    run("UPDATE items SET at = at + INTERVAL 1 MICROSECOND WHERE id = 300", mirror)  # range 1
-    run("UPDATE items SET raw = UNHEX('00') WHERE id = 320", mirror)  # range 1
-    run("DELETE FROM items WHERE id > 500 AND id <= 750", mirror)  # range 2 whole
-    run("INSERT INTO items (id, name) VALUES (5000, 'ghost')", mirror)  # range 4
-    run("UPDATE words SET n = n + 1 WHERE w = 'W3Ä'", mirror)  # range 0 ('W' < 'w')
-    code, report = verify(config, rf"{my_db}\.(items|words)")
-    assert code == 1
-    got = {r["index"]: r for r in differing(report, "mysql")[f"{my_db}.items"]}
-    assert set(got) == {0, 1, 2, 4}, got
-    assert all(r["status"] == "drift" for r in got.values())
-    assert got[0]["sample"]["missing"] == [[10], [11]] and got[0]["extra"] == 0
-    assert got[1]["sample"]["different"] == [[300], [320]]
-    assert (got[2]["lo"], got[2]["hi"], got[2]["missing"]) == ([500], [750], 250)
-    assert (got[4]["hi"], got[4]["sample"]["extra"]) == (None, [[5000]])
-    [w] = differing(report, "mysql")[f"{my_db}.words"]
-    assert (w["index"], w["sample"]["different"]) == (0, [["W3Ä"]])
+    damage_mirror(lambda st: mariadb.execute(st, mirror), "",
+                  "at = at + INTERVAL 1 MICROSECOND", "raw = UNHEX('00')", "n = n + 1")
+    assert_damage_found(config, my_db, "mysql")
     # (repairs into a mysql mirror: test_postgres_source_mysql_mirror)

@@ -6,9 +6,7 @@ position is logged twice."""
 from __future__ import annotations
 
 import os
-import random
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,6 +16,7 @@ import orjson
 import psycopg
 import pytest
 
+from tests.chaos import kill_and_restart, kill_seed, pg_writer, writing
 from tests.helpers import (
     LogFollower,
     assert_materializes_to_source,
@@ -30,7 +29,6 @@ from tests.helpers import (
     wait_for,
     write_config,
 )
-from tests.integration.test_crash import writer
 from tests.kafka.conftest import kafka_log_toml
 
 
@@ -56,21 +54,16 @@ def test_kill9_during_load(pg_db: str, tmp_path: Path, kafka_bootstrap: str) -> 
     _table(pg_db)
     config = write_config(tmp_path, pg_db, extra=kafka_log_toml(
         kafka_bootstrap, extra="partitions = 3\nbatch_max_events = 200"))
-    stop = threading.Event()
-    load = threading.Thread(target=writer, args=(pg_db, stop, 5))
-    load.start()
-    rng = random.Random(13)
-    try:
-        for _ in range(5):
-            proc = start_run(config)
-            time.sleep(rng.uniform(0.5, 2.0))
-            kill9(proc)
-    finally:
-        stop.set()
-        load.join()
+    procs = [start_run(config)]
+    with writing(pg_writer(pg_db, 5)):
+        done = kill_and_restart(lambda: kill9(procs[-1]), lambda: procs.append(start_run(config)),
+                                5, kill_seed(13), delay=(0.5, 2.0), restart_last=False)
     proc = start_run(config)
     try:
-        _check(config, pg_db)
+        try:
+            _check(config, pg_db)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{done}") from exc
     finally:
         code, out = stop_run(proc)
     assert code == 0, out
@@ -379,18 +372,12 @@ def test_broker_restart_under_load(pg_db: str, tmp_path: Path) -> None:
     with KafkaBroker() as broker:
         config = write_config(tmp_path, pg_db, extra=kafka_log_toml(
             broker.bootstrap, extra="partitions = 2\nbatch_max_ms = 250"), heartbeat_s=5)
-        stop = threading.Event()
-        load = threading.Thread(target=writer, args=(pg_db, stop, 7, 2000.0))
         proc = start_run(config, env={"PYTHONFAULTHANDLER": "1"}, drain=True)  # (SIGABRT: stacks)
-        load.start()
-        try:
+        with writing(pg_writer(pg_db, 7, 2000.0)):
             for kill in BROKER_KILLS:
                 time.sleep(2.0)
                 broker.restart(kill=kill)
             time.sleep(2.0)
-        finally:
-            stop.set()
-            load.join()
         try:
             _wait_caught_up(config, pg_db, stall=120)
         except BaseException:  # (pytest-timeout's too)

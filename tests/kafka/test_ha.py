@@ -6,8 +6,6 @@ Kafka once it wakes up; the topics materialize to the source, no position twice.
 from __future__ import annotations
 
 import signal
-import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,8 +16,8 @@ import pytest
 
 from pydblog.devtools.hamembers import Members
 from pydblog.devtools.zookeeper import ZkServer
+from tests.chaos import pg_writer, writing
 from tests.helpers import dblog, wait_for, write_config
-from tests.integration.test_crash import writer
 from tests.kafka.conftest import kafka_log_toml
 from tests.kafka.test_capture import _check
 
@@ -50,8 +48,6 @@ def test_failover_between_hosts(pg_db: str, tmp_path: Path, kafka_bootstrap: str
         config = write_config(tmp_path / name, pg_db, extra=f"{log}\n{ha}")
         hosts.append(Members(config, tmp_path / name / "data"))
     procs = {h.start().pid: h for h in hosts}
-    stop = threading.Event()
-    load = threading.Thread(target=writer, args=(pg_db, stop, 21))
     try:
         first = leader_of(hosts)
         wait_for(lambda: sorted(r for h in hosts for r in h.roles().values())
@@ -60,32 +56,29 @@ def test_failover_between_hosts(pg_db: str, tmp_path: Path, kafka_bootstrap: str
         other = next(h for h in hosts if h is not procs[first])
         status = orjson.loads(dblog("status", "--config", str(other.config), "--json").stdout)
         assert status["ha"]["leader"].endswith(f":{first}")
-        load.start()
-        time.sleep(2.0)
-        first_proc = next(p for p in procs[first].procs if p.pid == first)
-        first_proc.send_signal(signal.SIGKILL)
-        first_proc.wait()
-        second = leader_of(hosts, not_pid=first)
-        restarted = procs[first].start()  # the first host comes back as a standby
-        procs[restarted.pid] = procs[first]
-        time.sleep(2.0)
-        second_proc = next(p for p in procs[second].procs if p.pid == second)
-        second_proc.send_signal(signal.SIGSTOP)
-        third = leader_of(hosts, not_pid=second)
-        assert third == restarted.pid
-        time.sleep(2.0)
-        second_proc.send_signal(signal.SIGCONT)  # wakes up: must not commit, steps down
-        # it may wake inside a Kafka call (opening the log, a commit), which can take up
-        # to the client's 30 s timeout once a newer producer fenced it
-        wait_for(lambda: "stepping down" in procs[second].log_of(second_proc), 90,
-                 "the old leader to step down")
-    finally:
-        stop.set()
-        if sys.exc_info()[0] is not None:  # failed: leave no member running
-            for h in hosts:
-                h.stop_all()
-        if load.is_alive():
-            load.join()
+        with writing(pg_writer(pg_db, 21)):
+            time.sleep(2.0)
+            first_proc = next(p for p in procs[first].procs if p.pid == first)
+            first_proc.send_signal(signal.SIGKILL)
+            first_proc.wait()
+            second = leader_of(hosts, not_pid=first)
+            restarted = procs[first].start()  # the first host comes back as a standby
+            procs[restarted.pid] = procs[first]
+            time.sleep(2.0)
+            second_proc = next(p for p in procs[second].procs if p.pid == second)
+            second_proc.send_signal(signal.SIGSTOP)
+            third = leader_of(hosts, not_pid=second)
+            assert third == restarted.pid
+            time.sleep(2.0)
+            second_proc.send_signal(signal.SIGCONT)  # wakes up: must not commit, steps down
+            # it may wake inside a Kafka call (opening the log, a commit), which can take up
+            # to the client's 30 s timeout once a newer producer fenced it
+            wait_for(lambda: "stepping down" in procs[second].log_of(second_proc), 90,
+                     "the old leader to step down")
+    except BaseException:  # failed: leave no member running
+        for h in hosts:
+            h.stop_all()
+        raise
     try:
         _check(hosts[0].config, pg_db)
     finally:

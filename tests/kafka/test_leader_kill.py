@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.chaos import pg_writer, writing
 from tests.helpers import assert_materializes_to_source, start_run, stop_run, write_config
-from tests.integration.test_crash import writer
 from tests.kafka.conftest import kafka_log_toml
 from tests.kafka.test_capture import _check_events, _read_whole, _table, _wait_caught_up
 
@@ -52,11 +51,8 @@ def test_the_partition_leaders_killed_under_load(pg_db: str, tmp_path: Path) -> 
         config = write_config(tmp_path, pg_db, extra=kafka_log_toml(
             cluster.bootstrap, prefix, extra="partitions = 3\nreplication_factor = 3\nbatch_max_ms = 100"),
             heartbeat_s=5)
-        stop = threading.Event()
-        load = threading.Thread(target=writer, args=(pg_db, stop, 7, 1000.0))
         proc = start_run(config, env={"PYTHONFAULTHANDLER": "1"}, drain=True)
-        load.start()
-        try:
+        with writing(pg_writer(pg_db, 7, 1000.0)):
             deadline = time.monotonic() + 120
             while _count(config) < 500:  # the topics exist and commits flow
                 assert proc.poll() is None, "the capture exited"
@@ -74,9 +70,6 @@ def test_the_partition_leaders_killed_under_load(pg_db: str, tmp_path: Path) -> 
                     time.sleep(0.5)
                 victim.start()
                 time.sleep(2.0)
-        finally:
-            stop.set()
-            load.join()
         assert proc.poll() is None, "the capture exited"
         try:
             _wait_caught_up(config, pg_db, stall=120)

@@ -16,6 +16,7 @@ import pytest
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.mysql57 import TestServer
+from tests.chaos import kill_and_restart, kill_seed, writing
 from tests.helpers import dblog, kill9, read_log, start_run, stop_run, wait_for
 from tests.mysql.helpers import make
 
@@ -163,17 +164,11 @@ def test_run_oracle_with_snapshot(server: TestServer, db: str, tmp_path: Path) -
         db,
     )
     config = write_config(tmp_path, server, db, "[snapshot]\nchunk_size = 37")
-    stop = threading.Event()
-    load = threading.Thread(target=writer, args=(server, db, stop, 1))
     proc = start_run(config)
-    try:
-        load.start()
+    with writing(lambda stop: writer(server, db, stop, 1)):
         time.sleep(1.0)
         dblog("snapshot", "--config", str(config), rf"{db}\.w.*")
         time.sleep(3.0)
-    finally:
-        stop.set()
-        load.join()
     try:
         wait_for(
             lambda: any(e["op"] == "r" and e["source"]["table"] == "wc" for e in read_log(config)),
@@ -200,22 +195,17 @@ def test_run_oracle_with_snapshot(server: TestServer, db: str, tmp_path: Path) -
 def test_kill9_during_load(server: TestServer, db: str, tmp_path: Path) -> None:
     setup_tables(server, db)
     config = write_config(tmp_path, server, db, "batch_max_events = 150")
-    stop = threading.Event()
-    load = threading.Thread(target=writer, args=(server, db, stop, 7))
-    rng = random.Random(3)
-    proc = start_run(config)
-    load.start()
+    procs = [start_run(config)]
+    with writing(lambda stop: writer(server, db, stop, 7)):
+        # (down: writes while the capture is down)
+        done = kill_and_restart(lambda: kill9(procs[-1]), lambda: procs.append(start_run(config)),
+                                5, kill_seed(3), delay=(0.6, 1.8), down=(0.0, 0.5))
+    proc = procs[-1]
     try:
-        for _ in range(5):
-            time.sleep(rng.uniform(0.6, 1.8))
-            kill9(proc)
-            time.sleep(rng.uniform(0.0, 0.5))  # writes while capture is down
-            proc = start_run(config)
-    finally:
-        stop.set()
-        load.join()
-    try:
-        assert_oracle(config, server, db)
+        try:
+            assert_oracle(config, server, db)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{done}") from exc
     finally:
         code, err = stop_run(proc)
     assert code == 0, err[-3000:]

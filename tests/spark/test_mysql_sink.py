@@ -392,46 +392,6 @@ def test_a_mysql_source_row_lands_exactly_on_mysql57(mysql57: Any, my57_db: str)
     mysql_source_row_lands_exactly(mysql57, my57_db)
 
 
-def test_a_replayed_step_applies_only_what_it_has_not(mariadb: Any, my_db: str) -> None:
-    """A step that applied ``[0, 1)`` and sees ``[0, 3)`` again (a replay re-batched by a
-    reset checkpoint) applies only offsets 1 and 2; the same batch again applies nothing
-    (the row a re-application would overwrite was changed behind the sink's back)."""
-    import pyarrow as pa
-
-    from pydblog.spark.batch import Batch
-
-    def batch(*evs: tuple[str, int, str | None]) -> Batch:
-        events = pa.table({
-            "offset": list(range(len(evs))), "op": [e[0] for e in evs],
-            "schema": ["public"] * len(evs), "table": ["t"] * len(evs),
-            "key": [f'{{"id":{e[1]}}}' for e in evs],
-            "after": [None if e[2] is None else orjson.dumps({"id": e[1], "v": e[2]}).decode()
-                      for e in evs],
-            "unchanged": pa.array([None] * len(evs), pa.list_(pa.string())),
-        })
-        return Batch(0, 0, len(evs), events, {SIMPLE.qualified: SIMPLE})
-
-    audit_progress(mariadb, my_db)
-    sink = MySqlSink(mariadb.dsn(my_db), parallelism=1)
-    _prepare(sink, SIMPLE)
-
-    def apply(b: Batch) -> None:
-        try:
-            sink._apply_part(b, 0, b.changes(), {SIMPLE.qualified: SIMPLE})
-        finally:
-            sink.close()
-
-    apply(batch(("c", 1, "a")))
-    mariadb.execute("UPDATE t SET v = 'behind' WHERE id = 1", my_db)
-    again = batch(("c", 1, "a"), ("c", 2, "b"), ("d", 3, None))
-    apply(again)
-    apply(again)
-    assert list(mariadb.execute("SELECT id, v FROM t ORDER BY id", my_db)) == [(1, "behind"), (2, "b")]
-    moves = mariadb.execute("SELECT part, old_end, new_end FROM progress_audit ORDER BY seq",
-                            my_db)
-    assert [m for m in moves if m[0] == 0] == [(0, 0, 1), (0, 1, 3)]
-
-
 # -- errors --------------------------------------------------------------------------------
 def _fake_batch(*schemas: TableSchema) -> Any:
     tables = {s.qualified: SimpleNamespace(schema=s.schema, table=s.table, truncate=None)

@@ -12,14 +12,14 @@ import pytest
 from deltalake import DeltaTable
 
 from pydblog.changelog.sqlite import SqliteChangeLog
-from pydblog.changelog.sqlite_spark import OffsetRange, plan_partitions
+from pydblog.changelog.sqlite_spark import plan_partitions
 from pydblog.config import Config, LogConfig, parse_config
 from pydblog.devtools.synth import ORDERS, SyntheticLoad, append_events, write_load
 from pydblog.errors import ChangeLogError, ConfigError, SinkError
 from pydblog.events import ChangeEvent, Op
 from pydblog.positions import Lsn, PgPosition
 from pydblog.spark.batch import Batch
-from pydblog.spark.decode import ARROW_BATCH_EVENTS, read_range
+from pydblog.spark.decode import ARROW_BATCH_EVENTS
 from pydblog.spark.job import BatchApplier, run_sync
 from pydblog.spark.sinks import build_sink
 from tests.spark.helpers import assert_mirrors, history_offsets
@@ -119,44 +119,6 @@ def test_oracle_delta_postgres_history(spark: Any, pg_db: str, tmp_path: Path) -
     assert run_sync(cfg, available_now=True) == 0
     assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror")
     assert history_offsets(tmp_path / "lake" / "_changes") == list(range(end2))
-
-
-def test_replayed_batch_applies_nothing(spark: Any, pg_db: str, tmp_path: Path) -> None:
-    end = build_scenario(tmp_path / "log", SyntheticLoad(seed=31))
-    cfg = make_config(tmp_path, pg_db)
-    sinks = [build_sink(s) for s in cfg.sync.sinks]
-    applier = BatchApplier(LogConfig(path=str(tmp_path / "log")), sinks, retries=0, backoff_s=0)
-    import pyarrow as pa
-
-    def events(a: int, b: int) -> Any:
-        return pa.Table.from_batches(list(read_range(OffsetRange(str(tmp_path / "log"), a, b))))
-
-    for _ in range(2):  # the second round is a replay of the same batches
-        applier.apply(events(0, 4_000), 0)
-        applier.apply(events(4_000, end), 1)
-    lake = tmp_path / "lake"
-    versions = {
-        t: DeltaTable(str(lake / "public" / t)).version() for t in ("orders", "order_lines")
-    }
-    applier.apply(events(4_000, end), 1)
-    assert versions == {
-        t: DeltaTable(str(lake / "public" / t)).version() for t in ("orders", "order_lines")
-    }
-    assert history_offsets(lake / "_changes") == list(range(end))
-    assert_mirrors(tmp_path / "log", lake=lake, pg_dsn=pg_db, pg_schema="mirror")
-    with psycopg.connect(pg_db) as conn:
-        rows = conn.execute(
-            "SELECT part, nparts, applied_end, batch_id FROM mirror.dblog_sync_progress "
-            "ORDER BY part"
-        ).fetchall()
-    assert rows == [(-1, 2, end, 1), (0, 2, end, 1), (1, 2, end, 1)]
-
-    # A batch that straddles what a Delta table already holds (a reset Spark checkpoint
-    # re-batches the log): only the events after it are applied.
-    applier.apply(events(3_000, end), 7)
-    assert history_offsets(lake / "_changes") == list(range(end))
-    assert_mirrors(tmp_path / "log", lake=lake, pg_dsn=pg_db, pg_schema="mirror")
-    applier.close()
 
 
 @pytest.mark.slow
