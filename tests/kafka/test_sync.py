@@ -190,7 +190,8 @@ def read_batch(log: LogConfig, start: Any, end: Any, parts: int) -> Any:
     import pyarrow as pa
 
     from pydblog.spark import decode
-    from pydblog.spark.source import EVENT_COLUMNS, DblogStreamReader
+    from pydblog.spark.eventschema import EVENT_COLUMNS
+    from pydblog.spark.source import DblogStreamReader
 
     reader = DblogStreamReader({"log": log.model_dump_json(), "numpartitions": str(parts),
                                 "packed": "true", "columns": ",".join(EVENT_COLUMNS)})

@@ -6,8 +6,8 @@ Python processes Spark starts to plan a query (``create_data_source``, the strea
 planner) do not pay for importing pyarrow and the decoder.
 
 Invariants:
-- ``ARROW_SCHEMA`` is the source's row schema (``source.EVENT_SCHEMA_DDL``, the names
-  of ``source.EVENT_COLUMNS``).
+- ``ARROW_SCHEMA`` is the source's row schema (``eventschema.EVENT_SCHEMA_DDL``, the names
+  of ``eventschema.EVENT_COLUMNS``).
 - A partition (``ports.LogPartition``) gives exactly its events or raises (a dense
   log's range ``[a, b)``: exactly ``b - a``); ``read_range`` decodes what it gives,
   backend-blind (``ports.EncodedValues``).
@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from pydblog.errors import ChangeLogError
 from pydblog.ports import EncodedValues, LogPartition, LogRecord
 from pydblog.spark import scan
-from pydblog.spark.source import EVENT_COLUMNS
+from pydblog.spark.eventschema import EVENT_COLUMNS
 
 ARROW_SCHEMA = pa.schema(
     [

@@ -49,25 +49,12 @@ from pyspark.sql.types import StructType
 
 from pydblog.changelog import open_stream
 from pydblog.errors import ChangeLogError
+from pydblog.spark.eventschema import EVENT_COLUMNS, EVENT_SCHEMA_DDL
 
 if TYPE_CHECKING:
     from pydblog.ports import ChangeLogStream, LogPartition, SyncOffset
 
 NAME = "dblog"
-
-EVENT_SCHEMA_DDL = (
-    "offset BIGINT, op STRING, schema STRING, table STRING, key STRING, before STRING, "
-    "after STRING, unchanged ARRAY<STRING>, ts_ms BIGINT, source_ts_ms BIGINT, "
-    "snapshot STRING, connector STRING, db STRING, lsn BIGINT, tx_id BIGINT, "
-    "tx_index BIGINT, position STRING"
-)
-"""Row schema. ``key``/``before``/``after`` are JSON text (null when absent);
-``ts_ms`` is the time the capture logged the event, ``source_ts_ms`` the source commit
-time; ``lsn``/``tx_id``/``tx_index`` are PostgreSQL position fields (null for other
-sources) and ``position`` is every source position field as JSON (any connector)."""
-
-EVENT_COLUMNS = tuple(c.split()[0] for c in EVENT_SCHEMA_DDL.split(", "))
-"""The columns of ``EVENT_SCHEMA_DDL`` (``decode.ARROW_SCHEMA``) in order."""
 
 DEFAULT_MAX_EVENTS = 500_000
 DEFAULT_PARTITIONS = 2
