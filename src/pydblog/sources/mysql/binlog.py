@@ -98,7 +98,7 @@ from pydblog.sources.mysql.dumpstart import DUMP_SERVER_KEY, DumpStart, OneConne
 from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos
 from pydblog.sources.mysql.history import HISTORY_KEY, TableNames, load_history
-from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, OpenTx, file_sequence
+from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, OpenTx
 from pydblog.sources.mysql.resume import (
     Delivered,
     FileResume,
@@ -394,18 +394,9 @@ class MySqlLogSource:
             return None
         try:
             with self._cursor() as cur:
-                logs = srv.binlog_sizes(cur)
+                return srv.bytes_after(srv.binlog_sizes(cur), self._file, self._last_end)
         except pymysql.Error:
             return None
-        here = file_sequence(self._file)
-        lag = 0
-        for name, size in logs:
-            seq = file_sequence(name)
-            if seq == here:
-                lag += max(0, size - self._last_end)
-            elif seq > here:
-                lag += size
-        return lag
 
     def request_progress(self) -> None:
         """A read-only chunk waits for the stream to pass its fence: report each

@@ -24,7 +24,7 @@ from pydblog.sources.mysql.connect import (
 from pydblog.sources.mysql.dumpstart import DumpStart
 from pydblog.sources.mysql.fences import parse_owned
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos, MySqlGtidSet
-from pydblog.sources.mysql.position import BinlogPosition
+from pydblog.sources.mysql.position import BinlogPosition, file_sequence
 from pydblog.sources.mysql.tablemap import mysql_state_at
 
 SETTLE_S = 1.0
@@ -211,3 +211,17 @@ def binlog_sizes(cur: Any) -> list[tuple[str, int]]:
     """``SHOW BINARY LOGS``: ``(file, size)`` in order."""
     cur.execute("SHOW BINARY LOGS")
     return [(str(r[0]), int(r[1])) for r in cur.fetchall()]
+
+
+def bytes_after(logs: list[tuple[str, int]], file: str, offset: int) -> int:
+    """Bytes of binlog after ``(file, offset)``, summed over the files of ``logs``
+    (``binlog_sizes``)."""
+    here = file_sequence(file)
+    lag = 0
+    for name, size in logs:
+        seq = file_sequence(name)
+        if seq == here:
+            lag += max(0, size - offset)
+        elif seq > here:
+            lag += size
+    return lag
