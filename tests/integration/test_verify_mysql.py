@@ -176,6 +176,7 @@ def maria_delta(tmp_path: Path, mariadb: MariaDB, my_db: str) -> Iterator[tuple[
         tmp_path, mariadb, my_db, f'[[sync.sinks]]\ntype = "delta"\npath = "{tmp_path / "lake"}"\n')
 
 
+@pytest.mark.slow
 def test_mariadb_source_delta_mirror_through_spark(maria_delta: tuple[Path, MiniSync],
                                                   my_db: str, tmp_path: Path) -> None:
     """MariaDB and Spark checksum a Delta mirror alike for every portable type (no range
