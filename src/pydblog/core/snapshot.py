@@ -92,7 +92,6 @@ from pydblog.core.commands import (
 )
 from pydblog.core.fence import FencedWindow, Lost, ReadFence, Unsettled, slim
 from pydblog.core.flight import Flight, Range
-from pydblog.core.intsplit import as_planned, cap
 from pydblog.core.keys import RawKey, match_key, row_key
 from pydblog.core.notices import (
     Notice,
@@ -104,9 +103,9 @@ from pydblog.core.notices import (
     table_scan_completed,
     table_scan_started,
 )
+from pydblog.core.planner import Planner
 from pydblog.core.progress import Lane, TableJob
 from pydblog.core.requests import (
-    BoundsRequest,
     ChunkRequest,
     KeyReadRequest,
     MarkRequest,
@@ -115,7 +114,7 @@ from pydblog.core.requests import (
 )
 from pydblog.core.rereads import RereadQueue
 from pydblog.core.signals import Signal, SignalType
-from pydblog.core.sizing import CoreSettings, next_chunk_size, shrink
+from pydblog.core.sizing import CoreSettings
 from pydblog.core.window import ChunkWindow, WindowResult
 from pydblog.events import (
     ChangeEvent,
@@ -175,7 +174,7 @@ class SnapshotCore:
 
     - ``_incr``*, ``_block``*: the incremental and blocking lanes of table jobs;
     - ``_rereads``*: identities waiting for a key-level re-read;
-    - ``_paused``*, ``_chunk_size``*, ``_totals``*: flags and counters of the run;
+    - ``_paused``*, ``_planner``* (chunk size), ``_totals``*: flags and counters of the run;
     - ``_notices``*: notifications waiting for a position (placed at the next watermark);
     - ``_horizon``*: the highest position seen or emitted (blocking anchors there);
     - ``_busy``: the id of the one request whose answer is awaited;
@@ -194,12 +193,13 @@ class SnapshotCore:
         instance: str | None = None,
     ) -> None:
         self._settings = settings
-        self._instance = instance if instance is not None else uuid.uuid4().hex[:12]
-        self._seq = 0
+        self._planner = Planner(
+            settings, instance if instance is not None else uuid.uuid4().hex[:12],
+            self._floor_hint,
+        )
         self._incr = Lane()
         self._block = Lane()
         self._paused = False
-        self._chunk_size = settings.clamp(settings.chunk_size)
         self._totals = _Totals()
         self._notices: list[Notice] = []
         # Tables stopped of a snapshot (signal id) that still has others (``_stopped``).
@@ -438,7 +438,7 @@ class SnapshotCore:
         self._mark = None
         if self._concurrent(job):
             return self._flight_next()
-        request = self._plan(job, blocking=False)
+        request = self._planner.plan(job, blocking=False)
         self._pending = _Pending(request)
         if isinstance(request, ChunkRequest):
             self._pending.window = _window(job, request)
@@ -469,7 +469,7 @@ class SnapshotCore:
         last = window.last_read_key
         if job.reached_end(window.read_count, request.limit, last):
             return None
-        ahead = self._plan(dataclasses.replace(job, last_key=last), blocking=False)
+        ahead = self._planner.plan(dataclasses.replace(job, last_key=last), blocking=False)
         assert isinstance(ahead, ChunkRequest)
         self._ahead = _Pending(ahead, window=_window(job, ahead))
         self._fence(self._ahead)
@@ -482,12 +482,8 @@ class SnapshotCore:
         if batch is None:
             return None
         schema, table, identity, keys = batch
-        rid = self._new_id("key")
-        marks = not self._read_only  # read-only: fenced by the read's own snapshot
-        request = KeyReadRequest(
-            rid, f"{schema}.{table}", identity, keys, f"{rid}:low" if marks else None,
-            f"{rid}:high" if marks else None, fenced=self._fenced, floor=self._floor_hint(),
-        )
+        request = self._planner.reread(schema, table, identity, keys)
+        rid = request.id
         window = ChunkWindow(schema, table, identity)
         self._pending = _Pending(request, window=window)
         self._fence(self._pending)
@@ -498,7 +494,7 @@ class SnapshotCore:
         job = self._block.head()
         if self._anchor is None or job is None:
             return None
-        request = self._plan(job, blocking=True)
+        request = self._planner.plan(job, blocking=True)
         self._blocking_request = request
         self._busy = request.id
         return request
@@ -508,51 +504,13 @@ class SnapshotCore:
         writes is superseded by the next request's watermarks, which place them too)."""
         if not self._notices or self._mark is not None or self._read_only:
             return None  # read-only: notices are placed at the next on_progress
-        rid = self._new_id("m")
-        self._mark = MarkRequest(rid, f"{rid}:mark")
+        self._mark = self._planner.mark()
         return self._mark
-
-    def _plan(self, job: TableJob, *, blocking: bool) -> Request:
-        rid = self._new_id("blk" if blocking else "inc")
-        marks = not blocking and not self._read_only
-        fenced = self._fenced_blocking if blocking else self._fenced
-        if not job.started:
-            return TableStartRequest(
-                rid,
-                job.table,
-                job.kind,
-                job.surrogate_key,
-                job.condition,
-                f"{rid}:start" if marks else None,
-                fenced=fenced,  # blocking reads too: see ``_blocking_window``
-                floor=self._floor_hint(),
-            )
-        assert job.key_columns is not None and job.max_key is not None
-        return ChunkRequest(
-            id=rid,
-            table=job.table,
-            kind=job.kind,
-            surrogate_key=job.surrogate_key,
-            key_columns=job.key_columns,
-            after_key=job.last_key,
-            max_key=job.max_key,
-            limit=self._chunk_size,
-            condition=job.condition,
-            low_watermark=f"{rid}:low" if marks else None,
-            high_watermark=f"{rid}:high" if marks else None,
-            fenced=fenced,
-            identity=job.identity or (),
-            floor=self._floor_hint(),
-        )
 
     def _floor_hint(self) -> Position | None:
         """Read-only: the floor's position while one is open (``ChunkRequest.floor``)."""
         floor = self._unsettled.floor if self._fenced_blocking else None
         return floor.position if floor is not None else None
-
-    def _new_id(self, prefix: str) -> str:
-        self._seq += 1
-        return f"{self._instance}-{prefix}{self._seq}"
 
     # -- concurrent windows (core.flight) --------------------------------------------------
 
@@ -653,17 +611,12 @@ class SnapshotCore:
             return self._issue_range(flight, job, rng)
         if flight.wants_bounds():
             assert job.key_columns is not None and job.max_key is not None
-            if flight.plan(job.last_key, max(1, self._chunk_size)):  # integer keys
+            if flight.plan(job.last_key, self._planner.step):  # integer keys
                 rng = flight.next_range()
                 if rng is not None and (room or (oldest and rng is flight.ranges[0])):
                     return self._issue_range(flight, job, rng)
                 return None
-            rid = self._new_id("bnd")
-            bounds = BoundsRequest(
-                rid, job.table, job.key_columns, flight.planned_end(job.last_key), job.max_key,
-                max(1, self._chunk_size), 2 * self._settings.parallelism, job.condition,
-                job.identity or (),
-            )
+            bounds = self._planner.bounds(job, flight.planned_end(job.last_key))
             flight.ask_bounds(bounds)
             return bounds
         return None
@@ -673,13 +626,7 @@ class SnapshotCore:
         time; its answer lands at its watermark, read-only at the next progress)."""
         if self._starting is not None:
             return None
-        rid = self._new_id("inc")
-        marks = not self._read_only
-        request = TableStartRequest(
-            rid, job.table, job.kind, job.surrogate_key, job.condition,
-            f"{rid}:start" if marks else None, concurrent=True, fenced=self._fenced,
-            floor=self._floor_hint(),
-        )
+        request = self._planner.start_concurrent(job)
         self._starting = _Pending(request)
         return request
 
@@ -695,18 +642,7 @@ class SnapshotCore:
         return self._place(cursor, self._start(self._incr, starting.answer, request.table))
 
     def _issue_range(self, flight: Flight, job: TableJob, rng: Range) -> ChunkRequest:
-        assert job.key_columns is not None
-        rid = self._new_id("inc")
-        marks = not self._read_only
-        request = ChunkRequest(
-            id=rid, table=job.table, kind=job.kind, surrogate_key=None,
-            key_columns=job.key_columns, after_key=rng.after, max_key=rng.upper,
-            limit=cap(rng.planned) if rng.planned else self._chunk_size, condition=job.condition,
-            low_watermark=f"{rid}:low" if marks else None,
-            high_watermark=f"{rid}:high" if marks else None,
-            fenced=self._fenced, identity=job.identity or (), concurrent=True,
-            floor=self._floor_hint(),
-        )
+        request = self._planner.range_read(job, rng.after, rng.upper, rng.planned)
         window = _window(job, request)
         fenced = FencedWindow(window, self._unsettled) if self._fenced else None
         flight.issue(rng, request, window, fenced)
@@ -743,11 +679,10 @@ class SnapshotCore:
             error = "chunk rows lack a key column (the reader must select the key columns)"
             return self.on_request_failed(request_id, error, retriable=False)
         if rng is not None and rng.planned:  # an arithmetic range (core.intsplit)
-            read, elapsed_ms = as_planned(rng.planned, len(rows), elapsed_ms)
-            self._chunk_size = next_chunk_size(self._settings, rng.planned, read, elapsed_ms)
+            self._planner.resize_planned(rng.planned, len(rows), elapsed_ms)
         else:
-            self._resize(request, len(rows), elapsed_ms)
-        flight.set_rows(request_id, rows, fence, max(1, self._chunk_size))
+            self._planner.resize(request, len(rows), elapsed_ms)
+        flight.set_rows(request_id, rows, fence, self._planner.step)
         if fence is not None:
             self._unsettled.prune(fence, self._issued_epoch(request_id))
         return []
@@ -953,7 +888,7 @@ class SnapshotCore:
             return []
         for pending in (self._pending, self._ahead):
             if pending is not None and pending.request.id == request_id:
-                self._resize(pending.request, len(rows), elapsed_ms)
+                self._planner.resize(pending.request, len(rows), elapsed_ms)
                 if pending.fenced is not None and fence is not None:
                     pending.fenced.set_answer(rows, fence)
                     self._unsettled.prune(fence, self._issued_epoch(request_id))
@@ -964,7 +899,7 @@ class SnapshotCore:
             request = self._blocking_request
             assert isinstance(request, ChunkRequest)
             self._blocking_request = None
-            self._resize(request, len(rows), elapsed_ms)
+            self._planner.resize(request, len(rows), elapsed_ms)
             if request.fenced and fence is not None:
                 return self._blocking_window(request, rows, fence)
             return self._blocking_rows(request, rows)
@@ -1024,8 +959,7 @@ class SnapshotCore:
     def _after_failure(
         self, lane: Lane, request: Request, error: str, retriable: bool | None
     ) -> list[Notice]:
-        if isinstance(request, ChunkRequest):
-            self._chunk_size = shrink(self._settings, self._chunk_size)
+        self._planner.failed(request)
         table = getattr(request, "table", None)
         job = lane.job(table) if table is not None else None
         job = job if job is not None else lane.current
@@ -1089,10 +1023,6 @@ class SnapshotCore:
 
     def _is_blocking(self, request_id: str) -> bool:
         return self._blocking_request is not None and self._blocking_request.id == request_id
-
-    def _resize(self, request: Request, read: int, elapsed_ms: float) -> None:
-        if isinstance(request, ChunkRequest):
-            self._chunk_size = next_chunk_size(self._settings, request.limit, read, elapsed_ms)
 
     # -- the stream ----------------------------------------------------------------
 
@@ -1488,7 +1418,7 @@ class SnapshotCore:
         return {
             "version": STATE_VERSION,
             "paused": self._paused,
-            "chunk_size": self._chunk_size,
+            "chunk_size": self._planner.chunk_size,
             "incremental": self._incr.to_json(),
             "blocking": self._block.to_json(),
             "totals": {
@@ -1514,7 +1444,7 @@ class SnapshotCore:
         if version != STATE_VERSION:
             raise ValueError(f"snapshot state version {version!r} is not {STATE_VERSION}")
         self._paused = bool(state.get("paused", False))
-        self._chunk_size = self._settings.clamp(int(state.get("chunk_size", self._chunk_size)))
+        self._planner.restore_size(int(state.get("chunk_size", self._planner.chunk_size)))
         self._incr = Lane.from_json(state.get("incremental"))
         self._block = Lane.from_json(state.get("blocking"))
         totals = state.get("totals") or {}
@@ -1546,7 +1476,7 @@ class SnapshotCore:
             "chunks_done": self._totals.chunks,
             "rows": self._totals.rows,
             "percent": self._percent(),
-            "chunk_size": self._chunk_size,
+            "chunk_size": self._planner.chunk_size,
             "rereads_queued": len(self._rereads),
             "reads_repeated": self._read_again,
         }
