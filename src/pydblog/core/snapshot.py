@@ -95,6 +95,7 @@ from pydblog.core.flight import Flight, Range
 from pydblog.core.keys import RawKey, match_key, row_key
 from pydblog.core.notices import (
     Notice,
+    Outbox,
     PositionCursor,
     in_progress,
     lane_completed,
@@ -124,7 +125,6 @@ from pydblog.events import (
     EncodedRow,
     Op,
     SnapshotKind,
-    SnapshotRows,
 )
 from pydblog.ports import TableInfo
 from pydblog.positions import Position, decode_position, encode_position
@@ -175,8 +175,8 @@ class SnapshotCore:
     - ``_incr``*, ``_block``*: the incremental and blocking lanes of table jobs;
     - ``_rereads``*: identities waiting for a key-level re-read;
     - ``_paused``*, ``_planner``* (chunk size), ``_totals``*: flags and counters of the run;
-    - ``_notices``*: notifications waiting for a position (placed at the next watermark);
-    - ``_horizon``*: the highest position seen or emitted (blocking anchors there);
+    - ``_out``*: notifications waiting for a position (placed at the next watermark)
+      and the horizon, the highest position seen or emitted (blocking anchors there);
     - ``_busy``: the id of the one request whose answer is awaited;
     - ``_pending``: the incremental request awaiting its final watermark, and
       ``_window``: its chunk window once L has been seen (what ``on_event`` checks);
@@ -201,10 +201,9 @@ class SnapshotCore:
         self._block = Lane()
         self._paused = False
         self._totals = _Totals()
-        self._notices: list[Notice] = []
+        self._out = Outbox()  # the horizon, and notices waiting for a position
         # Tables stopped of a snapshot (signal id) that still has others (``_stopped``).
         self._aborted: dict[str, list[str]] = {}
-        self._horizon: Position | None = None
         self._pending: _Pending | None = None
         self._window: ChunkWindow | None = None
         self._ahead: _Pending | None = None
@@ -257,7 +256,7 @@ class SnapshotCore:
         position); the runner should make the stream report how far it is."""
         if not self._read_only:
             return False
-        if self._notices:
+        if self._out.waiting:
             return True
         for flight in self._flights.values():
             if any(r.read and r.fenced is not None for r in flight.ranges):
@@ -314,7 +313,7 @@ class SnapshotCore:
         jobs, notice = plan_initial(captured_tables, self._queued())
         self._enqueue(jobs)
         if notice is not None:
-            self._notices.append(notice)
+            self._out.waiting.append(notice)
         return []
 
     def restart_table(self, table: str, *, queue: bool = False) -> None:
@@ -365,7 +364,7 @@ class SnapshotCore:
         for job in {j.signal_id: j for j in dropped}.values():
             if job.signal_id not in left:
                 tables = self._aborted.pop(job.signal_id)
-                self._notices.append(snapshot_stopped(job.signal_id, job.kind, tables, by))
+                self._out.waiting.append(snapshot_stopped(job.signal_id, job.kind, tables, by))
 
     def _enqueue(self, jobs: list[TableJob]) -> None:
         for job in jobs:
@@ -395,7 +394,7 @@ class SnapshotCore:
             elif not self._watched <= before:
                 # Events delivered until now were not kept: windows need a fence that
                 # covers them (a lagging standby may not have replayed them yet).
-                self._unsettled.watch_from(self._horizon)
+                self._unsettled.watch_from(self._out.horizon)
 
     def _queued(self) -> set[str]:
         return set(self._incr.tables()) | set(self._block.tables())
@@ -502,7 +501,7 @@ class SnapshotCore:
     def _next_mark(self) -> MarkRequest | None:
         """A watermark for notices waiting for a position, once (a mark the runner never
         writes is superseded by the next request's watermarks, which place them too)."""
-        if not self._notices or self._mark is not None or self._read_only:
+        if not self._out.waiting or self._mark is not None or self._read_only:
             return None  # read-only: notices are placed at the next on_progress
         self._mark = self._planner.mark()
         return self._mark
@@ -638,8 +637,8 @@ class SnapshotCore:
         request = starting.request
         assert isinstance(request, TableStartRequest)
         if starting.answer is None:  # watermark before the answer: plan it again
-            return self._place(cursor, [])
-        return self._place(cursor, self._start(self._incr, starting.answer, request.table))
+            return self._out.place(cursor, [])
+        return self._out.place(cursor, self._start(self._incr, starting.answer, request.table))
 
     def _issue_range(self, flight: Flight, job: TableJob, rng: Range) -> ChunkRequest:
         request = self._planner.range_read(job, rng.after, rng.upper, rng.planned)
@@ -699,7 +698,7 @@ class SnapshotCore:
         flight.failed(request_id)  # also after its answer: its H may never come
         notices = self._after_failure(self._incr, request, error, retriable)
         self._forget_gone()
-        self._notices.extend(notices)
+        self._out.waiting.extend(notices)
 
     def _flights_emit(
         self, cursor: PositionCursor, reached: Position | None, budget: int | None = None,
@@ -755,14 +754,14 @@ class SnapshotCore:
                 flight.forget(head)
                 head.reset()  # read again; the ranges after it wait, their windows open
                 break
-            out += self._rows(job, result.rows, cursor)
+            out += self._out.job_rows(job, result.rows, cursor)
             self._rereads.add_all(job.schema_name, job.table_name, result.reread)
             if result.left:  # a slice: the rest of the range follows later
                 self._slice_done(head, job, result)
                 continue
             if window.taken:  # the last slice: the range is done as a whole chunk
                 result = WindowResult(result.rows, window.read_count, window.last_read_key, True)
-            out += self._place(cursor, self._range_done(flight, job, head, result))
+            out += self._out.place(cursor, self._range_done(flight, job, head, result))
         return out, left
 
     def _slice_done(self, head: Range, job: TableJob, result: WindowResult) -> None:
@@ -790,9 +789,9 @@ class SnapshotCore:
         self._advance(position)
         if not self.draining or self._anchor is not None:
             return []  # (a blocking snapshot owns the positions after its anchor)
-        assert self._horizon is not None
-        cursor = PositionCursor(self._horizon, ts_ms)
-        return self._flights_emit(cursor, None, budget) + self._place(cursor, [])
+        assert self._out.horizon is not None
+        cursor = PositionCursor(self._out.horizon, ts_ms)
+        return self._flights_emit(cursor, None, budget) + self._out.place(cursor, [])
 
     def _range_done(
         self, flight: Flight, job: TableJob, head: Range, result: WindowResult
@@ -932,7 +931,7 @@ class SnapshotCore:
         starting = self._starting
         if starting is not None and starting.request.id == request_id:
             self._starting = None  # also after its answer: its watermark may never come
-            self._notices.extend(self._after_failure(self._incr, starting.request, error, retriable))
+            self._out.waiting.extend(self._after_failure(self._incr, starting.request, error, retriable))
             return []
         if self._busy == request_id:
             self._busy = None
@@ -948,7 +947,7 @@ class SnapshotCore:
             if isinstance(pending.request, KeyReadRequest) and pending.window is not None:
                 self._reread_failed(pending.window, pending.request, retriable)
                 return []
-            self._notices.extend(self._after_failure(self._incr, pending.request, error, retriable))
+            self._out.waiting.extend(self._after_failure(self._incr, pending.request, error, retriable))
             return []
         if self._blocking_request is not None and self._blocking_request.id == request_id:
             request, self._blocking_request = self._blocking_request, None
@@ -1029,7 +1028,7 @@ class SnapshotCore:
     def on_event(self, event: ChangeEvent) -> None:
         """A captured stream event (in stream order). O(1) unless a window of its table
         is open."""
-        self._horizon = event.position
+        self._out.horizon = event.position
         if event.unchanged and event.op is Op.CREATE and event.key:
             # A key change's create: no consumer has a value for its unchanged columns.
             self._rereads.add(event.schema, event.table, event.key)
@@ -1096,8 +1095,8 @@ class SnapshotCore:
         self._advance(position)
         if not self._read_only:
             return []
-        assert self._horizon is not None
-        cursor = PositionCursor(self._horizon, ts_ms)
+        assert self._out.horizon is not None
+        cursor = PositionCursor(self._out.horizon, ts_ms)
         out: list[Emitted] = self._flights_emit(cursor, reached)
         if self._starting is not None and self._starting.answer is not None:
             out += self._apply_starting(cursor)
@@ -1117,8 +1116,8 @@ class SnapshotCore:
                 out += self._close_reread(pending, request, cursor)
             else:
                 break
-        if self._notices:
-            out += self._place(cursor, [])
+        if self._out.waiting:
+            out += self._out.place(cursor, [])
         return out
 
     def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:
@@ -1128,11 +1127,11 @@ class SnapshotCore:
         mark = self._mark
         if mark is not None and watermark_id == mark.watermark:
             self._mark = None
-            return self._place(PositionCursor(position, ts_ms), [])
+            return self._out.place(PositionCursor(position, ts_ms), [])
         for table, flight in self._flights.items():
             if flight.on_watermark(watermark_id):
                 cursor = PositionCursor(position, ts_ms)
-                return self._flight_emit(table, cursor, None)[0] + self._place(cursor, [])
+                return self._flight_emit(table, cursor, None)[0] + self._out.place(cursor, [])
         starting = self._starting
         if starting is not None and watermark_id == getattr(starting.request, "watermark", None):
             return self._apply_starting(PositionCursor(position, ts_ms))
@@ -1161,9 +1160,9 @@ class SnapshotCore:
         blocking events take ``anchor.index + 1 + k``."""
         if position is not None:
             self._advance(position)
-        if self._horizon is None:
+        if self._out.horizon is None:
             raise ValueError("on_stream_paused needs a position: nothing has been seen yet")
-        self._anchor = PositionCursor(self._horizon, ts_ms)
+        self._anchor = PositionCursor(self._out.horizon, ts_ms)
 
     def _close_window(
         self, pending: _Pending, request: ChunkRequest, cursor: PositionCursor
@@ -1175,18 +1174,18 @@ class SnapshotCore:
             self._busy = None
         if window is None or not pending.low_seen or not window.has_rows:
             self._drop_ahead()
-            return self._place(cursor, [])
+            return self._out.place(cursor, [])
         result = pending.fenced.close() if pending.fenced is not None else window.close()
         job = self._incr.current
         self._read_again += not result.conclusive
         if job is None or job.table != request.table or not result.conclusive:
             self._drop_ahead()
-            return self._place(cursor, [])
-        events = self._rows(job, result.rows, cursor)
+            return self._out.place(cursor, [])
+        events = self._out.job_rows(job, result.rows, cursor)
         self._rereads.add_all(job.schema_name, job.table_name, result.reread)
         notices = self._chunk_done(self._incr, request, result)
         self._promote_ahead()
-        return events + self._place(cursor, notices)
+        return events + self._out.place(cursor, notices)
 
     def _close_reread(
         self, pending: _Pending, request: KeyReadRequest, cursor: PositionCursor
@@ -1199,11 +1198,11 @@ class SnapshotCore:
             self._busy = None
         window = pending.window
         if window is None or not pending.low_seen or not window.has_rows:
-            return self._place(cursor, [])  # the keys stay queued: read again
+            return self._out.place(cursor, [])  # the keys stay queued: read again
         result = pending.fenced.close() if pending.fenced is not None else window.close()
         if not result.conclusive:
             self._read_again += 1
-            return self._place(cursor, [])
+            return self._out.place(cursor, [])
         schema, table = window.schema, window.table
         self._failures.pop(f"reread {schema}.{table}", None)
         self._rereads.done(schema, table, request.keys)
@@ -1214,16 +1213,10 @@ class SnapshotCore:
                 self._rereads.add(schema, table, ident)
         self._watch()
         events: list[Emitted] = []
-        if result.rows:
-            first = cursor.take(len(result.rows))
-            batch = SnapshotRows(
-                schema, table, SnapshotKind.INCREMENTAL, cursor.base, first, cursor.ts_ms,
-                result.rows, request.identity, request.identity,
-            )
-            self._horizon = batch.last_position
-            events.append(batch)
+        events += self._out.rows(cursor, schema, table, SnapshotKind.INCREMENTAL, result.rows,
+                                 request.identity, request.identity)
         self._settle()
-        return events + self._place(cursor, [])
+        return events + self._out.place(cursor, [])
 
     def _promote_ahead(self) -> None:
         """After a conclusive chunk: the read-ahead chunk becomes the pending one if it
@@ -1254,22 +1247,13 @@ class SnapshotCore:
         self._pending = None
         if pending.answer is None:  # watermark before the answer: plan it again
             self._busy = None
-            return self._place(cursor, [])
-        return self._place(cursor, self._start(self._incr, pending.answer))
-
-    def _place(self, cursor: PositionCursor, notices: list[Notice]) -> list[Emitted]:
-        """Pending notices, then ``notices``, at the cursor's next positions."""
-        waiting, self._notices = self._notices, []
-        events = cursor.place(waiting + notices)
-        if events:
-            self._horizon = events[-1].position
-        out: list[Emitted] = list(events)
-        return out
+            return self._out.place(cursor, [])
+        return self._out.place(cursor, self._start(self._incr, pending.answer))
 
     def _emit_blocking(self, rows: list[Emitted], notices: list[Notice]) -> list[Emitted]:
         cursor = self._anchor
         assert cursor is not None
-        events = rows + self._place(cursor, notices)
+        events = rows + self._out.place(cursor, notices)
         if not self._block:
             self._anchor = None
         return events
@@ -1342,7 +1326,7 @@ class SnapshotCore:
         if job is None or cursor is None or (rows and last is None):
             return []
         result = WindowResult(rows, len(rows), last, True)
-        events = self._rows(job, rows, cursor)
+        events = self._out.job_rows(job, rows, cursor)
         return self._emit_blocking(events, self._chunk_done(self._block, request, result))
 
     def _blocking_window(
@@ -1370,24 +1354,8 @@ class SnapshotCore:
             self._read_again += 1
             return []  # the same chunk is planned again
         self._rereads.add_all(job.schema_name, job.table_name, result.reread)
-        events = self._rows(job, result.rows, cursor)
+        events = self._out.job_rows(job, result.rows, cursor)
         return self._emit_blocking(events, self._chunk_done(self._block, request, result))
-
-    def _rows(
-        self, job: TableJob, rows: Sequence[ChunkRow], cursor: PositionCursor
-    ) -> list[Emitted]:
-        """Snapshot rows as ``op: r`` events at the cursor's next positions (one
-        ``SnapshotRows`` for the whole chunk)."""
-        if not rows:
-            return []
-        assert job.key_columns is not None
-        first = cursor.take(len(rows))
-        batch = SnapshotRows(
-            job.schema_name, job.table_name, job.kind, cursor.base, first, cursor.ts_ms,
-            rows, job.key_columns, job.identity or (),
-        )
-        self._horizon = batch.last_position
-        return [batch]
 
     def _settle(self) -> None:
         """Reset run counters and flags once nothing is left to do."""
@@ -1403,8 +1371,7 @@ class SnapshotCore:
         self._drop_ahead()
 
     def _advance(self, position: Position) -> None:
-        if self._horizon is None or self._horizon < position:
-            self._horizon = position
+        self._out.advance(position)
         if self._fenced_blocking:
             self._unsettled.learn(position)
 
@@ -1413,7 +1380,7 @@ class SnapshotCore:
     def state(self) -> dict[str, Any] | None:
         """JSON-serializable progress, to persist with the checkpoint (None when idle).
         In-flight work is not included: after a restart it is planned again."""
-        if not self.active and not self._notices:
+        if not self.active and not self._out.waiting:
             return None
         return {
             "version": STATE_VERSION,
@@ -1427,8 +1394,8 @@ class SnapshotCore:
                 "chunks": self._totals.chunks,
                 "rows": self._totals.rows,
             },
-            "notices": [n.to_json() for n in self._notices],
-            "horizon": None if self._horizon is None else encode_position(self._horizon),
+            "notices": [n.to_json() for n in self._out.waiting],
+            "horizon": None if self._out.horizon is None else encode_position(self._out.horizon),
             "rereads": self._rereads.to_json(),
             **({"aborted": self._aborted} if self._aborted else {}),
             **self._unsettled_state(),
@@ -1449,9 +1416,9 @@ class SnapshotCore:
         self._block = Lane.from_json(state.get("blocking"))
         totals = state.get("totals") or {}
         self._totals = _Totals(**{k: int(v) for k, v in totals.items()})
-        self._notices = [Notice.from_json(n) for n in state.get("notices", [])]
+        self._out.waiting = [Notice.from_json(n) for n in state.get("notices", [])]
         horizon = state.get("horizon")
-        self._horizon = None if horizon is None else decode_position(horizon)
+        self._out.horizon = None if horizon is None else decode_position(horizon)
         self._rereads = RereadQueue.from_json(state.get("rereads"))
         aborted = state.get("aborted") or {}
         self._aborted = {str(k): [str(t) for t in v] for k, v in aborted.items()}
