@@ -90,7 +90,7 @@ from pydblog.core.commands import (
     stop_matcher,
     stop_notice,
 )
-from pydblog.core.fence import FencedWindow, Lost, ReadFence, Unsettled, slim
+from pydblog.core.fence import FencedWindow, Fencing, ReadFence
 from pydblog.core.flight import Flight, Range
 from pydblog.core.keys import RawKey, match_key, row_key
 from pydblog.core.notices import (
@@ -162,10 +162,6 @@ class _Totals:
     rows: int = 0
 
 
-MAX_ISSUED = 1024
-"""Fenced requests whose issue epoch the core remembers at most (``next_request``)."""
-
-
 class SnapshotCore:
     """DBLog snapshot state machine; see the module docstring for the protocol.
 
@@ -217,14 +213,12 @@ class SnapshotCore:
         self._anchor: PositionCursor | None = None
         self._rereads = RereadQueue()
         self._read_only = settings.read_only
+        self._fencing = Fencing(settings.read_only, settings.fenced, settings.fenced_blocking)
         # Windows judged by their reads' fences (read-only, or watermarks + fences).
-        self._fenced = settings.read_only or settings.fenced
+        self._fenced = self._fencing.fenced
         # Blocking reads judged by their fences (with fenced windows, or alone).
-        self._fenced_blocking = self._fenced or settings.fenced_blocking
-        self._unsettled = Unsettled()
-        self._issued: dict[str, int] = {}  # fenced request id -> Delivered epoch at issue
+        self._fenced_blocking = self._fencing.fenced_blocking
         self._read_again = 0  # reads whose window was inconclusive (this process)
-        self._watched: set[str] = set()  # read-only: tables in the incremental lane
         # Concurrent windows (``core.flight``): one flight per table being read, in lane
         # order, keyed by the job's table and by (schema, name) for the stream's events.
         self._flights: dict[str, Flight] = {}
@@ -382,19 +376,11 @@ class SnapshotCore:
 
     def _watch(self) -> None:
         """Fenced: the tables whose events must be kept until a fence settles them
-        (being snapshotted, blocking too, or with keys waiting for a re-read; with
-        blocking reads fenced alone, the blocking lane's tables only)."""
+        (``Fencing.watch``)."""
         if self._fenced_blocking:
-            before = self._watched
-            self._watched = (set(self._incr.tables()) | set(self._block.tables())
-                             | self._rereads.tables()) if self._fenced \
-                else set(self._block.tables())  # (only blocking reads are fenced)
-            if not self._watched:
-                self._unsettled.clear()
-            elif not self._watched <= before:
-                # Events delivered until now were not kept: windows need a fence that
-                # covers them (a lagging standby may not have replayed them yet).
-                self._unsettled.watch_from(self._out.horizon)
+            blocking = set(self._block.tables())
+            tables = set(self._incr.tables()) | blocking | self._rereads.tables()
+            self._fencing.watch(tables, blocking, self._out.horizon)
 
     def _queued(self) -> set[str]:
         return set(self._incr.tables()) | set(self._block.tables())
@@ -406,17 +392,8 @@ class SnapshotCore:
         a watermark, or ``on_stream_paused``). Blocking work goes first."""
         request = self._next_request()
         if request is not None and getattr(request, "fenced", False):
-            # Which Delivered epoch the read's fence comes from (core.fence, Delivered).
-            # Bounded: an answer that never comes (a failed read) leaves its entry; one
-            # dropped here is judged as too old (conservative).
-            issued = self._issued
-            issued[request.id] = self._unsettled.delivered.epoch
-            if len(issued) > MAX_ISSUED:
-                del issued[next(iter(issued))]
+            self._fencing.issue(request.id)
         return request
-
-    def _issued_epoch(self, request_id: str) -> int:
-        return self._issued.pop(request_id, -1)  # unknown: too old to resolve anything
 
     def _next_request(self) -> Request | None:
         if self._busy is not None:
@@ -449,7 +426,7 @@ class SnapshotCore:
         """Read-only: the chunk's window is judged by its read's fence; it sees every
         unsettled event of its table from now on (there is no L to wait for)."""
         if self._fenced and pending.window is not None:
-            pending.fenced = FencedWindow(pending.window, self._unsettled)
+            pending.fenced = self._fencing.window(pending.window)
             pending.low_seen = self._read_only  # else at its L
 
     def _read_ahead(self) -> Request | None:
@@ -507,9 +484,7 @@ class SnapshotCore:
         return self._mark
 
     def _floor_hint(self) -> Position | None:
-        """Read-only: the floor's position while one is open (``ChunkRequest.floor``)."""
-        floor = self._unsettled.floor if self._fenced_blocking else None
-        return floor.position if floor is not None else None
+        return self._fencing.floor_hint()
 
     # -- concurrent windows (core.flight) --------------------------------------------------
 
@@ -643,7 +618,7 @@ class SnapshotCore:
     def _issue_range(self, flight: Flight, job: TableJob, rng: Range) -> ChunkRequest:
         request = self._planner.range_read(job, rng.after, rng.upper, rng.planned)
         window = _window(job, request)
-        fenced = FencedWindow(window, self._unsettled) if self._fenced else None
+        fenced = self._fencing.window(window)
         flight.issue(rng, request, window, fenced)
         return request
 
@@ -683,7 +658,7 @@ class SnapshotCore:
             self._planner.resize(request, len(rows), elapsed_ms)
         flight.set_rows(request_id, rows, fence, self._planner.step)
         if fence is not None:
-            self._unsettled.prune(fence, self._issued_epoch(request_id))
+            self._fencing.prune(fence, request_id)
         return []
 
     def _flight_failed(
@@ -842,7 +817,7 @@ class SnapshotCore:
         starting = self._starting
         ours = starting is not None and starting.request.id == request_id
         if fence is not None and self._fenced_blocking and error is None \
-                and not self._start_covered(fence, request_id):
+                and not self._fencing.start_covered(fence, request_id):
             self._read_again += 1
             if ours:
                 self._starting = None  # the next request starts the table again
@@ -890,7 +865,7 @@ class SnapshotCore:
                 self._planner.resize(pending.request, len(rows), elapsed_ms)
                 if pending.fenced is not None and fence is not None:
                     pending.fenced.set_answer(rows, fence)
-                    self._unsettled.prune(fence, self._issued_epoch(request_id))
+                    self._fencing.prune(fence, request_id)
                 elif pending.window is not None:
                     pending.window.set_rows(rows)
                 return []
@@ -984,14 +959,6 @@ class SnapshotCore:
         self._watch()
         self._settle()
 
-    def _start_covered(self, fence: ReadFence, request_id: str) -> bool:
-        """A fenced start's fence sees everything the stream delivered before the
-        table was watched (events after that are in the log: a key it misses is not lost)."""
-        issued = self._issued_epoch(request_id)
-        self._unsettled.prune(fence, issued)
-        floor = self._unsettled.floor
-        return floor is None or (floor.fresh(issued) and floor.covered_by(fence))
-
     def _answer(self, request_id: str) -> bool:
         """Clear the busy flag; False for an answer nobody waits for any more."""
         if self._busy != request_id:
@@ -1047,13 +1014,10 @@ class SnapshotCore:
         window.observe(event)
 
     def _observe_fenced(self, event: ChangeEvent) -> None:
-        self._unsettled.learn(event.position)
-        if not self._watched or f"{event.schema}.{event.table}" not in self._watched:
+        kept = self._fencing.keep(event)
+        if kept is None:
             return
-        event = slim(event)  # windows need only its identity; a wide row is not held
-        self._unsettled.add(event)
-        if not self._fenced:
-            return  # only blocking reads are fenced (their stream is paused)
+        event = kept
         flight = self._observers.get((event.schema, event.table))
         if flight is not None:
             flight.observe(event)
@@ -1346,9 +1310,9 @@ class SnapshotCore:
         cursor = self._anchor
         if job is None or cursor is None or job.table != request.table:
             return []
-        window = FencedWindow(_window(job, request), self._unsettled)
+        window = FencedWindow(_window(job, request), self._fencing.unsettled)
         window.set_answer(rows, fence)
-        self._unsettled.prune(fence, self._issued_epoch(request.id))
+        self._fencing.prune(fence, request.id)
         result = window.close()
         if not result.conclusive:
             self._read_again += 1
@@ -1372,8 +1336,7 @@ class SnapshotCore:
 
     def _advance(self, position: Position) -> None:
         self._out.advance(position)
-        if self._fenced_blocking:
-            self._unsettled.learn(position)
+        self._fencing.learn(position)
 
     # -- state ---------------------------------------------------------------------
 
@@ -1398,13 +1361,8 @@ class SnapshotCore:
             "horizon": None if self._out.horizon is None else encode_position(self._out.horizon),
             "rereads": self._rereads.to_json(),
             **({"aborted": self._aborted} if self._aborted else {}),
-            **self._unsettled_state(),
+            **self._fencing.state(),
         }
-
-    def _unsettled_state(self) -> dict[str, Any]:
-        """Read-only: what a restart must still distrust (see ``Unsettled.summary``)."""
-        lost = self._unsettled.summary() if self._fenced_blocking else None
-        return {} if lost is None else {"unsettled": lost.to_json()}
 
     def _restore(self, state: dict[str, Any]) -> None:
         version = state.get("version")
@@ -1422,9 +1380,7 @@ class SnapshotCore:
         self._rereads = RereadQueue.from_json(state.get("rereads"))
         aborted = state.get("aborted") or {}
         self._aborted = {str(k): [str(t) for t in v] for k, v in aborted.items()}
-        unsettled = state.get("unsettled")
-        if unsettled is not None and self._fenced_blocking:
-            self._unsettled.lost = Lost.from_json(unsettled)
+        self._fencing.restore(state)
         self._watch()
 
     def status(self) -> dict[str, Any]:
