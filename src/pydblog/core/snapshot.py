@@ -123,7 +123,6 @@ from pydblog.events import (
     Emitted,
     EncodedChunk,
     EncodedRow,
-    Op,
     SnapshotKind,
 )
 from pydblog.ports import TableInfo
@@ -205,9 +204,9 @@ class SnapshotCore:
         self._ahead: _Pending | None = None
         self._busy: str | None = None
         self._mark: MarkRequest | None = None
-        # Consecutive failures per table (a table's requests; "reread <table>" for its
-        # key re-reads): with several tables in flight one table's failures must not
-        # count against, nor be reset by, another's.
+        # Consecutive failures per table (its key re-reads count in ``_rereads``): with
+        # several tables in flight one table's failures must not count against, nor be
+        # reset by, another's.
         self._failures: dict[str, int] = {}
         self._blocking_request: Request | None = None
         self._anchor: PositionCursor | None = None
@@ -948,16 +947,11 @@ class SnapshotCore:
     def _reread_failed(
         self, window: ChunkWindow, request: KeyReadRequest, retriable: bool | None
     ) -> None:
-        """A re-read that keeps failing (e.g. its table was dropped) is given up after
-        ``max_attempts`` consecutive failures, so it cannot block snapshots forever."""
-        key = f"reread {window.schema}.{window.table}"
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
-        if retriable or (retriable is None and failures < self._settings.max_attempts):
-            return
-        self._failures.pop(key, None)
-        self._rereads.done(window.schema, window.table, request.keys)
-        self._watch()
-        self._settle()
+        """A failed re-read (``RereadQueue.failed``)."""
+        if self._rereads.failed(window.schema, window.table, request.keys, retriable,
+                                self._settings.max_attempts):
+            self._watch()
+            self._settle()
 
     def _answer(self, request_id: str) -> bool:
         """Clear the busy flag; False for an answer nobody waits for any more."""
@@ -996,9 +990,7 @@ class SnapshotCore:
         """A captured stream event (in stream order). O(1) unless a window of its table
         is open."""
         self._out.horizon = event.position
-        if event.unchanged and event.op is Op.CREATE and event.key:
-            # A key change's create: no consumer has a value for its unchanged columns.
-            self._rereads.add(event.schema, event.table, event.key)
+        if self._rereads.note(event):  # a key change's create (unchanged columns)
             self._watch()  # read-only: from this event on, the table's events are kept
         if self._fenced_blocking:
             self._observe_fenced(event)
@@ -1168,13 +1160,8 @@ class SnapshotCore:
             self._read_again += 1
             return self._out.place(cursor, [])
         schema, table = window.schema, window.table
-        self._failures.pop(f"reread {schema}.{table}", None)
-        self._rereads.done(schema, table, request.keys)
-        self._rereads.add_all(schema, table, result.reread)
-        for key in request.keys:  # a partial event of a key the read did not find yet
-            ident = dict(zip(request.identity, key, strict=True))
-            if window.saw_partial(ident):
-                self._rereads.add(schema, table, ident)
+        self._rereads.landed(schema, table, request.identity, request.keys, result.reread,
+                             window.saw_partial)
         self._watch()
         events: list[Emitted] = []
         events += self._out.rows(cursor, schema, table, SnapshotKind.INCREMENTAL, result.rows,
