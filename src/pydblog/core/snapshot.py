@@ -86,7 +86,6 @@ from pydblog.core.commands import (
     plan_initial,
     rejected_signal,
     resume_notice,
-    snapshot_stopped,
     stop_matcher,
     stop_notice,
 )
@@ -97,12 +96,7 @@ from pydblog.core.notices import (
     Notice,
     Outbox,
     PositionCursor,
-    in_progress,
-    lane_completed,
-    table_empty,
-    table_rejected,
     table_scan_completed,
-    table_scan_started,
 )
 from pydblog.core.planner import Planner
 from pydblog.core.progress import Lane, TableJob
@@ -114,6 +108,7 @@ from pydblog.core.requests import (
     TableStartRequest,
 )
 from pydblog.core.rereads import RereadQueue
+from pydblog.core.run import Run, StartAnswer
 from pydblog.core.signals import Signal, SignalType
 from pydblog.core.sizing import CoreSettings
 from pydblog.core.window import ChunkWindow, WindowResult
@@ -132,33 +127,14 @@ STATE_VERSION = 1
 
 
 @dataclass(slots=True)
-class _StartAnswer:
-    """The worker's answer to a TableStartRequest, applied at its watermark."""
-
-    info: TableInfo | None
-    max_key: RawKey | None
-    error: str | None
-
-
-@dataclass(slots=True)
 class _Pending:
     """The incremental request whose final watermark has not been seen yet."""
 
     request: Request
-    answer: _StartAnswer | None = None
+    answer: StartAnswer | None = None
     window: ChunkWindow | None = None
     low_seen: bool = False
     fenced: FencedWindow | None = None  # read-only: ``window`` judged by the read's fence
-
-
-@dataclass(slots=True)
-class _Totals:
-    """Counters of the current run (reset when the core becomes idle)."""
-
-    tables: int = 0
-    tables_done: int = 0
-    chunks: int = 0
-    rows: int = 0
 
 
 class SnapshotCore:
@@ -167,9 +143,11 @@ class SnapshotCore:
     State (``*`` = persisted by ``state()``; the rest is in-flight and dropped by a
     restart, which makes the core plan that work again):
 
-    - ``_incr``*, ``_block``*: the incremental and blocking lanes of table jobs;
-    - ``_rereads``*: identities waiting for a key-level re-read;
-    - ``_paused``*, ``_planner``* (chunk size), ``_totals``*: flags and counters of the run;
+    - ``_run``*: the incremental and blocking lanes of table jobs (``_incr``,
+      ``_block``), the pause flag and the run's counters (``core.run``);
+    - ``_rereads``*: identities waiting for a key-level re-read (``core.rereads``);
+    - ``_planner``*: request ids and the adaptive chunk size (``core.planner``);
+    - ``_fencing``*: the fenced modes' kept events and floor (``core.fence``);
     - ``_out``*: notifications waiting for a position (placed at the next watermark)
       and the horizon, the highest position seen or emitted (blocking anchors there);
     - ``_busy``: the id of the one request whose answer is awaited;
@@ -192,22 +170,14 @@ class SnapshotCore:
             settings, instance if instance is not None else uuid.uuid4().hex[:12],
             self._floor_hint,
         )
-        self._incr = Lane()
-        self._block = Lane()
-        self._paused = False
-        self._totals = _Totals()
+        self._run = Run(settings, finished=self._table_finished, changed=self._watch,
+                        settle=self._settle)
         self._out = Outbox()  # the horizon, and notices waiting for a position
-        # Tables stopped of a snapshot (signal id) that still has others (``_stopped``).
-        self._aborted: dict[str, list[str]] = {}
         self._pending: _Pending | None = None
         self._window: ChunkWindow | None = None
         self._ahead: _Pending | None = None
         self._busy: str | None = None
         self._mark: MarkRequest | None = None
-        # Consecutive failures per table (its key re-reads count in ``_rereads``): with
-        # several tables in flight one table's failures must not count against, nor be
-        # reset by, another's.
-        self._failures: dict[str, int] = {}
         self._blocking_request: Request | None = None
         self._anchor: PositionCursor | None = None
         self._rereads = RereadQueue()
@@ -240,7 +210,19 @@ class SnapshotCore:
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self._run.paused
+
+    @property
+    def _incr(self) -> Lane:
+        return self._run.incr
+
+    @property
+    def _block(self) -> Lane:
+        return self._run.block
+
+    @property
+    def _paused(self) -> bool:
+        return self._run.paused
 
     @property
     def waiting_for_progress(self) -> bool:
@@ -271,16 +253,16 @@ class SnapshotCore:
         """Apply a signal; returns exactly one notification, at the signal's position."""
         self._advance(position)
         if signal.type is SignalType.EXECUTE_SNAPSHOT:
-            jobs, notice = plan_execute(signal, captured_tables, self._queued())
-            self._enqueue(jobs)
+            jobs, notice = plan_execute(signal, captured_tables, self._run.queued())
+            self._run.enqueue(jobs)
         elif signal.type is SignalType.STOP_SNAPSHOT:
             notice = stop_notice(signal, self._stop(stop_matcher(signal), signal.id))
         elif signal.type is SignalType.PAUSE_SNAPSHOT:
-            notice = pause_notice(signal, bool(self._incr), self._brief())
-            self._paused = bool(self._incr)
+            notice = pause_notice(signal, bool(self._incr), self._run.brief())
+            self._run.paused = bool(self._incr)
         else:
-            notice = resume_notice(signal, self._paused, self._brief())
-            self._paused = False
+            notice = resume_notice(signal, self._paused, self._run.brief())
+            self._run.paused = False
         return [notice.event(position, ts_ms)]
 
     def on_signal_error(
@@ -303,8 +285,8 @@ class SnapshotCore:
         ``ts_ms`` is unused (kept so callers may pass it)."""
         if position is not None:
             self._advance(position)
-        jobs, notice = plan_initial(captured_tables, self._queued())
-        self._enqueue(jobs)
+        jobs, notice = plan_initial(captured_tables, self._run.queued())
+        self._run.enqueue(jobs)
         if notice is not None:
             self._out.waiting.append(notice)
         return []
@@ -323,55 +305,25 @@ class SnapshotCore:
             self._starting = None
         for lane in (self._incr, self._block):
             lane.reset(table)
-        if queue and table not in self._queued():
+        if queue and table not in self._run.queued():
             self.start_initial([table])
 
     def _stop(self, matches: Callable[[str], bool], by: str) -> list[str]:
         """Remove the matching tables from both lanes (abandoning their in-flight work);
-        returns them. ``by``: the stop-snapshot's signal id (see ``_stopped``)."""
+        returns them. ``by``: the stop-snapshot's signal id (``Run.stop``)."""
         current = self._incr.current
-        dropped = self._incr.drop(matches) + self._block.drop(matches)
+        dropped, notices = self._run.stop(matches, by)
         if current is not None and self._incr.current is None:
             self._drop_pending()
         self._forget_gone()
         if self._blocking_request is not None and self._block.current is None:
             self._blocking_request = None
-        self._totals.tables_done += len(dropped)
-        self._stopped(dropped, by)
+        self._out.waiting.extend(notices)
         self._watch()
         if not self._block:
             self._anchor = None
         self._settle()
         return [j.table for j in dropped]
-
-    def _stopped(self, dropped: list[TableJob], by: str) -> None:
-        """Each snapshot (signal id) a stop took tables from still ends with exactly one
-        terminal notification under its own id: when these were its last tables, its
-        ABORTED now (listing every table of it stopped, and the stop's id; placed at the
-        next watermark like any waiting notice); else its COMPLETED, once its other
-        tables are done, lists them (``aborted_data_collections``)."""
-        left = {j.signal_id for lane in (self._incr, self._block)
-                for j in (*lane.running(), *lane.queue)}
-        for job in dropped:
-            self._aborted.setdefault(job.signal_id, []).append(job.table)
-        for job in {j.signal_id: j for j in dropped}.values():
-            if job.signal_id not in left:
-                tables = self._aborted.pop(job.signal_id)
-                self._out.waiting.append(snapshot_stopped(job.signal_id, job.kind, tables, by))
-
-    def _enqueue(self, jobs: list[TableJob]) -> None:
-        for job in jobs:
-            lane = self._block if job.kind is SnapshotKind.BLOCKING else self._incr
-            lane.queue.append(job)
-            # A table a stop removed from this snapshot and queued in it again (only
-            # ``initial`` reuses its id: a stream reset) is read, not aborted.
-            stopped = self._aborted.get(job.signal_id)
-            if stopped is not None and job.table in stopped:
-                stopped.remove(job.table)
-                if not stopped:
-                    del self._aborted[job.signal_id]
-        self._totals.tables += len(jobs)
-        self._watch()
 
     def _watch(self) -> None:
         """Fenced: the tables whose events must be kept until a fence settles them
@@ -380,9 +332,6 @@ class SnapshotCore:
             blocking = set(self._block.tables())
             tables = set(self._incr.tables()) | blocking | self._rereads.tables()
             self._fencing.watch(tables, blocking, self._out.horizon)
-
-    def _queued(self) -> set[str]:
-        return set(self._incr.tables()) | set(self._block.tables())
 
     # -- requests ------------------------------------------------------------------
 
@@ -612,7 +561,7 @@ class SnapshotCore:
         assert isinstance(request, TableStartRequest)
         if starting.answer is None:  # watermark before the answer: plan it again
             return self._out.place(cursor, [])
-        return self._out.place(cursor, self._start(self._incr, starting.answer, request.table))
+        return self._out.place(cursor, self._run.start(self._incr, starting.answer, request.table))
 
     def _issue_range(self, flight: Flight, job: TableJob, rng: Range) -> ChunkRequest:
         request = self._planner.range_read(job, rng.after, rng.upper, rng.planned)
@@ -670,7 +619,7 @@ class SnapshotCore:
         if request is None:
             return
         flight.failed(request_id)  # also after its answer: its H may never come
-        notices = self._after_failure(self._incr, request, error, retriable)
+        notices = self._failed(self._incr, request, error, retriable)
         self._forget_gone()
         self._out.waiting.extend(notices)
 
@@ -746,8 +695,7 @@ class SnapshotCore:
         assert result.last_key is not None
         head.after = result.last_key
         head.draining = True
-        self._incr.put(job.advance(result.last_key, len(result.rows), chunk=False))
-        self._totals.rows += len(result.rows)
+        self._run.slice_done(job, result.last_key, len(result.rows))
 
     @property
     def draining(self) -> bool:
@@ -779,20 +727,16 @@ class SnapshotCore:
             last is not None and match_key(last) == match_key(head.upper)
         )
         lane = self._incr
-        self._failures.pop(job.table, None)
-        job = job.advance(head.upper if whole else last, len(result.rows))
-        lane.put(job)
-        self._totals.chunks += 1
-        self._totals.rows += len(result.rows)
+        job = self._run.advance(lane, job, head.upper if whole else last, len(result.rows))
         if not whole:
             flight.forget(head)
             head.reset(after=last)
-            return [in_progress(job, lane.tables(), self._percent())]
+            return [self._run.in_progress(lane, job)]
         flight.pop_head()
         if head.last:
             self._drop_flight(job.table)
-            return self._finish_table(lane, [table_scan_completed(job)], job.table)
-        return [in_progress(job, lane.tables(), self._percent())]
+            return self._run.finish(lane, [table_scan_completed(job)], job.table)
+        return [self._run.in_progress(lane, job)]
 
     # -- worker answers --------------------------------------------------------------
 
@@ -828,17 +772,17 @@ class SnapshotCore:
                 self._pending = None
             return []
         if ours and starting is not None and starting.answer is None:
-            starting.answer = _StartAnswer(info, None if max_key is None else tuple(max_key), error)
+            starting.answer = StartAnswer(info, None if max_key is None else tuple(max_key), error)
             return []
         if not self._answer(request_id):
             return []
-        answer = _StartAnswer(info, None if max_key is None else tuple(max_key), error)
+        answer = StartAnswer(info, None if max_key is None else tuple(max_key), error)
         if self._pending is not None and self._pending.request.id == request_id:
             self._pending.answer = answer
             return []
         if self._is_blocking(request_id):
             self._blocking_request = None
-            return self._emit_blocking([], self._start(self._block, answer))
+            return self._emit_blocking([], self._run.start(self._block, answer))
         return []
 
     def on_chunk_read(
@@ -905,7 +849,7 @@ class SnapshotCore:
         starting = self._starting
         if starting is not None and starting.request.id == request_id:
             self._starting = None  # also after its answer: its watermark may never come
-            self._out.waiting.extend(self._after_failure(self._incr, starting.request, error, retriable))
+            self._out.waiting.extend(self._failed(self._incr, starting.request, error, retriable))
             return []
         if self._busy == request_id:
             self._busy = None
@@ -921,28 +865,20 @@ class SnapshotCore:
             if isinstance(pending.request, KeyReadRequest) and pending.window is not None:
                 self._reread_failed(pending.window, pending.request, retriable)
                 return []
-            self._out.waiting.extend(self._after_failure(self._incr, pending.request, error, retriable))
+            self._out.waiting.extend(self._failed(self._incr, pending.request, error, retriable))
             return []
         if self._blocking_request is not None and self._blocking_request.id == request_id:
             request, self._blocking_request = self._blocking_request, None
-            notices = self._after_failure(self._block, request, error, retriable)
+            notices = self._failed(self._block, request, error, retriable)
             return self._emit_blocking([], notices)
         return []
 
-    def _after_failure(
+    def _failed(
         self, lane: Lane, request: Request, error: str, retriable: bool | None
     ) -> list[Notice]:
+        """A table's request failed (``Run.failed``; a chunk read is halved)."""
         self._planner.failed(request)
-        table = getattr(request, "table", None)
-        job = lane.job(table) if table is not None else None
-        job = job if job is not None else lane.current
-        key = job.table if job is not None else str(table or "")
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
-        give_up = failures >= self._settings.max_attempts
-        if retriable or (retriable is None and not give_up) or job is None:
-            return []
-        notice = table_rejected(job, error, attempts=failures)
-        return self._finish_table(lane, [notice], job.table)
+        return self._run.failed(lane, request, error, retriable)
 
     def _reread_failed(
         self, window: ChunkWindow, request: KeyReadRequest, retriable: bool | None
@@ -1139,7 +1075,7 @@ class SnapshotCore:
             return self._out.place(cursor, [])
         events = self._out.job_rows(job, result.rows, cursor)
         self._rereads.add_all(job.schema_name, job.table_name, result.reread)
-        notices = self._chunk_done(self._incr, request, result)
+        notices = self._run.chunk_done(self._incr, request, result)
         self._promote_ahead()
         return events + self._out.place(cursor, notices)
 
@@ -1199,7 +1135,7 @@ class SnapshotCore:
         if pending.answer is None:  # watermark before the answer: plan it again
             self._busy = None
             return self._out.place(cursor, [])
-        return self._out.place(cursor, self._start(self._incr, pending.answer))
+        return self._out.place(cursor, self._run.start(self._incr, pending.answer))
 
     def _emit_blocking(self, rows: list[Emitted], notices: list[Notice]) -> list[Emitted]:
         cursor = self._anchor
@@ -1211,62 +1147,9 @@ class SnapshotCore:
 
     # -- progress ------------------------------------------------------------------
 
-    def _start(self, lane: Lane, answer: _StartAnswer, table: str | None = None) -> list[Notice]:
-        """A start's answer for ``table``'s running job (None: the lane's current one)."""
-        job = lane.current if table is None else lane.job(table)
-        if job is None or job.started:
-            return []
-        problem = _start_problem(job, answer)
-        if problem is not None:
-            return self._finish_table(lane, [table_rejected(job, problem)], job.table)
-        if answer.max_key is None:
-            return self._finish_table(lane, [table_empty(job)], job.table)
-        assert answer.info is not None
-        info = answer.info
-        job = job.start(info.schema, info.table, info.key, answer.max_key, info.identity)
-        lane.put(job)
-        return [table_scan_started(job)]
-
-    def _chunk_done(self, lane: Lane, request: ChunkRequest, result: WindowResult) -> list[Notice]:
-        """Progress after a conclusive chunk: IN_PROGRESS, or the table's completion."""
-        job = lane.current
-        if job is None or job.table != request.table or not result.conclusive:
-            return []
-        self._failures.pop(job.table, None)
-        job = job.advance(result.last_key, len(result.rows))
-        lane.current = job
-        self._totals.chunks += 1
-        self._totals.rows += len(result.rows)
-        if job.reached_end(result.read, request.limit, result.last_key):
-            return self._finish_table(lane, [table_scan_completed(job)])
-        return [in_progress(job, lane.tables(), self._percent())]
-
-    def _finish_table(
-        self, lane: Lane, notices: list[Notice], table: str | None = None
-    ) -> list[Notice]:
-        """A running table (``table``, else the lane's current one) is done (read,
-        empty, rejected): move on; when no table of its snapshot (its signal id) is left
-        in the lane, add that snapshot's COMPLETED. Once per signal, also when another
-        snapshot's tables joined the lane meanwhile (a later signal, a table reset by
-        the stream, queued as ``initial``): the lane's last job's signal alone would
-        leave every other one without its COMPLETED."""
-        job = lane.current if table is None else lane.job(table)
-        if job is not None:
-            self._failures.pop(job.table, None)
-            lane.finish(job.table)
-            if lane is self._incr:
-                self._drop_flight(job.table)
-        self._totals.tables_done += 1
-        self._watch()
-        if job is None or any(j.signal_id == job.signal_id
-                              for j in (*lane.running(), *lane.queue)):
-            return notices
-        t = self._totals
-        aborted = self._aborted.pop(job.signal_id, ())
-        done = lane_completed(job, t.tables, t.rows, t.chunks, aborted)
-        if not lane:
-            self._settle()
-        return [*notices, done]
+    def _table_finished(self, lane: Lane, table: str) -> None:
+        if lane is self._incr:
+            self._drop_flight(table)
 
     def _blocking_rows(
         self, request: ChunkRequest, rows: Sequence[ChunkRow]
@@ -1278,7 +1161,7 @@ class SnapshotCore:
             return []
         result = WindowResult(rows, len(rows), last, True)
         events = self._out.job_rows(job, rows, cursor)
-        return self._emit_blocking(events, self._chunk_done(self._block, request, result))
+        return self._emit_blocking(events, self._run.chunk_done(self._block, request, result))
 
     def _blocking_window(
         self, request: ChunkRequest, rows: Sequence[ChunkRow], fence: ReadFence
@@ -1306,15 +1189,11 @@ class SnapshotCore:
             return []  # the same chunk is planned again
         self._rereads.add_all(job.schema_name, job.table_name, result.reread)
         events = self._out.job_rows(job, result.rows, cursor)
-        return self._emit_blocking(events, self._chunk_done(self._block, request, result))
+        return self._emit_blocking(events, self._run.chunk_done(self._block, request, result))
 
     def _settle(self) -> None:
         """Reset run counters and flags once nothing is left to do."""
-        if not self._incr:
-            self._paused = False
-        if not self.active:
-            self._totals = _Totals()
-            self._aborted.clear()
+        self._run.settle(self.active)
 
     def _drop_pending(self) -> None:
         self._pending = None
@@ -1334,20 +1213,11 @@ class SnapshotCore:
             return None
         return {
             "version": STATE_VERSION,
-            "paused": self._paused,
             "chunk_size": self._planner.chunk_size,
-            "incremental": self._incr.to_json(),
-            "blocking": self._block.to_json(),
-            "totals": {
-                "tables": self._totals.tables,
-                "tables_done": self._totals.tables_done,
-                "chunks": self._totals.chunks,
-                "rows": self._totals.rows,
-            },
+            **self._run.to_json(),
             "notices": [n.to_json() for n in self._out.waiting],
             "horizon": None if self._out.horizon is None else encode_position(self._out.horizon),
             "rereads": self._rereads.to_json(),
-            **({"aborted": self._aborted} if self._aborted else {}),
             **self._fencing.state(),
         }
 
@@ -1355,54 +1225,28 @@ class SnapshotCore:
         version = state.get("version")
         if version != STATE_VERSION:
             raise ValueError(f"snapshot state version {version!r} is not {STATE_VERSION}")
-        self._paused = bool(state.get("paused", False))
+        self._run.restore(state)
         self._planner.restore_size(int(state.get("chunk_size", self._planner.chunk_size)))
-        self._incr = Lane.from_json(state.get("incremental"))
-        self._block = Lane.from_json(state.get("blocking"))
-        totals = state.get("totals") or {}
-        self._totals = _Totals(**{k: int(v) for k, v in totals.items()})
         self._out.waiting = [Notice.from_json(n) for n in state.get("notices", [])]
         horizon = state.get("horizon")
         self._out.horizon = None if horizon is None else decode_position(horizon)
         self._rereads = RereadQueue.from_json(state.get("rereads"))
-        aborted = state.get("aborted") or {}
-        self._aborted = {str(k): [str(t) for t in v] for k, v in aborted.items()}
         self._fencing.restore(state)
         self._watch()
 
     def status(self) -> dict[str, Any]:
         """Progress for ``dblog status``: tables queued, current table, chunks, rows,
-        percent (an estimate, see ``_percent``), paused, blocking."""
-        current = self._block.current or self._incr.current
+        percent (an estimate, ``Run.percent``), paused, blocking."""
+        run = self._run.status()
         return {
             "active": self.active,
-            "paused": self._paused,
+            "paused": run.pop("paused"),
             "blocking": self.blocking,
-            "current": None if current is None else current.status(),
-            "in_flight": [j.table for j in self._incr.running()],
-            "queued": [j.table for j in self._block.queue] + [j.table for j in self._incr.queue],
-            "tables_total": self._totals.tables,
-            "tables_done": self._totals.tables_done,
-            "chunks_done": self._totals.chunks,
-            "rows": self._totals.rows,
-            "percent": self._percent(),
+            **run,
             "chunk_size": self._planner.chunk_size,
             "rereads_queued": len(self._rereads),
             "reads_repeated": self._read_again,
         }
-
-    def _brief(self) -> dict[str, Any]:
-        return {"data_collections": self._incr.tables(), "percent": self._percent()}
-
-    def _percent(self) -> float:
-        """``(tables done + share of the current table) / tables``, the share being
-        ``last_key / max_key`` for a single numeric key, else 0."""
-        total = self._totals.tables
-        if total <= 0:
-            return 0.0
-        running = [self._block.current] if self._block.current else self._incr.running()
-        share = sum(j.fraction() for j in running)
-        return round(100.0 * min(1.0, (self._totals.tables_done + share) / total), 1)
 
 
 def _window(job: TableJob, request: ChunkRequest) -> ChunkWindow:
@@ -1416,19 +1260,6 @@ def _window(job: TableJob, request: ChunkRequest) -> ChunkWindow:
         job.schema_name, job.table_name, request.key_columns, by_identity=by_identity,
         identity=job.identity or (),
     )
-
-
-def _start_problem(job: TableJob, answer: _StartAnswer) -> str | None:
-    if answer.error is not None:
-        return answer.error
-    if answer.info is None:
-        return f"table {job.table} does not exist (any more)"
-    if not answer.info.key:
-        return (
-            f"table {job.table} has no primary key; "
-            'give a "surrogate-key" column in the execute-snapshot signal'
-        )
-    return None
 
 
 def _keyed(rows: Sequence[ChunkRow], columns: tuple[str, ...]) -> bool:
