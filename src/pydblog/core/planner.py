@@ -35,6 +35,7 @@ from pydblog.core.requests import (
     TableStartRequest,
 )
 from pydblog.core.sizing import CoreSettings, next_chunk_size, shrink
+from pydblog.core.window import ChunkWindow
 from pydblog.positions import Position
 
 
@@ -172,3 +173,16 @@ class Planner:
     def mark(self) -> MarkRequest:
         rid = self.new_id("m")
         return MarkRequest(rid, f"{rid}:mark")
+
+
+def window_for(job: TableJob, request: ChunkRequest) -> ChunkWindow:
+    """A chunk's window: by chunk key when that is the row identity (the common, fast
+    case), else by row identity (a surrogate key, whose values may repeat; a primary key
+    beside a ``REPLICA IDENTITY USING INDEX``): stream events name rows by identity."""
+    by_identity = request.surrogate_key is not None or (
+        job.identity is not None and set(job.identity) != set(request.key_columns)
+    )
+    return ChunkWindow(
+        job.schema_name, job.table_name, request.key_columns, by_identity=by_identity,
+        identity=job.identity or (),
+    )

@@ -157,11 +157,17 @@ class RereadQueue:
             for e in self._tables.values()
         ]
 
-    @classmethod
-    def from_json(cls, data: list[dict[str, Any]] | None) -> RereadQueue:
-        queue = cls()
+    def load(self, data: list[dict[str, Any]] | None) -> None:
+        """Replace the queue by a persisted one (``to_json``)."""
+        self._tables.clear()
+        self._failures.clear()
         for e in data or []:
             cols = tuple(e["identity"])
             for raw in e["keys"]:
-                queue.add(e["schema"], e["table"], dict(zip(cols, raw, strict=True)))
+                self.add(e["schema"], e["table"], dict(zip(cols, raw, strict=True)))
+
+    @classmethod
+    def from_json(cls, data: list[dict[str, Any]] | None) -> RereadQueue:
+        queue = cls()
+        queue.load(data)
         return queue

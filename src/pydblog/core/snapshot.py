@@ -89,17 +89,16 @@ from pydblog.core.commands import (
     stop_matcher,
     stop_notice,
 )
+from pydblog.core.concurrent import NO_FENCE, NO_KEY, ConcurrentWindows
 from pydblog.core.fence import FencedWindow, Fencing, ReadFence
-from pydblog.core.flight import Flight, Range
-from pydblog.core.keys import RawKey, match_key, row_key
+from pydblog.core.keys import match_key
 from pydblog.core.notices import (
     Notice,
     Outbox,
     PositionCursor,
-    table_scan_completed,
 )
-from pydblog.core.planner import Planner
-from pydblog.core.progress import Lane, TableJob
+from pydblog.core.planner import Planner, window_for
+from pydblog.core.progress import Lane
 from pydblog.core.requests import (
     ChunkRequest,
     KeyReadRequest,
@@ -111,13 +110,11 @@ from pydblog.core.rereads import RereadQueue
 from pydblog.core.run import Run, StartAnswer
 from pydblog.core.signals import Signal, SignalType
 from pydblog.core.sizing import CoreSettings
-from pydblog.core.window import ChunkWindow, WindowResult
+from pydblog.core.window import ChunkWindow, WindowResult, keyed, last_key
 from pydblog.events import (
     ChangeEvent,
     ChunkRow,
     Emitted,
-    EncodedChunk,
-    EncodedRow,
     SnapshotKind,
 )
 from pydblog.ports import TableInfo
@@ -188,11 +185,10 @@ class SnapshotCore:
         # Blocking reads judged by their fences (with fenced windows, or alone).
         self._fenced_blocking = self._fencing.fenced_blocking
         self._read_again = 0  # reads whose window was inconclusive (this process)
-        # Concurrent windows (``core.flight``): one flight per table being read, in lane
-        # order, keyed by the job's table and by (schema, name) for the stream's events.
-        self._flights: dict[str, Flight] = {}
-        self._observers: dict[tuple[str, str], Flight] = {}
-        self._starting: _Pending | None = None  # a concurrent TableStartRequest
+        # Concurrent windows (``core.concurrent``, ``core.flight``).
+        self._concurrent = ConcurrentWindows(
+            settings, self._run, self._planner, self._fencing, self._out, self._rereads,
+        )
         if state:
             self._restore(state)
 
@@ -233,10 +229,7 @@ class SnapshotCore:
             return False
         if self._out.waiting:
             return True
-        for flight in self._flights.values():
-            if any(r.read and r.fenced is not None for r in flight.ranges):
-                return True
-        if self._starting is not None and self._starting.answer is not None:
+        if self._concurrent.waiting:
             return True
         pending = self._pending
         if pending is None:
@@ -300,9 +293,7 @@ class SnapshotCore:
         pending = self._pending
         if pending is not None and getattr(pending.request, "table", None) == table:
             self._drop_pending()
-        self._drop_flight(table)  # its requests' late answers are ignored
-        if self._starting is not None and getattr(self._starting.request, "table", None) == table:
-            self._starting = None
+        self._concurrent.forget(table)  # its requests' late answers are ignored
         for lane in (self._incr, self._block):
             lane.reset(table)
         if queue and table not in self._run.queued():
@@ -315,7 +306,7 @@ class SnapshotCore:
         dropped, notices = self._run.stop(matches, by)
         if current is not None and self._incr.current is None:
             self._drop_pending()
-        self._forget_gone()
+        self._concurrent.forget_gone()
         if self._blocking_request is not None and self._block.current is None:
             self._blocking_request = None
         self._out.waiting.extend(notices)
@@ -350,9 +341,9 @@ class SnapshotCore:
             return self._next_blocking()
         if self._pending is not None:
             return self._read_ahead()
-        if self._flights or self._starting is not None:
-            concurrent = self._flight_next()
-            if concurrent is not None or self._flights or self._starting is not None:
+        if self._concurrent.busy:
+            concurrent = self._concurrent.next_request()
+            if concurrent is not None or self._concurrent.busy:
                 return concurrent
         if self._rereads:
             return self._plan_reread()
@@ -360,12 +351,12 @@ class SnapshotCore:
         if job is None:
             return self._next_mark()
         self._mark = None
-        if self._concurrent(job):
-            return self._flight_next()
+        if self._concurrent.wants(job):
+            return self._concurrent.next_request()
         request = self._planner.plan(job, blocking=False)
         self._pending = _Pending(request)
         if isinstance(request, ChunkRequest):
-            self._pending.window = _window(job, request)
+            self._pending.window = window_for(job, request)
             self._fence(self._pending)
         self._busy = request.id
         return request
@@ -395,7 +386,7 @@ class SnapshotCore:
             return None
         ahead = self._planner.plan(dataclasses.replace(job, last_key=last), blocking=False)
         assert isinstance(ahead, ChunkRequest)
-        self._ahead = _Pending(ahead, window=_window(job, ahead))
+        self._ahead = _Pending(ahead, window=window_for(job, ahead))
         self._fence(self._ahead)
         self._busy = ahead.id
         return ahead
@@ -434,144 +425,7 @@ class SnapshotCore:
     def _floor_hint(self) -> Position | None:
         return self._fencing.floor_hint()
 
-    # -- concurrent windows (core.flight) --------------------------------------------------
-
-    def _concurrent(self, job: TableJob) -> bool:
-        """The table's chunks are read several at once, each in its own window: an
-        incremental table chunked by its own key (a surrogate key may repeat and group).
-        It is started by a concurrent ``TableStartRequest`` if it is not yet."""
-        return (
-            self._settings.parallelism > 1 and job.surrogate_key is None
-            and job.kind is SnapshotKind.INCREMENTAL
-        )
-
-    def _add_flight(self, job: TableJob) -> Flight:
-        assert job.key_columns is not None and job.max_key is not None
-        flight = Flight(
-            job.table, job.schema_name, job.table_name, job.key_columns, job.max_key,
-            self._settings.parallelism,
-        )
-        self._flights[job.table] = flight
-        self._observers[(flight.schema, flight.name)] = flight
-        return flight
-
-    def _drop_flight(self, table: str) -> None:
-        """Abandon a table's flight: its requests' late answers and watermarks are ignored."""
-        flight = self._flights.pop(table, None)
-        if flight is not None:
-            self._observers.pop((flight.schema, flight.name), None)
-
-    def _forget_gone(self) -> None:
-        """Drop the flights and the start of tables no longer running in the lane."""
-        running = {j.table for j in self._incr.running()}
-        for table in [t for t in self._flights if t not in running]:
-            self._drop_flight(table)
-        starting = self._starting
-        if starting is not None and getattr(starting.request, "table", None) not in running:
-            self._starting = None
-
-    def _reading(self) -> int:
-        """Concurrent requests being read (ranges, bounds, a table start)."""
-        n = sum(len(f.reading) for f in self._flights.values())
-        starting = self._starting
-        return n + (1 if starting is not None and starting.answer is None else 0)
-
-    def _flight_next(self) -> Request | None:
-        """The next concurrent request, or None.
-
-        Tables are read in lane order: a table's ranges and bounds go first; only once
-        its flight is ``exhausted`` (every chunk of it started) may the next table's
-        chunks start (its ``TableStartRequest``, then its ranges), and so on, so up to
-        ``parallelism`` chunks are in flight across the tail of one table and the
-        next tables. Limits: at most ``parallelism`` requests read at once; at most
-        ``2·parallelism`` ranges issued and not emitted across the tables (a table's own
-        limit is ``parallelism + 1``), except the oldest table's first range, which may
-        always go (it waits for nothing, so the snapshot always moves on).
-
-        While paused or while key re-reads wait, nothing new is issued; a flight with
-        nothing issued (or whose first range must be read again) is dropped then: it
-        is planned again from the table's progress."""
-        lane = self._incr
-        self._forget_gone()
-        if self._paused or self._rereads:
-            for table, flight in list(self._flights.items()):
-                head = flight.ranges[0] if flight.ranges else None
-                if not flight.open or (head is not None and head.request is None):
-                    self._drop_flight(table)
-            return None
-        p = self._settings.parallelism
-        if self._reading() >= p:
-            return None
-        issued = sum(f.issued for f in self._flights.values())
-        for job in lane.running():
-            if not self._concurrent(job):
-                return None  # (cannot happen: only such tables run beside others)
-            if not job.started:
-                return self._start_concurrent(job)
-            flight = self._flights.get(job.table) or self._add_flight(job)
-            request = self._flight_request(flight, job, issued < 2 * p, job is lane.current)
-            if request is not None or not flight.exhausted:
-                return request
-        if self._starting is not None or issued >= 2 * p:
-            return None
-        following = lane.queue[0] if lane.queue else None
-        if following is None or not self._concurrent(following):
-            return None  # a table read one chunk at a time waits for the flights to land
-        taken = lane.take_next()
-        assert taken is not None
-        if not taken.started:
-            return self._start_concurrent(taken)
-        return self._flight_request(self._add_flight(taken), taken, True, False)
-
-    def _flight_request(
-        self, flight: Flight, job: TableJob, room: bool, oldest: bool
-    ) -> Request | None:
-        """The flight's next range (if ``room``, or if it is the ``oldest`` table's first
-        range) or bounds."""
-        rng = flight.next_range()
-        if rng is not None and (room or (oldest and rng is flight.ranges[0])):
-            return self._issue_range(flight, job, rng)
-        if flight.wants_bounds():
-            assert job.key_columns is not None and job.max_key is not None
-            if flight.plan(job.last_key, self._planner.step):  # integer keys
-                rng = flight.next_range()
-                if rng is not None and (room or (oldest and rng is flight.ranges[0])):
-                    return self._issue_range(flight, job, rng)
-                return None
-            bounds = self._planner.bounds(job, flight.planned_end(job.last_key))
-            flight.ask_bounds(bounds)
-            return bounds
-        return None
-
-    def _start_concurrent(self, job: TableJob) -> Request | None:
-        """The ``TableStartRequest`` of a table read in concurrent windows (one at a
-        time; its answer lands at its watermark, read-only at the next progress)."""
-        if self._starting is not None:
-            return None
-        request = self._planner.start_concurrent(job)
-        self._starting = _Pending(request)
-        return request
-
-    def _apply_starting(self, cursor: PositionCursor) -> list[Emitted]:
-        """The concurrent start's answer takes effect: the table is started (its flight
-        is planned by the next ``next_request``), empty or rejected."""
-        starting, self._starting = self._starting, None
-        assert starting is not None
-        request = starting.request
-        assert isinstance(request, TableStartRequest)
-        if starting.answer is None:  # watermark before the answer: plan it again
-            return self._out.place(cursor, [])
-        return self._out.place(cursor, self._run.start(self._incr, starting.answer, request.table))
-
-    def _issue_range(self, flight: Flight, job: TableJob, rng: Range) -> ChunkRequest:
-        request = self._planner.range_read(job, rng.after, rng.upper, rng.planned)
-        window = _window(job, request)
-        fenced = self._fencing.window(window)
-        flight.issue(rng, request, window, fenced)
-        return request
-
-    def _owner(self, request_id: str) -> Flight | None:
-        return next((f for f in self._flights.values() if f.owns(request_id)), None)
+    # -- concurrent windows (core.concurrent) ----------------------------------------------
 
     def on_bounds(
         self, request_id: str, keys: Sequence[Sequence[Any]], integer: bool = False
@@ -580,127 +434,13 @@ class SnapshotCore:
         ``integer``: the chunk key is one column of an integer type (the reader's
         ``integer_key``): the table's next ranges are cut by arithmetic
         (``core.intsplit``) instead of by more bounds queries."""
-        flight = self._owner(request_id)
-        if flight is not None:
-            flight.on_bounds(request_id, [tuple(k) for k in keys], integer)
+        self._concurrent.on_bounds(request_id, keys, integer)
         return []
-
-    def _flight_rows(
-        self, flight: Flight, request_id: str, rows: Sequence[ChunkRow], elapsed_ms: float,
-        fence: ReadFence | None,
-    ) -> list[Emitted]:
-        rng = flight.range_of(request_id)
-        request = rng.request if rng is not None else None
-        if request is None or request_id not in flight.reading:
-            return []
-        if request.fenced and fence is None:
-            return self.on_request_failed(
-                request_id, "a read-only chunk came without its fence", retriable=False
-            )
-        if not _keyed(rows, request.key_columns):
-            error = "chunk rows lack a key column (the reader must select the key columns)"
-            return self.on_request_failed(request_id, error, retriable=False)
-        if rng is not None and rng.planned:  # an arithmetic range (core.intsplit)
-            self._planner.resize_planned(rng.planned, len(rows), elapsed_ms)
-        else:
-            self._planner.resize(request, len(rows), elapsed_ms)
-        flight.set_rows(request_id, rows, fence, self._planner.step)
-        if fence is not None:
-            self._fencing.prune(fence, request_id)
-        return []
-
-    def _flight_failed(
-        self, flight: Flight, request_id: str, error: str, retriable: bool | None
-    ) -> None:
-        """A range's read (or a bounds query) failed: read it again, or, after
-        ``max_attempts`` (or a fatal error), drop the table."""
-        rng = flight.range_of(request_id)
-        request: Request | None = rng.request if rng is not None else flight.bounds
-        if request is None:
-            return
-        flight.failed(request_id)  # also after its answer: its H may never come
-        notices = self._failed(self._incr, request, error, retriable)
-        self._forget_gone()
-        self._out.waiting.extend(notices)
-
-    def _flights_emit(
-        self, cursor: PositionCursor, reached: Position | None, budget: int | None = None,
-    ) -> list[Emitted]:
-        """``_flight_emit`` for every table's flight, in lane order, sharing one
-        budget of rows (None: ``settings.slice_rows``)."""
-        out: list[Emitted] = []
-        left = self._settings.slice_rows if budget is None else budget
-        for table in list(self._flights):
-            events, left = self._flight_emit(table, cursor, reached, left)
-            out += events
-        return out
-
-    def _flight_emit(
-        self, table: str, cursor: PositionCursor, reached: Position | None,
-        budget: int | None = None,
-    ) -> tuple[list[Emitted], int]:
-        """Emit, in key order, every range at the head of ``table``'s flight whose window
-        may close (its H came back; read-only: the stream passed its fence, ``reached``).
-        A range that cannot close conclusively is read again and the ones after it
-        wait; their windows stay open meanwhile (see ``core.flight``).
-
-        Slices (``settings.slice_rows`` > 0): at most ``budget`` rows read (None:
-        ``slice_rows``) are handed out; a head range not emitted whole stays the head,
-        its window open, its progress at its last slice's last key (``core.flight``,
-        "Slices"). Returns the events and the budget left (0 without slices)."""
-        out: list[Emitted] = []
-        slicing = self._settings.slice_rows > 0
-        left = (self._settings.slice_rows if budget is None else budget) if slicing else 0
-
-        def passed(fenced: FencedWindow) -> bool:
-            return reached is not None and fenced.passed(reached)
-
-        while (flight := self._flights.get(table)) is not None:
-            head = flight.head_ready(passed)
-            if head is None or (slicing and left <= 0):
-                break
-            job = self._incr.job(table)
-            window = head.window
-            if job is None or window is None:
-                self._drop_flight(table)
-                break
-            source = head.fenced if head.fenced is not None else window
-            if not head.read or not (head.low_seen or head.fenced is not None):
-                result = WindowResult([], 0, None, False)
-            elif slicing:
-                result = source.take(left, self._settings.slice_bytes)
-                left -= result.read
-            else:
-                result = source.close()
-            if not result.conclusive:
-                self._read_again += 1
-                flight.forget(head)
-                head.reset()  # read again; the ranges after it wait, their windows open
-                break
-            out += self._out.job_rows(job, result.rows, cursor)
-            self._rereads.add_all(job.schema_name, job.table_name, result.reread)
-            if result.left:  # a slice: the rest of the range follows later
-                self._slice_done(head, job, result)
-                continue
-            if window.taken:  # the last slice: the range is done as a whole chunk
-                result = WindowResult(result.rows, window.read_count, window.last_read_key, True)
-            out += self._out.place(cursor, self._range_done(flight, job, head, result))
-        return out, left
-
-    def _slice_done(self, head: Range, job: TableJob, result: WindowResult) -> None:
-        """A slice of the head range is out: the table's progress (what a restart
-        resumes after) moves to the slice's last key read, and so does the range's
-        start (``Flight``: ``ranges[0].after`` is the progress). Its window stays
-        open for the rest, which ``head_ready`` now offers at any point."""
-        assert result.last_key is not None
-        head.after = result.last_key
-        head.draining = True
-        self._run.slice_done(job, result.last_key, len(result.rows))
 
     @property
     def draining(self) -> bool:
         """Some window has rows to hand out now (slices, ``on_boundary``)."""
-        return self._settings.slice_rows > 0 and any(f.emitting for f in self._flights.values())
+        return self._concurrent.draining
 
     def on_boundary(self, position: Position, ts_ms: int, budget: int | None = None) -> list[Emitted]:
         """The stream is at a transaction boundary and ``position`` is the highest
@@ -713,30 +453,7 @@ class SnapshotCore:
             return []  # (a blocking snapshot owns the positions after its anchor)
         assert self._out.horizon is not None
         cursor = PositionCursor(self._out.horizon, ts_ms)
-        return self._flights_emit(cursor, None, budget) + self._out.place(cursor, [])
-
-    def _range_done(
-        self, flight: Flight, job: TableJob, head: Range, result: WindowResult
-    ) -> list[Notice]:
-        """Progress after the head range's rows were emitted: to its upper key if the
-        read saw the whole range, else to the last key read (the rest is read next)."""
-        request = head.request
-        assert request is not None
-        last = result.last_key
-        whole = result.read < request.limit or (
-            last is not None and match_key(last) == match_key(head.upper)
-        )
-        lane = self._incr
-        job = self._run.advance(lane, job, head.upper if whole else last, len(result.rows))
-        if not whole:
-            flight.forget(head)
-            head.reset(after=last)
-            return [self._run.in_progress(lane, job)]
-        flight.pop_head()
-        if head.last:
-            self._drop_flight(job.table)
-            return self._run.finish(lane, [table_scan_completed(job)], job.table)
-        return [self._run.in_progress(lane, job)]
+        return self._concurrent.emit(cursor, None, budget) + self._out.place(cursor, [])
 
     # -- worker answers --------------------------------------------------------------
 
@@ -757,13 +474,12 @@ class SnapshotCore:
         before the table joined the publication) and that were not visible to it (a
         lagging standby, a commit waiting for a synchronous standby), so the start is
         read again (its watermark, if any, is then ignored)."""
-        starting = self._starting
-        ours = starting is not None and starting.request.id == request_id
+        ours = self._concurrent.starts(request_id)
         if fence is not None and self._fenced_blocking and error is None \
                 and not self._fencing.start_covered(fence, request_id):
             self._read_again += 1
             if ours:
-                self._starting = None  # the next request starts the table again
+                self._concurrent.starting = None  # the next request starts the table again
             elif self._is_blocking(request_id):
                 self._answer(request_id)
                 self._blocking_request = None  # the next request starts it again
@@ -771,8 +487,10 @@ class SnapshotCore:
                     and self._pending.request.id == request_id:
                 self._pending = None
             return []
-        if ours and starting is not None and starting.answer is None:
-            starting.answer = StartAnswer(info, None if max_key is None else tuple(max_key), error)
+        if ours:
+            self._concurrent.on_started(
+                request_id, StartAnswer(info, None if max_key is None else tuple(max_key), error)
+            )
             return []
         if not self._answer(request_id):
             return []
@@ -792,15 +510,17 @@ class SnapshotCore:
         """The rows of a ChunkRequest, in key order. Incremental: buffered until H (returns
         []); read-only (``request.fenced``): with the read's ``fence``, buffered until the
         stream has passed it. Blocking: emitted now, positioned after the anchor."""
-        flight = self._owner(request_id)
+        flight = self._concurrent.owner(request_id)
         if flight is not None:
-            return self._flight_rows(flight, request_id, rows, elapsed_ms, fence)
+            error = self._concurrent.on_rows(flight, request_id, rows, elapsed_ms, fence)
+            if error is not None:
+                return self.on_request_failed(request_id, error, retriable=False)
+            return []
         if self._busy == request_id and self._fenced_request(request_id) and fence is None:
-            return self.on_request_failed(request_id, "a read-only chunk came without its fence",
+            return self.on_request_failed(request_id, NO_FENCE,
                                           retriable=False)
-        if self._busy == request_id and not _keyed(rows, self._request_key(request_id)):
-            error = "chunk rows lack a key column (the reader must select the key columns)"
-            return self.on_request_failed(request_id, error, retriable=False)
+        if self._busy == request_id and not keyed(rows, self._request_key(request_id)):
+            return self.on_request_failed(request_id, NO_KEY, retriable=False)
         if not self._answer(request_id):
             return []
         for pending in (self._pending, self._ahead):
@@ -842,14 +562,7 @@ class SnapshotCore:
         position the runner has is free for a notification)."""
         if position is not None:
             self._advance(position)
-        flight = self._owner(request_id)
-        if flight is not None:
-            self._flight_failed(flight, request_id, error, retriable)
-            return []
-        starting = self._starting
-        if starting is not None and starting.request.id == request_id:
-            self._starting = None  # also after its answer: its watermark may never come
-            self._out.waiting.extend(self._failed(self._incr, starting.request, error, retriable))
+        if self._concurrent.on_failed(request_id, error, retriable):
             return []
         if self._busy == request_id:
             self._busy = None
@@ -909,7 +622,7 @@ class SnapshotCore:
     def read_again(self) -> int:
         """Reads whose window could not decide, so far (this process): the driver backs
         off while they come in a row (``core.retry``)."""
-        return self._read_again
+        return self._read_again + self._concurrent.read_again
 
     def _fenced_request(self, request_id: str) -> bool:
         return any(
@@ -932,10 +645,7 @@ class SnapshotCore:
             self._observe_fenced(event)
             if self._fenced:
                 return
-        if self._observers:
-            flight = self._observers.get((event.schema, event.table))
-            if flight is not None:
-                flight.observe(event)
+        self._concurrent.observe(event)
         window = self._window
         if window is None or event.table != window.table or event.schema != window.schema:
             return
@@ -946,9 +656,7 @@ class SnapshotCore:
         if kept is None:
             return
         event = kept
-        flight = self._observers.get((event.schema, event.table))
-        if flight is not None:
-            flight.observe(event)
+        self._concurrent.observe(event)
         for pending in (self._pending, self._ahead):
             fenced = pending.fenced if pending is not None else None
             if fenced is not None and event.table == fenced.table and event.schema == fenced.schema:
@@ -964,16 +672,11 @@ class SnapshotCore:
         if not self._read_only:
             return False
 
-        def passed(fenced: FencedWindow) -> bool:
-            return fenced.passed(reached)
-
-        for flight in self._flights.values():
-            head = flight.head_ready(passed)
-            # A head already handing out slices closes nothing: its slices go with the
-            # stream's events before them (``on_boundary``); flushing those first at
-            # every commit queued one tiny batch per commit and filled the writer's queue.
-            if head is not None and not head.draining:
-                return True
+        # A head range already handing out slices closes nothing: its slices go with
+        # the stream's events before them (``on_boundary``); flushing those first at
+        # every commit queued one tiny batch per commit and filled the writer's queue.
+        if self._concurrent.closes_at(reached):
+            return True
         pending = self._pending
         return (pending is not None and isinstance(pending.request, ChunkRequest | KeyReadRequest)
                 and pending.fenced is not None and pending.fenced.passed(reached))
@@ -989,9 +692,7 @@ class SnapshotCore:
             return []
         assert self._out.horizon is not None
         cursor = PositionCursor(self._out.horizon, ts_ms)
-        out: list[Emitted] = self._flights_emit(cursor, reached)
-        if self._starting is not None and self._starting.answer is not None:
-            out += self._apply_starting(cursor)
+        out: list[Emitted] = self._concurrent.progress(cursor, reached)
         while (pending := self._pending) is not None:
             request = pending.request
             if isinstance(request, TableStartRequest):
@@ -1020,13 +721,9 @@ class SnapshotCore:
         if mark is not None and watermark_id == mark.watermark:
             self._mark = None
             return self._out.place(PositionCursor(position, ts_ms), [])
-        for table, flight in self._flights.items():
-            if flight.on_watermark(watermark_id):
-                cursor = PositionCursor(position, ts_ms)
-                return self._flight_emit(table, cursor, None)[0] + self._out.place(cursor, [])
-        starting = self._starting
-        if starting is not None and watermark_id == getattr(starting.request, "watermark", None):
-            return self._apply_starting(PositionCursor(position, ts_ms))
+        events = self._concurrent.on_watermark(watermark_id, position, ts_ms)
+        if events is not None:
+            return events
         pending = self._pending
         if pending is None:
             return []
@@ -1149,14 +846,14 @@ class SnapshotCore:
 
     def _table_finished(self, lane: Lane, table: str) -> None:
         if lane is self._incr:
-            self._drop_flight(table)
+            self._concurrent.drop(table)
 
     def _blocking_rows(
         self, request: ChunkRequest, rows: Sequence[ChunkRow]
     ) -> list[Emitted]:
         """A blocking chunk: no window, every row is emitted right away."""
         job, cursor = self._block.current, self._anchor
-        last = _last_key(rows, request.key_columns)
+        last = last_key(rows, request.key_columns)
         if job is None or cursor is None or (rows and last is None):
             return []
         result = WindowResult(rows, len(rows), last, True)
@@ -1180,7 +877,7 @@ class SnapshotCore:
         cursor = self._anchor
         if job is None or cursor is None or job.table != request.table:
             return []
-        window = FencedWindow(_window(job, request), self._fencing.unsettled)
+        window = FencedWindow(window_for(job, request), self._fencing.unsettled)
         window.set_answer(rows, fence)
         self._fencing.prune(fence, request.id)
         result = window.close()
@@ -1230,7 +927,7 @@ class SnapshotCore:
         self._out.waiting = [Notice.from_json(n) for n in state.get("notices", [])]
         horizon = state.get("horizon")
         self._out.horizon = None if horizon is None else decode_position(horizon)
-        self._rereads = RereadQueue.from_json(state.get("rereads"))
+        self._rereads.load(state.get("rereads"))
         self._fencing.restore(state)
         self._watch()
 
@@ -1245,34 +942,5 @@ class SnapshotCore:
             **run,
             "chunk_size": self._planner.chunk_size,
             "rereads_queued": len(self._rereads),
-            "reads_repeated": self._read_again,
+            "reads_repeated": self.read_again,
         }
-
-
-def _window(job: TableJob, request: ChunkRequest) -> ChunkWindow:
-    """A chunk's window: by chunk key when that is the row identity (the common, fast
-    case), else by row identity (a surrogate key, whose values may repeat; a primary key
-    beside a ``REPLICA IDENTITY USING INDEX``): stream events name rows by identity."""
-    by_identity = request.surrogate_key is not None or (
-        job.identity is not None and set(job.identity) != set(request.key_columns)
-    )
-    return ChunkWindow(
-        job.schema_name, job.table_name, request.key_columns, by_identity=by_identity,
-        identity=job.identity or (),
-    )
-
-
-def _keyed(rows: Sequence[ChunkRow], columns: tuple[str, ...]) -> bool:
-    """Every row carries every key column."""
-    n = len(columns)
-    if type(rows) is EncodedChunk:
-        return rows.arity == n
-    if rows and type(rows[0]) is EncodedRow:  # the common, fast case
-        return all(type(r) is EncodedRow and len(r[0]) == n for r in rows)
-    return all(row_key(row, columns) is not None for row in rows)
-
-
-def _last_key(rows: Sequence[ChunkRow], columns: tuple[str, ...]) -> RawKey | None:
-    if not rows:
-        return None
-    return row_key(rows[-1], columns)
