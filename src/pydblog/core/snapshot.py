@@ -80,6 +80,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydblog.core.blocking import BlockingReads
 from pydblog.core.commands import (
     pause_notice,
     plan_execute,
@@ -110,7 +111,7 @@ from pydblog.core.rereads import RereadQueue
 from pydblog.core.run import Run, StartAnswer
 from pydblog.core.signals import Signal, SignalType
 from pydblog.core.sizing import CoreSettings
-from pydblog.core.window import ChunkWindow, WindowResult, keyed, last_key
+from pydblog.core.window import ChunkWindow, keyed
 from pydblog.events import (
     ChangeEvent,
     ChunkRow,
@@ -151,8 +152,10 @@ class SnapshotCore:
     - ``_pending``: the incremental request awaiting its final watermark, and
       ``_window``: its chunk window once L has been seen (what ``on_event`` checks);
     - ``_ahead``: the read-ahead chunk request planned behind ``_pending``;
-    - ``_mark``: an outstanding ``MarkRequest``; ``_blocking_request``: the blocking
-      request being answered; ``_anchor``: the blocking position cursor.
+    - ``_mark``: an outstanding ``MarkRequest``;
+    - ``_blocking``: the blocking lane's anchor and outstanding request
+      (``core.blocking``); ``_concurrent``: the flights of concurrent windows
+      (``core.concurrent``).
     """
 
     def __init__(
@@ -175,8 +178,6 @@ class SnapshotCore:
         self._ahead: _Pending | None = None
         self._busy: str | None = None
         self._mark: MarkRequest | None = None
-        self._blocking_request: Request | None = None
-        self._anchor: PositionCursor | None = None
         self._rereads = RereadQueue()
         self._read_only = settings.read_only
         self._fencing = Fencing(settings.read_only, settings.fenced, settings.fenced_blocking)
@@ -185,6 +186,10 @@ class SnapshotCore:
         # Blocking reads judged by their fences (with fenced windows, or alone).
         self._fenced_blocking = self._fencing.fenced_blocking
         self._read_again = 0  # reads whose window was inconclusive (this process)
+        # The blocking lane's anchor and outstanding request (``core.blocking``).
+        self._blocking = BlockingReads(
+            self._run, self._planner, self._fencing, self._out, self._rereads,
+        )
         # Concurrent windows (``core.concurrent``, ``core.flight``).
         self._concurrent = ConcurrentWindows(
             settings, self._run, self._planner, self._fencing, self._out, self._rereads,
@@ -307,12 +312,9 @@ class SnapshotCore:
         if current is not None and self._incr.current is None:
             self._drop_pending()
         self._concurrent.forget_gone()
-        if self._blocking_request is not None and self._block.current is None:
-            self._blocking_request = None
         self._out.waiting.extend(notices)
         self._watch()
-        if not self._block:
-            self._anchor = None
+        self._blocking.stopped()
         self._settle()
         return [j.table for j in dropped]
 
@@ -338,7 +340,10 @@ class SnapshotCore:
         if self._busy is not None:
             return None
         if self._block:
-            return self._next_blocking()
+            blocking = self._blocking.next_request()
+            if blocking is not None:
+                self._busy = blocking.id
+            return blocking
         if self._pending is not None:
             return self._read_ahead()
         if self._concurrent.busy:
@@ -405,15 +410,6 @@ class SnapshotCore:
         self._busy = rid
         return request
 
-    def _next_blocking(self) -> Request | None:
-        job = self._block.head()
-        if self._anchor is None or job is None:
-            return None
-        request = self._planner.plan(job, blocking=True)
-        self._blocking_request = request
-        self._busy = request.id
-        return request
-
     def _next_mark(self) -> MarkRequest | None:
         """A watermark for notices waiting for a position, once (a mark the runner never
         writes is superseded by the next request's watermarks, which place them too)."""
@@ -449,7 +445,7 @@ class SnapshotCore:
         and the notifications that land with them, placed after ``position``. Call
         it only at transaction boundaries (a commit, or idle outside one)."""
         self._advance(position)
-        if not self.draining or self._anchor is not None:
+        if not self.draining or self._blocking.anchor is not None:
             return []  # (a blocking snapshot owns the positions after its anchor)
         assert self._out.horizon is not None
         cursor = PositionCursor(self._out.horizon, ts_ms)
@@ -480,9 +476,9 @@ class SnapshotCore:
             self._read_again += 1
             if ours:
                 self._concurrent.starting = None  # the next request starts the table again
-            elif self._is_blocking(request_id):
+            elif self._blocking.owns(request_id):
                 self._answer(request_id)
-                self._blocking_request = None  # the next request starts it again
+                self._blocking.request = None  # the next request starts it again
             elif self._answer(request_id) and self._pending is not None \
                     and self._pending.request.id == request_id:
                 self._pending = None
@@ -498,9 +494,8 @@ class SnapshotCore:
         if self._pending is not None and self._pending.request.id == request_id:
             self._pending.answer = answer
             return []
-        if self._is_blocking(request_id):
-            self._blocking_request = None
-            return self._emit_blocking([], self._run.start(self._block, answer))
+        if self._blocking.owns(request_id):
+            return self._blocking.on_started(answer)
         return []
 
     def on_chunk_read(
@@ -532,14 +527,8 @@ class SnapshotCore:
                 elif pending.window is not None:
                     pending.window.set_rows(rows)
                 return []
-        if self._is_blocking(request_id):
-            request = self._blocking_request
-            assert isinstance(request, ChunkRequest)
-            self._blocking_request = None
-            self._planner.resize(request, len(rows), elapsed_ms)
-            if request.fenced and fence is not None:
-                return self._blocking_window(request, rows, fence)
-            return self._blocking_rows(request, rows)
+        if self._blocking.owns(request_id):
+            return self._blocking.on_rows(rows, elapsed_ms, fence)
         return []
 
     def on_request_failed(
@@ -580,10 +569,8 @@ class SnapshotCore:
                 return []
             self._out.waiting.extend(self._failed(self._incr, pending.request, error, retriable))
             return []
-        if self._blocking_request is not None and self._blocking_request.id == request_id:
-            request, self._blocking_request = self._blocking_request, None
-            notices = self._failed(self._block, request, error, retriable)
-            return self._emit_blocking([], notices)
+        if self._blocking.owns(request_id):
+            return self._blocking.on_failed(error, retriable)
         return []
 
     def _failed(
@@ -611,7 +598,7 @@ class SnapshotCore:
 
     def _request_key(self, request_id: str) -> tuple[str, ...]:
         pendings = [p.request for p in (self._pending, self._ahead) if p is not None]
-        for request in (*pendings, self._blocking_request):
+        for request in (*pendings, self._blocking.request):
             if isinstance(request, ChunkRequest) and request.id == request_id:
                 return request.key_columns
             if isinstance(request, KeyReadRequest) and request.id == request_id:
@@ -622,16 +609,13 @@ class SnapshotCore:
     def read_again(self) -> int:
         """Reads whose window could not decide, so far (this process): the driver backs
         off while they come in a row (``core.retry``)."""
-        return self._read_again + self._concurrent.read_again
+        return self._read_again + self._concurrent.read_again + self._blocking.read_again
 
     def _fenced_request(self, request_id: str) -> bool:
         return any(
             p is not None and p.request.id == request_id and p.fenced is not None
             for p in (self._pending, self._ahead)
         )
-
-    def _is_blocking(self, request_id: str) -> bool:
-        return self._blocking_request is not None and self._blocking_request.id == request_id
 
     # -- the stream ----------------------------------------------------------------
 
@@ -751,7 +735,7 @@ class SnapshotCore:
             self._advance(position)
         if self._out.horizon is None:
             raise ValueError("on_stream_paused needs a position: nothing has been seen yet")
-        self._anchor = PositionCursor(self._out.horizon, ts_ms)
+        self._blocking.on_paused(self._out.horizon, ts_ms)
 
     def _close_window(
         self, pending: _Pending, request: ChunkRequest, cursor: PositionCursor
@@ -834,59 +818,11 @@ class SnapshotCore:
             return self._out.place(cursor, [])
         return self._out.place(cursor, self._run.start(self._incr, pending.answer))
 
-    def _emit_blocking(self, rows: list[Emitted], notices: list[Notice]) -> list[Emitted]:
-        cursor = self._anchor
-        assert cursor is not None
-        events = rows + self._out.place(cursor, notices)
-        if not self._block:
-            self._anchor = None
-        return events
-
     # -- progress ------------------------------------------------------------------
 
     def _table_finished(self, lane: Lane, table: str) -> None:
         if lane is self._incr:
             self._concurrent.drop(table)
-
-    def _blocking_rows(
-        self, request: ChunkRequest, rows: Sequence[ChunkRow]
-    ) -> list[Emitted]:
-        """A blocking chunk: no window, every row is emitted right away."""
-        job, cursor = self._block.current, self._anchor
-        last = last_key(rows, request.key_columns)
-        if job is None or cursor is None or (rows and last is None):
-            return []
-        result = WindowResult(rows, len(rows), last, True)
-        events = self._out.job_rows(job, rows, cursor)
-        return self._emit_blocking(events, self._run.chunk_done(self._block, request, result))
-
-    def _blocking_window(
-        self, request: ChunkRequest, rows: Sequence[ChunkRow], fence: ReadFence
-    ) -> list[Emitted]:
-        """A fenced blocking chunk (``CoreSettings.fenced``, read-only too): its SELECT
-        can miss a commit the stream delivered before the pause (PostgreSQL decodes a
-        commit before it becomes visible: one waiting for a synchronous standby, a
-        lagging hot standby), and the paused stream will not deliver it again, so the
-        stale row would land after that newer event for good. The chunk is judged as a
-        fenced window that closes at once (no event comes while the stream is paused):
-        the kept events of its table the read did not see drop their keys (the event
-        stands for the row), and a read whose fence does not cover the table's floor
-        (events delivered before it was queued, not kept) or what was forgotten is read
-        again (``read_again``)."""
-        job = self._block.current
-        cursor = self._anchor
-        if job is None or cursor is None or job.table != request.table:
-            return []
-        window = FencedWindow(window_for(job, request), self._fencing.unsettled)
-        window.set_answer(rows, fence)
-        self._fencing.prune(fence, request.id)
-        result = window.close()
-        if not result.conclusive:
-            self._read_again += 1
-            return []  # the same chunk is planned again
-        self._rereads.add_all(job.schema_name, job.table_name, result.reread)
-        events = self._out.job_rows(job, result.rows, cursor)
-        return self._emit_blocking(events, self._run.chunk_done(self._block, request, result))
 
     def _settle(self) -> None:
         """Reset run counters and flags once nothing is left to do."""
