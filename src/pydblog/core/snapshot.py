@@ -31,13 +31,10 @@ Invariants:
   read-ahead, the table's next chunk once the previous chunk's rows are in (below);
   with concurrent windows (``CoreSettings.parallelism > 1``, ``core.flight``) up to
   ``parallelism`` chunk requests of one table at once, each with its own window.
-- Read-ahead (``CoreSettings.read_ahead``): once chunk n's rows are in, and n is not the
-  table's last, ``next_request`` already returns chunk n+1 (``after_key`` = n's last key
-  read), while n still waits for its H. The worker runs requests in order, so n+1's L
-  lands after n's H and the two windows never overlap. At n's H, n+1 is kept if n was
-  conclusive (progress then equals n+1's ``after_key``) and dropped otherwise (its
-  watermarks and answer are then unknown and ignored, and n is planned again).
-  An incremental request's effect lands only at its final watermark, so ``state()``
+- Read-ahead (``CoreSettings.read_ahead``, ``core.readahead``): once chunk n's rows are
+  in, chunk n+1 may go out while n waits for its H; their windows never overlap, and
+  n+1 is dropped unless n was conclusive.
+- An incremental request's effect lands only at its final watermark, so ``state()``
   changes only at positions the stream has delivered, and ``state()`` taken after the
   returned events are logged is exactly what a restart needs.
 - Incremental rows are emitted at H, at ``H.index + 1 + k``; a row whose key had a
@@ -74,10 +71,8 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pydblog.core.blocking import BlockingReads
@@ -91,8 +86,7 @@ from pydblog.core.commands import (
     stop_notice,
 )
 from pydblog.core.concurrent import NO_FENCE, NO_KEY, ConcurrentWindows
-from pydblog.core.fence import FencedWindow, Fencing, ReadFence
-from pydblog.core.keys import match_key
+from pydblog.core.fence import Fencing, ReadFence
 from pydblog.core.notices import (
     Notice,
     Outbox,
@@ -100,6 +94,7 @@ from pydblog.core.notices import (
 )
 from pydblog.core.planner import Planner, window_for
 from pydblog.core.progress import Lane
+from pydblog.core.readahead import Pending, continues, next_chunk
 from pydblog.core.requests import (
     ChunkRequest,
     KeyReadRequest,
@@ -122,17 +117,6 @@ from pydblog.ports import TableInfo
 from pydblog.positions import Position, decode_position, encode_position
 
 STATE_VERSION = 1
-
-
-@dataclass(slots=True)
-class _Pending:
-    """The incremental request whose final watermark has not been seen yet."""
-
-    request: Request
-    answer: StartAnswer | None = None
-    window: ChunkWindow | None = None
-    low_seen: bool = False
-    fenced: FencedWindow | None = None  # read-only: ``window`` judged by the read's fence
 
 
 class SnapshotCore:
@@ -173,9 +157,9 @@ class SnapshotCore:
         self._run = Run(settings, finished=self._table_finished, changed=self._watch,
                         settle=self._settle)
         self._out = Outbox()  # the horizon, and notices waiting for a position
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
         self._window: ChunkWindow | None = None
-        self._ahead: _Pending | None = None
+        self._ahead: Pending | None = None
         self._busy: str | None = None
         self._mark: MarkRequest | None = None
         self._rereads = RereadQueue()
@@ -241,7 +225,7 @@ class SnapshotCore:
             return False
         if isinstance(pending.request, TableStartRequest):
             return pending.answer is not None
-        return pending.fenced is not None and pending.fenced.fence is not None
+        return pending.fence_in
 
     # -- signals -------------------------------------------------------------------
 
@@ -359,40 +343,26 @@ class SnapshotCore:
         if self._concurrent.wants(job):
             return self._concurrent.next_request()
         request = self._planner.plan(job, blocking=False)
-        self._pending = _Pending(request)
+        self._pending = Pending(request)
         if isinstance(request, ChunkRequest):
             self._pending.window = window_for(job, request)
-            self._fence(self._pending)
+            self._pending.fence(self._fencing)
         self._busy = request.id
         return request
 
-    def _fence(self, pending: _Pending) -> None:
-        """Read-only: the chunk's window is judged by its read's fence; it sees every
-        unsettled event of its table from now on (there is no L to wait for)."""
-        if self._fenced and pending.window is not None:
-            pending.fenced = self._fencing.window(pending.window)
-            pending.low_seen = self._read_only  # else at its L
-
     def _read_ahead(self) -> Request | None:
-        """Chunk n+1 of the current table while chunk n waits for its H (see the module
-        docstring), or None."""
+        """Chunk n+1 of the current table while chunk n waits for its H
+        (``core.readahead``), or None."""
         pending = self._pending
         if not self._settings.read_ahead or self._ahead is not None or self._paused or self._rereads:
             return None
         assert pending is not None
-        request, window = pending.request, pending.window
-        if not isinstance(request, ChunkRequest) or window is None or not window.has_rows:
-            return None
         job = self._incr.current
-        if job is None or job.table != request.table or job.key_columns != request.key_columns:
+        ahead = next_chunk(pending, job, self._planner)
+        if ahead is None or job is None:
             return None
-        last = window.last_read_key
-        if job.reached_end(window.read_count, request.limit, last):
-            return None
-        ahead = self._planner.plan(dataclasses.replace(job, last_key=last), blocking=False)
-        assert isinstance(ahead, ChunkRequest)
-        self._ahead = _Pending(ahead, window=window_for(job, ahead))
-        self._fence(self._ahead)
+        self._ahead = Pending(ahead, window=window_for(job, ahead))
+        self._ahead.fence(self._fencing)
         self._busy = ahead.id
         return ahead
 
@@ -405,8 +375,8 @@ class SnapshotCore:
         request = self._planner.reread(schema, table, identity, keys)
         rid = request.id
         window = ChunkWindow(schema, table, identity)
-        self._pending = _Pending(request, window=window)
-        self._fence(self._pending)
+        self._pending = Pending(request, window=window)
+        self._pending.fence(self._fencing)
         self._busy = rid
         return request
 
@@ -738,7 +708,7 @@ class SnapshotCore:
         self._blocking.on_paused(self._out.horizon, ts_ms)
 
     def _close_window(
-        self, pending: _Pending, request: ChunkRequest, cursor: PositionCursor
+        self, pending: Pending, request: ChunkRequest, cursor: PositionCursor
     ) -> list[Emitted]:
         self._pending = None
         self._window = None
@@ -761,7 +731,7 @@ class SnapshotCore:
         return events + self._out.place(cursor, notices)
 
     def _close_reread(
-        self, pending: _Pending, request: KeyReadRequest, cursor: PositionCursor
+        self, pending: Pending, request: KeyReadRequest, cursor: PositionCursor
     ) -> list[Emitted]:
         """H of a key-level re-read: its rows not dropped land here; the keys leave the
         queue, and rows dropped by a partial event go back into it."""
@@ -792,14 +762,7 @@ class SnapshotCore:
         ahead = self._ahead
         if ahead is None:
             return
-        job = self._incr.current
-        request = ahead.request
-        assert isinstance(request, ChunkRequest)
-        if (
-            job is None or job.table != request.table or job.last_key is None
-            or request.after_key is None
-            or match_key(job.last_key) != match_key(request.after_key)
-        ):
+        if not continues(ahead, self._incr.current):
             self._drop_ahead()
             return
         self._ahead = None
@@ -811,7 +774,7 @@ class SnapshotCore:
             self._busy = None
         self._ahead = None
 
-    def _apply_start(self, pending: _Pending, cursor: PositionCursor) -> list[Emitted]:
+    def _apply_start(self, pending: Pending, cursor: PositionCursor) -> list[Emitted]:
         self._pending = None
         if pending.answer is None:  # watermark before the answer: plan it again
             self._busy = None
