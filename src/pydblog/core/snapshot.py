@@ -23,50 +23,40 @@ API (see docs/snapshots.md for the whole protocol)::
     core.state() -> dict | None           # persist with the checkpoint
     core.status() -> dict;  core.active;  core.blocking;  core.paused;  core.draining
 
-Invariants:
+Invariants (each mode's own rules are stated in the module that owns it):
 
 - Requests outstanding: ``next_request`` returns None while no further request may go
   out. Without concurrent windows that is one request until it is answered
   (``on_table_started`` / ``on_chunk_read`` / ``on_request_failed``), plus, with
-  read-ahead, the table's next chunk once the previous chunk's rows are in (below);
-  with concurrent windows (``CoreSettings.parallelism > 1``, ``core.flight``) up to
-  ``parallelism`` chunk requests of one table at once, each with its own window.
-- Read-ahead (``CoreSettings.read_ahead``, ``core.readahead``): once chunk n's rows are
-  in, chunk n+1 may go out while n waits for its H; their windows never overlap, and
-  n+1 is dropped unless n was conclusive.
-- An incremental request's effect lands only at its final watermark, so ``state()``
-  changes only at positions the stream has delivered, and ``state()`` taken after the
-  returned events are logged is exactly what a restart needs.
+  read-ahead, the table's next chunk once the previous chunk's rows are in
+  (``core.readahead``); with concurrent windows (``CoreSettings.parallelism > 1``,
+  ``core.concurrent``) up to ``parallelism`` requests at once, each chunk with its own
+  window. Every request is worded by ``core.planner``.
+- An incremental request's effect lands only at its final watermark (read-only: at the
+  ``on_progress`` whose ``reached`` passed its fence), so ``state()`` changes only at
+  positions the stream has delivered, and ``state()`` taken after the returned events
+  are logged is exactly what a restart needs (``core.run``: progress moves only with
+  emitted rows).
 - Incremental rows are emitted at H, at ``H.index + 1 + k``; a row whose key had a
   table event between L and H is dropped (``window.ChunkWindow``). A table's progress
   moves to the key of the chunk's last row *read*.
 - Watermark ids the core does not expect (an interrupted chunk's, after a restart) are
   ignored; the interrupted chunk is read again with new watermarks.
-- Key-level re-reads (``core.rereads``): a create carrying unchanged (TOAST) columns
-  (a key-changing UPDATE) and a chunk row dropped by such a partial event queue the
-  row's identity; ``next_request`` returns a ``KeyReadRequest`` for queued keys before
-  any chunk (also while paused: they are repairs), and its rows land at its H under the
-  same window rules. The queue is persisted; ``active`` is True while it is not empty.
-- Blocking snapshots: while ``blocking`` is True the runner keeps the stream paused (at
-  a transaction boundary) and calls ``on_stream_paused`` once; then the core issues
-  requests without watermarks and returns rows directly, positioned after the anchor.
-- Read-only snapshots (``CoreSettings.read_only``, see ``core.fence``): incremental
-  requests (chunks and key re-reads) name no watermarks; an answer carries a
-  ``ReadFence`` and its rows are emitted at the first ``on_progress`` whose ``reached``
-  the fence has passed; a
-  table start and waiting notices take effect at the next ``on_progress``. Call
-  ``on_progress`` only at transaction boundaries (a commit, or idle outside one).
-- Slices (``CoreSettings.slice_rows``, concurrent windows only): a range's rows land
-  a slice at a time, the first at its H (or passed fence), the rest at
-  ``on_boundary`` calls while ``draining``; call it only at transaction boundaries.
-  Each slice moves the table's progress to its last key read (``core.flight``).
-- Fenced watermark windows (``CoreSettings.fenced``): requests carry watermarks *and*
-  ``fenced``; windows are judged by the read's fence as read-only ones are (events
-  unseen by the read drop their keys, also those delivered before L), and close at H.
-- Fenced blocking reads (``CoreSettings.fenced_blocking``, and with ``fenced`` or
-  ``read_only``): blocking requests carry ``fenced``; each answer is judged at once
-  (``_blocking_window``). Alone (MySQL/MariaDB), only the blocking lane's tables' events
-  are kept (``core.fence.Unsettled``), and incremental requests stay unfenced.
+- Key-level re-reads (``core.rereads``): queued keys are read (``KeyReadRequest``)
+  before any chunk, also while paused (they are repairs); their rows land at their H
+  under the same window rules. ``active`` is True while keys are queued.
+- Blocking snapshots (``core.blocking``): while ``blocking`` is True the runner keeps
+  the stream paused (at a transaction boundary) and calls ``on_stream_paused`` once;
+  then the core issues requests without watermarks and returns rows directly,
+  positioned after the anchor.
+- Read-only snapshots and fenced windows (``CoreSettings.read_only`` / ``fenced`` /
+  ``fenced_blocking``, ``core.fence``): a read answers with a ``ReadFence``; read-only
+  rows are emitted at the first ``on_progress`` whose ``reached`` the fence has
+  passed, and a table start and waiting notices take effect at the next
+  ``on_progress``. Call ``on_progress`` only at transaction boundaries.
+- Slices (``CoreSettings.slice_rows``, concurrent windows only): a range's rows land a
+  slice at a time, the first at its H (or passed fence), the rest at ``on_boundary``
+  calls while ``draining``; call it only at transaction boundaries.
 """
 
 from __future__ import annotations
@@ -163,12 +153,7 @@ class SnapshotCore:
         self._busy: str | None = None
         self._mark: MarkRequest | None = None
         self._rereads = RereadQueue()
-        self._read_only = settings.read_only
         self._fencing = Fencing(settings.read_only, settings.fenced, settings.fenced_blocking)
-        # Windows judged by their reads' fences (read-only, or watermarks + fences).
-        self._fenced = self._fencing.fenced
-        # Blocking reads judged by their fences (with fenced windows, or alone).
-        self._fenced_blocking = self._fencing.fenced_blocking
         self._read_again = 0  # reads whose window was inconclusive (this process)
         # The blocking lane's anchor and outstanding request (``core.blocking``).
         self._blocking = BlockingReads(
@@ -214,7 +199,7 @@ class SnapshotCore:
         """Read-only: an answered request, or a notification (a table rejected when no
         other was left), waits for ``on_progress`` (a passed fence, a table start, a
         position); the runner should make the stream report how far it is."""
-        if not self._read_only:
+        if not self._fencing.read_only:
             return False
         if self._out.waiting:
             return True
@@ -305,7 +290,7 @@ class SnapshotCore:
     def _watch(self) -> None:
         """Fenced: the tables whose events must be kept until a fence settles them
         (``Fencing.watch``)."""
-        if self._fenced_blocking:
+        if self._fencing.fenced_blocking:
             blocking = set(self._block.tables())
             tables = set(self._incr.tables()) | blocking | self._rereads.tables()
             self._fencing.watch(tables, blocking, self._out.horizon)
@@ -383,7 +368,7 @@ class SnapshotCore:
     def _next_mark(self) -> MarkRequest | None:
         """A watermark for notices waiting for a position, once (a mark the runner never
         writes is superseded by the next request's watermarks, which place them too)."""
-        if not self._out.waiting or self._mark is not None or self._read_only:
+        if not self._out.waiting or self._mark is not None or self._fencing.read_only:
             return None  # read-only: notices are placed at the next on_progress
         self._mark = self._planner.mark()
         return self._mark
@@ -441,7 +426,7 @@ class SnapshotCore:
         lagging standby, a commit waiting for a synchronous standby), so the start is
         read again (its watermark, if any, is then ignored)."""
         ours = self._concurrent.starts(request_id)
-        if fence is not None and self._fenced_blocking and error is None \
+        if fence is not None and self._fencing.fenced_blocking and error is None \
                 and not self._fencing.start_covered(fence, request_id):
             self._read_again += 1
             if ours:
@@ -481,7 +466,10 @@ class SnapshotCore:
             if error is not None:
                 return self.on_request_failed(request_id, error, retriable=False)
             return []
-        if self._busy == request_id and self._fenced_request(request_id) and fence is None:
+        if self._busy == request_id and fence is None and any(
+            p is not None and p.request.id == request_id and p.fenced is not None
+            for p in (self._pending, self._ahead)
+        ):
             return self.on_request_failed(request_id, NO_FENCE,
                                           retriable=False)
         if self._busy == request_id and not keyed(rows, self._request_key(request_id)):
@@ -567,6 +555,7 @@ class SnapshotCore:
         return True
 
     def _request_key(self, request_id: str) -> tuple[str, ...]:
+        """The key columns an answer's rows must carry."""
         pendings = [p.request for p in (self._pending, self._ahead) if p is not None]
         for request in (*pendings, self._blocking.request):
             if isinstance(request, ChunkRequest) and request.id == request_id:
@@ -581,12 +570,6 @@ class SnapshotCore:
         off while they come in a row (``core.retry``)."""
         return self._read_again + self._concurrent.read_again + self._blocking.read_again
 
-    def _fenced_request(self, request_id: str) -> bool:
-        return any(
-            p is not None and p.request.id == request_id and p.fenced is not None
-            for p in (self._pending, self._ahead)
-        )
-
     # -- the stream ----------------------------------------------------------------
 
     def on_event(self, event: ChangeEvent) -> None:
@@ -595,9 +578,9 @@ class SnapshotCore:
         self._out.horizon = event.position
         if self._rereads.note(event):  # a key change's create (unchanged columns)
             self._watch()  # read-only: from this event on, the table's events are kept
-        if self._fenced_blocking:
+        if self._fencing.fenced_blocking:
             self._observe_fenced(event)
-            if self._fenced:
+            if self._fencing.fenced:
                 return
         self._concurrent.observe(event)
         window = self._window
@@ -623,7 +606,7 @@ class SnapshotCore:
         asks it at every commit, and hands the stream's pending events to the writer
         before such a call (as it does before a watermark), so that they do not wait
         for the rows the window releases."""
-        if not self._read_only:
+        if not self._fencing.read_only:
             return False
 
         # A head range already handing out slices closes nothing: its slices go with
@@ -642,7 +625,7 @@ class SnapshotCore:
         commit's own position, or a keepalive's). Returns the rows of every chunk whose
         fence the stream has passed, in order, and the notifications that land here."""
         self._advance(position)
-        if not self._read_only:
+        if not self._fencing.read_only:
             return []
         assert self._out.horizon is not None
         cursor = PositionCursor(self._out.horizon, ts_ms)
