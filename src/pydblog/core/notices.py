@@ -29,7 +29,7 @@ from typing import Any
 
 from pydblog.core.progress import TableJob, json_key, repair_json
 from pydblog.events import ChangeEvent, ChunkRow, Emitted, Op, SnapshotKind, SnapshotRows
-from pydblog.positions import Position
+from pydblog.positions import Position, decode_position, encode_position
 
 
 class NotificationType(StrEnum):
@@ -185,6 +185,17 @@ class Outbox:
         assert job.key_columns is not None
         return self.rows(cursor, job.schema_name, job.table_name, job.kind, rows,
                          job.key_columns, job.identity or ())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "notices": [n.to_json() for n in self.waiting],
+            "horizon": None if self.horizon is None else encode_position(self.horizon),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.waiting = [Notice.from_json(n) for n in state.get("notices", [])]
+        horizon = state.get("horizon")
+        self.horizon = None if horizon is None else decode_position(horizon)
 
     def place(self, cursor: PositionCursor, notices: list[Notice]) -> list[Emitted]:
         """Waiting notices, then ``notices``, at the cursor's next positions."""

@@ -77,11 +77,7 @@ from pydblog.core.commands import (
 )
 from pydblog.core.concurrent import NO_FENCE, NO_KEY, ConcurrentWindows
 from pydblog.core.fence import Fencing, ReadFence
-from pydblog.core.notices import (
-    Notice,
-    Outbox,
-    PositionCursor,
-)
+from pydblog.core.notices import Notice, Outbox, PositionCursor
 from pydblog.core.planner import Planner, window_for
 from pydblog.core.progress import Lane
 from pydblog.core.readahead import Pending, continues, next_chunk
@@ -97,14 +93,9 @@ from pydblog.core.run import Run, StartAnswer
 from pydblog.core.signals import Signal, SignalType
 from pydblog.core.sizing import CoreSettings
 from pydblog.core.window import ChunkWindow, keyed
-from pydblog.events import (
-    ChangeEvent,
-    ChunkRow,
-    Emitted,
-    SnapshotKind,
-)
+from pydblog.events import ChangeEvent, ChunkRow, Emitted, SnapshotKind
 from pydblog.ports import TableInfo
-from pydblog.positions import Position, decode_position, encode_position
+from pydblog.positions import Position
 
 STATE_VERSION = 1
 
@@ -191,10 +182,6 @@ class SnapshotCore:
         return self._run.block
 
     @property
-    def _paused(self) -> bool:
-        return self._run.paused
-
-    @property
     def waiting_for_progress(self) -> bool:
         """Read-only: an answered request, or a notification (a table rejected when no
         other was left), waits for ``on_progress`` (a passed fence, a table start, a
@@ -228,7 +215,7 @@ class SnapshotCore:
             notice = pause_notice(signal, bool(self._incr), self._run.brief())
             self._run.paused = bool(self._incr)
         else:
-            notice = resume_notice(signal, self._paused, self._run.brief())
+            notice = resume_notice(signal, self._run.paused, self._run.brief())
             self._run.paused = False
         return [notice.event(position, ts_ms)]
 
@@ -321,7 +308,7 @@ class SnapshotCore:
                 return concurrent
         if self._rereads:
             return self._plan_reread()
-        job = None if self._paused else self._incr.head()
+        job = None if self._run.paused else self._incr.head()
         if job is None:
             return self._next_mark()
         self._mark = None
@@ -339,7 +326,7 @@ class SnapshotCore:
         """Chunk n+1 of the current table while chunk n waits for its H
         (``core.readahead``), or None."""
         pending = self._pending
-        if not self._settings.read_ahead or self._ahead is not None or self._paused or self._rereads:
+        if not self._settings.read_ahead or self._ahead is not None or self._run.paused or self._rereads:
             return None
         assert pending is not None
         job = self._incr.current
@@ -794,8 +781,7 @@ class SnapshotCore:
             "version": STATE_VERSION,
             "chunk_size": self._planner.chunk_size,
             **self._run.to_json(),
-            "notices": [n.to_json() for n in self._out.waiting],
-            "horizon": None if self._out.horizon is None else encode_position(self._out.horizon),
+            **self._out.to_json(),
             "rereads": self._rereads.to_json(),
             **self._fencing.state(),
         }
@@ -806,9 +792,7 @@ class SnapshotCore:
             raise ValueError(f"snapshot state version {version!r} is not {STATE_VERSION}")
         self._run.restore(state)
         self._planner.restore_size(int(state.get("chunk_size", self._planner.chunk_size)))
-        self._out.waiting = [Notice.from_json(n) for n in state.get("notices", [])]
-        horizon = state.get("horizon")
-        self._out.horizon = None if horizon is None else decode_position(horizon)
+        self._out.restore(state)
         self._rereads.load(state.get("rereads"))
         self._fencing.restore(state)
         self._watch()
