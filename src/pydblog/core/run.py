@@ -9,11 +9,12 @@ notifications they return.
 
 Invariants:
 
-- A table is in at most one lane, once (``enqueue`` skips nothing itself: the
-  signal planners, ``core.commands``, leave out tables already queued).
+- A table is in at most one lane, once: ``enqueue`` takes the jobs as given, and the
+  signal planners (``core.commands``) leave out the tables already ``queued``.
 - A table's progress (``TableJob.last_key``) only moves through ``chunk_done``,
   ``advance`` and ``slice_done``, i.e. when rows read up to that key have been
-  emitted: ``state()`` after the returned events are logged is what a restart needs.
+  emitted (or starts over, ``Lane.reset``, when the table names another relation):
+  ``state()`` after the returned events are logged is what a restart needs.
 - Every snapshot (signal id) ends with exactly one terminal notification under its
   own id: COMPLETED when its last table leaves its lane (``finish``; listing the
   tables a stop took from it, ``aborted_data_collections``), or ABORTED when a stop
