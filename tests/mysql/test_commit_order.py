@@ -47,7 +47,7 @@ def _fences(server: Server, db: str) -> bool:
     try:
         fences = reader.fences_watermark_windows()
         driver = SnapshotDriver(config(server, db), reader, None)
-        assert driver.core._fenced == fences
+        assert driver.core._fencing.fenced == fences
         return fences
     finally:
         reader.close()
@@ -115,7 +115,7 @@ def test_blocking_reads_are_fenced(server: Server, db: str) -> None:
     try:
         assert reader.fences_blocking_reads()
         core = SnapshotDriver(config(server, db), reader, None).core
-        assert core._fenced_blocking and not core._fenced
+        assert core._fencing.fenced_blocking and not core._fencing.fenced
     finally:
         reader.close()
 

@@ -340,7 +340,7 @@ class Sim:
         if self.sliced:
             # A range being handed out in slices, or waiting to be: its rest is the
             # window still open after H.
-            issued = [(f.table, r) for f in self.core._flights.values() for r in f.ranges
+            issued = [(f.table, r) for f in self.core._concurrent.flights.values() for r in f.ranges
                       if r.request is not None and r.read]
             open_ranges = [(t, r) for t, r in issued if r.draining or r.high_seen] or issued
             into_open: bool = bool(open_ranges) and self.data.draw(st.booleans(), label="into an open range")
@@ -586,7 +586,7 @@ class Sim:
                         self.stalled = request
                 self.workers.append(Worker(request))
                 # tables with windows open at once (ranges issued and not emitted)
-                windows = sum(1 for f in self.core._flights.values() if f.issued)
+                windows = sum(1 for f in self.core._concurrent.flights.values() if f.issued)
                 self.tables_at_once = max(self.tables_at_once, windows)
                 return True
             if not self.workers:
@@ -614,7 +614,7 @@ class Sim:
 
     def range_of(self, request_id: str) -> Range | None:
         """The concurrent range a chunk request reads (None: not one, or forgotten)."""
-        for flight in self.core._flights.values():
+        for flight in self.core._concurrent.flights.values():
             rng = flight.range_of(request_id)
             if rng is not None:
                 return rng

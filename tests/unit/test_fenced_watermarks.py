@@ -209,8 +209,8 @@ def test_fenced_blocking_leaves_watermark_windows_unfenced() -> None:
     core.on_event(update(1, 3, tx=10))
     req = core.next_request()
     assert isinstance(req, ChunkRequest) and not req.fenced and req.low_watermark
-    assert core._unsettled.events == []  # (an incremental table's events are not kept)
-    assert core._unsettled.floor is None
+    assert core._fencing.unsettled.events == []  # (an incremental table's events are not kept)
+    assert core._fencing.unsettled.floor is None
     assert req.high_watermark is not None
     core.on_watermark(req.low_watermark, at(5), 0)
     core.on_chunk_read(req.id, rows(1, 2, 3, 4), 1.0)

@@ -476,6 +476,116 @@ class FencedWindow:
         return self.window.take(max_rows, max_bytes)
 
 
+MAX_ISSUED = 1024
+"""Fenced requests whose issue epoch ``Fencing`` remembers at most (``issue``)."""
+
+
+class Fencing:
+    """The fenced modes of one snapshot core, and what they keep between reads.
+
+    ``fenced``: incremental windows are judged by their reads' fences (read-only, or
+    watermarks *and* fences, ``CoreSettings.fenced``); ``fenced_blocking``: blocking
+    reads are (implied by ``fenced``; alone: MySQL/MariaDB). ``read_only``: no
+    watermarks at all (windows open at the request, close at a passed fence).
+
+    Invariants:
+
+    - Events are kept (``unsettled``) only while fenced reads may be judged: for the
+      tables ``watched`` (``watch``: every table of both lanes and with keys waiting
+      for a re-read; with blocking reads fenced alone, the blocking lane's only); none
+      watched clears everything kept. A table newly watched opens a floor at the
+      newest position delivered (events before it were not kept).
+    - Each fenced read's fence is judged with the ``Delivered`` epoch its request was
+      issued in (``issue``/``prune``): at most ``MAX_ISSUED`` are remembered; an
+      unknown one is judged as too old (conservative).
+    - ``state()`` persists what a restart must still distrust (``Unsettled.summary``);
+      the events themselves are not persisted.
+    """
+
+    __slots__ = ("_issued", "fenced", "fenced_blocking", "read_only", "unsettled", "watched")
+
+    def __init__(self, read_only: bool, fenced: bool, fenced_blocking: bool) -> None:
+        self.read_only = read_only
+        self.fenced = read_only or fenced
+        self.fenced_blocking = self.fenced or fenced_blocking
+        self.unsettled = Unsettled()
+        self.watched: set[str] = set()
+        self._issued: dict[str, int] = {}  # fenced request id -> Delivered epoch at issue
+
+    def learn(self, position: Position) -> None:
+        """A position the stream delivered (places a floor still unknown)."""
+        if self.fenced_blocking:
+            self.unsettled.learn(position)
+
+    def watch(self, tables: set[str], blocking: set[str], horizon: Position | None) -> None:
+        """The tables to keep events of now: ``tables`` with fenced windows, else the
+        blocking lane's ``blocking`` (only blocking reads are fenced); ``horizon``: the
+        newest position delivered (a floor for tables newly watched)."""
+        if not self.fenced_blocking:
+            return
+        before = self.watched
+        self.watched = tables if self.fenced else blocking
+        if not self.watched:
+            self.unsettled.clear()
+        elif not self.watched <= before:
+            # Events delivered until now were not kept: windows need a fence that
+            # covers them (a lagging standby may not have replayed them yet).
+            self.unsettled.watch_from(horizon)
+
+    def keep(self, event: ChangeEvent) -> ChangeEvent | None:
+        """A stream event: kept if its table is watched; returns it (``slim``) when
+        fenced windows must see it, else None."""
+        self.unsettled.learn(event.position)
+        if not self.watched or f"{event.schema}.{event.table}" not in self.watched:
+            return None
+        event = slim(event)  # windows need only its identity; a wide row is not held
+        self.unsettled.add(event)
+        return event if self.fenced else None  # (else only blocking reads are fenced)
+
+    def issue(self, request_id: str) -> None:
+        """A fenced request goes out: remember which ``Delivered`` epoch its fence comes
+        from. Bounded: an answer that never comes (a failed read) leaves its entry; one
+        dropped here is judged as too old (conservative)."""
+        issued = self._issued
+        issued[request_id] = self.unsettled.delivered.epoch
+        if len(issued) > MAX_ISSUED:
+            del issued[next(iter(issued))]
+
+    def issued_epoch(self, request_id: str) -> int:
+        return self._issued.pop(request_id, -1)  # unknown: too old to resolve anything
+
+    def prune(self, fence: ReadFence, request_id: str) -> None:
+        """Forget what the fence of ``request_id``'s read proves visible for good."""
+        self.unsettled.prune(fence, self.issued_epoch(request_id))
+
+    def window(self, window: ChunkWindow) -> FencedWindow | None:
+        """``window`` judged by its read's fence (None: windows are not fenced)."""
+        return FencedWindow(window, self.unsettled) if self.fenced else None
+
+    def start_covered(self, fence: ReadFence, request_id: str) -> bool:
+        """A fenced start's fence sees everything the stream delivered before the
+        table was watched (events after that are in the log: a key it misses is not lost)."""
+        issued = self.issued_epoch(request_id)
+        self.unsettled.prune(fence, issued)
+        floor = self.unsettled.floor
+        return floor is None or (floor.fresh(issued) and floor.covered_by(fence))
+
+    def floor_hint(self) -> Position | None:
+        """The floor's position while one is open (``ChunkRequest.floor``)."""
+        floor = self.unsettled.floor if self.fenced_blocking else None
+        return floor.position if floor is not None else None
+
+    def state(self) -> dict[str, Any]:
+        """What a restart must still distrust (see ``Unsettled.summary``)."""
+        lost = self.unsettled.summary() if self.fenced_blocking else None
+        return {} if lost is None else {"unsettled": lost.to_json()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        unsettled = state.get("unsettled")
+        if unsettled is not None and self.fenced_blocking:
+            self.unsettled.lost = Lost.from_json(unsettled)
+
+
 def describe(fence: Any) -> str:
     """A fence for logs (its repr, shortened)."""
     text = repr(fence)

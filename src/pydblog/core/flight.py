@@ -57,8 +57,8 @@ again. The last slice finishes the range as a whole chunk (its read count and la
 decide a continuation). The argument, invariant by invariant, is in
 ``docs/snapshots.md`` ("Concurrent windows", item 6).
 
-This module keeps the ranges and their windows; ``SnapshotCore`` decides when to emit
-and moves the table's progress.
+This module keeps the ranges and their windows; ``core.concurrent`` decides when to
+emit and moves the table's progress.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class Flight:
     def exhausted(self) -> bool:
         """No chunk of the table is left to start: every range is planned and issued (a
         range put back to be read again, or a continuation, makes it wanted again).
-        Only then may the next table's chunks start (``SnapshotCore``)."""
+        Only then may the next table's chunks start (``core.concurrent``)."""
         return (
             self.planned_all and self.bounds is None
             and all(r.request is not None for r in self.ranges)

@@ -28,8 +28,8 @@ from enum import StrEnum
 from typing import Any
 
 from pydblog.core.progress import TableJob, json_key, repair_json
-from pydblog.events import ChangeEvent, Op, SnapshotKind
-from pydblog.positions import Position
+from pydblog.events import ChangeEvent, ChunkRow, Emitted, Op, SnapshotKind, SnapshotRows
+from pydblog.positions import Position, decode_position, encode_position
 
 
 class NotificationType(StrEnum):
@@ -143,6 +143,68 @@ class PositionCursor:
 
     def place(self, notices: list[Notice]) -> list[ChangeEvent]:
         return [n.event(self.next(), self.ts_ms) for n in notices]
+
+
+class Outbox:
+    """Where the core's events are placed: ``horizon``, the highest position the core
+    has seen or given an event, and ``waiting``, the notifications that wait for a
+    position (placed with the next events the core returns at a watermark, a passed
+    fence, a boundary or the blocking anchor).
+
+    Invariants: ``rows`` and ``place`` move ``horizon`` to the last position they hand
+    out (a cursor's positions only grow, so ``horizon`` never goes back through them);
+    ``waiting`` notices are placed before the ones given with them, once each."""
+
+    __slots__ = ("horizon", "waiting")
+
+    def __init__(self) -> None:
+        self.horizon: Position | None = None
+        self.waiting: list[Notice] = []
+
+    def advance(self, position: Position) -> None:
+        """A position the stream delivered (or the change log holds)."""
+        if self.horizon is None or self.horizon < position:
+            self.horizon = position
+
+    def rows(
+        self, cursor: PositionCursor, schema: str, table: str, kind: SnapshotKind,
+        rows: Sequence[ChunkRow], key_columns: tuple[str, ...], identity: tuple[str, ...] = (),
+    ) -> list[Emitted]:
+        """Snapshot rows as ``op: r`` events at the cursor's next positions (one
+        ``SnapshotRows`` for the whole chunk)."""
+        if not rows:
+            return []
+        first = cursor.take(len(rows))
+        batch = SnapshotRows(schema, table, kind, cursor.base, first, cursor.ts_ms, rows,
+                             key_columns, identity)
+        self.horizon = batch.last_position
+        return [batch]
+
+    def job_rows(self, job: TableJob, rows: Sequence[ChunkRow], cursor: PositionCursor) -> list[Emitted]:
+        """``rows`` of a started table's chunk."""
+        assert job.key_columns is not None
+        return self.rows(cursor, job.schema_name, job.table_name, job.kind, rows,
+                         job.key_columns, job.identity or ())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "notices": [n.to_json() for n in self.waiting],
+            "horizon": None if self.horizon is None else encode_position(self.horizon),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.waiting = [Notice.from_json(n) for n in state.get("notices", [])]
+        horizon = state.get("horizon")
+        self.horizon = None if horizon is None else decode_position(horizon)
+
+    def place(self, cursor: PositionCursor, notices: list[Notice]) -> list[Emitted]:
+        """Waiting notices, then ``notices``, at the cursor's next positions."""
+        waiting, self.waiting = self.waiting, []
+        events = cursor.place(waiting + notices)
+        if events:
+            self.horizon = events[-1].position
+        out: list[Emitted] = list(events)
+        return out
 
 
 # -- notifications about one table's job -------------------------------------------------

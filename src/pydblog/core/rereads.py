@@ -20,16 +20,19 @@ update in its window is queued again (until a full row lands, or a full event or
 delete makes it unneeded).
 
 The queue is part of the core's persisted state: a key leaves it only when the H of the
-re-read that covered it has been processed, so a restart re-reads whatever was pending.
+re-read that covered it has been processed (``landed``), or when re-reads of its table
+keep failing (``failed``: after ``max_attempts`` in a row, so a dropped table cannot
+block snapshots forever), so a restart re-reads whatever was pending.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydblog.core.keys import MatchKey, match_key
+from pydblog.events import ChangeEvent, Op
 
 MAX_KEYS_PER_READ = 256
 """Keys of one table re-read by one request (a WHERE (identity) IN (...) list)."""
@@ -47,12 +50,14 @@ class RereadQueue:
     """Identities waiting for a re-read, per table, in the order they were queued.
 
     Invariant: a key is queued once per table (adding it again is a no-op) and leaves
-    only through ``done``."""
+    only through ``done`` (``landed``, or ``failed`` giving up). Consecutive failures
+    are counted per table and are not persisted (a restart tries again)."""
 
-    __slots__ = ("_tables",)
+    __slots__ = ("_failures", "_tables")
 
     def __init__(self) -> None:
         self._tables: dict[str, _TableKeys] = {}
+        self._failures: dict[str, int] = {}
 
     def __bool__(self) -> bool:
         return bool(self._tables)
@@ -103,6 +108,48 @@ class RereadQueue:
         if not entry.keys:
             del self._tables[qualified]
 
+    def note(self, event: ChangeEvent) -> bool:
+        """A captured stream event: the create half of a key change that carries
+        unchanged columns (no consumer has a value for them) queues its key. True if
+        it did."""
+        if event.unchanged and event.op is Op.CREATE and event.key:
+            self.add(event.schema, event.table, event.key)
+            return True
+        return False
+
+    def landed(
+        self, schema: str, table: str, identity: tuple[str, ...],
+        keys: Iterable[tuple[Any, ...]], reread: Iterable[dict[str, Any]],
+        saw_partial: Callable[[dict[str, Any]], bool],
+    ) -> None:
+        """A re-read of ``keys`` closed conclusively (its rows are emitted): the keys
+        leave the queue, except the rows its window dropped for a partial event
+        (``reread``) and the keys it did not find that had one (``saw_partial``):
+        those go back in."""
+        keys = tuple(keys)
+        self._failures.pop(f"{schema}.{table}", None)
+        self.done(schema, table, keys)
+        self.add_all(schema, table, reread)
+        for key in keys:  # a partial event of a key the read did not find yet
+            ident = dict(zip(identity, key, strict=True))
+            if saw_partial(ident):
+                self.add(schema, table, ident)
+
+    def failed(
+        self, schema: str, table: str, keys: Iterable[tuple[Any, ...]],
+        retriable: bool | None, max_attempts: int,
+    ) -> bool:
+        """A re-read of ``keys`` failed: it is tried again unless the failure is fatal
+        (``retriable`` False) or the table's re-reads failed ``max_attempts`` times in a
+        row (``retriable`` None); then the keys leave the queue (returns True)."""
+        qualified = f"{schema}.{table}"
+        failures = self._failures[qualified] = self._failures.get(qualified, 0) + 1
+        if retriable or (retriable is None and failures < max_attempts):
+            return False
+        self._failures.pop(qualified, None)
+        self.done(schema, table, keys)
+        return True
+
     def to_json(self) -> list[dict[str, Any]]:
         return [
             {"schema": e.schema, "table": e.table, "identity": list(e.identity),
@@ -110,11 +157,17 @@ class RereadQueue:
             for e in self._tables.values()
         ]
 
-    @classmethod
-    def from_json(cls, data: list[dict[str, Any]] | None) -> RereadQueue:
-        queue = cls()
+    def load(self, data: list[dict[str, Any]] | None) -> None:
+        """Replace the queue by a persisted one (``to_json``)."""
+        self._tables.clear()
+        self._failures.clear()
         for e in data or []:
             cols = tuple(e["identity"])
             for raw in e["keys"]:
-                queue.add(e["schema"], e["table"], dict(zip(cols, raw, strict=True)))
+                self.add(e["schema"], e["table"], dict(zip(cols, raw, strict=True)))
+
+    @classmethod
+    def from_json(cls, data: list[dict[str, Any]] | None) -> RereadQueue:
+        queue = cls()
+        queue.load(data)
         return queue

@@ -18,7 +18,7 @@ class CoreSettings:
     before the table is dropped with a REJECTED notification.
     ``read_ahead``: plan a table's next chunk as soon as the current one's rows are read,
     before its high watermark arrives, so the worker reads chunk n+1 while the runner
-    emits chunk n (see ``SnapshotCore`` on read-ahead).
+    emits chunk n (``core.readahead``).
     ``read_only``: incremental chunks write no watermarks; each read comes with a
     ``ReadFence`` instead (``core.fence``).
     ``parallelism``: chunks of a table read at once, each with its own window
@@ -29,7 +29,7 @@ class CoreSettings:
     then carries ``fenced`` as well as its watermarks (``core.fence``); implied by
     ``read_only``. It fences blocking reads too.
     ``fenced_blocking``: blocking reads (table starts and chunks) are fenced and judged
-    as ``fenced`` makes them (``SnapshotCore._blocking_window``), watermark windows are
+    as ``fenced`` makes them (``core.blocking``), watermark windows are
     not: MySQL/MariaDB, whose windows are exact without fences (L commits after any
     commit the stream has), but whose stream can deliver a commit before it is visible
     (semi-synchronous replication, ``AFTER_SYNC``) while no L orders a blocking read.

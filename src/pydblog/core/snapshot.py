@@ -23,90 +23,65 @@ API (see docs/snapshots.md for the whole protocol)::
     core.state() -> dict | None           # persist with the checkpoint
     core.status() -> dict;  core.active;  core.blocking;  core.paused;  core.draining
 
-Invariants:
+Invariants (each mode's own rules are stated in the module that owns it):
 
 - Requests outstanding: ``next_request`` returns None while no further request may go
   out. Without concurrent windows that is one request until it is answered
   (``on_table_started`` / ``on_chunk_read`` / ``on_request_failed``), plus, with
-  read-ahead, the table's next chunk once the previous chunk's rows are in (below);
-  with concurrent windows (``CoreSettings.parallelism > 1``, ``core.flight``) up to
-  ``parallelism`` chunk requests of one table at once, each with its own window.
-- Read-ahead (``CoreSettings.read_ahead``): once chunk n's rows are in, and n is not the
-  table's last, ``next_request`` already returns chunk n+1 (``after_key`` = n's last key
-  read), while n still waits for its H. The worker runs requests in order, so n+1's L
-  lands after n's H and the two windows never overlap. At n's H, n+1 is kept if n was
-  conclusive (progress then equals n+1's ``after_key``) and dropped otherwise (its
-  watermarks and answer are then unknown and ignored, and n is planned again).
-  An incremental request's effect lands only at its final watermark, so ``state()``
-  changes only at positions the stream has delivered, and ``state()`` taken after the
-  returned events are logged is exactly what a restart needs.
+  read-ahead, the table's next chunk once the previous chunk's rows are in
+  (``core.readahead``); with concurrent windows (``CoreSettings.parallelism > 1``,
+  ``core.concurrent``) up to ``parallelism`` requests at once, each chunk with its own
+  window. Every request is worded by ``core.planner``.
+- An incremental request's effect lands only at its final watermark (read-only: at the
+  ``on_progress`` whose ``reached`` passed its fence), so ``state()`` changes only at
+  positions the stream has delivered, and ``state()`` taken after the returned events
+  are logged is exactly what a restart needs (``core.run``: progress moves only with
+  emitted rows).
 - Incremental rows are emitted at H, at ``H.index + 1 + k``; a row whose key had a
   table event between L and H is dropped (``window.ChunkWindow``). A table's progress
   moves to the key of the chunk's last row *read*.
 - Watermark ids the core does not expect (an interrupted chunk's, after a restart) are
   ignored; the interrupted chunk is read again with new watermarks.
-- Key-level re-reads (``core.rereads``): a create carrying unchanged (TOAST) columns
-  (a key-changing UPDATE) and a chunk row dropped by such a partial event queue the
-  row's identity; ``next_request`` returns a ``KeyReadRequest`` for queued keys before
-  any chunk (also while paused: they are repairs), and its rows land at its H under the
-  same window rules. The queue is persisted; ``active`` is True while it is not empty.
-- Blocking snapshots: while ``blocking`` is True the runner keeps the stream paused (at
-  a transaction boundary) and calls ``on_stream_paused`` once; then the core issues
-  requests without watermarks and returns rows directly, positioned after the anchor.
-- Read-only snapshots (``CoreSettings.read_only``, see ``core.fence``): incremental
-  requests (chunks and key re-reads) name no watermarks; an answer carries a
-  ``ReadFence`` and its rows are emitted at the first ``on_progress`` whose ``reached``
-  the fence has passed; a
-  table start and waiting notices take effect at the next ``on_progress``. Call
-  ``on_progress`` only at transaction boundaries (a commit, or idle outside one).
-- Slices (``CoreSettings.slice_rows``, concurrent windows only): a range's rows land
-  a slice at a time, the first at its H (or passed fence), the rest at
-  ``on_boundary`` calls while ``draining``; call it only at transaction boundaries.
-  Each slice moves the table's progress to its last key read (``core.flight``).
-- Fenced watermark windows (``CoreSettings.fenced``): requests carry watermarks *and*
-  ``fenced``; windows are judged by the read's fence as read-only ones are (events
-  unseen by the read drop their keys, also those delivered before L), and close at H.
-- Fenced blocking reads (``CoreSettings.fenced_blocking``, and with ``fenced`` or
-  ``read_only``): blocking requests carry ``fenced``; each answer is judged at once
-  (``_blocking_window``). Alone (MySQL/MariaDB), only the blocking lane's tables' events
-  are kept (``core.fence.Unsettled``), and incremental requests stay unfenced.
+- Key-level re-reads (``core.rereads``): queued keys are read (``KeyReadRequest``)
+  before any chunk, also while paused (they are repairs); their rows land at their H
+  under the same window rules. ``active`` is True while keys are queued.
+- Blocking snapshots (``core.blocking``): while ``blocking`` is True the runner keeps
+  the stream paused (at a transaction boundary) and calls ``on_stream_paused`` once;
+  then the core issues requests without watermarks and returns rows directly,
+  positioned after the anchor.
+- Read-only snapshots and fenced windows (``CoreSettings.read_only`` / ``fenced`` /
+  ``fenced_blocking``, ``core.fence``): a read answers with a ``ReadFence``; read-only
+  rows are emitted at the first ``on_progress`` whose ``reached`` the fence has
+  passed, and a table start and waiting notices take effect at the next
+  ``on_progress``. Call ``on_progress`` only at transaction boundaries.
+- Slices (``CoreSettings.slice_rows``, concurrent windows only): a range's rows land a
+  slice at a time, the first at its H (or passed fence), the rest at ``on_boundary``
+  calls while ``draining``; call it only at transaction boundaries.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from pydblog.core.blocking import BlockingReads
 from pydblog.core.commands import (
     pause_notice,
     plan_execute,
     plan_initial,
     rejected_signal,
     resume_notice,
-    snapshot_stopped,
     stop_matcher,
     stop_notice,
 )
-from pydblog.core.fence import FencedWindow, Lost, ReadFence, Unsettled, slim
-from pydblog.core.flight import Flight, Range
-from pydblog.core.intsplit import as_planned, cap
-from pydblog.core.keys import RawKey, match_key, row_key
-from pydblog.core.notices import (
-    Notice,
-    PositionCursor,
-    in_progress,
-    lane_completed,
-    table_empty,
-    table_rejected,
-    table_scan_completed,
-    table_scan_started,
-)
-from pydblog.core.progress import Lane, TableJob
+from pydblog.core.concurrent import NO_FENCE, NO_KEY, ConcurrentWindows
+from pydblog.core.fence import Fencing, ReadFence
+from pydblog.core.notices import Notice, Outbox, PositionCursor
+from pydblog.core.planner import Planner, window_for
+from pydblog.core.progress import Lane
+from pydblog.core.readahead import Pending, continues, next_chunk
 from pydblog.core.requests import (
-    BoundsRequest,
     ChunkRequest,
     KeyReadRequest,
     MarkRequest,
@@ -114,57 +89,15 @@ from pydblog.core.requests import (
     TableStartRequest,
 )
 from pydblog.core.rereads import RereadQueue
+from pydblog.core.run import Run, StartAnswer
 from pydblog.core.signals import Signal, SignalType
-from pydblog.core.sizing import CoreSettings, next_chunk_size, shrink
-from pydblog.core.window import ChunkWindow, WindowResult
-from pydblog.events import (
-    ChangeEvent,
-    ChunkRow,
-    Emitted,
-    EncodedChunk,
-    EncodedRow,
-    Op,
-    SnapshotKind,
-    SnapshotRows,
-)
+from pydblog.core.sizing import CoreSettings
+from pydblog.core.window import ChunkWindow, keyed
+from pydblog.events import ChangeEvent, ChunkRow, Emitted, SnapshotKind
 from pydblog.ports import TableInfo
-from pydblog.positions import Position, decode_position, encode_position
+from pydblog.positions import Position
 
 STATE_VERSION = 1
-
-
-@dataclass(slots=True)
-class _StartAnswer:
-    """The worker's answer to a TableStartRequest, applied at its watermark."""
-
-    info: TableInfo | None
-    max_key: RawKey | None
-    error: str | None
-
-
-@dataclass(slots=True)
-class _Pending:
-    """The incremental request whose final watermark has not been seen yet."""
-
-    request: Request
-    answer: _StartAnswer | None = None
-    window: ChunkWindow | None = None
-    low_seen: bool = False
-    fenced: FencedWindow | None = None  # read-only: ``window`` judged by the read's fence
-
-
-@dataclass(slots=True)
-class _Totals:
-    """Counters of the current run (reset when the core becomes idle)."""
-
-    tables: int = 0
-    tables_done: int = 0
-    chunks: int = 0
-    rows: int = 0
-
-
-MAX_ISSUED = 1024
-"""Fenced requests whose issue epoch the core remembers at most (``next_request``)."""
 
 
 class SnapshotCore:
@@ -173,17 +106,21 @@ class SnapshotCore:
     State (``*`` = persisted by ``state()``; the rest is in-flight and dropped by a
     restart, which makes the core plan that work again):
 
-    - ``_incr``*, ``_block``*: the incremental and blocking lanes of table jobs;
-    - ``_rereads``*: identities waiting for a key-level re-read;
-    - ``_paused``*, ``_chunk_size``*, ``_totals``*: flags and counters of the run;
-    - ``_notices``*: notifications waiting for a position (placed at the next watermark);
-    - ``_horizon``*: the highest position seen or emitted (blocking anchors there);
+    - ``_run``*: the incremental and blocking lanes of table jobs (``_incr``,
+      ``_block``), the pause flag and the run's counters (``core.run``);
+    - ``_rereads``*: identities waiting for a key-level re-read (``core.rereads``);
+    - ``_planner``*: request ids and the adaptive chunk size (``core.planner``);
+    - ``_fencing``*: the fenced modes' kept events and floor (``core.fence``);
+    - ``_out``*: notifications waiting for a position (placed at the next watermark)
+      and the horizon, the highest position seen or emitted (blocking anchors there);
     - ``_busy``: the id of the one request whose answer is awaited;
     - ``_pending``: the incremental request awaiting its final watermark, and
       ``_window``: its chunk window once L has been seen (what ``on_event`` checks);
     - ``_ahead``: the read-ahead chunk request planned behind ``_pending``;
-    - ``_mark``: an outstanding ``MarkRequest``; ``_blocking_request``: the blocking
-      request being answered; ``_anchor``: the blocking position cursor.
+    - ``_mark``: an outstanding ``MarkRequest``;
+    - ``_blocking``: the blocking lane's anchor and outstanding request
+      (``core.blocking``); ``_concurrent``: the flights of concurrent windows
+      (``core.concurrent``).
     """
 
     def __init__(
@@ -194,43 +131,29 @@ class SnapshotCore:
         instance: str | None = None,
     ) -> None:
         self._settings = settings
-        self._instance = instance if instance is not None else uuid.uuid4().hex[:12]
-        self._seq = 0
-        self._incr = Lane()
-        self._block = Lane()
-        self._paused = False
-        self._chunk_size = settings.clamp(settings.chunk_size)
-        self._totals = _Totals()
-        self._notices: list[Notice] = []
-        # Tables stopped of a snapshot (signal id) that still has others (``_stopped``).
-        self._aborted: dict[str, list[str]] = {}
-        self._horizon: Position | None = None
-        self._pending: _Pending | None = None
+        self._planner = Planner(
+            settings, instance if instance is not None else uuid.uuid4().hex[:12],
+            self._floor_hint,
+        )
+        self._run = Run(settings, finished=self._table_finished, changed=self._watch,
+                        settle=self._settle)
+        self._out = Outbox()  # the horizon, and notices waiting for a position
+        self._pending: Pending | None = None
         self._window: ChunkWindow | None = None
-        self._ahead: _Pending | None = None
+        self._ahead: Pending | None = None
         self._busy: str | None = None
         self._mark: MarkRequest | None = None
-        # Consecutive failures per table (a table's requests; "reread <table>" for its
-        # key re-reads): with several tables in flight one table's failures must not
-        # count against, nor be reset by, another's.
-        self._failures: dict[str, int] = {}
-        self._blocking_request: Request | None = None
-        self._anchor: PositionCursor | None = None
         self._rereads = RereadQueue()
-        self._read_only = settings.read_only
-        # Windows judged by their reads' fences (read-only, or watermarks + fences).
-        self._fenced = settings.read_only or settings.fenced
-        # Blocking reads judged by their fences (with fenced windows, or alone).
-        self._fenced_blocking = self._fenced or settings.fenced_blocking
-        self._unsettled = Unsettled()
-        self._issued: dict[str, int] = {}  # fenced request id -> Delivered epoch at issue
+        self._fencing = Fencing(settings.read_only, settings.fenced, settings.fenced_blocking)
         self._read_again = 0  # reads whose window was inconclusive (this process)
-        self._watched: set[str] = set()  # read-only: tables in the incremental lane
-        # Concurrent windows (``core.flight``): one flight per table being read, in lane
-        # order, keyed by the job's table and by (schema, name) for the stream's events.
-        self._flights: dict[str, Flight] = {}
-        self._observers: dict[tuple[str, str], Flight] = {}
-        self._starting: _Pending | None = None  # a concurrent TableStartRequest
+        # The blocking lane's anchor and outstanding request (``core.blocking``).
+        self._blocking = BlockingReads(
+            self._run, self._planner, self._fencing, self._out, self._rereads,
+        )
+        # Concurrent windows (``core.concurrent``, ``core.flight``).
+        self._concurrent = ConcurrentWindows(
+            settings, self._run, self._planner, self._fencing, self._out, self._rereads,
+        )
         if state:
             self._restore(state)
 
@@ -248,28 +171,33 @@ class SnapshotCore:
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self._run.paused
+
+    @property
+    def _incr(self) -> Lane:
+        return self._run.incr
+
+    @property
+    def _block(self) -> Lane:
+        return self._run.block
 
     @property
     def waiting_for_progress(self) -> bool:
         """Read-only: an answered request, or a notification (a table rejected when no
         other was left), waits for ``on_progress`` (a passed fence, a table start, a
         position); the runner should make the stream report how far it is."""
-        if not self._read_only:
+        if not self._fencing.read_only:
             return False
-        if self._notices:
+        if self._out.waiting:
             return True
-        for flight in self._flights.values():
-            if any(r.read and r.fenced is not None for r in flight.ranges):
-                return True
-        if self._starting is not None and self._starting.answer is not None:
+        if self._concurrent.waiting:
             return True
         pending = self._pending
         if pending is None:
             return False
         if isinstance(pending.request, TableStartRequest):
             return pending.answer is not None
-        return pending.fenced is not None and pending.fenced.fence is not None
+        return pending.fence_in
 
     # -- signals -------------------------------------------------------------------
 
@@ -279,16 +207,16 @@ class SnapshotCore:
         """Apply a signal; returns exactly one notification, at the signal's position."""
         self._advance(position)
         if signal.type is SignalType.EXECUTE_SNAPSHOT:
-            jobs, notice = plan_execute(signal, captured_tables, self._queued())
-            self._enqueue(jobs)
+            jobs, notice = plan_execute(signal, captured_tables, self._run.queued())
+            self._run.enqueue(jobs)
         elif signal.type is SignalType.STOP_SNAPSHOT:
             notice = stop_notice(signal, self._stop(stop_matcher(signal), signal.id))
         elif signal.type is SignalType.PAUSE_SNAPSHOT:
-            notice = pause_notice(signal, bool(self._incr), self._brief())
-            self._paused = bool(self._incr)
+            notice = pause_notice(signal, bool(self._incr), self._run.brief())
+            self._run.paused = bool(self._incr)
         else:
-            notice = resume_notice(signal, self._paused, self._brief())
-            self._paused = False
+            notice = resume_notice(signal, self._run.paused, self._run.brief())
+            self._run.paused = False
         return [notice.event(position, ts_ms)]
 
     def on_signal_error(
@@ -311,10 +239,10 @@ class SnapshotCore:
         ``ts_ms`` is unused (kept so callers may pass it)."""
         if position is not None:
             self._advance(position)
-        jobs, notice = plan_initial(captured_tables, self._queued())
-        self._enqueue(jobs)
+        jobs, notice = plan_initial(captured_tables, self._run.queued())
+        self._run.enqueue(jobs)
         if notice is not None:
-            self._notices.append(notice)
+            self._out.waiting.append(notice)
         return []
 
     def restart_table(self, table: str, *, queue: bool = False) -> None:
@@ -326,79 +254,33 @@ class SnapshotCore:
         pending = self._pending
         if pending is not None and getattr(pending.request, "table", None) == table:
             self._drop_pending()
-        self._drop_flight(table)  # its requests' late answers are ignored
-        if self._starting is not None and getattr(self._starting.request, "table", None) == table:
-            self._starting = None
+        self._concurrent.forget(table)  # its requests' late answers are ignored
         for lane in (self._incr, self._block):
             lane.reset(table)
-        if queue and table not in self._queued():
+        if queue and table not in self._run.queued():
             self.start_initial([table])
 
     def _stop(self, matches: Callable[[str], bool], by: str) -> list[str]:
         """Remove the matching tables from both lanes (abandoning their in-flight work);
-        returns them. ``by``: the stop-snapshot's signal id (see ``_stopped``)."""
+        returns them. ``by``: the stop-snapshot's signal id (``Run.stop``)."""
         current = self._incr.current
-        dropped = self._incr.drop(matches) + self._block.drop(matches)
+        dropped, notices = self._run.stop(matches, by)
         if current is not None and self._incr.current is None:
             self._drop_pending()
-        self._forget_gone()
-        if self._blocking_request is not None and self._block.current is None:
-            self._blocking_request = None
-        self._totals.tables_done += len(dropped)
-        self._stopped(dropped, by)
+        self._concurrent.forget_gone()
+        self._out.waiting.extend(notices)
         self._watch()
-        if not self._block:
-            self._anchor = None
+        self._blocking.stopped()
         self._settle()
         return [j.table for j in dropped]
 
-    def _stopped(self, dropped: list[TableJob], by: str) -> None:
-        """Each snapshot (signal id) a stop took tables from still ends with exactly one
-        terminal notification under its own id: when these were its last tables, its
-        ABORTED now (listing every table of it stopped, and the stop's id; placed at the
-        next watermark like any waiting notice); else its COMPLETED, once its other
-        tables are done, lists them (``aborted_data_collections``)."""
-        left = {j.signal_id for lane in (self._incr, self._block)
-                for j in (*lane.running(), *lane.queue)}
-        for job in dropped:
-            self._aborted.setdefault(job.signal_id, []).append(job.table)
-        for job in {j.signal_id: j for j in dropped}.values():
-            if job.signal_id not in left:
-                tables = self._aborted.pop(job.signal_id)
-                self._notices.append(snapshot_stopped(job.signal_id, job.kind, tables, by))
-
-    def _enqueue(self, jobs: list[TableJob]) -> None:
-        for job in jobs:
-            lane = self._block if job.kind is SnapshotKind.BLOCKING else self._incr
-            lane.queue.append(job)
-            # A table a stop removed from this snapshot and queued in it again (only
-            # ``initial`` reuses its id: a stream reset) is read, not aborted.
-            stopped = self._aborted.get(job.signal_id)
-            if stopped is not None and job.table in stopped:
-                stopped.remove(job.table)
-                if not stopped:
-                    del self._aborted[job.signal_id]
-        self._totals.tables += len(jobs)
-        self._watch()
-
     def _watch(self) -> None:
         """Fenced: the tables whose events must be kept until a fence settles them
-        (being snapshotted, blocking too, or with keys waiting for a re-read; with
-        blocking reads fenced alone, the blocking lane's tables only)."""
-        if self._fenced_blocking:
-            before = self._watched
-            self._watched = (set(self._incr.tables()) | set(self._block.tables())
-                             | self._rereads.tables()) if self._fenced \
-                else set(self._block.tables())  # (only blocking reads are fenced)
-            if not self._watched:
-                self._unsettled.clear()
-            elif not self._watched <= before:
-                # Events delivered until now were not kept: windows need a fence that
-                # covers them (a lagging standby may not have replayed them yet).
-                self._unsettled.watch_from(self._horizon)
-
-    def _queued(self) -> set[str]:
-        return set(self._incr.tables()) | set(self._block.tables())
+        (``Fencing.watch``)."""
+        if self._fencing.fenced_blocking:
+            blocking = set(self._block.tables())
+            tables = set(self._incr.tables()) | blocking | self._rereads.tables()
+            self._fencing.watch(tables, blocking, self._out.horizon)
 
     # -- requests ------------------------------------------------------------------
 
@@ -407,72 +289,52 @@ class SnapshotCore:
         a watermark, or ``on_stream_paused``). Blocking work goes first."""
         request = self._next_request()
         if request is not None and getattr(request, "fenced", False):
-            # Which Delivered epoch the read's fence comes from (core.fence, Delivered).
-            # Bounded: an answer that never comes (a failed read) leaves its entry; one
-            # dropped here is judged as too old (conservative).
-            issued = self._issued
-            issued[request.id] = self._unsettled.delivered.epoch
-            if len(issued) > MAX_ISSUED:
-                del issued[next(iter(issued))]
+            self._fencing.issue(request.id)
         return request
-
-    def _issued_epoch(self, request_id: str) -> int:
-        return self._issued.pop(request_id, -1)  # unknown: too old to resolve anything
 
     def _next_request(self) -> Request | None:
         if self._busy is not None:
             return None
         if self._block:
-            return self._next_blocking()
+            blocking = self._blocking.next_request()
+            if blocking is not None:
+                self._busy = blocking.id
+            return blocking
         if self._pending is not None:
             return self._read_ahead()
-        if self._flights or self._starting is not None:
-            concurrent = self._flight_next()
-            if concurrent is not None or self._flights or self._starting is not None:
+        if self._concurrent.busy:
+            concurrent = self._concurrent.next_request()
+            if concurrent is not None or self._concurrent.busy:
                 return concurrent
         if self._rereads:
             return self._plan_reread()
-        job = None if self._paused else self._incr.head()
+        job = None if self._run.paused else self._incr.head()
         if job is None:
             return self._next_mark()
         self._mark = None
-        if self._concurrent(job):
-            return self._flight_next()
-        request = self._plan(job, blocking=False)
-        self._pending = _Pending(request)
+        if self._concurrent.wants(job):
+            return self._concurrent.next_request()
+        request = self._planner.plan(job, blocking=False)
+        self._pending = Pending(request)
         if isinstance(request, ChunkRequest):
-            self._pending.window = _window(job, request)
-            self._fence(self._pending)
+            self._pending.window = window_for(job, request)
+            self._pending.fence(self._fencing)
         self._busy = request.id
         return request
 
-    def _fence(self, pending: _Pending) -> None:
-        """Read-only: the chunk's window is judged by its read's fence; it sees every
-        unsettled event of its table from now on (there is no L to wait for)."""
-        if self._fenced and pending.window is not None:
-            pending.fenced = FencedWindow(pending.window, self._unsettled)
-            pending.low_seen = self._read_only  # else at its L
-
     def _read_ahead(self) -> Request | None:
-        """Chunk n+1 of the current table while chunk n waits for its H (see the module
-        docstring), or None."""
+        """Chunk n+1 of the current table while chunk n waits for its H
+        (``core.readahead``), or None."""
         pending = self._pending
-        if not self._settings.read_ahead or self._ahead is not None or self._paused or self._rereads:
+        if not self._settings.read_ahead or self._ahead is not None or self._run.paused or self._rereads:
             return None
         assert pending is not None
-        request, window = pending.request, pending.window
-        if not isinstance(request, ChunkRequest) or window is None or not window.has_rows:
-            return None
         job = self._incr.current
-        if job is None or job.table != request.table or job.key_columns != request.key_columns:
+        ahead = next_chunk(pending, job, self._planner)
+        if ahead is None or job is None:
             return None
-        last = window.last_read_key
-        if job.reached_end(window.read_count, request.limit, last):
-            return None
-        ahead = self._plan(dataclasses.replace(job, last_key=last), blocking=False)
-        assert isinstance(ahead, ChunkRequest)
-        self._ahead = _Pending(ahead, window=_window(job, ahead))
-        self._fence(self._ahead)
+        self._ahead = Pending(ahead, window=window_for(job, ahead))
+        self._ahead.fence(self._fencing)
         self._busy = ahead.id
         return ahead
 
@@ -482,238 +344,26 @@ class SnapshotCore:
         if batch is None:
             return None
         schema, table, identity, keys = batch
-        rid = self._new_id("key")
-        marks = not self._read_only  # read-only: fenced by the read's own snapshot
-        request = KeyReadRequest(
-            rid, f"{schema}.{table}", identity, keys, f"{rid}:low" if marks else None,
-            f"{rid}:high" if marks else None, fenced=self._fenced, floor=self._floor_hint(),
-        )
+        request = self._planner.reread(schema, table, identity, keys)
+        rid = request.id
         window = ChunkWindow(schema, table, identity)
-        self._pending = _Pending(request, window=window)
-        self._fence(self._pending)
+        self._pending = Pending(request, window=window)
+        self._pending.fence(self._fencing)
         self._busy = rid
-        return request
-
-    def _next_blocking(self) -> Request | None:
-        job = self._block.head()
-        if self._anchor is None or job is None:
-            return None
-        request = self._plan(job, blocking=True)
-        self._blocking_request = request
-        self._busy = request.id
         return request
 
     def _next_mark(self) -> MarkRequest | None:
         """A watermark for notices waiting for a position, once (a mark the runner never
         writes is superseded by the next request's watermarks, which place them too)."""
-        if not self._notices or self._mark is not None or self._read_only:
+        if not self._out.waiting or self._mark is not None or self._fencing.read_only:
             return None  # read-only: notices are placed at the next on_progress
-        rid = self._new_id("m")
-        self._mark = MarkRequest(rid, f"{rid}:mark")
+        self._mark = self._planner.mark()
         return self._mark
 
-    def _plan(self, job: TableJob, *, blocking: bool) -> Request:
-        rid = self._new_id("blk" if blocking else "inc")
-        marks = not blocking and not self._read_only
-        fenced = self._fenced_blocking if blocking else self._fenced
-        if not job.started:
-            return TableStartRequest(
-                rid,
-                job.table,
-                job.kind,
-                job.surrogate_key,
-                job.condition,
-                f"{rid}:start" if marks else None,
-                fenced=fenced,  # blocking reads too: see ``_blocking_window``
-                floor=self._floor_hint(),
-            )
-        assert job.key_columns is not None and job.max_key is not None
-        return ChunkRequest(
-            id=rid,
-            table=job.table,
-            kind=job.kind,
-            surrogate_key=job.surrogate_key,
-            key_columns=job.key_columns,
-            after_key=job.last_key,
-            max_key=job.max_key,
-            limit=self._chunk_size,
-            condition=job.condition,
-            low_watermark=f"{rid}:low" if marks else None,
-            high_watermark=f"{rid}:high" if marks else None,
-            fenced=fenced,
-            identity=job.identity or (),
-            floor=self._floor_hint(),
-        )
-
     def _floor_hint(self) -> Position | None:
-        """Read-only: the floor's position while one is open (``ChunkRequest.floor``)."""
-        floor = self._unsettled.floor if self._fenced_blocking else None
-        return floor.position if floor is not None else None
+        return self._fencing.floor_hint()
 
-    def _new_id(self, prefix: str) -> str:
-        self._seq += 1
-        return f"{self._instance}-{prefix}{self._seq}"
-
-    # -- concurrent windows (core.flight) --------------------------------------------------
-
-    def _concurrent(self, job: TableJob) -> bool:
-        """The table's chunks are read several at once, each in its own window: an
-        incremental table chunked by its own key (a surrogate key may repeat and group).
-        It is started by a concurrent ``TableStartRequest`` if it is not yet."""
-        return (
-            self._settings.parallelism > 1 and job.surrogate_key is None
-            and job.kind is SnapshotKind.INCREMENTAL
-        )
-
-    def _add_flight(self, job: TableJob) -> Flight:
-        assert job.key_columns is not None and job.max_key is not None
-        flight = Flight(
-            job.table, job.schema_name, job.table_name, job.key_columns, job.max_key,
-            self._settings.parallelism,
-        )
-        self._flights[job.table] = flight
-        self._observers[(flight.schema, flight.name)] = flight
-        return flight
-
-    def _drop_flight(self, table: str) -> None:
-        """Abandon a table's flight: its requests' late answers and watermarks are ignored."""
-        flight = self._flights.pop(table, None)
-        if flight is not None:
-            self._observers.pop((flight.schema, flight.name), None)
-
-    def _forget_gone(self) -> None:
-        """Drop the flights and the start of tables no longer running in the lane."""
-        running = {j.table for j in self._incr.running()}
-        for table in [t for t in self._flights if t not in running]:
-            self._drop_flight(table)
-        starting = self._starting
-        if starting is not None and getattr(starting.request, "table", None) not in running:
-            self._starting = None
-
-    def _reading(self) -> int:
-        """Concurrent requests being read (ranges, bounds, a table start)."""
-        n = sum(len(f.reading) for f in self._flights.values())
-        starting = self._starting
-        return n + (1 if starting is not None and starting.answer is None else 0)
-
-    def _flight_next(self) -> Request | None:
-        """The next concurrent request, or None.
-
-        Tables are read in lane order: a table's ranges and bounds go first; only once
-        its flight is ``exhausted`` (every chunk of it started) may the next table's
-        chunks start (its ``TableStartRequest``, then its ranges), and so on, so up to
-        ``parallelism`` chunks are in flight across the tail of one table and the
-        next tables. Limits: at most ``parallelism`` requests read at once; at most
-        ``2·parallelism`` ranges issued and not emitted across the tables (a table's own
-        limit is ``parallelism + 1``), except the oldest table's first range, which may
-        always go (it waits for nothing, so the snapshot always moves on).
-
-        While paused or while key re-reads wait, nothing new is issued; a flight with
-        nothing issued (or whose first range must be read again) is dropped then: it
-        is planned again from the table's progress."""
-        lane = self._incr
-        self._forget_gone()
-        if self._paused or self._rereads:
-            for table, flight in list(self._flights.items()):
-                head = flight.ranges[0] if flight.ranges else None
-                if not flight.open or (head is not None and head.request is None):
-                    self._drop_flight(table)
-            return None
-        p = self._settings.parallelism
-        if self._reading() >= p:
-            return None
-        issued = sum(f.issued for f in self._flights.values())
-        for job in lane.running():
-            if not self._concurrent(job):
-                return None  # (cannot happen: only such tables run beside others)
-            if not job.started:
-                return self._start_concurrent(job)
-            flight = self._flights.get(job.table) or self._add_flight(job)
-            request = self._flight_request(flight, job, issued < 2 * p, job is lane.current)
-            if request is not None or not flight.exhausted:
-                return request
-        if self._starting is not None or issued >= 2 * p:
-            return None
-        following = lane.queue[0] if lane.queue else None
-        if following is None or not self._concurrent(following):
-            return None  # a table read one chunk at a time waits for the flights to land
-        taken = lane.take_next()
-        assert taken is not None
-        if not taken.started:
-            return self._start_concurrent(taken)
-        return self._flight_request(self._add_flight(taken), taken, True, False)
-
-    def _flight_request(
-        self, flight: Flight, job: TableJob, room: bool, oldest: bool
-    ) -> Request | None:
-        """The flight's next range (if ``room``, or if it is the ``oldest`` table's first
-        range) or bounds."""
-        rng = flight.next_range()
-        if rng is not None and (room or (oldest and rng is flight.ranges[0])):
-            return self._issue_range(flight, job, rng)
-        if flight.wants_bounds():
-            assert job.key_columns is not None and job.max_key is not None
-            if flight.plan(job.last_key, max(1, self._chunk_size)):  # integer keys
-                rng = flight.next_range()
-                if rng is not None and (room or (oldest and rng is flight.ranges[0])):
-                    return self._issue_range(flight, job, rng)
-                return None
-            rid = self._new_id("bnd")
-            bounds = BoundsRequest(
-                rid, job.table, job.key_columns, flight.planned_end(job.last_key), job.max_key,
-                max(1, self._chunk_size), 2 * self._settings.parallelism, job.condition,
-                job.identity or (),
-            )
-            flight.ask_bounds(bounds)
-            return bounds
-        return None
-
-    def _start_concurrent(self, job: TableJob) -> Request | None:
-        """The ``TableStartRequest`` of a table read in concurrent windows (one at a
-        time; its answer lands at its watermark, read-only at the next progress)."""
-        if self._starting is not None:
-            return None
-        rid = self._new_id("inc")
-        marks = not self._read_only
-        request = TableStartRequest(
-            rid, job.table, job.kind, job.surrogate_key, job.condition,
-            f"{rid}:start" if marks else None, concurrent=True, fenced=self._fenced,
-            floor=self._floor_hint(),
-        )
-        self._starting = _Pending(request)
-        return request
-
-    def _apply_starting(self, cursor: PositionCursor) -> list[Emitted]:
-        """The concurrent start's answer takes effect: the table is started (its flight
-        is planned by the next ``next_request``), empty or rejected."""
-        starting, self._starting = self._starting, None
-        assert starting is not None
-        request = starting.request
-        assert isinstance(request, TableStartRequest)
-        if starting.answer is None:  # watermark before the answer: plan it again
-            return self._place(cursor, [])
-        return self._place(cursor, self._start(self._incr, starting.answer, request.table))
-
-    def _issue_range(self, flight: Flight, job: TableJob, rng: Range) -> ChunkRequest:
-        assert job.key_columns is not None
-        rid = self._new_id("inc")
-        marks = not self._read_only
-        request = ChunkRequest(
-            id=rid, table=job.table, kind=job.kind, surrogate_key=None,
-            key_columns=job.key_columns, after_key=rng.after, max_key=rng.upper,
-            limit=cap(rng.planned) if rng.planned else self._chunk_size, condition=job.condition,
-            low_watermark=f"{rid}:low" if marks else None,
-            high_watermark=f"{rid}:high" if marks else None,
-            fenced=self._fenced, identity=job.identity or (), concurrent=True,
-            floor=self._floor_hint(),
-        )
-        window = _window(job, request)
-        fenced = FencedWindow(window, self._unsettled) if self._fenced else None
-        flight.issue(rng, request, window, fenced)
-        return request
-
-    def _owner(self, request_id: str) -> Flight | None:
-        return next((f for f in self._flights.values() if f.owns(request_id)), None)
+    # -- concurrent windows (core.concurrent) ----------------------------------------------
 
     def on_bounds(
         self, request_id: str, keys: Sequence[Sequence[Any]], integer: bool = False
@@ -722,129 +372,13 @@ class SnapshotCore:
         ``integer``: the chunk key is one column of an integer type (the reader's
         ``integer_key``): the table's next ranges are cut by arithmetic
         (``core.intsplit``) instead of by more bounds queries."""
-        flight = self._owner(request_id)
-        if flight is not None:
-            flight.on_bounds(request_id, [tuple(k) for k in keys], integer)
+        self._concurrent.on_bounds(request_id, keys, integer)
         return []
-
-    def _flight_rows(
-        self, flight: Flight, request_id: str, rows: Sequence[ChunkRow], elapsed_ms: float,
-        fence: ReadFence | None,
-    ) -> list[Emitted]:
-        rng = flight.range_of(request_id)
-        request = rng.request if rng is not None else None
-        if request is None or request_id not in flight.reading:
-            return []
-        if request.fenced and fence is None:
-            return self.on_request_failed(
-                request_id, "a read-only chunk came without its fence", retriable=False
-            )
-        if not _keyed(rows, request.key_columns):
-            error = "chunk rows lack a key column (the reader must select the key columns)"
-            return self.on_request_failed(request_id, error, retriable=False)
-        if rng is not None and rng.planned:  # an arithmetic range (core.intsplit)
-            read, elapsed_ms = as_planned(rng.planned, len(rows), elapsed_ms)
-            self._chunk_size = next_chunk_size(self._settings, rng.planned, read, elapsed_ms)
-        else:
-            self._resize(request, len(rows), elapsed_ms)
-        flight.set_rows(request_id, rows, fence, max(1, self._chunk_size))
-        if fence is not None:
-            self._unsettled.prune(fence, self._issued_epoch(request_id))
-        return []
-
-    def _flight_failed(
-        self, flight: Flight, request_id: str, error: str, retriable: bool | None
-    ) -> None:
-        """A range's read (or a bounds query) failed: read it again, or, after
-        ``max_attempts`` (or a fatal error), drop the table."""
-        rng = flight.range_of(request_id)
-        request: Request | None = rng.request if rng is not None else flight.bounds
-        if request is None:
-            return
-        flight.failed(request_id)  # also after its answer: its H may never come
-        notices = self._after_failure(self._incr, request, error, retriable)
-        self._forget_gone()
-        self._notices.extend(notices)
-
-    def _flights_emit(
-        self, cursor: PositionCursor, reached: Position | None, budget: int | None = None,
-    ) -> list[Emitted]:
-        """``_flight_emit`` for every table's flight, in lane order, sharing one
-        budget of rows (None: ``settings.slice_rows``)."""
-        out: list[Emitted] = []
-        left = self._settings.slice_rows if budget is None else budget
-        for table in list(self._flights):
-            events, left = self._flight_emit(table, cursor, reached, left)
-            out += events
-        return out
-
-    def _flight_emit(
-        self, table: str, cursor: PositionCursor, reached: Position | None,
-        budget: int | None = None,
-    ) -> tuple[list[Emitted], int]:
-        """Emit, in key order, every range at the head of ``table``'s flight whose window
-        may close (its H came back; read-only: the stream passed its fence, ``reached``).
-        A range that cannot close conclusively is read again and the ones after it
-        wait; their windows stay open meanwhile (see ``core.flight``).
-
-        Slices (``settings.slice_rows`` > 0): at most ``budget`` rows read (None:
-        ``slice_rows``) are handed out; a head range not emitted whole stays the head,
-        its window open, its progress at its last slice's last key (``core.flight``,
-        "Slices"). Returns the events and the budget left (0 without slices)."""
-        out: list[Emitted] = []
-        slicing = self._settings.slice_rows > 0
-        left = (self._settings.slice_rows if budget is None else budget) if slicing else 0
-
-        def passed(fenced: FencedWindow) -> bool:
-            return reached is not None and fenced.passed(reached)
-
-        while (flight := self._flights.get(table)) is not None:
-            head = flight.head_ready(passed)
-            if head is None or (slicing and left <= 0):
-                break
-            job = self._incr.job(table)
-            window = head.window
-            if job is None or window is None:
-                self._drop_flight(table)
-                break
-            source = head.fenced if head.fenced is not None else window
-            if not head.read or not (head.low_seen or head.fenced is not None):
-                result = WindowResult([], 0, None, False)
-            elif slicing:
-                result = source.take(left, self._settings.slice_bytes)
-                left -= result.read
-            else:
-                result = source.close()
-            if not result.conclusive:
-                self._read_again += 1
-                flight.forget(head)
-                head.reset()  # read again; the ranges after it wait, their windows open
-                break
-            out += self._rows(job, result.rows, cursor)
-            self._rereads.add_all(job.schema_name, job.table_name, result.reread)
-            if result.left:  # a slice: the rest of the range follows later
-                self._slice_done(head, job, result)
-                continue
-            if window.taken:  # the last slice: the range is done as a whole chunk
-                result = WindowResult(result.rows, window.read_count, window.last_read_key, True)
-            out += self._place(cursor, self._range_done(flight, job, head, result))
-        return out, left
-
-    def _slice_done(self, head: Range, job: TableJob, result: WindowResult) -> None:
-        """A slice of the head range is out: the table's progress (what a restart
-        resumes after) moves to the slice's last key read, and so does the range's
-        start (``Flight``: ``ranges[0].after`` is the progress). Its window stays
-        open for the rest, which ``head_ready`` now offers at any point."""
-        assert result.last_key is not None
-        head.after = result.last_key
-        head.draining = True
-        self._incr.put(job.advance(result.last_key, len(result.rows), chunk=False))
-        self._totals.rows += len(result.rows)
 
     @property
     def draining(self) -> bool:
         """Some window has rows to hand out now (slices, ``on_boundary``)."""
-        return self._settings.slice_rows > 0 and any(f.emitting for f in self._flights.values())
+        return self._concurrent.draining
 
     def on_boundary(self, position: Position, ts_ms: int, budget: int | None = None) -> list[Emitted]:
         """The stream is at a transaction boundary and ``position`` is the highest
@@ -853,38 +387,11 @@ class SnapshotCore:
         and the notifications that land with them, placed after ``position``. Call
         it only at transaction boundaries (a commit, or idle outside one)."""
         self._advance(position)
-        if not self.draining or self._anchor is not None:
+        if not self.draining or self._blocking.anchor is not None:
             return []  # (a blocking snapshot owns the positions after its anchor)
-        assert self._horizon is not None
-        cursor = PositionCursor(self._horizon, ts_ms)
-        return self._flights_emit(cursor, None, budget) + self._place(cursor, [])
-
-    def _range_done(
-        self, flight: Flight, job: TableJob, head: Range, result: WindowResult
-    ) -> list[Notice]:
-        """Progress after the head range's rows were emitted: to its upper key if the
-        read saw the whole range, else to the last key read (the rest is read next)."""
-        request = head.request
-        assert request is not None
-        last = result.last_key
-        whole = result.read < request.limit or (
-            last is not None and match_key(last) == match_key(head.upper)
-        )
-        lane = self._incr
-        self._failures.pop(job.table, None)
-        job = job.advance(head.upper if whole else last, len(result.rows))
-        lane.put(job)
-        self._totals.chunks += 1
-        self._totals.rows += len(result.rows)
-        if not whole:
-            flight.forget(head)
-            head.reset(after=last)
-            return [in_progress(job, lane.tables(), self._percent())]
-        flight.pop_head()
-        if head.last:
-            self._drop_flight(job.table)
-            return self._finish_table(lane, [table_scan_completed(job)], job.table)
-        return [in_progress(job, lane.tables(), self._percent())]
+        assert self._out.horizon is not None
+        cursor = PositionCursor(self._out.horizon, ts_ms)
+        return self._concurrent.emit(cursor, None, budget) + self._out.place(cursor, [])
 
     # -- worker answers --------------------------------------------------------------
 
@@ -905,32 +412,32 @@ class SnapshotCore:
         before the table joined the publication) and that were not visible to it (a
         lagging standby, a commit waiting for a synchronous standby), so the start is
         read again (its watermark, if any, is then ignored)."""
-        starting = self._starting
-        ours = starting is not None and starting.request.id == request_id
-        if fence is not None and self._fenced_blocking and error is None \
-                and not self._start_covered(fence, request_id):
+        ours = self._concurrent.starts(request_id)
+        if fence is not None and self._fencing.fenced_blocking and error is None \
+                and not self._fencing.start_covered(fence, request_id):
             self._read_again += 1
             if ours:
-                self._starting = None  # the next request starts the table again
-            elif self._is_blocking(request_id):
+                self._concurrent.starting = None  # the next request starts the table again
+            elif self._blocking.owns(request_id):
                 self._answer(request_id)
-                self._blocking_request = None  # the next request starts it again
+                self._blocking.request = None  # the next request starts it again
             elif self._answer(request_id) and self._pending is not None \
                     and self._pending.request.id == request_id:
                 self._pending = None
             return []
-        if ours and starting is not None and starting.answer is None:
-            starting.answer = _StartAnswer(info, None if max_key is None else tuple(max_key), error)
+        if ours:
+            self._concurrent.on_started(
+                request_id, StartAnswer(info, None if max_key is None else tuple(max_key), error)
+            )
             return []
         if not self._answer(request_id):
             return []
-        answer = _StartAnswer(info, None if max_key is None else tuple(max_key), error)
+        answer = StartAnswer(info, None if max_key is None else tuple(max_key), error)
         if self._pending is not None and self._pending.request.id == request_id:
             self._pending.answer = answer
             return []
-        if self._is_blocking(request_id):
-            self._blocking_request = None
-            return self._emit_blocking([], self._start(self._block, answer))
+        if self._blocking.owns(request_id):
+            return self._blocking.on_started(answer)
         return []
 
     def on_chunk_read(
@@ -940,34 +447,33 @@ class SnapshotCore:
         """The rows of a ChunkRequest, in key order. Incremental: buffered until H (returns
         []); read-only (``request.fenced``): with the read's ``fence``, buffered until the
         stream has passed it. Blocking: emitted now, positioned after the anchor."""
-        flight = self._owner(request_id)
+        flight = self._concurrent.owner(request_id)
         if flight is not None:
-            return self._flight_rows(flight, request_id, rows, elapsed_ms, fence)
-        if self._busy == request_id and self._fenced_request(request_id) and fence is None:
-            return self.on_request_failed(request_id, "a read-only chunk came without its fence",
+            error = self._concurrent.on_rows(flight, request_id, rows, elapsed_ms, fence)
+            if error is not None:
+                return self.on_request_failed(request_id, error, retriable=False)
+            return []
+        if self._busy == request_id and fence is None and any(
+            p is not None and p.request.id == request_id and p.fenced is not None
+            for p in (self._pending, self._ahead)
+        ):
+            return self.on_request_failed(request_id, NO_FENCE,
                                           retriable=False)
-        if self._busy == request_id and not _keyed(rows, self._request_key(request_id)):
-            error = "chunk rows lack a key column (the reader must select the key columns)"
-            return self.on_request_failed(request_id, error, retriable=False)
+        if self._busy == request_id and not keyed(rows, self._request_key(request_id)):
+            return self.on_request_failed(request_id, NO_KEY, retriable=False)
         if not self._answer(request_id):
             return []
         for pending in (self._pending, self._ahead):
             if pending is not None and pending.request.id == request_id:
-                self._resize(pending.request, len(rows), elapsed_ms)
+                self._planner.resize(pending.request, len(rows), elapsed_ms)
                 if pending.fenced is not None and fence is not None:
                     pending.fenced.set_answer(rows, fence)
-                    self._unsettled.prune(fence, self._issued_epoch(request_id))
+                    self._fencing.prune(fence, request_id)
                 elif pending.window is not None:
                     pending.window.set_rows(rows)
                 return []
-        if self._is_blocking(request_id):
-            request = self._blocking_request
-            assert isinstance(request, ChunkRequest)
-            self._blocking_request = None
-            self._resize(request, len(rows), elapsed_ms)
-            if request.fenced and fence is not None:
-                return self._blocking_window(request, rows, fence)
-            return self._blocking_rows(request, rows)
+        if self._blocking.owns(request_id):
+            return self._blocking.on_rows(rows, elapsed_ms, fence)
         return []
 
     def on_request_failed(
@@ -990,14 +496,7 @@ class SnapshotCore:
         position the runner has is free for a notification)."""
         if position is not None:
             self._advance(position)
-        flight = self._owner(request_id)
-        if flight is not None:
-            self._flight_failed(flight, request_id, error, retriable)
-            return []
-        starting = self._starting
-        if starting is not None and starting.request.id == request_id:
-            self._starting = None  # also after its answer: its watermark may never come
-            self._notices.extend(self._after_failure(self._incr, starting.request, error, retriable))
+        if self._concurrent.on_failed(request_id, error, retriable):
             return []
         if self._busy == request_id:
             self._busy = None
@@ -1013,51 +512,27 @@ class SnapshotCore:
             if isinstance(pending.request, KeyReadRequest) and pending.window is not None:
                 self._reread_failed(pending.window, pending.request, retriable)
                 return []
-            self._notices.extend(self._after_failure(self._incr, pending.request, error, retriable))
+            self._out.waiting.extend(self._failed(self._incr, pending.request, error, retriable))
             return []
-        if self._blocking_request is not None and self._blocking_request.id == request_id:
-            request, self._blocking_request = self._blocking_request, None
-            notices = self._after_failure(self._block, request, error, retriable)
-            return self._emit_blocking([], notices)
+        if self._blocking.owns(request_id):
+            return self._blocking.on_failed(error, retriable)
         return []
 
-    def _after_failure(
+    def _failed(
         self, lane: Lane, request: Request, error: str, retriable: bool | None
     ) -> list[Notice]:
-        if isinstance(request, ChunkRequest):
-            self._chunk_size = shrink(self._settings, self._chunk_size)
-        table = getattr(request, "table", None)
-        job = lane.job(table) if table is not None else None
-        job = job if job is not None else lane.current
-        key = job.table if job is not None else str(table or "")
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
-        give_up = failures >= self._settings.max_attempts
-        if retriable or (retriable is None and not give_up) or job is None:
-            return []
-        notice = table_rejected(job, error, attempts=failures)
-        return self._finish_table(lane, [notice], job.table)
+        """A table's request failed (``Run.failed``; a chunk read is halved)."""
+        self._planner.failed(request)
+        return self._run.failed(lane, request, error, retriable)
 
     def _reread_failed(
         self, window: ChunkWindow, request: KeyReadRequest, retriable: bool | None
     ) -> None:
-        """A re-read that keeps failing (e.g. its table was dropped) is given up after
-        ``max_attempts`` consecutive failures, so it cannot block snapshots forever."""
-        key = f"reread {window.schema}.{window.table}"
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
-        if retriable or (retriable is None and failures < self._settings.max_attempts):
-            return
-        self._failures.pop(key, None)
-        self._rereads.done(window.schema, window.table, request.keys)
-        self._watch()
-        self._settle()
-
-    def _start_covered(self, fence: ReadFence, request_id: str) -> bool:
-        """A fenced start's fence sees everything the stream delivered before the
-        table was watched (events after that are in the log: a key it misses is not lost)."""
-        issued = self._issued_epoch(request_id)
-        self._unsettled.prune(fence, issued)
-        floor = self._unsettled.floor
-        return floor is None or (floor.fresh(issued) and floor.covered_by(fence))
+        """A failed re-read (``RereadQueue.failed``)."""
+        if self._rereads.failed(window.schema, window.table, request.keys, retriable,
+                                self._settings.max_attempts):
+            self._watch()
+            self._settle()
 
     def _answer(self, request_id: str) -> bool:
         """Clear the busy flag; False for an answer nobody waits for any more."""
@@ -1067,8 +542,9 @@ class SnapshotCore:
         return True
 
     def _request_key(self, request_id: str) -> tuple[str, ...]:
+        """The key columns an answer's rows must carry."""
         pendings = [p.request for p in (self._pending, self._ahead) if p is not None]
-        for request in (*pendings, self._blocking_request):
+        for request in (*pendings, self._blocking.request):
             if isinstance(request, ChunkRequest) and request.id == request_id:
                 return request.key_columns
             if isinstance(request, KeyReadRequest) and request.id == request_id:
@@ -1079,55 +555,32 @@ class SnapshotCore:
     def read_again(self) -> int:
         """Reads whose window could not decide, so far (this process): the driver backs
         off while they come in a row (``core.retry``)."""
-        return self._read_again
-
-    def _fenced_request(self, request_id: str) -> bool:
-        return any(
-            p is not None and p.request.id == request_id and p.fenced is not None
-            for p in (self._pending, self._ahead)
-        )
-
-    def _is_blocking(self, request_id: str) -> bool:
-        return self._blocking_request is not None and self._blocking_request.id == request_id
-
-    def _resize(self, request: Request, read: int, elapsed_ms: float) -> None:
-        if isinstance(request, ChunkRequest):
-            self._chunk_size = next_chunk_size(self._settings, request.limit, read, elapsed_ms)
+        return self._read_again + self._concurrent.read_again + self._blocking.read_again
 
     # -- the stream ----------------------------------------------------------------
 
     def on_event(self, event: ChangeEvent) -> None:
         """A captured stream event (in stream order). O(1) unless a window of its table
         is open."""
-        self._horizon = event.position
-        if event.unchanged and event.op is Op.CREATE and event.key:
-            # A key change's create: no consumer has a value for its unchanged columns.
-            self._rereads.add(event.schema, event.table, event.key)
+        self._out.horizon = event.position
+        if self._rereads.note(event):  # a key change's create (unchanged columns)
             self._watch()  # read-only: from this event on, the table's events are kept
-        if self._fenced_blocking:
+        if self._fencing.fenced_blocking:
             self._observe_fenced(event)
-            if self._fenced:
+            if self._fencing.fenced:
                 return
-        if self._observers:
-            flight = self._observers.get((event.schema, event.table))
-            if flight is not None:
-                flight.observe(event)
+        self._concurrent.observe(event)
         window = self._window
         if window is None or event.table != window.table or event.schema != window.schema:
             return
         window.observe(event)
 
     def _observe_fenced(self, event: ChangeEvent) -> None:
-        self._unsettled.learn(event.position)
-        if not self._watched or f"{event.schema}.{event.table}" not in self._watched:
+        kept = self._fencing.keep(event)
+        if kept is None:
             return
-        event = slim(event)  # windows need only its identity; a wide row is not held
-        self._unsettled.add(event)
-        if not self._fenced:
-            return  # only blocking reads are fenced (their stream is paused)
-        flight = self._observers.get((event.schema, event.table))
-        if flight is not None:
-            flight.observe(event)
+        event = kept
+        self._concurrent.observe(event)
         for pending in (self._pending, self._ahead):
             fenced = pending.fenced if pending is not None else None
             if fenced is not None and event.table == fenced.table and event.schema == fenced.schema:
@@ -1140,19 +593,14 @@ class SnapshotCore:
         asks it at every commit, and hands the stream's pending events to the writer
         before such a call (as it does before a watermark), so that they do not wait
         for the rows the window releases."""
-        if not self._read_only:
+        if not self._fencing.read_only:
             return False
 
-        def passed(fenced: FencedWindow) -> bool:
-            return fenced.passed(reached)
-
-        for flight in self._flights.values():
-            head = flight.head_ready(passed)
-            # A head already handing out slices closes nothing: its slices go with the
-            # stream's events before them (``on_boundary``); flushing those first at
-            # every commit queued one tiny batch per commit and filled the writer's queue.
-            if head is not None and not head.draining:
-                return True
+        # A head range already handing out slices closes nothing: its slices go with
+        # the stream's events before them (``on_boundary``); flushing those first at
+        # every commit queued one tiny batch per commit and filled the writer's queue.
+        if self._concurrent.closes_at(reached):
+            return True
         pending = self._pending
         return (pending is not None and isinstance(pending.request, ChunkRequest | KeyReadRequest)
                 and pending.fenced is not None and pending.fenced.passed(reached))
@@ -1164,13 +612,11 @@ class SnapshotCore:
         commit's own position, or a keepalive's). Returns the rows of every chunk whose
         fence the stream has passed, in order, and the notifications that land here."""
         self._advance(position)
-        if not self._read_only:
+        if not self._fencing.read_only:
             return []
-        assert self._horizon is not None
-        cursor = PositionCursor(self._horizon, ts_ms)
-        out: list[Emitted] = self._flights_emit(cursor, reached)
-        if self._starting is not None and self._starting.answer is not None:
-            out += self._apply_starting(cursor)
+        assert self._out.horizon is not None
+        cursor = PositionCursor(self._out.horizon, ts_ms)
+        out: list[Emitted] = self._concurrent.progress(cursor, reached)
         while (pending := self._pending) is not None:
             request = pending.request
             if isinstance(request, TableStartRequest):
@@ -1187,8 +633,8 @@ class SnapshotCore:
                 out += self._close_reread(pending, request, cursor)
             else:
                 break
-        if self._notices:
-            out += self._place(cursor, [])
+        if self._out.waiting:
+            out += self._out.place(cursor, [])
         return out
 
     def on_watermark(self, watermark_id: str, position: Position, ts_ms: int) -> list[Emitted]:
@@ -1198,14 +644,10 @@ class SnapshotCore:
         mark = self._mark
         if mark is not None and watermark_id == mark.watermark:
             self._mark = None
-            return self._place(PositionCursor(position, ts_ms), [])
-        for table, flight in self._flights.items():
-            if flight.on_watermark(watermark_id):
-                cursor = PositionCursor(position, ts_ms)
-                return self._flight_emit(table, cursor, None)[0] + self._place(cursor, [])
-        starting = self._starting
-        if starting is not None and watermark_id == getattr(starting.request, "watermark", None):
-            return self._apply_starting(PositionCursor(position, ts_ms))
+            return self._out.place(PositionCursor(position, ts_ms), [])
+        events = self._concurrent.on_watermark(watermark_id, position, ts_ms)
+        if events is not None:
+            return events
         pending = self._pending
         if pending is None:
             return []
@@ -1231,12 +673,12 @@ class SnapshotCore:
         blocking events take ``anchor.index + 1 + k``."""
         if position is not None:
             self._advance(position)
-        if self._horizon is None:
+        if self._out.horizon is None:
             raise ValueError("on_stream_paused needs a position: nothing has been seen yet")
-        self._anchor = PositionCursor(self._horizon, ts_ms)
+        self._blocking.on_paused(self._out.horizon, ts_ms)
 
     def _close_window(
-        self, pending: _Pending, request: ChunkRequest, cursor: PositionCursor
+        self, pending: Pending, request: ChunkRequest, cursor: PositionCursor
     ) -> list[Emitted]:
         self._pending = None
         self._window = None
@@ -1245,21 +687,21 @@ class SnapshotCore:
             self._busy = None
         if window is None or not pending.low_seen or not window.has_rows:
             self._drop_ahead()
-            return self._place(cursor, [])
+            return self._out.place(cursor, [])
         result = pending.fenced.close() if pending.fenced is not None else window.close()
         job = self._incr.current
         self._read_again += not result.conclusive
         if job is None or job.table != request.table or not result.conclusive:
             self._drop_ahead()
-            return self._place(cursor, [])
-        events = self._rows(job, result.rows, cursor)
+            return self._out.place(cursor, [])
+        events = self._out.job_rows(job, result.rows, cursor)
         self._rereads.add_all(job.schema_name, job.table_name, result.reread)
-        notices = self._chunk_done(self._incr, request, result)
+        notices = self._run.chunk_done(self._incr, request, result)
         self._promote_ahead()
-        return events + self._place(cursor, notices)
+        return events + self._out.place(cursor, notices)
 
     def _close_reread(
-        self, pending: _Pending, request: KeyReadRequest, cursor: PositionCursor
+        self, pending: Pending, request: KeyReadRequest, cursor: PositionCursor
     ) -> list[Emitted]:
         """H of a key-level re-read: its rows not dropped land here; the keys leave the
         queue, and rows dropped by a partial event go back into it."""
@@ -1269,31 +711,20 @@ class SnapshotCore:
             self._busy = None
         window = pending.window
         if window is None or not pending.low_seen or not window.has_rows:
-            return self._place(cursor, [])  # the keys stay queued: read again
+            return self._out.place(cursor, [])  # the keys stay queued: read again
         result = pending.fenced.close() if pending.fenced is not None else window.close()
         if not result.conclusive:
             self._read_again += 1
-            return self._place(cursor, [])
+            return self._out.place(cursor, [])
         schema, table = window.schema, window.table
-        self._failures.pop(f"reread {schema}.{table}", None)
-        self._rereads.done(schema, table, request.keys)
-        self._rereads.add_all(schema, table, result.reread)
-        for key in request.keys:  # a partial event of a key the read did not find yet
-            ident = dict(zip(request.identity, key, strict=True))
-            if window.saw_partial(ident):
-                self._rereads.add(schema, table, ident)
+        self._rereads.landed(schema, table, request.identity, request.keys, result.reread,
+                             window.saw_partial)
         self._watch()
         events: list[Emitted] = []
-        if result.rows:
-            first = cursor.take(len(result.rows))
-            batch = SnapshotRows(
-                schema, table, SnapshotKind.INCREMENTAL, cursor.base, first, cursor.ts_ms,
-                result.rows, request.identity, request.identity,
-            )
-            self._horizon = batch.last_position
-            events.append(batch)
+        events += self._out.rows(cursor, schema, table, SnapshotKind.INCREMENTAL, result.rows,
+                                 request.identity, request.identity)
         self._settle()
-        return events + self._place(cursor, [])
+        return events + self._out.place(cursor, [])
 
     def _promote_ahead(self) -> None:
         """After a conclusive chunk: the read-ahead chunk becomes the pending one if it
@@ -1301,14 +732,7 @@ class SnapshotCore:
         ahead = self._ahead
         if ahead is None:
             return
-        job = self._incr.current
-        request = ahead.request
-        assert isinstance(request, ChunkRequest)
-        if (
-            job is None or job.table != request.table or job.last_key is None
-            or request.after_key is None
-            or match_key(job.last_key) != match_key(request.after_key)
-        ):
+        if not continues(ahead, self._incr.current):
             self._drop_ahead()
             return
         self._ahead = None
@@ -1320,152 +744,22 @@ class SnapshotCore:
             self._busy = None
         self._ahead = None
 
-    def _apply_start(self, pending: _Pending, cursor: PositionCursor) -> list[Emitted]:
+    def _apply_start(self, pending: Pending, cursor: PositionCursor) -> list[Emitted]:
         self._pending = None
         if pending.answer is None:  # watermark before the answer: plan it again
             self._busy = None
-            return self._place(cursor, [])
-        return self._place(cursor, self._start(self._incr, pending.answer))
-
-    def _place(self, cursor: PositionCursor, notices: list[Notice]) -> list[Emitted]:
-        """Pending notices, then ``notices``, at the cursor's next positions."""
-        waiting, self._notices = self._notices, []
-        events = cursor.place(waiting + notices)
-        if events:
-            self._horizon = events[-1].position
-        out: list[Emitted] = list(events)
-        return out
-
-    def _emit_blocking(self, rows: list[Emitted], notices: list[Notice]) -> list[Emitted]:
-        cursor = self._anchor
-        assert cursor is not None
-        events = rows + self._place(cursor, notices)
-        if not self._block:
-            self._anchor = None
-        return events
+            return self._out.place(cursor, [])
+        return self._out.place(cursor, self._run.start(self._incr, pending.answer))
 
     # -- progress ------------------------------------------------------------------
 
-    def _start(self, lane: Lane, answer: _StartAnswer, table: str | None = None) -> list[Notice]:
-        """A start's answer for ``table``'s running job (None: the lane's current one)."""
-        job = lane.current if table is None else lane.job(table)
-        if job is None or job.started:
-            return []
-        problem = _start_problem(job, answer)
-        if problem is not None:
-            return self._finish_table(lane, [table_rejected(job, problem)], job.table)
-        if answer.max_key is None:
-            return self._finish_table(lane, [table_empty(job)], job.table)
-        assert answer.info is not None
-        info = answer.info
-        job = job.start(info.schema, info.table, info.key, answer.max_key, info.identity)
-        lane.put(job)
-        return [table_scan_started(job)]
-
-    def _chunk_done(self, lane: Lane, request: ChunkRequest, result: WindowResult) -> list[Notice]:
-        """Progress after a conclusive chunk: IN_PROGRESS, or the table's completion."""
-        job = lane.current
-        if job is None or job.table != request.table or not result.conclusive:
-            return []
-        self._failures.pop(job.table, None)
-        job = job.advance(result.last_key, len(result.rows))
-        lane.current = job
-        self._totals.chunks += 1
-        self._totals.rows += len(result.rows)
-        if job.reached_end(result.read, request.limit, result.last_key):
-            return self._finish_table(lane, [table_scan_completed(job)])
-        return [in_progress(job, lane.tables(), self._percent())]
-
-    def _finish_table(
-        self, lane: Lane, notices: list[Notice], table: str | None = None
-    ) -> list[Notice]:
-        """A running table (``table``, else the lane's current one) is done (read,
-        empty, rejected): move on; when no table of its snapshot (its signal id) is left
-        in the lane, add that snapshot's COMPLETED. Once per signal, also when another
-        snapshot's tables joined the lane meanwhile (a later signal, a table reset by
-        the stream, queued as ``initial``): the lane's last job's signal alone would
-        leave every other one without its COMPLETED."""
-        job = lane.current if table is None else lane.job(table)
-        if job is not None:
-            self._failures.pop(job.table, None)
-            lane.finish(job.table)
-            if lane is self._incr:
-                self._drop_flight(job.table)
-        self._totals.tables_done += 1
-        self._watch()
-        if job is None or any(j.signal_id == job.signal_id
-                              for j in (*lane.running(), *lane.queue)):
-            return notices
-        t = self._totals
-        aborted = self._aborted.pop(job.signal_id, ())
-        done = lane_completed(job, t.tables, t.rows, t.chunks, aborted)
-        if not lane:
-            self._settle()
-        return [*notices, done]
-
-    def _blocking_rows(
-        self, request: ChunkRequest, rows: Sequence[ChunkRow]
-    ) -> list[Emitted]:
-        """A blocking chunk: no window, every row is emitted right away."""
-        job, cursor = self._block.current, self._anchor
-        last = _last_key(rows, request.key_columns)
-        if job is None or cursor is None or (rows and last is None):
-            return []
-        result = WindowResult(rows, len(rows), last, True)
-        events = self._rows(job, rows, cursor)
-        return self._emit_blocking(events, self._chunk_done(self._block, request, result))
-
-    def _blocking_window(
-        self, request: ChunkRequest, rows: Sequence[ChunkRow], fence: ReadFence
-    ) -> list[Emitted]:
-        """A fenced blocking chunk (``CoreSettings.fenced``, read-only too): its SELECT
-        can miss a commit the stream delivered before the pause (PostgreSQL decodes a
-        commit before it becomes visible: one waiting for a synchronous standby, a
-        lagging hot standby), and the paused stream will not deliver it again, so the
-        stale row would land after that newer event for good. The chunk is judged as a
-        fenced window that closes at once (no event comes while the stream is paused):
-        the kept events of its table the read did not see drop their keys (the event
-        stands for the row), and a read whose fence does not cover the table's floor
-        (events delivered before it was queued, not kept) or what was forgotten is read
-        again (``read_again``)."""
-        job = self._block.current
-        cursor = self._anchor
-        if job is None or cursor is None or job.table != request.table:
-            return []
-        window = FencedWindow(_window(job, request), self._unsettled)
-        window.set_answer(rows, fence)
-        self._unsettled.prune(fence, self._issued_epoch(request.id))
-        result = window.close()
-        if not result.conclusive:
-            self._read_again += 1
-            return []  # the same chunk is planned again
-        self._rereads.add_all(job.schema_name, job.table_name, result.reread)
-        events = self._rows(job, result.rows, cursor)
-        return self._emit_blocking(events, self._chunk_done(self._block, request, result))
-
-    def _rows(
-        self, job: TableJob, rows: Sequence[ChunkRow], cursor: PositionCursor
-    ) -> list[Emitted]:
-        """Snapshot rows as ``op: r`` events at the cursor's next positions (one
-        ``SnapshotRows`` for the whole chunk)."""
-        if not rows:
-            return []
-        assert job.key_columns is not None
-        first = cursor.take(len(rows))
-        batch = SnapshotRows(
-            job.schema_name, job.table_name, job.kind, cursor.base, first, cursor.ts_ms,
-            rows, job.key_columns, job.identity or (),
-        )
-        self._horizon = batch.last_position
-        return [batch]
+    def _table_finished(self, lane: Lane, table: str) -> None:
+        if lane is self._incr:
+            self._concurrent.drop(table)
 
     def _settle(self) -> None:
         """Reset run counters and flags once nothing is left to do."""
-        if not self._incr:
-            self._paused = False
-        if not self.active:
-            self._totals = _Totals()
-            self._aborted.clear()
+        self._run.settle(self.active)
 
     def _drop_pending(self) -> None:
         self._pending = None
@@ -1473,135 +767,46 @@ class SnapshotCore:
         self._drop_ahead()
 
     def _advance(self, position: Position) -> None:
-        if self._horizon is None or self._horizon < position:
-            self._horizon = position
-        if self._fenced_blocking:
-            self._unsettled.learn(position)
+        self._out.advance(position)
+        self._fencing.learn(position)
 
     # -- state ---------------------------------------------------------------------
 
     def state(self) -> dict[str, Any] | None:
         """JSON-serializable progress, to persist with the checkpoint (None when idle).
         In-flight work is not included: after a restart it is planned again."""
-        if not self.active and not self._notices:
+        if not self.active and not self._out.waiting:
             return None
         return {
             "version": STATE_VERSION,
-            "paused": self._paused,
-            "chunk_size": self._chunk_size,
-            "incremental": self._incr.to_json(),
-            "blocking": self._block.to_json(),
-            "totals": {
-                "tables": self._totals.tables,
-                "tables_done": self._totals.tables_done,
-                "chunks": self._totals.chunks,
-                "rows": self._totals.rows,
-            },
-            "notices": [n.to_json() for n in self._notices],
-            "horizon": None if self._horizon is None else encode_position(self._horizon),
+            "chunk_size": self._planner.chunk_size,
+            **self._run.to_json(),
+            **self._out.to_json(),
             "rereads": self._rereads.to_json(),
-            **({"aborted": self._aborted} if self._aborted else {}),
-            **self._unsettled_state(),
+            **self._fencing.state(),
         }
-
-    def _unsettled_state(self) -> dict[str, Any]:
-        """Read-only: what a restart must still distrust (see ``Unsettled.summary``)."""
-        lost = self._unsettled.summary() if self._fenced_blocking else None
-        return {} if lost is None else {"unsettled": lost.to_json()}
 
     def _restore(self, state: dict[str, Any]) -> None:
         version = state.get("version")
         if version != STATE_VERSION:
             raise ValueError(f"snapshot state version {version!r} is not {STATE_VERSION}")
-        self._paused = bool(state.get("paused", False))
-        self._chunk_size = self._settings.clamp(int(state.get("chunk_size", self._chunk_size)))
-        self._incr = Lane.from_json(state.get("incremental"))
-        self._block = Lane.from_json(state.get("blocking"))
-        totals = state.get("totals") or {}
-        self._totals = _Totals(**{k: int(v) for k, v in totals.items()})
-        self._notices = [Notice.from_json(n) for n in state.get("notices", [])]
-        horizon = state.get("horizon")
-        self._horizon = None if horizon is None else decode_position(horizon)
-        self._rereads = RereadQueue.from_json(state.get("rereads"))
-        aborted = state.get("aborted") or {}
-        self._aborted = {str(k): [str(t) for t in v] for k, v in aborted.items()}
-        unsettled = state.get("unsettled")
-        if unsettled is not None and self._fenced_blocking:
-            self._unsettled.lost = Lost.from_json(unsettled)
+        self._run.restore(state)
+        self._planner.restore_size(int(state.get("chunk_size", self._planner.chunk_size)))
+        self._out.restore(state)
+        self._rereads.load(state.get("rereads"))
+        self._fencing.restore(state)
         self._watch()
 
     def status(self) -> dict[str, Any]:
         """Progress for ``dblog status``: tables queued, current table, chunks, rows,
-        percent (an estimate, see ``_percent``), paused, blocking."""
-        current = self._block.current or self._incr.current
+        percent (an estimate, ``Run.percent``), paused, blocking."""
+        run = self._run.status()
         return {
             "active": self.active,
-            "paused": self._paused,
+            "paused": run.pop("paused"),
             "blocking": self.blocking,
-            "current": None if current is None else current.status(),
-            "in_flight": [j.table for j in self._incr.running()],
-            "queued": [j.table for j in self._block.queue] + [j.table for j in self._incr.queue],
-            "tables_total": self._totals.tables,
-            "tables_done": self._totals.tables_done,
-            "chunks_done": self._totals.chunks,
-            "rows": self._totals.rows,
-            "percent": self._percent(),
-            "chunk_size": self._chunk_size,
+            **run,
+            "chunk_size": self._planner.chunk_size,
             "rereads_queued": len(self._rereads),
-            "reads_repeated": self._read_again,
+            "reads_repeated": self.read_again,
         }
-
-    def _brief(self) -> dict[str, Any]:
-        return {"data_collections": self._incr.tables(), "percent": self._percent()}
-
-    def _percent(self) -> float:
-        """``(tables done + share of the current table) / tables``, the share being
-        ``last_key / max_key`` for a single numeric key, else 0."""
-        total = self._totals.tables
-        if total <= 0:
-            return 0.0
-        running = [self._block.current] if self._block.current else self._incr.running()
-        share = sum(j.fraction() for j in running)
-        return round(100.0 * min(1.0, (self._totals.tables_done + share) / total), 1)
-
-
-def _window(job: TableJob, request: ChunkRequest) -> ChunkWindow:
-    """A chunk's window: by chunk key when that is the row identity (the common, fast
-    case), else by row identity (a surrogate key, whose values may repeat; a primary key
-    beside a ``REPLICA IDENTITY USING INDEX``): stream events name rows by identity."""
-    by_identity = request.surrogate_key is not None or (
-        job.identity is not None and set(job.identity) != set(request.key_columns)
-    )
-    return ChunkWindow(
-        job.schema_name, job.table_name, request.key_columns, by_identity=by_identity,
-        identity=job.identity or (),
-    )
-
-
-def _start_problem(job: TableJob, answer: _StartAnswer) -> str | None:
-    if answer.error is not None:
-        return answer.error
-    if answer.info is None:
-        return f"table {job.table} does not exist (any more)"
-    if not answer.info.key:
-        return (
-            f"table {job.table} has no primary key; "
-            'give a "surrogate-key" column in the execute-snapshot signal'
-        )
-    return None
-
-
-def _keyed(rows: Sequence[ChunkRow], columns: tuple[str, ...]) -> bool:
-    """Every row carries every key column."""
-    n = len(columns)
-    if type(rows) is EncodedChunk:
-        return rows.arity == n
-    if rows and type(rows[0]) is EncodedRow:  # the common, fast case
-        return all(type(r) is EncodedRow and len(r[0]) == n for r in rows)
-    return all(row_key(row, columns) is not None for row in rows)
-
-
-def _last_key(rows: Sequence[ChunkRow], columns: tuple[str, ...]) -> RawKey | None:
-    if not rows:
-        return None
-    return row_key(rows[-1], columns)

@@ -288,3 +288,20 @@ def _ident_key(ident: dict[str, Any]) -> MatchKey:
 def _key(row: Row, columns: tuple[str, ...]) -> MatchKey | None:
     raw = row_key(row, columns)
     return None if raw is None else match_key(raw)
+
+
+def keyed(rows: Sequence[Row], columns: tuple[str, ...]) -> bool:
+    """Every row carries every key column (a reader's answer a window can judge)."""
+    n = len(columns)
+    if type(rows) is EncodedChunk:
+        return rows.arity == n
+    if rows and type(rows[0]) is EncodedRow:  # the common, fast case
+        return all(type(r) is EncodedRow and len(r[0]) == n for r in rows)
+    return all(row_key(row, columns) is not None for row in rows)
+
+
+def last_key(rows: Sequence[Row], columns: tuple[str, ...]) -> RawKey | None:
+    """The key of the last row (None: no rows)."""
+    if not rows:
+        return None
+    return row_key(rows[-1], columns)
