@@ -397,7 +397,8 @@ def _fake_batch(*schemas: TableSchema) -> Any:
     tables = {s.qualified: SimpleNamespace(schema=s.schema, table=s.table, truncate=None)
               for s in schemas}
     return SimpleNamespace(tables=tables, markers=[], end=10, start=0, batch_id=0,
-                           schema_for=lambda q: next(s for s in schemas if s.qualified == q))
+                           schema_for=lambda q: next(s for s in schemas if s.qualified == q),
+                           scoped_truncates=lambda since: {})
 
 
 def _prepare(sink: MySqlSink, *schemas: TableSchema) -> None:
