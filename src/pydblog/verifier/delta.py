@@ -2,7 +2,7 @@
 (``deltalake``) into Arrow for the row-by-row comparison after normalization by logical
 type.
 
-``spark_checksums``: the row count and hash sum (``portable.spark_hash``) of every range
+``spark_checksums``: the row count and hash sum (``spark_row_hash``) of every range
 at once, computed by Spark's executors over one version of the table (each row is put
 in its range by its normalized key, in the source's key order); only one pair of
 numbers per range reaches the driver.
@@ -88,34 +88,32 @@ def _after(keys: list[Key], lo: Key) -> int:
     return i
 
 
-def spark_portable(spark: Any, path: str, schema: TableSchema) -> bool:
-    """Whether ``spark_checksums`` can checksum the Delta table at ``path``."""
+def spark_row_hash(spark: Any, path: str, schema: TableSchema) -> str | None:
+    """The row hash (``portable.spark_hash``) of the Delta table at ``path`` as a Spark
+    SQL expression, or None when its column types have none (or it lacks a key column)."""
     from pydblog.verifier.portable import spark_hash
 
     fields = {f.name: f.dataType.simpleString()
               for f in spark.read.format("delta").load(path).schema.fields}
-    return spark_hash(schema, fields) is not None and all(k in fields for k in key_columns(schema))
+    if any(k not in fields for k in key_columns(schema)):
+        return None
+    return spark_hash(schema, fields)
 
 
 def spark_checksums(spark: Any, path: str, schema: TableSchema, his: Sequence[Key | None],
-                    ) -> dict[int, tuple[int, int]] | None:
-    """``{range index: (rows, hash sum)}`` of the Delta table at ``path`` for the ranges
-    ending at ``his`` (``(his[i-1], his[i]]``, the last one open), computed by Spark; an
-    index missing from the answer has no row. None when the table's column types have
-    no portable hash (``portable.spark_hash``). A row whose key does not order with the
-    bounds counts in the last range (which then differs from the source's)."""
+                    h: str) -> dict[int, tuple[int, int]]:
+    """``{range index: (rows, hash sum of the row hash h)}`` of the Delta table at
+    ``path`` for the ranges ending at ``his`` (``(his[i-1], his[i]]``, the last one
+    open), computed by Spark; an index missing from the answer has no row. A row whose
+    key does not order with the bounds counts in the last range (which then differs
+    from the source's)."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
     from pydblog.spark.plan import spark_schema
-    from pydblog.verifier.portable import spark_hash
 
     df = spark.read.format("delta").load(path)
-    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields}
-    h = spark_hash(schema, fields)
     keys = key_columns(schema)
-    if h is None or any(k not in fields for k in keys):
-        return None
     logical = {c.name: c.logical for c in schema.columns}
     bounds = [b for b in his if b is not None]
     last = len(bounds)

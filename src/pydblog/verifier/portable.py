@@ -27,10 +27,8 @@ from collections.abc import Mapping
 
 from psycopg import sql
 
-from pydblog.ports import TableSchema
+from pydblog.ports import ColumnSchema, TableSchema
 
-_TEXT = frozenset({"int16", "int32", "int64", "decimal", "string", "enum", "uuid", "bool",
-                   "boolean", "date"})
 _FLOAT = frozenset({"float32", "float64"})
 _TIME = frozenset({"timestamp", "timestamptz"})
 _BYTES = frozenset({"bytes"})
@@ -48,8 +46,8 @@ _EXPECT = {  # logical type -> Delta (Spark simpleString) types the sink writes 
 }
 
 
-def _logical(c: object) -> str:
-    return str(getattr(c, "logical", "")).lower()
+def _logical(c: ColumnSchema) -> str:
+    return c.logical.lower()
 
 
 def portable(schema: TableSchema) -> bool:

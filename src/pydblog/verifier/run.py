@@ -391,11 +391,13 @@ def suspects_spark(src: Source, table: DeltaMirror, root: DeltaRoot, size: int,
     None when the mirror's column types have no portable hash (then rows mode)."""
     from deltalake import DeltaTable
 
-    from pydblog.verifier.delta import spark_checksums, spark_portable
+    from pydblog.verifier.delta import spark_checksums, spark_row_hash
     from pydblog.verifier.portable import my_hash, pg_hash
 
-    if not DeltaTable.is_deltatable(table.path) or not spark_portable(root.spark(), table.path,
-                                                                      src.schema):
+    if not DeltaTable.is_deltatable(table.path):
+        return None
+    mirror_hash = spark_row_hash(root.spark(), table.path, src.schema)
+    if mirror_hash is None:
         return None
     h: Any = (pg_hash(src.schema, src.columns) if isinstance(src, PgTable)
               else my_hash(src.schema, src.columns))
@@ -411,9 +413,8 @@ def suspects_spark(src: Source, table: DeltaMirror, root: DeltaRoot, size: int,
         if hi is None:
             break
         lo = hi
-    got = spark_checksums(root.spark(), table.path, src.schema, [r.hi for r in ranges])
-    if got is None:
-        return None
+    got = spark_checksums(root.spark(), table.path, src.schema, [r.hi for r in ranges],
+                          mirror_hash)
     res.mode = "spark"
     res.ranges, res.source_rows = len(ranges), sum(n for n, _ in sums)
     return [r for r, want in zip(ranges, sums, strict=True) if got.get(r.index, (0, 0)) != want]

@@ -451,18 +451,14 @@ class DeltaSink:
 def _part_deletes(spark: Any, path: str, schema: TableSchema, rows: Any,
                   parts: Sequence[dict[str, str]]) -> list[str]:
     """The key texts of the target rows of ``parts`` (identity column values) that the
-    batch's own rows (``rows``, reduced) do not write again."""
+    batch's own rows (``rows``, reduced) do not write again: a repair's target deletes
+    (``target_deletes``) over the whole key space of those rows."""
     import orjson
     from pyspark.sql import functions as F
 
-    from pydblog.verifier.ranges import show, value
+    from pydblog.core.repair import TargetDelete
 
     key = list(schema.key) or [c.name for c in schema.columns]
-    logical = {c.name: c.logical for c in schema.columns}
-
-    def norm(vals: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple(value(logical.get(c, "string"), v) for c, v in zip(key, vals, strict=True))
-
     cond: Any = None
     for part in parts:
         one: Any = None
@@ -470,21 +466,17 @@ def _part_deletes(spark: Any, path: str, schema: TableSchema, rows: Any,
             eq = F.col(quote(c)) == F.lit(v)
             one = eq if one is None else one & eq
         cond = one if cond is None else cond | one
-    target = (spark.read.format("delta").load(path).where(cond)
-              .select(*[quote(k) for k in key]).collect())
+    target = [r.asDict() for r in spark.read.format("delta").load(path).where(cond)
+              .select(*[quote(k) for k in key]).collect()]
     if not target:
         return []
     written = set()
     for r in rows.select("key").collect():
         obj = orjson.loads(r["key"]) if r["key"] else {}
         if isinstance(obj, dict) and all(k in obj for k in key):
-            written.add(norm([obj[k] for k in key]))
-    out: dict[tuple[Any, ...], str] = {}
-    for r in target:
-        k = norm([r[c] for c in key])
-        if k not in written and k not in out:
-            out[k] = orjson.dumps({c: show(v) for c, v in zip(key, k, strict=True)}).decode()
-    return list(out.values())
+            written.add(tuple(obj[k] for k in key))
+    whole = SparkPurge(key, [TargetDelete(None, None, frozenset())], [], written)
+    return target_deletes(whole, schema, target)
 
 
 def fresh_tables(batch: SparkBatch, reduced: Any, candidates: list[str]) -> set[str]:

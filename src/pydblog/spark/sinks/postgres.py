@@ -306,9 +306,7 @@ class PostgresSink:
                         continue
                     if ts.truncate is not None and ts.truncate >= (done or -1):
                         target = sql.Identifier(*self.target(ts.schema, ts.table))
-                        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                                              (target.as_string(conn),)).fetchone()
-                        if exists and exists[0]:  # (a table never created: nothing to empty)
+                        if _exists(conn, target):  # (a table never created: nothing to empty)
                             conn.execute(sql.SQL("TRUNCATE {}").format(target))
                 except psycopg.Error as exc:
                     raise SinkError(f"table {label}: {exc}") from exc
@@ -317,9 +315,7 @@ class PostgresSink:
                 for q, cuts in sorted(batch.scoped_truncates({}).items()):
                     schema_name, _, table = q.partition(".")
                     ident = sql.Identifier(*self.target(schema_name, table))
-                    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                                          (ident.as_string(conn),)).fetchone()
-                    if not exists or not exists[0]:
+                    if not _exists(conn, ident):
                         continue  # no target yet: nothing of the part to delete
                     for offset, scope in cuts:
                         if offset < (done or -1):
@@ -574,6 +570,11 @@ def pg_parts_fn(
             schema=pa.schema([("part", pa.int32()), ("error", pa.string())]))
 
     return run
+
+
+def _exists(conn: psycopg.Connection[Any], table: sql.Identifier) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table.as_string(conn),)).fetchone()
+    return bool(row and row[0])
 
 
 def _apply_null_safe(
