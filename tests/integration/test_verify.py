@@ -94,13 +94,17 @@ def setup(tmp_path: Path, pg_db: str, mirror_db: str) -> Iterator[tuple[Path, Mi
         )
         conn.execute("CREATE TABLE words (w text PRIMARY KEY, n bigint)")
         conn.execute("CREATE TABLE pairs (a int, b text, v text, PRIMARY KEY (a, b))")
-        conn.execute("CREATE TABLE notes (a int, b text)")  # keyless: compared as a multiset
+        conn.execute("CREATE TABLE notes (a int, b text)")  # keyless: compared as a set of rows
         conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
         conn.execute(  # every type with a portable checksum (Delta through Spark)
             "CREATE TABLE kinds (id int PRIMARY KEY, a int2, b int8, c numeric(12,3), d numeric, "
             "e text, f uuid, g bool, h date, i real, j double precision, k timestamp, "
             "l timestamptz, m bytea, n mood)")
         conn.execute("ALTER TABLE notes REPLICA IDENTITY FULL")
+        conn.execute(  # keyless, distinct rows of many types, NULLs: repaired whole
+            "CREATE TABLE bag (a int, b text, c numeric(8,2), d timestamptz, e double precision, "
+            "f bytea, g jsonb)")
+        conn.execute("ALTER TABLE bag REPLICA IDENTITY FULL")
     config = write_config(
         tmp_path, pg_db,
         extra=f"""
@@ -130,6 +134,14 @@ chunk_size = 100
             )
             conn.execute("INSERT INTO pairs SELECT g % 10, 'k' || g, 'v' FROM generate_series(1, 300) g")
             conn.execute("INSERT INTO notes SELECT g % 5, NULL FROM generate_series(1, 20) g")
+            conn.execute(
+                "INSERT INTO bag SELECT g % 40, CASE WHEN g % 7 = 0 THEN NULL ELSE 'b' || g END, "
+                "CASE WHEN g % 5 = 0 THEN NULL ELSE g * 1.5 END, "
+                "TIMESTAMPTZ '2024-03-31 01:30:00+02' + g * interval '90 minutes', "
+                "CASE WHEN g % 6 = 0 THEN NULL ELSE g / 3.0 END, "
+                "CASE WHEN g % 4 = 0 THEN NULL ELSE decode(lpad(to_hex(g), 4, '0'), 'hex') END, "
+                "CASE WHEN g % 3 = 0 THEN NULL ELSE jsonb_build_object('g', g) END "
+                "FROM generate_series(1, 150) g")
             conn.execute(
                 "INSERT INTO kinds SELECT g, (g * 7 - 300)::int2, g::int8 * 1000000007, "
                 "g * 1.001, (g / 3.0)::numeric, CASE WHEN g % 5 = 0 THEN NULL "
@@ -162,6 +174,7 @@ def verify(config: Path, *args: str, spark: bool = False) -> tuple[int, dict[str
         capture_output=True, text=True, timeout=300,
     )
     assert res.returncode in (0, 1), res.stderr
+    assert res.stdout, res.stderr[-3000:]
     return res.returncode, orjson.loads(res.stdout)
 
 
@@ -226,7 +239,7 @@ def test_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str, tmp_path:
     code, report = verify(config, r"public\.(items|words|pairs|notes)", spark=True)
     assert code == 1
     got = differing(report, "postgres")
-    [n] = got["public.notes"]  # one range: the whole keyless table, rows as a multiset
+    [n] = got["public.notes"]  # one range: the whole keyless table, its distinct rows
     assert (n["missing"], n["extra"], n["sample"]["missing"], n["sample"]["extra"]) == (
         1, 1, [[2, None]], [[9, "x"]])
     assert {r["index"] for r in got["public.items"]} == {0, 2, 4, 8}
@@ -389,6 +402,97 @@ def test_whole_table_repair_deletes_what_the_source_lost(setup: tuple[Path, Mini
     code, report = verify(config, r"public\.pairs")
     assert code == 0, report
     assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.pairs"])
+
+
+def distinct_rows(rows: dict[str, tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+    return {tuple(orjson.dumps(v, default=str).decode() for v in r) for r in rows.values()}
+
+
+def assert_keyless_mirrors_equal_source(config: Path, pg_db: str, mirror_db: str,
+                                        tables: list[str]) -> None:
+    """Tables without primary key: each mirror holds every distinct source row once,
+    every column compared (equal rows cannot be told apart: a mirror keeps one)."""
+    from dataclasses import replace
+
+    from pydblog.verify import delta_table, postgres_table, schemas, source_table
+
+    cfg = load_config(config)
+    found = schemas(Path(cfg.log.path))
+    for name in tables:
+        s = found[name]
+        whole = replace(s, key=tuple(c.name for c in s.columns))  # a row is its own key
+        want = distinct_rows(source_table(pg_db, whole))
+        assert want
+        for sink, got in (("postgres", postgres_table(mirror_db, "mirror", whole)),
+                          ("delta", delta_table(tmp_lake(config), whole))):
+            have = distinct_rows(got)
+            assert have == want, (name, sink, sorted(want - have)[:3], sorted(have - want)[:3])
+        with psycopg.connect(mirror_db) as conn:
+            n = conn.execute(f"SELECT count(*) FROM mirror.{s.table}").fetchone()
+        assert n is not None and n[0] == len(want), (name, "postgres holds duplicates")
+
+
+def test_repair_of_tables_without_primary_key(setup: tuple[Path, MiniSync], pg_db: str,
+                                              mirror_db: str) -> None:
+    """A table without primary key is repaired whole (chunked by a column verify picks):
+    rows lost, added and changed in both mirrors heal, NULLs and every type matched
+    null-safely, while the source changes the table's rows."""
+    import threading
+
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    config, sync = setup
+    with psycopg.connect(mirror_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM mirror.notes WHERE a = 2")
+        conn.execute("INSERT INTO mirror.notes VALUES (9, 'x')")
+        conn.execute("DELETE FROM mirror.bag WHERE a = 3")  # rows with NULLs among them
+        conn.execute("UPDATE mirror.bag SET e = -1 WHERE a = 5 AND b IS NULL")
+        conn.execute("INSERT INTO mirror.bag (a, b) VALUES (77, NULL), (78, 'ghost')")
+    lake = tmp_lake(config)
+    DeltaTable(str(lake / "public" / "notes")).delete("a = 4")
+    bag = str(lake / "public" / "bag")
+    DeltaTable(bag).delete("a = 11")
+    DeltaTable(bag).update(predicate="a = 12", updates={"b": "'changed'"})
+    extra = DeltaTable(bag).to_pyarrow_table().filter(pa.compute.equal(pa.compute.field("a"), 13))
+    write_deltalake(bag, extra.set_column(0, "a", pa.array([99] * extra.num_rows, pa.int32())),
+                    mode="append")
+
+    stop = threading.Event()
+
+    def writes() -> None:  # distinct rows in, out and changed while the repair runs
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                conn.execute("INSERT INTO bag (a, b, c) VALUES (%s, %s, NULL)", (1000 + i, f"w{i}"))
+                conn.execute("UPDATE bag SET b = b || '+' WHERE a = %s", (1000 + i // 2,))
+                if i % 3 == 0:
+                    conn.execute("DELETE FROM bag WHERE a = %s", (1000 + i - 2,))
+                stop.wait(0.02)
+
+    writer = threading.Thread(target=writes, daemon=True)
+    running = SyncThread(sync)
+    writer.start()
+    try:
+        _, out = verify(config, r"public\.(notes|bag)", "--repair", "--repair-timeout", "120")
+    finally:
+        stop.set()
+        writer.join(30)
+        running.close()
+    before = differing(out["before"], "postgres")
+    assert set(before) == {"public.notes", "public.bag"}, before
+    assert set(differing(out["before"], "delta")) == {"public.notes", "public.bag"}
+    assert out["repair"]["whole"] == ["public.bag", "public.notes"], out["repair"]
+    assert set(out["repair"]["markers"]) == {"public.notes", "public.bag"}, out["repair"]
+    # the writes went on while verify read again: changed rows are unsettled, never drift
+    assert all(r["status"] == "unsettled" for t in out["after"]["tables"] for r in t["differing"]), \
+        [(t["table"], t["sink"], t["differing"]) for t in out["after"]["tables"] if not t["ok"]]
+    wait_for_marker(config, pg_db)
+    sync.catch_up()
+    code, report = verify(config, r"public\.(notes|bag)")
+    assert code == 0, report
+    assert_keyless_mirrors_equal_source(config, pg_db, mirror_db, ["public.notes", "public.bag"])
 
 
 class Workload:

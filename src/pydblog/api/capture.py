@@ -373,15 +373,23 @@ def repair_signal_data(cfg: Config, body: bytes) -> dict[str, Any]:
         doc = orjson.loads(body or b"null")
     except orjson.JSONDecodeError as exc:
         raise SignalError(f"the request body is not valid JSON ({exc})", hint=example) from None
-    if not isinstance(doc, dict) or not (set(doc) <= {"tables", "ranges"}) or not doc:
+    if not isinstance(doc, dict) or not (set(doc) <= {"tables", "ranges", "surrogate-key"}) \
+            or not (doc.get("tables") or doc.get("ranges")):
         raise SignalError("the body is an object with tables (regexes) or ranges", hint=example)
     tables, ranges = doc.get("tables") or [], doc.get("ranges") or {}
+    chunk_by = doc.get("surrogate-key")
+    if chunk_by is not None and (not isinstance(chunk_by, str) or not chunk_by or ranges):
+        raise SignalError("'surrogate-key' is a column name, for whole tables without primary "
+                          "key (the column their repair chunks by), not with 'ranges'",
+                          hint='{"tables": ["public\\\\.events"], "surrogate-key": "created_at"}')
     if not isinstance(tables, list) or not all(isinstance(t, str) and t for t in tables):
         raise SignalError("'tables' must be an array of regexes on schema.table", hint=example)
     if not isinstance(ranges, dict):
         raise SignalError("'ranges' must map schema.table to [{lo, hi}...]", hint=example)
     data: dict[str, Any] = {"data-collections": list(tables), "type": "incremental",
                             "repair": [{"data-collection": t, "ranges": None} for t in tables]}
+    if chunk_by is not None:
+        data["surrogate-key"] = chunk_by
     if ranges:
         from pydblog.changelog import open_reader
         from pydblog.verifier.ranges import Range

@@ -714,7 +714,9 @@ class Runner:
             if start is None:  # (a span always is recorded; else the widest one)
                 start = reader.first_offset()
             known = self._known_schemas.get(table)
-            key = list(known.key) if known is not None else []
+            # a table without primary key: its identity (the events' key) is every column
+            key = ([] if known is None else
+                   list(known.key) or [c.name for c in known.columns])
             keep = repairs.span_keys(reader, table, key, repairs.ranges_of(entry, table), start, end)
             ev = repairs.marker_event(entry, key, keep)
             if not self._pending:

@@ -30,7 +30,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 Key = tuple[Any, ...]
+
+
+def freeze(values: Iterable[Any]) -> Key:
+    """A key from logged values, hashable: a JSON object or array (a whole-row
+    identity of a table without primary key holds any column) as its canonical JSON
+    text, keys sorted; everything else as it is."""
+    return tuple(orjson.dumps(v, option=orjson.OPT_SORT_KEYS).decode()
+                 if isinstance(v, dict | list) else v for v in values)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ change log holds them (JSON values), in Python's order: numbers, and text by cod
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import base64
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pydblog.core.repair import Key, RangeEnd, TargetDelete, plan_purge
+from pydblog.core.repair import Key, RangeEnd, TargetDelete, freeze, plan_purge
 from pydblog.spark.reduce import DELETE, TableChanges
 
 
@@ -52,12 +53,12 @@ def range_ends(
         if not isinstance(rep, dict) or not rep.get("key"):
             continue
         q = f"{schema}.{table}"
-        keep = frozenset(tuple(k) for k in rep.get("keep") or ())
+        keep = frozenset(freeze(k) for k in rep.get("keep") or ())
         _, ends = out.setdefault(q, (list(rep["key"]), []))
         for r in rep.get("ranges") or [{"lo": None, "hi": None}]:
             lo, hi = r.get("lo"), r.get("hi")
-            ends.append(RangeEnd(q, int(offset), None if lo is None else tuple(lo),
-                                 None if hi is None else tuple(hi), keep))
+            ends.append(RangeEnd(q, int(offset), None if lo is None else freeze(lo),
+                                 None if hi is None else freeze(hi), keep))
     return out
 
 
@@ -73,7 +74,7 @@ def purges(events: pa.Table, since: int, changes: dict[str, TableChanges]) -> di
             for i, text in enumerate(ch.keys):
                 obj = orjson.loads(text) if text else {}
                 if isinstance(obj, dict) and all(k in obj for k in key):
-                    k = tuple(obj[c] for c in key)
+                    k = freeze(obj[c] for c in key)
                     last[k] = ch.offsets[i]
                     index[k] = i
         plan = plan_purge(ends, last, _less)
@@ -93,11 +94,15 @@ def _less(a: Key, b: Key) -> bool:
         return False
 
 
-def pg_purge(conn: Any, schema: str, table: str, purge: TablePurge) -> int:
+def pg_purge(conn: Any, schema: str, table: str, purge: TablePurge,
+             value: Callable[[Any, str], Any] = lambda v, _t: _text(v)) -> int:
     """Apply ``purge`` to the PostgreSQL table ``schema.table`` inside the caller's
     transaction: delete its rows of each range (``ROW(key) > lo AND ROW(key) <= hi``,
     text keys compared ``COLLATE "C"``, bounds cast to the column types) whose key is
-    not spared. Returns the rows deleted."""
+    not spared. A table without primary key (a whole-row identity that may hold NULLs)
+    matches its spared rows null-safely, by their record texts, as the sink applies
+    such tables. ``value(v, sql_type)`` turns a logged key value into what COPY takes.
+    Returns the rows deleted."""
     from psycopg import sql
 
     cols = conn.execute(
@@ -111,6 +116,10 @@ def pg_purge(conn: Any, schema: str, table: str, purge: TablePurge) -> int:
         return 0  # no such table (yet): nothing to delete
     target = sql.Identifier(schema, table)
     spare = sql.Identifier("_dblog_spare")
+    keyed = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = to_regclass(%s) AND indisprimary)",
+        (target.as_string(conn),),
+    ).fetchone()[0]
 
     def col(name: str, alias: str) -> sql.Composable:
         ident = sql.SQL(alias + ".{}").format(sql.Identifier(name))
@@ -123,9 +132,15 @@ def pg_purge(conn: Any, schema: str, table: str, purge: TablePurge) -> int:
 
     keys = sql.SQL(", ").join(col(k, "t") for k in purge.key)
     bounds = sql.SQL(", ").join(bound(k) for k in purge.key)
-    match = sql.SQL(" AND ").join(
-        sql.SQL("s.{k} = t.{k}").format(k=sql.Identifier(k)) for k in purge.key
-    )
+    if keyed:
+        match = sql.SQL(" AND ").join(
+            sql.SQL("s.{k} = t.{k}").format(k=sql.Identifier(k)) for k in purge.key
+        )
+    else:
+        match = sql.SQL("ROW({})::text = ROW({})::text").format(
+            sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(k)) for k in purge.key),
+            sql.SQL(", ").join(sql.SQL("t.{}").format(sql.Identifier(k)) for k in purge.key),
+        )
     deleted = 0
     for d in purge.deletes:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(spare))
@@ -140,7 +155,8 @@ def pg_purge(conn: Any, schema: str, table: str, purge: TablePurge) -> int:
         if d.spare:
             with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(spare)) as copy:
                 for k in d.spare:
-                    copy.write_row([None if v is None else _text(v) for v in k])
+                    copy.write_row([None if v is None else value(_thaw_sql(v, types[c][0]), types[c][0])
+                                    for c, v in zip(purge.key, k, strict=True)])
         where: list[sql.Composable] = []
         params: list[Any] = []
         if d.lo is not None:
@@ -158,6 +174,33 @@ def pg_purge(conn: Any, schema: str, table: str, purge: TablePurge) -> int:
     return deleted
 
 
+def _thaw_sql(v: Any, sql_type: str) -> Any:
+    """A frozen key value (``core.repair.freeze``) of an array column back to its list
+    (JSON columns take the JSON text as it is)."""
+    if isinstance(v, str) and sql_type.endswith("[]") and v.startswith("["):
+        return orjson.loads(v)
+    return v
+
+
+def _thaw(logical: str, v: Any) -> Any:
+    """A frozen key value of a JSON or array column back to its JSON value."""
+    lg = logical.lower()
+    if isinstance(v, str) and (lg == "json" or lg.startswith("array")):
+        return orjson.loads(v)
+    return v
+
+
+def _logged(logical: str, v: Any) -> Any:
+    """A normalized key value (``verifier.ranges.value``, frozen) as the change log
+    writes it, so a sink's typed rows read it back to the target's value: bytes as
+    base64, JSON and arrays as their JSON values, the rest as ``show`` prints them."""
+    from pydblog.verifier.ranges import show
+
+    if isinstance(v, bytes | bytearray):
+        return base64.b64encode(v).decode()
+    return show(_thaw(logical, v))
+
+
 def _text(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -172,12 +215,13 @@ def with_target_deletes(changes: TableChanges, purge: TablePurge, schema: Any,
     that ``purge`` removes, for a sink that applies both in one commit (Delta's MERGE).
     Keys are compared after normalization by logical type (``verifier.ranges.value``);
     ``changes`` itself is not modified (other sinks share it)."""
-    from pydblog.verifier.ranges import show, value
+    from pydblog.verifier.ranges import value
 
     logical = {c.name: c.logical for c in schema.columns}
 
     def norm(k: Key) -> Key:
-        return tuple(value(logical.get(c, "string"), v) for c, v in zip(purge.key, k, strict=True))
+        return freeze(value(logical.get(c, "string"), _thaw(logical.get(c, "string"), v))
+                      for c, v in zip(purge.key, k, strict=True))
 
     have = {k for k in changes.keys}
     out = TableChanges(changes.schema, changes.table, changes.truncated, list(changes.keys),
@@ -192,7 +236,7 @@ def with_target_deletes(changes: TableChanges, purge: TablePurge, schema: Any,
             k = norm(tuple(row.get(c) for c in purge.key))
             if k in spare or not end.holds(k, _less):
                 continue
-            obj = {c: show(v) for c, v in zip(purge.key, k, strict=True)}
+            obj = {c: _logged(logical.get(c, "string"), v) for c, v in zip(purge.key, k, strict=True)}
             text = orjson.dumps(obj).decode()
             if text in have:
                 continue
@@ -242,7 +286,7 @@ def spark_purges(batch: Any, since: Mapping[str, int], floor: int = -1) -> dict[
         key = ends[q][0]
         obj = orjson.loads(r["key"]) if r["key"] else {}
         if isinstance(obj, dict) and all(k in obj for k in key):
-            k = tuple(obj[c] for c in key)
+            k = freeze(obj[c] for c in key)
             last[q][k] = int(r["offset"])
             texts[q][k] = r["key"]
     out: dict[str, SparkPurge] = {}
@@ -258,12 +302,13 @@ def target_deletes(purge: SparkPurge, schema: Any, target_keys: list[dict[str, A
     deletes: in a range, not spared, and not a key of the batch's net change (those are
     the MERGE's own rows). Keys are compared after normalization by logical type
     (``verifier.ranges.value``)."""
-    from pydblog.verifier.ranges import show, value
+    from pydblog.verifier.ranges import value
 
     logical = {c.name: c.logical for c in schema.columns}
 
     def norm(k: Key) -> Key:
-        return tuple(value(logical.get(c, "string"), v) for c, v in zip(purge.key, k, strict=True))
+        return freeze(value(logical.get(c, "string"), _thaw(logical.get(c, "string"), v))
+                      for c, v in zip(purge.key, k, strict=True))
 
     batch_keys = {norm(k) for k in purge.keys}
     out: dict[Key, str] = {}
@@ -275,5 +320,6 @@ def target_deletes(purge: SparkPurge, schema: Any, target_keys: list[dict[str, A
             k = norm(tuple(row.get(c) for c in purge.key))
             if k in spare or k in batch_keys or k in out or not end.holds(k, _less):
                 continue
-            out[k] = orjson.dumps({c: show(v) for c, v in zip(purge.key, k, strict=True)}).decode()
+            out[k] = orjson.dumps({c: _logged(logical.get(c, "string"), v)
+                                   for c, v in zip(purge.key, k, strict=True)}).decode()
     return list(out.values())

@@ -14,6 +14,7 @@ import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pydblog.config import Config
+from pydblog.errors import DblogError
 from pydblog.verifier.run import Options, Report, run_verify
 
 
@@ -48,6 +49,7 @@ def repair_report(cfg: Config, report: Report, sink: str | None, opts: Options,
     markers and for every mirror to apply them, then verify the repaired tables again."""
     from pydblog.changelog import open_reader
     from pydblog.verifier import repair
+    from pydblog.verifier.ranges import is_keyless
     from pydblog.verifier.run import DeltaRoot, captured_tables, open_mirrors
 
     plan = repair.RepairPlan()
@@ -58,30 +60,54 @@ def repair_report(cfg: Config, report: Report, sink: str | None, opts: Options,
     finally:
         reader.close()
     skipped: dict[str, str] = {}
+    keyless: list[str] = []
     for t in report.tables:
         if t.ok or t.table not in schemas:
             continue
         schema = schemas[t.table]
-        if not schema.key:
-            skipped[t.table] = "no primary key: a keyless table is not repaired by range"
-            continue
         if t.error is not None:
             skipped[t.table] = t.error
             continue
         plan.schemas[t.table] = schema
+        if is_keyless(schema):  # repaired whole, chunked by a column verify picks
+            keyless.append(t.table)
+            plan.ranges[t.table] = None
+            continue
         have = plan.ranges.setdefault(t.table, [])
         assert have is not None
         for r in t.differing:
             if all((x.lo_text, x.hi_text) != (r.range.lo_text, r.range.hi_text) for x in have):
                 have.append(r.range)
+    if keyless:
+        from pydblog.verifier.run import open_source, source_table
+
+        conn = open_source(cfg)
+        try:
+            for table in keyless:
+                try:
+                    plan.chunk_by[table] = repair.chunk_column(
+                        source_table(cfg, conn, schemas[table]))
+                except DblogError as exc:
+                    skipped[table] = exc.message
+                    del plan.ranges[table]
+        finally:
+            conn.close()
     info: dict[str, Any] = {"skipped": skipped}
     if not plan:
         return info, None
-    signal_id = repair.send(cfg, repair.signal_data(cfg, plan))
-    info["signal_id"] = signal_id
+    ids = [repair.send(cfg, data) for data in repair.signals(cfg, plan)]
+    info["signal_id"] = ids[0]
+    info["signal_ids"] = ids
     info["ranges"] = {t: len(r or ()) for t, r in plan.ranges.items()}
-    click.echo(f"sent repair signal {signal_id} ({sum(info['ranges'].values())} ranges)", err=True)
-    outcome = repair.wait_markers(cfg, signal_id, start, timeout_s)
+    info["whole"] = sorted(plan.chunk_by)
+    click.echo(f"sent repair signal(s) {', '.join(ids)} ({sum(info['ranges'].values())} "
+               f"ranges, {len(plan.chunk_by)} whole tables)", err=True)
+    outcome = repair.RepairOutcome(ids[0])
+    deadline = time.monotonic() + timeout_s
+    for signal_id in ids:
+        got = repair.wait_markers(cfg, signal_id, start, max(1.0, deadline - time.monotonic()))
+        outcome.markers.update(got.markers)
+        outcome.failed.update(got.failed)
     info["markers"] = outcome.markers
     info["failed"] = outcome.failed
     if outcome.failed:

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from pydblog.core.repair import freeze
 from pydblog.ports import TableSchema
 from pydblog.verify import norm
 
@@ -85,20 +86,27 @@ def _decimal(v: Any) -> Any:
 
 
 def key_columns(schema: TableSchema) -> list[str]:
-    """The columns that identify a row: the key, or every column for a keyless table."""
-    return list(schema.key) or [c.name for c in schema.columns]
+    """The columns that identify a row: the key, or every column (in column order, as
+    a row holds them) for a table without primary key."""
+    if is_keyless(schema):
+        return [c.name for c in schema.columns]
+    return list(schema.key)
 
 
 def is_keyless(schema: TableSchema) -> bool:
-    return not schema.key
+    """Whether a row's identity is the whole row (no primary key: MySQL/MariaDB log no
+    key, PostgreSQL's ``REPLICA IDENTITY FULL`` names every column). Such a table is
+    compared whole, as a set of distinct rows, and repaired whole."""
+    return not schema.key or set(schema.key) >= {c.name for c in schema.columns}
 
 
 def row_of(schema: TableSchema, get: Mapping[str, Any]) -> tuple[Key, Row]:
-    """(normalized key, normalized row) of a row given as column -> value."""
+    """(normalized key, normalized row) of a row given as column -> value; the key is
+    hashable (``frozen``)."""
     norms = _norms(schema)
     row = tuple(f(get.get(c.name)) for c, f in zip(schema.columns, norms, strict=True))
     pos = _key_pos(schema)
-    return tuple(row[i] for i in pos), row
+    return frozen(tuple(row[i] for i in pos)), row
 
 
 @functools.lru_cache(maxsize=256)
@@ -198,17 +206,20 @@ def diff_rows(source: Mapping[Key, Row], mirror: Mapping[Key, Row]) -> RowDiff:
     return out
 
 
-def diff_multisets(source: Iterable[Row], mirror: Iterable[Row]) -> RowDiff:
-    """The difference of a keyless table: rows (with their multiplicity) only in the
-    source are ``missing``, only in the mirror ``extra``; the row is its own key."""
-    from collections import Counter
+def diff_distinct(source: Iterable[Row], mirror: Iterable[Row]) -> RowDiff:
+    """The difference of a table without primary key: its distinct rows only in the
+    source are ``missing``, only in the mirror ``extra``; the row is its own key. Rows
+    equal in every column cannot be told apart, so a mirror holds one of them (the sinks
+    match such rows by their values): their number is not compared."""
+    src, got = {frozen(r) for r in source}, {frozen(r) for r in mirror}
+    return RowDiff(sorted(src - got, key=_sortable), sorted(got - src, key=_sortable), [])
 
-    src, got = Counter(source), Counter(mirror)
-    return RowDiff(
-        sorted((src - got).elements(), key=_sortable),
-        sorted((got - src).elements(), key=_sortable),
-        [],
-    )
+
+def frozen(row: Row) -> Row:
+    """``row`` hashable: JSON and array values as their canonical JSON text."""
+    if not any(isinstance(v, dict | list) for v in row):
+        return row
+    return freeze(row)
 
 
 def _sortable(key: Key) -> str:

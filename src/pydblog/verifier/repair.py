@@ -36,6 +36,8 @@ class RepairPlan:
 
     schemas: dict[str, TableSchema] = field(default_factory=dict)
     ranges: dict[str, list[Range] | None] = field(default_factory=dict)
+    # tables without primary key, repaired whole: the column each one's snapshot chunks by
+    chunk_by: dict[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.ranges)
@@ -50,8 +52,73 @@ def range_filter(src: PgTable | MyTable, ranges: Sequence[Range]) -> str:
     return " OR ".join(f"({src.cond_text(r.lo_text, r.hi_text)})" for r in ranges)
 
 
+_PG_CHUNK_COLUMN = """
+SELECT a.attname
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+  AND (t.typtype = 'e' OR t.typcategory = 'A' OR EXISTS (
+       SELECT 1 FROM pg_opclass o JOIN pg_am m ON m.oid = o.opcmethod
+       WHERE m.amname = 'btree' AND o.opcdefault
+         AND o.opcintype = COALESCE(NULLIF(t.typbasetype, 0), a.atttypid)))
+ORDER BY EXISTS (SELECT 1 FROM pg_index i
+                 WHERE i.indrelid = a.attrelid AND i.indkey[0] = a.attnum) DESC,
+         a.attnotnull DESC, a.attnum
+LIMIT 1
+"""
+
+_MY_CHUNK_COLUMN = """
+SELECT c.COLUMN_NAME
+FROM information_schema.COLUMNS c
+WHERE c.TABLE_SCHEMA = %s AND c.TABLE_NAME = %s
+  AND c.DATA_TYPE NOT IN ('json', 'geometry', 'point', 'linestring', 'polygon', 'multipoint',
+                          'multilinestring', 'multipolygon', 'geometrycollection',
+                          'tinyblob', 'blob', 'mediumblob', 'longblob',
+                          'tinytext', 'text', 'mediumtext', 'longtext')
+ORDER BY EXISTS (SELECT 1 FROM information_schema.STATISTICS s
+                 WHERE s.TABLE_SCHEMA = c.TABLE_SCHEMA AND s.TABLE_NAME = c.TABLE_NAME
+                   AND s.COLUMN_NAME = c.COLUMN_NAME AND s.SEQ_IN_INDEX = 1) DESC,
+         c.IS_NULLABLE = 'NO' DESC, c.ORDINAL_POSITION
+LIMIT 1
+"""
+
+
+def chunk_column(src: PgTable | MyTable) -> str:
+    """The column a repair of a table without primary key chunks by (its snapshot's
+    ``surrogate-key``): one the database can order, the first of an index before
+    others, a NOT NULL one before nullable ones, then the first in column order. Any
+    such column reads every row exactly (a chunk extends to the end of its last value's
+    group); an indexed, selective one reads faster. Raises ``DblogError`` when the table
+    has none."""
+    if isinstance(src, PgTable):
+        row = src.conn.execute(_PG_CHUNK_COLUMN, (src.ident.as_string(src.conn),)).fetchone()
+    else:
+        with src.conn.cursor() as cur:
+            cur.execute(_MY_CHUNK_COLUMN, (src.database, src.table))
+            row = cur.fetchone()
+    if row is None:
+        raise DblogError(f"{src.name} has no primary key and no column to chunk a repair by",
+                         hint="add a primary key, or repair it with `dblog snapshot --repair "
+                              "--surrogate-key COLUMN`")
+    return str(row[0])
+
+
+def signals(cfg: Config, plan: RepairPlan) -> list[dict[str, Any]]:
+    """The ``execute-snapshot`` data of each signal a repair sends: one for the tables
+    with a key, one per table without (a ``surrogate-key`` holds for a whole signal)."""
+    out = []
+    keyed = RepairPlan(plan.schemas, {t: r for t, r in plan.ranges.items() if t not in plan.chunk_by})
+    if keyed:
+        out.append(signal_data(cfg, keyed))
+    for table, column in sorted(plan.chunk_by.items()):
+        pattern = re.escape(table)
+        out.append({"data-collections": [pattern], "type": "incremental",
+                    "surrogate-key": column,
+                    "repair": [{"data-collection": pattern, "ranges": None}]})
+    return out
+
+
 def signal_data(cfg: Config, plan: RepairPlan) -> dict[str, Any]:
-    """The ``execute-snapshot`` data of a repair."""
+    """The ``execute-snapshot`` data of a repair of tables with a key."""
     data: dict[str, Any] = {"data-collections": [], "type": "incremental", "repair": []}
     conditions = []
     from pydblog.verifier.run import open_source, source_table

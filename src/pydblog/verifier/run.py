@@ -38,7 +38,7 @@ from pydblog.verifier.ranges import (
     Range,
     Row,
     RowDiff,
-    diff_multisets,
+    diff_distinct,
     diff_rows,
     is_keyless,
     sample,
@@ -504,7 +504,7 @@ def settle(
             if isinstance(s, dict) and isinstance(m, dict):
                 d = diff_rows(s, m)
             else:
-                d = diff_multisets(
+                d = diff_distinct(
                     s if isinstance(s, list) else list(s.values()),
                     m if isinstance(m, list) else list(m.values()),
                 )
@@ -617,7 +617,7 @@ def verify_table(schema: TableSchema, src: Source, mirror: AnyMirror,
             rows, _ = src.rows(None, None)
             res.ranges, res.source_rows = 1, len(rows)
             advance(len(rows))
-            suspects = [] if not diff_multisets([r for _, r in rows], table.multiset) else [
+            suspects = [] if not diff_distinct([r for _, r in rows], table.multiset) else [
                 Range(0, None, None, None, None)]
         else:
             table.load()

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from pydblog.ports import ChangeLogReader, TableSchema
-from pydblog.verifier.ranges import Key, key_columns, value
+from pydblog.verifier.ranges import Key, frozen, key_columns, value
 
 WHOLE_TABLE = "whole-table"
 """``touched``'s answer when the window holds a truncate (every key may have moved)."""
@@ -81,7 +81,7 @@ def touched(reader: ChangeLogReader, schema: TableSchema, start: int, end: int,
             body = orjson.loads(rec.body)
             for part in (body.get("key"), body.get("after"), body.get("before")):
                 if isinstance(part, dict) and all(k in part for k in cols):
-                    out.add(tuple(value(logical[k], part[k]) for k in cols))
+                    out.add(frozen(tuple(value(logical[k], part[k]) for k in cols)))
         offset = recs[-1].offset + 1
     return out
 

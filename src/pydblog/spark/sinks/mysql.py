@@ -42,7 +42,7 @@ from __future__ import annotations
 import base64
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -672,6 +672,9 @@ class MySqlSink:
         def vals(k: Sequence[Any]) -> list[Any]:
             return [to_db(v, kinds.get(c, "plain")) for c, v in zip(purge.key, k, strict=True)]
 
+        if schema is not None and self._keyless.get(table, null_safe_key(schema)):
+            self._purge_null_safe(cur, schema, table, purge, vals)
+            return
         for d in purge.deletes:
             where: list[str] = []
             params: list[Any] = []
@@ -687,6 +690,30 @@ class MySqlSink:
                     params.extend(vals(k))
             cur.execute(f"DELETE FROM {self._ident(table)}"
                         + (" WHERE " + " AND ".join(where) if where else ""), params)
+
+    def _purge_null_safe(self, cur: Any, schema: TableSchema, table: str, purge: TablePurge,
+                         vals: Callable[[Sequence[Any]], list[Any]]) -> None:
+        """``_purge`` for a table without primary key (a whole-row identity that may hold
+        NULLs): the spared rows go to a temporary table and a target row stays when one
+        of them equals it null-safely (``_same``). Its ranges are whole tables: a keyless
+        table is repaired whole."""
+        ident = self._ident(table)
+        same = self._same(schema)
+        cols = ", ".join(q(k) for k in purge.key)
+        marks = ", ".join(["%s"] * len(purge.key))
+        match = " AND ".join(same(k, f"t.{q(k)}", f"s.{q(k)}") for k in purge.key)
+        for d in purge.deletes:
+            cur.execute("DROP TEMPORARY TABLE IF EXISTS _dblog_spare")
+            cur.execute(f"CREATE TEMPORARY TABLE _dblog_spare LIKE {ident}")
+            spare = [vals(k) for k in d.spare]
+            for i in range(0, len(spare), 500):
+                part = spare[i:i + 500]
+                cur.execute(f"INSERT INTO _dblog_spare ({cols}) VALUES "
+                            + ", ".join(f"({marks})" for _ in part),
+                            [v for row in part for v in row])
+            cur.execute(f"DELETE t FROM {ident} t WHERE NOT EXISTS "
+                        f"(SELECT 1 FROM _dblog_spare s WHERE {match})")
+            cur.execute("DROP TEMPORARY TABLE _dblog_spare")
 
     def _apply_part(
         self,
@@ -775,25 +802,34 @@ class MySqlSink:
             self._packet = int(cur.fetchone()[0])
         return max(1024, min(STATEMENT_BYTES, self._packet // 2))
 
+    def _same(self, schema: TableSchema) -> Callable[[str, str, str], str]:
+        """``same(column, left, right)``: the null-safe equality of a whole-row identity
+        column, as SQL (``<=>``; text compared as bytes, so trailing spaces count; JSON
+        as JSON on MySQL, as bytes of its text on MariaDB)."""
+        mariadb = self._flavour.get("mariadb", True)
+        kinds = converters(schema)
+        types = column_types(schema, keyed=False)
+
+        def same(n: str, left: str, right: str) -> str:
+            if kinds.get(n) == "json" and not mariadb:
+                return f"{left} <=> {right}"
+            if kinds.get(n) == "json" or types.get(n) in ("LONGTEXT", "CHAR(36)"):
+                return f"BINARY {left} <=> BINARY {right}"
+            return f"{left} <=> {right}"
+
+        return same
+
     def _apply_keyless(self, cur: Any, ch: TableChanges, schema: TableSchema, ident: str,
                        key: list[str], idx: Sequence[int]) -> None:
         """A table without primary key (its identity may hold NULLs): rows match when
         every identity column matches null-safely (``<=>``; text compared as bytes, so
         trailing spaces count, JSON as JSON). Deletes remove every matching row; upserts
         update the matching rows, else insert one."""
-        mariadb = self._flavour.get("mariadb", True)
         cols = [c.name for c in schema.columns]
         kinds = converters(schema)
-        types = column_types(schema, keyed=False)
-
-        def cond(n: str) -> str:
-            if kinds[n] == "json" and not mariadb:
-                return f"{q(n)} <=> CAST(%s AS JSON)"
-            if kinds[n] == "json" or types[n] in ("LONGTEXT", "CHAR(36)"):
-                return f"BINARY {q(n)} <=> BINARY %s"
-            return f"{q(n)} <=> %s"
-
-        match = " AND ".join(cond(n) for n in key)
+        same = self._same(schema)
+        match = " AND ".join(
+            same(n, q(n), "CAST(%s AS JSON)" if kinds[n] == "json" else "%s") for n in key)
         non_key = [n for n in cols if n not in key]
         for i in idx:
             row = ch.rows[i]

@@ -335,7 +335,7 @@ class PostgresSink:
                     schema_name, _, table = q.partition(".")
                     try:
                         pg_purge(conn, *self.target(schema_name, table),
-                                 TablePurge(purge.key, purge.deletes))
+                                 TablePurge(purge.key, purge.deletes), _copy_value)
                     except psycopg.Error as exc:
                         raise SinkError(f"repair of table {q}: {exc}") from exc
                 self._record(conn, batch, -1)
