@@ -107,6 +107,8 @@ def _maria_source(tmp_path: Path, mariadb: TestServer, my_db: str,
         "c MEDIUMINT, d BIGINT, e BIGINT UNSIGNED, f DECIMAL(12,3), g VARCHAR(40), "
         "h ENUM('sad','ok','happy'), i YEAR, j BIT(10), k DATE, l DATETIME(6), "
         "m TIMESTAMP(3) NULL, n VARBINARY(20), o TEXT, p CHAR(3))", my_db)
+    mariadb.execute(  # no primary key: repaired whole
+        "CREATE TABLE bag (a INT, b VARCHAR(20), c JSON, d VARBINARY(4), e DATETIME(6))", my_db)
     config = tmp_path / "dblog.toml"
     config.write_text(
         f'[source]\ntype = "mysql"\ndsn = "{mariadb.dsn(my_db)}"\nheartbeat_interval_s = 0.5\n'
@@ -145,6 +147,13 @@ def _maria_source(tmp_path: Path, mariadb: TestServer, my_db: str,
             for g in range(1, 121)
         )
         mariadb.execute(f"INSERT INTO kinds VALUES {kinds}", my_db)
+        bag = ", ".join(
+            f"({g % 20}, " + ("NULL" if g % 7 == 0 else f"'b{g}'") + ", "
+            + ("NULL" if g % 3 == 0 else f"'{{\"g\": {g}}}'") + ", "
+            + ("NULL" if g % 4 == 0 else f"UNHEX('{g:04x}')")
+            + f", '2024-03-31 01:{g % 60:02d}:00.{g:06d}')"
+            for g in range(1, 61))
+        mariadb.execute(f"INSERT INTO bag VALUES {bag}", my_db)
         wait_for_my_marker(config, mariadb, my_db)
         sync = MiniSync(config)
         sync.catch_up()
@@ -478,3 +487,41 @@ def test_mariadb_source_mysql_mirror_in_database_checksums(
                   "at = at + INTERVAL 1 MICROSECOND", "raw = UNHEX('00')", "n = n + 1")
     assert_damage_found(config, my_db, "mysql")
     # (repairs into a mysql mirror: test_postgres_source_mysql_mirror)
+
+
+def bag_rows(mariadb: MariaDB, db: str) -> set[tuple[Any, ...]]:
+    """The distinct rows of ``bag``, JSON parsed (a mirror re-serializes it)."""
+    import json
+
+    return {(r[0], r[1], None if r[2] is None else json.dumps(json.loads(r[2]), sort_keys=True),
+             r[3], str(r[4]))
+            for r in mariadb.execute("SELECT a, b, c, HEX(d), e FROM bag", db)}
+
+
+def test_mariadb_keyless_table_repaired_whole_in_a_mysql_mirror(
+        maria_to_maria: tuple[Path, MiniSync, str], mariadb: MariaDB, my_db: str) -> None:
+    """A table without primary key: rows lost, added (with NULLs) and changed in the
+    mirror are found as one whole-table range and repaired whole; the mirror's rows that
+    the source lacks go, matched null-safely (``<=>``, JSON and bytes included)."""
+    config, sync, mirror = maria_to_maria
+    want = bag_rows(mariadb, my_db)
+    assert len(want) == 60 and bag_rows(mariadb, mirror) == want
+    run: Any = mariadb.execute
+    run("DELETE FROM bag WHERE a = 3", mirror)
+    run("UPDATE bag SET c = '{\"g\": -1}' WHERE a = 5 AND c IS NOT NULL", mirror)
+    run("INSERT INTO bag VALUES (77, NULL, NULL, NULL, NULL), (78, 'ghost', '[1]', x'00', NULL)",
+        mirror)
+    code, report = verify(config, rf"{my_db}\.bag")
+    assert code == 1
+    [r] = differing(report, "mysql")[f"{my_db}.bag"]
+    assert (r["status"], r["lo"], r["hi"]) == ("drift", None, None), r
+    running = SyncThread(sync)
+    try:
+        code, out = verify(config, rf"{my_db}\.bag", "--repair", "--repair-timeout", "120")
+    finally:
+        running.close()
+    assert out["repair"]["whole"] == [f"{my_db}.bag"], out["repair"]
+    assert code == 0, out["after"]
+    assert bag_rows(mariadb, mirror) == want
+    [n] = mariadb.execute("SELECT COUNT(*) FROM bag", mirror)
+    assert n[0] == 60

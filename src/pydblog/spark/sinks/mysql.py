@@ -698,22 +698,23 @@ class MySqlSink:
         of them equals it null-safely (``_same``). Its ranges are whole tables: a keyless
         table is repaired whole."""
         ident = self._ident(table)
+        spare_table = self._ident("_dblog_spare")  # (the connection has no default database)
         same = self._same(schema)
         cols = ", ".join(q(k) for k in purge.key)
         marks = ", ".join(["%s"] * len(purge.key))
-        match = " AND ".join(same(k, f"t.{q(k)}", f"s.{q(k)}") for k in purge.key)
+        match = " AND ".join(same(k, f"{ident}.{q(k)}", f"s.{q(k)}") for k in purge.key)
         for d in purge.deletes:
-            cur.execute("DROP TEMPORARY TABLE IF EXISTS _dblog_spare")
-            cur.execute(f"CREATE TEMPORARY TABLE _dblog_spare LIKE {ident}")
+            cur.execute(f"DROP TEMPORARY TABLE IF EXISTS {spare_table}")
+            cur.execute(f"CREATE TEMPORARY TABLE {spare_table} LIKE {ident}")
             spare = [vals(k) for k in d.spare]
             for i in range(0, len(spare), 500):
                 part = spare[i:i + 500]
-                cur.execute(f"INSERT INTO _dblog_spare ({cols}) VALUES "
+                cur.execute(f"INSERT INTO {spare_table} ({cols}) VALUES "
                             + ", ".join(f"({marks})" for _ in part),
                             [v for row in part for v in row])
-            cur.execute(f"DELETE t FROM {ident} t WHERE NOT EXISTS "
-                        f"(SELECT 1 FROM _dblog_spare s WHERE {match})")
-            cur.execute("DROP TEMPORARY TABLE _dblog_spare")
+            cur.execute(f"DELETE FROM {ident} WHERE NOT EXISTS "
+                        f"(SELECT 1 FROM {spare_table} s WHERE {match})")
+            cur.execute(f"DROP TEMPORARY TABLE {spare_table}")
 
     def _apply_part(
         self,
@@ -828,8 +829,10 @@ class MySqlSink:
         cols = [c.name for c in schema.columns]
         kinds = converters(schema)
         same = self._same(schema)
+        as_json = not self._flavour.get("mariadb", True)  # MySQL's JSON type compares as JSON
         match = " AND ".join(
-            same(n, q(n), "CAST(%s AS JSON)" if kinds[n] == "json" else "%s") for n in key)
+            same(n, q(n), "CAST(%s AS JSON)" if kinds[n] == "json" and as_json else "%s")
+            for n in key)
         non_key = [n for n in cols if n not in key]
         for i in idx:
             row = ch.rows[i]
