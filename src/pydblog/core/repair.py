@@ -22,6 +22,11 @@ marker at offset ``m`` means, for each key ``k`` of the range not in ``keep``:
 
 Several markers in a batch compose: each deletes what it names, and a key's net change
 is dropped when any marker after its last event names it.
+
+A marker of a source table merged into a shared target (the Drainer's routes) has a
+``scope``: the identity columns of that table's part of the target. Its keys are the
+source table's, its deletes touch only the rows of its part, and only the part's keys
+of the batch take part in its rule (``plan_purge`` is given the part's keys).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from typing import Any
 import orjson
 
 Key = tuple[Any, ...]
+Scope = tuple[tuple[str, str], ...]
+"""A merged target's part: (identity column, value) pairs, sorted; () for a table of
+its own."""
 
 
 def freeze(values: Iterable[Any]) -> Key:
@@ -53,6 +61,7 @@ class RangeEnd:
     lo: Key | None
     hi: Key | None
     keep: frozenset[Key] = field(default_factory=frozenset)
+    scope: Scope = ()
 
     def holds(self, key: Key, less: Callable[[Key, Key], bool] | None = None) -> bool:
         """Whether ``key`` lies in ``(lo, hi]`` (``less``: the key order; default
@@ -88,11 +97,13 @@ def _less(a: Key, b: Key) -> bool:
 
 @dataclass(frozen=True)
 class TargetDelete:
-    """Delete the target's rows of ``(lo, hi]`` whose key is not in ``spare``."""
+    """Delete the target's rows of ``(lo, hi]`` whose key is not in ``spare`` (and, with
+    a ``scope``, only rows whose identity columns hold its values)."""
 
     lo: Key | None
     hi: Key | None
     spare: frozenset[Key]
+    scope: Scope = ()
 
 
 @dataclass
@@ -119,7 +130,7 @@ def plan_purge(
     out = Purge()
     for end in sorted(ends, key=lambda e: e.offset):
         later = frozenset(k for k, o in last_offsets.items() if o > end.offset and end.holds(k, less))
-        out.ranges.append(TargetDelete(end.lo, end.hi, end.keep | later))
+        out.ranges.append(TargetDelete(end.lo, end.hi, end.keep | later, end.scope))
         for k, o in last_offsets.items():
             if o < end.offset and k not in end.keep and end.holds(k, less):
                 out.dropped.add(k)

@@ -13,8 +13,11 @@ Invariants:
   batch is the same batch), and the number and order of events never change (the
   dense-offset checks still hold).
 - A table no route matches keeps its name and its events are untouched.
-- A merged table's notifications lose their payload (``after``): a repair's markers
-  name a source table, which no target is (repairs are per source table).
+- A merged table's notifications lose their payload (``after``), except a repair's
+  range-end marker when the route keeps the identity in the key (``key = "source"``):
+  it gains ``repair.scope``, the part's identity, so the sinks apply it to that part
+  only (``core.repair``). With ``key = "row"`` a row's part cannot be told from its key,
+  and the marker is dropped like any notification's payload.
 - A merged table's truncate empties only its own part of the target: its ``key`` is the
   part's identity, ``{"_dblog_db", "_dblog_schema", "_dblog_source"}`` (``scope_of``),
   and ``after_prefix`` gives the text every row event of that part starts with.
@@ -127,6 +130,7 @@ def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.R
         after_pre: list[str | None] = []
         key_pre: list[str | None] = []
         scopes: list[str | None] = []
+        marker_scopes: list[str | None] = []  # the scope a repair marker keeps (key mode)
         for g in uniq.to_pylist():
             raw, schema, table = g.split("\x1f")
             db = json.loads(f'"{raw}"')
@@ -141,6 +145,7 @@ def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.R
                 after_pre.append(None)
                 key_pre.append(None)
                 scopes.append(None)
+                marker_scopes.append(None)
                 continue
             t_schema.append(target.target[0])
             t_table.append(target.target[1])
@@ -149,15 +154,19 @@ def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.R
             sorted_ident = ",".join(f'"{k}":{ident[k]}' for k in sorted(ident))
             key_pre.append("{" + sorted_ident if target.key is KeyMode.SOURCE else None)
             scopes.append("{" + sorted_ident + "}")
+            marker_scopes.append(scopes[-1] if target.key is KeyMode.SOURCE else None)
         routed = pc.is_valid(pc.take(pa.array(t_schema, pa.string()), idx))
         if pc.any(routed).as_py():
             cols["schema"] = pc.coalesce(pc.take(pa.array(t_schema, pa.string()), idx), cols["schema"])
             cols["table"] = pc.coalesce(pc.take(pa.array(t_table, pa.string()), idx), cols["table"])
             notes = pc.and_(routed, pc.equal(cols["op"], "n")) if "op" in cols else None
             if "after" in cols:
+                markers = (None if notes is None else
+                           _scoped_markers(cols["after"], notes,
+                                           pc.take(pa.array(marker_scopes, pa.string()), idx)))
                 cols["after"] = _prefixed(cols["after"], pc.take(pa.array(after_pre, pa.string()), idx))
-                if notes is not None:
-                    cols["after"] = pc.if_else(notes, pa.scalar(None, pa.string()), cols["after"])
+                if markers is not None:
+                    cols["after"] = pc.if_else(notes, markers, cols["after"])
             if "key" in cols:
                 cols["key"] = _prefixed(cols["key"], pc.take(pa.array(key_pre, pa.string()), idx))
                 if "op" in cols:  # a truncate names the part it empties
@@ -166,6 +175,23 @@ def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.R
                         cols["key"] = pc.if_else(
                             truncates, pc.take(pa.array(scopes, pa.string()), idx), cols["key"])
     return pa.RecordBatch.from_arrays([cols[name] for name in names], schema=batch.schema)
+
+
+def _scoped_markers(afters: pa.Array, notes: pa.Array, scopes: pa.Array) -> pa.Array:
+    """Per row: for a routed notification (``notes``) that is a repair's range-end
+    marker and has a scope, its ``after`` with ``repair.scope`` set; else null."""
+    out: list[str | None] = [None] * len(afters)
+    texts = pc.cast(afters, pa.string())
+    for i in pc.indices_nonzero(pc.and_(notes, pc.is_valid(scopes))).to_pylist():
+        text = texts[i].as_py()
+        if not text or '"repair"' not in text:
+            continue
+        doc = orjson.loads(text)
+        rep = doc.get("repair")
+        if isinstance(rep, dict) and rep.get("key"):
+            doc["repair"] = {**rep, "scope": orjson.loads(scopes[i].as_py())}
+            out[i] = orjson.dumps(doc).decode()
+    return pa.array(out, pa.string())
 
 
 def _prefixed(texts: pa.Array, prefix: pa.Array) -> pa.Array:

@@ -11,16 +11,18 @@ change log holds them (JSON values), in Python's order: numbers, and text by cod
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pydblog.core.repair import Key, RangeEnd, TargetDelete, freeze, plan_purge
+from pydblog.core.repair import Key, RangeEnd, Scope, TargetDelete, freeze, plan_purge
 from pydblog.spark.reduce import DELETE, TableChanges
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,12 +56,41 @@ def range_ends(
             continue
         q = f"{schema}.{table}"
         keep = frozenset(freeze(k) for k in rep.get("keep") or ())
+        scope = scope_of(rep)
         _, ends = out.setdefault(q, (list(rep["key"]), []))
         for r in rep.get("ranges") or [{"lo": None, "hi": None}]:
             lo, hi = r.get("lo"), r.get("hi")
             ends.append(RangeEnd(q, int(offset), None if lo is None else freeze(lo),
-                                 None if hi is None else freeze(hi), keep))
+                                 None if hi is None else freeze(hi), keep, scope))
     return out
+
+
+def scope_of(rep: Mapping[str, Any]) -> Scope:
+    """A marker's scope (``repair.scope``: the identity of a merged target's part)."""
+    return tuple(sorted((str(k), str(v)) for k, v in (rep.get("scope") or {}).items()))
+
+
+def plan_table(key: list[str], ends: list[RangeEnd],
+               net: Iterable[tuple[str | None, int, T]]) -> tuple[list[TargetDelete], list[T]]:
+    """``plan_purge`` of one table's markers, each scope with its part's keys: ``net``
+    is the batch's net change as ``(key text, offset, payload)``; returns the target
+    deletes and the payloads of the keys whose net change becomes a delete."""
+    objs = [(orjson.loads(text) if text else {}, offset, payload) for text, offset, payload in net]
+    deletes: list[TargetDelete] = []
+    dropped: list[T] = []
+    for scope in sorted({e.scope for e in ends}):
+        last: dict[Key, int] = {}
+        which: dict[Key, T] = {}
+        for obj, offset, payload in objs:
+            if (isinstance(obj, dict) and all(k in obj for k in key)
+                    and all(str(obj.get(c)) == v for c, v in scope)):
+                k = freeze(obj[c] for c in key)
+                last[k] = offset
+                which[k] = payload
+        plan = plan_purge([e for e in ends if e.scope == scope], last, _less)
+        deletes.extend(plan.ranges)
+        dropped.extend(which[k] for k in plan.dropped)
+    return deletes, dropped
 
 
 def purges(events: pa.Table, since: int, changes: dict[str, TableChanges]) -> dict[str, TablePurge]:
@@ -68,22 +99,13 @@ def purges(events: pa.Table, since: int, changes: dict[str, TableChanges]) -> di
     out: dict[str, TablePurge] = {}
     for q, (key, ends) in _markers(events, since).items():
         ch = changes.get(q)
-        last: dict[Key, int] = {}
-        index: dict[Key, int] = {}
-        if ch is not None:
-            for i, text in enumerate(ch.keys):
-                obj = orjson.loads(text) if text else {}
-                if isinstance(obj, dict) and all(k in obj for k in key):
-                    k = freeze(obj[c] for c in key)
-                    last[k] = ch.offsets[i]
-                    index[k] = i
-        plan = plan_purge(ends, last, _less)
-        for k in plan.dropped:
-            i = index[k]
+        net = [] if ch is None else [(t, ch.offsets[i], i) for i, t in enumerate(ch.keys)]
+        deletes, dropped = plan_table(key, ends, net)
+        for i in dropped:
             if ch is not None and ch.ops[i] != DELETE:
                 ch.ops[i] = DELETE
                 ch.unchanged[i] = []
-        out[q] = TablePurge(key, plan.ranges)
+        out[q] = TablePurge(key, deletes)
     return out
 
 
@@ -165,6 +187,9 @@ def pg_purge(conn: Any, schema: str, table: str, purge: TablePurge,
         if d.hi is not None:
             where.append(sql.SQL("ROW({}) <= ROW({})").format(keys, bounds))
             params.extend(_text(v) for v in d.hi)
+        for c, v in d.scope:  # a merged target: only the rows of the marker's part
+            where.append(sql.SQL("t.{} = %s").format(sql.Identifier(c)))
+            params.append(v)
         where.append(sql.SQL("NOT EXISTS (SELECT 1 FROM {} s WHERE {})").format(spare, match))
         cur = conn.execute(
             sql.SQL("DELETE FROM {} t WHERE {}").format(target, sql.SQL(" AND ").join(where)),
@@ -209,57 +234,17 @@ def _text(v: Any) -> str:
     return orjson.dumps(v).decode() if isinstance(v, dict | list) else str(v)
 
 
-def with_target_deletes(changes: TableChanges, purge: TablePurge, schema: Any,
-                        target_keys: list[dict[str, Any]], offset: int) -> TableChanges:
-    """``changes`` plus a delete of each target key (rows as the target returns them)
-    that ``purge`` removes, for a sink that applies both in one commit (Delta's MERGE).
-    Keys are compared after normalization by logical type (``verifier.ranges.value``);
-    ``changes`` itself is not modified (other sinks share it)."""
-    from pydblog.verifier.ranges import value
-
-    logical = {c.name: c.logical for c in schema.columns}
-
-    def norm(k: Key) -> Key:
-        return freeze(value(logical.get(c, "string"), _thaw(logical.get(c, "string"), v))
-                      for c, v in zip(purge.key, k, strict=True))
-
-    have = {k for k in changes.keys}
-    out = TableChanges(changes.schema, changes.table, changes.truncated, list(changes.keys),
-                       list(changes.ops), list(changes.offsets), list(changes.texts),
-                       list(changes.unchanged))
-    for d in purge.deletes:
-        lo = None if d.lo is None else norm(d.lo)
-        hi = None if d.hi is None else norm(d.hi)
-        spare = {norm(k) for k in d.spare}
-        end = RangeEnd("", 0, lo, hi)
-        for row in target_keys:
-            k = norm(tuple(row.get(c) for c in purge.key))
-            if k in spare or not end.holds(k, _less):
-                continue
-            obj = {c: _logged(logical.get(c, "string"), v) for c, v in zip(purge.key, k, strict=True)}
-            text = orjson.dumps(obj).decode()
-            if text in have:
-                continue
-            have.add(text)
-            out.keys.append(text)
-            out.ops.append(DELETE)
-            out.offsets.append(offset)
-            out.texts.append(text)
-            out.unchanged.append([])
-    return out
-
-
 @dataclass
 class SparkPurge:
     """What a batch's markers make a sink do for one table (``core.repair.plan_purge``
     over the batch's reduced keys): ``deletes`` (target ranges minus their spared keys),
-    ``dropped`` (key texts whose net change becomes a delete) and ``keys`` (every key of
-    the table's net change, as a key tuple)."""
+    ``dropped`` (key texts whose net change becomes a delete) and ``keys`` (the key
+    text of every row of the table's net change)."""
 
     key: list[str]
     deletes: list[TargetDelete]
     dropped: list[str]
-    keys: set[Key]
+    keys: set[str]
 
 
 def spark_purges(batch: Any, since: Mapping[str, int], floor: int = -1) -> dict[str, SparkPurge]:
@@ -279,47 +264,58 @@ def spark_purges(batch: Any, since: Mapping[str, int], floor: int = -1) -> dict[
         s, _, t = q.partition(".")
         c = (F.col("schema") == s) & (F.col("table") == t)
         cond = c if cond is None else cond | c
-    last: dict[str, dict[Key, int]] = {q: {} for q in ends}
-    texts: dict[str, dict[Key, str]] = {q: {} for q in ends}
+    net: dict[str, list[tuple[str | None, int, str]]] = {q: [] for q in ends}
     for r in red.where(cond).select("schema", "table", "key", "offset").collect():
-        q = f"{r['schema']}.{r['table']}"
-        key = ends[q][0]
-        obj = orjson.loads(r["key"]) if r["key"] else {}
-        if isinstance(obj, dict) and all(k in obj for k in key):
-            k = freeze(obj[c] for c in key)
-            last[q][k] = int(r["offset"])
-            texts[q][k] = r["key"]
+        net[f"{r['schema']}.{r['table']}"].append((r["key"], int(r["offset"]), r["key"]))
     out: dict[str, SparkPurge] = {}
     for q, (key, table_ends) in ends.items():
-        plan = plan_purge(table_ends, last[q], _less)
-        out[q] = SparkPurge(key, plan.ranges, sorted(texts[q][k] for k in plan.dropped),
-                            set(last[q]))
+        deletes, dropped = plan_table(key, table_ends, net[q])
+        out[q] = SparkPurge(key, deletes, sorted(dropped), {t for t, _, _ in net[q] if t})
     return out
+
+
+def target_columns(purge: SparkPurge, schema: Any) -> list[str]:
+    """The target's columns ``target_deletes`` needs of each row: its key, the
+    marker's key and the identity columns of the markers' scopes."""
+    out = dict.fromkeys(list(schema.key) or [c.name for c in schema.columns])
+    out.update(dict.fromkeys(purge.key))
+    for d in purge.deletes:
+        out.update(dict.fromkeys(c for c, _ in d.scope))
+    return list(out)
 
 
 def target_deletes(purge: SparkPurge, schema: Any, target_keys: list[dict[str, Any]]) -> list[str]:
     """The key texts (as the sinks' typed rows read them) of the target rows ``purge``
-    deletes: in a range, not spared, and not a key of the batch's net change (those are
-    the MERGE's own rows). Keys are compared after normalization by logical type
+    deletes: of the delete's scope, in a range, not spared, and not a key of the
+    batch's net change (those are the MERGE's own rows). Rows are the target's
+    (``target_columns``); keys are compared after normalization by logical type
     (``verifier.ranges.value``)."""
     from pydblog.verifier.ranges import value
 
     logical = {c.name: c.logical for c in schema.columns}
+    tkey = list(schema.key) or [c.name for c in schema.columns]
 
-    def norm(k: Key) -> Key:
+    def norm(cols: Sequence[str], k: Iterable[Any]) -> Key:
         return freeze(value(logical.get(c, "string"), _thaw(logical.get(c, "string"), v))
-                      for c, v in zip(purge.key, k, strict=True))
+                      for c, v in zip(cols, k, strict=True))
 
-    batch_keys = {norm(k) for k in purge.keys}
+    batch_keys = set()
+    for text in purge.keys:
+        obj = orjson.loads(text) if text else {}
+        if isinstance(obj, dict) and all(c in obj for c in tkey):
+            batch_keys.add(norm(tkey, (obj[c] for c in tkey)))
     out: dict[Key, str] = {}
     for d in purge.deletes:
-        end = RangeEnd("", 0, None if d.lo is None else norm(d.lo),
-                       None if d.hi is None else norm(d.hi))
-        spare = {norm(k) for k in d.spare}
+        end = RangeEnd("", 0, None if d.lo is None else norm(purge.key, d.lo),
+                       None if d.hi is None else norm(purge.key, d.hi))
+        spare = {norm(purge.key, k) for k in d.spare}
         for row in target_keys:
-            k = norm(tuple(row.get(c) for c in purge.key))
-            if k in spare or k in batch_keys or k in out or not end.holds(k, _less):
+            if any(str(row.get(c)) != v for c, v in d.scope):
                 continue
-            out[k] = orjson.dumps({c: _logged(logical.get(c, "string"), v)
-                                   for c, v in zip(purge.key, k, strict=True)}).decode()
+            k = norm(purge.key, (row.get(c) for c in purge.key))
+            t = norm(tkey, (row.get(c) for c in tkey))
+            if k in spare or t in batch_keys or t in out or not end.holds(k, _less):
+                continue
+            out[t] = orjson.dumps({c: _logged(logical.get(c, "string"), v)
+                                   for c, v in zip(tkey, t, strict=True)}).decode()
     return list(out.values())

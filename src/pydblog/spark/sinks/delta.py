@@ -38,7 +38,7 @@ import pyarrow as pa
 from pydblog.errors import SinkError
 from pydblog.ports import TableSchema
 from pydblog.spark.plan import REDUCED_SCHEMA, SparkBatch, spark_schema, typed_fn
-from pydblog.spark.repairs import SparkPurge, spark_purges, target_deletes
+from pydblog.spark.repairs import SparkPurge, spark_purges, target_columns, target_deletes
 from pydblog.spark.sinks.widen import widens
 from pydblog.spark.typemap import arrow_schema
 
@@ -330,7 +330,7 @@ class DeltaSink:
                                            .otherwise(F.col("op")))
                 gone = [] if truncated else target_deletes(purge, schema, [
                     r.asDict() for r in spark.read.format("delta").load(path)
-                    .select(*[quote(k) for k in purge.key]).collect()])
+                    .select(*[quote(k) for k in target_columns(purge, schema)]).collect()])
                 if gone:
                     extra = spark.createDataFrame(
                         [(schema_name, table, g, "d", batch.end - 1, g, [], 0, False) for g in gone],
@@ -453,7 +453,6 @@ def _part_deletes(spark: Any, path: str, schema: TableSchema, rows: Any,
     """The key texts of the target rows of ``parts`` (identity column values) that the
     batch's own rows (``rows``, reduced) do not write again: a repair's target deletes
     (``target_deletes``) over the whole key space of those rows."""
-    import orjson
     from pyspark.sql import functions as F
 
     from pydblog.core.repair import TargetDelete
@@ -470,11 +469,7 @@ def _part_deletes(spark: Any, path: str, schema: TableSchema, rows: Any,
               .select(*[quote(k) for k in key]).collect()]
     if not target:
         return []
-    written = set()
-    for r in rows.select("key").collect():
-        obj = orjson.loads(r["key"]) if r["key"] else {}
-        if isinstance(obj, dict) and all(k in obj for k in key):
-            written.add(tuple(obj[k] for k in key))
+    written = {r["key"] for r in rows.select("key").collect() if r["key"]}
     whole = SparkPurge(key, [TargetDelete(None, None, frozenset())], [], written)
     return target_deletes(whole, schema, target)
 

@@ -684,6 +684,9 @@ class MySqlSink:
             if d.hi is not None:
                 where.append(f"({keys}) <= ({marks})")
                 params.extend(vals(d.hi))
+            for c, v in d.scope:  # a merged target: only the rows of the marker's part
+                where.append(f"{q(c)} = %s")
+                params.append(v)
             if d.spare:
                 where.append(f"({keys}) NOT IN ({', '.join(f'({marks})' for _ in d.spare)})")
                 for k in d.spare:
@@ -712,8 +715,10 @@ class MySqlSink:
                 cur.execute(f"INSERT INTO {spare_table} ({cols}) VALUES "
                             + ", ".join(f"({marks})" for _ in part),
                             [v for row in part for v in row])
+            scope = "".join(f" AND {ident}.{q(c)} = %s" for c, _ in d.scope)
             cur.execute(f"DELETE FROM {ident} WHERE NOT EXISTS "
-                        f"(SELECT 1 FROM {spare_table} s WHERE {match})")
+                        f"(SELECT 1 FROM {spare_table} s WHERE {match}){scope}",
+                        [v for _, v in d.scope])
             cur.execute(f"DROP TEMPORARY TABLE {spare_table}")
 
     def _apply_part(
