@@ -364,20 +364,28 @@ def damage(mirror_db: str, lake: Path) -> None:
 
 
 def test_repair_heals_exactly_the_damage(setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str) -> None:
+    """Key ranges of the keyed tables and the whole tables without primary key (chunked
+    by a column verify picks; NULLs and every type matched null-safely) heal."""
     config, sync = setup
     damage(mirror_db, tmp_lake(config))
+    damage_keyless(mirror_db, tmp_lake(config))
     running = SyncThread(sync)
     try:
-        code, out = verify(config, r"public\.(items|words|pairs)", "--repair", "--repair-timeout", "120")
+        code, out = verify(config, r"public\.(items|words|pairs|notes|bag)", "--repair",
+                           "--repair-timeout", "120")
     finally:
         running.close()
     assert out["before"]["ok"] is False
-    assert set(out["repair"]["markers"]) == {"public.items", "public.words"}
-    assert out["repair"]["ranges"] == {"public.items": 5, "public.words": 2} or \
-        out["repair"]["ranges"]["public.items"] >= 4, out["repair"]
+    assert set(out["repair"]["markers"]) == {"public.items", "public.words", "public.notes",
+                                             "public.bag"}
+    assert out["repair"]["whole"] == ["public.bag", "public.notes"], out["repair"]
+    ranges = out["repair"]["ranges"]
+    assert (ranges["public.items"], ranges["public.words"]) == (5, 2) or \
+        ranges["public.items"] >= 4, out["repair"]
     assert code == 0, out["after"]
     assert out["after"]["ok"]
     assert_mirrors_equal_source(config, pg_db, mirror_db, ["public.items", "public.words", "public.pairs"])
+    assert_keyless_mirrors_equal_source(config, pg_db, mirror_db, ["public.notes", "public.bag"])
 
 
 @pytest.mark.slow
@@ -432,25 +440,18 @@ def assert_keyless_mirrors_equal_source(config: Path, pg_db: str, mirror_db: str
         assert n is not None and n[0] == len(want), (name, "postgres holds duplicates")
 
 
-@pytest.mark.parametrize("under_writes", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_repair_of_tables_without_primary_key(setup: tuple[Path, MiniSync], pg_db: str,
-                                              mirror_db: str, under_writes: bool) -> None:
-    """A table without primary key is repaired whole (chunked by a column verify picks):
-    rows lost, added and changed in both mirrors heal, NULLs and every type matched
-    null-safely; ``under_writes``: while the source changes the table's rows."""
-    import threading
-
+def damage_keyless(mirror_db: str, lake: Path) -> None:
+    """Damage the tables without primary key in both mirrors: rows lost, changed, added
+    (NULLs among them; bytes and JSON in ``bag``'s rows)."""
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    config, sync = setup
     with psycopg.connect(mirror_db, autocommit=True) as conn:
         conn.execute("DELETE FROM mirror.notes WHERE a = 2")
         conn.execute("INSERT INTO mirror.notes VALUES (9, 'x')")
         conn.execute("DELETE FROM mirror.bag WHERE a = 3")  # rows with NULLs among them
         conn.execute("UPDATE mirror.bag SET e = -1 WHERE a = 5 AND b IS NULL")
         conn.execute("INSERT INTO mirror.bag (a, b) VALUES (77, NULL), (78, 'ghost')")
-    lake = tmp_lake(config)
     DeltaTable(str(lake / "public" / "notes")).delete("a = 4")
     bag = str(lake / "public" / "bag")
     DeltaTable(bag).delete("a = 11")
@@ -459,6 +460,17 @@ def test_repair_of_tables_without_primary_key(setup: tuple[Path, MiniSync], pg_d
     write_deltalake(bag, extra.set_column(0, "a", pa.array([99] * extra.num_rows, pa.int32())),
                     mode="append")
 
+
+@pytest.mark.slow
+def test_repair_of_tables_without_primary_key_under_writes(
+        setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str) -> None:
+    """A table without primary key is repaired whole (chunked by a column verify picks)
+    while the source changes its rows: rows lost, added and changed in both mirrors heal,
+    NULLs and every type matched null-safely (without writes: the repair test above)."""
+    import threading
+
+    config, sync = setup
+    damage_keyless(mirror_db, tmp_lake(config))
     stop = threading.Event()
 
     def writes() -> None:  # distinct rows in, out and changed while the repair runs
@@ -474,14 +486,12 @@ def test_repair_of_tables_without_primary_key(setup: tuple[Path, MiniSync], pg_d
 
     writer = threading.Thread(target=writes, daemon=True)
     running = SyncThread(sync)
-    if under_writes:
-        writer.start()
+    writer.start()
     try:
         _, out = verify(config, r"public\.(notes|bag)", "--repair", "--repair-timeout", "120")
     finally:
         stop.set()
-        if under_writes:
-            writer.join(30)
+        writer.join(30)
         running.close()
     before = differing(out["before"], "postgres")
     assert set(before) == {"public.notes", "public.bag"}, before
