@@ -462,6 +462,7 @@ def damage_keyless(mirror_db: str, lake: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_repair_of_tables_without_primary_key_under_writes(
         setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str) -> None:
     """A table without primary key is repaired whole (chunked by a column verify picks)
@@ -556,6 +557,7 @@ class Workload:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_verify_and_repair_under_writes(setup: tuple[Path, MiniSync], pg_db: str, mirror_db: str) -> None:
     config, sync = setup
     damage(mirror_db, tmp_lake(config))

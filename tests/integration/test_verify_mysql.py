@@ -528,6 +528,7 @@ def test_mariadb_keyless_table_repaired_whole_in_a_mysql_mirror(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_mysql_mirror_verify_and_repair_under_writes(pg_to_maria: tuple[Path, MiniSync],
                                                       mariadb: MariaDB, my_db: str,
                                                       pg_db: str) -> None:
