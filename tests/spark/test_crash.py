@@ -93,7 +93,7 @@ def test_kill_9_between_sinks(spark: Any, pg_db: str, tmp_path: Path) -> None:
     sinks behind apply it), drains the rest and converges (the default suite's crash
     test). The scenario at a quarter of its size (1,906 events, its added column and
     truncate); the killed batch is its first 150 events, snapshot rows: what the killed
-    job does on its cold JVM is kept small, the clean run (on the tests' warm session)
+    job does on its own JVM is kept small, the clean run (on the tests' shared session)
     drains the other steps in one batch. Kills in a batch after committed ones, after
     every sink, and at a random moment of a stream, at full size:
     ``test_kill_9_during_batches_repeatedly`` (and ``tests/kafka/test_sync.py``'s
