@@ -7,8 +7,6 @@ into smaller chunks, so four are still in flight at once."""
 
 from __future__ import annotations
 
-import random
-import threading
 import time
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 
 from pydblog.changelog import log_exists, open_reader
 from pydblog.ports import ChangeLogReader
+from tests.chaos import at_progress, kill_and_restart, kill_seed, reporting, writing
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import Harness
 from tests.contract.test_snapshots import q, writer
@@ -95,15 +94,9 @@ def test_parallel_chunks_with_writes(harness: Harness, tmp_path: Path) -> None:
     rows, chunk = sized(h, 30_000, 8192)
     big_table(h, rows)
     with Capture(h, tmp_path, f"[snapshot]\nchunk_size = {chunk}\nparallelism = 4") as cap:
-        stop = threading.Event()
-        th = threading.Thread(target=writer, args=(h, "t1", stop, 7, rows + rows // 10))
-        th.start()
-        try:
+        with writing(lambda stop: writer(h, "t1", stop, 7, rows + rows // 10)):
             h.signal(sid(), "execute-snapshot", {"data-collections": [q(h, "t1")]})
             cap.wait_notification("COMPLETED", timeout=180)
-        finally:
-            stop.set()
-            th.join()
         events = cap.assert_oracle({"t1": ["id"]})
         err = cap.stop()
     assert len(snapshot_rows(events, "t1")) > rows * 2 // 3
@@ -117,21 +110,19 @@ def test_parallel_chunks_resume_after_kill9(harness: Harness, tmp_path: Path) ->
     rows, chunk = sized(h, 40_000, 8192)
     big_table(h, rows)
     cap = Capture(h, tmp_path, f"[snapshot]\nchunk_size = {chunk}\nparallelism = 4").start()
-    stop = threading.Event()
-    th = threading.Thread(target=writer, args=(h, "t1", stop, 8, rows + rows // 10))
-    th.start()
-    try:
+    with writing(lambda stop: writer(h, "t1", stop, 8, rows + rows // 10)):
         h.signal(sid(), "execute-snapshot", {"data-collections": [q(h, "t1")]})
-        cap.wait_notification("IN_PROGRESS", count=2)
-        cap.kill()
-        cap.start()
-        cap.wait_notification("COMPLETED", timeout=180)
-    finally:
-        stop.set()
-        th.join()
-    events = cap.assert_oracle({"t1": ["id"]})
-    cap.stop()
-    assert sum(1 for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED") == 1
+        # One kill, at the second IN_PROGRESS (no random delay).
+        kills = kill_and_restart(cap.kill, cap.start, 1, kill_seed(8), delay=(0.0, 0.0),
+                                 each_round=lambda n, rng: cap.wait_notification("IN_PROGRESS",
+                                                                                 count=2))
+        with reporting(kills):
+            cap.wait_notification("COMPLETED", timeout=180)
+    with reporting(kills):
+        events = cap.assert_oracle({"t1": ["id"]})
+        cap.stop()
+        assert sum(1 for e in events
+                   if e["op"] == "n" and e["notification"]["type"] == "COMPLETED") == 1
 
 
 @pytest.mark.slow
@@ -153,13 +144,9 @@ def test_parallel_chunks_survive_kill9_at_random_points(
     # finished a 120k-row snapshot before the first kill.
     rows, chunk = sized(h, 600_000, 512)
     big_table(h, rows)
-    rng = random.Random(watermark)
     settings = f'[snapshot]\nchunk_size = {chunk}\nparallelism = 4\nwatermark = "{watermark}"'
     with Capture(h, tmp_path, settings) as cap:
-        stop = threading.Event()
-        th = threading.Thread(target=writer, args=(h, "t1", stop, 11, rows + rows // 12))
-        th.start()
-        try:
+        with writing(lambda stop: writer(h, "t1", stop, 11, rows + rows // 12)):
             # Following the log from before the signal: its first look at a fast
             # snapshot otherwise comes late.
             progress = LogProgress(cap)
@@ -167,21 +154,25 @@ def test_parallel_chunks_survive_kill9_at_random_points(
             # No wait for IN_PROGRESS: ``wait_notification`` decodes every event logged
             # so far before it looks, ~40k events/s, slower than a parallel snapshot
             # writes them; a loaded run found IN_PROGRESS only after COMPLETED (mid = 0).
-            mid = 0  # kills before the snapshot completed
+            mid: list[bool] = []  # per kill: before the snapshot completed
             # At random points of the snapshot's progress (not of the clock: how fast
-            # a snapshot runs depends on the server and the machine's load).
-            for target in sorted(rng.uniform(0.05, 0.7) * rows for _ in range(3)):
-                progress.wait(target)
-                time.sleep(rng.uniform(0.0, 0.05))
-                mid += not progress.done()
+            # a snapshot runs depends on the server and the machine's load), then up to
+            # 50 ms more.
+            def kill() -> None:
+                mid.append(not progress.done())
                 cap.kill()
-                cap.start()
-            cap.wait_notification("COMPLETED", timeout=240)
-        finally:
-            stop.set()
-            th.join()
-        events = cap.assert_oracle({"t1": ["id"]})
+
+            kills = kill_and_restart(
+                kill, cap.start, 3, kill_seed(11 if watermark == "table" else 12),
+                delay=(0.0, 0.05),
+                each_round=at_progress(progress.wait, 3, 0.05 * rows, 0.7 * rows),
+                note=lambda: f"{progress.rows} events logged, mid-snapshot {mid[-1]}")
+            with reporting(kills):
+                cap.wait_notification("COMPLETED", timeout=240)
+        with reporting(kills):
+            events = cap.assert_oracle({"t1": ["id"]})
         cap.stop()
-    assert mid >= 2
-    done = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"]
-    assert len(done) == 1
+    with reporting(kills):
+        assert sum(mid) >= 2
+        done = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"]
+        assert len(done) == 1

@@ -10,14 +10,12 @@ must give the same change log contents."""
 
 from __future__ import annotations
 
-import random
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.chaos import Load, kill_and_restart, kill_seed, reporting, writing
 from tests.contract.capture import Capture, Event, snapshot_rows
 from tests.contract.harness import Harness, source_name
 from tests.contract.test_snapshots import q, writer
@@ -78,14 +76,12 @@ def overlapping_tables(events: list[Event]) -> int:
     return overlaps
 
 
-def _writers(h: Harness, stop: threading.Event) -> list[threading.Thread]:
-    threads = [
-        threading.Thread(target=writer, args=(h, name, stop, seed, ROWS + 200))
-        for seed, name in enumerate((TABLES[1], TABLES[4], TABLES[7]))
-    ]
-    for th in threads:
-        th.start()
-    return threads
+def _writers(h: Harness) -> list[Load]:
+    """Writes to three of the tables (seeds 0, 1, 2), as loads for ``writing``."""
+    def load(name: str, seed: int) -> Load:
+        return lambda stop: writer(h, name, stop, seed, ROWS + 200)
+
+    return [load(name, seed) for seed, name in enumerate((TABLES[1], TABLES[4], TABLES[7]))]
 
 
 def _expected(h: Harness) -> dict[str, list[str]]:
@@ -96,15 +92,9 @@ def test_many_tables_in_flight_with_writes(harness: Harness, tmp_path: Path) -> 
     _tables(harness)
     settings = "[snapshot]\nchunk_size = 256\nparallelism = 4"
     with Capture(harness, tmp_path, settings) as cap:
-        stop = threading.Event()
-        threads = _writers(harness, stop)
-        try:
+        with writing(*_writers(harness)):
             harness.signal(sid(), "execute-snapshot", {"data-collections": [q(harness, "pt[0-9]")]})
             cap.wait_notification("COMPLETED", timeout=240)
-        finally:
-            stop.set()
-            for th in threads:
-                th.join()
         events = cap.assert_oracle(_expected(harness))
         err = cap.stop()
     assert_notifications_in_order(events, TABLES)
@@ -127,34 +117,36 @@ def test_many_tables_in_flight_survive_kill9(
     if watermark == "read-only" and source_name(harness) != "postgres":
         pytest.skip("the MySQL read-only scenarios are in test_read_only.py")
     _tables(harness, BIG)
-    rng = random.Random(f"{harness.name}-{watermark}")
     # Small chunks: the snapshot takes seconds (with 256-row chunks it ended before the
     # first kill), and many windows are in flight at every kill.
     settings = f'[snapshot]\nchunk_size = 64\nparallelism = 4\nwatermark = "{watermark}"'
-    kills_mid = 0
+    mid: list[bool] = []  # per kill: before the snapshot completed
     with Capture(harness, tmp_path, settings) as cap:
-        stop = threading.Event()
-        threads = _writers(harness, stop)
-        try:
+        with writing(*_writers(harness)):
             harness.signal(sid(), "execute-snapshot", {"data-collections": [q(harness, "pt[0-9]")]})
-            cap.wait_notification("TABLE_SCAN_STARTED", count=2, timeout=120)
-            for _ in range(3):
-                time.sleep(rng.uniform(0.0, 0.4))
-                kills_mid += not cap.notifications("COMPLETED")
+
+            def kill() -> None:
+                mid.append(not cap.notifications("COMPLETED"))
                 cap.kill()
-                cap.start()
-            cap.wait_notification("COMPLETED", timeout=300)
-        finally:
-            stop.set()
-            for th in threads:
-                th.join()
-        events = cap.assert_oracle(_expected(harness))
+
+            def tables_in_flight(n: int, rng: object) -> None:
+                if n == 0:  # the first kill 0-0.4 s after the second table started
+                    cap.wait_notification("TABLE_SCAN_STARTED", count=2, timeout=120)
+
+            kills = kill_and_restart(kill, cap.start, 3, kill_seed(21 if watermark == "table" else 22),
+                                     delay=(0.0, 0.4), each_round=tables_in_flight,
+                                     note=lambda: f"mid-snapshot {mid[-1]}")
+            with reporting(kills):
+                cap.wait_notification("COMPLETED", timeout=300)
+        with reporting(kills):
+            events = cap.assert_oracle(_expected(harness))
         cap.stop()
-    assert kills_mid >= 2
-    assert_notifications_in_order(events, TABLES)
-    summary: dict[str, Any] = {
-        name: len({e["key"]["id"] for e in snapshot_rows(events, name)}) for name in TABLES
-    }
-    for n, name in enumerate(TABLES):
-        if name not in (TABLES[1], TABLES[4], TABLES[7]):
-            assert summary[name] == BIG - 100 * n, summary
+    with reporting(kills):
+        assert sum(mid) >= 2
+        assert_notifications_in_order(events, TABLES)
+        summary: dict[str, Any] = {
+            name: len({e["key"]["id"] for e in snapshot_rows(events, name)}) for name in TABLES
+        }
+        for n, name in enumerate(TABLES):
+            if name not in (TABLES[1], TABLES[4], TABLES[7]):
+                assert summary[name] == BIG - 100 * n, summary

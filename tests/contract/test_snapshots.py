@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos import writing
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.harness import Harness, source_name
 from tests.helpers import sid
@@ -30,6 +31,9 @@ def q(h: Harness, table: str) -> str:
 
 
 def writer(h: Harness, table: str, stop: threading.Event, seed: int, key_space: int) -> None:
+    """Random replaces (delete + insert in one transaction), updates and deletes of
+    ``table``'s ids ``0 .. key_space - 1``, one a transaction, until ``stop`` (a load
+    for ``tests.chaos.writing``)."""
     rng = random.Random(seed)
     while not stop.is_set():
         i = rng.randrange(key_space)
@@ -61,35 +65,22 @@ def test_snapshot_only(harness: Harness, tmp_path: Path, watermark: str) -> None
 def test_writes_during_snapshot(harness: Harness, tmp_path: Path) -> None:
     make_table(harness, "t1", 2000)
     with Capture(harness, tmp_path, "[snapshot]\nchunk_size = 50") as cap:
-        stop = threading.Event()
-        th = threading.Thread(target=writer, args=(harness, "t1", stop, 1, 2400))
-        th.start()
-        try:
+        with writing(lambda stop: writer(harness, "t1", stop, 1, 2400)):
             harness.signal(sid(), "execute-snapshot", {"data-collections": [q(harness, "t1")]})
             cap.wait_notification("COMPLETED", timeout=180)
-        finally:
-            stop.set()
-            th.join()
         cap.assert_oracle({"t1": ["id"]})
 
 
 def test_whole_table_update_in_one_transaction(harness: Harness, tmp_path: Path) -> None:
     make_table(harness, "t1", 300)
     with Capture(harness, tmp_path, "[snapshot]\nchunk_size = 300") as cap:
-        stop = threading.Event()
-
-        def updates() -> None:
+        def updates(stop: threading.Event) -> None:
             while not stop.is_set():
                 harness.execute("UPDATE t1 SET n = n + 1")
 
-        th = threading.Thread(target=updates)
-        th.start()
-        try:
+        with writing(updates):
             harness.signal(sid(), "execute-snapshot", {"data-collections": [q(harness, "t1")]})
             cap.wait_notification("COMPLETED")
-        finally:
-            stop.set()
-            th.join()
         cap.assert_oracle({"t1": ["id"]})
 
 
@@ -176,16 +167,10 @@ def test_repeating_surrogate_key_with_writes(harness: Harness, tmp_path: Path) -
     )
     harness.execute(f"INSERT INTO skw (id, s, v, n) VALUES {values}")
     with Capture(harness, tmp_path, "[snapshot]\nchunk_size = 3") as cap:
-        stop = threading.Event()
-        th = threading.Thread(target=writer, args=(harness, "skw", stop, 7, 700))
-        th.start()
-        try:
+        with writing(lambda stop: writer(harness, "skw", stop, 7, 700)):
             harness.signal(sid(), "execute-snapshot",
                            {"data-collections": [q(harness, "skw")], "surrogate-key": "s"})
             cap.wait_notification("COMPLETED", timeout=180)
-        finally:
-            stop.set()
-            th.join()
         cap.assert_oracle({"skw": ["id"]})
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,14 +28,14 @@ from deltalake import DeltaTable
 from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.config import LogConfig, load_config
-from pydblog.devtools.proc import end_process
 from pydblog.devtools.synth import SyntheticLoad
 from pydblog.errors import SinkError
 from pydblog.events import EncodedEvent
 from pydblog.ports import Checkpoint
 from pydblog.positions import Lsn, PgPosition
 from pydblog.spark.job import FAULT_ENV, run_sync
-from tests.helpers import dblog
+from tests.chaos import Kills, kill_and_restart, kill_group, kill_seed, killed_at_faults
+from tests.helpers import dblog, wait_for
 from tests.spark.conftest import spark  # noqa: F401 - fixture
 from tests.spark.helpers import (
     assert_delta_batches_once,
@@ -97,25 +96,23 @@ schema = "mirror"
     return path
 
 
-def run_job(cfg: Path, fault: str, log: Path) -> int:
-    """``python -m pydblog.spark.job`` in its own process group, killed by ``fault``.
-    Spark's Python processes are left to the job (``PYSPARK_PYTHON``: the launcher that
-    imports pyspark precompiled, ``spark.pyexec``): with ``sys.executable`` each compiled
-    pyspark's zip (3-5 s at a load of 10 against 0.6-1.1 s), and the streaming planner's
-    process must connect back to the JVM within Spark's fixed 10 s: at a load of 12-15
-    it did not once in five runs ("Python worker failed to connect back", the job
-    failed before its kill)."""
-    env = {**os.environ, "DBLOG_SPARK_DRIVER_MEMORY": "1g", FAULT_ENV: fault}
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pydblog.spark.job", "--config", str(cfg)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the job did not reach its kill ({fault}) in 240 s:\n"
-                                 f"{log.read_text(errors='replace')[-5000:]}") from None
-        finally:  # not left running (its JVM, its Python workers)
-            end_process(proc, kill=True, group=True)
+def start_job(cfg: Path, log: Path, fault: str | None = None) -> subprocess.Popen[bytes]:
+    """``python -m pydblog.spark.job`` in its own process group (``kill_group`` ends it
+    with its JVM and workers), killing itself at ``fault`` if given. Spark's Python
+    processes are left to the job (``PYSPARK_PYTHON``: the launcher that imports pyspark
+    precompiled, ``spark.pyexec``): with ``sys.executable`` each compiled pyspark's zip
+    (3-5 s at a load of 10 against 0.6-1.1 s), and the streaming planner's process must
+    connect back to the JVM within Spark's fixed 10 s: at a load of 12-15 it did not
+    once in five runs ("Python worker failed to connect back", the job failed before
+    its kill)."""
+    env = {**os.environ, "DBLOG_SPARK_DRIVER_MEMORY": "1g"}
+    env.pop(FAULT_ENV, None)
+    if fault is not None:
+        env[FAULT_ENV] = fault
+    with log.open("wb") as out:  # (the job has its own copy)
+        return subprocess.Popen([sys.executable, "-m", "pydblog.spark.job", "--config", str(cfg)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 @pytest.mark.usefixtures("spark")
@@ -145,9 +142,8 @@ def sync_after_kills(pg_db: str, tmp_path: Path, kafka_log: LogConfig, faults: t
     assert copy_to_kafka(tmp_path / "log", kafka_log) == end
     config = write_config(tmp_path, kafka_log, pg_db, max_events=max_events)
     assert "sync_lag_messages" not in status(config)["changelog"]  # no sync yet
-    for n, fault in enumerate(faults):
-        code = run_job(config, fault, tmp_path / f"job-{n}.log")
-        assert code == -signal.SIGKILL, (tmp_path / f"job-{n}.log").read_text()
+    killed_at_faults(lambda fault, n: start_job(config, tmp_path / f"job-{n}.log", fault),
+                     faults, lambda n: tmp_path / f"job-{n}.log")
     assert run_sync(load_config(config), available_now=True) == 0
 
     def state() -> str:  # what a failure message adds: what each sink and Spark recorded
@@ -506,10 +502,8 @@ def test_sync_from_kafka_killed_at_random_moments(pg_db: str, tmp_path: Path, ka
     depends on the machine's speed: the message has what every sink recorded at each
     kill)."""
     import random
-    import time
 
-    seed = int(os.environ.get("DBLOG_KILL_SEED") or random.randrange(10**6))
-    rng = random.Random(seed)
+    seed = kill_seed(random.randrange(10**6))  # a new one each run, unless given
     print(f"kill delays from seed {seed} (DBLOG_KILL_SEED={seed} runs them again)")
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=80))
     assert copy_to_kafka(tmp_path / "log", kafka_log) == end
@@ -520,31 +514,31 @@ def test_sync_from_kafka_killed_at_random_moments(pg_db: str, tmp_path: Path, ka
     def version() -> int | None:
         return DeltaTable(str(history)).version() if DeltaTable.is_deltatable(str(history)) else None
 
-    kills: list[str] = []
+    jobs: list[subprocess.Popen[bytes]] = []
+    kills = Kills(seed)  # (filled in by the loop when it returns)
 
     def state() -> str:
-        return (f"seed {seed}; kills: {kills}; kept in {tmp_path}\n" + sync_state(
+        return (f"{kills}; kept in {tmp_path}\n" + sync_state(
             lake=tmp_path / "lake", history=history, pg_dsn=pg_db, pg_schema="mirror",
-            checkpoint=tmp_path / "cp", logs=[tmp_path / f"job-{n}.log" for n in range(len(kills))]))
+            checkpoint=tmp_path / "cp", logs=[tmp_path / f"job-{n}.log" for n in range(len(jobs))]))
 
-    for n in range(4):
-        env = {**os.environ, "DBLOG_SPARK_DRIVER_MEMORY": "1g"}
-        env.pop(FAULT_ENV, None)
-        with (tmp_path / f"job-{n}.log").open("wb") as out:
-            job = subprocess.Popen([sys.executable, "-m", "pydblog.spark.job", "--config", str(stream)],
-                                   env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                before = version()
-                deadline = time.monotonic() + 240
-                while time.monotonic() < deadline and version() == before and job.poll() is None:
-                    time.sleep(0.1)
-                delay = rng.uniform(0, 4.0)
-                time.sleep(delay)
-            finally:  # killed (its JVM, its Python workers), whatever happened
-                end_process(job, 60, kill=True, group=True)
-        kills.append(f"job {n}: {delay:.2f} s after history version {version()}")
+    def start() -> None:
+        jobs.append(start_job(stream, tmp_path / f"job-{len(jobs)}.log"))
+
+    def batch_applied(n: int, rng: object) -> None:  # the delay counts from there
+        before = version()
+        wait_for(lambda: version() != before or jobs[-1].poll() is not None, 240,
+                 f"job {n} to apply a batch", interval=0.1)
         assert version() != before, state()
-        print(kills[-1])
+
+    start()
+    try:
+        kills = kill_and_restart(lambda: kill_group(jobs[-1]), start, 4, seed, delay=(0.0, 4.0),
+                                 each_round=batch_applied, restart_last=False,
+                                 note=lambda: f"history version {version()}")
+    finally:  # killed (its JVM, its Python workers), whatever happened
+        kill_group(jobs[-1])
+    print(kills)
     assert run_sync(load_config(drain), available_now=True) == 0
     assert_offsets_once(history_offsets(history), end, state)
     assert_delta_batches_once(tmp_path / "lake", state)

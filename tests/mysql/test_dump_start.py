@@ -16,6 +16,7 @@ from pydblog.devtools.mysql57 import MySQL57
 from pydblog.ports import Checkpoint, Commit, Heartbeat, SourceState
 from pydblog.sources.mysql.dumpstart import DUMP_SERVER_KEY
 from pydblog.sources.mysql.position import BinlogPosition
+from tests.chaos import kill_and_restart, kill_seed, reporting, writing
 from tests.contract.capture import Capture
 from tests.contract.test_parallel import big_table
 from tests.contract.test_snapshots import q, writer
@@ -100,21 +101,23 @@ def test_kill9_under_writes_resumes_at_coordinates(
     big_table(h, 500)
     cap = Capture(h, tmp_path, "[snapshot]\nchunk_size = 100")
     with cap:
-        stop = threading.Event()
-        th = threading.Thread(target=writer, args=(h, "t1", stop, 3, 600))
-        th.start()
-        try:
+        with writing(lambda stop: writer(h, "t1", stop, 3, 600)):
             h.signal(sid(), "execute-snapshot", {"data-collections": [q(h, "t1")]})
-            for _ in range(2):
+
+            def logged_more(n: int, rng: object) -> None:
+                if n > 0:
+                    _more(cap, 100)  # the restart before logged some
                 _more(cap, 300)
-                cap.kill()
-                cap.start()
+
+            # Each kill once 300 more events are logged (no delay).
+            kills = kill_and_restart(cap.kill, cap.start, 2, kill_seed(3), delay=(0.0, 0.0),
+                                     each_round=logged_more,
+                                     note=lambda: f"{len(cap.events())} events logged")
+            with reporting(kills):
                 _more(cap, 100)
-            cap.wait_notification("COMPLETED", timeout=120)
-        finally:
-            stop.set()
-            th.join()
-        cap.assert_oracle({"t1": ["id"]})
+                cap.wait_notification("COMPLETED", timeout=120)
+        with reporting(kills):
+            cap.assert_oracle({"t1": ["id"]})
         err = cap.stop()
     assert "from the checkpoint's coordinates" in err
 
@@ -162,9 +165,7 @@ def test_fresh_start_at_the_binlog_end_under_writes(mysql57: MySQL57, my57_db: s
     executed, is argued, not forced: without the wait these four starts passed too.)"""
     db = my57_db
     mysql57.execute("CREATE TABLE t (id INT PRIMARY KEY)", db)
-    stop = threading.Event()
-
-    def write() -> None:
+    def write(stop: threading.Event) -> None:
         with mysql57.admin(db) as cur:
             i = 0
             while not stop.is_set():
@@ -172,10 +173,8 @@ def test_fresh_start_at_the_binlog_end_under_writes(mysql57: MySQL57, my57_db: s
                 cur.execute(f"INSERT INTO t VALUES ({i})")
                 time.sleep(0.001)
 
-    th = threading.Thread(target=write)
-    th.start()
     starts = []
-    try:
+    with writing(write):
         for _ in range(4):
             src, stream = opened(mysql57, db)
             try:
@@ -187,9 +186,6 @@ def test_fresh_start_at_the_binlog_end_under_writes(mysql57: MySQL57, my57_db: s
             start = next(i for i in items if isinstance(i, Heartbeat))
             starts.append((bpos(start.position), [(e.key, bpos(e.position).gtid)
                                                   for e in changes(items)]))
-    finally:
-        stop.set()
-        th.join()
     for position, fresh in starts:  # (the plain dumps read the file from its start)
         plain, at = _resume(mysql57, db, position, {}, 20)
         assert not at

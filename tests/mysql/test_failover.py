@@ -21,6 +21,7 @@ from pydblog.devtools.mysql57 import MySQL57, TestServer
 from pydblog.errors import SourceError
 from pydblog.events import ChangeEvent
 from pydblog.ports import Checkpoint, Commit, Heartbeat
+from tests.chaos import Load, kill_and_restart, kill_seed, reporting, writing
 from tests.helpers import kill9, start_run, stop_run, wait_for
 from tests.mysql.helpers import bpos, changes, commits, make, opened, read_until, run_sql
 from tests.mysql.servers import require_mariadb, require_mysql57
@@ -232,23 +233,11 @@ def seq_writer(server: TestServer, db: str, stop: threading.Event, seed: int) ->
         conn.close()
 
 
-def load(server: TestServer, db: str, seconds: float, seed: int, during: Any = None) -> None:
-    stop = threading.Event()
-    threads = [
-        threading.Thread(target=writer, args=(server, db, stop, seed)),
-        threading.Thread(target=seq_writer, args=(server, db, stop, seed + 1)),
-    ]
-    for t in threads:
-        t.start()
-    try:
-        if during is not None:
-            during()
-        else:
-            time.sleep(seconds)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+def loads(server: TestServer, db: str, seed: int) -> tuple[Load, Load]:
+    """The oracle's random transactions (``seed``) and ``wseq``'s inserts (``seed + 1``),
+    as loads for ``writing``."""
+    return (lambda stop: writer(server, db, stop, seed),
+            lambda stop: seq_writer(server, db, stop, seed + 1))
 
 
 def rows_of(server: TestServer, db: str, table: str) -> dict[tuple[Any, ...], dict[str, Any]]:
@@ -292,63 +281,76 @@ def test_run_fails_over_to_replica(
     setup_tables(primary, db)
     primary.execute("CREATE TABLE wseq (id INT AUTO_INCREMENT PRIMARY KEY, k INT)", db)
     config = write_config(tmp_path, primary, db, "batch_max_events = 40")
-    proc = start_run(config)
+    procs = [start_run(config)]
+    epochs: list[int] = []
 
-    def on_primary() -> None:
-        nonlocal proc
-        time.sleep(1.0)
-        kill9(proc)
-        epoch = checkpoint_of(config).get("e", 0)
-        time.sleep(0.3)  # writes while capture is down
-        proc = start_run(config)
-        # The restart resumed by GTID (a new epoch) and logged some of the load.
-        wait_for(lambda: checkpoint_of(config).get("e", 0) > epoch, 30, "a GTID resume")
-        time.sleep(0.5)
-        kill9(proc)  # the primary "fails" with capture down
+    def kill() -> None:
+        kill9(procs[-1])
+        epochs.append(checkpoint_of(config).get("e", 0))
 
-    load(primary, db, 0, seed=21, during=on_primary)
+    def restart() -> None:
+        procs.append(start_run(config))
+
+    def resumed() -> None:  # by GTID (a new epoch), after the last kill
+        wait_for(lambda: checkpoint_of(config).get("e", 0) > epochs[-1], 30, "a GTID resume")
+
+    def after_a_restart(n: int, rng: object) -> None:
+        if n > 0:
+            resumed()
+
+    def note() -> str:
+        return f"checkpoint epoch {epochs[-1]}"
+
+    # Killed 0.5-1 s into the load, restarted 0.3 s later (writes while it is down), and
+    # killed again 0.5-1 s after its GTID resume: the primary "fails" with capture down.
+    seed = kill_seed(21)
+    with writing(*loads(primary, db, 21)):
+        on_primary = kill_and_restart(
+            kill, restart, 2, seed, delay=(0.5, 1.0), down=(0.3, 0.3),
+            each_round=after_a_restart, restart_last=False, note=note)
     before = checkpoint_of(config)
-    assert before["file"].startswith("primary-bin.") and "gtids" in before
+    assert before["file"].startswith("primary-bin.") and "gtids" in before, on_primary
     replica.wait_caught_up(primary)
     primary.stop()
     replica.promote()
 
     config.write_text(config.read_text().replace(primary.dsn(db), replica.dsn(db)))
-    proc = start_run(config)
+    restart()
 
-    def on_replica() -> None:
-        nonlocal proc
-        wait_for(lambda: checkpoint_of(config)["file"].startswith("replica-log."), 30, "failover")
-        time.sleep(0.5)
-        epoch = checkpoint_of(config)["e"]
-        kill9(proc)
-        proc = start_run(config)
-        wait_for(lambda: checkpoint_of(config)["e"] > epoch, 30, "a GTID resume on the replica")
-        time.sleep(0.5)
+    def failed_over(n: int, rng: object) -> None:
+        wait_for(lambda: checkpoint_of(config)["file"].startswith("replica-log."), 30,
+                 "failover")
 
     failed: AssertionError | None = None
     try:
-        load(replica, db, 0, seed=22, during=on_replica)
+        # Killed 0.5-1 s after the capture followed the replica and restarted at once;
+        # the load runs on 0.5 s after its GTID resume.
+        with writing(*loads(replica, db, 22)):
+            on_replica = kill_and_restart(kill, restart, 1, seed + 1, delay=(0.5, 1.0),
+                                          each_round=failed_over, note=note)
+            with reporting(on_primary, on_replica):
+                resumed()
+            time.sleep(0.5)
         events = catch_up(config, replica, db)
     except AssertionError as exc:
         failed = exc
     finally:
-        code, err = stop_run(proc)
+        code, err = stop_run(procs[-1])
     if failed is not None:  # with what dblog run said (it may have stopped)
         raise AssertionError(f"{failed}; dblog run exited {code}: {err[-4000:]}") from failed
     assert code == 0, err[-3000:]
-    after = checkpoint_of(config)
-    assert after["file"].startswith("replica-log.") and after["e"] >= before.get("e", 0) + 2
-
-    got = materialize(events)
-    for table in [*TABLES, "wseq"]:
-        assert got.get(table, {}) == rows_of(replica, db, table), f"{table} differs"
-    logged = [e for e in events if e["source"]["snapshot"] == "false"]
-    ids = [(e["source"]["gtid"], e["source"]["index"]) for e in logged]
-    assert len(ids) == len(set(ids)), "a row change was logged twice"
-    inserted = [e["key"]["id"] for e in logged if e["source"]["table"] == "wseq"]
-    assert all(e["op"] == "c" for e in logged if e["source"]["table"] == "wseq")
-    on_server = {int(r[0]) for r in replica.execute("SELECT id FROM wseq", db)}
-    assert sorted(inserted) == sorted(on_server) and len(on_server) > 50
-    files = {e["source"]["file"].split(".")[0] for e in logged}
-    assert files == {"primary-bin", "replica-log"}
+    with reporting(on_primary, on_replica):
+        after = checkpoint_of(config)
+        assert after["file"].startswith("replica-log.") and after["e"] >= before.get("e", 0) + 2
+        got = materialize(events)
+        for table in [*TABLES, "wseq"]:
+            assert got.get(table, {}) == rows_of(replica, db, table), f"{table} differs"
+        logged = [e for e in events if e["source"]["snapshot"] == "false"]
+        ids = [(e["source"]["gtid"], e["source"]["index"]) for e in logged]
+        assert len(ids) == len(set(ids)), "a row change was logged twice"
+        inserted = [e["key"]["id"] for e in logged if e["source"]["table"] == "wseq"]
+        assert all(e["op"] == "c" for e in logged if e["source"]["table"] == "wseq")
+        on_server = {int(r[0]) for r in replica.execute("SELECT id FROM wseq", db)}
+        assert sorted(inserted) == sorted(on_server) and len(on_server) > 50
+        files = {e["source"]["file"].split(".")[0] for e in logged}
+        assert files == {"primary-bin", "replica-log"}

@@ -6,8 +6,6 @@ steps down without writing."""
 from __future__ import annotations
 
 import signal
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from pydblog.devtools.hamembers import Members
 from pydblog.devtools.mariadb import MariaDB
 from pydblog.devtools.mysql57 import MySQL57, TestServer
 from pydblog.devtools.zookeeper import ZkServer
+from tests.chaos import writing
 from tests.helpers import wait_for
 from tests.mysql.test_oracle import assert_oracle, setup_tables, write_config, writer
 
@@ -43,33 +42,29 @@ def failover_sigstop(mariadb: TestServer, my_db: str, tmp_path: Path,
     m = Members(config, config.parent / "data", probe=lambda: server_state(mariadb))
     m.start()
     m.start()
-    stop = threading.Event()
-    # Paced: what the writer commits while the members fail over must stay what the
-    # capture drains within the oracle's wait on a loaded machine.
-    load = threading.Thread(target=writer, args=(mariadb, my_db, stop, 3, 0.005))
     try:
         first = m.leader()
         m.wait_checkpoint()
         m.wait_standbys(1)
-        load.start()
-        time.sleep(1.5)
-        first.send_signal(signal.SIGSTOP)
-        second = m.leader(timeout=30, not_pid=first.pid)
-        before = m.next_offset()
-        # The new leader captures (exactness is what this test checks; bench/failover.py
-        # measures the gap).
-        m.wait_progress(before, timeout=60)
-        if first.poll() is None:
-            first.send_signal(signal.SIGCONT)
-            wait_for(lambda: "stepping down" in m.log_of(first), 30, "the old leader to step down")
-        time.sleep(1.0)
-        assert m.roles().get(second.pid) == "leader"
-    finally:
-        stop.set()
-        if sys.exc_info()[0] is not None:  # failed: leave no member running
-            m.stop_all()
-        if load.is_alive():
-            load.join()
+        # Paced: what the writer commits while the members fail over must stay what the
+        # capture drains within the oracle's wait on a loaded machine.
+        with writing(lambda stop: writer(mariadb, my_db, stop, 3, 0.005)):
+            time.sleep(1.5)
+            first.send_signal(signal.SIGSTOP)
+            second = m.leader(timeout=30, not_pid=first.pid)
+            before = m.next_offset()
+            # The new leader captures (exactness is what this test checks; bench/failover.py
+            # measures the gap).
+            m.wait_progress(before, timeout=60)
+            if first.poll() is None:
+                first.send_signal(signal.SIGCONT)
+                wait_for(lambda: "stepping down" in m.log_of(first), 30,
+                         "the old leader to step down")
+            time.sleep(1.0)
+            assert m.roles().get(second.pid) == "leader"
+    except BaseException:  # failed: leave no member running
+        m.stop_all()
+        raise
     try:
         try:
             assert_oracle(config, mariadb, my_db)

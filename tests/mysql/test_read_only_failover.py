@@ -7,7 +7,6 @@ twice. The capture user cannot write (the server refuses it)."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from pydblog.devtools.mysql57 import TestServer
 from pydblog.sources.mysql.setup import OwnTables, signal_table_ddl
+from tests.chaos import writing
 from tests.helpers import kill9, start_run, stop_run, tail, wait_for
 from tests.mysql.test_failover import _pair, new_database, rows_of
 from tests.mysql.test_oracle import TABLES, catch_up, materialize, setup_tables, writer
@@ -28,13 +28,6 @@ def _read_only_user(server: TestServer, db: str) -> str:
     server.execute(f"GRANT SELECT ON `{db}`.* TO '{user}'@'127.0.0.1'")
     server.execute(f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{user}'@'127.0.0.1'")
     return user
-
-
-def _load(server: TestServer, db: str, seed: int) -> tuple[threading.Event, threading.Thread]:
-    stop = threading.Event()
-    th = threading.Thread(target=writer, args=(server, db, stop, seed))
-    th.start()
-    return stop, th
 
 
 # ~35 s a flavour: in the slow set (`pytest -m slow`).
@@ -60,8 +53,7 @@ def test_read_only_snapshot_across_a_failover(flavour: str, tmp_path: Path) -> N
             '[snapshot]\nchunk_size = 40\nwatermark = "read-only"\n'
         )
         proc = start_run(config)
-        stop, th = _load(primary, db, seed=31)
-        try:
+        with writing(lambda stop: writer(primary, db, stop, 31)):
             data = orjson.dumps({"data-collections": [rf"{db}\.w.*"]}).decode()
             with primary.admin(db) as cur:  # as an administrator: the capture user cannot
                 cur.execute("INSERT INTO dblog_signal VALUES (%s, %s, %s)",
@@ -69,21 +61,14 @@ def test_read_only_snapshot_across_a_failover(flavour: str, tmp_path: Path) -> N
             wait_for(lambda: sum(e["op"] == "r" for e in tail(config)) >= 400, 60,
                      "snapshot rows from the primary")
             kill9(proc)
-        finally:
-            stop.set()
-            th.join()
         replica.wait_caught_up(primary)
         primary.stop()
         replica.promote()
         config.write_text(config.read_text().replace(
             primary.dsn(db, user=user, password="ro"), replica.dsn(db, user=user, password="ro")))
         proc = start_run(config)
-        stop, th = _load(replica, db, seed=32)
-        try:
+        with writing(lambda stop: writer(replica, db, stop, 32)):
             time.sleep(1.0)
-        finally:
-            stop.set()
-            th.join()
         try:
             wait_for(lambda: any(e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
                                  for e in tail(config)), 120, "the snapshot's end")

@@ -8,7 +8,6 @@ log materializes to the primary's table; the capture user cannot write."""
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from pydblog.sources.mysql.connect import MySqlDsn
 from pydblog.sources.mysql.fences import GtidFence
 from pydblog.sources.mysql.gtid import MariaGtidPos, parse_gtid_state
 from pydblog.sources.mysql.setup import OwnTables
+from tests.chaos import at_progress, kill_and_restart, kill_seed, reporting, writing
 from tests.contract.capture import Capture, snapshot_rows
 from tests.contract.test_parallel import LogProgress, big_table
 from tests.contract.test_read_only import ReadOnlyUser, assert_wrote_nothing
@@ -71,16 +71,10 @@ def test_chunks_read_on_a_lagging_replica(
     extra = (f'[snapshot]\nchunk_size = 256\nparallelism = {parallelism}\n'
              f'watermark = "read-only"\nread_dsn = "{read_dsn}"')
     with Capture(h, tmp_path, extra) as cap:
-        stop = threading.Event()
-        th = threading.Thread(target=writer, args=(h, "t1", stop, 21, rows + rows // 10))
-        th.start()
-        try:
+        with writing(lambda stop: writer(h, "t1", stop, 21, rows + rows // 10)):
             cap.wait_until(lambda ev: len(ev) > 200, 60, "stream events")  # writes logged first
             h.signal(sid(), "execute-snapshot", {"data-collections": [q(h, "t1")]})
             cap.wait_notification("COMPLETED", timeout=240)
-        finally:
-            stop.set()
-            th.join()
         events = cap.assert_oracle({"t1": ["id"]})
         err = cap.stop()
     assert len(snapshot_rows(events, "t1")) > rows // 2
@@ -182,29 +176,33 @@ def test_replica_snapshot_resumes_after_kill9(
     read_dsn = replica.dsn(db, user=h.user, password="ro")
     extra = ('[snapshot]\nchunk_size = 256\nparallelism = 4\n'
              f'watermark = "read-only"\nread_dsn = "{read_dsn}"')
-    rng = random.Random(db)
+    # A new seed each run (the kills' record in a failure names it: DBLOG_KILL_SEED runs
+    # the same points again).
+    seed = kill_seed(random.randrange(10**6))
+    mid: list[bool] = []  # per kill: before the snapshot completed
     with Capture(h, tmp_path, extra) as cap:
-        stop = threading.Event()
-        th = threading.Thread(target=writer, args=(h, "t1", stop, 23, rows + rows // 10))
-        th.start()
-        try:
+        with writing(lambda stop: writer(h, "t1", stop, 23, rows + rows // 10)):
             h.signal(sid(), "execute-snapshot", {"data-collections": [q(h, "t1")]})
             progress = LogProgress(cap)
-            mid = 0
-            for target in sorted(rng.uniform(0.1, 0.6) * rows for _ in range(2)):
-                progress.wait(target)
-                mid += not progress.done()
+
+            def kill() -> None:
+                mid.append(not progress.done())
                 cap.kill()
-                cap.start()
-            cap.wait_notification("COMPLETED", timeout=300)
-        finally:
-            stop.set()
-            th.join()
-        events = cap.assert_oracle({"t1": ["id"]})
+
+            # At random points of the snapshot's progress, without delay.
+            kills = kill_and_restart(
+                kill, cap.start, 2, seed, delay=(0.0, 0.0),
+                each_round=at_progress(progress.wait, 2, 0.1 * rows, 0.6 * rows),
+                note=lambda: f"{progress.rows} events logged, mid-snapshot {mid[-1]}")
+            with reporting(kills):
+                cap.wait_notification("COMPLETED", timeout=300)
+        with reporting(kills):
+            events = cap.assert_oracle({"t1": ["id"]})
         cap.stop()
-    assert mid >= 1
-    done = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"]
-    assert len(done) == 1
+    with reporting(kills):
+        assert sum(mid) >= 1
+        done = [e for e in events if e["op"] == "n" and e["notification"]["type"] == "COMPLETED"]
+        assert len(done) == 1
     assert_wrote_nothing(h)
 
 
@@ -244,14 +242,8 @@ def test_initial_snapshot_on_a_replica_behind_the_streams_start(
     finally:
         replica.execute("START SLAVE SQL_THREAD")
     try:
-        stop = threading.Event()
-        th = threading.Thread(target=writer, args=(h, "t1", stop, 31, 2200))
-        th.start()
-        try:
+        with writing(lambda stop: writer(h, "t1", stop, 31, 2200)):
             cap.wait_notification("COMPLETED", timeout=180)
-        finally:
-            stop.set()
-            th.join()
         events = cap.assert_oracle({"t0": ["id"], "t1": ["id"]})
     finally:
         cap.stop()

@@ -12,7 +12,6 @@ item gives exactly the rest of the events.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from pydblog.events import ChangeEvent
 from pydblog.ports import Checkpoint, Commit, Heartbeat, SourceState
 from pydblog.positions import Position
 from pydblog.sources.mysql.dumpconn import DUMP_CONNECTION_KEY
+from tests.chaos import kill_and_restart, kill_seed, reporting
 from tests.helpers import kill9, start_run, stop_run, tail, wait_for
 from tests.mysql.helpers import make, opened, read_until, run_sql
 
@@ -234,11 +234,10 @@ def test_dblog_run_behind_alters_killed_mid_history(
     assert code == 0, err[-2000:]
     states = run_phases(server, db, seed=23)
     # Killed (kill -9) while it works through the history: somewhere in it, or before.
-    rng = random.Random(9)
-    for _ in range(3):
-        proc = start_run(config, wait=False)
-        time.sleep(rng.uniform(0.8, 2.5))
-        kill9(proc)
+    procs = [start_run(config, wait=False)]
+    kills = kill_and_restart(lambda: kill9(procs[-1]),
+                             lambda: procs.append(start_run(config, wait=False)),
+                             3, kill_seed(9), delay=(0.8, 2.5), restart_last=False)
     proc = start_run(config)
     try:
         def caught_up() -> bool:
@@ -246,12 +245,14 @@ def test_dblog_run_behind_alters_killed_mid_history(
                 raise AssertionError(f"dblog run stopped: {proc.communicate()[1].decode()[-3000:]}")
             return sum(1 for e in tail(config) if e["source"]["table"] == "m") >= len(states)
 
-        wait_for(caught_up, 60, "every marker in the change log")
+        with reporting(kills):
+            wait_for(caught_up, 60, "every marker in the change log")
         events = tail(config)
     finally:
         code, err = stop_run(proc)
     assert code == 0, err[-3000:]
-    check_phases(log_summary(events), states)
-    logged = [(e["source"]["file"], e["source"]["pos"], e["source"]["index"]) for e in events
-              if e["op"] in ("c", "u", "d")]
-    assert len(logged) == len(set(logged)), "an event was logged twice"
+    with reporting(kills):
+        check_phases(log_summary(events), states)
+        logged = [(e["source"]["file"], e["source"]["pos"], e["source"]["index"])
+                  for e in events if e["op"] in ("c", "u", "d")]
+        assert len(logged) == len(set(logged)), "an event was logged twice"

@@ -12,9 +12,6 @@ and compare it with the tables, every column.
 from __future__ import annotations
 
 import contextlib
-import os
-import random
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +21,7 @@ import pytest
 
 from pydblog.devtools.mysql57 import MySQL57
 from pydblog.sources.mysql.xa import recover_xids, xid_text
+from tests.chaos import StepKills, kill_seed, reporting
 from tests.contract.capture import Capture
 from tests.contract.test_read_only import ReadOnlyUser
 from tests.helpers import sid, stop_run
@@ -221,7 +219,6 @@ def test_xa_under_kill9_at_random_points(server: Server, db: str, tmp_path: Path
     back, two sessions with their own keys so that their row locks never block the
     rest) while capture is killed with -9 at random points and restarted; some steps run
     while it is down. The log ends equal to the table, no position twice."""
-    rng = random.Random(int(os.environ.get("PYDBLOG_XA_SEED", "11")))
     h = MariaHarness(server, db)
     h.execute(T1)
     cap = Capture(h, tmp_path, "")
@@ -230,17 +227,11 @@ def test_xa_under_kill9_at_random_points(server: Server, db: str, tmp_path: Path
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         cap.caught_up()
         sessions: list[list[Any]] = [[a, None, 100], [b, None, 200]]  # cursor, open xid, base
-        kills = set(rng.sample(range(10, 150), 5))
-        down = 0
+        # Five kills at steps 10-149 (0-0.3 s into the step), each down for 1-6 steps.
+        kills = StepKills(cap.kill, cap.start, kill_seed(11), range(10, 150), 5)
+        rng = kills.rng  # the workload's steps come from the same seed
         for step in range(150):
-            if step in kills and cap.proc is not None:
-                time.sleep(rng.random() * 0.3)
-                cap.kill()
-                down = rng.randint(1, 6)
-            if down:
-                down -= 1
-                if not down:
-                    cap.start()
+            kills.at(step)
             if rng.random() < 0.4:
                 k = rng.randint(1, 40)
                 h.execute(f"INSERT INTO t1 VALUES ({k}, 'p{step}', {step}) "
@@ -266,9 +257,9 @@ def test_xa_under_kill9_at_random_points(server: Server, db: str, tmp_path: Path
         for s in sessions:
             if s[1] is not None:
                 s[0].execute(f"XA COMMIT {s[1]}")
-        if cap.proc is None:
-            cap.start()
-        cap.assert_oracle({"t1": ["id"]})
+        kills.finish()
+        with reporting(kills.done):
+            cap.assert_oracle({"t1": ["id"]})
 
 
 def _stopped(cap: Capture, timeout: float = 90) -> str:

@@ -4,11 +4,10 @@ the oracle and the history holds every offset exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,17 @@ import pytest
 from deltalake import DeltaTable
 
 from pydblog.config import load_config
-from pydblog.devtools.proc import end_process
 from pydblog.devtools.synth import SyntheticLoad
 from pydblog.spark.job import FAULT_ENV, run_sync
+from tests.chaos import (
+    Kills,
+    kill_and_restart,
+    kill_group,
+    kill_seed,
+    killed_at_faults,
+    reporting,
+)
+from tests.helpers import wait_for
 from tests.spark.helpers import assert_mirrors, history_offsets
 from tests.spark.test_sync import build_scenario
 
@@ -26,7 +33,7 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def write_config(tmp: Path, dsn: str, trigger: str, max_events: int = 1500) -> Path:
-    cfg = tmp / f"dblog-{trigger.replace(' ', '')}.toml"
+    cfg = tmp / f"dblog-{trigger.replace(' ', '')}-{max_events}.toml"
     cfg.write_text(
         f"""
 [source]
@@ -82,9 +89,17 @@ def history_version(tmp: Path) -> int | None:
 
 def test_kill_9_between_sinks(spark: Any, pg_db: str, tmp_path: Path) -> None:
     """One job killed after the first sink (Delta) of a batch, before the others and
-    before Spark's commit; a clean run converges (the default suite's crash test)."""
-    kill_9_during_batches(pg_db, tmp_path, ("after-sink:1:0",), stream_kill=False,
-                          max_events=5000)  # two batches: the kill is in the second
+    before Spark's commit; a clean run replays the batch (the Delta mirrors skip it, the
+    sinks behind apply it), drains the rest and converges (the default suite's crash
+    test). The scenario at a quarter of its size (1,906 events, its added column and
+    truncate); the killed batch is its first 150 events, snapshot rows: what the killed
+    job does on its own JVM is kept small, the clean run (on the tests' shared session)
+    drains the other steps in one batch. Kills in a batch after committed ones, after
+    every sink, and at a random moment of a stream, at full size:
+    ``test_kill_9_during_batches_repeatedly`` (and ``tests/kafka/test_sync.py``'s
+    default kill, after the first sink of a second batch)."""
+    kill_9_during_batches(pg_db, tmp_path, ("after-sink:0:0",), stream_kill=False,
+                          max_events=150, size=0.25, drain_max_events=10_000)
 
 
 @pytest.mark.slow
@@ -93,40 +108,49 @@ def test_kill_9_during_batches_repeatedly(spark: Any, pg_db: str, tmp_path: Path
 
 
 def kill_9_during_batches(pg_db: str, tmp_path: Path, faults: tuple[str, ...],
-                          stream_kill: bool, max_events: int = 1500) -> None:
-    end = build_scenario(tmp_path / "log", SyntheticLoad(seed=61))
-    drain = write_config(tmp_path, pg_db, "available-now", max_events)
+                          stream_kill: bool, max_events: int = 1500, size: float = 1.0,
+                          drain_max_events: int | None = None) -> None:
+    """The jobs killed at ``faults`` read batches of ``max_events``; the clean run that
+    drains the rest, of ``drain_max_events`` (default the same) once it replayed the
+    batch killed last (its offsets are in Spark's log)."""
+    end = build_scenario(tmp_path / "log", SyntheticLoad(seed=61), size)
+    killed = write_config(tmp_path, pg_db, "available-now", max_events)
+    drain = write_config(tmp_path, pg_db, "available-now", drain_max_events or max_events)
     stream = write_config(tmp_path, pg_db, "200 ms")
 
     # "after-sinks:N": killed by the job itself after every sink applied batch N, before
     # Spark's commit; "after-sink:N:0": after the first sink (Delta) of batch N, so the
     # other sinks lag one batch.
-    for n, fault in enumerate(faults):
-        job = start_job(drain, fault, tmp_path, n)
-        try:
-            code = job.wait(timeout=240)
-        finally:  # not left running (its JVM, its Python workers), whatever happened
-            end_process(job, kill=True, group=True)
-        assert code == -signal.SIGKILL, (tmp_path / f"job-{n}.log").read_text()
+    killed_at_faults(lambda fault, n: start_job(killed, fault, tmp_path, n), faults,
+                     lambda n: tmp_path / f"job-{n}.log")
 
+    kills: Kills | None = None
     if stream_kill:  # killed from outside at an arbitrary moment while it streams
         n = len(faults)
         job = start_job(stream, None, tmp_path, n)
+        before = history_version(tmp_path)
+
+        def batch_applied(_round: int, _rng: object) -> None:
+            wait_for(lambda: history_version(tmp_path) != before or job.poll() is not None,
+                     180, "a streamed batch")
+
         try:
-            before = history_version(tmp_path)
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline and history_version(tmp_path) == before:
-                time.sleep(0.2)
-            time.sleep(0.3)
+            kills = kill_and_restart(lambda: kill_group(job), lambda: None, 1, kill_seed(62),
+                                     delay=(0.0, 0.6), each_round=batch_applied,
+                                     restart_last=False,
+                                     note=lambda: f"history version {history_version(tmp_path)}")
         finally:
-            end_process(job, kill=True, group=True)
-        assert history_version(tmp_path) != before, (tmp_path / f"job-{n}.log").read_text()
+            kill_group(job)
+        assert history_version(tmp_path) != before, (
+            f"{kills}\n" + (tmp_path / f"job-{n}.log").read_text(errors="replace")[-5000:])
 
     # A clean run drains the rest (in-process, on the tests' shared SparkSession).
     assert run_sync(load_config(drain), available_now=True) == 0
 
-    assert history_offsets(tmp_path / "lake" / "_changes") == list(range(end))
-    assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db, pg_schema="mirror")
-    for t in ("orders", "order_lines"):
-        dt = DeltaTable(str(tmp_path / "lake" / "public" / t))
-        assert dt.transaction_version("pydblog-sync") == end
+    with contextlib.nullcontext() if kills is None else reporting(kills):
+        assert history_offsets(tmp_path / "lake" / "_changes") == list(range(end))
+        assert_mirrors(tmp_path / "log", lake=tmp_path / "lake", pg_dsn=pg_db,
+                       pg_schema="mirror")
+        for t in ("orders", "order_lines"):
+            dt = DeltaTable(str(tmp_path / "lake" / "public" / t))
+            assert dt.transaction_version("pydblog-sync") == end

@@ -326,25 +326,22 @@ def test_sync_only_config_needs_no_source() -> None:
     assert [s.name for s in single.sync.effective_sources(single.log)] == ["default"]
 
 
-def _writer(execute: Any, prefix: str, n: int, seed: int, errors: list[BaseException]) -> None:
+def _writer(execute: Any, prefix: str, n: int, seed: int) -> None:
     """``n`` random single-row transactions on ``orders`` (keys 1..60: the shards'
     keys overlap), through ``execute(sql)``."""
     import random
 
     rng = random.Random(seed)
-    try:
-        for j in range(n):
-            i = rng.randrange(1, 61)
-            r = rng.random()
-            if r < 0.5:
-                execute(f"DELETE FROM orders WHERE id = {i}")
-                execute(f"INSERT INTO orders (id, amount, note) VALUES ({i}, {j}, '{prefix}{j}')")
-            elif r < 0.85:
-                execute(f"UPDATE orders SET amount = {j}, note = '{prefix}u{j}' WHERE id = {i}")
-            else:
-                execute(f"DELETE FROM orders WHERE id = {i}")
-    except BaseException as exc:  # the test fails with it
-        errors.append(exc)
+    for j in range(n):
+        i = rng.randrange(1, 61)
+        r = rng.random()
+        if r < 0.5:
+            execute(f"DELETE FROM orders WHERE id = {i}")
+            execute(f"INSERT INTO orders (id, amount, note) VALUES ({i}, {j}, '{prefix}{j}')")
+        elif r < 0.85:
+            execute(f"UPDATE orders SET amount = {j}, note = '{prefix}u{j}' WHERE id = {i}")
+        else:
+            execute(f"DELETE FROM orders WHERE id = {i}")
 
 
 @pytest.mark.slow
@@ -357,9 +354,8 @@ def test_shards_written_concurrently_with_kill_9(
     after a clean drain both targets equal the union of the sources, and T never moved
     back nor passed a source's progress."""
     import subprocess
-    import threading
 
-    from pydblog.devtools.proc import end_process
+    from tests.chaos import Load, kill_and_restart, kill_group, kill_seed, reporting, writing
     from tests.spark.test_crash import start_job
 
     stamp = f"{tmp_path.name[-6:].lower()}_{int(time.time())}"
@@ -377,8 +373,6 @@ def test_shards_written_concurrently_with_kill_9(
     replica = pg_cluster.create_database(f"rk_{stamp}")
     sync_cfg = _sync_config(tmp_path, {n: c.config for n, c in caps.items()}, lake, replica,
                             extra='trigger = "300 ms"\nmaster = "local[1]"\nsink_retries = 0')
-    errors: list[BaseException] = []
-
     def pg_exec(dsn: str) -> Any:
         conn = psycopg.connect(dsn, autocommit=True)
         return lambda q: conn.execute(q)
@@ -401,65 +395,67 @@ def test_shards_written_concurrently_with_kill_9(
 
     for c in caps.values():
         c.start()
-    job = start_job(sync_cfg, None, tmp_path, 0)
-    jobs = [job]
-    try:
-        writers = [threading.Thread(target=_writer, args=(pg_exec(dsn_a), "a", 300, 1, errors)),
-                   threading.Thread(target=_writer, args=(pg_exec(dsn_b), "b", 300, 2, errors)),
-                   threading.Thread(target=_writer, args=(my_exec, "m", 200, 3, errors))]
-        for w in writers:
-            w.start()
-        time.sleep(8)
-        caps["pg_a"].kill()  # kill -9 of a capture while its source is written
-        time.sleep(2)
-        caps["pg_a"].start()
+    jobs = [start_job(sync_cfg, None, tmp_path, 0)]
+    # Each writer runs its transactions to the end (the block waits for them).
+    loads: list[Load] = [lambda stop: _writer(pg_exec(dsn_a), "a", 300, 1),
+                         lambda stop: _writer(pg_exec(dsn_b), "b", 300, 2),
+                         lambda stop: _writer(my_exec, "m", 200, 3)]
+
+    def watched(n: int, rng: object) -> None:  # the sync's first T
         deadline = time.monotonic() + 240
         while not lows and time.monotonic() < deadline:
             watch()
             time.sleep(0.5)
-        end_process(job, kill=True, group=True)  # kill -9 of the sync mid-stream
-        # and between a batch's sinks and Spark's commit: the next batch of any source
-        done = [int(f.name) for f in (tmp_path / "cp").glob("by-source/*/commits/*")
-                if f.name.isdigit()]
-        job = start_job(sync_cfg, f"after-sinks:{max(done, default=0) + 1}", tmp_path, 1)
-        jobs.append(job)
-        try:
-            job.wait(timeout=240)
-        except subprocess.TimeoutExpired:  # no source reached that batch: killed here
-            end_process(job, kill=True, group=True)
-        job = start_job(sync_cfg, None, tmp_path, 2)
-        jobs.append(job)
-        for w in writers:
-            w.join(timeout=600)
-        assert not errors, errors
-        for c in caps.values():
-            c.caught_up(timeout=180)
-        for _ in range(10):
-            watch()
-            time.sleep(0.5)
+
+    seed = kill_seed(41)
+    try:
+        with writing(*loads):
+            # kill -9 of a capture 8 s into the writes, down for 2 s while its source is
+            # written; then of the sync mid-stream, once it published a T.
+            capture = kill_and_restart(caps["pg_a"].kill, caps["pg_a"].start, 1, seed,
+                                       delay=(8.0, 8.0), down=(2.0, 2.0))
+            sync = kill_and_restart(lambda: kill_group(jobs[-1]), lambda: None, 1, seed + 1,
+                                    delay=(0.0, 0.0), each_round=watched, restart_last=False,
+                                    note=lambda: f"T {lows[-1] if lows else None}")
+            # and between a batch's sinks and Spark's commit: the next batch of any source
+            done = [int(f.name) for f in (tmp_path / "cp").glob("by-source/*/commits/*")
+                    if f.name.isdigit()]
+            jobs.append(start_job(sync_cfg, f"after-sinks:{max(done, default=0) + 1}", tmp_path, 1))
+            try:
+                jobs[-1].wait(timeout=240)
+            except subprocess.TimeoutExpired:  # no source reached that batch: killed here
+                kill_group(jobs[-1])
+            jobs.append(start_job(sync_cfg, None, tmp_path, 2))
+        with reporting(capture, sync):
+            for c in caps.values():
+                c.caught_up(timeout=180)
+            for _ in range(10):
+                watch()
+                time.sleep(0.5)
     finally:
         for j in jobs:
-            end_process(j, kill=True, group=True)
+            kill_group(j)
         for c in caps.values():
             if c.proc is not None:
                 c.stop()
         _drop_slots(dsn_a, *slots)
-    assert run_sync(load_config(sync_cfg), available_now=True) == 0
-    watch()
-    assert lows == sorted(lows), lows  # T never moved back
+    with reporting(capture, sync):
+        assert run_sync(load_config(sync_cfg), available_now=True) == 0
+        watch()
+        assert lows == sorted(lows), lows  # T never moved back
 
-    want: set[Row] = set()
-    for name, dsn, db in (("pg_a", dsn_a, f"ka_{stamp}"), ("pg_b", dsn_b, f"kb_{stamp}")):
-        want |= {(name, db, "public", i, a, n) for i, a, n, _ in _pg_rows(dsn)}
-    with my.server.admin(my_db) as cur:
-        cur.execute("SELECT id, amount, note FROM orders")
-        want |= {("maria", my_db, my_db, i, None if a is None else Decimal(a), n)
-                 for i, a, n in cur.fetchall()}
-    cols = ["_dblog_source", "_dblog_db", "_dblog_schema", "id", "amount", "note"]
-    got_delta = {tuple(r[c] for c in cols) for r in
-                 DeltaTable(str(lake / "public" / "orders")).to_pyarrow_table().to_pylist()}
-    assert got_delta == want
-    with psycopg.connect(replica) as conn:
-        got_pg = {tuple(r) for r in conn.execute(
-            f"SELECT {', '.join(cols)} FROM merged.orders").fetchall()}
-    assert got_pg == want
+        want: set[Row] = set()
+        for name, dsn, db in (("pg_a", dsn_a, f"ka_{stamp}"), ("pg_b", dsn_b, f"kb_{stamp}")):
+            want |= {(name, db, "public", i, a, n) for i, a, n, _ in _pg_rows(dsn)}
+        with my.server.admin(my_db) as cur:
+            cur.execute("SELECT id, amount, note FROM orders")
+            want |= {("maria", my_db, my_db, i, None if a is None else Decimal(a), n)
+                     for i, a, n in cur.fetchall()}
+        cols = ["_dblog_source", "_dblog_db", "_dblog_schema", "id", "amount", "note"]
+        got_delta = {tuple(r[c] for c in cols) for r in
+                     DeltaTable(str(lake / "public" / "orders")).to_pyarrow_table().to_pylist()}
+        assert got_delta == want
+        with psycopg.connect(replica) as conn:
+            got_pg = {tuple(r) for r in conn.execute(
+                f"SELECT {', '.join(cols)} FROM merged.orders").fetchall()}
+        assert got_pg == want

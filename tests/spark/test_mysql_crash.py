@@ -6,17 +6,16 @@ rows counted), and the progress table's audit shows that no step was applied twi
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pydblog.config import load_config
-from pydblog.devtools.proc import end_process
 from pydblog.devtools.synth import SyntheticLoad
 from pydblog.spark.job import run_sync
 from pydblog.spark.sinks.mysql import PROGRESS_TABLE
+from tests.chaos import kill_and_restart, kill_group, kill_seed, killed_at_faults, reporting
 from tests.helpers import wait_for
 from tests.spark.helpers import assert_tables_equal, latest_schemas, oracle
 from tests.spark.test_crash import start_job
@@ -73,32 +72,39 @@ def test_kill_9_while_applying_to_mysql(spark: Any, flavour: str, request: pytes
     # 1. Killed by the sink's task once the first key partition of batch 2 committed:
     #    the batch's other partition is not applied. 2. Killed by the job after the sink
     #    applied batch 3, before Spark's commit.
-    for n, fault in enumerate(("mysql-part:2", "after-sinks:3")):
-        job = start_job(drain, fault, tmp_path, n)
-        try:
-            code = job.wait(timeout=300)
-        finally:
-            end_process(job, kill=True, group=True)
-        assert code == -signal.SIGKILL, (tmp_path / f"job-{n}.log").read_text()[-5000:]
-        if n == 0:
-            ends = progress(mariadb, my_db)
-            assert len(set(ends[p] for p in (0, 1))) == 2, f"not mid-batch: {ends}"
+    def log(n: int) -> Path:
+        return tmp_path / f"job-{n}.log"
 
-    # 3. Killed from outside at an arbitrary moment while it streams.
+    killed_at_faults(lambda fault, n: start_job(drain, fault, tmp_path, n), ["mysql-part:2"],
+                     log, timeout=300)
+    ends = progress(mariadb, my_db)
+    assert len(set(ends[p] for p in (0, 1))) == 2, f"not mid-batch: {ends}"
+    killed_at_faults(lambda fault, n: start_job(drain, fault, tmp_path, n + 1),
+                     ["after-sinks:3"], lambda n: log(n + 1), timeout=300)
+
+    # 3. Killed from outside at an arbitrary moment while it streams: once it applied a
+    #    batch (the progress table moved), at once.
     before = progress(mariadb, my_db)
     job = start_job(stream, None, tmp_path, 2)
-    try:
+
+    def batch_applied(n: int, rng: object) -> None:
         wait_for(lambda: progress(mariadb, my_db) != before, 240, "a batch applied")
+
+    try:
+        kills = kill_and_restart(lambda: kill_group(job), lambda: None, 1, kill_seed(72),
+                                 delay=(0.0, 0.0), each_round=batch_applied, restart_last=False,
+                                 note=lambda: f"progress {progress(mariadb, my_db)}")
     finally:
-        end_process(job, kill=True, group=True)
+        kill_group(job)
 
     # 4. A clean run drains the rest (in-process, on the tests' shared SparkSession).
     assert run_sync(load_config(drain), available_now=True) == 0
 
     schemas = latest_schemas(tmp_path / "log")
-    for q, want in oracle(tmp_path / "log").items():
-        s = schemas[q]
-        got, count = mysql_table(mariadb, my_db, s)
-        assert_tables_equal(want, got, f"mysql {q}", [c.name for c in s.columns])
-        assert count == len(want), f"mysql {q}: {count} rows for {len(want)} keys"
-    assert_steps_once(mariadb, my_db, end, 2)
+    with reporting(kills):
+        for q, want in oracle(tmp_path / "log").items():
+            s = schemas[q]
+            got, count = mysql_table(mariadb, my_db, s)
+            assert_tables_equal(want, got, f"mysql {q}", [c.name for c in s.columns])
+            assert count == len(want), f"mysql {q}: {count} rows for {len(want)} keys"
+        assert_steps_once(mariadb, my_db, end, 2)

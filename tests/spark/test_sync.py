@@ -68,18 +68,23 @@ def never_seen_delete(i: int) -> ChangeEvent:
     )
 
 
-def build_scenario(log_dir: Path, load: SyntheticLoad) -> int:
+def build_scenario(log_dir: Path, load: SyntheticLoad, size: float = 1.0) -> int:
     """Snapshot rows, a mixed load with unchanged-TOAST updates, deletes of keys never
-    seen, an added column, a truncate: what every mirror must follow."""
+    seen, an added column, a truncate: what every mirror must follow. 7,605 events;
+    ``size`` scales the snapshot and the loads (the same steps, fewer rows)."""
+
+    def n(count: int) -> int:
+        return max(1, round(count * size))
+
     log = SqliteChangeLog(log_dir)
     try:
         schemas = list(load.schemas.values())
-        append_events(log, [load.next_event(snapshot=True) for _ in range(600)], schemas)
-        append_events(log, list(load.events(3_000)))
+        append_events(log, [load.next_event(snapshot=True) for _ in range(n(600))], schemas)
+        append_events(log, list(load.events(n(3_000))))
         append_events(log, [never_seen_delete(i) for i in range(5)])
-        append_events(log, list(load.events(1_500)), [load.add_column()])
-        append_events(log, [load.truncate("public.order_lines"), *load.events(1_500)])
-        return append_events(log, list(load.events(1_000)))
+        append_events(log, list(load.events(n(1_500))), [load.add_column()])
+        append_events(log, [load.truncate("public.order_lines"), *load.events(n(1_500))])
+        return append_events(log, list(load.events(n(1_000))))
     finally:
         log.close()
 
