@@ -16,10 +16,10 @@ from pydblog.core.drainer import (
     SCHEMA_COLUMN,
     SOURCE_COLUMN,
     KeyMode,
+    Rounds,
     Route,
     RouteCollision,
     Router,
-    Rounds,
     SchemaConflict,
     Target,
     Watermarks,
@@ -333,7 +333,7 @@ def test_rounds_apply_every_source_in_lockstep(steps: list[tuple[str, str, int, 
         assert before.t is None or (st_.t is not None and st_.t >= before.t)
         assert before.cut is None or (st_.cut is not None and st_.cut >= before.cut)
         assert st_.round == before.round or before.t is None or before.finished(SOURCES) \
-            or st_.round == before.round + 1 and _finished_by(before, source)
+            or (st_.round == before.round + 1 and _finished_by(before, source))
         logs.check()
     # the writes stop: planning in turn settles at the logs' least completeness time
     for _ in range(200):

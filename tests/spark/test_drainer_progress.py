@@ -236,7 +236,7 @@ def _states(events: Sequence[tuple[int, str, int, str | None]]) -> Any:
     """(count, ts, rows) after each prefix of ``events``: the source table's rows."""
     rows: dict[int, str] = {}
     yield 0, None, dict(rows)
-    for n, (ts, op, id_, v) in enumerate(events, 1):
+    for n, (ts, _op, id_, v) in enumerate(events, 1):
         if v is None:
             rows.pop(id_, None)
         else:
@@ -247,7 +247,7 @@ def _states(events: Sequence[tuple[int, str, int, str | None]]) -> Any:
 def _rows_at(events: Sequence[tuple[int, str, int, str | None]], t: int) -> dict[int, str]:
     """The source table's rows as of commit time ``t`` (every event at or below it)."""
     out: dict[int, str] = {}
-    for n, ts, rows in _states(events):
+    for _n, ts, rows in _states(events):
         if ts is not None and ts > t:
             break
         out = rows
@@ -261,7 +261,7 @@ def _target(dsn: str) -> tuple[dict[str, dict[int, str]], dict[str, int]]:
         try:
             for src, id_, v in conn.execute("SELECT _dblog_source, id, v FROM mirror.orders"):
                 parts.setdefault(src, {})[id_] = v
-            ends = dict(conn.execute("SELECT source, min(applied_end) FROM "
+            ends: dict[str, int] = dict(conn.execute("SELECT source, min(applied_end) FROM "
                                      "mirror.dblog_sync_progress GROUP BY source").fetchall())
         except psycopg.errors.UndefinedTable:  # nothing applied yet
             return {}, {}
@@ -374,11 +374,12 @@ def test_consistent_targets_are_a_cut_of_every_source_at_each_round(
                 st_ = state()
                 parts, ends = _target(pg_db)
                 assert _check_sample(shards, st_, st_, parts), phase
+                cut = st_.cut
+                assert cut is not None and (not cuts or cut > cuts[-1])
                 for name, shard in shards.items():  # the applied positions: the cut's
                     events = shard.snapshot()
-                    assert ends.get(name, 0) == sum(1 for e in events if e[0] <= st_.cut)
-                assert st_.cut is not None and (not cuts or st_.cut > cuts[-1])
-                cuts.append(st_.cut)
+                    assert ends.get(name, 0) == sum(1 for e in events if e[0] <= cut)
+                cuts.append(cut)
     finally:
         stop.set()
         runner.join(60)

@@ -382,17 +382,18 @@ def plan_round(state: Rounds, source: str, sources: Sequence[str], start: Any,
             return state, start
         state = Rounds(1, bound, frozenset(), state.cut)
     while True:
-        assert state.t is not None
-        end = cut(state.t)
+        t = state.t
+        assert t is not None
+        end = cut(t)
         if end != start:
             return state, end
         state = replace(state, done=state.done | {source})
         if not state.finished(names):
             return state, start
-        state = replace(state, cut=state.t)
-        if bound is None or bound <= state.t:
+        state = replace(state, cut=t)
+        if bound is None or bound <= t:
             return state, start
-        state = Rounds(state.round + 1, bound, frozenset(), state.t)
+        state = Rounds(state.round + 1, bound, frozenset(), t)
 
 
 def rounds_settled(state: Rounds, sources: Iterable[str], cap: int | None) -> bool:

@@ -106,4 +106,5 @@ def plan_batch(bound_json: str, start: dict[str, Any], end: dict[str, Any]) -> d
                                   None if cap is None else int(cap))
         if new != state:
             _write(path, new)
-    return planned
+    out: dict[str, Any] = planned
+    return out
