@@ -389,3 +389,149 @@ def test_consistent_targets_are_a_cut_of_every_source_at_each_round(
 
     status = json.loads((cfg.log_dir / "sync-watermarks.json").read_text())
     assert status["cut_ms"] == cuts[-1]
+
+
+@pytest.mark.slow  # a Spark job started five times: over the default suite's budget
+def test_consistent_sync_killed_mid_round_resumes_exactly(pg_db: str, tmp_path: Path) -> None:
+    """``kill -9`` of a continuous consistent sync (its whole process group: Spark's
+    JVM and planners) at random moments while three sources are written: after each
+    restart the rounds go on from the state file (round numbers and the cut never move
+    back), samples stay between the last complete cut and the round's time, and once
+    the writes stop the target is exactly the cut of every source at the logs' time."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from pydblog.core.drainer import Rounds
+    from pydblog.devtools.proc import end_process
+    from pydblog.spark.rounds import ROUNDS_FILE, least_complete, read_state
+    from tests.chaos import kill_and_restart, kill_seed, writing
+
+    shards = {n: _Shard(tmp_path / n, period, seed)
+              for n, period, seed in (("a", 0.01, 11), ("b", 0.04, 12), ("c", 0.15, 13))}
+    config = tmp_path / "sync.toml"
+    config.write_text(f"""
+[source]
+dsn = "postgresql://unused@127.0.0.1/x"
+[log]
+path = "{tmp_path / "log"}"
+[sync]
+checkpoint = "{tmp_path / "cp"}"
+trigger = "200 ms"
+master = "local[1]"
+max_events_per_trigger = 80
+sink_retries = 0
+consistent = true
+[[sync.sinks]]
+type = "postgres"
+dsn = "{pg_db}"
+schema = "mirror"
+parallelism = 1
+""" + "".join(f"""
+[[sync.sources]]
+name = "{n}"
+log = {{ path = "{tmp_path / n}" }}
+""" for n in shards) + """
+[[sync.routes]]
+tables = 'public\\.orders'
+target = "public.orders"
+""")
+    logs = {n: f'{{"path": "{tmp_path / n}"}}' for n in shards}
+    state_path = tmp_path / "log" / ROUNDS_FILE
+    procs: list[subprocess.Popen[bytes]] = []
+    out = (tmp_path / "job.log").open("ab")
+
+    def start() -> None:
+        env = {**os.environ, "DBLOG_SPARK_DRIVER_MEMORY": "1g"}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "pydblog.spark.job", "--config", str(config)], env=env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def kill() -> None:
+        os.killpg(procs[-1].pid, signal.SIGKILL)
+        procs[-1].wait()
+
+    def state() -> Rounds:
+        return read_state(state_path) if state_path.exists() else Rounds()
+
+    seen: list[Rounds] = []
+    stop_sampling = threading.Event()
+
+    def sample() -> None:
+        while not stop_sampling.is_set():
+            before = state()
+            parts, _ = _target(pg_db) if before.t is not None else ({}, {})
+            after = state()
+            if before.t is not None:
+                _check_sample(shards, before, after, parts)
+            if seen:
+                last = seen[-1]
+                assert after.round >= last.round and (after.cut or 0) >= (last.cut or 0)
+            seen.append(after)
+            stop_sampling.wait(0.2)
+
+    sampler_errors: list[BaseException] = []
+
+    def sampler() -> None:
+        try:
+            sample()
+        except BaseException as exc:
+            sampler_errors.append(exc)
+
+    try:
+        for s in shards.values():
+            s.running.set()
+        with writing(*(s.run for s in shards.values())):
+            start()
+            t = threading.Thread(target=sampler, daemon=True)
+            t.start()
+            kills = kill_and_restart(kill, start, rounds=4, seed=kill_seed(30),
+                                     delay=(6.0, 14.0))
+            for s in shards.values():
+                s.running.clear()
+            for s in shards.values():
+                assert s.paused.wait(10)
+            low = least_complete(logs)
+            deadline = time.monotonic() + 180
+            while not (state().finished(shards) and state().cut == low):
+                assert procs[-1].poll() is None, (tmp_path / "job.log").read_text()[-3000:]
+                assert not sampler_errors, (sampler_errors, kills)
+                assert time.monotonic() < deadline, (state(), low, kills)
+                time.sleep(0.2)
+            stop_sampling.set()
+            t.join(30)
+            assert not sampler_errors, (sampler_errors, kills)
+            st_ = state()
+            parts, ends = _target(pg_db)
+            assert _check_sample(shards, st_, st_, parts), kills
+            cut = st_.cut
+            assert cut is not None
+            for name, shard in shards.items():
+                assert ends.get(name, 0) == sum(1 for e in shard.snapshot() if e[0] <= cut)
+            assert kills.killed == 4 and st_.round > 4, (kills, st_)
+    finally:
+        stop_sampling.set()
+        for p in procs:
+            end_process(p, kill=True, group=True)
+        out.close()
+
+
+def test_a_kill_while_the_first_batch_was_logged_leaves_a_checkpoint_that_starts(
+        spark: Any, pg_db: str, tmp_path: Path) -> None:
+    """A ``kill -9`` while Spark wrote a fresh checkpoint's first offset-log entry
+    leaves only its temporary file in ``offsets/``; Spark refuses such a directory
+    ("should be empty on batch 0") unless the sync clears what no batch was logged by."""
+    _write(tmp_path / "a", [(1_000 + i, Op.CREATE, i, f"a{i}") for i in range(5)], beat_ms=2_000)
+    cfg = _config(tmp_path, pg_db, [{"name": "a", "log": {"path": str(tmp_path / "a")}}])
+    cfg = cfg.model_copy(update={"sync": cfg.sync.model_copy(update={
+        "sinks": [s for s in cfg.sync.sinks if s.type == "postgres"]})})
+    offsets = tmp_path / "cp" / "by-source" / "a" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / ".0.0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0.tmp").write_text("v1\n{")
+    (tmp_path / "cp" / "by-source" / "a" / "commits").mkdir()
+    assert run_sync(cfg, available_now=True) == 0
+    with psycopg.connect(pg_db) as conn:
+        assert conn.execute("SELECT count(*) FROM mirror.orders").fetchone() == (5,)

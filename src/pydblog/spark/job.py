@@ -339,6 +339,28 @@ def source_checkpoint(cfg: Config, source: str) -> str:
         else f"{root.rstrip('/')}/by-source/{source}"
 
 
+def clear_unlogged_start(checkpoint: str) -> None:
+    """Remove what a process killed while Spark logged a fresh checkpoint's first
+    batch left behind: with no batch in ``offsets/`` yet, the hidden files there and in
+    ``commits/`` (a write's temporary file: Spark writes each entry to one and renames
+    it) make Spark refuse the directory ("should be empty on batch 0"). Nothing was
+    logged, so nothing is lost; a checkpoint with a logged batch is left alone. Local
+    checkpoints only."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        return
+    root = Path(checkpoint.removeprefix("file://").removeprefix("file:"))
+    offsets = root / "offsets"
+    if not offsets.is_dir() or any(p.name.isdigit() for p in offsets.iterdir()):
+        return
+    for d in (offsets, root / "commits"):
+        if d.is_dir():
+            for p in d.iterdir():
+                if p.name.startswith(".") and p.is_file():
+                    log.warning("removing %s: left by a sync killed while Spark logged its "
+                                "first batch (no batch was logged)", p)
+                    p.unlink()
+
+
 def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now: bool,
                 parallelism: int | None = None) -> Any:
     """Start the sync's streaming query of ``applier``'s source. ``parallelism``: the
@@ -370,6 +392,7 @@ def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now
         .foreachBatch(applier)
         .option("checkpointLocation", source_checkpoint(cfg, applier.source))
     )
+    clear_unlogged_start(source_checkpoint(cfg, applier.source))
     interval = cfg.sync.trigger_interval()
     if available_now or interval is None:
         writer = writer.trigger(availableNow=True)
