@@ -318,10 +318,10 @@ def test_consistent_targets_are_a_cut_of_every_source_at_each_round(
     from tests.chaos import writing
 
     shards = {n: _Shard(tmp_path / n, period, seed)
-              for n, period, seed in (("a", 0.01, 1), ("b", 0.05, 2), ("c", 0.2, 3))}
+              for n, period, seed in (("a", 0.03, 1), ("b", 0.08, 2), ("c", 0.25, 3))}
     cfg = _config(tmp_path, pg_db, [{"name": n, "log": {"path": str(tmp_path / n)}}
                                     for n in shards],
-                  consistent=True, trigger="200 ms", max_events_per_trigger=60,
+                  consistent=True, trigger="200 ms", max_events_per_trigger=150,
                   routes=[{"tables": r"public\.orders", "target": "public.orders"}])
     # one connection: a batch commits in one transaction, so a sample sees whole batches
     sink = next(s for s in cfg.sync.sinks if s.type == "postgres").model_copy(
@@ -411,7 +411,7 @@ def test_consistent_sync_killed_mid_round_resumes_exactly(pg_db: str, tmp_path: 
     from tests.chaos import kill_and_restart, kill_seed, writing
 
     shards = {n: _Shard(tmp_path / n, period, seed)
-              for n, period, seed in (("a", 0.01, 11), ("b", 0.04, 12), ("c", 0.15, 13))}
+              for n, period, seed in (("a", 0.03, 11), ("b", 0.08, 12), ("c", 0.25, 13))}
     config = tmp_path / "sync.toml"
     config.write_text(f"""
 [source]
@@ -422,7 +422,7 @@ path = "{tmp_path / "log"}"
 checkpoint = "{tmp_path / "cp"}"
 trigger = "200 ms"
 master = "local[1]"
-max_events_per_trigger = 80
+max_events_per_trigger = 400
 sink_retries = 0
 consistent = true
 [[sync.sinks]]
@@ -450,7 +450,10 @@ target = "public.orders"
             [sys.executable, "-m", "pydblog.spark.job", "--config", str(config)], env=env,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
 
+    at_kills: list[Rounds] = []
+
     def kill() -> None:
+        at_kills.append(state())
         os.killpg(procs[-1].pid, signal.SIGKILL)
         procs[-1].wait()
 
@@ -488,8 +491,9 @@ target = "public.orders"
             start()
             t = threading.Thread(target=sampler, daemon=True)
             t.start()
+            # the job takes ~10-20 s to start (three queries on a loaded machine)
             kills = kill_and_restart(kill, start, rounds=4, seed=kill_seed(30),
-                                     delay=(6.0, 14.0))
+                                     delay=(15.0, 30.0))
             for s in shards.values():
                 s.running.clear()
             for s in shards.values():
@@ -511,7 +515,10 @@ target = "public.orders"
             assert cut is not None
             for name, shard in shards.items():
                 assert ends.get(name, 0) == sum(1 for e in shard.snapshot() if e[0] <= cut)
-            assert kills.killed == 4 and st_.round > 4, (kills, st_)
+            # at least one kill fell inside a round (a source done, another not)
+            assert any(r.t is not None and not r.finished(shards) for r in at_kills), \
+                (kills, at_kills)
+            assert st_.round > max(r.round for r in at_kills), (at_kills, st_)
     finally:
         stop_sampling.set()
         for p in procs:
