@@ -135,11 +135,15 @@ def test_consistent_applies_every_source_up_to_the_same_time(spark: Any, pg_db: 
             f"SELECT {', '.join(cols)} FROM mirror.orders").fetchall()}
         marks: dict[str, int] = dict(conn.execute(
             "SELECT source, progress_ms FROM mirror._dblog_watermarks").fetchall())
-        low = conn.execute("SELECT max(low_ms) FROM mirror._dblog_watermarks").fetchone()
+        low = conn.execute("SELECT max(low_ms), min(cut_ms) FROM "
+                           "mirror._dblog_watermarks").fetchone()
     assert got_pg == want
-    # T is 1050: no source's progress passes what it applied, and T is their minimum
+    # T is 1050: no source's progress passes what it applied, and T is their minimum;
+    # the rounds' last complete cut is 1050 too
     assert marks == {"a": 1_050, "b": 1_050}
-    assert low == (1_050,)
+    assert low == (1_050, 1_050)
+    delta_marks = DeltaTable(str(tmp_path / "lake" / "_dblog_watermarks")).to_pyarrow_table()
+    assert set(delta_marks["cut_ms"].to_pylist()) == {1_050}
 
 
 def test_incompatible_shards_stop_the_sync_before_anything_is_applied(

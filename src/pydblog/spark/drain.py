@@ -69,6 +69,7 @@ class Drain:
         self.watermarks = Watermarks(list(self.sources))
         self.lock = threading.Lock()
         self.flushed: dict[str, int | None] = {}  # the marks last written to every sink
+        self.flushed_cut: int | None = None  # ... and the rounds' cut
         self._schemas: dict[str, list[tuple[int, TableSchema]]] = {}
         self._db: dict[str, str] = {}
         self._state_lock = threading.Lock()
@@ -76,6 +77,7 @@ class Drain:
         self.status_path = None if status_dir is None else Path(status_dir) / WATERMARKS_FILE
         self.cap: int | None = None  # --available-now with consistent = true: no round past it
         self.rounds: Rounds | None = None  # the last state read (consistent = true)
+        self.consistent = False  # [sync] consistent: the rounds' cut is reported
 
     def route_option(self, source: str) -> str | None:
         """The ``route`` option of a source's query (None without routes)."""
@@ -113,6 +115,15 @@ class Drain:
         except (OSError, ValueError) as exc:
             log.debug("cannot read %s: %s", path, exc)
             return None
+
+    def cut_ms(self) -> int | None:
+        """``consistent = true``: the rounds' last complete cut as the planners left it
+        (read now); None otherwise or before the first round ended."""
+        if not self.consistent:
+            return None
+        self.poll_rounds()
+        with self._state_lock:
+            return None if self.rounds is None else self.rounds.cut
 
     def poll_rounds(self) -> None:
         """Publish the rounds' last complete cut when the planners moved it."""

@@ -228,6 +228,7 @@ class BatchApplier:
             self.read_s = 0.0
             sink_s: dict[str, float] = {}
             progress = self.drain.progress_after(self.source, batch.end, batch.newest_ms)
+            batch.cut_ms = self.drain.cut_ms()
             with self.drain.lock:
                 batch.watermarks = self.drain.marks()
                 batch.watermarks[self.source] = _most(batch.watermarks.get(self.source),
@@ -466,6 +467,7 @@ def run_sync(
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
     api = start_sync_api(cfg)
     drain = Drain(sources, cfg.sync.routes, cfg.log_dir)
+    drain.consistent = cfg.sync.consistent
     if cfg.sync.consistent and available_now:
         # the rounds end at the logs' least completeness now: every source applies up
         # to the same time, whatever its log holds beyond it
@@ -588,14 +590,15 @@ def _flush_watermarks(drain: Drain, sinks: list[Sink], spark: Any) -> None:
 
     with drain.lock:
         marks = drain.marks()
-        if marks == drain.flushed:
+        cut = drain.cut_ms()
+        if (marks, cut) == (drain.flushed, drain.flushed_cut):
             return
         for sink in sinks:
             if isinstance(sink, DeltaSink):
-                sink.write_marks(spark, marks, "", None)
+                sink.write_marks(spark, marks, "", None, cut)
             elif hasattr(sink, "write_watermarks"):  # the PostgreSQL and MySQL sinks
-                sink.write_watermarks(marks, "", None)
-        drain.flushed = marks
+                sink.write_watermarks(marks, "", None, cut)
+        drain.flushed, drain.flushed_cut = marks, cut
 
 
 def _poll_heartbeats(drain: Drain, queries: list[Any], appliers: list[BatchApplier]) -> None:
