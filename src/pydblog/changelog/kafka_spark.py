@@ -877,17 +877,7 @@ def consistent_end(log_json: str, start: Offset, end: Offset, low: int) -> Offse
     commits: list[PlannedCommit] = []
     plan(log_json, start, int(end["cp"]), None, commits=commits)
     first, stop = position(start), position(end)
-    cut = stop
-    for c in commits:
-        times = list(c.times)
-        for i, (at, ts) in enumerate(times):
-            hi = times[i + 1][0] if i + 1 < len(times) else c.end
-            lo, hi = max(at, first, c.start), min(hi, stop)
-            if lo < hi and ts > low:
-                cut = lo
-                break
-        if cut < stop:
-            break
+    cut = cut_position(commits, first, stop, low)
     if cut >= stop:
         return end
     if cut <= first:
@@ -897,6 +887,20 @@ def consistent_end(log_json: str, start: Offset, end: Offset, low: int) -> Offse
         if c.end <= cut:
             at_or_before = c.after
     return at_or_before if int(at_or_before["seq"]) == cut else {**at_or_before, "at": cut}
+
+
+def cut_position(commits: Sequence[PlannedCommit], first: int, stop: int, low: int) -> int:
+    """The global offset of the first event in ``[first, stop)`` of ``commits`` whose
+    commit time is past ``low`` (``stop`` when none is): ``consistent_cut`` on the
+    commits' times, without expanding them to one per event."""
+    for c in commits:
+        times = list(c.times)
+        for i, (at, ts) in enumerate(times):
+            hi = times[i + 1][0] if i + 1 < len(times) else c.end
+            lo, hi = max(at, first, c.start), min(hi, stop)
+            if lo < hi and ts > low:
+                return lo
+    return stop
 
 
 TAIL_MESSAGES = 256
