@@ -352,10 +352,10 @@ def test_consistent_targets_are_a_cut_of_every_source_at_each_round(
     cuts: list[int] = []
     try:
         with writing(*(s.run for s in shards.values())):
-            for phase in range(3):
+            for phase in range(2):
                 for s in shards.values():
                     s.running.set()
-                until = time.monotonic() + 4
+                until = time.monotonic() + 3
                 while time.monotonic() < until:
                     assert not errors, errors
                     before = state()
@@ -388,7 +388,7 @@ def test_consistent_targets_are_a_cut_of_every_source_at_each_round(
         stop.set()
         runner.join(60)
     assert not errors, errors
-    assert samples > 10 and len(cuts) == 3, (samples, exact, cuts)
+    assert samples > 10 and len(cuts) == 2, (samples, exact, cuts)
     import json
 
     status = json.loads((cfg.log_dir / "sync-watermarks.json").read_text())
