@@ -7,7 +7,14 @@
 2. watermark lag: 4 writers append to their logs at a steady rate (events carry their
    append time as commit time) while the sync streams (1-second trigger); every 0.5 s
    it samples T (the least source progress) against the newest source progress and
-   against the wall clock; reports p50/p99/max after a warm-up.
+   against the wall clock; reports p50/p99/max after a warm-up. With ``consistent =
+   true`` it also samples the last complete cut (the time of the last round every
+   source finished) against the newest source progress and the wall clock.
+
+Both run with ``[sync] consistent`` off and on (``--consistent off|on``, both by
+default); every log gets a heartbeat after it is written, so a consistent drain applies
+the same events. Figures are ratios to the run without ``consistent`` measured in the
+same process (the machine may be shared).
 
     .venv/bin/python bench/drainer.py --events 200000 --master 'local[2]'
 
@@ -37,9 +44,11 @@ ROUTES = [{"tables": r"public\.orders", "target": "public.orders"},
           {"tables": r"shop\.accounts", "target": "shop.accounts"}]
 
 
-def config(work: Path, n: int, trigger: str, master: str, max_events: int) -> Config:
+def config(work: Path, n: int, trigger: str, master: str, max_events: int,
+           consistent: bool = False) -> Config:
     return parse_config({
         "sync": {
+            "consistent": consistent,
             "checkpoint": str(work / "cp"),
             "trigger": trigger,
             "master": master,
@@ -54,21 +63,38 @@ def config(work: Path, n: int, trigger: str, master: str, max_events: int) -> Co
     })
 
 
-def throughput(root: Path, n: int, events: int, master: str, max_events: int) -> float:
-    work = root / f"tp{n}"
+def heartbeat(directory: Path) -> None:
+    """An idle capture's checkpoint (no events): the log is complete up to now."""
+    from pydblog.changelog.sqlite import SqliteChangeLog
+    from pydblog.ports import Checkpoint
+
+    log = SqliteChangeLog(directory)
+    try:
+        log.append([], Checkpoint(None))
+    finally:
+        log.close()
+
+
+def throughput(root: Path, n: int, events: int, master: str, max_events: int,
+               consistent: bool = False) -> float:
+    work = root / f"tp{n}-{'on' if consistent else 'off'}"
     for i in range(n):
         load = SyntheticLoad(seed=100 + i)
         load.next_id = i * 10**8
         write_load(work / f"log{i}", load, events // n)
-    cfg = config(work, n, "available-now", master, max_events)
+    time.sleep(0.01)
+    for i in range(n):
+        heartbeat(work / f"log{i}")
+    cfg = config(work, n, "available-now", master, max_events, consistent)
     t0 = time.monotonic()
     assert run_sync(cfg, available_now=True) == 0
     return time.monotonic() - t0
 
 
 def lag(root: Path, n: int, rate: float, seconds: float, warm_s: float, master: str,
-        max_events: int) -> dict[str, Any]:
-    work = root / "lag"
+        max_events: int, consistent: bool = False) -> dict[str, Any]:
+    work = root / f"lag-{'on' if consistent else 'off'}"
+    SYNC.watermarks, SYNC.low_ms, SYNC.cut_ms = {}, None, None
     loads = []
     for i in range(n):
         load = SyntheticLoad(seed=200 + i)
@@ -86,7 +112,7 @@ def lag(root: Path, n: int, rate: float, seconds: float, warm_s: float, master: 
     threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
-    cfg = config(work, n, "1 second", master, max_events)
+    cfg = config(work, n, "1 second", master, max_events, consistent)
     sync_stop = threading.Event()
     job = threading.Thread(target=run_sync, args=(cfg,), kwargs={"stop_event": sync_stop},
                            daemon=True)
@@ -94,6 +120,8 @@ def lag(root: Path, n: int, rate: float, seconds: float, warm_s: float, master: 
     job.start()
     spread: list[float] = []
     behind: list[float] = []
+    cut_spread: list[float] = []
+    cut_behind: list[float] = []
     while time.monotonic() - t0 < seconds:
         time.sleep(0.5)
         low = SYNC.low_ms
@@ -102,6 +130,10 @@ def lag(root: Path, n: int, rate: float, seconds: float, warm_s: float, master: 
             continue
         spread.append(max(marks) - low)
         behind.append(time.time() * 1000 - low)
+        cut = SYNC.cut_ms
+        if consistent and cut is not None:
+            cut_spread.append(max(marks) - cut)
+            cut_behind.append(time.time() * 1000 - cut)
     stop.set()
     sync_stop.set()
     job.join(120)
@@ -109,11 +141,15 @@ def lag(root: Path, n: int, rate: float, seconds: float, warm_s: float, master: 
     def q(xs: list[float], p: float) -> float:
         return statistics.quantiles(xs, n=100)[int(p) - 1] if len(xs) > 1 else float("nan")
 
-    return {"samples": len(spread),
-            "t_behind_newest_source_ms": {"p50": q(spread, 50), "p99": q(spread, 99),
-                                          "max": max(spread, default=float("nan"))},
-            "t_behind_now_ms": {"p50": q(behind, 50), "p99": q(behind, 99),
-                                "max": max(behind, default=float("nan"))}}
+    def stats(xs: list[float]) -> dict[str, float]:
+        return {"p50": q(xs, 50), "p99": q(xs, 99), "max": max(xs, default=float("nan"))}
+
+    out = {"samples": len(spread), "t_behind_newest_source_ms": stats(spread),
+           "t_behind_now_ms": stats(behind)}
+    if consistent:
+        out["cut_behind_newest_source_ms"] = stats(cut_spread)
+        out["cut_behind_now_ms"] = stats(cut_behind)
+    return out
 
 
 def main() -> None:
@@ -125,29 +161,45 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=90)
     ap.add_argument("--warm-up", type=float, default=30)
     ap.add_argument("--only", action="append", choices=["throughput", "lag"])
+    ap.add_argument("--consistent", action="append", choices=["off", "on"],
+                    help="[sync] consistent of the runs (default: both)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("DBLOG_SPARK_DRIVER_MEMORY", "1g")
     spark_session(args.master)  # the session's start is not measured
     out: dict[str, Any] = {"events": args.events, "master": args.master,
                            "load_before": os.getloadavg()}
+    modes = [m == "on" for m in (args.consistent or ["off", "on"])]
     with tempfile.TemporaryDirectory(prefix="dblog-drainer-bench-") as tmp:
         root = Path(tmp)
-        if not args.only or "throughput" in args.only:
+        for consistent in modes:
+            tag = "consistent" if consistent else "plain"
+            if not args.only or "throughput" in args.only:
+                for n in (1, 4):
+                    s = throughput(root, n, args.events, args.master,
+                                   args.max_events_per_trigger, consistent)
+                    out[f"{tag}_sources_{n}_s"] = s
+                    out[f"{tag}_sources_{n}_events_per_s"] = args.events / s
+                    print(f"{tag}: {n} source(s): {args.events:,} events in {s:.1f}s = "
+                          f"{args.events / s:,.0f} events/s", flush=True)
+                out[f"{tag}_ratio_4_to_1"] = (out[f"{tag}_sources_4_events_per_s"]
+                                              / out[f"{tag}_sources_1_events_per_s"])
+                print(f"{tag}: 4 sources / 1 source: {out[f'{tag}_ratio_4_to_1']:.2f}")
+            if not args.only or "lag" in args.only:
+                res = lag(root, 4, args.rate, args.seconds, args.warm_up, args.master,
+                          args.max_events_per_trigger, consistent)
+                out[f"{tag}_lag"] = res
+                print(f"{tag}: T behind the newest source: {res['t_behind_newest_source_ms']}; "
+                      f"behind now: {res['t_behind_now_ms']} ({res['samples']} samples)")
+                if consistent:
+                    print(f"{tag}: the last complete cut behind the newest source: "
+                          f"{res['cut_behind_newest_source_ms']}; behind now: "
+                          f"{res['cut_behind_now_ms']}")
+        if len(modes) == 2 and "consistent_sources_1_events_per_s" in out:
             for n in (1, 4):
-                s = throughput(root, n, args.events, args.master, args.max_events_per_trigger)
-                out[f"sources_{n}_s"] = s
-                out[f"sources_{n}_events_per_s"] = args.events / s
-                print(f"{n} source(s): {args.events:,} events in {s:.1f}s = "
-                      f"{args.events / s:,.0f} events/s", flush=True)
-            out["ratio_4_to_1"] = out["sources_4_events_per_s"] / out["sources_1_events_per_s"]
-            print(f"4 sources / 1 source: {out['ratio_4_to_1']:.2f}")
-        if not args.only or "lag" in args.only:
-            res = lag(root, 4, args.rate, args.seconds, args.warm_up, args.master,
-                      args.max_events_per_trigger)
-            out["lag"] = res
-            print(f"T behind the newest source: {res['t_behind_newest_source_ms']}; "
-                  f"behind now: {res['t_behind_now_ms']} ({res['samples']} samples)")
+                r = out[f"consistent_sources_{n}_events_per_s"] / out[f"plain_sources_{n}_events_per_s"]
+                out[f"consistent_to_plain_sources_{n}"] = r
+                print(f"{n} source(s): consistent / plain throughput: {r:.2f}")
     out["load_after"] = os.getloadavg()
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)

@@ -376,13 +376,6 @@ class SyncConfig(_Model):
                 raise ValueError(
                     f"route {r.tables!r} names unknown source(s) {', '.join(unknown)}; "
                     f"[[sync.sources]] has: {', '.join(names) or DEFAULT_SOURCE}")
-        if self.consistent:
-            kafka = [s.name for s in self.sources if s.log.type != "embedded"]
-            if kafka:
-                raise ValueError(
-                    "consistent = true needs embedded change logs (it bounds each batch by "
-                    f"the commit times in the log's blocks); source(s) {', '.join(kafka)} "
-                    "use Kafka")
         return self
 
     @field_validator("trigger")

@@ -1,5 +1,5 @@
 """The Drainer's rules (``core.drainer``): routing, merged identities, one schema
-across shards, the merge's low watermark and the consistent cut."""
+across shards, the merge's low watermark, the consistent cut and the lockstep rounds."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pydblog.core.drainer import (
     SCHEMA_COLUMN,
     SOURCE_COLUMN,
     KeyMode,
+    Rounds,
     Route,
     RouteCollision,
     Router,
@@ -23,6 +24,8 @@ from pydblog.core.drainer import (
     Target,
     Watermarks,
     consistent_cut,
+    plan_round,
+    rounds_settled,
     union_schema,
     widen,
 )
@@ -239,3 +242,139 @@ def test_the_consistent_cut_is_whole_transactions_at_or_below_t(
 def test_a_clock_that_went_back_stops_the_cut_at_the_first_later_commit() -> None:
     """A prefix, not a filter: the source's position must stay a single offset."""
     assert consistent_cut([1, 5, 2, 3], 3) == 1
+
+
+# -- lockstep rounds ---------------------------------------------------------------------
+
+class _Logs:
+    """A model of the sources' change logs and of what each source applied: commit
+    times in log order (never decreasing), each log's completeness time (no later event
+    is at or below it: the newest time minus one, or a later heartbeat), and each
+    query's start (everything before it applied)."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[int]] = {s: [] for s in SOURCES}
+        self.complete: dict[str, int | None] = {s: None for s in SOURCES}
+        self.start: dict[str, int] = {s: 0 for s in SOURCES}
+        self.state = Rounds()
+
+    def append(self, source: str, gap: int, events: int) -> None:
+        times = self.times[source]
+        floor = max([*times[-1:], (self.complete[source] or 0) + 1])
+        t = floor + gap
+        times.extend([t] * events)
+        self.complete[source] = max(self.complete[source] or 0, t - 1)
+
+    def beat(self, source: str, step: int) -> None:
+        times = self.times[source]
+        newest = times[-1] if times else 0
+        self.complete[source] = max(self.complete[source] or 0, newest) + step
+
+    def low(self) -> int | None:
+        values = list(self.complete.values())
+        return None if any(v is None for v in values) else min(v for v in values if v is not None)
+
+    def plan(self, source: str, limit: int, state: Rounds | None = None) -> tuple[Rounds, int]:
+        start = self.start[source]
+        times = self.times[source][start:start + limit]
+        return plan_round(self.state if state is None else state, source, SOURCES, start,
+                          lambda t: start + consistent_cut(times, t), self.low())
+
+    def check(self) -> None:
+        st = self.state
+        for s in SOURCES:
+            times, start = self.times[s], self.start[s]
+            if start:  # nothing applied past the current round
+                assert st.t is not None and max(times[:start]) <= st.t
+            if st.cut is not None:  # everything up to the last complete cut applied
+                assert all(t > st.cut for t in times[start:])
+            if st.finished(SOURCES):  # exactly a cut of every source at T
+                assert st.t is not None
+                assert all(t <= st.t for t in times[:start])
+                assert all(t > st.t for t in times[start:])
+
+
+_STEPS = st.lists(st.one_of(
+    st.tuples(st.just("append"), st.sampled_from(SOURCES), st.integers(0, 5), st.integers(1, 4)),
+    st.tuples(st.just("beat"), st.sampled_from(SOURCES), st.integers(1, 5), st.just(0)),
+    st.tuples(st.just("plan"), st.sampled_from(SOURCES), st.integers(1, 6), st.just(0)),
+    st.tuples(st.just("lost"), st.sampled_from(SOURCES), st.integers(1, 6), st.just(0)),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_STEPS)
+def test_rounds_apply_every_source_in_lockstep(steps: list[tuple[str, str, int, int]]) -> None:
+    """Sources written, beating, planning and crashing in any order: no source applies
+    past a round before every source finished the one before it; a finished round is
+    exactly a cut of every source at its time; rounds, their times and the cut only move
+    forward; a plan made again from the same start and state (a planner that crashed
+    before Spark logged its batch) plans the same end; once the writes stop, planning
+    ends with every source done at the logs' least completeness time."""
+    logs = _Logs()
+    for kind, source, a, b in steps:
+        before = logs.state
+        if kind == "append":
+            logs.append(source, a, b)
+        elif kind == "beat":
+            logs.beat(source, a)
+        else:
+            state, end = logs.plan(source, a)
+            assert logs.plan(source, a, before) == (state, end)  # deterministic
+            assert logs.plan(source, a, state)[1] == end  # planned again after a crash
+            batch = logs.times[source][logs.start[source]:end]
+            assert state.t is not None or not batch
+            assert all(t <= (state.t or 0) for t in batch)
+            logs.state = state
+            if kind == "plan":  # "lost": Spark never logged the batch
+                logs.start[source] = end
+        st_ = logs.state
+        assert st_.round >= before.round
+        assert before.t is None or (st_.t is not None and st_.t >= before.t)
+        assert before.cut is None or (st_.cut is not None and st_.cut >= before.cut)
+        assert st_.round == before.round or before.t is None or before.finished(SOURCES) \
+            or (st_.round == before.round + 1 and _finished_by(before, source))
+        logs.check()
+    # the writes stop: planning in turn settles at the logs' least completeness time
+    for _ in range(200):
+        for s in SOURCES:
+            logs.state, logs.start[s] = logs.plan(s, 3)
+            logs.check()
+    low = logs.low()
+    assert rounds_settled(logs.state, SOURCES, low)
+    if low is not None:
+        assert logs.state.t == low == logs.state.cut
+
+
+def _finished_by(state: Rounds, source: str) -> bool:
+    """Whether ``source`` was the last one missing from ``state``'s round."""
+    return set(SOURCES) - state.done <= {source}
+
+
+def test_a_round_waits_for_the_slowest_source() -> None:
+    logs = _Logs()
+    logs.append("a", 10, 3)  # a: 11 11 11 (complete 10)
+    logs.append("b", 20, 2)  # b: 21 21 (complete 20)
+    logs.beat("c", 30)  # c: no events, complete 30
+    logs.state, logs.start["a"] = logs.plan("a", 10)
+    assert logs.state == Rounds(1, 10, frozenset({"a"})) and logs.start["a"] == 0
+    logs.beat("a", 100)  # a complete 111: T_1 stays 10 until everyone is done with it
+    for s in SOURCES:
+        logs.state, logs.start[s] = logs.plan(s, 10)
+    # c finished round 1 and opened round 2 at the least completeness, b's 20
+    assert logs.state == Rounds(2, 20, frozenset({"c"}), 10)
+    assert logs.start == {"a": 0, "b": 0, "c": 0}
+    logs.state, logs.start["b"] = logs.plan("b", 10)
+    assert logs.start["b"] == 0 and logs.state.done == {"c", "b"}
+    logs.state, logs.start["a"] = logs.plan("a", 10)
+    assert logs.start["a"] == 3 and logs.state.cut == 10  # a applies round 2's events
+    logs.state, logs.start["a"] = logs.plan("a", 10)
+    assert logs.state == Rounds(2, 20, frozenset(SOURCES), 20)
+
+
+def test_a_round_never_opens_past_the_cap() -> None:
+    state, end = plan_round(Rounds(), "a", ["a"], 0, lambda t: 5 if t >= 50 else 0, 100, cap=40)
+    assert state == Rounds(1, 40, frozenset({"a"}), 40) and end == 0
+    assert rounds_settled(state, ["a"], 40) and not rounds_settled(state, ["a"], 41)
+    assert rounds_settled(Rounds(), ["a"], None)
+    assert Rounds.from_json(state.to_json()) == state

@@ -305,8 +305,6 @@ def test_a_column_widened_in_one_shard_is_widened_in_every_sink(
      'target = "t"', "must be schema.table"),
     ('[[sync.sources]]\nname = "a"\nlog = { path = "x" }\n[[sync.routes]]\ntables = "t"\n'
      'target = "s.t"\nsources = ["zz"]', "unknown source(s) zz"),
-    ('consistent = true\n[[sync.sources]]\nname = "a"\nlog = { type = "kafka", '
-     'bootstrap_servers = "h:1", topic_prefix = "p" }', "consistent = true needs embedded"),
 ])
 def test_sync_sources_config_errors(text: str, expect: str) -> None:
     import tomllib

@@ -22,7 +22,7 @@ from pydblog.ports import ChangeLogStream, EncodedValues, LogPartition, SyncOffs
 SPARK = Path(pydblog.__file__).parent / "spark"
 # what pydblog.spark may take from the changelog package: the registry, not a backend
 REGISTRY = {"open_stream", "open_reader", "open_writer", "log_exists", "describe", "LOG_TYPES",
-            "consistent_end"}
+            "complete_ms", "cut_end"}
 
 
 def test_no_module_of_the_spark_package_imports_a_backend() -> None:

@@ -65,8 +65,13 @@ class SyncMetrics:
                                    "hold every source's changes committed at or before it "
                                    "(the least source progress), ms since the epoch.",
                                    registry=r)
+        self.complete_cut = Gauge("dblog_sync_complete_cut_ms", "consistent = true: the "
+                                  "time of the last round every source finished, when the "
+                                  "targets were exactly a cut of every source at it, ms "
+                                  "since the epoch.", registry=r)
         self.watermarks: dict[str, int | None] = {}
         self.low_ms: int | None = None
+        self.cut_ms: int | None = None
         self.holding_back: list[str] = []
         self.state = "starting"
         self.error: str | None = None
@@ -88,12 +93,15 @@ class SyncMetrics:
         self.last_batch_time = now
 
     def observe_watermarks(self, sources: Mapping[str, int | None], low: int | None,
-                           holding_back: list[str]) -> None:
+                           holding_back: list[str], cut: int | None = None) -> None:
         for name, ms in sources.items():
             if ms is not None:
                 self.source_progress.labels(name).set(ms)
         if low is not None:
             self.low_watermark.set(low)
+        if cut is not None:
+            self.complete_cut.set(cut)
+            self.cut_ms = cut
         self.watermarks = dict(sources)
         self.low_ms = low
         self.holding_back = list(holding_back)
@@ -174,6 +182,7 @@ class SyncApi:
                            f"T is {behind_s:.0f} s behind now, held back by ")
                 + ", ".join(m.holding_back),
                 "low_ms": low, "sources": m.watermarks,
+                **({"cut_ms": m.cut_ms} if m.cut_ms is not None else {}),
             })
         ok = all(c["ok"] for c in checks)
         return json_response(200 if ok else 503,

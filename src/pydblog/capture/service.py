@@ -225,6 +225,8 @@ def sync_watermarks(cfg: Config) -> dict[str, Any] | None:
         "lag_ms": raw.get("lag_ms"),
         "holding_back": ", ".join(raw.get("holding_back") or []),
         **{f"source {k}": when(v) or "unknown" for k, v in (raw.get("sources") or {}).items()},
+        **({"complete_cut": when(raw["cut_ms"]) or "none yet", "cut_ms": raw["cut_ms"],
+            "round": raw.get("round")} if "cut_ms" in raw else {}),
         "written": when(raw.get("updated_ms")),
     }
 

@@ -106,15 +106,42 @@ def open_stream(log_json: str, *, allow_gaps: bool = False) -> ChangeLogStream:
     return SqliteStream.from_json(log_json)
 
 
-def consistent_end(bound_json: str, start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
-    """``consistent = true``: ``end`` (an embedded log's stream offset) cut back to the
-    last whole transaction committed at or below ``T``, the least completeness time of
-    the logs in ``bound_json`` (``{"self": path, "logs": [path, ...]}``, embedded logs:
-    the config refuses others)."""
-    from pydblog.changelog.sqlite_spark import consistent_end as cut
-    from pydblog.changelog.sqlite_spark import log_complete_ms
+def _log_type(log_json: str) -> str:
+    raw = json.loads(log_json)
+    kind = raw.get("type", LOG_TYPES[0]) if isinstance(raw, dict) else None
+    if kind not in LOG_TYPES:
+        raise ChangeLogError(f"the [log] option names no change log type this version knows "
+                             f"({kind!r})")
+    return str(kind)
 
-    spec = json.loads(bound_json)
-    times = [log_complete_ms(p) for p in spec["logs"]]
-    low = None if any(t is None for t in times) else min(t for t in times if t is not None)
-    return {"offset": cut(spec["self"], int(start["offset"]), int(end["offset"]), low)}
+
+def complete_ms(log_json: str) -> int | None:
+    """How far the change log of ``log_json`` (the ``[log]`` config as JSON) is complete
+    in source time: no event it logs later has a commit time at or below it (the
+    newest logged commit time minus one, or the capture's last heartbeat when later);
+    None while it has neither. ``consistent = true``'s rounds open at the least of the
+    sources'."""
+    if _log_type(log_json) == "kafka":
+        from pydblog.changelog.kafka_spark import log_complete_ms as kafka_complete
+
+        return kafka_complete(log_json)
+    from pydblog.changelog.sqlite_spark import SqliteStream, log_complete_ms
+
+    return log_complete_ms(SqliteStream.from_json(log_json).path)
+
+
+def cut_end(log_json: str, start: dict[str, Any], end: dict[str, Any],
+            low: int) -> dict[str, Any]:
+    """``consistent = true``: the stream offset ``end`` (planned from ``start``) cut
+    back to the end of the longest prefix of the batch whose commit times are at or
+    below ``low``, whole transactions (``core.drainer.consistent_cut``); ``start``
+    when that prefix is empty."""
+    if _log_type(log_json) == "kafka":
+        from pydblog.changelog.kafka_spark import consistent_end as kafka_cut
+
+        return kafka_cut(log_json, start, end, low)
+    from pydblog.changelog.sqlite_spark import SqliteStream
+    from pydblog.changelog.sqlite_spark import consistent_end as cut
+
+    path = SqliteStream.from_json(log_json).path
+    return {"offset": cut(path, int(start["offset"]), int(end["offset"]), low)}

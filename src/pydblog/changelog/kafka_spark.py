@@ -17,6 +17,12 @@ a plan reads must be contiguous in global offsets (commits that retention remove
 the checkpoint topic would otherwise be skipped: ``_not_contiguous``). Sinks record the global offset they applied (as with the embedded log),
 so a replayed batch applies nothing twice.
 
+An offset may also carry ``"at": a`` (``consistent = true``'s cut inside a commit): the
+events below global offset ``a`` are applied too, the rest of the commit that holds
+``a`` is not. A batch from or to such an offset reads whole commits and keeps, by each
+value's ``offset``, only the events between the two positions (``KafkaRange.seq``).
+The cut reads the commits' source commit times (``CommitRecord.times``).
+
 ``maxEventsPerTrigger`` bounds a batch at commit granularity (at least one commit);
 with ``Trigger.AvailableNow`` the stream stops at the checkpoint topic's end at start.
 After each batch the offsets are also committed to the consumer group
@@ -68,6 +74,9 @@ class KafkaRange(LogPartition):
     log: str  # the LogConfig as JSON
     pieces: tuple[KafkaPiece, ...]
     allow_gaps: bool = False
+    seq: tuple[int, int] | None = None
+    """Keep only the events with global offsets ``lo <= offset < hi`` (a batch that
+    starts or ends inside a commit: ``consistent = true``); None: every valid record."""
 
     def read(self, batch_events: int) -> Iterator[EncodedValues]:
         """The values of the valid records (envelopes with their ``offset``), at least
@@ -78,10 +87,30 @@ class KafkaRange(LogPartition):
         for data, lengths in stream_values(self, self.allow_gaps):
             values.add(data, lengths)
             if values.count >= batch_events:
-                yield EncodedValues(values.array())
+                kept = in_seq(values.array(), self.seq)
+                if len(kept):
+                    yield EncodedValues(kept)
                 values = _Values()
         if values.count:
-            yield EncodedValues(values.array())
+            kept = in_seq(values.array(), self.seq)
+            if len(kept):
+                yield EncodedValues(kept)
+
+
+def in_seq(values: Any, seq: tuple[int, int] | None) -> Any:
+    """The values (envelopes, ``{"offset":n,...}``) whose global offset is in
+    ``[lo, hi)`` (all of them when ``seq`` is None)."""
+    if seq is None or len(values) == 0:
+        return values
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    found = pc.extract_regex(values, r'^\{"offset":(?P<o>[0-9]+)[,}]')
+    offsets = pc.struct_field(found, [0]).cast(pa.int64())
+    if offsets.null_count:
+        raise ChangeLogError("a change-log record's value does not start with its offset "
+                             '({"offset":n,...}): the batch cannot be cut by offset')
+    return values.filter(pc.and_(pc.greater_equal(offsets, seq[0]), pc.less(offsets, seq[1])))
 
 
 _CLIENT_FIELDS = frozenset({"type", "bootstrap_servers", "topic_prefix", "kafka", "partitions",
@@ -125,13 +154,37 @@ def _commit_log(offset: Offset) -> Any:
     return log
 
 
+@dataclass(frozen=True)
+class PlannedCommit:
+    """A valid commit a plan applied: its global offsets ``[start, end)``, their commit
+    times (``CommitRecord.times``; a commit written without them: all at the writer's
+    clock when it wrote it) and the stream offset right after it."""
+
+    start: int
+    end: int
+    times: tuple[tuple[int, int], ...]
+    after: dict[str, Any]
+
+
+def position(offset: Offset) -> int:
+    """The global offset a stream offset stands for (``at`` inside a commit, else ``seq``)."""
+    return int(offset.get("at", offset.get("seq")) or 0)
+
+
+def boundary(offset: Offset) -> Offset:
+    """The commit boundary an offset is at or after (``at`` dropped)."""
+    return {k: v for k, v in offset.items() if k != "at"}
+
+
 def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | None,
-         client: Any = None) -> tuple[Offset, Any]:
+         client: Any = None, commits: list[PlannedCommit] | None = None) -> tuple[Offset, Any]:
     """Apply the checkpoint topic's messages from ``start["cp"]`` (up to Kafka offset
     ``stop_cp``, or the topic's end), stopping after the commit that reaches
     ``max_events`` events; returns the end offset and the ``CommitLog`` (its spans
     are the new commits'). ``client``: a ``changelog.kafka.client.Client`` to use (kept
-    open), else one made and closed here."""
+    open), else one made and closed here. ``commits``: gets each valid commit applied
+    (``PlannedCommit``). A ``start`` inside a commit (``at``) plans from the boundary
+    before it (that commit is read again); ``max_events`` counts from ``at``."""
     from pydblog.changelog.kafka.client import Client
     from pydblog.changelog.kafka.protocol import CommitRecord
     from pydblog.changelog.kafka.topics import checkpoint_topic
@@ -142,6 +195,7 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
     try:
         log = _commit_log(start)
         seq = int(start.get("seq", 0))
+        base = position(start)
         cp = int(start.get("cp", 0))
         topic = checkpoint_topic(client.prefix)
         if client.partitions(topic):
@@ -162,7 +216,13 @@ def plan(log_json: str, start: Offset, stop_cp: int | None, max_events: int | No
                     if known and rec.start != seq:
                         raise _not_contiguous(topic, seq, rec, lo)
                     seq, known = rec.end, True
-                if max_events is not None and seq - int(start.get("seq", 0)) >= max_events:
+                    if commits is not None and not rec.fence and rec.end > rec.start:
+                        times = rec.times or [(rec.start, rec.ts or 0)]
+                        commits.append(PlannedCommit(rec.start, rec.end, tuple(times), {
+                            "cp": cp, "seq": seq,
+                            "owner": list(log.owner) if log.owner is not None else None,
+                            "ends": {_tp_key(tp): o for tp, o in sorted(log.ends.items())}}))
+                if max_events is not None and seq - base >= max_events:
                     break
             else:  # read all of [cp, stop_cp): what follows the last message is markers
                 cp = max(cp, stop_cp) if stop_cp is not None else cp
@@ -234,7 +294,7 @@ def read_events(part: KafkaRange, allow_gaps: bool = False) -> Any:
     values = _Values()
     for data, lengths in stream_values(part, allow_gaps):
         values.add(data, lengths)
-    return values.array()
+    return in_seq(values.array(), part.seq)
 
 
 def stream_values(part: KafkaRange, allow_gaps: bool = False,
@@ -579,7 +639,7 @@ MIN_RANGE_RECORDS = 20_000
 
 def split_ranges(
     log: str, ranges: Sequence[tuple[tuple[str, int], int, int, Sequence[tuple[int, int, str]]]],
-    parts: int, allow_gaps: bool = False,
+    parts: int, allow_gaps: bool = False, seq: tuple[int, int] | None = None,
 ) -> list[KafkaRange]:
     """The input partitions of a batch: ``2 * parts`` tasks of nearly equal record
     counts (``size`` each; fewer tasks where that would make them smaller than
@@ -615,7 +675,7 @@ def split_ranges(
             if b > a and i < len(spans):
                 task = bisect.bisect_right(bounds, at + a - lo)
                 groups[task].append(KafkaPiece(topic, p, a, b, tuple(spans[i:j + 1])))
-    return [KafkaRange(log, tuple(g), allow_gaps) for g in groups if g]
+    return [KafkaRange(log, tuple(g), allow_gaps, seq) for g in groups if g]
 
 
 class KafkaStream(ChangeLogStream):
@@ -731,7 +791,17 @@ class KafkaStream(ChangeLogStream):
 
     def partitions(self, start: Offset, end: Offset, parts: int) -> Sequence[LogPartition]:
         planned, self._planned = self._planned, None
-        if planned is not None and planned[0] == start and planned[1] == end:
+        seq = (position(start), position(end)) if "at" in start or "at" in end else None
+        if "at" in end:  # the commits up to the one holding ``at``, read whole
+            again, log = self._plan(start, None, position(end) - position(start))
+            if int(again["seq"]) < position(end):
+                raise ChangeLogError(
+                    f"the batch Spark logged (change-log offsets {position(start)}.."
+                    f"{position(end) - 1}) plans differently now (the commits reach offset "
+                    f"{int(again['seq']) - 1}): the checkpoint topic changed under the sync",
+                    hint="re-sync the targets from a snapshot with a new [sync] checkpoint")
+            end = again
+        elif planned is not None and planned[0] == start and planned[1] == end:
             log = planned[2]
         else:  # a restarted query replays the batch Spark logged: planned again, the same
             again, log = self._plan(start, int(end["cp"]), None)
@@ -752,7 +822,7 @@ class KafkaStream(ChangeLogStream):
             spans = [(s.end, s.first, s.tag) for s in log.spans.get(tp, ())]
             if int(hi) > lo and spans:
                 ranges.append((tp, lo, int(hi), spans))
-        return split_ranges(self.log, ranges, parts, self.allow_gaps)
+        return split_ranges(self.log, ranges, parts, self.allow_gaps, seq)
 
     def commit(self, end: Offset) -> None:
         """Publish the applied offsets to ``dblog-sync.<prefix>`` (monitoring only; its
@@ -795,3 +865,82 @@ class KafkaStream(ChangeLogStream):
         from pydblog.changelog import kafka_native
 
         kafka_native.available()
+
+
+def consistent_end(log_json: str, start: Offset, end: Offset, low: int) -> Offset:
+    """``consistent = true``: ``end`` (planned from ``start`` by ``latest_offset``) cut
+    back to the first event after ``start`` whose commit time is past ``low``
+    (``core.drainer.consistent_cut`` on the commits' times: whole transactions); an
+    offset inside a commit gets ``at``. ``start`` when nothing is at or below ``low``."""
+    if end == start:
+        return start
+    commits: list[PlannedCommit] = []
+    plan(log_json, start, int(end["cp"]), None, commits=commits)
+    first, stop = position(start), position(end)
+    cut = cut_position(commits, first, stop, low)
+    if cut >= stop:
+        return end
+    if cut <= first:
+        return start
+    at_or_before: Offset = boundary(start)
+    for c in commits:
+        if c.end <= cut:
+            at_or_before = c.after
+    return at_or_before if int(at_or_before["seq"]) == cut else {**at_or_before, "at": cut}
+
+
+def cut_position(commits: Sequence[PlannedCommit], first: int, stop: int, low: int) -> int:
+    """The global offset of the first event in ``[first, stop)`` of ``commits`` whose
+    commit time is past ``low`` (``stop`` when none is): ``consistent_cut`` on the
+    commits' times, without expanding them to one per event."""
+    for c in commits:
+        times = list(c.times)
+        for i, (at, ts) in enumerate(times):
+            hi = times[i + 1][0] if i + 1 < len(times) else c.end
+            lo, hi = max(at, first, c.start), min(hi, stop)
+            if lo < hi and ts > low:
+                return lo
+    return stop
+
+
+TAIL_MESSAGES = 256
+"""``log_complete_ms`` reads at most this many of the checkpoint topic's last messages."""
+
+
+def log_complete_ms(log_json: str) -> int | None:
+    """How far a Kafka change log is complete in source time: the newest commit time
+    of its last commit with events minus one, or the writer's clock when it wrote the
+    last commit (a heartbeat: the capture commits its checkpoint while idle) if that
+    checkpoint is outside a transaction and later; None without either. Reads the
+    checkpoint topic's last ``TAIL_MESSAGES`` messages (the newest valid owner's)."""
+    from pydblog.changelog.kafka.client import Client
+    from pydblog.changelog.kafka.protocol import CommitLog, CommitRecord
+    from pydblog.changelog.kafka.topics import checkpoint_topic
+
+    client = Client(_config(log_json))
+    try:
+        topic = checkpoint_topic(client.prefix)
+        if not client.partitions(topic):
+            return None
+        lo, hi = client.watermarks([(topic, 0)])[(topic, 0)]
+        recs: list[Any] = []
+        for m in client.read_range({(topic, 0): (max(int(lo), int(hi) - TAIL_MESSAGES), None)},
+                                   to_now=True):
+            if m.value() is not None:
+                recs.append(CommitRecord.from_bytes(m.value(), m.offset()))
+    finally:
+        client.close()
+    log = CommitLog(track=False)
+    valid = [r for r in recs if log.apply(r) and not r.fence and not r.begin]
+    owner = log.owner
+    valid = [r for r in valid if (r.epoch or 0, r.gen, r.writer) == owner]
+    newest = next((r.times[-1][1] - 1 if r.times else (r.ts or 0) - 1
+                   for r in reversed(valid) if r.end > r.start), None)
+    last = valid[-1] if valid else None
+    beat = None
+    if last is not None and last.ts is not None and not (
+            last.checkpoint is not None and last.checkpoint.extra.get("mid_tx")):
+        beat = last.ts
+    if newest is None:
+        return beat
+    return newest if beat is None else max(newest, beat)

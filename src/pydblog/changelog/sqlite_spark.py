@@ -218,9 +218,11 @@ def commit_times(path: str, start: int, end: int) -> list[int]:
 
 def log_complete_ms(path: str) -> int | None:
     """How far the embedded log at ``path`` is complete, in source time: its newest
-    event's commit time (minus one while the capture's checkpoint is inside that
-    transaction), or the capture's last checkpoint outside a transaction (heartbeat)
-    when later; None for an empty log without checkpoint."""
+    event's commit time minus one (a transaction logged later may commit in the same
+    millisecond, or second on MySQL/MariaDB; and while the capture's checkpoint is
+    inside the newest transaction, that one goes on), or the capture's last checkpoint
+    outside a transaction (heartbeat) when later; None for an empty log without
+    checkpoint."""
     from pydblog.changelog.sqlite import SqliteChangeLogReader
 
     reader = SqliteChangeLogReader(path)
@@ -230,12 +232,9 @@ def log_complete_ms(path: str) -> int | None:
         row = reader._conn.execute(
             "SELECT first_offset, last_offset, meta FROM blocks ORDER BY first_offset DESC "
             "LIMIT 1").fetchone()
-        newest = None if row is None else _meta_times(row[2], row[0], row[1])[-1]
+        newest = None if row is None else _meta_times(row[2], row[0], row[1])[-1] - 1
         hb = reader.heartbeat()  # None inside a transaction
         beat = None if hb is None else hb[0]
-        cp = reader.last_checkpoint()
-        if newest is not None and (cp is None or cp.extra.get("mid_tx")):
-            newest -= 1  # the newest transaction may go on: complete just before it
     finally:
         reader.close()
     if newest is None:
@@ -243,7 +242,7 @@ def log_complete_ms(path: str) -> int | None:
     return newest if beat is None else max(newest, beat)
 
 
-def consistent_end(path: str, start: int, end: int, low: int | None) -> int:
+def consistent_end(path: str, start: int, end: int, low: int) -> int:
     """``consistent = true``: the end of the longest prefix of ``[start, end)`` whose
     commit times are at or below ``low`` (``core.drainer.consistent_cut``)."""
     from pydblog.core.drainer import consistent_cut

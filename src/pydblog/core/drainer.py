@@ -27,13 +27,23 @@ Invariants:
   and never moves back. ``consistent_cut`` applies, of each source's batch, the longest
   prefix whose commit times are at or below ``T``: whole transactions, in log order, so
   the targets are a cut of every source at ``T`` (up to the sources' clock skew).
+- **Lockstep rounds** (``consistent = true``, ``Rounds``/``plan_round``): round ``k``
+  has one time ``T_k``; every source's batches of round ``k`` end at or below ``T_k``;
+  round ``k + 1`` opens only once every source found nothing at or below ``T_k`` left
+  to apply, with ``T_{k+1}`` the least completeness time of the logs (never below
+  ``T_k``). So no source applies anything newer than ``T_k`` before every source has
+  applied everything up to ``T_k``, and whenever every source is done with the current
+  round the targets are exactly a cut of every source at its ``T`` (``Rounds.cut``:
+  the last such ``T``). Rounds, their times and the cut never move back; planning is a
+  function of the state and the start, so a planner that plans again from the same
+  start and state plans the same end.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -310,3 +320,87 @@ def consistent_cut(times: Sequence[int], low: int | None) -> int:
         if t > low:
             return i
     return len(times)
+
+
+# -- lockstep rounds (consistent = true) ---------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Rounds:
+    """The rounds' shared state (one file per sync, ``spark/rounds.py``).
+
+    ``round``: ``k`` (0: none opened yet); ``t``: ``T_k``; ``done``: the sources that
+    found nothing at or below ``T_k`` left to apply; ``cut``: the ``T`` of the last
+    round every source finished (None before the first), the time the targets were
+    last exactly a cut of every source at."""
+
+    round: int = 0
+    t: int | None = None
+    done: frozenset[str] = frozenset()
+    cut: int | None = None
+
+    def finished(self, sources: Iterable[str]) -> bool:
+        """Whether every one of ``sources`` is done with the current round."""
+        return self.t is not None and set(sources) <= self.done
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.round, "t_ms": self.t, "done": sorted(self.done),
+                "cut_ms": self.cut}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any] | None) -> Rounds:
+        if not raw:
+            return cls()
+        t, cut = raw.get("t_ms"), raw.get("cut_ms")
+        return cls(int(raw.get("round", 0)), None if t is None else int(t),
+                   frozenset(str(s) for s in raw.get("done", ())),
+                   None if cut is None else int(cut))
+
+
+def plan_round(state: Rounds, source: str, sources: Sequence[str], start: Any,
+               cut: Callable[[int], Any], low: int | None,
+               cap: int | None = None) -> tuple[Rounds, Any]:
+    """Plan ``source``'s next batch from ``start`` (everything before it applied):
+    returns the new state and the batch's end (``start``: nothing to apply now).
+
+    ``cut(T)``: the end of the longest prefix of what follows ``start`` (as far as the
+    batch may reach: the trigger's limit) whose commit times are at or below ``T``,
+    whole transactions (``consistent_cut``); ``low``: the least completeness time of
+    every source's log now (None: some log has none yet); ``cap``: no round's time
+    passes it (``--available-now``: the logs' least completeness at the start).
+
+    A source whose cut at ``T_k`` is empty has applied everything up to ``T_k``: it is
+    done with round ``k``. The source that makes every source done records ``T_k`` as
+    the cut, opens round ``k + 1`` at ``min(low, cap)`` when that is past ``T_k``, and
+    plans its own batch of it. A source already done may still find events at or
+    below ``T_k`` (a log that was late, clock skew): they are applied in round ``k``."""
+    names = set(sources)
+    if source not in names:
+        raise KeyError(f"unknown source {source!r}")
+    bound = low if cap is None or low is None else min(low, cap)
+    if state.t is None:
+        if bound is None:
+            return state, start
+        state = Rounds(1, bound, frozenset(), state.cut)
+    while True:
+        t = state.t
+        assert t is not None
+        end = cut(t)
+        if end != start:
+            return state, end
+        state = replace(state, done=state.done | {source})
+        if not state.finished(names):
+            return state, start
+        state = replace(state, cut=t)
+        if bound is None or bound <= t:
+            return state, start
+        state = Rounds(state.round + 1, bound, frozenset(), t)
+
+
+def rounds_settled(state: Rounds, sources: Iterable[str], cap: int | None) -> bool:
+    """Whether nothing is left for the rounds up to ``cap``: every source is done with
+    the current round and its time reached ``cap`` (``--available-now`` ends here, with
+    every target a cut of every source at ``cap``). ``cap`` None (a log without any
+    time yet): no round can open, nothing is left."""
+    if cap is None:
+        return True
+    return state.finished(sources) and state.t is not None and state.t >= cap

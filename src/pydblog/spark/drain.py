@@ -9,7 +9,9 @@ and its own ``BatchApplier``; they share a ``Drain``, which
 - gives every target its schema: the union (``core.drainer.union_schema``) of the
   recorded schemas of every source table routed to it, from every source, checked
   before any sink applies a batch (``SchemaConflict`` names the column and the tables);
-- keeps each source's progress time and their minimum ``T`` (``Watermarks``);
+- keeps each source's progress time and their minimum ``T`` (``Watermarks``), and with
+  ``consistent = true`` the rounds' last complete cut (``spark.rounds``: the planners
+  keep the rounds' state in a file of the status directory; the driver reads it);
 - serializes the sinks: one batch of one source is applied at a time (Delta's
   application-transaction confs are the Spark session's, and two MERGEs into one
   merged table would conflict).
@@ -35,7 +37,15 @@ import orjson
 
 from pydblog.changelog import open_reader
 from pydblog.config import LogConfig, SyncRouteConfig, SyncSourceConfig
-from pydblog.core.drainer import Route, Router, SchemaConflict, Target, Watermarks, union_schema
+from pydblog.core.drainer import (
+    Rounds,
+    Route,
+    Router,
+    SchemaConflict,
+    Target,
+    Watermarks,
+    union_schema,
+)
 from pydblog.ports import TableSchema
 from pydblog.spark.typemap import merge_schemas
 
@@ -59,10 +69,15 @@ class Drain:
         self.watermarks = Watermarks(list(self.sources))
         self.lock = threading.Lock()
         self.flushed: dict[str, int | None] = {}  # the marks last written to every sink
+        self.flushed_cut: int | None = None  # ... and the rounds' cut
         self._schemas: dict[str, list[tuple[int, TableSchema]]] = {}
         self._db: dict[str, str] = {}
         self._state_lock = threading.Lock()
+        self.status_dir = None if status_dir is None else Path(status_dir)
         self.status_path = None if status_dir is None else Path(status_dir) / WATERMARKS_FILE
+        self.cap: int | None = None  # --available-now with consistent = true: no round past it
+        self.rounds: Rounds | None = None  # the last state read (consistent = true)
+        self.consistent = False  # [sync] consistent: the rounds' cut is reported
 
     def route_option(self, source: str) -> str | None:
         """The ``route`` option of a source's query (None without routes)."""
@@ -73,9 +88,51 @@ class Drain:
         return route_spec(source, [r.model_dump() for r in self.route_configs])
 
     def bound_option(self, source: str) -> str:
-        """The ``bound`` option of a source's query with ``consistent = true``."""
-        return json.dumps({"self": self.sources[source].log.path,
-                           "logs": [s.log.path for s in self.sources.values()]})
+        """The ``bound`` option of a source's query with ``consistent = true``: the
+        rounds' state file (in the status directory), every source's ``[log]``, the cap."""
+        from pydblog.spark.rounds import bound_spec
+
+        if self.status_dir is None:
+            raise ValueError("consistent = true needs the sync's status directory")
+        return bound_spec(self.status_dir, source,
+                          {n: s.log.model_dump_json() for n, s in self.sources.items()},
+                          self.cap)
+
+    def rounds_path(self) -> Path | None:
+        from pydblog.spark.rounds import ROUNDS_FILE
+
+        return None if self.status_dir is None else self.status_dir / ROUNDS_FILE
+
+    def read_rounds(self) -> Rounds | None:
+        """The rounds' state as the planners left it (None without a state file)."""
+        from pydblog.spark.rounds import read_state
+
+        path = self.rounds_path()
+        if path is None or not path.exists():
+            return None
+        try:
+            return read_state(path)
+        except (OSError, ValueError) as exc:
+            log.debug("cannot read %s: %s", path, exc)
+            return None
+
+    def cut_ms(self) -> int | None:
+        """``consistent = true``: the rounds' last complete cut as the planners left it
+        (read now); None otherwise or before the first round ended."""
+        if not self.consistent:
+            return None
+        self.poll_rounds()
+        with self._state_lock:
+            return None if self.rounds is None else self.rounds.cut
+
+    def poll_rounds(self) -> None:
+        """Publish the rounds' last complete cut when the planners moved it."""
+        state = self.read_rounds()
+        if state is None or state == self.rounds:
+            return
+        with self._state_lock:
+            self.rounds = state
+        self._publish()
 
     # -- schemas ---------------------------------------------------------------------
     def set_schemas(self, source: str, schemas: list[tuple[int, TableSchema]]) -> None:
@@ -152,19 +209,26 @@ class Drain:
     def status(self) -> dict[str, Any]:
         with self._state_lock:
             w = self.watermarks
-            return {
+            out: dict[str, Any] = {
                 "sources": {s: w.time(s) for s in self.sources},
                 "low_ms": w.low,
                 "lag_ms": w.lag_ms(),
                 "holding_back": w.holding_back(),
                 "updated_ms": int(time.time() * 1000),
             }
+            r = self.rounds
+            if r is not None:  # consistent = true
+                out["cut_ms"] = r.cut
+                out["round"] = {"round": r.round, "t_ms": r.t,
+                                "waiting_for": sorted(set(self.sources) - r.done)}
+            return out
 
     def _publish(self) -> None:
         from pydblog.api.sync import SYNC
 
         st = self.status()
-        SYNC.observe_watermarks(st["sources"], st["low_ms"], st["holding_back"])
+        SYNC.observe_watermarks(st["sources"], st["low_ms"], st["holding_back"],
+                                st.get("cut_ms"))
         if self.status_path is not None:
             try:
                 self.status_path.parent.mkdir(parents=True, exist_ok=True)

@@ -228,6 +228,7 @@ class BatchApplier:
             self.read_s = 0.0
             sink_s: dict[str, float] = {}
             progress = self.drain.progress_after(self.source, batch.end, batch.newest_ms)
+            batch.cut_ms = self.drain.cut_ms()
             with self.drain.lock:
                 batch.watermarks = self.drain.marks()
                 batch.watermarks[self.source] = _most(batch.watermarks.get(self.source),
@@ -339,6 +340,28 @@ def source_checkpoint(cfg: Config, source: str) -> str:
         else f"{root.rstrip('/')}/by-source/{source}"
 
 
+def clear_unlogged_start(checkpoint: str) -> None:
+    """Remove what a process killed while Spark logged a fresh checkpoint's first
+    batch left behind: with no batch in ``offsets/`` yet, the hidden files there and in
+    ``commits/`` (a write's temporary file: Spark writes each entry to one and renames
+    it) make Spark refuse the directory ("should be empty on batch 0"). Nothing was
+    logged, so nothing is lost; a checkpoint with a logged batch is left alone. Local
+    checkpoints only."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        return
+    root = Path(checkpoint.removeprefix("file://").removeprefix("file:"))
+    offsets = root / "offsets"
+    if not offsets.is_dir() or any(p.name.isdigit() for p in offsets.iterdir()):
+        return
+    for d in (offsets, root / "commits"):
+        if d.is_dir():
+            for p in d.iterdir():
+                if p.name.startswith(".") and p.is_file():
+                    log.warning("removing %s: left by a sync killed while Spark logged its "
+                                "first batch (no batch was logged)", p)
+                    p.unlink()
+
+
 def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now: bool,
                 parallelism: int | None = None) -> Any:
     """Start the sync's streaming query of ``applier``'s source. ``parallelism``: the
@@ -370,6 +393,7 @@ def start_query(spark: Any, cfg: Config, applier: BatchApplier, *, available_now
         .foreachBatch(applier)
         .option("checkpointLocation", source_checkpoint(cfg, applier.source))
     )
+    clear_unlogged_start(source_checkpoint(cfg, applier.source))
     interval = cfg.sync.trigger_interval()
     if available_now or interval is None:
         writer = writer.trigger(availableNow=True)
@@ -443,12 +467,20 @@ def run_sync(
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
     api = start_sync_api(cfg)
     drain = Drain(sources, cfg.sync.routes, cfg.log_dir)
+    drain.consistent = cfg.sync.consistent
+    if cfg.sync.consistent and available_now:
+        # the rounds end at the logs' least completeness now: every source applies up
+        # to the same time, whatever its log holds beyond it
+        from pydblog.spark.rounds import least_complete
+
+        drain.cap = least_complete({s.name: s.log.model_dump_json() for s in sources})
     parts = max(2, spark.sparkContext.defaultParallelism)
     appliers = [BatchApplier(s.log, sinks, cfg.sync.sink_retries, cfg.sync.sink_retry_backoff_s,
                              parts=parts, source=s.name, drain=drain) for s in sources]
     err: DblogError | None = None
     try:
         restarts = 0  # in a row, without a batch applied in between
+        reruns, rounds_before = 0, drain.read_rounds()
         while True:
             applied = sum(a.batches for a in appliers)
             queries = [start_query(spark, cfg, a, available_now=available_now) for a in appliers]
@@ -472,6 +504,8 @@ def run_sync(
                         if time.monotonic() - last_poll > 1.0:
                             last_poll = time.monotonic()
                             _poll_heartbeats(drain, queries, appliers)
+                            if cfg.sync.consistent:
+                                drain.poll_rounds()
                             if time.monotonic() - last_flush > 10.0:
                                 last_flush = time.monotonic()
                                 try:
@@ -487,6 +521,20 @@ def run_sync(
                 # the next start: not an error of the stop
                 errs = [x for x in errs if "InterruptedException" not in x[2].message]
             err = errs[0][2] if errs else None
+            if err is None and _rounds_left(cfg, drain, available_now, stop_event):
+                # a source's query that waited for the others' round ended its
+                # available-now run (a plan with nothing new ends it): run them again
+                rounds_now = drain.read_rounds()
+                reruns = 0 if rounds_now != rounds_before else reruns + 1
+                rounds_before = rounds_now
+                if reruns < ROUND_RERUNS:
+                    log.info("consistent sync: round %s not finished by every source "
+                             "(%s); running the sources' queries again",
+                             None if rounds_now is None else rounds_now.round,
+                             None if rounds_now is None else sorted(rounds_now.done))
+                    continue
+                log.warning("consistent sync: the rounds did not reach the change logs' "
+                            "time at start after %d runs without progress", reruns)
             if err is None or not all(_late_python(q, a) for q, a, _ in errs) \
                     or (stop_event is not None and stop_event.is_set()):
                 break
@@ -504,6 +552,8 @@ def run_sync(
         if err is not None:
             SYNC.state, SYNC.error = "failed", err.message
             raise err
+        if cfg.sync.consistent:
+            drain.poll_rounds()
         _flush_watermarks(drain, sinks, spark)
         SYNC.state = "stopped"
         log.info("sync stopped: %d batches, %d events", sum(a.batches for a in appliers),
@@ -516,6 +566,23 @@ def run_sync(
             api.close()
 
 
+ROUND_RERUNS = 3
+"""``--available-now`` with ``consistent = true``: runs in a row of the sources' queries
+that moved no round (``_rounds_left``) before the sync gives up waiting."""
+
+
+def _rounds_left(cfg: Config, drain: Drain, available_now: bool,
+                 stop_event: threading.Event | None) -> bool:
+    """Whether an ``--available-now`` consistent sync has rounds left up to its cap."""
+    if not (cfg.sync.consistent and available_now) or (stop_event is not None
+                                                       and stop_event.is_set()):
+        return False
+    from pydblog.core.drainer import Rounds, rounds_settled
+
+    drain.poll_rounds()
+    return not rounds_settled(drain.read_rounds() or Rounds(), drain.sources, drain.cap)
+
+
 def _flush_watermarks(drain: Drain, sinks: list[Sink], spark: Any) -> None:
     """Write the sources' progress times (moved by heartbeats, or by other sources'
     batches since a sink last wrote them) into the sinks' watermark tables."""
@@ -523,14 +590,15 @@ def _flush_watermarks(drain: Drain, sinks: list[Sink], spark: Any) -> None:
 
     with drain.lock:
         marks = drain.marks()
-        if marks == drain.flushed:
+        cut = drain.cut_ms()
+        if (marks, cut) == (drain.flushed, drain.flushed_cut):
             return
         for sink in sinks:
             if isinstance(sink, DeltaSink):
-                sink.write_marks(spark, marks, "", None)
+                sink.write_marks(spark, marks, "", None, cut)
             elif hasattr(sink, "write_watermarks"):  # the PostgreSQL and MySQL sinks
-                sink.write_watermarks(marks, "", None)
-        drain.flushed = marks
+                sink.write_watermarks(marks, "", None, cut)
+        drain.flushed, drain.flushed_cut = marks, cut
 
 
 def _poll_heartbeats(drain: Drain, queries: list[Any], appliers: list[BatchApplier]) -> None:

@@ -337,6 +337,8 @@ class SparkBatch:
     scoped: list[tuple[int, str, str, str]] = field(default_factory=list)
     # every source's progress time (ms; None: not known yet) once this batch is applied
     watermarks: dict[str, int | None] = field(default_factory=dict)
+    # consistent = true: the time of the last round every source finished (None: none)
+    cut_ms: int | None = None
     _reduced: dict[tuple[tuple[str, int], ...], Any] = field(default_factory=dict, repr=False)
     _inferred: dict[str, TableSchema] = field(default_factory=dict, repr=False)
 

@@ -170,11 +170,13 @@ def _max_events(options: dict[str, str]) -> int:
 
 def _bounded(bound: str, start: SyncOffset, end: SyncOffset) -> SyncOffset:
     """``consistent = true`` (option ``bound``): ``end`` cut back to the last whole
-    transaction committed at or below ``T`` (``changelog.consistent_end``). Planned here,
-    so Spark's offset log fixes the cut and a replay re-reads the same batch."""
-    from pydblog.changelog import consistent_end
+    transaction committed at or below the time of the source's round
+    (``spark.rounds.plan_batch``; ``start`` while the source waits for the others to
+    finish the round). Planned here, so Spark's offset log fixes the cut and a replay
+    re-reads the same batch."""
+    from pydblog.spark.rounds import plan_batch
 
-    return consistent_end(bound, start, end)
+    return plan_batch(bound, start, end)
 
 
 class DblogDataSource(DataSource):

@@ -59,6 +59,14 @@ class CommitRecord:
     """A claim's fence (``KafkaChangeLog.claim``): it makes its session the owner (no
     older session's later message is valid) but is no commit: the last commit, the next
     offset and the checkpoint stay those of the valid commit before it."""
+    times: list[tuple[int, int]] = field(default_factory=list)
+    """The commit's source commit times: ``(first offset, ts_ms)`` where the events'
+    ``ts_ms`` changes, in offset order (the event at global offset ``o`` has the time of
+    the last entry at or below ``o``); empty for a commit without events or written by
+    an older version. ``consistent = true``'s cut reads them."""
+    ts: int | None = None
+    """The writer's wall clock when it wrote the message (ms): with a checkpoint outside
+    a transaction, a heartbeat (the log holds every source change up to it)."""
 
     @property
     def writer_tag(self) -> str:
@@ -71,6 +79,7 @@ class CommitRecord:
             **({"runs": self.runs} if self.runs else {}),
             **({"known": self.known} if self.known is not None else {}),
             **({"fence": True} if self.fence else {}),
+            **({"t": self.times} if self.times else {}),
             "ts": int(time.time() * 1000),
         })
         cp = self.checkpoint.to_bytes() if self.checkpoint is not None else b"null"
@@ -89,6 +98,8 @@ class CommitRecord:
             {t: {p: int(o) for p, o in parts.items()} for t, parts in d["known"].items()}
             if d.get("known") is not None else None,
             bool(d.get("fence")),
+            [(int(a), int(t)) for a, t in d.get("t", ())],
+            None if d.get("ts") is None else int(d["ts"]),
         )
 
 

@@ -261,7 +261,8 @@ class KafkaChangeLog(ChangeLogWriter):
         msgs = [(orjson.dumps({"from": start, "gen": self.gen, "w": self.writer_id,
                                "schema": s.to_json()}), s.qualified) for s in schemas]
         rec = CommitRecord(self.gen, self.writer_id, start, end, checkpoint, {}, epoch=self._epoch,
-                           known=self._known() if self._commits % KNOWN_EVERY == 0 else None)
+                           known=self._known() if self._commits % KNOWN_EVERY == 0 else None,
+                           times=commit_times(events, start))
         for s in schemas:  # they apply from this commit's first event
             self._table_schemas[s.qualified] = s
         self._commit(events, rec, topics, msgs)
@@ -724,6 +725,21 @@ class KafkaChangeLog(ChangeLogWriter):
             self.client.close()
             if self._peek is not None:
                 self._peek.close()
+
+
+def commit_times(events: Sequence[Encoded], start: int) -> list[tuple[int, int]]:
+    """``(first offset, ts_ms)`` where the events' commit time changes (the first event
+    at ``start``): ``CommitRecord.times``."""
+    out: list[tuple[int, int]] = []
+    last = None
+    pos = start
+    for e in events:
+        ts = e.ts_ms
+        if ts != last:
+            out.append((pos, ts))
+            last = ts
+        pos += e.size if type(e) is EncodedBlock else 1
+    return out
 
 
 def _key_of(text: str, start: int) -> str | None:

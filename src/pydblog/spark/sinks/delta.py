@@ -66,7 +66,9 @@ def _metadata(batch: SparkBatch) -> str:
     low = None if not marks or any(v is None for v in marks.values()) else min(
         v for v in marks.values() if v is not None)
     return json.dumps({"dblog": {"source": batch.source, "end": batch.end,
-                                 "progress_ms": marks.get(batch.source), "low_ms": low}},
+                                 "progress_ms": marks.get(batch.source), "low_ms": low,
+                                 **({"cut_ms": batch.cut_ms} if batch.cut_ms is not None
+                                    else {})}},
                       sort_keys=True)
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -242,10 +244,10 @@ class DeltaSink:
             [scope for _, scope in parts.get(q, ())]), todo)
 
     def write_watermarks(self, spark: Any, batch: SparkBatch) -> None:
-        self.write_marks(spark, batch.watermarks, batch.source, batch.end)
+        self.write_marks(spark, batch.watermarks, batch.source, batch.end, batch.cut_ms)
 
     def write_marks(self, spark: Any, marks: dict[str, int | None], source: str,
-                    end: int | None) -> None:
+                    end: int | None, cut: int | None = None) -> None:
         """``<root>/_dblog_watermarks``: one row per source (its progress time, the low
         watermark, its applied end), overwritten after data commits (the job writes it
         at most every 10 s and when it stops: a Delta commit is not free), each time
@@ -258,10 +260,12 @@ class DeltaSink:
         path = (f"{self.root.rstrip('/')}/{WATERMARKS_DIR}" if "://" in self.root
                 else os.path.join(self.root, WATERMARKS_DIR))
         try:
-            have: dict[str, tuple[int | None, int | None, int | None]] = {}
+            have: dict[str, tuple[int | None, int | None, int | None, int | None]] = {}
             if table_exists(spark, path):
                 for r in spark.read.format("delta").load(path).collect():
-                    have[r["source"]] = (r["progress_ms"], r["low_ms"], r["applied_end"])
+                    d = r.asDict()
+                    have[r["source"]] = (r["progress_ms"], r["low_ms"], r["applied_end"],
+                                         d.get("cut_ms"))
             low = None if any(v is None for v in marks.values()) else min(
                 v for v in marks.values() if v is not None)
 
@@ -270,14 +274,15 @@ class DeltaSink:
 
             rows = []
             for name in sorted(marks):
-                old = have.get(name, (None, None, None))
+                old = have.get(name, (None, None, None, None))
                 rows.append((name, most(old[0], marks[name]), most(old[1], low),
                              end if name == source and end is not None else old[2],
-                             dt.datetime.now(dt.UTC)))
-            if {r[0]: r[1:4] for r in rows} == have:
+                             most(old[3], cut), dt.datetime.now(dt.UTC)))
+            if {r[0]: r[1:5] for r in rows} == have:
                 return  # nothing moved (a replayed batch, an idle source)
             df = spark.createDataFrame(rows, "source string, progress_ms long, low_ms long, "
-                                             "applied_end long, updated_at timestamp")
+                                             "applied_end long, cut_ms long, "
+                                             "updated_at timestamp")
             df.write.format("delta").mode("overwrite").option("overwriteSchema", "true") \
                 .save(path)
         except Exception as exc:

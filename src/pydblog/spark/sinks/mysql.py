@@ -467,7 +467,7 @@ class MySqlSink:
 
         self.source = batch.source
         if not batch.tables and not batch.markers:
-            self.write_watermarks(batch.watermarks, batch.source, batch.end)
+            self.write_watermarks(batch.watermarks, batch.source, batch.end, batch.cut_ms)
             return
         schemas = {qn: batch.schema_for(qn) for qn in batch.tables}
         self._prepare(batch, schemas)
@@ -490,7 +490,7 @@ class MySqlSink:
                         self._record(cur, batch, part)
         except pymysql.Error as exc:
             raise sink_error(exc, self.target_db, "moving the progress rows") from None
-        self.write_watermarks(batch.watermarks, batch.source, batch.end)
+        self.write_watermarks(batch.watermarks, batch.source, batch.end, batch.cut_ms)
 
     def _ensure_progress(self, cur: Any) -> None:
         """The progress table keyed by ``(source, part, nparts)`` (a table of the
@@ -516,13 +516,21 @@ class MySqlSink:
             f"CREATE TABLE IF NOT EXISTS {self._ident(WATERMARKS_TABLE)} (source VARCHAR(64) "
             "NOT NULL PRIMARY KEY, progress_ms BIGINT NULL, low_ms BIGINT NULL, "
             "applied_end BIGINT NULL, updated_at DATETIME(6) NOT NULL DEFAULT "
-            "CURRENT_TIMESTAMP(6)) ENGINE=InnoDB")
+            "CURRENT_TIMESTAMP(6), cut_ms BIGINT NULL) ENGINE=InnoDB")
+        cur.execute("SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                    "AND TABLE_NAME = %s AND COLUMN_NAME = 'cut_ms'",
+                    (self.database, WATERMARKS_TABLE))
+        if cur.fetchone() is None:
+            cur.execute(f"ALTER TABLE {self._ident(WATERMARKS_TABLE)} ADD COLUMN cut_ms "
+                        "BIGINT NULL")
         self._migrated = True
 
-    def write_watermarks(self, marks: dict[str, int | None], source: str, end: int | None) -> None:
-        """Each source's progress time and the merge's low watermark into
-        ``_dblog_watermarks`` (one row per source), after the batch's data committed:
-        the table never claims more than the targets hold. Times never move back."""
+    def write_watermarks(self, marks: dict[str, int | None], source: str, end: int | None,
+                         cut: int | None = None) -> None:
+        """Each source's progress time, the merge's low watermark and (``consistent =
+        true``) the last complete cut into ``_dblog_watermarks`` (one row per source),
+        after the batch's data committed: the table never claims more than the targets
+        hold. Times never move back."""
         import pymysql
 
         if not marks:
@@ -538,15 +546,17 @@ class MySqlSink:
                             f"({', '.join(['%s'] * len(names))})", names)
                 for name in names:
                     cur.execute(
-                        f"INSERT INTO {t} (source, progress_ms, low_ms, applied_end) "
-                        "VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE "
+                        f"INSERT INTO {t} (source, progress_ms, low_ms, applied_end, cut_ms) "
+                        "VALUES (%s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE "
                         "progress_ms = GREATEST(COALESCE(progress_ms, VALUES(progress_ms)), "
                         "COALESCE(VALUES(progress_ms), progress_ms)), "
                         "low_ms = GREATEST(COALESCE(low_ms, VALUES(low_ms)), "
                         "COALESCE(VALUES(low_ms), low_ms)), "
+                        "cut_ms = GREATEST(COALESCE(cut_ms, VALUES(cut_ms)), "
+                        "COALESCE(VALUES(cut_ms), cut_ms)), "
                         "applied_end = COALESCE(VALUES(applied_end), applied_end), "
                         "updated_at = CURRENT_TIMESTAMP(6)",
-                        (name, marks[name], low, end if name == source else None))
+                        (name, marks[name], low, end if name == source else None, cut))
         except pymysql.Error as exc:
             raise sink_error(exc, self.target_db, f"writing {WATERMARKS_TABLE}") from None
 

@@ -198,7 +198,7 @@ class PostgresSink:
         (``pg_parts_fn``), each part in one transaction with its progress row."""
         self.source = batch.source
         if not batch.tables and not batch.markers:
-            self.write_watermarks(batch.watermarks, batch.source, batch.end)
+            self.write_watermarks(batch.watermarks, batch.source, batch.end, batch.cut_ms)
             return
         schemas = {q: batch.schema_for(q) for q in batch.tables}
         try:
@@ -227,7 +227,7 @@ class PostgresSink:
                         self._record(conn, batch, part)
         except psycopg.Error as exc:
             raise SinkError(str(exc)) from exc
-        self.write_watermarks(batch.watermarks, batch.source, batch.end)
+        self.write_watermarks(batch.watermarks, batch.source, batch.end, batch.cut_ms)
 
     def _ensure_progress(self, conn: psycopg.Connection[Any]) -> None:
         """The progress table, keyed by ``(source, part, nparts)``; a table of the
@@ -258,14 +258,19 @@ class PostgresSink:
                                  "(source, part, nparts)").format(table, sql.Identifier(pk[0])))
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (source text PRIMARY KEY, progress_ms bigint, "
-            "low_ms bigint, applied_end bigint, updated_at timestamptz NOT NULL DEFAULT now())"
+            "low_ms bigint, applied_end bigint, updated_at timestamptz NOT NULL DEFAULT now(), "
+            "cut_ms bigint)"
         ).format(sql.Identifier(self.schema, WATERMARKS_TABLE)))
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS cut_ms bigint").format(
+            sql.Identifier(self.schema, WATERMARKS_TABLE)))
         self._migrated = True
 
-    def write_watermarks(self, marks: dict[str, int | None], source: str, end: int | None) -> None:
-        """Each source's progress time and the merge's low watermark into
-        ``_dblog_watermarks`` (one row per source), after the batch's data committed:
-        the table never claims more than the targets hold. Times never move back."""
+    def write_watermarks(self, marks: dict[str, int | None], source: str, end: int | None,
+                         cut: int | None = None) -> None:
+        """Each source's progress time, the merge's low watermark and (``consistent =
+        true``) the last complete cut into ``_dblog_watermarks`` (one row per source),
+        after the batch's data committed: the table never claims more than the targets
+        hold. Times never move back."""
         if not marks:
             return
         low = None if any(v is None for v in marks.values()) else min(
@@ -278,13 +283,14 @@ class PostgresSink:
                              (list(marks),))
                 for name, ms in sorted(marks.items()):
                     conn.execute(sql.SQL(
-                        "INSERT INTO {t} (source, progress_ms, low_ms, applied_end) "
-                        "VALUES (%s, %s, %s, %s) ON CONFLICT (source) DO UPDATE SET "
+                        "INSERT INTO {t} (source, progress_ms, low_ms, applied_end, cut_ms) "
+                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (source) DO UPDATE SET "
                         "progress_ms = GREATEST({t}.progress_ms, EXCLUDED.progress_ms), "
                         "low_ms = GREATEST({t}.low_ms, EXCLUDED.low_ms), "
+                        "cut_ms = GREATEST({t}.cut_ms, EXCLUDED.cut_ms), "
                         "applied_end = COALESCE(EXCLUDED.applied_end, {t}.applied_end), "
                         "updated_at = now()").format(t=t),
-                        (name, ms, low, end if name == source else None))
+                        (name, ms, low, end if name == source else None, cut))
         except psycopg.Error as exc:
             raise SinkError(f"{WATERMARKS_TABLE}: {exc}") from exc
 
