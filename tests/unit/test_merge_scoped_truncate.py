@@ -56,8 +56,9 @@ def test_a_repair_marker_of_a_merged_table_keeps_its_part_as_scope() -> None:
 
     marker = orjson.dumps({"repair": {"key": ["id"], "ranges": [{"lo": None, "hi": None}],
                                       "keep": [[1]]}}).decode()
-    events = [(1, "c", "orders", '{"id":2}', '{"id":2}'), (2, "n", "orders", None, marker),
-              (3, "n", "orders", None, '{"other":1}')]
+    events: list[tuple[int, str, str, str | None, str | None]] = [
+        (1, "c", "orders", '{"id":2}', '{"id":2}'), (2, "n", "orders", None, marker),
+        (3, "n", "orders", None, '{"other":1}')]
     spec = route_spec("a", [{"tables": r"public\.orders", "target": "m.orders"}])
     rows = route_batch(*_batch(events, "shard_1"), spec).to_pylist()
     rep = orjson.loads(rows[1]["after"])["repair"]
