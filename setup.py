@@ -10,6 +10,8 @@ reads go through confluent-kafka's ``Message`` objects. ``pydblog.changelog._kaf
 librdkafka interceptor plugin); without it the writer does both in Python.
 ``pydblog.sources.postgres._pgrow`` (C, the same) decodes the stream's row changes
 straight into row dicts; without it they are decoded in Python.
+``pydblog.sources.mysql._myrow`` (C, the same) decodes binlog rows events straight into
+pydblog's values; without it they are decoded in Python (``fastrows``).
 """
 
 from setuptools import Extension, setup
@@ -26,6 +28,12 @@ setup(
         Extension(
             "pydblog.sources.postgres._pgrow",
             ["src/pydblog/sources/postgres/_pgrow.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "pydblog.sources.mysql._myrow",
+            ["src/pydblog/sources/mysql/_myrow.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

@@ -346,3 +346,67 @@ def test_whole_event_decoding_equals_the_library(mariadb: MariaDB, my_db: str, p
     assert [k for k, _ in library] == ["WriteRowsEvent"] * 3 + ["UpdateRowsEvent"] * 3 + [
         "DeleteRowsEvent"] * 2
     _assert_same(library, fast)
+
+
+def test_native_rows_equal_the_python_path(server: TestServer, db: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same binlog read twice through the source, with the native rows decoder
+    (``_myrow``) and without it: the change events (inserts of extreme values, NULLs and
+    zero dates, updates with before images, a key change, deletes) are equal, types
+    included, and the table went the native way only in the first read."""
+    from pydblog.ports import Checkpoint
+    from pydblog.sources.mysql import native
+    from pydblog.sources.mysql.position import BinlogPosition
+    from tests.unit.test_native_binlog import typed
+
+    if native.module() is None:
+        pytest.skip("native binlog decoder not built")
+    server.execute(f"CREATE TABLE buf ({BUFFERED})", db)
+    file, pos = server.execute("SHOW MASTER STATUS")[0][:2]
+    names = ", ".join(re.findall(r"(?:^|,)\s*([a-z]\w*)\s+[A-Z]", BUFFERED.strip()))
+    conn = server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = ''")
+        cur.execute(f"INSERT INTO buf ({names}) VALUES {', '.join(NATIVE_ROWS)}")
+        cur.execute("UPDATE buf SET d2 = -d2, dt6 = NULL, v = CONCAT(v, 'x'), ti = 1, e = 'a'")
+        cur.execute("UPDATE buf SET id = id + 10 WHERE id = 1")
+        cur.execute("DELETE FROM buf WHERE id = 2")
+    conn.commit()
+    conn.close()
+
+    def read(enabled: bool) -> tuple[list[Any], list[Any]]:
+        monkeypatch.setenv(native.DISABLE_ENV, "1" if enabled else "0")
+        native.reset()
+        src, _ = make(server, db)
+        src.open(Checkpoint(BinlogPosition(str(file), int(pos), -1)))
+        try:
+            items = read_until(src.stream(), commits(4))
+            plans = [m.native for m in src._rows.mappers.values() if m.kind == "captured"]
+        finally:
+            src.close()
+            native.reset()
+        events = [(e.op, e.key, e.before, e.after, e.position) for e in changes(items)]
+        return events, plans
+
+    fast, fast_plans = read(True)
+    slow, slow_plans = read(False)
+    assert fast_plans and all(p is not None for p in fast_plans)
+    assert slow_plans and all(p is None for p in slow_plans)
+    assert len(fast) == 3 + 3 + 2 + 1
+    assert typed(fast) == typed(slow)
+
+
+NATIVE_ROWS = [
+    "(1, -128, 255, -8388608, 16777215, -9223372036854775808, 18446744073709551615, "
+    "-999.99, -12345678901234.123456, 123456789012345678901234567890, -0.0000000001, "
+    "-12345678901234567890123456789012345.123456789012345678901234567890, -1.5, 1e300, "
+    "'1000-01-01', '1000-01-01 00:00:00', '2024-01-02 03:04:05.1', '2024-01-02 03:04:05.123', "
+    "'9999-12-31 23:59:59.999999', '1970-01-01 00:00:01', '2038-01-19 03:14:07.99', "
+    "'héllo ✓ 😀', 'Grüße', REPEAT('t', 300), x'00ff00', x'', 1901, 'ü', 'ab', REPEAT('é', 200), x'00ff')",
+    "(2, 127, 0, 8388607, 0, 9223372036854775807, 0, 0.00, 0.000001, 0, 0.9999999999, "
+    "0.000000000000000000000000000001, 0.1, -2.2250738585072014e-308, '2024-02-29', "
+    "'2024-02-29 23:59:59', '2024-02-29 23:59:59.9', '0000-00-00 00:00:00.000', "
+    "'2000-01-01 00:00:00.000001', NULL, NULL, '', '', '', '', NULL, 2155, 'x', '', '', x'')",
+    "(3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+    "'0000-00-00', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL)",
+]

@@ -363,13 +363,20 @@ def _fetch_rows(self: Any) -> None:
     plan = _plan(self)
     if plan is None or plan.readers is None:
         return _ORIGINAL_FETCH(self)  # type: ignore[no-any-return]
-    readers = plan.readers
     body = self.packet.read(self.event_size - self.packet.read_bytes)
-    none_sources = self._RowsEvent__none_sources
+    self._RowsEvent__rows = decode_body(
+        plan.readers, body, self.columns_present_bitmap,
+        getattr(self, "columns_present_bitmap2", None), self._RowsEvent__none_sources)
+    return None
+
+
+def decode_body(readers: list[tuple[str, Reader]], body: bytes, first: bytes,
+                second: bytes | None, none_sources: dict[str, str]) -> list[dict[str, Any]]:
+    """A rows event's rows from its ``body``, as the library gives them: ``values`` and
+    ``none_sources`` per row, or ``before_``/``after_`` ones per row of an update
+    (``second``: the after image's columns-present bitmap)."""
     rows: list[dict[str, Any]] = []
     off, end = 0, len(body)
-    second = getattr(self, "columns_present_bitmap2", None)
-    first = self.columns_present_bitmap
     while off < end:
         if second is not None:  # an update: the before image, then the after image
             before, before_none, off = _image(readers, body, off, first, none_sources)
@@ -379,5 +386,4 @@ def _fetch_rows(self: Any) -> None:
         else:
             values, sources, off = _image(readers, body, off, first, none_sources)
             rows.append({"values": values, "none_sources": sources})
-    self._RowsEvent__rows = rows
-    return None
+    return rows

@@ -22,6 +22,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, WriteRowsEvent
 from pydblog.config import TableMatcher
 from pydblog.events import ChangeEvent, Op
 from pydblog.ports import ColumnSchema, SchemaChanged, TableSchema
+from pydblog.sources.mysql import native
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.position import OpenTx
 from pydblog.sources.mysql.setup import OwnTables
@@ -36,6 +37,7 @@ class _Mapper:
     kind: str  # "captured" | "own" | "skip"
     label: tuple[str, str]  # (schema, table) put on the events
     table_schema: TableSchema | None
+    native: Any  # the table's compiled native plan, or None (decoded in Python)
 
 
 class RowEvents:
@@ -90,27 +92,22 @@ class RowEvents:
         ts_ms = event.timestamp * 1000
         tx = begin(ts_ms)
         (db, name), key = mapper.label, mapper.key
-        rows = mapper.rows
         if isinstance(event, WriteRowsEvent):
-            for r in event.rows:
-                after = rows.map(r["values"], r["none_sources"])
+            for after in self._images(event, mapper):
                 yield ChangeEvent(
                     Op.CREATE, db, name, tx.position(tx.count), ts_ms,
                     {k: after[k] for k in key} if key else None, None, after,
                 )
                 tx.count += 1
         elif isinstance(event, DeleteRowsEvent):
-            for r in event.rows:
-                before = rows.map(r["values"], r["none_sources"])
+            for before in self._images(event, mapper):
                 yield ChangeEvent(
                     Op.DELETE, db, name, tx.position(tx.count), ts_ms,
                     {k: before[k] for k in key} if key else None, before, None,
                 )
                 tx.count += 1
         else:
-            for r in event.rows:
-                before = rows.map(r["before_values"], r["before_none_sources"])
-                after = rows.map(r["after_values"], r["after_none_sources"])
+            for before, after in self._images(event, mapper):
                 new_key = {k: after[k] for k in key} if key else None
                 old_key = {k: before[k] for k in key} if key else None
                 if old_key != new_key:
@@ -127,6 +124,20 @@ class RowEvents:
                         Op.UPDATE, db, name, tx.position(tx.count), ts_ms, new_key, before, after
                     )
                 tx.count += 1
+
+    @staticmethod
+    def _images(event: Any, mapper: _Mapper) -> list[Any]:
+        """The event's row images mapped to pydblog's values: one per row, a (before,
+        after) pair per row of an update; natively where the table has a plan."""
+        if mapper.native is not None:
+            found = native.rows(event, mapper.native, mapper.rows)
+            if found is not None:
+                return found
+        m = mapper.rows
+        if isinstance(event, WriteRowsEvent | DeleteRowsEvent):
+            return [m.map(r["values"], r["none_sources"]) for r in event.rows]
+        return [(m.map(r["before_values"], r["before_none_sources"]),
+                 m.map(r["after_values"], r["after_none_sources"])) for r in event.rows]
 
     def _mapper(self, event: Any) -> _Mapper:
         table = event.table_map[event.table_id]
@@ -153,8 +164,9 @@ class RowEvents:
         ts = None
         if kind == "captured":
             ts = self._binlog_schema(event.table_id, db, name, table.columns, json_cols, key)
+        compiled = native.plan(table.columns, json_cols) if kind != "skip" else None
         mapper = _Mapper(
-            table, BinlogRowMapper.build(table.columns, json_cols), key, kind, label, ts
+            table, BinlogRowMapper.build(table.columns, json_cols), key, kind, label, ts, compiled
         )
         self.mappers[event.table_id] = mapper
         return mapper

@@ -1,0 +1,518 @@
+/* The rows of one binlog rows event decoded straight into pydblog's values.
+ *
+ * compile(specs) takes one spec per column of a table (``pydblog.sources.mysql.native``
+ * builds them from the TABLE_MAP):
+ *
+ *     (name, read, a, b, encoding, out, extra)
+ *
+ * ``read`` how the value is stored (R_* below, with its parameters ``a`` and ``b``),
+ * ``encoding`` the Python codec of a text column (None: bytes), ``out`` how the value
+ * becomes pydblog's (O_* below) and ``extra`` its object (ENUM members, a callable).
+ * It returns a plan (a capsule).
+ *
+ * rows(plan, body, present, present2) decodes a rows event's body (the row images after
+ * the event's header and column bitmaps): ``present`` is the columns-present bitmap of
+ * its (before) image, ``present2`` that of an update's after image (None for writes and
+ * deletes). It returns a list with one dict {column name: value} per row, in column
+ * order, or one (before, after) tuple of them per row of an update. A column missing
+ * from the image or NULL is None.
+ *
+ * Every value is exactly what ``pydblog.sources.mysql.fastrows``'s reader for the
+ * column followed by ``types.BinlogRowMapper.map`` gives. Where that Python path would
+ * raise or differ (a truncated body, invalid UTF-8, a date Python's ``datetime``
+ * refuses, an ENUM index beyond its members, a converter that raises), rows() returns
+ * None and the caller decodes the body in Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define VERSION 1
+
+enum { R_INT = 0, R_UINT, R_INT24, R_UINT24, R_FLOAT, R_DOUBLE, R_STR, R_DATETIME2,
+       R_TIMESTAMP2, R_DATE, R_DECIMAL, R_YEAR, R_ENUM, R_COUNT };
+enum { O_ASIS = 0, O_FLOAT32, O_B64, O_PADDED_B64, O_CALL, O_COUNT };
+
+typedef struct {
+    PyObject *name;      /* str */
+    int read;
+    int a, b;            /* width / prefix, fsp, precision and scale, enum size */
+    PyObject *encoding;  /* str or NULL */
+    const char *enc;     /* its UTF-8, or NULL */
+    int utf8;            /* the encoding is UTF-8 */
+    int out;
+    PyObject *extra;     /* ENUM members (list), the callable of O_CALL, or NULL */
+} col_t;
+
+typedef struct {
+    Py_ssize_t n;
+    col_t *cols;
+} plan_t;
+
+static void plan_free(PyObject *capsule) {
+    plan_t *p = PyCapsule_GetPointer(capsule, "pydblog._myrow.plan");
+    if (p == NULL) return;
+    for (Py_ssize_t i = 0; i < p->n; i++) {
+        Py_XDECREF(p->cols[i].name);
+        Py_XDECREF(p->cols[i].encoding);
+        Py_XDECREF(p->cols[i].extra);
+    }
+    PyMem_Free(p->cols);
+    PyMem_Free(p);
+}
+
+static PyObject *compile(PyObject *self, PyObject *args) {
+    PyObject *specs;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &specs)) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(specs);
+    plan_t *p = PyMem_Calloc(1, sizeof(plan_t));
+    if (p == NULL) return PyErr_NoMemory();
+    p->cols = PyMem_Calloc(n ? (size_t)n : 1, sizeof(col_t));
+    if (p->cols == NULL) { PyMem_Free(p); return PyErr_NoMemory(); }
+    PyObject *capsule = PyCapsule_New(p, "pydblog._myrow.plan", plan_free);
+    if (capsule == NULL) { PyMem_Free(p->cols); PyMem_Free(p); return NULL; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name, *encoding, *extra;
+        int read, a, b, out;
+        col_t *c = &p->cols[i];
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(specs, i), "UiiiOiO", &name, &read, &a, &b,
+                              &encoding, &out, &extra)) {
+            Py_DECREF(capsule);
+            return NULL;
+        }
+        p->n = i + 1;
+        Py_INCREF(name);
+        c->name = name;
+        if (read < 0 || read >= R_COUNT || out < 0 || out >= O_COUNT) {
+            PyErr_Format(PyExc_ValueError, "column %R: unknown read %d or out %d", name, read, out);
+            Py_DECREF(capsule);
+            return NULL;
+        }
+        c->read = read;
+        c->a = a;
+        c->b = b;
+        c->out = out;
+        if (encoding != Py_None) {
+            if (!PyUnicode_Check(encoding)) {
+                PyErr_Format(PyExc_TypeError, "column %R: encoding must be str or None", name);
+                Py_DECREF(capsule);
+                return NULL;
+            }
+            Py_INCREF(encoding);
+            c->encoding = encoding;
+            c->enc = PyUnicode_AsUTF8(encoding);
+            if (c->enc == NULL) { Py_DECREF(capsule); return NULL; }
+            c->utf8 = strcmp(c->enc, "utf8") == 0 || strcmp(c->enc, "utf-8") == 0;
+        }
+        if (extra != Py_None) {
+            Py_INCREF(extra);
+            c->extra = extra;
+        }
+        if ((read == R_ENUM && (c->extra == NULL || !PyList_Check(c->extra))) ||
+            (out == O_CALL && (c->extra == NULL || !PyCallable_Check(c->extra)))) {
+            PyErr_Format(PyExc_ValueError, "column %R: ENUM needs its members, O_CALL a callable", name);
+            Py_DECREF(capsule);
+            return NULL;
+        }
+    }
+    return capsule;
+}
+
+/* -- values ---------------------------------------------------------------------------- */
+typedef struct {
+    const unsigned char *buf;
+    Py_ssize_t len;
+    Py_ssize_t pos;
+    int inexact; /* the Python path would raise or differ here: give up (return None) */
+} cur_t;
+
+static inline uint64_t le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static inline uint64_t be(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+static const int FSP_BYTES[7] = {0, 1, 1, 2, 2, 3, 3};
+static const int DIG2BYTES[10] = {0, 1, 1, 2, 2, 3, 3, 4, 4, 4};
+
+static int take(cur_t *c, Py_ssize_t n, const unsigned char **at) {
+    if (n < 0 || n > c->len - c->pos) { c->inexact = 1; return 0; }
+    *at = c->buf + c->pos;
+    c->pos += n;
+    return 1;
+}
+
+/* fastrows._fraction: the fractional seconds' bytes, as microseconds. */
+static int fraction(cur_t *c, int fsp, long *micros) {
+    if (fsp < 0 || fsp > 6) { c->inexact = 1; return 0; }
+    int nbytes = FSP_BYTES[fsp];
+    *micros = 0;
+    if (!nbytes) return 1;
+    const unsigned char *p;
+    if (!take(c, nbytes, &p)) return 0;
+    int64_t raw = (int64_t)be(p, nbytes);
+    if (raw & ((int64_t)1 << (8 * nbytes - 1))) raw -= (int64_t)1 << (8 * nbytes); /* signed */
+    if (fsp % 2) raw = raw / 10; /* int(raw / 10): toward zero */
+    long scale = 1;
+    for (int i = fsp; i < 6; i++) scale *= 10;
+    *micros = (long)raw * scale;
+    return 1;
+}
+
+static int days_in(long y, long m) {
+    static const int d[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (m == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0)) return 29;
+    return d[m - 1];
+}
+
+/* datetime.isoformat() of a valid naive datetime (+ "Z"). */
+static PyObject *iso(long y, long mo, long d, long h, long mi, long s, long us, int z) {
+    char text[40];
+    int n = snprintf(text, sizeof text, "%04ld-%02ld-%02ldT%02ld:%02ld:%02ld", y, mo, d, h, mi, s);
+    if (us) n += snprintf(text + n, sizeof text - (size_t)n, ".%06ld", us);
+    if (z) text[n++] = 'Z';
+    return PyUnicode_FromStringAndSize(text, n);
+}
+
+static PyObject *read_datetime2(cur_t *c, int fsp) {
+    const unsigned char *p;
+    if (!take(c, 5, &p)) return NULL;
+    uint64_t data = be(p, 5);
+    long ym = (long)((data >> 22) & 0x1FFFF);
+    long y = ym / 13, mo = ym % 13, d = (long)((data >> 17) & 0x1F);
+    long h = (long)((data >> 12) & 0x1F), mi = (long)((data >> 6) & 0x3F), s = (long)(data & 0x3F);
+    long us;
+    if (!fraction(c, fsp, &us)) return NULL;
+    if (y < 1 || y > 9999 || mo < 1 || mo > 12 || d < 1 || d > days_in(y, mo) || h > 23 ||
+        mi > 59 || s > 59)
+        Py_RETURN_NONE; /* datetime() refuses it: a zero date, None */
+    if (us > 999999) { c->inexact = 1; return NULL; }
+    return iso(y, mo, d, h, mi, s, us > 0 ? us : 0, 0);
+}
+
+/* days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant's civil_from_days). */
+static void civil(int64_t z, long *y, long *m, long *d) {
+    z += 719468;
+    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    int64_t doe = z - era * 146097;
+    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t yy = yoe + era * 400;
+    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    int64_t mp = (5 * doy + 2) / 153;
+    *d = (long)(doy - (153 * mp + 2) / 5 + 1);
+    *m = (long)(mp < 10 ? mp + 3 : mp - 9);
+    *y = (long)(yy + (*m <= 2));
+}
+
+static PyObject *read_timestamp2(cur_t *c, int fsp) {
+    const unsigned char *p;
+    if (!take(c, 4, &p)) return NULL;
+    int64_t secs = (int32_t)(uint32_t)be(p, 4);
+    long us;
+    if (!fraction(c, fsp, &us)) return NULL;
+    if (us > 999999) { c->inexact = 1; return NULL; }
+    int64_t days = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
+    int64_t rem = secs - days * 86400;
+    long y, m, d;
+    civil(days, &y, &m, &d);
+    return iso(y, m, d, (long)(rem / 3600), (long)(rem % 3600 / 60), (long)(rem % 60),
+               us > 0 ? us : 0, 1);
+}
+
+static PyObject *read_date(cur_t *c) {
+    const unsigned char *p;
+    if (!take(c, 3, &p)) return NULL;
+    uint32_t raw = (uint32_t)le(p, 3);
+    long y = (long)((raw >> 9) & 0x7FFF), m = (long)((raw >> 5) & 0xF), d = (long)(raw & 0x1F);
+    if (!(raw && y && m && d)) Py_RETURN_NONE;
+    if (y > 9999 || m > 12 || d > days_in(y, m)) { c->inexact = 1; return NULL; } /* date() raises */
+    char text[16];
+    int n = snprintf(text, sizeof text, "%04ld-%02ld-%02ld", y, m, d);
+    return PyUnicode_FromStringAndSize(text, n);
+}
+
+/* fastrows._decimal then format(Decimal(text), "f"): the sign, the integral digits
+ * without leading zeros (at least one digit), and the fractional digits as stored. */
+static PyObject *read_decimal(cur_t *c, int precision, int scale) {
+    if (precision < 0 || scale < 0 || scale > precision || precision > 81) { c->inexact = 1; return NULL; }
+    int uncomp_int = (precision - scale) / 9, comp_int = (precision - scale) % 9;
+    int uncomp_frac = scale / 9, comp_frac = scale % 9;
+    int first = DIG2BYTES[comp_int], last = DIG2BYTES[comp_frac];
+    int size = first + 4 * uncomp_int + 4 * uncomp_frac + last;
+    const unsigned char *p;
+    if (!take(c, size, &p)) return NULL;
+    unsigned char raw[48];
+    memcpy(raw, p, (size_t)size);
+    int negative = !(raw[0] & 0x80);
+    raw[0] ^= 0x80;
+    if (negative)
+        for (int i = 0; i < size; i++) raw[i] ^= 0xFF;
+    char ip[128], fp[128];
+    int in = 0, fn = 0, pos = 0;
+    if (first) {
+        in += snprintf(ip + in, sizeof ip - (size_t)in, "%llu", (unsigned long long)be(raw, first));
+        pos = first;
+    }
+    for (int i = 0; i < uncomp_int; i++, pos += 4)
+        in += snprintf(ip + in, sizeof ip - (size_t)in, "%09llu", (unsigned long long)be(raw + pos, 4));
+    for (int i = 0; i < uncomp_frac; i++, pos += 4)
+        fn += snprintf(fp + fn, sizeof fp - (size_t)fn, "%09llu", (unsigned long long)be(raw + pos, 4));
+    if (last)
+        fn += snprintf(fp + fn, sizeof fp - (size_t)fn, "%0*llu", comp_frac,
+                       (unsigned long long)be(raw + pos, last));
+    char text[260];
+    int n = 0;
+    if (negative) text[n++] = '-';
+    int skip = 0;
+    while (skip < in && ip[skip] == '0') skip++;
+    if (skip == in) text[n++] = '0';
+    else { memcpy(text + n, ip + skip, (size_t)(in - skip)); n += in - skip; }
+    if (fn) {
+        text[n++] = '.';
+        memcpy(text + n, fp, (size_t)fn);
+        n += fn;
+    }
+    return PyUnicode_FromStringAndSize(text, n);
+}
+
+/* types.float32: the shortest %g text (6 to 9 digits) that reads back as the same
+ * 32-bit float, else the float's double. */
+static PyObject *float32(float f) {
+    double value = (double)f;
+    for (int digits = 6; digits < 10; digits++) {
+        char *text = PyOS_double_to_string(value, 'g', digits, 0, NULL);
+        if (text == NULL) return NULL;
+        double candidate = PyOS_string_to_double(text, NULL, NULL);
+        PyMem_Free(text);
+        if (candidate == -1.0 && PyErr_Occurred()) return NULL;
+        float back = (float)candidate;
+        if (memcmp(&back, &f, sizeof f) == 0) return PyFloat_FromDouble(candidate);
+    }
+    return PyFloat_FromDouble(value);
+}
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static PyObject *b64(const unsigned char *s, Py_ssize_t n, Py_ssize_t pad_to) {
+    Py_ssize_t total = n > pad_to ? n : pad_to;
+    Py_ssize_t out_len = (total + 2) / 3 * 4;
+    PyObject *out = PyUnicode_New(out_len, 127);
+    if (out == NULL) return NULL;
+    Py_UCS1 *o = PyUnicode_1BYTE_DATA(out);
+    Py_ssize_t i = 0, k = 0;
+#define AT(j) ((j) < n ? s[j] : 0)
+    for (; i + 2 < total; i += 3) {
+        uint32_t v = ((uint32_t)AT(i) << 16) | ((uint32_t)AT(i + 1) << 8) | AT(i + 2);
+        o[k++] = B64[v >> 18]; o[k++] = B64[(v >> 12) & 63]; o[k++] = B64[(v >> 6) & 63]; o[k++] = B64[v & 63];
+    }
+    if (total - i == 1) {
+        uint32_t v = (uint32_t)AT(i) << 16;
+        o[k++] = B64[v >> 18]; o[k++] = B64[(v >> 12) & 63]; o[k++] = '='; o[k++] = '=';
+    } else if (total - i == 2) {
+        uint32_t v = ((uint32_t)AT(i) << 16) | ((uint32_t)AT(i + 1) << 8);
+        o[k++] = B64[v >> 18]; o[k++] = B64[(v >> 12) & 63]; o[k++] = B64[(v >> 6) & 63]; o[k++] = '=';
+    }
+#undef AT
+    return out;
+}
+
+/* A value whose decoding raised: clear it and give up on the event (inexact). */
+static PyObject *inexact(cur_t *c) {
+    PyErr_Clear();
+    c->inexact = 1;
+    return NULL;
+}
+
+static PyObject *read_str(cur_t *c, const col_t *col) {
+    const unsigned char *p, *s;
+    if (!take(c, col->a, &p)) return NULL;
+    Py_ssize_t n = (Py_ssize_t)le(p, col->a);
+    if (!take(c, n, &s)) return NULL;
+    if (col->out == O_B64 || col->out == O_PADDED_B64) /* a binary column: base64 */
+        return b64(s, n, col->out == O_PADDED_B64 ? col->b : 0);
+    PyObject *v;
+    if (col->encoding == NULL) {
+        if (n == 0) return PyUnicode_New(0, 0); /* the library's b"".decode("binary") */
+        v = PyBytes_FromStringAndSize((const char *)s, n);
+    } else if (col->utf8) {
+        v = PyUnicode_DecodeUTF8((const char *)s, n, "strict");
+    } else {
+        v = PyUnicode_Decode((const char *)s, n, col->enc, "strict");
+    }
+    if (v == NULL) return inexact(c);
+    return v;
+}
+
+/* One present, non-NULL value of ``col``; NULL with c->inexact (give up) or an error. */
+static PyObject *value(cur_t *c, const col_t *col) {
+    const unsigned char *p;
+    PyObject *v;
+    switch (col->read) {
+    case R_INT:
+    case R_UINT:
+        if (!take(c, col->a, &p)) return NULL;
+        if (col->read == R_UINT) return PyLong_FromUnsignedLongLong(le(p, col->a));
+        {
+            uint64_t u = le(p, col->a);
+            int bits = 8 * col->a;
+            int64_t s = bits == 64 ? (int64_t)u
+                        : ((u >> (bits - 1)) & 1) ? (int64_t)u - ((int64_t)1 << bits) : (int64_t)u;
+            return PyLong_FromLongLong(s);
+        }
+    case R_INT24:
+    case R_UINT24:
+        if (!take(c, 3, &p)) return NULL;
+        {
+            int64_t u = (int64_t)le(p, 3);
+            if (col->read == R_INT24 && (u & 0x800000)) u -= 0x1000000;
+            return PyLong_FromLongLong(u);
+        }
+    case R_FLOAT:
+        if (!take(c, 4, &p)) return NULL;
+        {
+            float f;
+            memcpy(&f, p, 4);
+            if (col->out == O_FLOAT32) return float32(f);
+            return PyFloat_FromDouble((double)f);
+        }
+    case R_DOUBLE:
+        if (!take(c, 8, &p)) return NULL;
+        {
+            double d;
+            memcpy(&d, p, 8);
+            return PyFloat_FromDouble(d);
+        }
+    case R_STR:
+        v = read_str(c, col);
+        break;
+    case R_DATETIME2:
+        return read_datetime2(c, col->a);
+    case R_TIMESTAMP2:
+        return read_timestamp2(c, col->a);
+    case R_DATE:
+        return read_date(c);
+    case R_DECIMAL:
+        return read_decimal(c, col->a, col->b);
+    case R_YEAR:
+        if (!take(c, 1, &p)) return NULL;
+        return PyLong_FromLong((long)p[0] + 1900);
+    case R_ENUM:
+        if (!take(c, col->a, &p)) return NULL;
+        {
+            Py_ssize_t index = (Py_ssize_t)le(p, col->a), size = PyList_GET_SIZE(col->extra);
+            if (size == 0) Py_RETURN_NONE;
+            if (index >= size) { c->inexact = 1; return NULL; }
+            v = PyList_GET_ITEM(col->extra, index);
+            Py_INCREF(v);
+        }
+        break;
+    default:
+        c->inexact = 1;
+        return NULL;
+    }
+    if (v == NULL || col->out != O_CALL) return v;
+    PyObject *mapped = PyObject_CallOneArg(col->extra, v);
+    Py_DECREF(v);
+    if (mapped == NULL) return inexact(c);
+    return mapped;
+}
+
+/* One row image at c->pos: a dict, or NULL (c->inexact: give up; else an error). */
+static PyObject *image(cur_t *c, const plan_t *plan, const unsigned char *present) {
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < plan->n; i++)
+        if (present[i >> 3] & (1 << (i & 7))) count++;
+    const unsigned char *nulls;
+    if (!take(c, (count + 7) / 8, &nulls)) return NULL;
+    PyObject *row = _PyDict_NewPresized(plan->n);
+    if (row == NULL) return NULL;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < plan->n; i++) {
+        const col_t *col = &plan->cols[i];
+        PyObject *v;
+        if (!(present[i >> 3] & (1 << (i & 7)))) {
+            v = Py_NewRef(Py_None);
+        } else {
+            if (nulls[k >> 3] & (1 << (k & 7))) v = Py_NewRef(Py_None);
+            else v = value(c, col);
+            k++;
+        }
+        if (v == NULL || PyDict_SetItem(row, col->name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(row);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return row;
+}
+
+static PyObject *rows(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    Py_buffer body, present, present2 = {0};
+    PyObject *second;
+    if (!PyArg_ParseTuple(args, "Oy*y*O", &capsule, &body, &present, &second)) return NULL;
+    PyObject *out = NULL;
+    plan_t *plan = PyCapsule_GetPointer(capsule, "pydblog._myrow.plan");
+    if (plan == NULL) goto done;
+    int update = second != Py_None;
+    if (update && PyObject_GetBuffer(second, &present2, PyBUF_SIMPLE) < 0) goto done;
+    Py_ssize_t need = (plan->n + 7) / 8;
+    if (present.len < need || (update && present2.len < need)) {
+        PyErr_SetString(PyExc_ValueError, "a columns-present bitmap shorter than the plan's columns");
+        goto done;
+    }
+    cur_t c = {body.buf, body.len, 0, 0};
+    out = PyList_New(0);
+    if (out == NULL) goto done;
+    while (c.pos < c.len) {
+        PyObject *item = image(&c, plan, present.buf);
+        if (item != NULL && update) {
+            PyObject *after = image(&c, plan, present2.buf);
+            if (after == NULL) {
+                Py_CLEAR(item);
+            } else {
+                PyObject *pair = PyTuple_Pack(2, item, after);
+                Py_DECREF(item);
+                Py_DECREF(after);
+                item = pair;
+            }
+        }
+        if (item == NULL) {
+            Py_CLEAR(out);
+            if (c.inexact && !PyErr_Occurred()) out = Py_NewRef(Py_None);
+            goto done;
+        }
+        int failed = PyList_Append(out, item);
+        Py_DECREF(item);
+        if (failed) { Py_CLEAR(out); goto done; }
+    }
+done:
+    PyBuffer_Release(&body);
+    PyBuffer_Release(&present);
+    if (present2.obj != NULL) PyBuffer_Release(&present2);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"compile", compile, METH_VARARGS, "A table's plan from its columns' specs."},
+    {"rows", rows, METH_VARARGS, "The rows of a rows event's body, or None (decode in Python)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_myrow", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__myrow(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "VERSION", VERSION) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}
