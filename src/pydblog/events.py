@@ -150,6 +150,29 @@ def encode_event(event: ChangeEvent, connector: str, db: str, now_ms: int) -> En
                 rest = orjson.dumps(tail).decode()
                 return _new_tuple(EncodedEvent, (parts[0], event.op, ts,
                                                  f"{parts[1]}{index}{parts[2]}{rest[1:]}"))
+    elif type(ts) is int and type(now_ms) is int:
+        tx_key = getattr(pos, "tx_key", None)
+        index = getattr(pos, "index", None)
+        if tx_key is not None and type(index) is int:
+            # Positions that name their transaction (``tx_key``: what ``source_fields``
+            # holds besides ``index``): the envelope around the index, cut once per
+            # table, op and transaction out of a probe's own text.
+            key = (event.op, event.schema, event.table, event.snapshot, connector, db)
+            last = _LAST_TX
+            if last[0] == (key, now_ms, tx_key, ts):
+                parts = last[1]
+            else:
+                parts = _tx_parts(event, connector, db, now_ms)
+                _remember_tx((key, now_ms, tx_key, ts), parts)
+            if parts is not None:
+                tail = {"key": event.key, "before": event.before, "after": event.after}
+                if event.unchanged:
+                    tail["unchanged"] = list(event.unchanged)
+                if event.notification is not None:
+                    tail["notification"] = event.notification
+                rest = orjson.dumps(tail).decode()
+                return _new_tuple(EncodedEvent, (parts[0], event.op, ts,
+                                                 f"{parts[1]}{index}{parts[2]}{rest[1:]}"))
     return EncodedEvent(
         f"{event.schema}.{event.table}",
         event.op,
@@ -200,6 +223,23 @@ def _template(event: ChangeEvent, connector: str, db: str) -> tuple[str, ...] | 
         _TEMPLATES.clear()
     _TEMPLATES[(event.op, event.schema, event.table, event.snapshot, connector, db)] = template
     return template
+
+
+def _tx_parts(event: ChangeEvent, connector: str, db: str, now_ms: int) -> tuple[str, str, str] | None:
+    """``(qualified table, envelope text before the index, text after it up to the key)``
+    of ``event``'s envelope, cut out of the text of a probe at a sentinel index; None
+    when the text does not have that form (the caller then encodes the envelope)."""
+    index = _SENTINELS[3]
+    probe = ChangeEvent(event.op, event.schema, event.table, event.position.with_index(index),
+                        event.ts_ms, None, None, None, event.snapshot)
+    text = orjson.dumps(probe.envelope(connector, db, now_ms)).decode()
+    marker = str(index)
+    if text.count(marker) != 1:
+        return None
+    head, _, rest = text.partition(marker)
+    if not rest.endswith("," + _ENVELOPE_END) or rest.count('"key":') != 1:
+        return None
+    return (f"{event.schema}.{event.table}", head, rest[: -len(_ENVELOPE_END)])
 
 
 def with_offset(offset: int, body: bytes) -> bytes:

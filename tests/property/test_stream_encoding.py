@@ -1,5 +1,5 @@
-"""``encode_event`` writes a ``PgPosition`` event from a cached envelope template (the
-stream's hot path); these properties pin it to the envelope path: ``orjson.dumps`` of
+"""``encode_event`` writes a ``PgPosition`` or ``BinlogPosition`` event from cached
+envelope text (the stream's hot path); these properties pin it to the envelope path: ``orjson.dumps`` of
 ``event.envelope(...)``, byte for byte, for any op, snapshot kind, names, positions,
 values and optional fields."""
 
@@ -81,13 +81,16 @@ def test_template_cache_is_bounded() -> None:
 
 @given(st.lists(st.tuples(st.sampled_from(["t1", "t2"]), st.sampled_from([Op.CREATE, Op.UPDATE]),
                           st.integers(0, 3), st.sampled_from([None, 0, 1]), st.integers(0, 2),
-                          st.integers(0, 2), st.integers(0, 5), rows),
+                          st.integers(0, 2), st.integers(0, 5), rows, st.booleans()),
                 min_size=1, max_size=30))
 @settings(max_examples=100, deadline=None)
 def test_consecutive_events_of_a_transaction(events_: list[Any]) -> None:
     """Runs of events sharing table, op, commit and times (the per-transaction text is
-    kept from the last event) interleaved with others: each equals the envelope path."""
-    for table, op, lsn, tx, ts, now, index, after in events_:
-        event = ChangeEvent(op, "s", table, PgPosition(Lsn(lsn), index, None, tx), ts,
-                            {"id": index}, None, after)
+    kept from the last event) interleaved with others, PostgreSQL's and MySQL's
+    positions mixed: each equals the envelope path."""
+    for table, op, lsn, tx, ts, now, index, after, binlog in events_:
+        pos: Position = (BinlogPosition(f"bin.{lsn:06d}", 4 + lsn, index,
+                                        None if tx is None else f"0-1-{tx}") if binlog
+                         else PgPosition(Lsn(lsn), index, None, tx))
+        event = ChangeEvent(op, "s", table, pos, ts, {"id": index}, None, after)
         assert encode_event(event, "c", "d", now) == slow(event, "c", "d", now)

@@ -153,6 +153,12 @@ class BinlogPosition:
     def source_fields(self) -> dict[str, Any]:
         return {"file": self.file, "pos": self.pos, "gtid": self.gtid, "index": self.index}
 
+    @property
+    def tx_key(self) -> tuple[str, int, str | None]:
+        """What ``source_fields`` holds besides ``index``: equal for every event of one
+        transaction (``events.encode_event`` keeps their envelope text by it)."""
+        return (self.file, self.pos, self.gtid)
+
     def __str__(self) -> str:
         gtid = f" gtid {self.gtid}" if self.gtid else ""
         after = self.after_state()
