@@ -152,8 +152,8 @@ def encode_event(event: ChangeEvent, connector: str, db: str, now_ms: int) -> En
                                                  f"{parts[1]}{index}{parts[2]}{rest[1:]}"))
     elif type(ts) is int and type(now_ms) is int:
         tx_key = getattr(pos, "tx_key", None)
-        index = getattr(pos, "index", None)
-        if tx_key is not None and type(index) is int:
+        at: Any = getattr(pos, "index", None)
+        if tx_key is not None and type(at) is int:
             # Positions that name their transaction (``tx_key``: what ``source_fields``
             # holds besides ``index``): the envelope around the index, cut once per
             # table, op and transaction out of a probe's own text.
@@ -172,7 +172,7 @@ def encode_event(event: ChangeEvent, connector: str, db: str, now_ms: int) -> En
                     tail["notification"] = event.notification
                 rest = orjson.dumps(tail).decode()
                 return _new_tuple(EncodedEvent, (parts[0], event.op, ts,
-                                                 f"{parts[1]}{index}{parts[2]}{rest[1:]}"))
+                                                 f"{parts[1]}{at}{parts[2]}{rest[1:]}"))
     return EncodedEvent(
         f"{event.schema}.{event.table}",
         event.op,
