@@ -5,7 +5,10 @@ Results: bench/results/, docs/performance.md.
 0. server: ``mariadb-binlog`` (or ``mysqlbinlog``) ``--read-from-remote-server --raw`` from
    the load's first position to the binlog's end, into a scratch directory: the fastest
    bare reader that runs here (C, no decoding: the server's binlog dump is its only
-   bound), the baseline every rate below is also given against;
+   bound), the baseline every rate below is also given against; then the same client
+   decoding every row to text (``--verbose --base64-output=DECODE-ROWS``, into
+   /dev/null): the fastest reader here that decodes rows, as ``pg_recvlogical`` is for
+   PostgreSQL;
 1. raw: a bare mysql-replication loop (``BinLogStreamReader``, rows decoded, nothing else)
    over N row events already in the binlog: the ceiling of the library's decoder; then
    the same loop with pydblog's row decoder (``fastrows``) installed;
@@ -102,6 +105,25 @@ def binlog_dump_rate(server: MariaDB, file: str, rows: int, work: Path) -> tuple
     before = os.times()
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
+    elapsed = time.perf_counter() - t0
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return rows / elapsed, cpu * 1e6 / rows
+
+
+def binlog_decode_rate(server: MariaDB, file: str, rows: int) -> tuple[float, float]:
+    """Rows/s of the C client decoding the same binlog's rows events to text
+    (``--verbose --base64-output=DECODE-ROWS``: each row printed as pseudo-SQL, as
+    ``pg_recvlogical`` prints its messages) into /dev/null, and its CPU per row (us)."""
+    tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+    if tool is None:
+        raise RuntimeError("mariadb-binlog / mysqlbinlog not found (Debian's mariadb-client)")
+    cmd = [tool, "--read-from-remote-server", "--verbose", "--base64-output=DECODE-ROWS",
+           "--host=127.0.0.1", f"--port={server.port}", f"--user={SUPERUSER}",
+           f"--password={PASSWORD}", "--to-last-log", file]
+    before = os.times()
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     elapsed = time.perf_counter() - t0
     after = os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
@@ -224,6 +246,9 @@ def main() -> None:
         print(f"loaded {args.rows} rows in {load_s:.1f}s ({args.batch} rows per transaction)")
         dump, dump_cpu = binlog_dump_rate(server, str(file), args.rows, work)
         print(f"binlog dump (C, --raw, no decoding): {dump:,.0f} rows/s (its CPU {dump_cpu:.2f} us/row)")
+        decoded, decoded_cpu = binlog_decode_rate(server, str(file), args.rows)
+        print(f"binlog decoded to text (C, --verbose): {decoded:,.0f} rows/s "
+              f"(its CPU {decoded_cpu:.2f} us/row)")
         raw = raw_rate(server, str(file), int(pos), args.rows)
         print(f"raw mysql-replication loop: {raw:,.0f} rows/s ({raw / dump:.2f} x the dump)")
         fastrows.install()
@@ -236,11 +261,15 @@ def main() -> None:
             f"{k} {v:.2f} us" for k, v in sorted(cpu.items()) if v >= 0.005))
         print(
             f"dblog run into the change log: {e2e:,.0f} rows/s ({e2e / raw:.2f} x raw, "
-            f"{e2e / dump:.2f} x the dump), peak RSS {rss / 1024:.0f} MB"
+            f"{e2e / dump:.3f} x the dump, {e2e / decoded:.2f} x the C decoder), "
+            f"peak RSS {rss / 1024:.0f} MB"
         )
     results.write("mysql", {
         "rows": args.rows, "rows_per_transaction": args.batch,
         "binlog_dump_rows_per_s": round(dump), "binlog_dump_cpu_us_per_row": round(dump_cpu, 3),
+        "binlog_decoded_to_text_rows_per_s": round(decoded),
+        "binlog_decoded_to_text_cpu_us_per_row": round(decoded_cpu, 3),
+        "dblog_run_over_c_decoder": round(e2e / decoded, 3),
         "raw_mysql_replication_rows_per_s": round(raw),
         "loop_with_pydblog_decoder_rows_per_s": round(fast),
         "source_stream_rows_per_s": round(src),
