@@ -716,6 +716,82 @@ class InsertRun(NamedTuple):
                              tails="\n".join(lines[drop:]))
 
 
+class RowRun(NamedTuple):
+    """Consecutive inserts of one table in one transaction, already encoded by a
+    source's native decoder (MySQL/MariaDB: ``_myrow.tails``), at positions that name
+    their transaction (``tx_key``, as ``encode_event``'s cached path needs).
+
+    Event ``i`` (``0 <= i < size``) is an ``op: c`` event at ``first.with_index(
+    first.index + i)`` with ``ts_ms``; ``tails`` as ``InsertRun``'s: byte for byte what
+    ``encode_event`` writes after the envelope's ``"key":`` for that event."""
+
+    schema: str
+    table: str
+    first: Any  # the first event's position (a Position with ``index`` and ``tx_key``)
+    ts_ms: int
+    size: int
+    tails: str
+
+    @property
+    def first_position(self) -> Position:
+        pos: Position = self.first
+        return pos
+
+    @property
+    def last_position(self) -> Position:
+        pos: Position = self.first.with_index(self.first.index + self.size - 1)
+        return pos
+
+    def events(self) -> list[ChangeEvent]:
+        """One ``ChangeEvent`` per row, its key and row parsed back from the tails."""
+        out = []
+        base = self.first
+        for i, tail in enumerate(self.tails.split("\n")):
+            key, _, after = tail.partition(TAIL_SEP)
+            out.append(ChangeEvent(Op.CREATE, self.schema, self.table,
+                                   base.with_index(base.index + i), self.ts_ms,
+                                   orjson.loads(key), None, orjson.loads(after[:-1])))
+        return out
+
+    def past(self, position: Position) -> RowRun | None:
+        """The run without its events at or below ``position`` (None: nothing left)."""
+        base = self.first
+        drop = 0
+        while drop < self.size and base.with_index(base.index + drop) <= position:
+            drop += 1
+        if drop == self.size:
+            return None
+        if not drop:
+            return self
+        lines = self.tails.split("\n")
+        return self._replace(first=base.with_index(base.index + drop), size=self.size - drop,
+                             tails="\n".join(lines[drop:]))
+
+
+def encode_row_run(run: RowRun, connector: str, db: str, now_ms: int) -> list[Encoded]:
+    """The change-log form of ``run``: one template ``EncodedBlock`` whose bodies are
+    ``encode_event`` of ``run.events()``, byte for byte (the envelope around the index
+    as ``encode_event`` cuts it for the run's table and transaction); events one by one
+    where it cannot be cut."""
+    pos = run.first
+    ts = run.ts_ms
+    tx_key = getattr(pos, "tx_key", None)
+    parts = None
+    if tx_key is not None and type(ts) is int and type(now_ms) is int and type(pos.index) is int:
+        key = (Op.CREATE, run.schema, run.table, SnapshotKind.NONE, connector, db)
+        last = _LAST_TX
+        if last[0] == (key, now_ms, tx_key, ts):
+            parts = last[1]
+        else:
+            probe = ChangeEvent(Op.CREATE, run.schema, run.table, pos, ts)
+            parts = _tx_parts(probe, connector, db, now_ms)
+            _remember_tx((key, now_ms, tx_key, ts), parts)
+    if parts is None:
+        return [encode_event(e, connector, db, now_ms) for e in run.events()]
+    return [_new_tuple(EncodedBlock, (parts[0], Op.CREATE, ts, run.size, run.tails, parts[1],
+                                      f'{parts[2]}"key":', pos.index))]
+
+
 def encode_insert_run(run: InsertRun, connector: str, db: str, now_ms: int) -> list[Encoded]:
     """The change-log form of ``run``: one template ``EncodedBlock`` whose bodies are
     ``encode_event`` of ``run.events()``, byte for byte (the envelope around the index

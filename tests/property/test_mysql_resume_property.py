@@ -235,3 +235,31 @@ def test_a_reconnect_plan_drops_exactly_what_was_delivered(
     while again.events:
         again.step()
     assert reader.log + again.log == [(i, k) for i, n in enumerate(sizes) for k in range(n + 1)]
+
+
+@given(st.integers(0, 6), st.integers(1, 6), st.one_of(st.none(), st.integers(-1, 8)),
+       st.one_of(st.none(), st.integers(-1, 8)), st.sampled_from([None, "0-1-7", "0-1-8"]))
+@settings(max_examples=300, deadline=None)
+def test_a_run_is_dropped_as_its_events_one_by_one(first: int, size: int, upto: int | None,
+                                                   limit: int | None, gtid: str | None) -> None:
+    """``Delivered.run`` keeps what ``drop`` of each of the run's events keeps, and
+    leaves ``Delivered`` as those drops leave it."""
+    from pydblog.events import RowRun
+
+    base = BinlogPosition(FILE, 104, first, gtid)
+    tails = "\n".join(f'{{"id":{i}}},"before":null,"after":{{"id":{i}}}}}' for i in range(size))
+    run = RowRun("s", "t", base, 5, size, tails)
+
+    def fresh() -> Delivered:
+        d = Delivered()
+        d.upto = BinlogPosition(FILE, 104, upto, gtid) if upto is not None else None
+        d.tx = {"0-1-7": limit} if limit is not None else {}
+        return d
+
+    one_by_one = fresh()
+    kept = [e.position for e in run.events() if not one_by_one.drop(e.position)]
+    as_run = fresh()
+    rest = as_run.run(run)
+    assert ([e.position for e in rest.events()] if rest is not None else []) == kept
+    assert (as_run.upto, as_run.tx, as_run.last) == (one_by_one.upto, one_by_one.tx,
+                                                     one_by_one.last)

@@ -94,3 +94,37 @@ def test_consecutive_events_of_a_transaction(events_: list[Any]) -> None:
                          else PgPosition(Lsn(lsn), index, None, tx))
         event = ChangeEvent(op, "s", table, pos, ts, {"id": index}, None, after)
         assert encode_event(event, "c", "d", now) == slow(event, "c", "d", now)
+
+
+@given(st.integers(1, 999), st.integers(4, 2**32), st.integers(0, 10**6),
+       st.one_of(st.none(), st.just("0-1-42")), st.integers(0, 2**45),
+       st.lists(st.tuples(st.dictionaries(texts, values, min_size=1, max_size=2),
+                          st.dictionaries(texts, values, max_size=4)), min_size=1, max_size=6),
+       names, names, st.integers(0, 2**45), st.integers(0, 8))
+@settings(max_examples=150, deadline=None)
+def test_a_row_run_is_its_events(n: int, offset: int, first: int, gtid: str | None, ts: int,
+                                 rows_: list[Any], connector: str, db: str, now_ms: int,
+                                 cut: int) -> None:
+    """A ``RowRun`` (MySQL inserts encoded by the source) stores as ``encode_event`` of
+    each of its events, byte for byte; ``events()`` gives them back; ``past`` drops
+    exactly the events at or below a position."""
+    from pydblog.events import TAIL_SEP, RowRun, encode_row_run
+
+    base = BinlogPosition(f"bin.{n:06d}", offset, first, gtid)
+    tails = "\n".join(orjson.dumps(k).decode() + TAIL_SEP + orjson.dumps(r).decode() + "}"
+                      for k, r in rows_)
+    run = RowRun("s", "t", base, ts, len(rows_), tails)
+    want = [ChangeEvent(Op.CREATE, "s", "t", base.with_index(first + i), ts, k, None, r)
+            for i, (k, r) in enumerate(rows_)]
+    assert [(e.position, e.key, e.after, e.ts_ms) for e in run.events()] == [
+        (e.position, e.key, e.after, e.ts_ms) for e in want]
+    assert run.last_position == want[-1].position
+    from pydblog.events import EncodedBlock
+
+    bodies = [b for block in encode_row_run(run, connector, db, now_ms)
+              for b in (block.bodies() if isinstance(block, EncodedBlock) else [block.body])]
+    assert bodies == [slow(e, connector, db, now_ms).body for e in want]
+    rest = run.past(base.with_index(first + cut - 1))
+    kept = [e for e in want if not e.position <= base.with_index(first + cut - 1)]
+    assert [(e.position, e.key, e.after) for e in (rest.events() if rest is not None else [])] == [
+        (e.position, e.key, e.after) for e in kept]

@@ -285,3 +285,37 @@ def test_switched_off_is_a_log_line_and_the_python_path(monkeypatch: pytest.Monk
     finally:
         monkeypatch.delenv(native.DISABLE_ENV)
         native.reset()
+
+
+@needs_decoder
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_insert_tails_are_the_envelope_tails_of_the_python_path(data: st.DataObject) -> None:
+    """``tails`` of a write rows event: per row ``dumps(key) + TAIL_SEP + dumps(row) +
+    "}"`` of the rows the Python path gives, the key in the given column order."""
+    import orjson
+
+    from pydblog.events import TAIL_SEP
+
+    table = data.draw(tables())
+    compiled, columns, json_cols = compile_table(table)
+    n = len(table)
+    key = tuple(data.draw(st.lists(st.sampled_from([c.name for c in columns]), min_size=1,
+                                   max_size=3, unique=True)))
+    body = b"".join(data.draw(images(table, [True] * n)) for _ in range(data.draw(st.integers(0, 4))))
+    got = mod.tails(compiled, body, _bits([True] * n), key, orjson.dumps, TAIL_SEP.encode())
+    rows = python_path(columns, json_cols, body, _bits([True] * n), None)
+    want = "\n".join(orjson.dumps({k: r[k] for k in key}).decode() + TAIL_SEP
+                     + orjson.dumps(r).decode() + "}" for r in rows)
+    assert got == (len(rows), want)
+
+
+@needs_decoder
+def test_insert_tails_hand_back_what_rows_hands_back() -> None:
+    import orjson
+
+    compiled = native.plan([col("d", FIELD_TYPE.DATE)], frozenset())
+    bad = b"\0" + ((2023 << 9) | (2 << 5) | 30).to_bytes(3, "little")
+    assert mod.tails(compiled, bad, b"\x01", ("d",), orjson.dumps, b",") is None
+    with pytest.raises(TypeError):
+        mod.tails(compiled, b"", b"\x01", ["d"], orjson.dumps, b",")

@@ -48,9 +48,11 @@ from pydblog.events import (
     Encoded,
     InsertRun,
     Op,
+    RowRun,
     SnapshotRows,
     encode_event,
     encode_insert_run,
+    encode_row_run,
     encode_snapshot_rows,
     last_position,
 )
@@ -339,9 +341,9 @@ class Runner:
                     if trace:
                         lagtrace.stall(t0, "flush")
                 continue
-            if type(item) is InsertRun:
+            if type(item) is InsertRun or type(item) is RowRun:
                 # Inserts the source encoded in C: one block, no event objects.
-                run: InsertRun | None = item
+                run: InsertRun | RowRun | None = item
                 if self._skip is not None:
                     assert run is not None
                     if run.last_position <= self._skip:
@@ -360,7 +362,9 @@ class Runner:
                     self._pending_since = time.monotonic()
                 if self._stream_since is None:
                     self._stream_since = time.monotonic()
-                encoded = encode_insert_run(run, self._connector, self._db, self._now_ms)
+                encoded = (encode_insert_run(run, self._connector, self._db, self._now_ms)
+                           if isinstance(run, InsertRun) else
+                           encode_row_run(run, self._connector, self._db, self._now_ms))
                 pending.extend(encoded)
                 self._pending_extra += run.size - len(encoded)
                 if trace:

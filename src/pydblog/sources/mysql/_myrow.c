@@ -29,7 +29,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define VERSION 1
+#define VERSION 2
 
 enum { R_INT = 0, R_UINT, R_INT24, R_UINT24, R_FLOAT, R_DOUBLE, R_STR, R_DATETIME2,
        R_TIMESTAMP2, R_DATE, R_DECIMAL, R_YEAR, R_ENUM, R_COUNT };
@@ -502,9 +502,93 @@ done:
     return out;
 }
 
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} out_t;
+
+static int put(out_t *o, const char *s, size_t n) {
+    if (o->len + n > o->cap) {
+        size_t cap = o->cap ? o->cap : 4096;
+        while (cap < o->len + n) cap *= 2;
+        char *grown = PyMem_Realloc(o->buf, cap);
+        if (grown == NULL) { PyErr_NoMemory(); return 0; }
+        o->buf = grown;
+        o->cap = cap;
+    }
+    memcpy(o->buf + o->len, s, n);
+    o->len += n;
+    return 1;
+}
+
+/* Appends dumps(value)'s bytes; 0 on an error (c->inexact where dumps raised). */
+static int put_dumped(out_t *o, cur_t *c, PyObject *dumps, PyObject *value) {
+    PyObject *b = PyObject_CallOneArg(dumps, value);
+    if (b == NULL) { inexact(c); return 0; }
+    int ok = PyBytes_Check(b) && put(o, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
+    if (!PyBytes_Check(b)) c->inexact = 1;
+    Py_DECREF(b);
+    return ok;
+}
+
+static PyObject *tails(PyObject *self, PyObject *args) {
+    PyObject *capsule, *key, *dumps;
+    Py_buffer body, present, sep;
+    if (!PyArg_ParseTuple(args, "Oy*y*O!Oy*", &capsule, &body, &present, &PyTuple_Type, &key,
+                          &dumps, &sep))
+        return NULL;
+    PyObject *result = NULL;
+    out_t o = {NULL, 0, 0};
+    plan_t *plan = PyCapsule_GetPointer(capsule, "pydblog._myrow.plan");
+    if (plan == NULL) goto done;
+    if (present.len < (plan->n + 7) / 8) {
+        PyErr_SetString(PyExc_ValueError, "a columns-present bitmap shorter than the plan's columns");
+        goto done;
+    }
+    cur_t c = {body.buf, body.len, 0, 0};
+    Py_ssize_t count = 0, nkey = PyTuple_GET_SIZE(key);
+    while (c.pos < c.len) {
+        PyObject *row = image(&c, plan, present.buf);
+        if (row == NULL) goto failed;
+        PyObject *k = _PyDict_NewPresized(nkey);
+        int ok = k != NULL;
+        for (Py_ssize_t i = 0; ok && i < nkey; i++) {
+            PyObject *name = PyTuple_GET_ITEM(key, i);
+            PyObject *v = PyDict_GetItemWithError(row, name);
+            if (v == NULL) {
+                if (!PyErr_Occurred()) c.inexact = 1; /* a key column the plan lacks */
+                ok = 0;
+            } else {
+                ok = PyDict_SetItem(k, name, v) == 0;
+            }
+        }
+        ok = ok && (count == 0 || put(&o, "\n", 1)) && put_dumped(&o, &c, dumps, k) &&
+             put(&o, sep.buf, (size_t)sep.len) && put_dumped(&o, &c, dumps, row) && put(&o, "}", 1);
+        Py_XDECREF(k);
+        Py_DECREF(row);
+        if (!ok) goto failed;
+        count++;
+    }
+    {
+        PyObject *text = PyUnicode_DecodeUTF8(o.buf ? o.buf : "", (Py_ssize_t)o.len, "strict");
+        if (text == NULL) goto done;
+        result = Py_BuildValue("(nN)", count, text);
+    }
+    goto done;
+failed:
+    if (c.inexact && !PyErr_Occurred()) result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(o.buf);
+    PyBuffer_Release(&body);
+    PyBuffer_Release(&present);
+    PyBuffer_Release(&sep);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"compile", compile, METH_VARARGS, "A table's plan from its columns' specs."},
     {"rows", rows, METH_VARARGS, "The rows of a rows event's body, or None (decode in Python)."},
+    {"tails", tails, METH_VARARGS, "A write rows event's change-log tails, or None (decode in Python)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -66,7 +66,7 @@ from pymysqlreplication.row_event import (
 
 from pydblog.config import TableMatcher
 from pydblog.errors import SourceError, SourceUnavailable
-from pydblog.events import ChangeEvent, Op
+from pydblog.events import ChangeEvent, Op, RowRun
 from pydblog.ports import (
     Checkpoint,
     Commit,
@@ -194,6 +194,16 @@ class MySqlLogSource:
         self._conn_recorded = True
 
     # -- LogSource ---------------------------------------------------------------------
+    @property
+    def run_rows(self) -> int:
+        """At most this many inserts per ``RowRun`` (``ports.RunBatching``; 0, the
+        default: one ``ChangeEvent`` per row)."""
+        return self._rows.run_rows
+
+    @run_rows.setter
+    def run_rows(self, value: int) -> None:
+        self._rows.run_rows = value
+
     def open(self, checkpoint: Checkpoint | None) -> None:
         try:
             self._open(checkpoint)
@@ -347,7 +357,11 @@ class MySqlLogSource:
             if conn_record is not None:
                 yield conn_record
             for item in self._handle(event):
-                if self._drop(item):
+                if type(item) is RowRun:
+                    item = self._delivered.run(item)
+                    if item is None:
+                        continue
+                elif self._drop(item):
                     continue
                 last_yield = time.monotonic()
                 yield item
@@ -609,7 +623,9 @@ class MySqlLogSource:
             if tx is not None and tx.xa is not None:
                 held = tx.xa
                 for item in items:
-                    if type(item) is ChangeEvent:
+                    if type(item) is RowRun:
+                        held.extend(item.events())  # until the group's end says when it commits
+                    elif type(item) is ChangeEvent:
                         held.append(item)  # until the group's end says when it commits
                     else:
                         yield item

@@ -21,8 +21,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from pymysqlreplication.constants import BINLOG, FIELD_TYPE
 
+from pydblog.events import TAIL_SEP
 from pydblog.sources.mysql import fastrows
 from pydblog.sources.mysql.types import (
     BinlogRowMapper,
@@ -41,8 +43,9 @@ log = logging.getLogger(__name__)
 
 DISABLE_ENV = "PYDBLOG_NATIVE_BINLOG"
 """``PYDBLOG_NATIVE_BINLOG=0`` turns the native decoder off (benchmarks, tests)."""
-ABI_VERSION = 1
+ABI_VERSION = 2
 """The ``_myrow`` interface this module speaks (its ``VERSION``)."""
+_TAIL_SEP = TAIL_SEP.encode()
 
 # How a value is stored (_myrow.c's R_*) and how it becomes pydblog's (O_*).
 (R_INT, R_UINT, R_INT24, R_UINT24, R_FLOAT, R_DOUBLE, R_STR, R_DATETIME2, R_TIMESTAMP2,
@@ -171,6 +174,23 @@ def plan(columns: Sequence[Any], json_columns: frozenset[str]) -> Any | None:
 Image = dict[str, Any]
 
 
+def tails(event: Any, compiled: Any, mapper: BinlogRowMapper,
+          key: tuple[str, ...]) -> tuple[int, str] | list[Any] | None:
+    """A write rows event's rows as change-log tails (``events.RowRun``): ``(count,
+    text)``; its mapped rows (a list, as ``rows()`` gives them) where the C decoder
+    handed the body back; None where the event is not for this path (its body unread)."""
+    if (event.event_type == BINLOG.PARTIAL_UPDATE_ROWS_EVENT or not event.complete
+            or event._ignore_decode_errors):
+        return None
+    body = event.packet.read(event.event_size - event.packet.read_bytes)
+    first = event.columns_present_bitmap
+    found: tuple[int, str] | None = _module.tails(compiled, body, first, key, orjson.dumps,
+                                                  _TAIL_SEP)
+    if found is not None:
+        return found
+    return _python_rows(event, body, first, None, mapper)
+
+
 def rows(event: Any, compiled: Any, mapper: BinlogRowMapper) -> list[Any] | None:
     """The event's rows mapped as ``mapper`` maps them: one dict per row, a (before,
     after) pair per row of an update; None where the event is not for this path (a
@@ -185,7 +205,12 @@ def rows(event: Any, compiled: Any, mapper: BinlogRowMapper) -> list[Any] | None
     found: list[Any] | None = _module.rows(compiled, body, first, second)
     if found is not None:
         return found
-    # Values the C decoder does not give exactly: the same body through fastrows.
+    return _python_rows(event, body, first, second, mapper)
+
+
+def _python_rows(event: Any, body: bytes, first: bytes, second: bytes | None,
+                 mapper: BinlogRowMapper) -> list[Any]:
+    """The rows of a body the C decoder handed back, decoded by ``fastrows``."""
     table_plan = fastrows._plan(event)
     if table_plan is None or table_plan.readers is None:
         raise RuntimeError(f"{event.schema}.{event.table}: a native plan without fastrows readers")

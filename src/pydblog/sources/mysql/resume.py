@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydblog.events import RowRun
 from pydblog.sources.mysql import dumpstart
 from pydblog.sources.mysql.dumpstart import DumpStart
 from pydblog.sources.mysql.gtid import GtidState
@@ -115,6 +116,24 @@ class Delivered:
                 return True
             self.last = pos
         return False
+
+    def run(self, run: RowRun) -> RowRun | None:
+        """``run`` without the events ``drop`` drops (None: all of them), moving on as
+        ``drop`` of each of its events in turn would."""
+        first = run.first
+        if self.upto is None and (not first.gtid or first.gtid not in self.tx):
+            self.last = first.with_index(first.index + run.size - 1)  # (nothing to drop)
+            return run
+        dropped = None
+        for i in range(run.size):
+            pos = first.with_index(first.index + i)
+            if not self.drop(pos):
+                break
+            dropped = pos
+        rest = run if dropped is None else run.past(dropped)
+        if rest is not None:
+            self.last = first.with_index(first.index + run.size - 1)
+        return rest
 
     def logged(self, pos: BinlogPosition) -> bool:
         """``drop``'s rule without moving on: whether ``pos`` is at or below what a

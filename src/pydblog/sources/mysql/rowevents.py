@@ -20,7 +20,7 @@ from typing import Any
 from pymysqlreplication.row_event import DeleteRowsEvent, WriteRowsEvent
 
 from pydblog.config import TableMatcher
-from pydblog.events import ChangeEvent, Op
+from pydblog.events import ChangeEvent, Op, RowRun
 from pydblog.ports import ColumnSchema, SchemaChanged, TableSchema
 from pydblog.sources.mysql import native
 from pydblog.sources.mysql import schema as schema_mod
@@ -61,6 +61,9 @@ class RowEvents:
         self.json_cols: dict[tuple[str, str], frozenset[str]] = {}
         self.nullable: dict[int, bytes] = {}
         self.schemas: dict[tuple[str, str], TableSchema] = {}  # as last yielded
+        # At most this many inserts per ``RowRun`` (0: no runs, one event per row; the
+        # capture's runner sets it, ``ports.RunBatching``).
+        self.run_rows = 0
 
     def captured(self, db: str, table: str) -> bool:
         qualified = f"{db}.{table}"
@@ -93,7 +96,14 @@ class RowEvents:
         tx = begin(ts_ms)
         (db, name), key = mapper.label, mapper.key
         if isinstance(event, WriteRowsEvent):
-            for after in self._images(event, mapper):
+            images = None
+            if self.run_rows and mapper.kind == "captured" and mapper.native is not None:
+                found = native.tails(event, mapper.native, mapper.rows, key)
+                if isinstance(found, tuple):
+                    yield from self._runs(db, name, tx, ts_ms, found[0], found[1])
+                    return
+                images = found
+            for after in (images if images is not None else self._images(event, mapper)):
                 yield ChangeEvent(
                     Op.CREATE, db, name, tx.position(tx.count), ts_ms,
                     {k: after[k] for k in key} if key else None, None, after,
@@ -124,6 +134,22 @@ class RowEvents:
                         Op.UPDATE, db, name, tx.position(tx.count), ts_ms, new_key, before, after
                     )
                 tx.count += 1
+
+    def _runs(self, db: str, name: str, tx: OpenTx, ts_ms: int, count: int,
+              text: str) -> Iterator[RowRun]:
+        """``count`` encoded inserts as runs of at most ``run_rows``, at the open
+        transaction's next indexes."""
+        size = self.run_rows
+        if count <= size:
+            if count:
+                yield RowRun(db, name, tx.position(tx.count), ts_ms, count, text)
+                tx.count += count
+            return
+        lines = text.split("\n")
+        for i in range(0, count, size):
+            part = lines[i:i + size]
+            yield RowRun(db, name, tx.position(tx.count), ts_ms, len(part), "\n".join(part))
+            tx.count += len(part)
 
     @staticmethod
     def _images(event: Any, mapper: _Mapper) -> list[Any]:
