@@ -152,8 +152,9 @@ for p, s in ((12, 2), (10, 0), (2, 2), (30, 10), (65, 30), (18, 9), (9, 9), (1, 
 @st.composite
 def tables(draw: st.DrawFn) -> list[tuple[Any, st.SearchStrategy[bytes], bool]]:
     picked = draw(st.lists(st.sampled_from(range(len(KINDS))), min_size=1, max_size=9))
-    return [(SimpleNamespace(**{**vars(KINDS[i][0]), "name": f"c{n}"}), KINDS[i][1], KINDS[i][2])
-            for n, i in enumerate(picked)]
+    odd = st.sampled_from(["", "", '"', "é", "\\", "\n", "\x01", " x", "😀"])  # names JSON escapes
+    return [(SimpleNamespace(**{**vars(KINDS[i][0]), "name": f"c{n}{draw(odd)}"}), KINDS[i][1],
+             KINDS[i][2]) for n, i in enumerate(picked)]
 
 
 def _bits(flags: list[bool]) -> bytes:
@@ -300,11 +301,12 @@ def test_insert_tails_are_the_envelope_tails_of_the_python_path(data: st.DataObj
     table = data.draw(tables())
     compiled, columns, json_cols = compile_table(table)
     n = len(table)
-    key = tuple(data.draw(st.lists(st.sampled_from([c.name for c in columns]), min_size=1,
-                                   max_size=3, unique=True)))
-    body = b"".join(data.draw(images(table, [True] * n)) for _ in range(data.draw(st.integers(0, 4))))
-    got = mod.tails(compiled, body, _bits([True] * n), key, orjson.dumps, TAIL_SEP.encode())
-    rows = python_path(columns, json_cols, body, _bits([True] * n), None)
+    at = tuple(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3, unique=True)))
+    key = [columns[i].name for i in at]
+    present = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    body = b"".join(data.draw(images(table, present)) for _ in range(data.draw(st.integers(0, 4))))
+    got = mod.tails(compiled, body, _bits(present), at, orjson.dumps, TAIL_SEP.encode())
+    rows = python_path(columns, json_cols, body, _bits(present), None)
     want = "\n".join(orjson.dumps({k: r[k] for k in key}).decode() + TAIL_SEP
                      + orjson.dumps(r).decode() + "}" for r in rows)
     assert got == (len(rows), want)
@@ -316,6 +318,8 @@ def test_insert_tails_hand_back_what_rows_hands_back() -> None:
 
     compiled = native.plan([col("d", FIELD_TYPE.DATE)], frozenset())
     bad = b"\0" + ((2023 << 9) | (2 << 5) | 30).to_bytes(3, "little")
-    assert mod.tails(compiled, bad, b"\x01", ("d",), orjson.dumps, b",") is None
+    assert mod.tails(compiled, bad, b"\x01", (0,), orjson.dumps, b",") is None
     with pytest.raises(TypeError):
-        mod.tails(compiled, b"", b"\x01", ["d"], orjson.dumps, b",")
+        mod.tails(compiled, b"", b"\x01", [0], orjson.dumps, b",")
+    with pytest.raises(ValueError, match="key column index"):
+        mod.tails(compiled, b"", b"\x01", (1,), orjson.dumps, b",")

@@ -29,7 +29,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define VERSION 2
+#define VERSION 3
 
 enum { R_INT = 0, R_UINT, R_INT24, R_UINT24, R_FLOAT, R_DOUBLE, R_STR, R_DATETIME2,
        R_TIMESTAMP2, R_DATE, R_DECIMAL, R_YEAR, R_ENUM, R_COUNT };
@@ -44,6 +44,8 @@ typedef struct {
     int utf8;            /* the encoding is UTF-8 */
     int out;
     PyObject *extra;     /* ENUM members (list), the callable of O_CALL, or NULL */
+    char *name_json;     /* "name": as JSON (orjson's escaping) */
+    size_t name_json_len;
 } col_t;
 
 typedef struct {
@@ -58,9 +60,46 @@ static void plan_free(PyObject *capsule) {
         Py_XDECREF(p->cols[i].name);
         Py_XDECREF(p->cols[i].encoding);
         Py_XDECREF(p->cols[i].extra);
+        PyMem_Free(p->cols[i].name_json);
     }
     PyMem_Free(p->cols);
     PyMem_Free(p);
+}
+
+/* JSON string escaping as orjson writes it: '"', '\\' and the control characters below
+ * 0x20 escaped (\b \f \n \r \t, else \u00xx), everything else as its UTF-8 bytes. */
+static size_t escaped_len(const unsigned char *s, size_t n) {
+    size_t out = n;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = s[i];
+        if (ch == '"' || ch == '\\' || ch == '\b' || ch == '\f' || ch == '\n' || ch == '\r' || ch == '\t') out += 1;
+        else if (ch < 0x20) out += 5;
+    }
+    return out;
+}
+
+static char *escape_into(char *o, const unsigned char *s, size_t n) {
+    static const char HEX[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = s[i];
+        switch (ch) {
+        case '"': *o++ = '\\'; *o++ = '"'; break;
+        case '\\': *o++ = '\\'; *o++ = '\\'; break;
+        case '\b': *o++ = '\\'; *o++ = 'b'; break;
+        case '\f': *o++ = '\\'; *o++ = 'f'; break;
+        case '\n': *o++ = '\\'; *o++ = 'n'; break;
+        case '\r': *o++ = '\\'; *o++ = 'r'; break;
+        case '\t': *o++ = '\\'; *o++ = 't'; break;
+        default:
+            if (ch < 0x20) {
+                *o++ = '\\'; *o++ = 'u'; *o++ = '0'; *o++ = '0';
+                *o++ = HEX[ch >> 4]; *o++ = HEX[ch & 15];
+            } else {
+                *o++ = (char)ch;
+            }
+        }
+    }
+    return o;
 }
 
 static PyObject *compile(PyObject *self, PyObject *args) {
@@ -85,6 +124,20 @@ static PyObject *compile(PyObject *self, PyObject *args) {
         p->n = i + 1;
         Py_INCREF(name);
         c->name = name;
+        {
+            Py_ssize_t nlen;
+            const char *utf8 = PyUnicode_AsUTF8AndSize(name, &nlen);
+            if (utf8 == NULL) { Py_DECREF(capsule); return NULL; }
+            size_t e = escaped_len((const unsigned char *)utf8, (size_t)nlen);
+            c->name_json = PyMem_Malloc(e + 3);
+            if (c->name_json == NULL) { Py_DECREF(capsule); return PyErr_NoMemory(); }
+            char *w = c->name_json;
+            *w++ = '"';
+            w = escape_into(w, (const unsigned char *)utf8, (size_t)nlen);
+            *w++ = '"';
+            *w++ = ':';
+            c->name_json_len = (size_t)(w - c->name_json);
+        }
         if (read < 0 || read >= R_COUNT || out < 0 || out >= O_COUNT) {
             PyErr_Format(PyExc_ValueError, "column %R: unknown read %d or out %d", name, read, out);
             Py_DECREF(capsule);
@@ -143,6 +196,25 @@ static inline uint64_t be(const unsigned char *p, int n) {
 static const int FSP_BYTES[7] = {0, 1, 1, 2, 2, 3, 3};
 static const int DIG2BYTES[10] = {0, 1, 1, 2, 2, 3, 3, 4, 4, 4};
 
+/* ``v`` in decimal at ``p`` (printf's %llu); the end. */
+static char *digits(char *p, uint64_t v) {
+    char tmp[20];
+    int n = 0;
+    do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    while (n) *p++ = tmp[--n];
+    return p;
+}
+
+/* ``v`` in decimal, zero-padded to at least ``width`` digits (printf's %0*llu); the end. */
+static char *padded(char *p, uint64_t v, int width) {
+    char tmp[20];
+    int n = 0;
+    do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    while (width > n) { *p++ = '0'; width--; }
+    while (n) *p++ = tmp[--n];
+    return p;
+}
+
 static int take(cur_t *c, Py_ssize_t n, const unsigned char **at) {
     if (n < 0 || n > c->len - c->pos) { c->inexact = 1; return 0; }
     *at = c->buf + c->pos;
@@ -175,11 +247,16 @@ static int days_in(long y, long m) {
 
 /* datetime.isoformat() of a valid naive datetime (+ "Z"). */
 static PyObject *iso(long y, long mo, long d, long h, long mi, long s, long us, int z) {
-    char text[40];
-    int n = snprintf(text, sizeof text, "%04ld-%02ld-%02ldT%02ld:%02ld:%02ld", y, mo, d, h, mi, s);
-    if (us) n += snprintf(text + n, sizeof text - (size_t)n, ".%06ld", us);
-    if (z) text[n++] = 'Z';
-    return PyUnicode_FromStringAndSize(text, n);
+    char text[40], *p = text;
+    p = padded(p, (uint64_t)y, 4); *p++ = '-';
+    p = padded(p, (uint64_t)mo, 2); *p++ = '-';
+    p = padded(p, (uint64_t)d, 2); *p++ = 'T';
+    p = padded(p, (uint64_t)h, 2); *p++ = ':';
+    p = padded(p, (uint64_t)mi, 2); *p++ = ':';
+    p = padded(p, (uint64_t)s, 2);
+    if (us) { *p++ = '.'; p = padded(p, (uint64_t)us, 6); }
+    if (z) *p++ = 'Z';
+    return PyUnicode_FromStringAndSize(text, p - text);
 }
 
 static PyObject *read_datetime2(cur_t *c, int fsp) {
@@ -234,9 +311,11 @@ static PyObject *read_date(cur_t *c) {
     long y = (long)((raw >> 9) & 0x7FFF), m = (long)((raw >> 5) & 0xF), d = (long)(raw & 0x1F);
     if (!(raw && y && m && d)) Py_RETURN_NONE;
     if (y > 9999 || m > 12 || d > days_in(y, m)) { c->inexact = 1; return NULL; } /* date() raises */
-    char text[16];
-    int n = snprintf(text, sizeof text, "%04ld-%02ld-%02ld", y, m, d);
-    return PyUnicode_FromStringAndSize(text, n);
+    char text[16], *w = text;
+    w = padded(w, (uint64_t)y, 4); *w++ = '-';
+    w = padded(w, (uint64_t)m, 2); *w++ = '-';
+    w = padded(w, (uint64_t)d, 2);
+    return PyUnicode_FromStringAndSize(text, w - text);
 }
 
 /* fastrows._decimal then format(Decimal(text), "f"): the sign, the integral digits
@@ -258,16 +337,15 @@ static PyObject *read_decimal(cur_t *c, int precision, int scale) {
     char ip[128], fp[128];
     int in = 0, fn = 0, pos = 0;
     if (first) {
-        in += snprintf(ip + in, sizeof ip - (size_t)in, "%llu", (unsigned long long)be(raw, first));
+        in = (int)(digits(ip, be(raw, first)) - ip);
         pos = first;
     }
     for (int i = 0; i < uncomp_int; i++, pos += 4)
-        in += snprintf(ip + in, sizeof ip - (size_t)in, "%09llu", (unsigned long long)be(raw + pos, 4));
+        in = (int)(padded(ip + in, be(raw + pos, 4), 9) - ip);
     for (int i = 0; i < uncomp_frac; i++, pos += 4)
-        fn += snprintf(fp + fn, sizeof fp - (size_t)fn, "%09llu", (unsigned long long)be(raw + pos, 4));
+        fn = (int)(padded(fp + fn, be(raw + pos, 4), 9) - fp);
     if (last)
-        fn += snprintf(fp + fn, sizeof fp - (size_t)fn, "%0*llu", comp_frac,
-                       (unsigned long long)be(raw + pos, last));
+        fn = (int)(padded(fp + fn, be(raw + pos, last), comp_frac) - fp);
     char text[260];
     int n = 0;
     if (negative) text[n++] = '-';
@@ -531,6 +609,87 @@ static int put_dumped(out_t *o, cur_t *c, PyObject *dumps, PyObject *value) {
     return ok;
 }
 
+static int put_escaped(out_t *o, const char *s, size_t n) {
+    size_t e = escaped_len((const unsigned char *)s, n);
+    if (!put(o, "\"", 1)) return 0;
+    if (e == n) {
+        if (!put(o, s, n)) return 0;
+    } else {
+        /* grow to fit, then escape in place */
+        while (o->len + e > o->cap) {
+            size_t cap = o->cap ? o->cap * 2 : 4096;
+            char *grown = PyMem_Realloc(o->buf, cap);
+            if (grown == NULL) { PyErr_NoMemory(); return 0; }
+            o->buf = grown;
+            o->cap = cap;
+        }
+        escape_into(o->buf + o->len, (const unsigned char *)s, n);
+        o->len += e;
+    }
+    return put(o, "\"", 1);
+}
+
+/* ``value`` as orjson writes it: integers and text here, anything else by ``dumps``. */
+static int put_json(out_t *o, cur_t *c, PyObject *dumps, PyObject *value) {
+    if (value == Py_None) return put(o, "null", 4);
+    if (PyLong_CheckExact(value)) {
+        char text[32], *p = text;
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow == 0) {
+            if (v == -1 && PyErr_Occurred()) return 0;
+            if (v < 0) { *p++ = '-'; p = digits(p, (uint64_t)0 - (uint64_t)v); }
+            else p = digits(p, (uint64_t)v);
+        } else {
+            unsigned long long u = PyLong_AsUnsignedLongLong(value);
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) { PyErr_Clear(); return put_dumped(o, c, dumps, value); }
+            p = digits(p, (uint64_t)u);
+        }
+        return put(o, text, (size_t)(p - text));
+    }
+    if (PyUnicode_CheckExact(value)) {
+        Py_ssize_t n;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(value, &n);
+        if (utf8 == NULL) { inexact(c); return 0; }
+        return put_escaped(o, utf8, (size_t)n);
+    }
+    return put_dumped(o, c, dumps, value);
+}
+
+/* One row image at c->pos written as the JSON object orjson writes for its dict, each
+ * column's value's [start, end) in ``o`` kept in ``spans``; 0: c->inexact or an error. */
+static int json_image(cur_t *c, const plan_t *plan, const unsigned char *present, out_t *o,
+                      PyObject *dumps, size_t *spans) {
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < plan->n; i++)
+        if (present[i >> 3] & (1 << (i & 7))) count++;
+    const unsigned char *nulls;
+    if (!take(c, (count + 7) / 8, &nulls)) return 0;
+    if (!put(o, "{", 1)) return 0;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < plan->n; i++) {
+        const col_t *col = &plan->cols[i];
+        if ((i && !put(o, ",", 1)) || !put(o, col->name_json, col->name_json_len)) return 0;
+        spans[2 * i] = o->len;
+        int null = 1;
+        if (present[i >> 3] & (1 << (i & 7))) {
+            null = (nulls[k >> 3] & (1 << (k & 7))) != 0;
+            k++;
+        }
+        if (null) {
+            if (!put(o, "null", 4)) return 0;
+        } else {
+            PyObject *v = value(c, col);
+            if (v == NULL) return 0;
+            int ok = put_json(o, c, dumps, v);
+            Py_DECREF(v);
+            if (!ok) return 0;
+        }
+        spans[2 * i + 1] = o->len;
+    }
+    return put(o, "}", 1);
+}
+
 static PyObject *tails(PyObject *self, PyObject *args) {
     PyObject *capsule, *key, *dumps;
     Py_buffer body, present, sep;
@@ -538,34 +697,42 @@ static PyObject *tails(PyObject *self, PyObject *args) {
                           &dumps, &sep))
         return NULL;
     PyObject *result = NULL;
-    out_t o = {NULL, 0, 0};
+    out_t o = {NULL, 0, 0}, r = {NULL, 0, 0};
+    size_t *spans = NULL;
+    Py_ssize_t *keys = NULL;
     plan_t *plan = PyCapsule_GetPointer(capsule, "pydblog._myrow.plan");
     if (plan == NULL) goto done;
     if (present.len < (plan->n + 7) / 8) {
         PyErr_SetString(PyExc_ValueError, "a columns-present bitmap shorter than the plan's columns");
         goto done;
     }
-    cur_t c = {body.buf, body.len, 0, 0};
-    Py_ssize_t count = 0, nkey = PyTuple_GET_SIZE(key);
-    while (c.pos < c.len) {
-        PyObject *row = image(&c, plan, present.buf);
-        if (row == NULL) goto failed;
-        PyObject *k = _PyDict_NewPresized(nkey);
-        int ok = k != NULL;
-        for (Py_ssize_t i = 0; ok && i < nkey; i++) {
-            PyObject *name = PyTuple_GET_ITEM(key, i);
-            PyObject *v = PyDict_GetItemWithError(row, name);
-            if (v == NULL) {
-                if (!PyErr_Occurred()) c.inexact = 1; /* a key column the plan lacks */
-                ok = 0;
-            } else {
-                ok = PyDict_SetItem(k, name, v) == 0;
-            }
+    Py_ssize_t nkey = PyTuple_GET_SIZE(key);
+    spans = PyMem_Calloc(2 * (size_t)(plan->n ? plan->n : 1), sizeof(size_t));
+    keys = PyMem_Calloc((size_t)(nkey ? nkey : 1), sizeof(Py_ssize_t));
+    if (spans == NULL || keys == NULL) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t j = 0; j < nkey; j++) {
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(key, j));
+        if (index == -1 && PyErr_Occurred()) goto done;
+        if (index < 0 || index >= plan->n) {
+            PyErr_SetString(PyExc_ValueError, "a key column index outside the plan's columns");
+            goto done;
         }
-        ok = ok && (count == 0 || put(&o, "\n", 1)) && put_dumped(&o, &c, dumps, k) &&
-             put(&o, sep.buf, (size_t)sep.len) && put_dumped(&o, &c, dumps, row) && put(&o, "}", 1);
-        Py_XDECREF(k);
-        Py_DECREF(row);
+        keys[j] = index;
+    }
+    cur_t c = {body.buf, body.len, 0, 0};
+    Py_ssize_t count = 0;
+    while (c.pos < c.len) {
+        r.len = 0;
+        if (!json_image(&c, plan, present.buf, &r, dumps, spans)) goto failed;
+        int ok = (count == 0 || put(&o, "\n", 1)) && put(&o, "{", 1);
+        for (Py_ssize_t j = 0; ok && j < nkey; j++) {
+            const col_t *col = &plan->cols[keys[j]];
+            size_t from = spans[2 * keys[j]], to = spans[2 * keys[j] + 1];
+            ok = (j == 0 || put(&o, ",", 1)) && put(&o, col->name_json, col->name_json_len) &&
+                 put(&o, r.buf + from, to - from);
+        }
+        ok = ok && put(&o, "}", 1) && put(&o, sep.buf, (size_t)sep.len) && put(&o, r.buf, r.len) &&
+             put(&o, "}", 1);
         if (!ok) goto failed;
         count++;
     }
@@ -579,6 +746,9 @@ failed:
     if (c.inexact && !PyErr_Occurred()) result = Py_NewRef(Py_None);
 done:
     PyMem_Free(o.buf);
+    PyMem_Free(r.buf);
+    PyMem_Free(spans);
+    PyMem_Free(keys);
     PyBuffer_Release(&body);
     PyBuffer_Release(&present);
     PyBuffer_Release(&sep);

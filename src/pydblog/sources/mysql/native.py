@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 DISABLE_ENV = "PYDBLOG_NATIVE_BINLOG"
 """``PYDBLOG_NATIVE_BINLOG=0`` turns the native decoder off (benchmarks, tests)."""
-ABI_VERSION = 2
+ABI_VERSION = 3
 """The ``_myrow`` interface this module speaks (its ``VERSION``)."""
 _TAIL_SEP = TAIL_SEP.encode()
 
@@ -175,9 +175,9 @@ Image = dict[str, Any]
 
 
 def tails(event: Any, compiled: Any, mapper: BinlogRowMapper,
-          key: tuple[str, ...]) -> tuple[int, str] | list[Any] | None:
-    """A write rows event's rows as change-log tails (``events.RowRun``): ``(count,
-    text)``; its mapped rows (a list, as ``rows()`` gives them) where the C decoder
+          key: tuple[int, ...]) -> tuple[int, str] | list[Any] | None:
+    """A write rows event's rows as change-log tails (``events.RowRun``; ``key``: the
+    key columns' indexes): ``(count, text)``; its mapped rows (a list, as ``rows()`` gives them) where the C decoder
     handed the body back; None where the event is not for this path (its body unread)."""
     if (event.event_type == BINLOG.PARTIAL_UPDATE_ROWS_EVENT or not event.complete
             or event._ignore_decode_errors):

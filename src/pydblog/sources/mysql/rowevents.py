@@ -38,6 +38,7 @@ class _Mapper:
     label: tuple[str, str]  # (schema, table) put on the events
     table_schema: TableSchema | None
     native: Any  # the table's compiled native plan, or None (decoded in Python)
+    key_at: tuple[int, ...]  # the key columns' indexes in the TABLE_MAP
 
 
 class RowEvents:
@@ -98,7 +99,7 @@ class RowEvents:
         if isinstance(event, WriteRowsEvent):
             images = None
             if self.run_rows and mapper.kind == "captured" and mapper.native is not None:
-                found = native.tails(event, mapper.native, mapper.rows, key)
+                found = native.tails(event, mapper.native, mapper.rows, mapper.key_at)
                 if isinstance(found, tuple):
                     yield from self._runs(db, name, tx, ts_ms, found[0], found[1])
                     return
@@ -191,8 +192,13 @@ class RowEvents:
         if kind == "captured":
             ts = self._binlog_schema(event.table_id, db, name, table.columns, json_cols, key)
         compiled = native.plan(table.columns, json_cols) if kind != "skip" else None
+        names = [c.name for c in table.columns]
+        key_at = tuple(names.index(k) for k in key) if all(k in names for k in key) else ()
+        if compiled is not None and len(key_at) != len(key):
+            compiled = None  # (a key the TABLE_MAP does not name: decoded in Python)
         mapper = _Mapper(
-            table, BinlogRowMapper.build(table.columns, json_cols), key, kind, label, ts, compiled
+            table, BinlogRowMapper.build(table.columns, json_cols), key, kind, label, ts,
+            compiled, key_at,
         )
         self.mappers[event.table_id] = mapper
         return mapper
