@@ -323,3 +323,26 @@ def test_insert_tails_hand_back_what_rows_hands_back() -> None:
         mod.tails(compiled, b"", b"\x01", [0], orjson.dumps, b",")
     with pytest.raises(ValueError, match="key column index"):
         mod.tails(compiled, b"", b"\x01", (1,), orjson.dumps, b",")
+
+
+@needs_decoder
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_insert_tails_of_arbitrary_bytes_equal_the_python_path_or_are_handed_back(
+        data: st.DataObject) -> None:
+    import orjson
+
+    from pydblog.events import TAIL_SEP
+
+    table = data.draw(tables())
+    compiled, columns, json_cols = compile_table(table)
+    n = len(table)
+    body = data.draw(st.binary(max_size=200))
+    got = mod.tails(compiled, body, _bits([True] * n), (0,), orjson.dumps, TAIL_SEP.encode())
+    if got is None:
+        return
+    rows = python_path(columns, json_cols, body, _bits([True] * n), None)
+    name = columns[0].name
+    assert got == (len(rows), "\n".join(
+        orjson.dumps({name: r[name]}).decode() + TAIL_SEP + orjson.dumps(r).decode() + "}"
+        for r in rows))
