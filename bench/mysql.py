@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -147,9 +148,17 @@ def source_rate(server: MariaDB, checkpoint: Any, rows: int) -> float:
     return n / elapsed
 
 
-def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int, dict[str, float]]:
-    """Rows/s of `dblog run` from its first logged event to the ``rows``-th, its peak
-    RSS, and its CPU per row over the same span, per thread (``MainThread`` is ``python``)."""
+def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int, dict[str, float], int]:
+    """Rows/s of `dblog run` (defaults: the HTTP API on) from its first logged event to
+    the ``rows``-th, its peak RSS, its CPU per row over the same span, per thread
+    (``MainThread`` is ``python``), and how often a scraper read its ``/metrics`` meanwhile
+    (bench/stream.py's: every second)."""
+    from stream import scrape  # bench/stream.py
+
+    scraping = threading.Event()
+    scrapes = [0]
+    scraper = threading.Thread(target=scrape, args=(data, scraping, scrapes), daemon=True)
+    scraper.start()
     env = {**os.environ}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pydblog", "run", "--config", str(config)],
@@ -175,9 +184,11 @@ def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int, dict[st
                 assert first_t is not None
                 cpu = {k: (v - first_cpu.get(k, 0.0)) * 1e6 / (n - first_n)
                        for k, v in thread_cpu(proc.pid).items()}
-                return (n - first_n) / (now - first_t), peak_rss_kb(proc.pid), cpu
+                return (n - first_n) / (now - first_t), peak_rss_kb(proc.pid), cpu, scrapes[0]
             time.sleep(0.05)
     finally:
+        scraping.set()
+        scraper.join()
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
 
@@ -256,7 +267,8 @@ def main() -> None:
         print(f"same loop with pydblog's row decoder: {fast:,.0f} rows/s ({fast / raw:.2f} x raw)")
         src = source_rate(server, start, args.rows)
         print(f"pydblog MySqlLogSource.stream(): {src:,.0f} rows/s ({src / raw:.2f} x raw)")
-        e2e, rss, cpu = end_to_end(config, data, args.rows)
+        e2e, rss, cpu, scrapes = end_to_end(config, data, args.rows)
+        print(f"  /metrics scraped {scrapes} times meanwhile")
         print("  dblog run CPU per row by thread: " + ", ".join(
             f"{k} {v:.2f} us" for k, v in sorted(cpu.items()) if v >= 0.005))
         print(
@@ -277,6 +289,7 @@ def main() -> None:
         "dblog_run_over_binlog_dump": round(e2e / dump, 3),
         "dblog_run_cpu_us_per_row_by_thread": {k: round(v, 3) for k, v in sorted(cpu.items())},
         "peak_rss_mb": round(rss / 1024),
+        "metrics_scrapes": scrapes,
     })
 
 
