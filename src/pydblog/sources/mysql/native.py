@@ -4,7 +4,9 @@ For a table whose every column has a native reader (integers, FLOAT/DOUBLE, text
 binary strings, DATE, DATETIME2, TIMESTAMP2, DECIMAL, YEAR, ENUM, and MariaDB's JSON
 alias of LONGTEXT), ``plan()`` compiles the TABLE_MAP's columns once and ``rows()``
 decodes each rows event from one buffer in C, with the values already mapped
-(``types.BinlogRowMapper``): no library value, no second pass per row.
+(``types.BinlogRowMapper``): no library value, no second pass per row. ``tails()``
+goes further for a WRITE rows event: each row's change-log envelope tail (key and row
+JSON, as ``encode_event`` writes them), for ``events.RowRun``.
 
 Invariants: ``rows()`` gives exactly what ``fastrows`` plus ``BinlogRowMapper.map`` give
 for the same event (``tests/unit/test_native_binlog.py`` checks every reader against them
@@ -171,14 +173,13 @@ def plan(columns: Sequence[Any], json_columns: frozenset[str]) -> Any | None:
     return mod.compile(tuple(specs))
 
 
-Image = dict[str, Any]
-
 
 def tails(event: Any, compiled: Any, mapper: BinlogRowMapper,
           key: tuple[int, ...]) -> tuple[int, str] | list[Any] | None:
     """A write rows event's rows as change-log tails (``events.RowRun``; ``key``: the
-    key columns' indexes): ``(count, text)``; its mapped rows (a list, as ``rows()`` gives them) where the C decoder
-    handed the body back; None where the event is not for this path (its body unread)."""
+    key columns' indexes): ``(count, text)``; its mapped rows (a list, as ``rows()``
+    gives them) where the C decoder handed the body back; None where the event is not
+    for this path (its body unread)."""
     if (event.event_type == BINLOG.PARTIAL_UPDATE_ROWS_EVENT or not event.complete
             or event._ignore_decode_errors):
         return None
