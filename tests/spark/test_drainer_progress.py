@@ -589,3 +589,15 @@ def test_a_kill_while_the_first_batch_was_logged_leaves_a_checkpoint_that_starts
     assert run_sync(cfg, available_now=True) == 0
     with psycopg.connect(pg_db) as conn:
         assert conn.execute("SELECT count(*) FROM mirror.orders").fetchone() == (5,)
+
+
+def test_progress_stays_below_a_commit_time_a_later_commit_may_share(tmp_path: Path) -> None:
+    """Once a source's whole log is applied, its progress time stays below the newest
+    applied commit time (unless a heartbeat is later): a transaction logged after it
+    may commit in the same millisecond (the same second on MySQL/MariaDB)."""
+    from pydblog.config import SyncSourceConfig
+    from pydblog.spark.drain import Drain
+
+    _write(tmp_path / "a", [(1_000, Op.CREATE, 1, "x")])  # its checkpoint: long ago
+    drain = Drain([SyncSourceConfig(name="a", log=LogConfig(path=str(tmp_path / "a")))], [])
+    assert drain.progress_after("a", 1, 1_000) == 999
