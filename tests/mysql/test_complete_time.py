@@ -9,12 +9,18 @@ never reach a second a later commit can still be stamped with: the sync's ``T`` 
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from pydblog.changelog import complete_ms
 from pydblog.devtools.mysql57 import TestServer
 from tests.contract.capture import Capture
 from tests.mysql.harness import MariaHarness
+
+
+def _logged(id_: int, events: list[dict[str, Any]]) -> bool:
+    return any((e.get("after") or {}).get("id") == id_ for e in events)
 
 
 def test_the_log_is_never_complete_up_to_a_second_still_to_come(
@@ -31,18 +37,18 @@ def test_the_log_is_never_complete_up_to_a_second_still_to_come(
                 time.sleep(0.01)
             second = int(time.time())
             h.execute(f"INSERT INTO t VALUES ({2 * i})")
-            cap.wait_until(lambda ev, i=i: any((e.get("after") or {}).get("id") == 2 * i
-                                               for e in ev), 10, "the first commit")
+            cap.wait_until(partial(_logged, 2 * i), 10, "the first commit")
             claimed = complete_ms(log)
             h.execute(f"INSERT INTO t VALUES ({2 * i + 1})")
             if int(time.time()) != second:
                 continue  # the machine was too slow: the second passed, try again
-            events = cap.wait_until(lambda ev, i=i: any(
-                (e.get("after") or {}).get("id") == 2 * i + 1 for e in ev), 10, "the second")
+            events = cap.wait_until(partial(_logged, 2 * i + 1), 10, "the second commit")
             stamp = next(e["source"]["ts_ms"] for e in events
                          if (e.get("after") or {}).get("id") == 2 * i + 1)
             assert claimed is not None and stamp > claimed, (
                 f"the log claimed to be complete up to {claimed}, then a commit stamped "
                 f"{stamp} was logged")
             seen += 1
+            if seen == 2:
+                break
     assert seen >= 2, "no two commits fell in one second"
