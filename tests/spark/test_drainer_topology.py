@@ -570,6 +570,22 @@ def _run(topo: Topology, tmp: Path, consistent: bool, seed: int) -> tuple[list[S
         else:
             srcs[victim[0]].cap.start()
 
+    def caught_up(timeout: float) -> None:
+        """Until every capture logged a marker and the streaming sync applied it."""
+        for src in srcs.values():
+            src.cap.caught_up(timeout=180)
+        ends = {name: src.cap.end() for name, src in srcs.items()}
+        deadline = time.monotonic() + timeout
+        while True:
+            assert jobs[-1].poll() is None, f"the sync ended by itself:\n{job_log()}"
+            got = _read_pg(topo.replica, False)
+            applied = {} if got is None else {s: m[2] for s, m in got[0].items()}
+            if all((applied.get(s) or 0) >= e for s, e in ends.items()):
+                return
+            assert time.monotonic() < deadline, (
+                f"the sync did not catch up: applied {applied}, logs {ends}")
+            time.sleep(1)
+
     samples: list[Sample] = []
     loads = [_load(src, 300, seed * 10 + i, 5.0) for i, src in enumerate(srcs.values())]
     try:
@@ -579,19 +595,15 @@ def _run(topo: Topology, tmp: Path, consistent: bool, seed: int) -> tuple[list[S
                                          down=(0.0, 2.0), each_round=pick,
                                          note=lambda: victim[0])
             with reporting(kills):
-                for src in srcs.values():
-                    src.cap.caught_up(timeout=180)
-                ends = {name: src.cap.end() for name, src in srcs.items()}
-                deadline = time.monotonic() + 420
-                while True:  # the streaming sync applies everything logged
-                    assert jobs[-1].poll() is None, f"the sync ended by itself:\n{job_log()}"
-                    got = _read_pg(topo.replica, False)
-                    applied = {} if got is None else {s: m[2] for s, m in got[0].items()}
-                    if all((applied.get(s) or 0) >= e for s, e in ends.items()):
-                        break
-                    assert time.monotonic() < deadline, (
-                        f"the sync did not catch up: applied {applied}, logs {ends}")
-                    time.sleep(1)
+                caught_up(420)
+                # then a trickle, one transaction a source every 0.8 s, that the caught-up
+                # sync follows: T and the progress times then stand right behind the
+                # commits, where a later commit of the same second (or millisecond) as
+                # a time they claimed would show
+                with writing(*(_load(src, 25, seed * 10 + 7 + i, 1.25)
+                               for i, src in enumerate(srcs.values()))):
+                    pass
+                caught_up(240)
                 time.sleep(2)  # samples of the caught-up sync (heartbeats move T)
         for src in srcs.values():
             src.cap.stop()
