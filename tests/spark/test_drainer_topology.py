@@ -120,13 +120,15 @@ class Source:
 def _load(src: Source, n: int, seed: int, per_s: float) -> Load:
     """``n`` transactions of 1-2 changes of ``orders`` or ``items`` (keys 1..40, so the
     shards' keys overlap): a key deleted and inserted again (key reuse), an update (a
-    NULL now and then), a delete; at most ``per_s`` transactions a second. Runs to its
-    end (the ``writing`` block waits for it)."""
+    NULL now and then), a delete; ``per_s`` transactions a second on average, at
+    random intervals (0.2-1.8 times the mean: a commit falls anywhere in a second, also
+    right after what the sync just applied). Runs to its end (the ``writing`` block
+    waits for it)."""
 
     def run(stop: threading.Event) -> None:
         rng = random.Random(seed)
         conn = src.connect()
-        start = time.monotonic()
+        at = time.monotonic()
         try:
             for j in range(n):
                 statements = []
@@ -145,7 +147,8 @@ def _load(src: Source, n: int, seed: int, per_s: float) -> Load:
                     else:
                         statements.append(f"DELETE FROM {table} WHERE id = {i}")
                 src.tx(conn, statements)
-                ahead = start + (j + 1) / per_s - time.monotonic()
+                at += rng.uniform(0.2, 1.8) / per_s
+                ahead = at - time.monotonic()
                 if ahead > 0:
                     time.sleep(ahead)
         finally:
@@ -596,11 +599,11 @@ def _run(topo: Topology, tmp: Path, consistent: bool, seed: int) -> tuple[list[S
                                          note=lambda: victim[0])
             with reporting(kills):
                 caught_up(420)
-                # then a trickle, one transaction a source every 0.8 s, that the caught-up
-                # sync follows: T and the progress times then stand right behind the
-                # commits, where a later commit of the same second (or millisecond) as
-                # a time they claimed would show
-                with writing(*(_load(src, 25, seed * 10 + 7 + i, 1.25)
+                # then a trickle, a transaction a source every 1.7 s on average, that the
+                # caught-up sync follows: the progress times then come from the newest
+                # commits and the heartbeats, right behind the commits, where a later
+                # commit of the same second (or millisecond) as a time they claimed shows
+                with writing(*(_load(src, 20, seed * 10 + 7 + i, 0.6)
                                for i, src in enumerate(srcs.values()))):
                     pass
                 caught_up(240)
