@@ -46,6 +46,15 @@ class Checkpoint:
             }
         )
 
+    def complete_ms(self, written_ms: int) -> int:
+        """The source time a change log is complete up to when this checkpoint, outside
+        any transaction, was written at ``written_ms`` (the capture's clock: every commit
+        before it is logged): ``written_ms``, or the end of the second before it for a
+        source whose commit times are whole seconds (``commit_time_unit_ms`` of its
+        position: MySQL/MariaDB stamp a commit later in that second with its start)."""
+        unit = int(getattr(self.position, "commit_time_unit_ms", 1))
+        return written_ms if unit <= 1 else written_ms // unit * unit - 1
+
     @classmethod
     def from_bytes(cls, raw: bytes | str) -> Checkpoint:
         data = orjson.loads(raw)

@@ -74,6 +74,7 @@ class PgPosition:
     """
 
     kind: ClassVar[str] = "pg"
+    commit_time_unit_ms: ClassVar[int] = 1  # commit times: milliseconds
     commit_lsn: Lsn
     index: int = 0
     end_lsn: Lsn | None = None

@@ -275,3 +275,28 @@ def sync_state(
             out.append(f"{log.name}: " + ("\n  ".join(["", *lines[-40:]]) if lines else "(no batch lines)"))
         attempt(log.name, job_log)
     return "\n".join(out)
+
+
+def merged_rows(where: str | Path | tuple[Any, str], table: str,
+                cols: Sequence[str]) -> set[tuple[Any, ...]]:
+    """The rows of a merged target, as tuples of ``cols``: ``where`` a Delta lake (a
+    ``Path``: ``table`` is ``schema.table`` under it), a PostgreSQL DSN (``table``
+    qualified by the sink's schema) or a MySQL/MariaDB ``(server, database)``; an
+    absent table has no rows."""
+    if isinstance(where, Path):
+        path = where.joinpath(*table.split("."))
+        if not DeltaTable.is_deltatable(str(path)):
+            return set()
+        return {tuple(r[c] for c in cols)
+                for r in DeltaTable(str(path)).to_pyarrow_table(columns=list(cols)).to_pylist()}
+    select = f"SELECT {', '.join(cols)} FROM {table}"
+    if isinstance(where, str):
+        with psycopg.connect(where) as conn:
+            if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() == (None,):
+                return set()
+            return {tuple(r) for r in conn.execute(select).fetchall()}
+    server, db = where
+    if not server.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = "
+                          f"'{db}' AND table_name = '{table}'"):
+        return set()
+    return {tuple(r) for r in server.execute(select, db)}

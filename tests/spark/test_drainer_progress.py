@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pydblog.changelog.sqlite import SqliteChangeLog, log_path
-from pydblog.config import Config, parse_config
+from pydblog.config import Config, LogConfig, parse_config
 from pydblog.core.drainer import SchemaConflict
 from pydblog.devtools.synth import SyntheticLoad, write_load
 from pydblog.events import ChangeEvent, Op
@@ -179,13 +179,17 @@ class _Shard:
     """A source's change log written by a thread: a transaction of 1-3 events of
     public.orders (ids 0..29) every ``period`` seconds while ``running`` is set, each
     stamped with the wall clock (later than the last append's checkpoint, the log's
-    heartbeat: no event is ever at or below a time the log was complete up to)."""
+    heartbeat: no event is ever at or below a time the log was complete up to). With
+    ``kafka``, the log is that Kafka log, and each pause begins with an idle commit (the
+    writer's heartbeat: the log is complete up to its clock)."""
 
-    def __init__(self, directory: Path, period: float, seed: int) -> None:
+    def __init__(self, directory: Path, period: float, seed: int,
+                 kafka: LogConfig | None = None) -> None:
         import random
         import threading
 
         self.directory = directory
+        self.kafka = kafka
         self.period = period
         self.rng = random.Random(seed)
         self.events: list[tuple[int, str, int, str | None]] = []  # (ts, op, id, v), log order
@@ -193,7 +197,24 @@ class _Shard:
         self.running = threading.Event()
         self.paused = threading.Event()
         self.lsn = 1_000
-        _write(directory, [])
+        if kafka is None:
+            _write(directory, [])
+        else:
+            from pydblog.changelog.kafka.writer import KafkaChangeLog
+            from pydblog.ports import Checkpoint
+
+            writer = KafkaChangeLog(kafka)
+            try:
+                writer.append([], Checkpoint(None), [ORDERS])
+            finally:
+                writer.close()
+
+    def _open(self) -> Any:
+        if self.kafka is None:
+            return SqliteChangeLog(self.directory)
+        from pydblog.changelog.kafka.writer import KafkaChangeLog
+
+        return KafkaChangeLog(self.kafka)
 
     def run(self, stop: Any) -> None:
         import time
@@ -201,11 +222,13 @@ class _Shard:
         from pydblog.events import encode_event
         from pydblog.ports import Checkpoint
 
-        log = SqliteChangeLog(self.directory)
+        log = self._open()
         try:
             last = 0
             while not stop.is_set():
                 if not self.running.is_set():
+                    if self.kafka is not None and not self.paused.is_set():
+                        log.append([], Checkpoint(None))  # a heartbeat
                     self.paused.set()
                     stop.wait(0.02)
                     continue
@@ -396,12 +419,16 @@ def test_consistent_targets_are_a_cut_of_every_source_at_each_round(
 
 
 @pytest.mark.slow  # a Spark job started five times: over the default suite's budget
-def test_consistent_sync_killed_mid_round_resumes_exactly(pg_db: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["embedded", "kafka"])
+def test_consistent_sync_killed_mid_round_resumes_exactly(
+        request: pytest.FixtureRequest, kind: str, pg_db: str, tmp_path: Path) -> None:
     """``kill -9`` of a continuous consistent sync (its whole process group: Spark's
-    JVM and planners) at random moments while three sources are written: after each
-    restart the rounds go on from the state file (round numbers and the cut never move
-    back), samples stay between the last complete cut and the round's time, and once
-    the writes stop the target is exactly the cut of every source at the logs' time."""
+    JVM and planners) at random moments while three sources are written (``kafka``:
+    the busiest one's log is a Kafka log, the others embedded): after each restart the
+    rounds go on from the state file (round numbers and the cut never move back),
+    samples stay between the last complete cut and the round's time, and once the
+    writes stop the target is exactly the cut of every source at the logs' time."""
+    import json
     import os
     import signal
     import subprocess
@@ -414,8 +441,24 @@ def test_consistent_sync_killed_mid_round_resumes_exactly(pg_db: str, tmp_path: 
     from pydblog.spark.rounds import ROUNDS_FILE, least_complete, read_state
     from tests.chaos import kill_and_restart, kill_seed, writing
 
-    shards = {n: _Shard(tmp_path / n, period, seed)
+    logs_cfg = {n: LogConfig(path=str(tmp_path / n)) for n in ("a", "b", "c")}
+    if kind == "kafka":
+        pytest.importorskip("confluent_kafka", reason="pip install 'pydblog[kafka]'")
+        import uuid
+
+        logs_cfg["a"] = LogConfig(type="kafka", path=str(tmp_path / "a"),
+                                  bootstrap_servers=request.getfixturevalue("kafka_bootstrap"),
+                                  topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3)
+    shards = {n: _Shard(tmp_path / n, period, seed,
+                        logs_cfg[n] if logs_cfg[n].type == "kafka" else None)
               for n, period, seed in (("a", 0.03, 11), ("b", 0.08, 12), ("c", 0.25, 13))}
+
+    def inline(log: LogConfig) -> str:
+        keys = ["type", "path", "bootstrap_servers", "topic_prefix", "partitions"]
+        data = log.model_dump()
+        return ", ".join(f"{k} = {json.dumps(data[k])}" for k in keys
+                         if data.get(k) is not None and (k != "type" or log.type == "kafka"))
+
     config = tmp_path / "sync.toml"
     config.write_text(f"""
 [source]
@@ -437,13 +480,13 @@ parallelism = 1
 """ + "".join(f"""
 [[sync.sources]]
 name = "{n}"
-log = {{ path = "{tmp_path / n}" }}
+log = {{ {inline(logs_cfg[n])} }}
 """ for n in shards) + """
 [[sync.routes]]
 tables = 'public\\.orders'
 target = "public.orders"
 """)
-    logs = {n: f'{{"path": "{tmp_path / n}"}}' for n in shards}
+    logs = {n: c.model_dump_json() for n, c in logs_cfg.items()}
     state_path = tmp_path / "log" / ROUNDS_FILE
     procs: list[subprocess.Popen[bytes]] = []
     out = (tmp_path / "job.log").open("ab")
@@ -546,3 +589,15 @@ def test_a_kill_while_the_first_batch_was_logged_leaves_a_checkpoint_that_starts
     assert run_sync(cfg, available_now=True) == 0
     with psycopg.connect(pg_db) as conn:
         assert conn.execute("SELECT count(*) FROM mirror.orders").fetchone() == (5,)
+
+
+def test_progress_stays_below_a_commit_time_a_later_commit_may_share(tmp_path: Path) -> None:
+    """Once a source's whole log is applied, its progress time stays below the newest
+    applied commit time (unless a heartbeat is later): a transaction logged after it
+    may commit in the same millisecond (the same second on MySQL/MariaDB)."""
+    from pydblog.config import SyncSourceConfig
+    from pydblog.spark.drain import Drain
+
+    _write(tmp_path / "a", [(1_000, Op.CREATE, 1, "x")])  # its checkpoint: long ago
+    drain = Drain([SyncSourceConfig(name="a", log=LogConfig(path=str(tmp_path / "a")))], [])
+    assert drain.progress_after("a", 1, 1_000) == 999

@@ -25,6 +25,7 @@ from tests.contract.capture import Capture
 from tests.contract.harness import PgHarness
 from tests.helpers import DBLOG, write_config
 from tests.mysql.harness import MariaHarness
+from tests.spark.helpers import merged_rows
 
 Row = tuple[Any, ...]
 
@@ -125,12 +126,10 @@ def test_three_sources_merged_into_delta_and_postgres(
     assert len(want) == 30 - 4 + 25 - 5 + 20
     cols = ["_dblog_source", "_dblog_db", "_dblog_schema", "id", "amount", "note", "b_only"]
 
-    got_delta = {tuple(r[c] for c in cols) for r in
-                 DeltaTable(str(lake / "public" / "orders")).to_pyarrow_table().to_pylist()}
-    assert got_delta == want
+    assert merged_rows(lake, "public.orders", cols) == want
+    assert merged_rows(replica, "merged.orders", cols) == want
+    assert merged_rows((mariadb, mysql_db), "orders", cols) == want
     with psycopg.connect(replica) as conn:
-        got_pg = {tuple(r) for r in conn.execute(
-            f"SELECT {', '.join(cols)} FROM merged.orders").fetchall()}
         marks: dict[str, int] = dict(conn.execute(
             "SELECT source, progress_ms FROM merged._dblog_watermarks").fetchall())
         low = conn.execute("SELECT min(low_ms) FROM merged._dblog_watermarks").fetchone()
@@ -140,9 +139,6 @@ def test_three_sources_merged_into_delta_and_postgres(
             "SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_index i JOIN pg_attribute a "
             "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
             "WHERE i.indrelid = 'merged.orders'::regclass AND i.indisprimary").fetchone()
-    assert got_pg == want
-    got_my = {tuple(r) for r in mariadb.execute(f"SELECT {', '.join(cols)} FROM orders", mysql_db)}
-    assert got_my == want
     my_marks = dict(mariadb.execute("SELECT source, progress_ms FROM _dblog_watermarks", mysql_db))
     assert my_marks == marks
     assert key is not None and key[0] == ["_dblog_source", "_dblog_db", "_dblog_schema", "id"]
@@ -202,16 +198,12 @@ def test_three_sources_merged_into_delta_and_postgres(
     assert run_sync(cfg, available_now=True) == 0
     b1 = next(r for r in want if r[0] == "pg_b" and r[3] == 1)
     healed = (want - {b1}) | {("pg_b", f"sb_{stamp}", "public", 998, None, "ghost", None)}
-    got_delta = {tuple(r[c] for c in cols) for r in
-                 DeltaTable(str(lake / "public" / "orders")).to_pyarrow_table().to_pylist()}
+    got_delta = merged_rows(lake, "public.orders", cols)
     b998 = {r for r in got_delta if r[0] == "pg_b" and r[3] == 998}
     assert len(b998) == 1
     assert got_delta == (healed - {("pg_b", f"sb_{stamp}", "public", 998, None, "ghost", None)}) | b998
-    with psycopg.connect(replica) as conn:
-        assert {tuple(r) for r in conn.execute(
-            f"SELECT {', '.join(cols)} FROM merged.orders").fetchall()} == healed
-    assert {tuple(r) for r in mariadb.execute(
-        f"SELECT {', '.join(cols)} FROM orders", mysql_db)} == healed
+    assert merged_rows(replica, "merged.orders", cols) == healed
+    assert merged_rows((mariadb, mysql_db), "orders", cols) == healed
     want = healed
 
     # A truncate of one shard empties only its part of the merged table, in every sink;
@@ -227,14 +219,10 @@ def test_three_sources_merged_into_delta_and_postgres(
     assert run_sync(cfg, available_now=True) == 0
     want = {r for r in want if r[0] != "pg_a"}
     want |= {("pg_a", f"sa_{stamp}", "public", i, Decimal(i), "a-after", None) for i in (1, 200)}
-    got_delta = {tuple(r[c] for c in cols) for r in
-                 DeltaTable(str(lake / "public" / "orders")).to_pyarrow_table().to_pylist()}
+    got_delta = merged_rows(lake, "public.orders", cols)
     assert {r for r in got_delta if r[3] != 998} == {r for r in want if r[3] != 998}
-    with psycopg.connect(replica) as conn:
-        assert {tuple(r) for r in conn.execute(
-            f"SELECT {', '.join(cols)} FROM merged.orders").fetchall()} == want
-    assert {tuple(r) for r in mariadb.execute(
-        f"SELECT {', '.join(cols)} FROM orders", mysql_db)} == want
+    assert merged_rows(replica, "merged.orders", cols) == want
+    assert merged_rows((mariadb, mysql_db), "orders", cols) == want
 
 
 @pytest.mark.slow
@@ -450,10 +438,5 @@ def test_shards_written_concurrently_with_kill_9(
             want |= {("maria", my_db, my_db, i, None if a is None else Decimal(a), n)
                      for i, a, n in cur.fetchall()}
         cols = ["_dblog_source", "_dblog_db", "_dblog_schema", "id", "amount", "note"]
-        got_delta = {tuple(r[c] for c in cols) for r in
-                     DeltaTable(str(lake / "public" / "orders")).to_pyarrow_table().to_pylist()}
-        assert got_delta == want
-        with psycopg.connect(replica) as conn:
-            got_pg = {tuple(r) for r in conn.execute(
-                f"SELECT {', '.join(cols)} FROM merged.orders").fetchall()}
-        assert got_pg == want
+        assert merged_rows(lake, "public.orders", cols) == want
+        assert merged_rows(replica, "merged.orders", cols) == want

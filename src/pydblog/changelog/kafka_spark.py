@@ -940,7 +940,7 @@ def log_complete_ms(log_json: str) -> int | None:
     beat = None
     if last is not None and last.ts is not None and not (
             last.checkpoint is not None and last.checkpoint.extra.get("mid_tx")):
-        beat = last.ts
+        beat = last.ts if last.checkpoint is None else last.checkpoint.complete_ms(last.ts)
     if newest is None:
         return beat
     return newest if beat is None else max(newest, beat)

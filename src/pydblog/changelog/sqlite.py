@@ -609,15 +609,20 @@ class SqliteChangeLogReader(ChangeLogReader):
     def heartbeat(self) -> tuple[int, int] | None:
         """``(updated_ms, next_offset)`` of the capture's last checkpoint when it was
         written outside a transaction (a heartbeat or the end of one): the log then held
-        every source change up to when the capture wrote it (wall clock, ms), below
-        ``next_offset``. None before any checkpoint or mid-transaction. One read."""
+        every source change up to when the capture wrote it (wall clock, ms; for a
+        source stamping whole seconds the end of the second before:
+        ``Checkpoint.complete_ms``), below ``next_offset``. None before any checkpoint
+        or mid-transaction. One read."""
         if not self.ready():
             return None
         row = self._conn.execute(
             "SELECT updated_ms, next_offset, state FROM checkpoint WHERE id = 1").fetchone()
-        if row is None or row[0] is None or Checkpoint.from_bytes(row[2]).extra.get("mid_tx"):
+        if row is None or row[0] is None:
             return None
-        return int(row[0]), int(row[1])
+        cp = Checkpoint.from_bytes(row[2])
+        if cp.extra.get("mid_tx"):
+            return None
+        return cp.complete_ms(int(row[0])), int(row[1])
 
     def describe(self) -> dict[str, object]:
         nxt = self.next_offset()

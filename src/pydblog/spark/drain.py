@@ -19,8 +19,9 @@ and its own ``BatchApplier``; they share a ``Drain``, which
 Invariant: a source's progress time never passes what its applied events prove: the
 commit time of the first unapplied event minus one (commit times are in log order, and
 a batch may end inside a transaction), or, once the whole log is applied, the newest
-applied commit time (minus one while the capture's checkpoint is inside a transaction)
-or the time the capture last checkpointed with no transaction open (its heartbeat).
+applied commit time minus one (a commit logged later may share it) or the time the
+capture last checkpointed with no transaction open (its heartbeat; for a source
+stamping whole seconds, MySQL/MariaDB, the end of the second before it).
 """
 
 from __future__ import annotations
@@ -245,11 +246,10 @@ class Drain:
             nxt = reader.read(end, 1)
             if nxt:  # everything committed before the first unapplied event is applied
                 return int(nxt[0].ts_ms) - 1
-            cp = reader.last_checkpoint()
-            closed = cp is not None and not cp.extra.get("mid_tx")
-            # the newest applied transaction may go on in the log when the capture's
-            # checkpoint is inside it: complete only up to just before it
-            best = newest_ms if closed or newest_ms is None else newest_ms - 1
+            # a transaction logged later may commit in the same millisecond (second, on
+            # MySQL/MariaDB) as the newest applied one, or the newest may go on (the
+            # capture's checkpoint inside it): complete only up to just before it
+            best = None if newest_ms is None else newest_ms - 1
             return _most(best, heartbeat_ms(reader, end))
         finally:
             reader.close()

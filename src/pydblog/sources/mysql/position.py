@@ -76,6 +76,7 @@ class BinlogPosition:
     """An event's place in a MySQL/MariaDB binlog (see the module docstring)."""
 
     kind: ClassVar[str] = "mysql"
+    commit_time_unit_ms: ClassVar[int] = 1000  # the binlog stamps whole seconds
     file: str
     pos: int
     index: int = 0
