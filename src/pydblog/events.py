@@ -142,14 +142,7 @@ def encode_event(event: ChangeEvent, connector: str, db: str, now_ms: int) -> En
                     f"{t[5]}{ts}{t[6]}")
                 _remember_tx((key, now_ms, lsn, tx, ts), parts)
             if parts is not None:
-                tail: dict[str, Any] = {"key": event.key, "before": event.before, "after": event.after}
-                if event.unchanged:
-                    tail["unchanged"] = list(event.unchanged)
-                if event.notification is not None:
-                    tail["notification"] = event.notification
-                rest = orjson.dumps(tail).decode()
-                return _new_tuple(EncodedEvent, (parts[0], event.op, ts,
-                                                 f"{parts[1]}{index}{parts[2]}{rest[1:]}"))
+                return _in_parts(event, parts, index)
     elif type(ts) is int and type(now_ms) is int:
         tx_key = getattr(pos, "tx_key", None)
         at: Any = getattr(pos, "index", None)
@@ -157,22 +150,9 @@ def encode_event(event: ChangeEvent, connector: str, db: str, now_ms: int) -> En
             # Positions that name their transaction (``tx_key``: what ``source_fields``
             # holds besides ``index``): the envelope around the index, cut once per
             # table, op and transaction out of a probe's own text.
-            key = (event.op, event.schema, event.table, event.snapshot, connector, db)
-            last = _LAST_TX
-            if last[0] == (key, now_ms, tx_key, ts):
-                parts = last[1]
-            else:
-                parts = _tx_parts(event, connector, db, now_ms)
-                _remember_tx((key, now_ms, tx_key, ts), parts)
+            parts = _cached_tx_parts(event, tx_key, connector, db, now_ms)
             if parts is not None:
-                tail = {"key": event.key, "before": event.before, "after": event.after}
-                if event.unchanged:
-                    tail["unchanged"] = list(event.unchanged)
-                if event.notification is not None:
-                    tail["notification"] = event.notification
-                rest = orjson.dumps(tail).decode()
-                return _new_tuple(EncodedEvent, (parts[0], event.op, ts,
-                                                 f"{parts[1]}{at}{parts[2]}{rest[1:]}"))
+                return _in_parts(event, parts, at)
     return EncodedEvent(
         f"{event.schema}.{event.table}",
         event.op,
@@ -190,6 +170,32 @@ envelope text before the index, text after it up to the key))``."""
 def _remember_tx(key: tuple[Any, ...], parts: tuple[str, str, str] | None) -> None:
     global _LAST_TX
     _LAST_TX = (key, parts)
+
+
+def _in_parts(event: ChangeEvent, parts: tuple[str, str, str], index: int) -> EncodedEvent:
+    """``event`` encoded into its envelope's ``parts`` around ``index``: only ``key``,
+    ``before``, ``after`` and the optional fields pass through ``orjson``."""
+    tail: dict[str, Any] = {"key": event.key, "before": event.before, "after": event.after}
+    if event.unchanged:
+        tail["unchanged"] = list(event.unchanged)
+    if event.notification is not None:
+        tail["notification"] = event.notification
+    rest = orjson.dumps(tail).decode()
+    return _new_tuple(EncodedEvent, (parts[0], event.op, event.ts_ms,
+                                     f"{parts[1]}{index}{parts[2]}{rest[1:]}"))
+
+
+def _cached_tx_parts(event: ChangeEvent, tx_key: Any, connector: str, db: str,
+                     now_ms: int) -> tuple[str, str, str] | None:
+    """``_tx_parts`` of ``event``, kept for the next event of the same table, op,
+    transaction (``tx_key``) and times."""
+    key = (event.op, event.schema, event.table, event.snapshot, connector, db)
+    last = _LAST_TX
+    if last[0] == (key, now_ms, tx_key, event.ts_ms):
+        return last[1]
+    parts = _tx_parts(event, connector, db, now_ms)
+    _remember_tx((key, now_ms, tx_key, event.ts_ms), parts)
+    return parts
 _TEMPLATES: dict[tuple[Any, ...], tuple[str, ...] | None] = {}
 _TEMPLATES_MAX = 4096
 _SENTINELS = (-7_306_185_142_901, -7_306_185_142_902, -7_306_185_142_903,
@@ -778,14 +784,8 @@ def encode_row_run(run: RowRun, connector: str, db: str, now_ms: int) -> list[En
     tx_key = getattr(pos, "tx_key", None)
     parts = None
     if tx_key is not None and type(ts) is int and type(now_ms) is int and type(pos.index) is int:
-        key = (Op.CREATE, run.schema, run.table, SnapshotKind.NONE, connector, db)
-        last = _LAST_TX
-        if last[0] == (key, now_ms, tx_key, ts):
-            parts = last[1]
-        else:
-            probe = ChangeEvent(Op.CREATE, run.schema, run.table, pos, ts)
-            parts = _tx_parts(probe, connector, db, now_ms)
-            _remember_tx((key, now_ms, tx_key, ts), parts)
+        probe = ChangeEvent(Op.CREATE, run.schema, run.table, pos, ts)
+        parts = _cached_tx_parts(probe, tx_key, connector, db, now_ms)
     if parts is None:
         return [encode_event(e, connector, db, now_ms) for e in run.events()]
     return [_new_tuple(EncodedBlock, (parts[0], Op.CREATE, ts, run.size, run.tails, parts[1],

@@ -183,10 +183,7 @@ def python_path(columns: list[Any], json_cols: frozenset[str], body: bytes, firs
     assert len(readers) == len(columns)
     mapper = BinlogRowMapper.build(columns, json_cols)
     rows = fastrows.decode_body(readers, body, first, second, {})
-    if second is not None:
-        return [(mapper.map(r["before_values"], r["before_none_sources"]),
-                 mapper.map(r["after_values"], r["after_none_sources"])) for r in rows]
-    return [mapper.map(r["values"], r["none_sources"]) for r in rows]
+    return mapper.map_rows(rows, second is not None)
 
 
 def typed(value: Any) -> Any:

@@ -217,7 +217,4 @@ def _python_rows(event: Any, body: bytes, first: bytes, second: bytes | None,
         raise RuntimeError(f"{event.schema}.{event.table}: a native plan without fastrows readers")
     decoded = fastrows.decode_body(table_plan.readers, body, first, second,
                                    event._RowsEvent__none_sources)
-    if second is not None:
-        return [(mapper.map(r["before_values"], r["before_none_sources"]),
-                 mapper.map(r["after_values"], r["after_none_sources"])) for r in decoded]
-    return [mapper.map(r["values"], r["none_sources"]) for r in decoded]
+    return mapper.map_rows(decoded, second is not None)

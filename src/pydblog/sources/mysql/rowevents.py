@@ -160,11 +160,8 @@ class RowEvents:
             found = native.rows(event, mapper.native, mapper.rows)
             if found is not None:
                 return found
-        m = mapper.rows
-        if isinstance(event, WriteRowsEvent | DeleteRowsEvent):
-            return [m.map(r["values"], r["none_sources"]) for r in event.rows]
-        return [(m.map(r["before_values"], r["before_none_sources"]),
-                 m.map(r["after_values"], r["after_none_sources"])) for r in event.rows]
+        return mapper.rows.map_rows(event.rows,
+                                    not isinstance(event, WriteRowsEvent | DeleteRowsEvent))
 
     def _mapper(self, event: Any) -> _Mapper:
         table = event.table_map[event.table_id]

@@ -248,6 +248,15 @@ class BinlogRowMapper:
                 values[name] = []
         return values
 
+    def map_rows(self, rows: list[dict[str, Any]], update: bool) -> list[Any]:
+        """The library's rows of one rows event mapped: a dict per row, a (before,
+        after) pair per row of an update."""
+        m = self.map
+        if update:
+            return [(m(r["before_values"], r["before_none_sources"]),
+                     m(r["after_values"], r["after_none_sources"])) for r in rows]
+        return [m(r["values"], r["none_sources"]) for r in rows]
+
 
 # -- the SELECT path ----------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
