@@ -66,3 +66,18 @@ def test_the_executors_reduce_equals_the_drivers(spark: Any, data: st.DataObject
     t = t.take(pa.array(order, pa.int64()))
     parts = data.draw(st.integers(1, 3))
     assert executors(spark, t, parts) == driver(t)
+
+
+def test_hash_buckets_send_each_part_to_its_own_partition(spark: Any) -> None:
+    """The packed reduce's shuffle: the bucket of part ``p`` lands in Spark partition
+    ``p`` (no two parts share a task, none is left empty)."""
+    from pyspark.sql import functions as F
+
+    from pydblog.spark.plan import hash_buckets
+
+    for parts in (1, 2, 3, 8):
+        buckets = hash_buckets(spark, parts)
+        df = spark.createDataFrame([(b, p) for p, b in enumerate(buckets)], "bucket int, p int")
+        got = {(r["p"], r["pid"]) for r in df.repartition(parts, "bucket")
+               .select("p", F.spark_partition_id().alias("pid")).collect()}
+        assert got == {(p, p) for p in range(parts)}

@@ -206,29 +206,121 @@ def _before_scoped(t: pa.Table, scoped: Mapping[str, Sequence[tuple[int, str]]])
     return out
 
 
-def reduce_fn(parts: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """``mapInArrow`` over one shuffle partition of events (every event of its keys):
-    their net change per ``(table, key)`` as ``REDUCED_SCHEMA`` rows."""
+REDUCED_PACKED_SCHEMA = pa.schema(
+    [
+        ("schema", pa.string()),
+        ("table", pa.string()),
+        ("n", pa.int64()),
+        ("fresh", pa.bool_()),  # every row of the payload is ``fresh``
+        ("rows", pa.binary()),  # an Arrow IPC stream of REDUCED_SCHEMA rows of the table
+    ]
+)
+"""``SparkBatch.reduced_packed``: one row per table, shuffle partition and chunk of at
+most ``REDUCED_CHUNK_ROWS`` rows (and about ``REDUCED_CHUNK_BYTES``)."""
+
+REDUCED_CHUNK_ROWS = 65_536
+REDUCED_CHUNK_BYTES = 64 << 20
+
+SPLIT_SCHEMA = pa.schema([("bucket", pa.int32()), ("events", pa.binary())])
+"""The events of one packed payload bound for one shuffle partition (``bucket``, a
+value Spark's hash partitioning sends to the partition ``crc32(key) % parts``)."""
+
+
+def _pack_table(t: pa.Table) -> bytes:
+    from pydblog.spark.decode import PACK_COMPRESSION
+
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=PACK_COMPRESSION)
+    with pa.ipc.new_stream(sink, t.schema, options=options) as writer:
+        writer.write_table(t)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _unpack_table(payload: pa.BinaryScalar) -> pa.Table:
+    return pa.ipc.open_stream(payload.as_buffer()).read_all()
+
+
+def _chunks(t: pa.Table) -> Iterator[pa.Table]:
+    """``t`` in slices of at most ``REDUCED_CHUNK_ROWS`` rows and about
+    ``REDUCED_CHUNK_BYTES`` (a payload is one binary value: bounded well below 2 GiB)."""
+    n = t.num_rows
+    if n == 0:
+        return
+    per_row = max(1, t.nbytes // n)
+    step = max(1, min(REDUCED_CHUNK_ROWS, REDUCED_CHUNK_BYTES // per_row))
+    for i in range(0, n, step):
+        yield t.slice(i, step)
+
+
+def split_fn(
+    inner: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    parts: int,
+    buckets: Sequence[int],
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """``mapInArrow`` over packed rows: ``inner``'s events (with their ``part``,
+    ``crc32(key) % parts``), packed per part as ``SPLIT_SCHEMA`` rows whose ``bucket``
+    (``buckets[part]``) Spark's hash partitioning sends to partition ``part``: the
+    shuffle moves a few payloads, not every event as a row."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
-        if not tables:
-            return
-        ev = pa.concat_tables(tables)
-        for tc in reduce_events(ev).values():
-            yield pa.RecordBatch.from_pydict({
-                "schema": [tc.schema] * len(tc),
-                "table": [tc.table] * len(tc),
-                "key": tc.keys,
-                "op": tc.ops,
-                "offset": tc.offsets,
-                "text": tc.texts,
-                "unchanged": [list(u) for u in tc.unchanged],
-                "part": [zlib.crc32((k or "").encode()) % parts for k in tc.keys],
-                "fresh": [f and not u for f, u in zip(tc.fresh, tc.unchanged, strict=True)],
-            }, schema=REDUCED_SCHEMA)
+        for b in inner(batches):
+            if not b.num_rows:
+                continue
+            t = pa.Table.from_batches([b])
+            part = t["part"]
+            t = t.drop_columns(["part"])
+            for p in pc.unique(part).to_pylist():
+                mine = t.filter(pc.equal(part, p))
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([buckets[p]], pa.int32()), pa.array([_pack_table(mine)], pa.binary())],
+                    schema=SPLIT_SCHEMA)
 
     return run
+
+
+def _reduced_table(tc: Any, parts: int) -> pa.Table:
+    return pa.table({
+        "schema": pa.array([tc.schema] * len(tc), pa.string()),
+        "table": pa.array([tc.table] * len(tc), pa.string()),
+        "key": pa.array(tc.keys, pa.string()),
+        "op": pa.array(tc.ops, pa.string()),
+        "offset": pa.array(tc.offsets, pa.int64()),
+        "text": pa.array(tc.texts, pa.string()),
+        "unchanged": pa.array([list(u) for u in tc.unchanged], pa.list_(pa.string())),
+        "part": pa.array([zlib.crc32((k or "").encode()) % parts for k in tc.keys], pa.int32()),
+        "fresh": pa.array([f and not u for f, u in zip(tc.fresh, tc.unchanged, strict=True)],
+                          pa.bool_()),
+    }, schema=REDUCED_SCHEMA)
+
+
+def reduce_packed_fn(parts: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """``mapInArrow`` over one shuffle partition of ``SPLIT_SCHEMA`` rows (every event
+    of its keys): their net change per ``(table, key)`` as ``REDUCED_PACKED_SCHEMA``
+    rows."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        tables = [_unpack_table(p) for b in batches for p in b.column("events")]
+        tables = [t for t in tables if t.num_rows]
+        if not tables:
+            return
+        for tc in reduce_events(pa.concat_tables(tables)).values():
+            t = _reduced_table(tc, parts)
+            for chunk in _chunks(t):
+                yield pa.RecordBatch.from_arrays([
+                    pa.array([tc.schema], pa.string()), pa.array([tc.table], pa.string()),
+                    pa.array([chunk.num_rows], pa.int64()),
+                    pa.array([bool(pc.all(chunk["fresh"]).as_py())], pa.bool_()),
+                    pa.array([_pack_table(chunk)], pa.binary()),
+                ], schema=REDUCED_PACKED_SCHEMA)
+
+    return run
+
+
+def unpack_reduced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` over ``REDUCED_PACKED_SCHEMA`` rows: their ``REDUCED_SCHEMA`` rows."""
+    for b in batches:
+        for p in b.column("rows"):
+            yield from _unpack_table(p).to_batches()
 
 
 class _Rows:
@@ -247,11 +339,19 @@ class _Rows:
 def typed_fn(
     qualified: str, schema: pa.Schema, any_json: Sequence[str]
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """``mapInArrow`` over one table's reduced rows: the rows typed as ``schema`` plus
-    ``_dblog_op`` and ``_dblog_unchanged`` (the MERGE source)."""
+    """``mapInArrow`` over one table's reduced rows (``REDUCED_SCHEMA``, or packed:
+    ``REDUCED_PACKED_SCHEMA``): the rows typed as ``schema`` plus ``_dblog_op`` and
+    ``_dblog_unchanged`` (the MERGE source)."""
+
+    def rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            if "rows" in b.schema.names:  # REDUCED_PACKED_SCHEMA
+                yield from unpack_reduced(iter([b]))
+            else:
+                yield b
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for b in batches:
+        for b in rows(batches):
             if not b.num_rows:
                 continue
             texts = b.column("text").to_pylist()
@@ -294,6 +394,29 @@ def infer_fn(qualified: Sequence[str]) -> Callable[[Iterator[pa.RecordBatch]], I
         yield pa.RecordBatch.from_pydict({"schema": out}, schema=pa.schema([("schema", pa.string())]))
 
     return run
+
+
+_BUCKETS: dict[int, list[int]] = {}
+
+
+def hash_buckets(spark: Any, parts: int) -> list[int]:
+    """Per partition ``p < parts``, an integer that ``repartition(parts, col)`` (Spark's
+    hash partitioning: ``pmod(hash(col), parts)``) sends to partition ``p``."""
+    found = _BUCKETS.get(parts)
+    if found is None:
+        from pyspark.sql import functions as F
+
+        rows = (spark.range(0, 64 * parts)
+                .select(F.col("id").cast("int").alias("v"),
+                        F.pmod(F.hash(F.col("id").cast("int")), F.lit(parts)).alias("p"))
+                .collect())
+        first: dict[int, int] = {}
+        for r in rows:
+            first.setdefault(int(r["p"]), int(r["v"]))
+        if len(first) < parts:
+            raise RuntimeError(f"no hash bucket for some of {parts} partitions")
+        found = _BUCKETS[parts] = [first[p] for p in range(parts)]
+    return found
 
 
 @dataclass
@@ -467,17 +590,36 @@ class SparkBatch:
 
     def reduced(self, since: Mapping[str, int] | None = None) -> Any:
         """The net change per ``(table, key)`` of the row events ``>= since[table]``
-        (``REDUCED_SCHEMA``), computed on the executors and persisted for the batch."""
+        (``REDUCED_SCHEMA``), unpacked from ``reduced_packed``."""
+        return self.reduced_packed(since).mapInArrow(unpack_reduced, spark_schema(REDUCED_SCHEMA))
+
+    def reduced_packed(self, since: Mapping[str, int] | None = None) -> Any:
+        """``reduced(since)`` packed (``REDUCED_PACKED_SCHEMA``: a few rows per table),
+        computed on the executors and persisted for the batch. The events travel the
+        shuffle packed per partition (``split_fn``): Spark moves and caches a few
+        payloads per partition instead of every event and net row as a row of its own."""
         since = {q: v for q, v in (since or {}).items() if v > self.start}
         k = tuple(sorted(since.items()))
         df = self._reduced.get(k)
         if df is None:
-            ev = self.row_events(since, part=False)  # the reduce computes its own
-            df = (ev.repartition(self.parts, "schema", "table", "key")
-                  .mapInArrow(reduce_fn(self.parts), spark_schema(REDUCED_SCHEMA)))
             from pyspark import StorageLevel
 
-            df = df.persist(StorageLevel.MEMORY_AND_DISK)
+            spark = self.packed.sparkSession
+            cols = [c for c in ("offset", "op", "schema", "table", "key", "after", "unchanged")
+                    if c in self.columns]
+            inner = events_fn(columns_schema(self.columns), since, self.cuts(since), self.parts,
+                              rows=True, scoped=self.scoped_cuts(since))
+
+            def events(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                for b in inner(batches):
+                    yield b.select([*cols, "part"])
+
+            df = (self.packed
+                  .mapInArrow(split_fn(events, self.parts, hash_buckets(spark, self.parts)),
+                              spark_schema(SPLIT_SCHEMA))
+                  .repartition(self.parts, "bucket")
+                  .mapInArrow(reduce_packed_fn(self.parts), spark_schema(REDUCED_PACKED_SCHEMA))
+                  .persist(StorageLevel.MEMORY_AND_DISK))
             self._reduced[k] = df
         return df
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -96,8 +96,33 @@ def txn_version(spark: Any, path: str, app_id: str) -> int | None:
         return None
     jvm = spark._jvm
     snap = _delta_log(spark, path).update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+    # The version's checksum (``<version>.crc``, written by Spark's Delta after each
+    # commit) lists the table's transactions: read there it costs a file read, through
+    # the snapshot's state a state reconstruction (~1 s of Spark jobs per table and batch).
+    listed = _checksum_transactions(snap)
+    if listed is not None:
+        versions = [v for a, v in listed if a == app_id]
+        return max(versions) if versions else None
     found = snap.transactions().get(app_id)
     return int(found.get()) if found.isDefined() else None
+
+
+def _checksum_transactions(snap: Any) -> list[tuple[str, int]] | None:
+    """The ``(appId, version)`` transactions the snapshot's checksum lists (None: no
+    checksum, one without them, or a Delta whose snapshot does not expose it)."""
+    from py4j.protocol import Py4JError
+
+    try:
+        checksum = snap.checksumOpt()
+        if not checksum.isDefined():
+            return None
+        listed = checksum.get().setTransactions()
+        if not listed.isDefined():
+            return None
+        seq = listed.get()
+        return [(str(t.appId()), int(t.version())) for t in (seq.apply(i) for i in range(seq.size()))]
+    except Py4JError:
+        return None
 
 
 @contextmanager
@@ -234,14 +259,15 @@ class DeltaSink:
             purges = spark_purges(batch, since)  # repairs: spark/repairs.py
         except Exception as exc:
             raise SinkError(f"repairs: {_first_line(exc)}") from exc
-        fresh = fresh_tables(batch, reduced, [q for q in todo if q not in cuts and q not in purges])
+        fresh = fresh_tables(batch, batch.reduced_packed(since),
+                             [q for q in todo if q not in cuts and q not in purges])
         parts = batch.scoped_truncates(since)
         for q in todo:  # inferred schemas: one job for all tables, before the threads
             if q in batch.tables:
                 batch.schema_for(q)
         self._each(spark, lambda session, q: self._apply_table(
             batch, q, reduced, q in cuts, purges.get(q), q in fresh, session,
-            [scope for _, scope in parts.get(q, ())]), todo)
+            [scope for _, scope in parts.get(q, ())], since), todo)
 
     def write_watermarks(self, spark: Any, batch: SparkBatch) -> None:
         self.write_marks(spark, batch.watermarks, batch.source, batch.end, batch.cut_ms)
@@ -290,7 +316,8 @@ class DeltaSink:
 
     def _apply_table(self, batch: SparkBatch, qualified: str, reduced: Any, truncated: bool,
                      purge: SparkPurge | None = None, fresh: bool = False,
-                     session: Any = None, parts: Sequence[dict[str, str]] = ()) -> None:
+                     session: Any = None, parts: Sequence[dict[str, str]] = (),
+                     since: Mapping[str, int] | None = None) -> None:
         """One table's net change in one MERGE (an overwrite after a truncate, an
         insert-only write when ``fresh``: ``fresh_tables``) under the batch's
         ``txnAppId``/``txnVersion``. A repair's ``purge`` joins the same commit: the net
@@ -298,7 +325,9 @@ class DeltaSink:
         added to the MERGE's source as deletes. So do the target rows of the ``parts``
         (identities) of a merged target truncated in the batch, except the keys the
         batch writes again. DataFrames are built in the batch's session, the table's
-        commands run in ``session`` (default: the batch's)."""
+        commands run in ``session`` (default: the batch's). ``reduced`` is
+        ``batch.reduced(since)``; the MERGE source is read from its packed form where no
+        row is rewritten or added."""
         from pyspark.sql import functions as F
 
         spark = batch.packed.sparkSession
@@ -322,7 +351,11 @@ class DeltaSink:
                         if c.logical.lower() == "json" or c.logical.lower().startswith("array")]
             out = pa.schema([*fields, pa.field("_dblog_op", pa.string()),
                              pa.field("_dblog_unchanged", pa.list_(pa.string()))])
-            rows = reduced.where((reduced["schema"] == schema_name) & (reduced["table"] == table))
+            packed = batch.reduced_packed(since)
+            rows = packed.where((packed["schema"] == schema_name) & (packed["table"] == table))
+            if parts or purge is not None:  # rows are rewritten and added: unpacked
+                rows = reduced.where((reduced["schema"] == schema_name)
+                                     & (reduced["table"] == table))
             if parts:
                 gone_parts = _part_deletes(spark, path, schema, rows, parts)
                 if gone_parts:
@@ -480,6 +513,7 @@ def _part_deletes(spark: Any, path: str, schema: TableSchema, rows: Any,
 
 
 def fresh_tables(batch: SparkBatch, reduced: Any, candidates: list[str]) -> set[str]:
+    # ``reduced``: the batch's reduced rows, unpacked or packed (both have ``fresh``)
     """The tables of ``candidates`` whose every reduced key is ``fresh``: the key's first
     event applied by this batch is an insert (``c``) and the net row keeps nothing
     from the target. Such a table's batch is written insert-only, without a MERGE.
