@@ -132,7 +132,10 @@ def driver_rss_mib() -> tuple[float, float]:
     jvm = 0.0
     for kid in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
         try:
-            if "java" in Path(f"/proc/{kid}/comm").read_text():
+            # the driver JVM only (a --cluster-workers master and its workers are
+            # children too)
+            if ("java" in Path(f"/proc/{kid}/comm").read_text()
+                    and b"SparkSubmit" in Path(f"/proc/{kid}/cmdline").read_bytes()):
                 jvm = max(jvm, hwm(int(kid)))
         except OSError:
             continue

@@ -36,7 +36,7 @@ def build_sink(cfg: SinkConfig) -> Sink:
         from pydblog.spark.sinks.delta import DeltaSink
 
         assert cfg.path is not None
-        return DeltaSink(cfg.path, cfg.parallelism)
+        return DeltaSink(cfg.path, cfg.workers())
     if cfg.type == "history":
         from pydblog.spark.sinks.history import HistorySink
 
@@ -50,11 +50,11 @@ def build_sink(cfg: SinkConfig) -> Sink:
         from pydblog.spark.sinks.mysql import MySqlSink
 
         assert cfg.dsn is not None
-        return MySqlSink(cfg.dsn, cfg.schema_, cfg.parallelism)
+        return MySqlSink(cfg.dsn, cfg.schema_, cfg.workers())
     from pydblog.spark.sinks.postgres import PostgresSink
 
     assert cfg.dsn is not None
-    return PostgresSink(cfg.dsn, cfg.schema_, cfg.parallelism)
+    return PostgresSink(cfg.dsn, cfg.schema_, cfg.workers())
 
 
 def apply_with_retry(
