@@ -245,7 +245,7 @@ def test_every_kill_point_of_a_batch_replays_exactly(
     end = build_scenario(tmp_path / "log", SyntheticLoad(seed=78))
     assert copy_to_kafka(tmp_path / "log", kafka_log) == end
     cfg = load_config(write_config(tmp_path, kafka_log, pg_db))
-    assert [s.parallelism for s in cfg.sync.sinks] == [2, 2, 2]
+    assert [s.workers() for s in cfg.sync.sinks] == [3, 2, 2]
 
     point = [""]  # where the current batch dies
     real_table, real_prepare = DeltaSink._apply_table, PostgresSink._prepare

@@ -187,7 +187,7 @@ class PgMirror:
         return PgTable(self.conn, tschema, tname, schema)
 
     def applied(self) -> int:
-        return pg_applied(self.conn, self.cfg.schema_ or "public", self.cfg.parallelism)
+        return pg_applied(self.conn, self.cfg.schema_ or "public", self.cfg.workers())
 
     def close(self) -> None:
         self.conn.close()
@@ -218,7 +218,7 @@ class MyMirror:
     def applied(self) -> int:
         from pydblog.verifier.mysql import mysql_applied
 
-        return mysql_applied(self.conn, self.database, self.cfg.parallelism)
+        return mysql_applied(self.conn, self.database, self.cfg.workers())
 
     def close(self) -> None:
         self.conn.close()
