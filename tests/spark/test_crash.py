@@ -87,11 +87,12 @@ def history_version(tmp: Path) -> int | None:
     return DeltaTable(path).transaction_version("pydblog-history")
 
 
+@pytest.mark.slow
 def test_kill_9_between_sinks(spark: Any, pg_db: str, tmp_path: Path) -> None:
     """One job killed after the first sink (Delta) of a batch, before the others and
     before Spark's commit; a clean run replays the batch (the Delta mirrors skip it, the
-    sinks behind apply it), drains the rest and converges (the default suite's crash
-    test). The scenario at a quarter of its size (1,906 events, its added column and
+    sinks behind apply it), drains the rest and converges. (The default suite kills the
+    sync the same way over a Kafka log: ``tests/kafka/test_sync.py``.) The scenario at a quarter of its size (1,906 events, its added column and
     truncate); the killed batch is its first 150 events, snapshot rows: what the killed
     job does on its own JVM is kept small, the clean run (on the tests' shared session)
     drains the other steps in one batch. Kills in a batch after committed ones, after
