@@ -18,11 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pydblog.events import UNCHANGED_TOAST, Op
 from pydblog.spark import plan
 from pydblog.spark.plan import REDUCED_PACKED_SCHEMA, reduce_packed_fn, split_fn, unpack_reduced
 from pydblog.spark.reduce import reduce_events
-from tests.spark.test_reduce import batch, ev
+from tests.spark.test_reduce import batch, random_events
 
 COLS = ["offset", "op", "schema", "table", "key", "after", "unchanged"]
 
@@ -52,18 +51,7 @@ def _net(rows: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[Any, ...]]:
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_split_reduce_unpack_equals_the_whole_batch(data: st.DataObject) -> None:
-    keys = st.integers(0, 8)
-    one = st.one_of(
-        st.builds(lambda k, v: ev(Op.CREATE, k, {"id": k, "big": f"B{v}", "v": v}), keys,
-                  st.integers(0, 99)),
-        st.builds(lambda k, v: ev(Op.UPDATE, k, {"id": k, "big": UNCHANGED_TOAST, "v": v},
-                                  unchanged=("big",)), keys, st.integers(0, 99)),
-        st.builds(lambda k, v: ev(Op.UPDATE, k, {"id": k, "big": f"U{v}", "v": v}), keys,
-                  st.integers(0, 99)),
-        st.builds(lambda k: ev(Op.DELETE, k), keys),
-        st.builds(lambda k: ev(Op.CREATE, k, {"id": k}, table="other"), keys),
-        st.builds(lambda k: ev(Op.DELETE, k, table="other"), keys),
-    )
+    one = random_events(8, whole_table=False)
     t = batch(*data.draw(st.lists(one, min_size=1, max_size=50)))
     order = data.draw(st.permutations(range(t.num_rows)))  # a Kafka log interleaves
     t = t.take(pa.array(order, pa.int64()))

@@ -37,6 +37,27 @@ def ev(
     )
 
 
+def random_events(max_key: int, *, whole_table: bool = True) -> st.SearchStrategy[ChangeEvent]:
+    """Row events of two tables over keys ``0..max_key`` (inserts, updates with and
+    without an unchanged-TOAST column, deletes); with ``whole_table`` also truncates and
+    notifications."""
+    keys = st.integers(0, max_key)
+    rows = [
+        st.builds(lambda k, v: ev(Op.CREATE, k, {"id": k, "big": f"B{v}", "v": v}), keys,
+                  st.integers(0, 99)),
+        st.builds(lambda k, v: ev(Op.UPDATE, k, {"id": k, "big": UNCHANGED_TOAST, "v": v},
+                                  unchanged=("big",)), keys, st.integers(0, 99)),
+        st.builds(lambda k, v: ev(Op.UPDATE, k, {"id": k, "big": f"U{v}", "v": v}), keys,
+                  st.integers(0, 99)),
+        st.builds(lambda k: ev(Op.DELETE, k), keys),
+        st.builds(lambda k: ev(Op.CREATE, k, {"id": k}, table="other"), keys),
+        st.builds(lambda k: ev(Op.DELETE, k, table="other"), keys),
+    ]
+    if whole_table:
+        rows += [st.just(ev(Op.TRUNCATE, None)), st.just(ev(Op.NOTIFICATION, None))]
+    return st.one_of(*rows)
+
+
 def batch(*events: ChangeEvent) -> pa.Table:
     recs = []
     for i, e in enumerate(events):

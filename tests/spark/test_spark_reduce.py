@@ -12,11 +12,10 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pydblog.events import UNCHANGED_TOAST, Op
 from pydblog.spark.job import packed_frame
 from pydblog.spark.plan import SparkBatch
 from pydblog.spark.reduce import reduce_events
-from tests.spark.test_reduce import batch, ev
+from tests.spark.test_reduce import batch, random_events
 
 Net = dict[tuple[str, str], tuple[str, int, Any, list[str]]]
 
@@ -46,20 +45,7 @@ def executors(spark: Any, t: pa.Table, parts: int) -> tuple[Net, set[str]]:
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_the_executors_reduce_equals_the_drivers(spark: Any, data: st.DataObject) -> None:
-    keys = st.integers(0, 6)
-    one = st.one_of(
-        st.builds(lambda k, v: ev(Op.CREATE, k, {"id": k, "big": f"B{v}", "v": v}), keys,
-                  st.integers(0, 99)),
-        st.builds(lambda k, v: ev(Op.UPDATE, k, {"id": k, "big": UNCHANGED_TOAST, "v": v},
-                                  unchanged=("big",)), keys, st.integers(0, 99)),
-        st.builds(lambda k, v: ev(Op.UPDATE, k, {"id": k, "big": f"U{v}", "v": v}), keys,
-                  st.integers(0, 99)),
-        st.builds(lambda k: ev(Op.DELETE, k), keys),
-        st.builds(lambda k: ev(Op.CREATE, k, {"id": k}, table="other"), keys),
-        st.builds(lambda k: ev(Op.DELETE, k, table="other"), keys),
-        st.just(ev(Op.TRUNCATE, None)),
-        st.just(ev(Op.NOTIFICATION, None)),
-    )
+    one = random_events(6)
     events = data.draw(st.lists(one, min_size=1, max_size=40))
     t = batch(*events)
     order = data.draw(st.permutations(range(t.num_rows)))  # a Kafka log interleaves

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from pydblog.errors import ChangeLogError
 from pydblog.ports import TableSchema
-from pydblog.spark.decode import columns_schema
+from pydblog.spark.decode import columns_schema, pack
 from pydblog.spark.reduce import reduce_events
 from pydblog.spark.typemap import infer_schema, merge_schemas, texts_to_arrow
 
@@ -226,16 +226,6 @@ SPLIT_SCHEMA = pa.schema([("bucket", pa.int32()), ("events", pa.binary())])
 value Spark's hash partitioning sends to the partition ``crc32(key) % parts``)."""
 
 
-def _pack_table(t: pa.Table) -> bytes:
-    from pydblog.spark.decode import PACK_COMPRESSION
-
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=PACK_COMPRESSION)
-    with pa.ipc.new_stream(sink, t.schema, options=options) as writer:
-        writer.write_table(t)
-    return bytes(sink.getvalue().to_pybytes())
-
-
 def _unpack_table(payload: pa.BinaryScalar) -> pa.Table:
     return pa.ipc.open_stream(payload.as_buffer()).read_all()
 
@@ -272,7 +262,7 @@ def split_fn(
             for p in pc.unique(part).to_pylist():
                 mine = t.filter(pc.equal(part, p))
                 yield pa.RecordBatch.from_arrays(
-                    [pa.array([buckets[p]], pa.int32()), pa.array([_pack_table(mine)], pa.binary())],
+                    [pa.array([buckets[p]], pa.int32()), pa.array([pack(mine)], pa.binary())],
                     schema=SPLIT_SCHEMA)
 
     return run
@@ -310,7 +300,7 @@ def reduce_packed_fn(parts: int) -> Callable[[Iterator[pa.RecordBatch]], Iterato
                     pa.array([tc.schema], pa.string()), pa.array([tc.table], pa.string()),
                     pa.array([chunk.num_rows], pa.int64()),
                     pa.array([bool(pc.all(chunk["fresh"]).as_py())], pa.bool_()),
-                    pa.array([_pack_table(chunk)], pa.binary()),
+                    pa.array([pack(chunk)], pa.binary()),
                 ], schema=REDUCED_PACKED_SCHEMA)
 
     return run
