@@ -59,23 +59,6 @@ def assert_notifications_in_order(events: list[Event], tables: list[str]) -> Non
     )
 
 
-def overlapping_tables(events: list[Event]) -> int:
-    """How many tables started before the table before them had completed (in log
-    order): > 0 only if tables were read beside each other."""
-    open_: set[str] = set()
-    overlaps = 0
-    for e in events:
-        if e["op"] != "n":
-            continue
-        typ, table = e["notification"]["type"], _table_of(e)
-        if typ == "TABLE_SCAN_STARTED":
-            overlaps += bool(open_)
-            open_.add(table)
-        elif typ == "TABLE_SCAN_COMPLETED":
-            open_.discard(table)
-    return overlaps
-
-
 def _writers(h: Harness) -> list[Load]:
     """Writes to three of the tables (seeds 0, 1, 2), as loads for ``writing``."""
     def load(name: str, seed: int) -> Load:
@@ -102,7 +85,11 @@ def test_many_tables_in_flight_with_writes(harness: Harness, tmp_path: Path) -> 
         if name not in (TABLES[1], TABLES[4], TABLES[7]):  # no writes: every row read once
             assert len(snapshot_rows(events, name)) == ROWS - 100 * n, name
     assert "up to 4 read at once" in err  # both readers fork (PostgreSQL, MySQL/MariaDB)
-    assert overlapping_tables(events) > 0
+    # Tables read beside each other, seen from the reader's side: a table's start was
+    # handed to the readers while chunks of another were being read. (In the change log
+    # the overlap depends on how the stream batches watermarks: under load a table's last
+    # windows can all close in one pass, before the next table's first.)
+    assert "started beside the last chunks of" in err, err[-3000:]
 
 
 @pytest.mark.slow

@@ -186,8 +186,8 @@ def differing(report: dict[str, Any], sink: str) -> dict[str, list[dict[str, Any
     }
 
 
-def test_intact_mirrors_verify(setup: tuple[Path, MiniSync]) -> None:
-    config, _ = setup
+def assert_intact(config: Path) -> None:
+    """Intact mirrors verify: every mode (``sql``, ``spark``, ``rows``) finds them equal."""
     code, report = verify(config, r"public\.(items|words|pairs|kinds)", spark=True)
     assert code == 0, [(t["sink"], t["table"], t["differing"][0]["sample"]) for t in report["tables"] if not t["ok"]]
     assert report["ok"]
@@ -205,12 +205,15 @@ def test_intact_mirrors_verify(setup: tuple[Path, MiniSync]) -> None:
     assert by[("public.items", "postgres")]["ranges"] == ROWS // CHUNK + 1
 
 
-def test_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str, tmp_path: Path) -> None:
-    """Both mirrors damaged differently: each reports exactly its own damage."""
+def test_intact_then_damaged_mirrors(setup: tuple[Path, MiniSync], mirror_db: str,
+                                     tmp_path: Path) -> None:
+    """Intact mirrors verify; then both mirrors damaged differently: each reports
+    exactly its own damage."""
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
     config, _ = setup
+    assert_intact(config)
     with psycopg.connect(mirror_db, autocommit=True) as conn:
         conn.execute("DELETE FROM mirror.items WHERE id IN (10, 11)")  # range 0: missing
         conn.execute("UPDATE mirror.items SET price = price + 1 WHERE id = 600")  # range 2

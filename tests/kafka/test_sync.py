@@ -115,6 +115,7 @@ def start_job(cfg: Path, log: Path, fault: str | None = None) -> subprocess.Pope
                                 start_new_session=True)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("spark")
 def test_sync_from_kafka_with_kill9(pg_db: str, tmp_path: Path, kafka_log: LogConfig) -> None:
     """Killed after the first sink of batch 1 (the other sinks one batch behind): the

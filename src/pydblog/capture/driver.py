@@ -128,6 +128,7 @@ class SnapshotDriver:
         self._requests: queue.Queue[Request | None] = queue.Queue()
         self._pool_requests: queue.Queue[Request | None] = queue.Queue()
         self._inflight: set[str] = set()  # ids of requests handed out, not answered yet
+        self._chunk_tables: dict[str, str] = {}  # chunk requests handed out: id -> table
         self._worker: threading.Thread | None = None
         self._pool: list[threading.Thread] = []
         self._out: list[Emitted] = []
@@ -243,6 +244,7 @@ class SnapshotDriver:
             except queue.Empty:
                 break
             self._inflight.discard(request_id)  # (a late failure may answer twice)
+            self._chunk_tables.pop(request_id, None)
             self._out.extend(answer())
         out, self._out = self._out, []
         return out
@@ -282,6 +284,7 @@ class SnapshotDriver:
         self._concurrent_inflight = concurrent
         if concurrent:
             self._start_pool()
+            self._note_beside(request)
             self._pool_requests.put(request)
             return True
         if self._worker is None or not self._worker.is_alive():
@@ -294,6 +297,17 @@ class SnapshotDriver:
         return False
 
     _concurrent_inflight = False
+
+    def _note_beside(self, request: Request) -> None:
+        """Tracks the concurrent chunk reads handed out; a table's start handed out while
+        chunks of other tables are being read is logged (one line per table)."""
+        if isinstance(request, ChunkRequest):
+            self._chunk_tables[request.id] = request.table
+        elif isinstance(request, TableStartRequest):
+            others = sorted({t for t in self._chunk_tables.values() if t != request.table})
+            if others:
+                log.info("snapshot of %s: started beside the last chunks of %s",
+                         request.table, ", ".join(others))
 
     def _backoff_ready(self) -> bool:
         """After reads that could not decide, the next request waits (``core.retry``)."""
