@@ -20,7 +20,10 @@ thread (``/proc/PID/task``: the capture thread ``MainThread``/``python``, the wr
 ``dblog-writer``, ...) per event.
 
 Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 100] [--profile DIR]
-           [--log embedded|kafka]
+           [--log embedded|kafka] [--op insert|update|delete]
+
+``--op update`` / ``--op delete``: the load updates (every non-key column) or deletes
+rows inserted before the slots were made, one event per row, in the same transactions.
 
 ``--log kafka``: `dblog run` writes into Kafka instead (an Apache Kafka broker started
 for the run, ``pydblog.devtools.kafka``, or ``KAFKA_BOOTSTRAP_SERVERS``); (b) counts the events of the log's last commit
@@ -55,20 +58,27 @@ from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.proc import cpu_seconds, cpu_since, family_cpu, peak_rss_kb, thread_cpu
 
+INSERT = ("INSERT INTO bench SELECT g, g %% 1000, 'text-' || g, g * 1.5, now() "
+          "FROM generate_series(%s::bigint, %s::bigint) g")
+LOADS = {
+    "insert": INSERT,
+    # every row's non-key columns change (a ``u`` event each, the key unchanged)
+    "update": "UPDATE bench SET a = a + 1, b = b || '+', d = now() WHERE id BETWEEN %s AND %s",
+    "delete": "DELETE FROM bench WHERE id BETWEEN %s AND %s",
+}
+"""``--op``: the statement each transaction runs over its range of ids (one event per
+row). For ``update`` and ``delete`` the rows are inserted before any slot exists."""
 
-def load(dsn: str, rows: int, txs: int) -> None:
+
+def load(dsn: str, rows: int, txs: int, op: str = "insert") -> None:
     per = rows // txs
     with psycopg.connect(dsn) as conn:
         for t in range(txs):
-            conn.execute(
-                "INSERT INTO bench SELECT g, g %% 1000, 'text-' || g, g * 1.5, now() "
-                "FROM generate_series(%s::bigint, %s::bigint) g",
-                (t * per, (t + 1) * per - 1),
-            )
+            conn.execute(LOADS[op], (t * per, (t + 1) * per - 1))
             conn.commit()
 
 
-def raw_rate(dsn: str, slot: str, rows: int) -> float:
+def raw_rate(dsn: str, slot: str, rows: int, op: str = "insert") -> float:
     conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
     cur = conn.cursor()
     cur.start_replication(
@@ -79,13 +89,14 @@ def raw_rate(dsn: str, slot: str, rows: int) -> float:
     import select
 
     seen = 0
+    kind = op[:1].upper().encode()  # the pgoutput message of one row: I, U or D
     t0 = time.perf_counter()
     while seen < rows:
         msg = cur.read_message()
         if msg is None:
             select.select([conn.fileno()], [], [], 0.1)
             continue
-        if msg.payload[:1] == b"I":
+        if msg.payload[:1] == kind:
             seen += 1
     elapsed = time.perf_counter() - t0
     conn.close()
@@ -147,6 +158,8 @@ def main() -> None:
     ap.add_argument("--steady-rate", type=int, default=5000)
     ap.add_argument("--profile", type=Path, help="py-spy profile of (b) into DIR/stream.txt")
     ap.add_argument("--log", choices=["embedded", "kafka"], default="embedded")
+    ap.add_argument("--op", choices=sorted(LOADS), default="insert",
+                    help="what the load's transactions do to each row (one event per row)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
     broker: Any = None
@@ -176,6 +189,8 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
                 "CREATE TABLE bench (id bigint PRIMARY KEY, a int, b text, c numeric, d timestamptz)"
             )
             conn.execute("CREATE TABLE steady (id bigint PRIMARY KEY, v int)")
+            if args.op != "insert":  # the rows to change, before any slot exists
+                conn.execute(INSERT, (0, args.rows - 1))
             conn.execute("CREATE PUBLICATION benchpub FOR TABLE bench")
             conn.execute("SELECT pg_create_logical_replication_slot('rawbench', 'pgoutput')")
             conn.execute("SELECT pg_create_logical_replication_slot('recvbench', 'pgoutput')")
@@ -194,13 +209,14 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
         proc.terminate()
         proc.wait()
         t0 = time.perf_counter()
-        load(dsn, args.rows, args.tx)
+        load(dsn, args.rows, args.tx, args.op)
         print(
-            f"loaded {args.rows} rows in {args.tx} transactions in {time.perf_counter() - t0:.1f}s"
+            f"loaded {args.rows} rows ({args.op}) in {args.tx} transactions in "
+            f"{time.perf_counter() - t0:.1f}s"
         )
 
         postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
-        raw = raw_rate(dsn, "rawbench", args.rows)
+        raw = raw_rate(dsn, "rawbench", args.rows, args.op)
         print(f"(a) bare receive loop (Python): {raw:,.0f} events/s")
         recv, recv_cpu = recvlogical_rate(cluster, dsn, "recvbench", args.rows)
         print(f"(a2) pg_recvlogical (C): {recv:,.0f} events/s (its CPU {recv_cpu:.2f} us/row)")
@@ -277,7 +293,7 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
             f"{name} {us:.2f} us" for name, us in per_thread.items() if us >= 0.005))
         print(f"    /metrics scraped {scrapes[0]} times during (b)")
         figures: dict[str, Any] = {
-            "log": args.log, "rows": args.rows, "transactions": args.tx,
+            "log": args.log, "op": args.op, "rows": args.rows, "transactions": args.tx,
             "env": {k: v for k, v in os.environ.items() if k.startswith("PYDBLOG_")},
             "bare_loop_events_per_s": round(raw), "pg_recvlogical_events_per_s": round(recv),
             "pg_recvlogical_cpu_us_per_event": round(recv_cpu, 3),

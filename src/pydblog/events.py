@@ -673,11 +673,12 @@ def expand(items: Sequence[Emitted]) -> list[ChangeEvent]:
 
 
 class InsertRun(NamedTuple):
-    """Consecutive inserts of one table in one PostgreSQL transaction, already encoded
-    by the native decoder (``_pgrow.Tails``): no ``ChangeEvent`` per row.
+    """Consecutive inserts of one table in one PostgreSQL transaction, or consecutive
+    updates that kept their row's key and carry no old row (``op``), already encoded by
+    the native decoder (``_pgrow.Tails``): no ``ChangeEvent`` per row.
 
-    Event ``i`` (``0 <= i < size``) is an ``op: c`` event at ``PgPosition(lsn, first +
-    i, None, tx_id)`` with ``ts_ms``; ``tails`` holds the ``size`` events' envelope tails joined
+    Event ``i`` (``0 <= i < size``) is an ``op`` event (``c`` or ``u``, ``before`` null)
+    at ``PgPosition(lsn, first + i, None, tx_id)`` with ``ts_ms``; ``tails`` holds the ``size`` events' envelope tails joined
     by newlines, each ``key_json + TAIL_SEP + after_json + "}"``: byte for byte what
     ``encode_event`` writes after the envelope's ``"key":`` for that event (so
     ``encode_insert_run`` gives the same bodies as ``encode_event`` of ``events()``)."""
@@ -690,6 +691,7 @@ class InsertRun(NamedTuple):
     ts_ms: int
     size: int
     tails: str
+    op: Op = Op.CREATE
 
     @property
     def first_position(self) -> PgPosition:
@@ -705,7 +707,7 @@ class InsertRun(NamedTuple):
         out = []
         for i, tail in enumerate(self.tails.split("\n")):
             key, _, after = tail.partition(TAIL_SEP)
-            out.append(ChangeEvent(Op.CREATE, self.schema, self.table,
+            out.append(ChangeEvent(self.op, self.schema, self.table,
                                    PgPosition(self.lsn, self.first + i, None, self.tx_id),
                                    self.ts_ms, orjson.loads(key), None, orjson.loads(after[:-1])))
         return out
@@ -800,14 +802,15 @@ def encode_insert_run(run: InsertRun, connector: str, db: str, now_ms: int) -> l
     lsn = run.lsn.value
     tx = run.tx_id
     ts = run.ts_ms
-    key = (Op.CREATE, run.schema, run.table, SnapshotKind.NONE, connector, db)
+    op = run.op
+    key = (op, run.schema, run.table, SnapshotKind.NONE, connector, db)
     last = _LAST_TX
     if last[0] == (key, now_ms, lsn, tx, ts):
         parts = last[1]
     else:
         t = _TEMPLATES.get(key)
         if t is None:
-            probe = ChangeEvent(Op.CREATE, run.schema, run.table, run.first_position, ts)
+            probe = ChangeEvent(op, run.schema, run.table, run.first_position, ts)
             t = _template(probe, connector, db)
         parts = None if t is None else (
             t[0], f"{t[1]}{now_ms}{t[2]}{lsn}{t[3]}{'null' if tx is None else tx}{t[4]}",
@@ -815,7 +818,7 @@ def encode_insert_run(run: InsertRun, connector: str, db: str, now_ms: int) -> l
         _remember_tx((key, now_ms, lsn, tx, ts), parts)
     if parts is None or type(lsn) is not int or type(ts) is not int or type(now_ms) is not int:
         return [encode_event(e, connector, db, now_ms) for e in run.events()]
-    return [_new_tuple(EncodedBlock, (parts[0], Op.CREATE, ts, run.size, run.tails, parts[1],
+    return [_new_tuple(EncodedBlock, (parts[0], op, ts, run.size, run.tails, parts[1],
                                       f'{parts[2]}"key":', run.first))]
 
 

@@ -361,6 +361,32 @@ def test_insert_runs_are_cut_and_ordered() -> None:
     assert kinds == [("InsertRun", "t"), ("InsertRun", "t"), ("ChangeEvent", "u"), ("InsertRun", "t")]
 
 
+def test_updates_without_an_old_row_are_runs_of_their_own() -> None:
+    """Updates that carry no old tuple (the key kept, identity not FULL) become runs of
+    ``u`` events, cut where the kind changes; an Update with its old key (the key
+    changed) or its old row stays an event (a ``d`` and a ``c``, or a ``u`` with
+    ``before``); each event's body is the Python path's."""
+    src = source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d")
+
+    def row(kind: bytes, i: int, old: bytes = b"") -> bytes:
+        return kind + struct.pack("!I", OID) + old + b"N" + tuple_bytes([str(i), f"v{i}"])
+
+    key_changed = row(b"U", 9, b"K" + tuple_bytes(["8", None]))
+    msgs = [row(b"I", 0), row(b"U", 0), row(b"U", 1), row(b"I", 2), key_changed, row(b"U", 2)]
+    payloads = [begin(100), *msgs, commit(100)]
+    src._cur = Cursor(payloads)
+    items: list[Any] = []
+    with pytest.raises(End):
+        for item in src.stream():
+            items.append(item)
+    shape = [(i.op.value, i.first, i.size) if type(i) is InsertRun else (i.op.value, i.position.index)
+             for i in items if type(i) in (InsertRun, ChangeEvent)]
+    assert shape == [("c", 0, 1), ("u", 1, 2), ("c", 3, 1), ("d", 4), ("c", 5), ("u", 6, 1)]
+    fast = run(source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d"), payloads, True)
+    slow = run(source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d"), payloads, False)
+    assert fast == slow and isinstance(slow, list)
+
+
 def test_insert_run_after_a_position() -> None:
     """``InsertRun.past``: a restart inside a transaction drops what was logged."""
     from pydblog.positions import Lsn, PgPosition

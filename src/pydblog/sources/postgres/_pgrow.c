@@ -323,10 +323,13 @@ fail:
 }
 
 
-/* -- Inserts encoded straight into change-log tails ------------------------------- *
+/* -- Inserts and Updates encoded straight into change-log tails -------------------- *
  *
- * Tails(dumps, max_rows): an accumulator of consecutive Inserts of one captured
- * relation, each encoded straight from its pgoutput bytes into its event's envelope
+ * Tails(dumps, max_rows): an accumulator of consecutive row changes of one kind of one
+ * captured relation: Inserts, or Updates that carry no old tuple (pgoutput sends one
+ * only when the update changed the row's key or the relation's replica identity is
+ * FULL: without one the event's key is the new row's and its ``before`` null, as for an
+ * Insert). Each is encoded straight from its pgoutput bytes into its event's envelope
  * tail, ``key_json + ',"before":null,"after":' + after_json + "}"`` (``events.TAIL_SEP``),
  * byte for byte what ``orjson.dumps`` of the Python path's key and row dicts gives
  * (``dumps`` is ``orjson.dumps``: every value the C code does not write itself is
@@ -335,14 +338,17 @@ fail:
  *
  * add(buf, fast_specs) with ``fast_specs`` {oid: (rel, name_json, codes, converters,
  * key)} (``name_json[i]``: ``orjson.dumps(names[i]) + b":"``) returns
- *   n > 0: the message was an Insert of that relation, appended (n rows held now);
+ *   n > 0: the message was an Insert (or such an Update) of that relation, appended
+ *          (n rows held now);
  *   0:     anything else (another message, a relation not in ``fast_specs``, an
  *          unchanged value, a value this encoder does not write exactly as the Python
  *          path would, a converter that raises): nothing appended, the caller decodes
  *          the message by the other paths (after taking what is held: order);
- *   -1:    an Insert of another relation while rows are held: take them first.
- * take() returns (rel, count, text) (the tails joined by newlines) and empties the
- * accumulator, or None when it holds nothing.
+ *   -1:    an Insert or such an Update of another relation, or of the other kind,
+ *          while rows are held: take them first.
+ * take() returns (rel, count, text, kind) (the tails joined by newlines; ``kind`` the
+ * held messages' byte, "I" or "U") and empties the accumulator, or None when it holds
+ * nothing.
  */
 
 typedef struct {
@@ -536,6 +542,7 @@ typedef struct {
     Py_ssize_t vcap;
     Py_ssize_t count;
     uint32_t oid;
+    unsigned char kind; /* the held rows' message byte, 'I' or 'U' (count > 0) */
     PyObject *spec;    /* the held rows' spec (count > 0) */
     PyObject *dumps;
     Py_ssize_t max_rows;
@@ -601,10 +608,10 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
     size_t len = (size_t)view.len;
     long answer = 0;
     PyObject *spec = NULL;
-    if (len < 6 || buf[0] != 'I' || buf[5] != 'N') goto done;
+    if (len < 6 || (buf[0] != 'I' && buf[0] != 'U') || buf[5] != 'N') goto done;
     uint32_t oid = rd32(buf + 1);
     if (self->count > 0) {
-        if (oid != self->oid) { answer = -1; goto done; }
+        if (oid != self->oid || buf[0] != self->kind) { answer = -1; goto done; }
         spec = Py_NewRef(self->spec);
     } else {
         PyObject *key = PyLong_FromUnsignedLong(oid);
@@ -676,6 +683,7 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
         goto undo;
     if (self->count == 0) {
         self->oid = oid;
+        self->kind = buf[0];
         Py_XSETREF(self->spec, Py_NewRef(spec));
     }
     self->count++;
@@ -702,7 +710,8 @@ static PyObject *Tails_take(TailsObject *self, PyObject *unused) {
     if (self->count == 0) Py_RETURN_NONE;
     PyObject *text = PyUnicode_DecodeUTF8(self->out.data, (Py_ssize_t)self->out.len, "strict");
     if (text == NULL) return NULL;
-    PyObject *r = Py_BuildValue("(OnN)", PyTuple_GET_ITEM(self->spec, 0), self->count, text);
+    PyObject *r = Py_BuildValue("(OnNC)", PyTuple_GET_ITEM(self->spec, 0), self->count, text,
+                                (int)self->kind);
     if (r == NULL) return NULL;
     self->count = 0;
     self->out.len = 0;

@@ -83,13 +83,13 @@ def fast_spec(rel: RelationState) -> FastSpec:
 
 
 RUNS_ENV = "PYDBLOG_NATIVE_RUNS"
-"""``PYDBLOG_NATIVE_RUNS=0`` turns only the Insert runs off (each Insert is then a
+"""``PYDBLOG_NATIVE_RUNS=0`` turns only the runs off (each Insert or Update is then a
 ``ChangeEvent`` from the native row decoder: benchmarks compare the two)."""
 
 
 def tails(max_rows: int) -> Any:
-    """A ``_pgrow.Tails`` accumulator (Inserts encoded straight into change-log tails,
-    at most ``max_rows`` held), or None where the native decoder is not in use (or
+    """A ``_pgrow.Tails`` accumulator (Inserts, and Updates without an old row, encoded
+    straight into change-log tails, at most ``max_rows`` held), or None where the native decoder is not in use (or
     ``PYDBLOG_NATIVE_RUNS=0``)."""
     if decoder() is None or os.environ.get(RUNS_ENV, "1") == "0":
         return None

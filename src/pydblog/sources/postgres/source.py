@@ -151,10 +151,15 @@ assert ChangeEvent._fields[:8] == ("op", "schema", "table", "position", "ts_ms",
 PG_EPOCH_US = 946_684_800_000_000
 
 
+_RUN_OPS = {"I": Op.CREATE, "U": Op.UPDATE}
+
+
 def _take_run(acc: Any, lsn: Lsn, idx: int, ts_ms: int, tx_id: int) -> InsertRun:
-    """The Inserts ``acc`` holds (``rowdecode.tails``), from index ``idx``."""
-    rel, count, text = acc.take()
-    return _new_run(InsertRun, (rel.schema, rel.table, lsn, idx, tx_id, ts_ms, count, text))
+    """The Inserts (or key-keeping Updates) ``acc`` holds (``rowdecode.tails``), from
+    index ``idx``."""
+    rel, count, text, kind = acc.take()
+    return _new_run(InsertRun, (rel.schema, rel.table, lsn, idx, tx_id, ts_ms, count, text,
+                                _RUN_OPS[kind]))
 
 
 _new_run = tuple.__new__
@@ -181,10 +186,11 @@ class PgLogSource:
         self._relations: dict[int, RelationState] = {}
         # The captured relations as the native row decoder takes them (``rowdecode``).
         self._specs: dict[int, rowdecode.Spec] = {}
-        # The captured relations whose Inserts are encoded straight into change-log
-        # tails (``rowdecode.fast_spec``: every captured table but the signal and
-        # watermark tables, whose events the runner routes), and at most how many
-        # consecutive Inserts one ``InsertRun`` holds.
+        # The captured relations whose Inserts (and Updates without an old row) are
+        # encoded straight into change-log tails (``rowdecode.fast_spec``: every
+        # captured table but the signal and watermark tables, whose events the runner
+        # routes), and at most how many
+        # consecutive row changes one ``InsertRun`` holds.
         self._fast_specs: dict[int, rowdecode.FastSpec] = {}
         self.run_rows = BLOCK_EVENTS
         self._captured: list[str] = []
@@ -500,7 +506,8 @@ class PgLogSource:
         handlers = self._handlers()
         native = rowdecode.decoder()
         specs = self._specs
-        # Runs of Inserts encoded in C (``InsertRun``): taken before any other item.
+        # Runs of Inserts or Updates encoded in C (``InsertRun``): taken before any
+        # other item.
         acc = rowdecode.tails(self.run_rows) if native is not None else None
         fast = self._fast_specs
         unchanged = po.UNCHANGED
@@ -560,7 +567,7 @@ class PgLogSource:
                     run = _take_run(acc, lsn, idx, ts_ms, tx_id)
                     idx += run.size
                     yield run
-                    if n < 0 and acc.add(payload, fast) > 0:  # an Insert of another table
+                    if n < 0 and acc.add(payload, fast) > 0:  # another table's, or kind's
                         if acc.full:
                             run = _take_run(acc, lsn, idx, ts_ms, tx_id)
                             idx += run.size
