@@ -361,18 +361,24 @@ def test_insert_runs_are_cut_and_ordered() -> None:
     assert kinds == [("InsertRun", "t"), ("InsertRun", "t"), ("ChangeEvent", "u"), ("InsertRun", "t")]
 
 
-def test_updates_without_an_old_row_are_runs_of_their_own() -> None:
+def test_updates_and_deletes_by_key_are_runs_of_their_own() -> None:
     """Updates that carry no old tuple (the key kept, identity not FULL) become runs of
-    ``u`` events, cut where the kind changes; an Update with its old key (the key
-    changed) or its old row stays an event (a ``d`` and a ``c``, or a ``u`` with
-    ``before``); each event's body is the Python path's."""
+    ``u`` events, Deletes that carry the old key only runs of ``d`` events, cut where
+    the kind changes; an Update with its old key (the key changed) or a Delete with its
+    old row stays an event; each event's body is the Python path's."""
     src = source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d")
 
     def row(kind: bytes, i: int, old: bytes = b"") -> bytes:
         return kind + struct.pack("!I", OID) + old + b"N" + tuple_bytes([str(i), f"v{i}"])
 
     key_changed = row(b"U", 9, b"K" + tuple_bytes(["8", None]))
-    msgs = [row(b"I", 0), row(b"U", 0), row(b"U", 1), row(b"I", 2), key_changed, row(b"U", 2)]
+
+    def delete(i: int, old: bytes = b"K") -> bytes:
+        values: list[str | po.Unchanged | None] = [str(i), None if old == b"K" else f"v{i}"]
+        return b"D" + struct.pack("!I", OID) + old + tuple_bytes(values)
+
+    msgs = [row(b"I", 0), row(b"U", 0), row(b"U", 1), row(b"I", 2), key_changed, row(b"U", 2),
+            delete(0), delete(1), delete(2, b"O"), delete(9)]
     payloads = [begin(100), *msgs, commit(100)]
     src._cur = Cursor(payloads)
     items: list[Any] = []
@@ -381,7 +387,11 @@ def test_updates_without_an_old_row_are_runs_of_their_own() -> None:
             items.append(item)
     shape = [(i.op.value, i.first, i.size) if type(i) is InsertRun else (i.op.value, i.position.index)
              for i in items if type(i) in (InsertRun, ChangeEvent)]
-    assert shape == [("c", 0, 1), ("u", 1, 2), ("c", 3, 1), ("d", 4), ("c", 5), ("u", 6, 1)]
+    assert shape == [("c", 0, 1), ("u", 1, 2), ("c", 3, 1), ("d", 4), ("c", 5), ("u", 6, 1),
+                     ("d", 7, 2), ("d", 9), ("d", 10, 1)]
+    deletes = [e for i in items if type(i) is InsertRun and i.op.value == "d" for e in i.events()]
+    assert [(e.key, e.before, e.after) for e in deletes] == [
+        ({"id": 0}, {"id": 0}, None), ({"id": 1}, {"id": 1}, None), ({"id": 9}, {"id": 9}, None)]
     fast = run(source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d"), payloads, True)
     slow = run(source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d"), payloads, False)
     assert fast == slow and isinstance(slow, list)

@@ -560,8 +560,8 @@ class KafkaChangeLog(ChangeLogWriter):
         while i < n:
             item = events[i]
             if type(item) is EncodedBlock:
-                seq = (self._produce_template(item, topics[item.table], seq) if item.head
-                       else self._produce_py([item], seq, topics))
+                seq = (self._produce_template(item, topics[item.table], seq)
+                       if item.head and item.op != "d" else self._produce_py([item], seq, topics))
                 i += 1
                 continue
             i, seq, status, code, why = kafka_native.produce_events(
@@ -588,10 +588,10 @@ class KafkaChangeLog(ChangeLogWriter):
         for item in events:
             topic = topics[item.table]
             if type(item) is EncodedBlock:
-                if item.head:
+                if item.head and item.op != "d":  # (a delete's tail has no TAIL_SEP)
                     seq = self._produce_template(item, topic, seq)
                     continue
-                bodies: list[str] = item.body.split("\n") if item.size else []
+                bodies: list[str] = item.bodies()
                 op = item.op
             else:
                 body = item.body
@@ -661,7 +661,8 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _produce_template(self, block: EncodedBlock, topic: str, seq: int) -> int:
         """A template block's rows (see ``EncodedBlock``): key and source from the
-        template's parts, no per-row search."""
+        template's parts, no per-row search. Not a block of deletes: its tails hold no
+        ``TAIL_SEP`` and its rows may need tombstones (``_produce_py`` expands it)."""
         if self._native:
             k = self.client.k
             row = 0

@@ -326,10 +326,12 @@ fail:
 /* -- Inserts and Updates encoded straight into change-log tails -------------------- *
  *
  * Tails(dumps, max_rows): an accumulator of consecutive row changes of one kind of one
- * captured relation: Inserts, or Updates that carry no old tuple (pgoutput sends one
- * only when the update changed the row's key or the relation's replica identity is
- * FULL: without one the event's key is the new row's and its ``before`` null, as for an
- * Insert). Each is encoded straight from its pgoutput bytes into its event's envelope
+ * captured relation: Inserts, Updates that carry no old tuple (pgoutput sends one only
+ * when the update changed the row's key or the relation's replica identity is FULL:
+ * without one the event's key is the new row's and its ``before`` null, as for an
+ * Insert), or Deletes that carry the old key only (``K``: the event's key and ``before``
+ * are that key, its ``after`` null; the tail is ``key_json + ',"before":' + key_json +
+ * ',"after":null}'``). Each is encoded straight from its pgoutput bytes into its event's envelope
  * tail, ``key_json + ',"before":null,"after":' + after_json + "}"`` (``events.TAIL_SEP``),
  * byte for byte what ``orjson.dumps`` of the Python path's key and row dicts gives
  * (``dumps`` is ``orjson.dumps``: every value the C code does not write itself is
@@ -338,16 +340,16 @@ fail:
  *
  * add(buf, fast_specs) with ``fast_specs`` {oid: (rel, name_json, codes, converters,
  * key)} (``name_json[i]``: ``orjson.dumps(names[i]) + b":"``) returns
- *   n > 0: the message was an Insert (or such an Update) of that relation, appended
- *          (n rows held now);
+ *   n > 0: the message was an Insert (or such an Update or Delete) of that relation,
+ *          appended (n rows held now);
  *   0:     anything else (another message, a relation not in ``fast_specs``, an
  *          unchanged value, a value this encoder does not write exactly as the Python
  *          path would, a converter that raises): nothing appended, the caller decodes
  *          the message by the other paths (after taking what is held: order);
- *   -1:    an Insert or such an Update of another relation, or of the other kind,
- *          while rows are held: take them first.
+ *   -1:    such a message of another relation, or of another kind, while rows are
+ *          held: take them first.
  * take() returns (rel, count, text, kind) (the tails joined by newlines; ``kind`` the
- * held messages' byte, "I" or "U") and empties the accumulator, or None when it holds
+ * held messages' byte, "I", "U" or "D") and empties the accumulator, or None when it holds
  * nothing.
  */
 
@@ -542,7 +544,7 @@ typedef struct {
     Py_ssize_t vcap;
     Py_ssize_t count;
     uint32_t oid;
-    unsigned char kind; /* the held rows' message byte, 'I' or 'U' (count > 0) */
+    unsigned char kind; /* the held rows' message byte, 'I', 'U' or 'D' (count > 0) */
     PyObject *spec;    /* the held rows' spec (count > 0) */
     PyObject *dumps;
     Py_ssize_t max_rows;
@@ -600,6 +602,13 @@ static int fast_parts(PyObject *spec, PyObject **names, const unsigned char **co
     return 1;
 }
 
+/* Whether column ``col`` is one of the (checked) key columns ``keys``. */
+static int key_has(PyObject *keys, Py_ssize_t col) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++)
+        if (PyLong_AsSsize_t(PyTuple_GET_ITEM(keys, k)) == col) return 1;
+    return 0;
+}
+
 static PyObject *Tails_add(TailsObject *self, PyObject *args) {
     Py_buffer view;
     PyObject *specs;
@@ -608,7 +617,9 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
     size_t len = (size_t)view.len;
     long answer = 0;
     PyObject *spec = NULL;
-    if (len < 6 || (buf[0] != 'I' && buf[0] != 'U') || buf[5] != 'N') goto done;
+    if (len < 6 || !((buf[0] == 'I' || buf[0] == 'U') ? buf[5] == 'N' : buf[0] == 'D' && buf[5] == 'K'))
+        goto done;
+    int del = buf[0] == 'D';
     uint32_t oid = rd32(buf + 1);
     if (self->count > 0) {
         if (oid != self->oid || buf[0] != self->kind) { answer = -1; goto done; }
@@ -651,6 +662,8 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
         self->vstart[i] = row->len;
         unsigned char kind = buf[p];
         if (kind == 't') {
+            /* A Delete's old key: only the key columns hold values (else the Python path's) */
+            if (del && !key_has(keys, i)) goto done;
             size_t size = rd32(buf + p + 1);
             p += 5;
             int r = wb_value(row, codes[i], PyTuple_GET_ITEM(convs, i), self->dumps, (const char *)buf + p, size);
@@ -678,9 +691,23 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
             !wb_put(out, row->data + self->vstart[c], self->vlen[c]))
             goto undo;
     }
-    static const char SEP[] = "},\"before\":null,\"after\":";
-    if (!wb_put(out, SEP, sizeof(SEP) - 1) || !wb_put(out, row->data, row->len) || !wb_byte(out, '}'))
-        goto undo;
+    if (del) { /* key_json + ',"before":' + key_json + ',"after":null}' */
+        static const char BEFORE[] = "},\"before\":{";
+        if (!wb_put(out, BEFORE, sizeof(BEFORE) - 1)) goto undo;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
+            Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(keys, k));
+            PyObject *nj = PyTuple_GET_ITEM(names, c);
+            if ((k && !wb_byte(out, ',')) || !wb_put(out, PyBytes_AS_STRING(nj), (size_t)PyBytes_GET_SIZE(nj)) ||
+                !wb_put(out, row->data + self->vstart[c], self->vlen[c]))
+                goto undo;
+        }
+        static const char END[] = "},\"after\":null}";
+        if (!wb_put(out, END, sizeof(END) - 1)) goto undo;
+    } else {
+        static const char SEP[] = "},\"before\":null,\"after\":";
+        if (!wb_put(out, SEP, sizeof(SEP) - 1) || !wb_put(out, row->data, row->len) || !wb_byte(out, '}'))
+            goto undo;
+    }
     if (self->count == 0) {
         self->oid = oid;
         self->kind = buf[0];

@@ -151,12 +151,12 @@ assert ChangeEvent._fields[:8] == ("op", "schema", "table", "position", "ts_ms",
 PG_EPOCH_US = 946_684_800_000_000
 
 
-_RUN_OPS = {"I": Op.CREATE, "U": Op.UPDATE}
+_RUN_OPS = {"I": Op.CREATE, "U": Op.UPDATE, "D": Op.DELETE}
 
 
 def _take_run(acc: Any, lsn: Lsn, idx: int, ts_ms: int, tx_id: int) -> InsertRun:
-    """The Inserts (or key-keeping Updates) ``acc`` holds (``rowdecode.tails``), from
-    index ``idx``."""
+    """The Inserts (or key-keeping Updates, or key-only Deletes) ``acc`` holds
+    (``rowdecode.tails``), from index ``idx``."""
     rel, count, text, kind = acc.take()
     return _new_run(InsertRun, (rel.schema, rel.table, lsn, idx, tx_id, ts_ms, count, text,
                                 _RUN_OPS[kind]))
