@@ -17,8 +17,11 @@ Results: bench/results/, docs/performance.md.
 3. end-to-end: ``dblog run`` reading the same backlog into the durable change log, timed
    from its first logged event to the N-th.
 
-Usage: ``.venv/bin/python bench/mysql.py [--rows 1000000] [--batch 50000]``
-(starts its own throwaway MariaDB; needs Debian's mariadb-server).
+Usage: ``.venv/bin/python bench/mysql.py [--rows 1000000] [--batch 50000] [--log kafka]``
+(starts its own throwaway MariaDB; needs Debian's mariadb-server). ``--log kafka``: step 3
+writes into Kafka instead (an Apache Kafka broker started for the run,
+``pydblog.devtools.kafka``, or ``KAFKA_BOOTSTRAP_SERVERS``), its events counted by
+bench/kafka.py's ``KafkaEnd`` (the checkpoint topic's last commit).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +152,63 @@ def source_rate(server: MariaDB, checkpoint: Any, rows: int) -> float:
     return n / elapsed
 
 
-def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int, dict[str, float], int]:
+class Log:
+    """The change log step 3 writes: the embedded one under ``data``, or Kafka topics
+    (``prefix``) on ``bootstrap``; counts its events and finds its last checkpoint."""
+
+    def __init__(self, data: Path, bootstrap: str = "", prefix: str = "") -> None:
+        self.data, self.bootstrap, self.prefix = data, bootstrap, prefix
+        self._end: Any = None
+
+    def keys(self) -> str:
+        if not self.bootstrap:
+            return ""
+        return (f'type = "kafka"\nbootstrap_servers = "{self.bootstrap}"\n'
+                f'topic_prefix = "{self.prefix}"\n')
+
+    def _reader(self) -> Any:
+        if not self.bootstrap:
+            return SqliteChangeLogReader(self.data) if log_path(self.data).exists() else None
+        from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+        from pydblog.config import LogConfig
+
+        return KafkaChangeLogReader(LogConfig(type="kafka", path=str(self.data),
+                                              bootstrap_servers=self.bootstrap,
+                                              topic_prefix=self.prefix))
+
+    def checkpoint(self) -> Any:
+        reader = self._reader()
+        if reader is None:
+            return None
+        try:
+            return reader.last_checkpoint()
+        except Exception:  # (Kafka: the topics do not exist yet)
+            return None
+        finally:
+            reader.close()
+
+    def count(self) -> int:
+        if self.bootstrap:
+            if self._end is None:
+                from kafka import KafkaEnd  # bench/kafka.py
+
+                self._end = KafkaEnd(self.bootstrap, self.prefix)
+                self._end.active(True)
+            return int(self._end.count())
+        reader = self._reader()
+        if reader is None:
+            return 0
+        try:
+            return int(reader.next_offset())
+        finally:
+            reader.close()
+
+    def close(self) -> None:
+        if self._end is not None:
+            self._end.close()
+
+
+def end_to_end(config: Path, data: Path, rows: int, log: Log) -> tuple[float, int, dict[str, float], int]:
     """Rows/s of `dblog run` (defaults: the HTTP API on) from its first logged event to
     the ``rows``-th, its peak RSS, its CPU per row over the same span, per thread
     (``MainThread`` is ``python``), and how often a scraper read its ``/metrics`` meanwhile
@@ -166,16 +226,15 @@ def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int, dict[st
         stderr=subprocess.PIPE,
         env=env,
     )
-    path = log_path(data)
     first_t: float | None = None
     first_n = 0
     first_cpu: dict[str, float] = {}
-    base = _count(path)
+    base = log.count()
     try:
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(proc.communicate()[1].decode()[-3000:])
-            n = _count(path) - base
+            n = log.count() - base
             now = time.perf_counter()
             if first_t is None and n > 0:
                 first_t, first_n = now, n
@@ -193,16 +252,15 @@ def end_to_end(config: Path, data: Path, rows: int) -> tuple[float, int, dict[st
         proc.communicate(timeout=60)
 
 
-def first_start(config: Path, data: Path) -> None:
+def first_start(config: Path, log: Log) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "pydblog", "run", "--config", str(config)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    path = log_path(data)
     deadline = time.monotonic() + 60
     try:
-        while _checkpoint(path) is None:
+        while log.checkpoint() is None:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("dblog run did not checkpoint its start position")
             time.sleep(0.1)
@@ -211,43 +269,44 @@ def first_start(config: Path, data: Path) -> None:
         proc.wait(timeout=60)
 
 
-def _checkpoint(path: Path) -> Any:
-    if not path.exists():
-        return None
-    reader = SqliteChangeLogReader(path.parent)
-    try:
-        return reader.last_checkpoint()
-    finally:
-        reader.close()
-
-
-def _count(path: Path) -> int:
-    if not path.exists():
-        return 0
-    reader = SqliteChangeLogReader(path.parent)
-    try:
-        return reader.next_offset()
-    finally:
-        reader.close()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=50_000, help="rows per transaction")
+    parser.add_argument("--log", choices=["embedded", "kafka"], default="embedded",
+                        help="the change log of step 3")
     args = parser.parse_args()
+    broker: Any = None
+    bootstrap = prefix = ""
+    if args.log == "kafka":
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        if not bootstrap:
+            from pydblog.devtools.kafka import KafkaBroker
+
+            broker = KafkaBroker(optimize=True).start()
+            bootstrap = broker.bootstrap
+        prefix = f"m{uuid.uuid4().hex[:8]}"
+    try:
+        run(args, bootstrap, prefix)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def run(args: argparse.Namespace, bootstrap: str, prefix: str) -> None:
     with tempfile.TemporaryDirectory(prefix="dblog-bench-") as tmp, MariaDB() as server:
         server.execute(f"CREATE DATABASE {DB}")
         server.execute(TABLE, DB)
         work = Path(tmp)
         config = work / "dblog.toml"
         data = work / "data"
+        log = Log(data, bootstrap, prefix)
         config.write_text(
             f'[source]\ntype = "mysql"\ndsn = "{server.dsn(DB)}"\nserver_id = 9003\n'
-            f'[log]\npath = "{data}"\n'
+            f'[log]\npath = "{data}"\n{log.keys()}'
         )
         # Let `dblog run` checkpoint its start position, so its next start reads the backlog.
-        first_start(config, data)
+        first_start(config, log)
         file, pos = server.execute("SHOW MASTER STATUS")[0][:2]
         from pydblog.ports import Checkpoint
         from pydblog.sources.mysql.position import BinlogPosition
@@ -267,17 +326,20 @@ def main() -> None:
         print(f"same loop with pydblog's row decoder: {fast:,.0f} rows/s ({fast / raw:.2f} x raw)")
         src = source_rate(server, start, args.rows)
         print(f"pydblog MySqlLogSource.stream(): {src:,.0f} rows/s ({src / raw:.2f} x raw)")
-        e2e, rss, cpu, scrapes = end_to_end(config, data, args.rows)
+        try:
+            e2e, rss, cpu, scrapes = end_to_end(config, data, args.rows, log)
+        finally:
+            log.close()
         print(f"  /metrics scraped {scrapes} times meanwhile")
         print("  dblog run CPU per row by thread: " + ", ".join(
             f"{k} {v:.2f} us" for k, v in sorted(cpu.items()) if v >= 0.005))
         print(
-            f"dblog run into the change log: {e2e:,.0f} rows/s ({e2e / raw:.2f} x raw, "
+            f"dblog run into the change log ({args.log}): {e2e:,.0f} rows/s ({e2e / raw:.2f} x raw, "
             f"{e2e / dump:.3f} x the dump, {e2e / decoded:.2f} x the C decoder), "
             f"peak RSS {rss / 1024:.0f} MB"
         )
     results.write("mysql", {
-        "rows": args.rows, "rows_per_transaction": args.batch,
+        "log": args.log, "rows": args.rows, "rows_per_transaction": args.batch,
         "binlog_dump_rows_per_s": round(dump), "binlog_dump_cpu_us_per_row": round(dump_cpu, 3),
         "binlog_decoded_to_text_rows_per_s": round(decoded),
         "binlog_decoded_to_text_cpu_us_per_row": round(decoded_cpu, 3),
