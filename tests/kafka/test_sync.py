@@ -125,7 +125,10 @@ def test_sync_from_kafka_with_kill9(pg_db: str, tmp_path: Path, kafka_log: LogCo
     in the sinks behind and skips them in the Delta mirrors. (What
     each sink does on a replay is the embedded log's tests/spark/test_crash.py's, with
     both kill points; ``test_sync_from_kafka_with_two_kill9s`` runs both here too, in
-    smaller batches: four batches before its second kill instead of two.)"""
+    smaller batches: four batches before its second kill instead of two.) Slow: the
+    default run kills a sync in tests/spark/test_mysql_crash.py and
+    tests/spark/test_drainer_progress.py, and reads Kafka into the sinks in
+    tests/kafka/test_consistent.py; the replay's offsets from Kafka are this test's alone."""
     sync_after_kills(pg_db, tmp_path, kafka_log, ("after-sink:1:0",), max_events=3000)
 
 
