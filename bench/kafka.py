@@ -48,6 +48,7 @@ Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/kafka.py [--rows 200
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -57,7 +58,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -123,6 +124,24 @@ class Probe:
 
     def active(self, on: bool) -> None:
         """Follow the log (True) or stop (False) between drains."""
+
+
+@contextlib.contextmanager
+def bench_broker() -> Iterator[str]:
+    """The bootstrap servers of ``KAFKA_BOOTSTRAP_SERVERS``, else of an Apache Kafka
+    broker started for the run (``pydblog.devtools.kafka``, the optimizing JIT on, as a
+    user's broker runs) and stopped after it."""
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+    if bootstrap:
+        yield bootstrap
+        return
+    from pydblog.devtools.kafka import KafkaBroker
+
+    broker = KafkaBroker(optimize=True).start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
 
 
 class KafkaEnd(Probe):

@@ -276,21 +276,13 @@ def main() -> None:
     parser.add_argument("--log", choices=["embedded", "kafka"], default="embedded",
                         help="the change log of step 3")
     args = parser.parse_args()
-    broker: Any = None
-    bootstrap = prefix = ""
-    if args.log == "kafka":
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
-        if not bootstrap:
-            from pydblog.devtools.kafka import KafkaBroker
+    if args.log != "kafka":
+        run(args, "", "")
+        return
+    from kafka import bench_broker  # bench/kafka.py
 
-            broker = KafkaBroker(optimize=True).start()
-            bootstrap = broker.bootstrap
-        prefix = f"m{uuid.uuid4().hex[:8]}"
-    try:
-        run(args, bootstrap, prefix)
-    finally:
-        if broker is not None:
-            broker.stop()
+    with bench_broker() as bootstrap:
+        run(args, bootstrap, f"m{uuid.uuid4().hex[:8]}")
 
 
 def run(args: argparse.Namespace, bootstrap: str, prefix: str) -> None:

@@ -162,23 +162,15 @@ def main() -> None:
                     help="what the load's transactions do to each row (one event per row)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
-    broker: Any = None
-    log_keys = ""
-    bootstrap = prefix = ""
-    if args.log == "kafka":
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
-        if not bootstrap:
-            from pydblog.devtools.kafka import KafkaBroker
+    if args.log != "kafka":
+        run(args, work, "", "", "")
+        return
+    from kafka import bench_broker  # bench/kafka.py
 
-            broker = KafkaBroker(optimize=True).start()
-            bootstrap = broker.bootstrap
+    with bench_broker() as bootstrap:
         prefix = f"s{uuid.uuid4().hex[:8]}"
         log_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"\n'
-    try:
         run(args, work, log_keys, bootstrap, prefix)
-    finally:
-        if broker is not None:
-            broker.stop()
 
 
 def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, prefix: str) -> None:

@@ -683,6 +683,7 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
     wbuf_t *out = &self->out;
     size_t mark = out->len;
     if (self->count && !wb_byte(out, '\n')) goto fail;
+    size_t key_at = out->len; /* the key's text, without its closing brace, from here */
     if (!wb_byte(out, '{')) goto undo;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
         Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(keys, k));
@@ -692,15 +693,12 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
             goto undo;
     }
     if (del) { /* key_json + ',"before":' + key_json + ',"after":null}' */
-        static const char BEFORE[] = "},\"before\":{";
-        if (!wb_put(out, BEFORE, sizeof(BEFORE) - 1)) goto undo;
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
-            Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(keys, k));
-            PyObject *nj = PyTuple_GET_ITEM(names, c);
-            if ((k && !wb_byte(out, ',')) || !wb_put(out, PyBytes_AS_STRING(nj), (size_t)PyBytes_GET_SIZE(nj)) ||
-                !wb_put(out, row->data + self->vstart[c], self->vlen[c]))
-                goto undo;
-        }
+        static const char BEFORE[] = "},\"before\":";
+        size_t key_len = out->len - key_at;
+        /* reserved first: the copy's source is the buffer itself */
+        if (!wb_put(out, BEFORE, sizeof(BEFORE) - 1) || !wb_reserve(out, key_len)) goto undo;
+        memcpy(out->data + out->len, out->data + key_at, key_len);
+        out->len += key_len;
         static const char END[] = "},\"after\":null}";
         if (!wb_put(out, END, sizeof(END) - 1)) goto undo;
     } else {
