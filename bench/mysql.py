@@ -17,11 +17,14 @@ Results: bench/results/, docs/performance.md.
 3. end-to-end: ``dblog run`` reading the same backlog into the durable change log, timed
    from its first logged event to the N-th.
 
-Usage: ``.venv/bin/python bench/mysql.py [--rows 1000000] [--batch 50000] [--log kafka]``
+Usage: ``.venv/bin/python bench/mysql.py [--rows 1000000] [--batch 50000] [--log kafka]
+[--op insert|update|delete]``
 (starts its own throwaway MariaDB; needs Debian's mariadb-server). ``--log kafka``: step 3
 writes into Kafka instead (an Apache Kafka broker started for the run,
 ``pydblog.devtools.kafka``, or ``KAFKA_BOOTSTRAP_SERVERS``), its events counted by
-bench/kafka.py's ``KafkaEnd`` (the checkpoint topic's last commit).
+bench/kafka.py's ``KafkaEnd`` (the checkpoint topic's last commit). ``--op update`` /
+``--op delete``: the load updates (every non-key column) or deletes rows inserted before
+the measured binlog file (one event per row).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.row_event import WriteRowsEvent
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
@@ -59,21 +62,30 @@ TABLE = (
 )
 
 
-def load(server: MariaDB, rows: int, batch: int) -> float:
+LOADS = {
+    "insert": "INSERT INTO t SELECT seq, seq % 1000, CONCAT('row-', seq), seq / 7, "
+              "NOW(6), seq / 100 FROM seq_{lo}_to_{hi}",
+    "update": "UPDATE t SET a = a + 1, b = CONCAT(b, '+'), c = c * 2, d = NOW(6), e = e + 1 "
+              "WHERE id BETWEEN {lo} AND {hi}",
+    "delete": "DELETE FROM t WHERE id BETWEEN {lo} AND {hi}",
+}
+"""``--op``: the statement each transaction runs over its range of ids (one row event
+per row)."""
+ROW_EVENTS = {"insert": WriteRowsEvent, "update": UpdateRowsEvent, "delete": DeleteRowsEvent}
+
+
+def load(server: MariaDB, rows: int, batch: int, op: str = "insert") -> float:
     t0 = time.perf_counter()
     conn = server.connect(DB)
     with conn.cursor() as cur:
         for lo in range(0, rows, batch):
             hi = min(rows, lo + batch)
-            cur.execute(
-                "INSERT INTO t SELECT seq, seq % 1000, CONCAT('row-', seq), seq / 7, "
-                f"NOW(6), seq / 100 FROM seq_{lo + 1}_to_{hi}"
-            )
+            cur.execute(LOADS[op].format(lo=lo + 1, hi=hi))
     conn.close()
     return time.perf_counter() - t0
 
 
-def raw_rate(server: MariaDB, file: str, pos: int, rows: int) -> float:
+def raw_rate(server: MariaDB, file: str, pos: int, rows: int, op: str = "insert") -> float:
     settings = {"host": "127.0.0.1", "port": server.port, "user": SUPERUSER, "password": PASSWORD}
     reader = BinLogStreamReader(
         connection_settings=settings,
@@ -82,7 +94,7 @@ def raw_rate(server: MariaDB, file: str, pos: int, rows: int) -> float:
         resume_stream=True,
         log_file=file,
         log_pos=pos,
-        only_events=[WriteRowsEvent],
+        only_events=[ROW_EVENTS[op]],
         enable_logging=False,
     )
     n = 0
@@ -275,6 +287,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50_000, help="rows per transaction")
     parser.add_argument("--log", choices=["embedded", "kafka"], default="embedded",
                         help="the change log of step 3")
+    parser.add_argument("--op", choices=sorted(LOADS), default="insert",
+                        help="what the load does to each row")
     args = parser.parse_args()
     if args.log != "kafka":
         run(args, "", "")
@@ -289,6 +303,9 @@ def run(args: argparse.Namespace, bootstrap: str, prefix: str) -> None:
     with tempfile.TemporaryDirectory(prefix="dblog-bench-") as tmp, MariaDB() as server:
         server.execute(f"CREATE DATABASE {DB}")
         server.execute(TABLE, DB)
+        if args.op != "insert":  # the rows to change, in a binlog file of their own
+            load(server, args.rows, args.batch)
+            server.execute("FLUSH BINARY LOGS")
         work = Path(tmp)
         config = work / "dblog.toml"
         data = work / "data"
@@ -304,17 +321,18 @@ def run(args: argparse.Namespace, bootstrap: str, prefix: str) -> None:
         from pydblog.sources.mysql.position import BinlogPosition
 
         start = Checkpoint(BinlogPosition(str(file), int(pos), -1))
-        load_s = load(server, args.rows, args.batch)
-        print(f"loaded {args.rows} rows in {load_s:.1f}s ({args.batch} rows per transaction)")
+        load_s = load(server, args.rows, args.batch, args.op)
+        print(f"loaded {args.rows} rows ({args.op}) in {load_s:.1f}s "
+              f"({args.batch} rows per transaction)")
         dump, dump_cpu = binlog_dump_rate(server, str(file), args.rows, work)
         print(f"binlog dump (C, --raw, no decoding): {dump:,.0f} rows/s (its CPU {dump_cpu:.2f} us/row)")
         decoded, decoded_cpu = binlog_decode_rate(server, str(file), args.rows)
         print(f"binlog decoded to text (C, --verbose): {decoded:,.0f} rows/s "
               f"(its CPU {decoded_cpu:.2f} us/row)")
-        raw = raw_rate(server, str(file), int(pos), args.rows)
+        raw = raw_rate(server, str(file), int(pos), args.rows, args.op)
         print(f"raw mysql-replication loop: {raw:,.0f} rows/s ({raw / dump:.2f} x the dump)")
         fastrows.install()
-        fast = raw_rate(server, str(file), int(pos), args.rows)
+        fast = raw_rate(server, str(file), int(pos), args.rows, args.op)
         print(f"same loop with pydblog's row decoder: {fast:,.0f} rows/s ({fast / raw:.2f} x raw)")
         src = source_rate(server, start, args.rows)
         print(f"pydblog MySqlLogSource.stream(): {src:,.0f} rows/s ({src / raw:.2f} x raw)")
@@ -331,7 +349,7 @@ def run(args: argparse.Namespace, bootstrap: str, prefix: str) -> None:
             f"peak RSS {rss / 1024:.0f} MB"
         )
     results.write("mysql", {
-        "log": args.log, "rows": args.rows, "rows_per_transaction": args.batch,
+        "log": args.log, "op": args.op, "rows": args.rows, "rows_per_transaction": args.batch,
         "binlog_dump_rows_per_s": round(dump), "binlog_dump_cpu_us_per_row": round(dump_cpu, 3),
         "binlog_decoded_to_text_rows_per_s": round(decoded),
         "binlog_decoded_to_text_cpu_us_per_row": round(decoded_cpu, 3),

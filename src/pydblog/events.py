@@ -740,13 +740,17 @@ class InsertRun(NamedTuple):
 
 
 class RowRun(NamedTuple):
-    """Consecutive inserts of one table in one transaction, already encoded by a
-    source's native decoder (MySQL/MariaDB: ``_myrow.tails``), at positions that name
-    their transaction (``tx_key``, as ``encode_event``'s cached path needs).
+    """Consecutive row events of one table with one ``op`` in one transaction (inserts,
+    updates that keep their key, deletes), already encoded by a source's native decoder
+    (MySQL/MariaDB: ``_myrow.tails``), at positions that name their transaction
+    (``tx_key``, as ``encode_event``'s cached path needs).
 
-    Event ``i`` (``0 <= i < size``) is an ``op: c`` event at ``first.with_index(
-    first.index + i)`` with ``ts_ms``; ``tails`` as ``InsertRun``'s: byte for byte what
-    ``encode_event`` writes after the envelope's ``"key":`` for that event."""
+    Event ``i`` (``0 <= i < size``) is an ``op`` event at ``first.with_index(
+    first.index + i)`` with ``ts_ms``; ``tails`` holds, one per line, byte for byte what
+    ``encode_event`` writes after the envelope's ``"key":`` for that event: for ``c``
+    ``key_json + TAIL_SEP + after_json + "}"`` (as ``InsertRun``'s), for ``u`` and ``d``
+    ``key_json + ',"before":' + before_json + ',"after":' + after_json + "}"`` (the
+    before row in full, ``after_json`` null for ``d``)."""
 
     schema: str
     table: str
@@ -754,6 +758,7 @@ class RowRun(NamedTuple):
     ts_ms: int
     size: int
     tails: str
+    op: Op = Op.CREATE
 
     @property
     def first_position(self) -> Position:
@@ -766,9 +771,18 @@ class RowRun(NamedTuple):
         return pos
 
     def events(self) -> list[ChangeEvent]:
-        """One ``ChangeEvent`` per row, its key and row parsed back from the tails."""
+        """One ``ChangeEvent`` per row, its key and rows parsed back from the tails."""
         out = []
         base = self.first
+        op = self.op
+        if op is not Op.CREATE:
+            loads = orjson.loads
+            for i, tail in enumerate(self.tails.split("\n")):
+                parts = loads(f'{{"key":{tail}')
+                out.append(ChangeEvent(op, self.schema, self.table,
+                                       base.with_index(base.index + i), self.ts_ms,
+                                       parts["key"], parts["before"], parts["after"]))
+            return out
         for i, tail in enumerate(self.tails.split("\n")):
             key, _, after = tail.partition(TAIL_SEP)
             out.append(ChangeEvent(Op.CREATE, self.schema, self.table,
@@ -801,11 +815,11 @@ def encode_row_run(run: RowRun, connector: str, db: str, now_ms: int) -> list[En
     tx_key = getattr(pos, "tx_key", None)
     parts = None
     if tx_key is not None and type(ts) is int and type(now_ms) is int and type(pos.index) is int:
-        probe = ChangeEvent(Op.CREATE, run.schema, run.table, pos, ts)
+        probe = ChangeEvent(run.op, run.schema, run.table, pos, ts)
         parts = _cached_tx_parts(probe, tx_key, connector, db, now_ms)
     if parts is None:
         return [encode_event(e, connector, db, now_ms) for e in run.events()]
-    return [_new_tuple(EncodedBlock, (parts[0], Op.CREATE, ts, run.size, run.tails, parts[1],
+    return [_new_tuple(EncodedBlock, (parts[0], run.op, ts, run.size, run.tails, parts[1],
                                       f'{parts[2]}"key":', pos.index))]
 
 

@@ -350,10 +350,13 @@ def test_whole_event_decoding_equals_the_library(mariadb: MariaDB, my_db: str, p
 
 def test_native_rows_equal_the_python_path(server: TestServer, db: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same binlog read twice through the source, with the native rows decoder
-    (``_myrow``) and without it: the change events (inserts of extreme values, NULLs and
-    zero dates, updates with before images, a key change, deletes) are equal, types
-    included, and the table went the native way only in the first read."""
+    """The same binlog read three times through the source, with the native rows decoder
+    (``_myrow``) giving events, giving encoded runs (``RowRun``, as the capture reads),
+    and without it: the change events (inserts of extreme values, NULLs and zero dates,
+    updates with before images, a key change, deletes) are equal, types included; the
+    table went the native way only in the first two reads; the runs held every insert,
+    every update that kept its key and every delete, the key change came as events."""
+    from pydblog.events import RowRun
     from pydblog.ports import Checkpoint
     from pydblog.sources.mysql import native
     from pydblog.sources.mysql.position import BinlogPosition
@@ -374,10 +377,13 @@ def test_native_rows_equal_the_python_path(server: TestServer, db: str,
     conn.commit()
     conn.close()
 
-    def read(enabled: bool) -> tuple[list[Any], list[Any]]:
+    runs: list[Any] = []
+
+    def read(enabled: bool, run_rows: int = 0) -> tuple[list[Any], list[Any]]:
         monkeypatch.setenv(native.DISABLE_ENV, "1" if enabled else "0")
         native.reset()
         src, _ = make(server, db)
+        src.run_rows = run_rows
         src.open(Checkpoint(BinlogPosition(str(file), int(pos), -1)))
         try:
             items = read_until(src.stream(), commits(4))
@@ -385,15 +391,21 @@ def test_native_rows_equal_the_python_path(server: TestServer, db: str,
         finally:
             src.close()
             native.reset()
-        events = [(e.op, e.key, e.before, e.after, e.position) for e in changes(items)]
+        runs.extend(i for i in items if type(i) is RowRun)
+        flat = [e for i in items for e in (i.events() if type(i) is RowRun else [i])]
+        events = [(e.op, e.key, e.before, e.after, e.position) for e in changes(flat)]
         return events, plans
 
     fast, fast_plans = read(True)
     slow, slow_plans = read(False)
+    encoded, _ = read(True, run_rows=2)
     assert fast_plans and all(p is not None for p in fast_plans)
     assert slow_plans and all(p is None for p in slow_plans)
     assert len(fast) == 3 + 3 + 2 + 1
-    assert typed(fast) == typed(slow)
+    assert typed(fast) == typed(slow) == typed(encoded)
+    # 3 inserts (runs of at most 2), 3 updates, the key change's rows as events, 1 delete
+    assert [(r.op.value, r.size) for r in runs] == [("c", 2), ("c", 1), ("u", 2), ("u", 1),
+                                                     ("d", 1)]
 
 
 NATIVE_ROWS = [

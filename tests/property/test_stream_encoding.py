@@ -100,24 +100,35 @@ def test_consecutive_events_of_a_transaction(events_: list[Any]) -> None:
        st.one_of(st.none(), st.just("0-1-42")), st.integers(0, 2**45),
        st.lists(st.tuples(st.dictionaries(texts, values, min_size=1, max_size=2),
                           st.dictionaries(texts, values, max_size=4)), min_size=1, max_size=6),
-       names, names, st.integers(0, 2**45), st.integers(0, 8))
-@settings(max_examples=150, deadline=None)
+       names, names, st.integers(0, 2**45), st.integers(0, 8),
+       st.sampled_from([Op.CREATE, Op.UPDATE, Op.DELETE]))
+@settings(max_examples=200, deadline=None)
 def test_a_row_run_is_its_events(n: int, offset: int, first: int, gtid: str | None, ts: int,
                                  rows_: list[Any], connector: str, db: str, now_ms: int,
-                                 cut: int) -> None:
-    """A ``RowRun`` (MySQL inserts encoded by the source) stores as ``encode_event`` of
-    each of its events, byte for byte; ``events()`` gives them back; ``past`` drops
-    exactly the events at or below a position."""
+                                 cut: int, op: Op) -> None:
+    """A ``RowRun`` (MySQL inserts, updates and deletes encoded by the source) stores as
+    ``encode_event`` of each of its events, byte for byte; ``events()`` gives them
+    back; ``past`` drops exactly the events at or below a position."""
     from pydblog.events import TAIL_SEP, RowRun, encode_row_run
 
     base = BinlogPosition(f"bin.{n:06d}", offset, first, gtid)
-    tails = "\n".join(orjson.dumps(k).decode() + TAIL_SEP + orjson.dumps(r).decode() + "}"
-                      for k, r in rows_)
-    run = RowRun("s", "t", base, ts, len(rows_), tails)
-    want = [ChangeEvent(Op.CREATE, "s", "t", base.with_index(first + i), ts, k, None, r)
+    dumps = orjson.dumps
+
+    def tail(k: Any, r: Any) -> str:
+        if op is Op.CREATE:
+            return dumps(k).decode() + TAIL_SEP + dumps(r).decode() + "}"
+        before = {**r, "was": 1}  # an update's before row differs from its after row
+        after = "null" if op is Op.DELETE else dumps(r).decode()
+        return f'{dumps(k).decode()},"before":{dumps(before).decode()},"after":{after}}}'
+
+    tails = "\n".join(tail(k, r) for k, r in rows_)
+    run = RowRun("s", "t", base, ts, len(rows_), tails, op)
+    want = [ChangeEvent(op, "s", "t", base.with_index(first + i), ts, k,
+                        None if op is Op.CREATE else {**r, "was": 1},
+                        None if op is Op.DELETE else r)
             for i, (k, r) in enumerate(rows_)]
-    assert [(e.position, e.key, e.after, e.ts_ms) for e in run.events()] == [
-        (e.position, e.key, e.after, e.ts_ms) for e in want]
+    assert [(e.op, e.position, e.key, e.before, e.after, e.ts_ms) for e in run.events()] == [
+        (e.op, e.position, e.key, e.before, e.after, e.ts_ms) for e in want]
     assert run.last_position == want[-1].position
     from pydblog.events import EncodedBlock
 

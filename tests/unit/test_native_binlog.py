@@ -302,7 +302,7 @@ def test_insert_tails_are_the_envelope_tails_of_the_python_path(data: st.DataObj
     key = [columns[i].name for i in at]
     present = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     body = b"".join(data.draw(images(table, present)) for _ in range(data.draw(st.integers(0, 4))))
-    got = mod.tails(compiled, body, _bits(present), at, orjson.dumps, TAIL_SEP.encode())
+    got = mod.tails(compiled, body, _bits(present), at, orjson.dumps, TAIL_SEP.encode(), None, 0)
     rows = python_path(columns, json_cols, body, _bits(present), None)
     want = "\n".join(orjson.dumps({k: r[k] for k in key}).decode() + TAIL_SEP
                      + orjson.dumps(r).decode() + "}" for r in rows)
@@ -315,11 +315,17 @@ def test_insert_tails_hand_back_what_rows_hands_back() -> None:
 
     compiled = native.plan([col("d", FIELD_TYPE.DATE)], frozenset())
     bad = b"\0" + ((2023 << 9) | (2 << 5) | 30).to_bytes(3, "little")
-    assert mod.tails(compiled, bad, b"\x01", (0,), orjson.dumps, b",") is None
+    assert mod.tails(compiled, bad, b"\x01", (0,), orjson.dumps, b",", None, 0) is None
+    assert mod.tails(compiled, bad, b"\x01", (0,), orjson.dumps, b",", None, 2) is None
+    assert mod.tails(compiled, bad + bad, b"\x01", (0,), orjson.dumps, b",", b"\x01", 1) is None
     with pytest.raises(TypeError):
-        mod.tails(compiled, b"", b"\x01", [0], orjson.dumps, b",")
+        mod.tails(compiled, b"", b"\x01", [0], orjson.dumps, b",", None, 0)
     with pytest.raises(ValueError, match="key column index"):
-        mod.tails(compiled, b"", b"\x01", (1,), orjson.dumps, b",")
+        mod.tails(compiled, b"", b"\x01", (1,), orjson.dumps, b",", None, 0)
+    with pytest.raises(ValueError, match="kind"):
+        mod.tails(compiled, b"", b"\x01", (0,), orjson.dumps, b",", None, 3)
+    with pytest.raises(ValueError, match="after image"):
+        mod.tails(compiled, b"", b"\x01", (0,), orjson.dumps, b",", None, 1)
 
 
 @needs_decoder
@@ -335,7 +341,8 @@ def test_insert_tails_of_arbitrary_bytes_equal_the_python_path_or_are_handed_bac
     compiled, columns, json_cols = compile_table(table)
     n = len(table)
     body = data.draw(st.binary(max_size=200))
-    got = mod.tails(compiled, body, _bits([True] * n), (0,), orjson.dumps, TAIL_SEP.encode())
+    got = mod.tails(compiled, body, _bits([True] * n), (0,), orjson.dumps, TAIL_SEP.encode(),
+                    None, 0)
     if got is None:
         return
     rows = python_path(columns, json_cols, body, _bits([True] * n), None)
@@ -343,3 +350,49 @@ def test_insert_tails_of_arbitrary_bytes_equal_the_python_path_or_are_handed_bac
     assert got == (len(rows), "\n".join(
         orjson.dumps({name: r[name]}).decode() + TAIL_SEP + orjson.dumps(r).decode() + "}"
         for r in rows))
+
+
+@needs_decoder
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_update_and_delete_tails_are_the_envelope_tails_of_the_python_path(
+        data: st.DataObject) -> None:
+    """``tails`` of a delete rows event: per row ``dumps(key) + ',"before":' +
+    dumps(row) + ',"after":null}'``; of an update: ``dumps(key) + ',"before":' +
+    dumps(before) + ',"after":' + dumps(after) + "}"`` with the after row's key, or None
+    when a row's key text changes (the rows then go the event path: a delete and a
+    create); rows of the Python path, the key in the given column order."""
+    import orjson
+
+    dumps = orjson.dumps
+    table = data.draw(tables())
+    compiled, columns, json_cols = compile_table(table)
+    n = len(table)
+    at = tuple(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3, unique=True)))
+    key = [columns[i].name for i in at]
+    update = data.draw(st.booleans())
+    first = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    second = data.draw(st.lists(st.booleans(), min_size=n, max_size=n)) if update else None
+    body = b""
+    for _ in range(data.draw(st.integers(0, 4))):
+        before = data.draw(images(table, first))
+        body += before
+        if second is not None:  # often the same key: the after image of the same bytes
+            body += before if second == first and data.draw(st.booleans()) else data.draw(
+                images(table, second))
+    bits1, bits2 = _bits(first), (_bits(second) if second is not None else None)
+    got = mod.tails(compiled, body, bits1, at, dumps, b"unused", bits2, 1 if update else 2)
+    rows = python_path(columns, json_cols, body, bits1, bits2)
+
+    def key_of(row: dict[str, Any]) -> str:
+        return dumps({k: row[k] for k in key}).decode()
+
+    if update:
+        if any(key_of(b) != key_of(a) for b, a in rows):
+            assert got is None
+            return
+        want = "\n".join(f'{key_of(a)},"before":{dumps(b).decode()},"after":{dumps(a).decode()}}}'
+                         for b, a in rows)
+    else:
+        want = "\n".join(f'{key_of(r)},"before":{dumps(r).decode()},"after":null}}' for r in rows)
+    assert got == (len(rows), want)

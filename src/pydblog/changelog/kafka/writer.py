@@ -561,7 +561,7 @@ class KafkaChangeLog(ChangeLogWriter):
             item = events[i]
             if type(item) is EncodedBlock:
                 seq = (self._produce_template(item, topics[item.table], seq)
-                       if item.head and item.op != "d" else self._produce_py([item], seq, topics))
+                       if _cut_template(item) else self._produce_py([item], seq, topics))
                 i += 1
                 continue
             i, seq, status, code, why = kafka_native.produce_events(
@@ -588,7 +588,7 @@ class KafkaChangeLog(ChangeLogWriter):
         for item in events:
             topic = topics[item.table]
             if type(item) is EncodedBlock:
-                if item.head and item.op != "d":  # (a delete's tail has no TAIL_SEP)
+                if _cut_template(item):
                     seq = self._produce_template(item, topic, seq)
                     continue
                 bodies: list[str] = item.bodies()
@@ -661,8 +661,8 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _produce_template(self, block: EncodedBlock, topic: str, seq: int) -> int:
         """A template block's rows (see ``EncodedBlock``): key and source from the
-        template's parts, no per-row search. Not a block of deletes: its tails hold no
-        ``TAIL_SEP`` and its rows may need tombstones (``_produce_py`` expands it)."""
+        template's parts, no per-row search. Only blocks ``_cut_template`` takes (a block
+        of deletes may need tombstones; ``_produce_py`` expands the others)."""
         if self._native:
             k = self.client.k
             row = 0
@@ -741,6 +741,18 @@ def commit_times(events: Sequence[Encoded], start: int) -> list[tuple[int, int]]
             last = ts
         pos += e.size if type(e) is EncodedBlock else 1
     return out
+
+
+def _cut_template(block: EncodedBlock) -> bool:
+    """Whether ``block`` is a template whose every tail is ``key_json + TAIL_SEP +
+    after_json + "}"`` (``_produce_template`` cuts the key there): not a block of
+    deletes, nor of updates that carry their before row (MySQL/MariaDB's)."""
+    if not block.head or block.op == "d":
+        return False
+    if block.op != "u":
+        return True
+    nl = block.body.find("\n")
+    return block.body.find(TAIL_SEP, 0, nl if nl >= 0 else len(block.body)) >= 0
 
 
 def _key_of(text: str, start: int) -> str | None:

@@ -17,6 +17,15 @@
  * order, or one (before, after) tuple of them per row of an update. A column missing
  * from the image or NULL is None.
  *
+ * tails(plan, body, present, key, dumps, sep, present2, kind) encodes the same rows as
+ * change-log envelope tails joined by newlines, byte for byte what ``encode_event``
+ * writes after ``"key":`` for each row's event (``key``: the key columns' indexes):
+ * ``kind`` 0, a write: ``key`` + ``sep`` + row + ``}``; 2, a delete:
+ * ``key,"before":row,"after":null}``; 1, an update (``present2`` its after image's
+ * bitmap): ``key,"before":before,"after":after}`` with the after image's key. It
+ * returns ``(count, text)``, or None where rows() would be inexact or an update changes
+ * a key's text (the caller decodes the rows: a key change is a delete and a create).
+ *
  * Every value is exactly what ``pydblog.sources.mysql.fastrows``'s reader for the
  * column followed by ``types.BinlogRowMapper.map`` gives. Where that Python path would
  * raise or differ (a truncated body, invalid UTF-8, a date Python's ``datetime``
@@ -29,7 +38,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define VERSION 3
+#define VERSION 4
 
 enum { R_INT = 0, R_UINT, R_INT24, R_UINT24, R_FLOAT, R_DOUBLE, R_STR, R_DATETIME2,
        R_TIMESTAMP2, R_DATE, R_DECIMAL, R_YEAR, R_ENUM, R_COUNT };
@@ -690,26 +699,51 @@ static int json_image(cur_t *c, const plan_t *plan, const unsigned char *present
     return put(o, "}", 1);
 }
 
+/* Whether the key columns' values of two encoded images are the same text. */
+static int same_key(const out_t *a, const size_t *sa, const out_t *b, const size_t *sb,
+                    const Py_ssize_t *keys, Py_ssize_t nkey) {
+    for (Py_ssize_t j = 0; j < nkey; j++) {
+        size_t af = sa[2 * keys[j]], at = sa[2 * keys[j] + 1];
+        size_t bf = sb[2 * keys[j]], bt = sb[2 * keys[j] + 1];
+        if (at - af != bt - bf || memcmp(a->buf + af, b->buf + bf, at - af) != 0) return 0;
+    }
+    return 1;
+}
+
+enum { K_WRITE = 0, K_UPDATE, K_DELETE };
+
 static PyObject *tails(PyObject *self, PyObject *args) {
-    PyObject *capsule, *key, *dumps;
-    Py_buffer body, present, sep;
-    if (!PyArg_ParseTuple(args, "Oy*y*O!Oy*", &capsule, &body, &present, &PyTuple_Type, &key,
-                          &dumps, &sep))
+    PyObject *capsule, *key, *dumps, *second;
+    Py_buffer body, present, sep, present2 = {0};
+    int kind;
+    if (!PyArg_ParseTuple(args, "Oy*y*O!Oy*Oi", &capsule, &body, &present, &PyTuple_Type, &key,
+                          &dumps, &sep, &second, &kind))
         return NULL;
     PyObject *result = NULL;
-    out_t o = {NULL, 0, 0}, r = {NULL, 0, 0};
-    size_t *spans = NULL;
+    out_t o = {NULL, 0, 0}, r = {NULL, 0, 0}, r2 = {NULL, 0, 0};
+    size_t *spans = NULL, *spans2 = NULL;
     Py_ssize_t *keys = NULL;
     plan_t *plan = PyCapsule_GetPointer(capsule, "pydblog._myrow.plan");
     if (plan == NULL) goto done;
-    if (present.len < (plan->n + 7) / 8) {
+    if (kind < K_WRITE || kind > K_DELETE) {
+        PyErr_SetString(PyExc_ValueError, "kind: 0 (write), 1 (update) or 2 (delete)");
+        goto done;
+    }
+    if ((kind == K_UPDATE) != (second != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "an update needs its after image's bitmap, the others none");
+        goto done;
+    }
+    if (kind == K_UPDATE && PyObject_GetBuffer(second, &present2, PyBUF_SIMPLE) < 0) goto done;
+    Py_ssize_t need = (plan->n + 7) / 8;
+    if (present.len < need || (kind == K_UPDATE && present2.len < need)) {
         PyErr_SetString(PyExc_ValueError, "a columns-present bitmap shorter than the plan's columns");
         goto done;
     }
     Py_ssize_t nkey = PyTuple_GET_SIZE(key);
     spans = PyMem_Calloc(2 * (size_t)(plan->n ? plan->n : 1), sizeof(size_t));
+    spans2 = PyMem_Calloc(2 * (size_t)(plan->n ? plan->n : 1), sizeof(size_t));
     keys = PyMem_Calloc((size_t)(nkey ? nkey : 1), sizeof(Py_ssize_t));
-    if (spans == NULL || keys == NULL) { PyErr_NoMemory(); goto done; }
+    if (spans == NULL || spans2 == NULL || keys == NULL) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t j = 0; j < nkey; j++) {
         Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(key, j));
         if (index == -1 && PyErr_Occurred()) goto done;
@@ -719,20 +753,42 @@ static PyObject *tails(PyObject *self, PyObject *args) {
         }
         keys[j] = index;
     }
+    static const char BEFORE[] = ",\"before\":", AFTER[] = ",\"after\":", NULL_END[] = ",\"after\":null}";
     cur_t c = {body.buf, body.len, 0, 0};
     Py_ssize_t count = 0;
     while (c.pos < c.len) {
         r.len = 0;
         if (!json_image(&c, plan, present.buf, &r, dumps, spans)) goto failed;
+        /* the key from the row the event leaves: an update's after image */
+        const out_t *kr = &r;
+        const size_t *ks = spans;
+        if (kind == K_UPDATE) {
+            r2.len = 0;
+            if (!json_image(&c, plan, present2.buf, &r2, dumps, spans2)) goto failed;
+            if (!same_key(&r, spans, &r2, spans2, keys, nkey)) {
+                /* a key change: a delete and a create (the caller's event path) */
+                result = Py_NewRef(Py_None);
+                goto done;
+            }
+            kr = &r2;
+            ks = spans2;
+        }
         int ok = (count == 0 || put(&o, "\n", 1)) && put(&o, "{", 1);
         for (Py_ssize_t j = 0; ok && j < nkey; j++) {
             const col_t *col = &plan->cols[keys[j]];
-            size_t from = spans[2 * keys[j]], to = spans[2 * keys[j] + 1];
+            size_t from = ks[2 * keys[j]], to = ks[2 * keys[j] + 1];
             ok = (j == 0 || put(&o, ",", 1)) && put(&o, col->name_json, col->name_json_len) &&
-                 put(&o, r.buf + from, to - from);
+                 put(&o, kr->buf + from, to - from);
         }
-        ok = ok && put(&o, "}", 1) && put(&o, sep.buf, (size_t)sep.len) && put(&o, r.buf, r.len) &&
-             put(&o, "}", 1);
+        ok = ok && put(&o, "}", 1);
+        if (kind == K_WRITE)
+            ok = ok && put(&o, sep.buf, (size_t)sep.len) && put(&o, r.buf, r.len) && put(&o, "}", 1);
+        else if (kind == K_DELETE)
+            ok = ok && put(&o, BEFORE, sizeof(BEFORE) - 1) && put(&o, r.buf, r.len) &&
+                 put(&o, NULL_END, sizeof(NULL_END) - 1);
+        else
+            ok = ok && put(&o, BEFORE, sizeof(BEFORE) - 1) && put(&o, r.buf, r.len) &&
+                 put(&o, AFTER, sizeof(AFTER) - 1) && put(&o, r2.buf, r2.len) && put(&o, "}", 1);
         if (!ok) goto failed;
         count++;
     }
@@ -747,18 +803,21 @@ failed:
 done:
     PyMem_Free(o.buf);
     PyMem_Free(r.buf);
+    PyMem_Free(r2.buf);
     PyMem_Free(spans);
+    PyMem_Free(spans2);
     PyMem_Free(keys);
     PyBuffer_Release(&body);
     PyBuffer_Release(&present);
     PyBuffer_Release(&sep);
+    if (present2.obj != NULL) PyBuffer_Release(&present2);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"compile", compile, METH_VARARGS, "A table's plan from its columns' specs."},
     {"rows", rows, METH_VARARGS, "The rows of a rows event's body, or None (decode in Python)."},
-    {"tails", tails, METH_VARARGS, "A write rows event's change-log tails, or None (decode in Python)."},
+    {"tails", tails, METH_VARARGS, "A rows event's change-log tails, or None (decode in Python)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -196,7 +196,7 @@ class MySqlLogSource:
     # -- LogSource ---------------------------------------------------------------------
     @property
     def run_rows(self) -> int:
-        """At most this many inserts per ``RowRun`` (``ports.RunBatching``; 0, the
+        """At most this many rows per ``RowRun`` (``ports.RunBatching``; 0, the
         default: one ``ChangeEvent`` per row)."""
         return self._rows.run_rows
 

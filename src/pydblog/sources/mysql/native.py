@@ -5,8 +5,8 @@ binary strings, DATE, DATETIME2, TIMESTAMP2, DECIMAL, YEAR, ENUM, and MariaDB's 
 alias of LONGTEXT), ``plan()`` compiles the TABLE_MAP's columns once and ``rows()``
 decodes each rows event from one buffer in C, with the values already mapped
 (``types.BinlogRowMapper``): no library value, no second pass per row. ``tails()``
-goes further for a WRITE rows event: each row's change-log envelope tail (key and row
-JSON, as ``encode_event`` writes them), for ``events.RowRun``.
+goes further: each row's change-log envelope tail (key, before and after JSON, as
+``encode_event`` writes them), for ``events.RowRun``.
 
 Invariants: ``rows()`` gives exactly what ``fastrows`` plus ``BinlogRowMapper.map`` give
 for the same event (``tests/unit/test_native_binlog.py`` checks every reader against them
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 DISABLE_ENV = "PYDBLOG_NATIVE_BINLOG"
 """``PYDBLOG_NATIVE_BINLOG=0`` turns the native decoder off (benchmarks, tests)."""
-ABI_VERSION = 3
+ABI_VERSION = 4
 """The ``_myrow`` interface this module speaks (its ``VERSION``)."""
 _TAIL_SEP = TAIL_SEP.encode()
 
@@ -174,22 +174,32 @@ def plan(columns: Sequence[Any], json_columns: frozenset[str]) -> Any | None:
 
 
 
+_KINDS = {BINLOG.WRITE_ROWS_EVENT_V1: 0, BINLOG.WRITE_ROWS_EVENT_V2: 0,
+          BINLOG.UPDATE_ROWS_EVENT_V1: 1, BINLOG.UPDATE_ROWS_EVENT_V2: 1,
+          BINLOG.DELETE_ROWS_EVENT_V1: 2, BINLOG.DELETE_ROWS_EVENT_V2: 2}
+"""``_myrow.tails``'s ``kind`` of each rows event type it encodes."""
+
+
 def tails(event: Any, compiled: Any, mapper: BinlogRowMapper,
           key: tuple[int, ...]) -> tuple[int, str] | list[Any] | None:
-    """A write rows event's rows as change-log tails (``events.RowRun``; ``key``: the
-    key columns' indexes): ``(count, text)``; its mapped rows (a list, as ``rows()``
-    gives them) where the C decoder handed the body back; None where the event is not
-    for this path (its body unread)."""
-    if (event.event_type == BINLOG.PARTIAL_UPDATE_ROWS_EVENT or not event.complete
-            or event._ignore_decode_errors):
+    """A rows event's rows as change-log tails (``events.RowRun``; ``key``: the key
+    columns' indexes): ``(count, text)``; its mapped rows (a list, as ``rows()`` gives
+    them) where the C decoder handed the body back or an update changes a key; None
+    where the event is not for this path (its body unread)."""
+    kind = _KINDS.get(event.event_type)
+    if (kind is None or not event.complete or event._ignore_decode_errors):
         return None
     body = event.packet.read(event.event_size - event.packet.read_bytes)
     first = event.columns_present_bitmap
+    second = getattr(event, "columns_present_bitmap2", None) if kind == 1 else None
     found: tuple[int, str] | None = _module.tails(compiled, body, first, key, orjson.dumps,
-                                                  _TAIL_SEP)
+                                                  _TAIL_SEP, second, kind)
     if found is not None:
         return found
-    return _python_rows(event, body, first, None, mapper)
+    decoded: list[Any] | None = _module.rows(compiled, body, first, second)
+    if decoded is not None:
+        return decoded
+    return _python_rows(event, body, first, second, mapper)
 
 
 def rows(event: Any, compiled: Any, mapper: BinlogRowMapper) -> list[Any] | None:

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from pymysqlreplication.row_event import DeleteRowsEvent, WriteRowsEvent
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from pydblog.config import TableMatcher
 from pydblog.events import ChangeEvent, Op, RowRun
@@ -27,6 +27,10 @@ from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.position import OpenTx
 from pydblog.sources.mysql.setup import OwnTables
 from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
+
+
+_OPS = {WriteRowsEvent: Op.CREATE, UpdateRowsEvent: Op.UPDATE, DeleteRowsEvent: Op.DELETE}
+"""The op of a rows event's ``RowRun`` (an update that changes no key)."""
 
 
 @dataclass(slots=True)
@@ -62,7 +66,7 @@ class RowEvents:
         self.json_cols: dict[tuple[str, str], frozenset[str]] = {}
         self.nullable: dict[int, bytes] = {}
         self.schemas: dict[tuple[str, str], TableSchema] = {}  # as last yielded
-        # At most this many inserts per ``RowRun`` (0: no runs, one event per row; the
+        # At most this many rows per ``RowRun`` (0: no runs, one event per row; the
         # capture's runner sets it, ``ports.RunBatching``).
         self.run_rows = 0
 
@@ -96,29 +100,31 @@ class RowEvents:
         ts_ms = event.timestamp * 1000
         tx = begin(ts_ms)
         (db, name), key = mapper.label, mapper.key
+        images = None
+        if self.run_rows and mapper.kind == "captured" and mapper.native is not None:
+            found = native.tails(event, mapper.native, mapper.rows, mapper.key_at)
+            if isinstance(found, tuple):
+                yield from self._runs(db, name, tx, ts_ms, found[0], found[1], _OPS[type(event)])
+                return
+            images = found
+        if images is None:
+            images = self._images(event, mapper)
         if isinstance(event, WriteRowsEvent):
-            images = None
-            if self.run_rows and mapper.kind == "captured" and mapper.native is not None:
-                found = native.tails(event, mapper.native, mapper.rows, mapper.key_at)
-                if isinstance(found, tuple):
-                    yield from self._runs(db, name, tx, ts_ms, found[0], found[1])
-                    return
-                images = found
-            for after in (images if images is not None else self._images(event, mapper)):
+            for after in images:
                 yield ChangeEvent(
                     Op.CREATE, db, name, tx.position(tx.count), ts_ms,
                     {k: after[k] for k in key} if key else None, None, after,
                 )
                 tx.count += 1
         elif isinstance(event, DeleteRowsEvent):
-            for before in self._images(event, mapper):
+            for before in images:
                 yield ChangeEvent(
                     Op.DELETE, db, name, tx.position(tx.count), ts_ms,
                     {k: before[k] for k in key} if key else None, before, None,
                 )
                 tx.count += 1
         else:
-            for before, after in self._images(event, mapper):
+            for before, after in images:
                 new_key = {k: after[k] for k in key} if key else None
                 old_key = {k: before[k] for k in key} if key else None
                 if old_key != new_key:
@@ -137,19 +143,19 @@ class RowEvents:
                 tx.count += 1
 
     def _runs(self, db: str, name: str, tx: OpenTx, ts_ms: int, count: int,
-              text: str) -> Iterator[RowRun]:
-        """``count`` encoded inserts as runs of at most ``run_rows``, at the open
+              text: str, op: Op) -> Iterator[RowRun]:
+        """``count`` encoded ``op`` events as runs of at most ``run_rows``, at the open
         transaction's next indexes."""
         size = self.run_rows
         if count <= size:
             if count:
-                yield RowRun(db, name, tx.position(tx.count), ts_ms, count, text)
+                yield RowRun(db, name, tx.position(tx.count), ts_ms, count, text, op)
                 tx.count += count
             return
         lines = text.split("\n")
         for i in range(0, count, size):
             part = lines[i:i + size]
-            yield RowRun(db, name, tx.position(tx.count), ts_ms, len(part), "\n".join(part))
+            yield RowRun(db, name, tx.position(tx.count), ts_ms, len(part), "\n".join(part), op)
             tx.count += len(part)
 
     @staticmethod
