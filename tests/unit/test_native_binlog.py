@@ -396,3 +396,33 @@ def test_update_and_delete_tails_are_the_envelope_tails_of_the_python_path(
     else:
         want = "\n".join(f'{key_of(r)},"before":{dumps(r).decode()},"after":null}}' for r in rows)
     assert got == (len(rows), want)
+
+
+_UTF8_EDGES = [b"a", b'"', b"\\", b"\x1f", b"\x7f", b"\xc2\x80", b"\xdf\xbf", b"\xc0\x80", b"\xc1\xbf",
+               b"\xe0\xa0\x80", b"\xe0\x9f\xbf", b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xef\xbf\xbf",
+               b"\xf0\x90\x80\x80", b"\xf0\x8f\xbf\xbf", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80",
+               b"\xf5\x80\x80\x80", b"\x80", b"\xc2", b"\xe1\x80", b"\xf1\x80\x80", b"\xff"]
+
+
+@needs_decoder
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_UTF8_EDGES), st.binary(max_size=3)), max_size=8))
+def test_text_is_written_as_json_exactly_when_python_decodes_it(parts: list[bytes]) -> None:
+    """A UTF-8 column's bytes become JSON text in C only where Python's strict decoder
+    takes them (then as orjson writes the decoded text); else the event is handed back."""
+    import orjson
+
+    from pydblog.events import TAIL_SEP
+
+    column = col("v", FIELD_TYPE.BLOB, length_size=2, character_set_name="utf8mb4")
+    compiled = native.plan([column], frozenset())
+    raw = b"".join(parts)
+    body = b"\0" + len(raw).to_bytes(2, "little") + raw
+    got = mod.tails(compiled, body, b"\x01", (0,), orjson.dumps, TAIL_SEP.encode(), None, 2)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        assert got is None
+        return
+    row = orjson.dumps({"v": text}).decode()
+    assert got == (1, f'{row},"before":{row},"after":null}}')

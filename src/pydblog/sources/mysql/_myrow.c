@@ -254,9 +254,13 @@ static int days_in(long y, long m) {
     return d[m - 1];
 }
 
-/* datetime.isoformat() of a valid naive datetime (+ "Z"). */
-static PyObject *iso(long y, long mo, long d, long h, long mi, long s, long us, int z) {
-    char text[40], *p = text;
+/* A value read as text (TEXT_*): ``buf`` holds ``n`` ASCII bytes. */
+enum { TEXT_FAIL = -1, TEXT_NULL = 0, TEXT_OK = 1 };
+#define TEXT_MAX 260
+
+/* datetime.isoformat() of a valid naive datetime (+ "Z") into ``text``; its length. */
+static int iso(char *text, long y, long mo, long d, long h, long mi, long s, long us, int z) {
+    char *p = text;
     p = padded(p, (uint64_t)y, 4); *p++ = '-';
     p = padded(p, (uint64_t)mo, 2); *p++ = '-';
     p = padded(p, (uint64_t)d, 2); *p++ = 'T';
@@ -265,23 +269,24 @@ static PyObject *iso(long y, long mo, long d, long h, long mi, long s, long us, 
     p = padded(p, (uint64_t)s, 2);
     if (us) { *p++ = '.'; p = padded(p, (uint64_t)us, 6); }
     if (z) *p++ = 'Z';
-    return PyUnicode_FromStringAndSize(text, p - text);
+    return (int)(p - text);
 }
 
-static PyObject *read_datetime2(cur_t *c, int fsp) {
+static int text_datetime2(cur_t *c, int fsp, char *text, int *n) {
     const unsigned char *p;
-    if (!take(c, 5, &p)) return NULL;
+    if (!take(c, 5, &p)) return TEXT_FAIL;
     uint64_t data = be(p, 5);
     long ym = (long)((data >> 22) & 0x1FFFF);
     long y = ym / 13, mo = ym % 13, d = (long)((data >> 17) & 0x1F);
     long h = (long)((data >> 12) & 0x1F), mi = (long)((data >> 6) & 0x3F), s = (long)(data & 0x3F);
     long us;
-    if (!fraction(c, fsp, &us)) return NULL;
+    if (!fraction(c, fsp, &us)) return TEXT_FAIL;
     if (y < 1 || y > 9999 || mo < 1 || mo > 12 || d < 1 || d > days_in(y, mo) || h > 23 ||
         mi > 59 || s > 59)
-        Py_RETURN_NONE; /* datetime() refuses it: a zero date, None */
-    if (us > 999999) { c->inexact = 1; return NULL; }
-    return iso(y, mo, d, h, mi, s, us > 0 ? us : 0, 0);
+        return TEXT_NULL; /* datetime() refuses it: a zero date, None */
+    if (us > 999999) { c->inexact = 1; return TEXT_FAIL; }
+    *n = iso(text, y, mo, d, h, mi, s, us > 0 ? us : 0, 0);
+    return TEXT_OK;
 }
 
 /* days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant's civil_from_days). */
@@ -298,45 +303,47 @@ static void civil(int64_t z, long *y, long *m, long *d) {
     *y = (long)(yy + (*m <= 2));
 }
 
-static PyObject *read_timestamp2(cur_t *c, int fsp) {
+static int text_timestamp2(cur_t *c, int fsp, char *text, int *n) {
     const unsigned char *p;
-    if (!take(c, 4, &p)) return NULL;
+    if (!take(c, 4, &p)) return TEXT_FAIL;
     int64_t secs = (int32_t)(uint32_t)be(p, 4);
     long us;
-    if (!fraction(c, fsp, &us)) return NULL;
-    if (us > 999999) { c->inexact = 1; return NULL; }
+    if (!fraction(c, fsp, &us)) return TEXT_FAIL;
+    if (us > 999999) { c->inexact = 1; return TEXT_FAIL; }
     int64_t days = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
     int64_t rem = secs - days * 86400;
     long y, m, d;
     civil(days, &y, &m, &d);
-    return iso(y, m, d, (long)(rem / 3600), (long)(rem % 3600 / 60), (long)(rem % 60),
-               us > 0 ? us : 0, 1);
+    *n = iso(text, y, m, d, (long)(rem / 3600), (long)(rem % 3600 / 60), (long)(rem % 60),
+             us > 0 ? us : 0, 1);
+    return TEXT_OK;
 }
 
-static PyObject *read_date(cur_t *c) {
+static int text_date(cur_t *c, char *text, int *n) {
     const unsigned char *p;
-    if (!take(c, 3, &p)) return NULL;
+    if (!take(c, 3, &p)) return TEXT_FAIL;
     uint32_t raw = (uint32_t)le(p, 3);
     long y = (long)((raw >> 9) & 0x7FFF), m = (long)((raw >> 5) & 0xF), d = (long)(raw & 0x1F);
-    if (!(raw && y && m && d)) Py_RETURN_NONE;
-    if (y > 9999 || m > 12 || d > days_in(y, m)) { c->inexact = 1; return NULL; } /* date() raises */
-    char text[16], *w = text;
+    if (!(raw && y && m && d)) return TEXT_NULL;
+    if (y > 9999 || m > 12 || d > days_in(y, m)) { c->inexact = 1; return TEXT_FAIL; } /* date() raises */
+    char *w = text;
     w = padded(w, (uint64_t)y, 4); *w++ = '-';
     w = padded(w, (uint64_t)m, 2); *w++ = '-';
     w = padded(w, (uint64_t)d, 2);
-    return PyUnicode_FromStringAndSize(text, w - text);
+    *n = (int)(w - text);
+    return TEXT_OK;
 }
 
 /* fastrows._decimal then format(Decimal(text), "f"): the sign, the integral digits
  * without leading zeros (at least one digit), and the fractional digits as stored. */
-static PyObject *read_decimal(cur_t *c, int precision, int scale) {
-    if (precision < 0 || scale < 0 || scale > precision || precision > 81) { c->inexact = 1; return NULL; }
+static int text_decimal(cur_t *c, int precision, int scale, char *text, int *len) {
+    if (precision < 0 || scale < 0 || scale > precision || precision > 81) { c->inexact = 1; return TEXT_FAIL; }
     int uncomp_int = (precision - scale) / 9, comp_int = (precision - scale) % 9;
     int uncomp_frac = scale / 9, comp_frac = scale % 9;
     int first = DIG2BYTES[comp_int], last = DIG2BYTES[comp_frac];
     int size = first + 4 * uncomp_int + 4 * uncomp_frac + last;
     const unsigned char *p;
-    if (!take(c, size, &p)) return NULL;
+    if (!take(c, size, &p)) return TEXT_FAIL;
     unsigned char raw[48];
     memcpy(raw, p, (size_t)size);
     int negative = !(raw[0] & 0x80);
@@ -355,7 +362,6 @@ static PyObject *read_decimal(cur_t *c, int precision, int scale) {
         fn = (int)(padded(fp + fn, be(raw + pos, 4), 9) - fp);
     if (last)
         fn = (int)(padded(fp + fn, be(raw + pos, last), comp_frac) - fp);
-    char text[260];
     int n = 0;
     if (negative) text[n++] = '-';
     int skip = 0;
@@ -367,6 +373,27 @@ static PyObject *read_decimal(cur_t *c, int precision, int scale) {
         memcpy(text + n, fp, (size_t)fn);
         n += fn;
     }
+    *len = n;
+    return TEXT_OK;
+}
+
+/* The value of a text-formed column (DATETIME2, TIMESTAMP2, DATE, DECIMAL) at c->pos:
+ * TEXT_OK with its text, TEXT_NULL (None), or TEXT_FAIL (c->inexact). */
+static int read_text(cur_t *c, int read, int a, int b, char *text, int *n) {
+    switch (read) {
+    case R_DATETIME2: return text_datetime2(c, a, text, n);
+    case R_TIMESTAMP2: return text_timestamp2(c, a, text, n);
+    case R_DATE: return text_date(c, text, n);
+    default: return text_decimal(c, a, b, text, n);
+    }
+}
+
+static PyObject *text_value(cur_t *c, int read, int a, int b) {
+    char text[TEXT_MAX];
+    int n = 0;
+    int found = read_text(c, read, a, b, text, &n);
+    if (found == TEXT_FAIL) return NULL;
+    if (found == TEXT_NULL) Py_RETURN_NONE;
     return PyUnicode_FromStringAndSize(text, n);
 }
 
@@ -481,13 +508,10 @@ static PyObject *value(cur_t *c, const col_t *col) {
         v = read_str(c, col);
         break;
     case R_DATETIME2:
-        return read_datetime2(c, col->a);
     case R_TIMESTAMP2:
-        return read_timestamp2(c, col->a);
     case R_DATE:
-        return read_date(c);
     case R_DECIMAL:
-        return read_decimal(c, col->a, col->b);
+        return text_value(c, col->read, col->a, col->b);
     case R_YEAR:
         if (!take(c, 1, &p)) return NULL;
         return PyLong_FromLong((long)p[0] + 1900);
@@ -594,7 +618,7 @@ typedef struct {
     size_t len, cap;
 } out_t;
 
-static int put(out_t *o, const char *s, size_t n) {
+static inline int put(out_t *o, const char *s, size_t n) {
     if (o->len + n > o->cap) {
         size_t cap = o->cap ? o->cap : 4096;
         while (cap < o->len + n) cap *= 2;
@@ -665,6 +689,102 @@ static int put_json(out_t *o, cur_t *c, PyObject *dumps, PyObject *value) {
     return put_dumped(o, c, dumps, value);
 }
 
+/* Whether ``s`` is UTF-8 that Python's strict decoder takes (RFC 3629: no overlong
+ * forms, no surrogates, nothing above U+10FFFF). */
+static int utf8_valid(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned char b = s[i];
+        if (b < 0x80) { i++; continue; }
+        size_t need;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (b >= 0xC2 && b <= 0xDF) need = 1;
+        else if (b >= 0xE0 && b <= 0xEF) {
+            need = 2;
+            if (b == 0xE0) lo = 0xA0;
+            else if (b == 0xED) hi = 0x9F;
+        } else if (b >= 0xF0 && b <= 0xF4) {
+            need = 3;
+            if (b == 0xF0) lo = 0x90;
+            else if (b == 0xF4) hi = 0x8F;
+        } else return 0;
+        if (n - i <= need) return 0;
+        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+        for (size_t k = 2; k <= need; k++)
+            if (s[i + k] < 0x80 || s[i + k] > 0xBF) return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+
+/* A present, non-NULL value of ``col`` written straight as JSON where it needs no Python
+ * object (integers, UTF-8 text, the text of dates, times and decimals; not doubles:
+ * orjson's shortest form is faster than PyOS_double_to_string's): 1 written, 0 an error
+ * or c->inexact, -1 not this column's path (nothing read). */
+static int put_direct(out_t *o, cur_t *c, const col_t *col) {
+    const unsigned char *p;
+    char text[TEXT_MAX + 2], *w = text;
+    Py_ssize_t at = c->pos;
+    if (col->out != O_ASIS) return -1;
+    switch (col->read) {
+    case R_STR:
+        if (!col->utf8 || col->encoding == NULL) return -1;
+        {
+            const unsigned char *s;
+            if (!take(c, col->a, &p)) return 0;
+            Py_ssize_t n = (Py_ssize_t)le(p, col->a);
+            if (!take(c, n, &s)) return 0;
+            if (!utf8_valid(s, (size_t)n)) { c->pos = at; return -1; }
+            return put_escaped(o, (const char *)s, (size_t)n);
+        }
+    case R_INT:
+    case R_UINT:
+        if (!take(c, col->a, &p)) return 0;
+        {
+            uint64_t u = le(p, col->a);
+            int bits = 8 * col->a;
+            if (col->read == R_INT && ((u >> (bits - 1)) & 1)) {
+                /* negative: two's complement within ``bits`` */
+                uint64_t mag = bits == 64 ? (uint64_t)0 - u : ((uint64_t)1 << bits) - u;
+                *w++ = '-';
+                w = digits(w, mag);
+            } else {
+                w = digits(w, u);
+            }
+        }
+        return put(o, text, (size_t)(w - text));
+    case R_INT24:
+    case R_UINT24:
+        if (!take(c, 3, &p)) return 0;
+        {
+            int64_t u = (int64_t)le(p, 3);
+            if (col->read == R_INT24 && (u & 0x800000)) u -= 0x1000000;
+            if (u < 0) { *w++ = '-'; w = digits(w, (uint64_t)(-u)); }
+            else w = digits(w, (uint64_t)u);
+        }
+        return put(o, text, (size_t)(w - text));
+    case R_YEAR:
+        if (!take(c, 1, &p)) return 0;
+        w = digits(w, (uint64_t)p[0] + 1900);
+        return put(o, text, (size_t)(w - text));
+    case R_DATETIME2:
+    case R_TIMESTAMP2:
+    case R_DATE:
+    case R_DECIMAL: {
+        int n = 0;
+        int found = read_text(c, col->read, col->a, col->b, text + 1, &n);
+        if (found == TEXT_FAIL) return 0;
+        if (found == TEXT_NULL) return put(o, "null", 4);
+        text[0] = '"';
+        text[n + 1] = '"';
+        return put(o, text, (size_t)n + 2); /* ASCII digits and separators: nothing to escape */
+    }
+    default:
+        return -1;
+    }
+}
+
 /* One row image at c->pos written as the JSON object orjson writes for its dict, each
  * column's value's [start, end) in ``o`` kept in ``spans``; 0: c->inexact or an error. */
 static int json_image(cur_t *c, const plan_t *plan, const unsigned char *present, out_t *o,
@@ -688,6 +808,9 @@ static int json_image(cur_t *c, const plan_t *plan, const unsigned char *present
         if (null) {
             if (!put(o, "null", 4)) return 0;
         } else {
+            int direct = put_direct(o, c, col);
+            if (direct == 0) return 0;
+            if (direct == 1) { spans[2 * i + 1] = o->len; continue; }
             PyObject *v = value(c, col);
             if (v == NULL) return 0;
             int ok = put_json(o, c, dumps, v);
