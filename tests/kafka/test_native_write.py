@@ -26,11 +26,45 @@ if not kafka_native.writer_available():
                 allow_module_level=True)
 
 
+def run_blocks() -> list[Encoded]:
+    """Template blocks of deletes and updates as the sources encode them: PostgreSQL's
+    deletes by key, MySQL's updates and deletes with their before rows, one update in
+    the middle of its block keyed by a column named ``before`` (the C path stops there,
+    Python does the rest)."""
+    from pydblog.events import InsertRun, RowRun, encode_insert_run, encode_row_run
+    from pydblog.positions import Lsn
+    from pydblog.sources.mysql.position import BinlogPosition
+
+    pg_del = InsertRun("public", "c", Lsn(900), 0, 901, 1_700_000_000_900, 25,
+                       "\n".join(f'{{"id":{i}}},"before":{{"id":{i}}},"after":null}}'
+                                  for i in range(25)), Op.DELETE)
+
+    def rows(op: Op, n: int, odd: int = -1) -> str:
+        out = []
+        for i in range(n):
+            key = f'{{"id":{i},"before":{i}}}' if i == odd else f'{{"id":{i}}}'
+            row = orjson.dumps({"id": i, "v": f"é{i}"}).decode()
+            after = "null" if op is Op.DELETE else orjson.dumps({"id": i, "v": f"n{i}"}).decode()
+            out.append(f'{key},"before":{row},"after":{after}}}')
+        return "\n".join(out)
+
+    base = BinlogPosition("bin.000003", 4000, 0, "0-1-77")
+    my_upd = RowRun("public", "d", base, 1_700_000_000_950, 30, rows(Op.UPDATE, 30, odd=12),
+                    Op.UPDATE)
+    my_del = RowRun("public", "d", base.with_index(30), 1_700_000_000_950, 20,
+                    rows(Op.DELETE, 20), Op.DELETE)
+    out: list[Encoded] = [*encode_insert_run(pg_del, "postgresql", "app", 1_700_000_000_990)]
+    for run in (my_upd, my_del):
+        out += encode_row_run(run, "mysql", "app", 1_700_000_000_990)
+    assert len(out) == 3 and all(getattr(b, "head", "") for b in out)
+    return out
+
+
 def odd_batches() -> list[list[Encoded]]:
     """What the C path must leave to Python or cut with care: a key column named
     ``before`` (two ``,"before":`` in the envelope), a bytes body, a non-ASCII row, a
-    notification between stream events. (An event with a null key goes to a random
-    partition, by either path: not here.)"""
+    notification between stream events, blocks of deletes and updates (``run_blocks``).
+    (An event with a null key goes to a random partition, by either path: not here.)"""
     weird = row_event(Op.UPDATE, "a", 50, {"before": 7}, {"before": 7, "v": "é€"})
     as_bytes = row_event(Op.CREATE, "a", 51, {"id": 9000}, {"id": 9000, "v": "b"})
     assert isinstance(as_bytes, EncodedEvent)
@@ -40,7 +74,8 @@ def odd_batches() -> list[list[Encoded]]:
                                     notification={"type": "STARTED"}), "postgresql", "app", 5)
     return [[weird, as_bytes, note,
              *[row_event(Op.DELETE, "a", 54 + i, {"id": 2000 + i}, None) for i in range(30)],
-             *[row_event(Op.CREATE, "b", 90 + i, {"k": f"ü{i}"}, {"k": f"ü{i}"}) for i in range(40)]]]
+             *[row_event(Op.CREATE, "b", 90 + i, {"k": f"ü{i}"}, {"k": f"ü{i}"}) for i in range(40)]],
+            run_blocks()]
 
 
 def write(cfg: LogConfig) -> KafkaChangeLog:
@@ -97,6 +132,7 @@ def test_native_records_are_the_python_records(
 
     native_cfg, py_cfg = cfg("native"), cfg("py")
     calls: list[tuple[int, int]] = []  # (records produced, status) per call
+    templates: list[tuple[int, bool, int, int]] = []  # (cut, tombstones, rows, status)
     real, real_template = kafka_native.produce_events, kafka_native.produce_template
 
     def spy(*args: Any) -> tuple[int, int, int, int, str]:
@@ -106,7 +142,8 @@ def test_native_records_are_the_python_records(
 
     def spy_template(*args: Any) -> tuple[int, int, int, int, str]:
         out = real_template(*args)
-        calls.append((out[0] - args[-1], out[2]))
+        calls.append((out[0] - args[9], out[2]))
+        templates.append((args[10], args[11], out[0] - args[9], out[2]))
         return out
 
     monkeypatch.setattr(kafka_native, "produce_events", spy)
@@ -115,6 +152,12 @@ def test_native_records_are_the_python_records(
     assert w._native and sum(n for n, _ in calls) > 400, "events and blocks went through C"
     assert any(status == 1 for _, status in calls)  # the envelopes left to Python
     assert any(status == 2 for _, status in calls) == (queue == 7)
+    # blocks of deletes (with tombstones) and updates with before rows cut in C, but the
+    # row keyed by a column named ``before``
+    assert sum(n for cut, tomb, n, _ in templates if cut == 1 and tomb) == 25 + 20
+    assert sum(n for cut, tomb, n, _ in templates if cut == 1 and not tomb) == 12
+    assert any(cut == 1 and status == 1 for cut, _, _, status in templates)
+    assert any(status == 3 for *_, status in templates) == (queue == 7)
     monkeypatch.setattr(kafka_native, "writer_available", lambda: False)
     assert not write(py_cfg)._native
     got, want = raw(native_cfg), raw(py_cfg)

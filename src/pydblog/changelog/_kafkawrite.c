@@ -42,7 +42,7 @@
 #include <string.h>
 #include <sys/types.h>
 
-#define KAFKAWRITE_VERSION 1
+#define KAFKAWRITE_VERSION 2
 
 typedef struct rd_kafka_s rd_kafka_t;
 typedef struct rd_kafka_conf_s rd_kafka_conf_t;
@@ -576,31 +576,38 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
 }
 
 /* produce_template(producer, client_id, topic, head, mid, body, first_index, seq, tag,
- *                  start) -> (row, seq, status, error_code, error_text)
+ *                  start, cut, tombstones, half) -> (row, seq, status, error_code, error_text)
  *
  * A template ``EncodedBlock``'s rows from row ``start`` (0-based; ``body``'s lines): row
- * i's envelope is head + str(first_index + i) + mid + tail_i, its key the tail's text
- * before ``,"before":null,"after":`` (``TAIL_SEP``), its source header the head's text
- * after ``"source":`` + the index + the mid's text up to its ``},"key":``. ``status``: 0
- * every row produced, 2 the queue was full at ``row`` (call again from it), 4 librdkafka
- * refused a record, 1 the template is not one this fast path cuts (nothing produced: the
- * caller's Python path does it). */
+ * i's envelope is head + str(first_index + i) + mid + tail_i, its source header the
+ * head's text after ``"source":`` + the index + the mid's text up to its ``},"key":``.
+ * Its key: with ``cut`` 0 the tail's text before ``,"before":null,"after":``
+ * (``TAIL_SEP``; the whole tail without one); with ``cut`` 1 the text before the tail's
+ * only ``,"before":`` (``kafka._key_of``'s rule; a tail with none or two stops the fast
+ * path there), ``null`` meaning no key. ``tombstones``: each record is followed by a
+ * tombstone of its key (a block of deletes). ``half``: row ``start``'s record is in
+ * already, only its tombstone is due. ``status``: 0 every row produced, 2 the queue was
+ * full at ``row`` (call again from it), 3 row ``row``'s record is in and its tombstone
+ * is not (call again from it with ``half``), 4 librdkafka refused a record, 1 the fast
+ * path does not cut the block from ``row`` on (nothing of that row produced: the
+ * caller's Python path does the rest). ``seq`` counts the rows wholly produced. */
 static PyObject *produce_template(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *producer;
     const char *client_id, *topic, *head, *mid, *body, *tag;
     Py_ssize_t head_len, mid_len, body_len, tag_len, start;
     long long first_index, seq;
-    if (!PyArg_ParseTuple(args, "Osss#s#s#LLy#n", &producer, &client_id, &topic, &head,
+    int cut, tombstones, half;
+    if (!PyArg_ParseTuple(args, "Osss#s#s#LLy#nipp", &producer, &client_id, &topic, &head,
                           &head_len, &mid, &mid_len, &body, &body_len, &first_index, &seq,
-                          &tag, &tag_len, &start))
+                          &tag, &tag_len, &start, &cut, &tombstones, &half))
         return NULL;
     rd_kafka_t *rk = producer_handle(producer, client_id);
     if (rk == NULL) return NULL;
     static const char TAIL_SEP[] = ",\"before\":null,\"after\":";
     const char *s = find(head, (size_t)head_len, 0, SOURCE_AT, sizeof(SOURCE_AT) - 1);
     const char *k = find(mid, (size_t)mid_len, 0, KEY_AT, sizeof(KEY_AT) - 1);
-    if (s == NULL || k == NULL || head_len < 1)
+    if (s == NULL || k == NULL || head_len < 1 || (cut != 0 && cut != 1))
         return Py_BuildValue("(nLiis)", start, seq, 1, 0, "");
     const char *src_head = s + sizeof(SOURCE_AT) - 1;
     size_t src_head_len = (size_t)(head + head_len - src_head);
@@ -620,38 +627,66 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
         if (row >= start) {
             const char *tail = body + pos;
             size_t tail_len = end - pos;
-            const char *sep = find(tail, tail_len, 0, TAIL_SEP, sizeof(TAIL_SEP) - 1);
-            size_t key_len = sep != NULL ? (size_t)(sep - tail) : tail_len;
+            const char *key = tail;
+            size_t key_len;
+            if (cut == 0) {
+                const char *sep = find(tail, tail_len, 0, TAIL_SEP, sizeof(TAIL_SEP) - 1);
+                key_len = sep != NULL ? (size_t)(sep - tail) : tail_len;
+            } else {
+                const char *b1 = find(tail, tail_len, 0, BEFORE_AT, sizeof(BEFORE_AT) - 1);
+                if (b1 == NULL || find(tail, tail_len, (size_t)(b1 - tail) + 1, BEFORE_AT,
+                                       sizeof(BEFORE_AT) - 1) != NULL) {
+                    status = 1;
+                    break;
+                }
+                key_len = (size_t)(b1 - tail);
+                if (key_len == 4 && memcmp(tail, "null", 4) == 0) key = NULL;
+            }
             int nl_len = snprintf(num, sizeof(num), "%lld", first_index + row);
-            int pl = snprintf(pre, sizeof(pre), "{\"offset\":%lld,", seq);
-            size_t vlen = (size_t)pl + (size_t)head_len - 1 + (size_t)nl_len + (size_t)mid_len +
-                          tail_len;
             size_t slen = src_head_len + (size_t)nl_len + src_tail_len;
-            if (reserve(&value, vlen) < 0 || reserve(&source, slen) < 0) {
+            if (reserve(&source, slen) < 0) {
                 nomem = 1;
                 break;
             }
-            char *v = value.p;
-            memcpy(v, pre, (size_t)pl);
-            v += pl;
-            memcpy(v, head + 1, (size_t)head_len - 1);
-            v += head_len - 1;
-            memcpy(v, num, (size_t)nl_len);
-            v += nl_len;
-            memcpy(v, mid, (size_t)mid_len);
-            v += mid_len;
-            memcpy(v, tail, tail_len);
             char *sp = source.p;
             memcpy(sp, src_head, src_head_len);
             sp += src_head_len;
             memcpy(sp, num, (size_t)nl_len);
             sp += nl_len;
             memcpy(sp, mid, src_tail_len);
-            code = produce_one(rk, topic, value.p, vlen, tail, key_len, tag, (size_t)tag_len,
-                               source.p, slen, errbuf, sizeof(errbuf));
-            if (code != 0) {
-                status = code == ERR_QUEUE_FULL ? 2 : 4;
-                break;
+            if (!(half && row == start)) {
+                int pl = snprintf(pre, sizeof(pre), "{\"offset\":%lld,", seq);
+                size_t vlen = (size_t)pl + (size_t)head_len - 1 + (size_t)nl_len +
+                              (size_t)mid_len + tail_len;
+                if (reserve(&value, vlen) < 0) {
+                    nomem = 1;
+                    break;
+                }
+                char *v = value.p;
+                memcpy(v, pre, (size_t)pl);
+                v += pl;
+                memcpy(v, head + 1, (size_t)head_len - 1);
+                v += head_len - 1;
+                memcpy(v, num, (size_t)nl_len);
+                v += nl_len;
+                memcpy(v, mid, (size_t)mid_len);
+                v += mid_len;
+                memcpy(v, tail, tail_len);
+                code = produce_one(rk, topic, value.p, vlen, key, key_len, tag, (size_t)tag_len,
+                                   source.p, slen, errbuf, sizeof(errbuf));
+                if (code != 0) {
+                    status = code == ERR_QUEUE_FULL ? 2 : 4;
+                    break;
+                }
+            }
+            if (tombstones) {
+                code = produce_one(rk, topic, NULL, 0, key, key_len, tag, (size_t)tag_len,
+                                   source.p, slen, errbuf, sizeof(errbuf));
+                if (code != 0) {
+                    status = code == ERR_QUEUE_FULL ? 3 : 4;
+                    if (status == 4) { seq++; row++; } /* its record is in: report past it */
+                    break;
+                }
             }
             seq++;
         }

@@ -149,7 +149,7 @@ def consume(consumer: Any, client_id: str, max_messages: int, timeout_s: float) 
 
 # -- the writer (``_kafkawrite``) ------------------------------------------------------------
 
-WRITE_ABI_VERSION = 1
+WRITE_ABI_VERSION = 2
 """The ``_kafkawrite`` interface this module speaks (its ``VERSION``)."""
 
 _write_state = "unknown"
@@ -212,10 +212,12 @@ def produce_events(producer: Any, client_id: str, events: list[Any], start: int,
 
 
 def produce_template(producer: Any, client_id: str, topic: str, head: str, mid: str, body: str,
-                     first_index: int, seq: int, tag: bytes,
-                     start: int) -> tuple[int, int, int, int, str]:
-    """``_kafkawrite.produce_template``: see the C source for the statuses."""
+                     first_index: int, seq: int, tag: bytes, start: int, cut: int,
+                     tombstones: bool, half: bool) -> tuple[int, int, int, int, str]:
+    """``_kafkawrite.produce_template``: see the C source for ``cut``, ``half`` and the
+    statuses."""
     _check_producer(producer)
     out: tuple[int, int, int, int, str] = _writer.produce_template(
-        producer, client_id, topic, head, mid, body, first_index, seq, tag, start)
+        producer, client_id, topic, head, mid, body, first_index, seq, tag, start, cut,
+        tombstones, half)
     return out

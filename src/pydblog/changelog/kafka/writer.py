@@ -45,7 +45,7 @@ from pydblog.changelog.kafka.topics import (
     truncates_topic,
 )
 from pydblog.errors import ChangeLogError, ChangeLogUnavailable, ConfigError, DblogError, Fenced
-from pydblog.events import TAIL_SEP, Encoded, EncodedBlock, EncodedEvent
+from pydblog.events import TAIL_SEP, Encoded, EncodedBlock, EncodedEvent, expand_template
 from pydblog.ports import ChangeLogWriter, Checkpoint, TableSchema
 
 if TYPE_CHECKING:
@@ -561,7 +561,7 @@ class KafkaChangeLog(ChangeLogWriter):
             item = events[i]
             if type(item) is EncodedBlock:
                 seq = (self._produce_template(item, topics[item.table], seq)
-                       if _cut_template(item) else self._produce_py([item], seq, topics))
+                       if item.head else self._produce_py([item], seq, topics))
                 i += 1
                 continue
             i, seq, status, code, why = kafka_native.produce_events(
@@ -583,38 +583,43 @@ class KafkaChangeLog(ChangeLogWriter):
                     tombstone_only: bool = False) -> int:
         """``_produce`` in Python; the global offset after the events. ``tombstone_only``:
         only the tombstones of the deletes (their records are in)."""
-        tag = self._tag
-        produce = self._producer.produce
         for item in events:
             topic = topics[item.table]
             if type(item) is EncodedBlock:
-                if _cut_template(item):
+                if item.head:
                     seq = self._produce_template(item, topic, seq)
                     continue
                 bodies: list[str] = item.bodies()
-                op = item.op
             else:
                 body = item.body
                 bodies = [body if isinstance(body, str) else body.decode()]
-                op = item.op
-            for text in bodies:
-                src_start = text.find('"source":') + 9
-                src_end = text.find('},"key":', src_start) + 1
-                source = text[src_start:src_end]
-                value = f'{{"offset":{seq},{text[1:]}'
-                headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, source)]
-                if op in ("n", "t"):
-                    self._table_event(op, topic, text, value, headers)
-                else:
-                    key = _key_of(text, src_end + 7)
-                    if not tombstone_only:
-                        try:
-                            produce(topic, value, key, headers=headers)
-                        except BufferError:
-                            self._send(topic, value, key, headers, None)
-                    if op == "d" and self._tombstones:
-                        self._send(topic, None, key, headers, None)
-                seq += 1
+            seq = self._produce_bodies(bodies, item.op, topic, seq, tombstone_only)
+        return seq
+
+    def _produce_bodies(self, bodies: Sequence[str], op: str, topic: str, seq: int,
+                        tombstone_only: bool = False) -> int:
+        """Envelopes of one table and op, one by one (global offsets from ``seq``); the
+        global offset after them."""
+        tag = self._tag
+        produce = self._producer.produce
+        for text in bodies:
+            src_start = text.find('"source":') + 9
+            src_end = text.find('},"key":', src_start) + 1
+            source = text[src_start:src_end]
+            value = f'{{"offset":{seq},{text[1:]}'
+            headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, source)]
+            if op in ("n", "t"):
+                self._table_event(op, topic, text, value, headers)
+            else:
+                key = _key_of(text, src_end + 7)
+                if not tombstone_only:
+                    try:
+                        produce(topic, value, key, headers=headers)
+                    except BufferError:
+                        self._send(topic, value, key, headers, None)
+                if op == "d" and self._tombstones:
+                    self._send(topic, None, key, headers, None)
+            seq += 1
         return seq
 
     def _produce_formatted(self, events: Sequence[Encoded], seq: int, topics: dict[str, str]) -> int:
@@ -661,23 +666,35 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _produce_template(self, block: EncodedBlock, topic: str, seq: int) -> int:
         """A template block's rows (see ``EncodedBlock``): key and source from the
-        template's parts, no per-row search. Only blocks ``_cut_template`` takes (a block
-        of deletes may need tombstones; ``_produce_py`` expands the others)."""
+        template's parts, no per-row search of the envelope (``_cut_template`` says where
+        a tail's key ends); a block of deletes with its tombstones. Rows the C path does
+        not cut, and blocks without it whose tails have no ``TAIL_SEP``, go one by one."""
+        cut = 0 if _cut_template(block) else 1
+        start = 0
         if self._native:
             k = self.client.k
-            row = 0
+            half = False
+            tombstones = block.op == "d" and self._tombstones
             while True:
-                row, seq, status, code, why = kafka_native.produce_template(
+                start, seq, status, code, why = kafka_native.produce_template(
                     self._producer, self._client_id, topic, block.head, block.mid, block.body,
-                    block.first_index, seq, self._tag, row)
+                    block.first_index, seq, self._tag, start, cut, tombstones, half)
+                half = False
                 if status == 0:
                     return seq
                 if status == 2:
                     self._producer.poll(0.05)
+                elif status == 3:
+                    self._producer.poll(0.05)
+                    half = True
                 elif status == 4:
                     raise k.KafkaException(k.KafkaError(code, why))
                 else:
-                    break  # not a template the C path cuts: nothing produced
+                    break  # from row ``start`` on, not a template the C path cuts
+        lines = block.body.split("\n")[start:]
+        if cut:
+            bodies = expand_template(block.head, block.first_index + start, block.mid, lines)
+            return self._produce_bodies(bodies, block.op, topic, seq)
         head, mid = block.head, block.mid
         src_start = head.find('"source":') + 9
         src_head = head[src_start:]
@@ -685,7 +702,7 @@ class KafkaChangeLog(ChangeLogWriter):
         value_head = head[1:]
         tag = self._tag
         produce = self._producer.produce
-        for i, tail in enumerate(block.body.split("\n"), block.first_index):
+        for i, tail in enumerate(lines, block.first_index + start):
             key = tail.partition(TAIL_SEP)[0]
             value = f'{{"offset":{seq},{value_head}{i}{mid}{tail}'
             headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, f"{src_head}{i}{src_tail}")]
@@ -744,10 +761,11 @@ def commit_times(events: Sequence[Encoded], start: int) -> list[tuple[int, int]]
 
 
 def _cut_template(block: EncodedBlock) -> bool:
-    """Whether ``block`` is a template whose every tail is ``key_json + TAIL_SEP +
-    after_json + "}"`` (``_produce_template`` cuts the key there): not a block of
-    deletes, nor of updates that carry their before row (MySQL/MariaDB's)."""
-    if not block.head or block.op == "d":
+    """Whether template block ``block``'s every tail is ``key_json + TAIL_SEP +
+    after_json + "}"`` (its key ends there): not a block of deletes, nor of updates that
+    carry their before row (MySQL/MariaDB's); their keys end at the tail's only
+    ``,"before":`` (``_key_of``'s rule)."""
+    if block.op == "d":
         return False
     if block.op != "u":
         return True
