@@ -28,7 +28,6 @@ from pydblog.sources.mysql.position import OpenTx
 from pydblog.sources.mysql.setup import OwnTables
 from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
 
-
 _OPS = {WriteRowsEvent: Op.CREATE, UpdateRowsEvent: Op.UPDATE, DeleteRowsEvent: Op.DELETE}
 """The op of a rows event's ``RowRun`` (an update that changes no key)."""
 
