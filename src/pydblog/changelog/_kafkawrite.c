@@ -581,10 +581,9 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
  * A template ``EncodedBlock``'s rows from row ``start`` (0-based; ``body``'s lines): row
  * i's envelope is head + str(first_index + i) + mid + tail_i, its source header the
  * head's text after ``"source":`` + the index + the mid's text up to its ``},"key":``.
- * Its key: with ``cut`` 0 the tail's text before ``,"before":null,"after":``
- * (``TAIL_SEP``; the whole tail without one); with ``cut`` 1 the text before the tail's
- * only ``,"before":`` (``kafka._key_of``'s rule; a tail with none or two stops the fast
- * path there), ``null`` meaning no key. ``tombstones``: each record is followed by a
+ * Its key: the tail's text before its only ``,"before":`` (``kafka._key_of``'s rule; a
+ * tail with none or two, where a column or a JSON value is named ``before``, stops the
+ * fast path there), ``null`` meaning no key. ``tombstones``: each record is followed by a
  * tombstone of its key (a block of deletes). ``half``: row ``start``'s record is in
  * already, only its tombstone is due. ``status``: 0 every row produced, 2 the queue was
  * full at ``row`` (call again from it), 3 row ``row``'s record is in and its tombstone
@@ -597,17 +596,16 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
     const char *client_id, *topic, *head, *mid, *body, *tag;
     Py_ssize_t head_len, mid_len, body_len, tag_len, start;
     long long first_index, seq;
-    int cut, tombstones, half;
-    if (!PyArg_ParseTuple(args, "Osss#s#s#LLy#nipp", &producer, &client_id, &topic, &head,
+    int tombstones, half;
+    if (!PyArg_ParseTuple(args, "Osss#s#s#LLy#npp", &producer, &client_id, &topic, &head,
                           &head_len, &mid, &mid_len, &body, &body_len, &first_index, &seq,
-                          &tag, &tag_len, &start, &cut, &tombstones, &half))
+                          &tag, &tag_len, &start, &tombstones, &half))
         return NULL;
     rd_kafka_t *rk = producer_handle(producer, client_id);
     if (rk == NULL) return NULL;
-    static const char TAIL_SEP[] = ",\"before\":null,\"after\":";
     const char *s = find(head, (size_t)head_len, 0, SOURCE_AT, sizeof(SOURCE_AT) - 1);
     const char *k = find(mid, (size_t)mid_len, 0, KEY_AT, sizeof(KEY_AT) - 1);
-    if (s == NULL || k == NULL || head_len < 1 || (cut != 0 && cut != 1))
+    if (s == NULL || k == NULL || head_len < 1)
         return Py_BuildValue("(nLiis)", start, seq, 1, 0, "");
     const char *src_head = s + sizeof(SOURCE_AT) - 1;
     size_t src_head_len = (size_t)(head + head_len - src_head);
@@ -628,20 +626,14 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
             const char *tail = body + pos;
             size_t tail_len = end - pos;
             const char *key = tail;
-            size_t key_len;
-            if (cut == 0) {
-                const char *sep = find(tail, tail_len, 0, TAIL_SEP, sizeof(TAIL_SEP) - 1);
-                key_len = sep != NULL ? (size_t)(sep - tail) : tail_len;
-            } else {
-                const char *b1 = find(tail, tail_len, 0, BEFORE_AT, sizeof(BEFORE_AT) - 1);
-                if (b1 == NULL || find(tail, tail_len, (size_t)(b1 - tail) + 1, BEFORE_AT,
-                                       sizeof(BEFORE_AT) - 1) != NULL) {
-                    status = 1;
-                    break;
-                }
-                key_len = (size_t)(b1 - tail);
-                if (key_len == 4 && memcmp(tail, "null", 4) == 0) key = NULL;
+            const char *b1 = find(tail, tail_len, 0, BEFORE_AT, sizeof(BEFORE_AT) - 1);
+            if (b1 == NULL || find(tail, tail_len, (size_t)(b1 - tail) + 1, BEFORE_AT,
+                                   sizeof(BEFORE_AT) - 1) != NULL) {
+                status = 1;
+                break;
             }
+            size_t key_len = (size_t)(b1 - tail);
+            if (key_len == 4 && memcmp(tail, "null", 4) == 0) key = NULL;
             int nl_len = snprintf(num, sizeof(num), "%lld", first_index + row);
             size_t slen = src_head_len + (size_t)nl_len + src_tail_len;
             if (reserve(&source, slen) < 0) {

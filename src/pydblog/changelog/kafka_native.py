@@ -212,12 +212,12 @@ def produce_events(producer: Any, client_id: str, events: list[Any], start: int,
 
 
 def produce_template(producer: Any, client_id: str, topic: str, head: str, mid: str, body: str,
-                     first_index: int, seq: int, tag: bytes, start: int, cut: int,
+                     first_index: int, seq: int, tag: bytes, start: int,
                      tombstones: bool, half: bool) -> tuple[int, int, int, int, str]:
-    """``_kafkawrite.produce_template``: see the C source for ``cut``, ``half`` and the
+    """``_kafkawrite.produce_template``: see the C source for the key, ``half`` and the
     statuses."""
     _check_producer(producer)
     out: tuple[int, int, int, int, str] = _writer.produce_template(
-        producer, client_id, topic, head, mid, body, first_index, seq, tag, start, cut,
+        producer, client_id, topic, head, mid, body, first_index, seq, tag, start,
         tombstones, half)
     return out

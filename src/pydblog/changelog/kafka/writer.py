@@ -45,7 +45,7 @@ from pydblog.changelog.kafka.topics import (
     truncates_topic,
 )
 from pydblog.errors import ChangeLogError, ChangeLogUnavailable, ConfigError, DblogError, Fenced
-from pydblog.events import TAIL_SEP, Encoded, EncodedBlock, EncodedEvent, expand_template
+from pydblog.events import Encoded, EncodedBlock, EncodedEvent, expand_template
 from pydblog.ports import ChangeLogWriter, Checkpoint, TableSchema
 
 if TYPE_CHECKING:
@@ -666,10 +666,10 @@ class KafkaChangeLog(ChangeLogWriter):
 
     def _produce_template(self, block: EncodedBlock, topic: str, seq: int) -> int:
         """A template block's rows (see ``EncodedBlock``): key and source from the
-        template's parts, no per-row search of the envelope (``_cut_template`` says where
-        a tail's key ends); a block of deletes with its tombstones. Rows the C path does
-        not cut, and blocks without it whose tails have no ``TAIL_SEP``, go one by one."""
-        cut = 0 if _cut_template(block) else 1
+        template's parts and the tail, no search of the whole envelope; a block of
+        deletes with its tombstones. A row whose tail does not hold exactly one
+        ``,"before":`` (its key ends there otherwise: ``_key_of``'s rule) and the rows
+        after it go one by one."""
         start = 0
         if self._native:
             k = self.client.k
@@ -678,7 +678,7 @@ class KafkaChangeLog(ChangeLogWriter):
             while True:
                 start, seq, status, code, why = kafka_native.produce_template(
                     self._producer, self._client_id, topic, block.head, block.mid, block.body,
-                    block.first_index, seq, self._tag, start, cut, tombstones, half)
+                    block.first_index, seq, self._tag, start, tombstones, half)
                 half = False
                 if status == 0:
                     return seq
@@ -692,20 +692,24 @@ class KafkaChangeLog(ChangeLogWriter):
                 else:
                     break  # from row ``start`` on, not a template the C path cuts
         lines = block.body.split("\n")[start:]
-        if cut:
-            bodies = expand_template(block.head, block.first_index + start, block.mid, lines)
-            return self._produce_bodies(bodies, block.op, topic, seq)
         head, mid = block.head, block.mid
         src_start = head.find('"source":') + 9
+        if block.op == "d" or src_start < 9 or '},"key":' not in mid:
+            bodies = expand_template(head, block.first_index + start, mid, lines)
+            return self._produce_bodies(bodies, block.op, topic, seq)
         src_head = head[src_start:]
         src_tail = mid[: mid.find('},"key":') + 1]
         value_head = head[1:]
         tag = self._tag
         produce = self._producer.produce
         for i, tail in enumerate(lines, block.first_index + start):
-            key = tail.partition(TAIL_SEP)[0]
             value = f'{{"offset":{seq},{value_head}{i}{mid}{tail}'
             headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, f"{src_head}{i}{src_tail}")]
+            cut = tail.find(',"before":')
+            key = (tail[:cut] if tail.find(',"before":', cut + 1) < 0 <= cut
+                   else _key_of(f"{head}{i}{mid}{tail}", len(head) + len(str(i)) + len(mid)))
+            if key == "null":
+                key = None
             try:
                 produce(topic, value, key, headers=headers)
             except BufferError:
@@ -758,19 +762,6 @@ def commit_times(events: Sequence[Encoded], start: int) -> list[tuple[int, int]]
             last = ts
         pos += e.size if type(e) is EncodedBlock else 1
     return out
-
-
-def _cut_template(block: EncodedBlock) -> bool:
-    """Whether template block ``block``'s every tail is ``key_json + TAIL_SEP +
-    after_json + "}"`` (its key ends there): not a block of deletes, nor of updates that
-    carry their before row (MySQL/MariaDB's); their keys end at the tail's only
-    ``,"before":`` (``_key_of``'s rule)."""
-    if block.op == "d":
-        return False
-    if block.op != "u":
-        return True
-    nl = block.body.find("\n")
-    return block.body.find(TAIL_SEP, 0, nl if nl >= 0 else len(block.body)) >= 0
 
 
 def _key_of(text: str, start: int) -> str | None:
