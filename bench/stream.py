@@ -20,10 +20,12 @@ thread (``/proc/PID/task``: the capture thread ``MainThread``/``python``, the wr
 ``dblog-writer``, ...) per event.
 
 Usage: .venv/bin/python bench/stream.py [--rows 1000000] [--tx 100] [--profile DIR]
-           [--log embedded|kafka] [--op insert|update|delete]
+           [--log embedded|kafka] [--op insert|update|delete] [--replica-identity full]
 
 ``--op update`` / ``--op delete``: the load updates (every non-key column) or deletes
 rows inserted before the slots were made, one event per row, in the same transactions.
+``--replica-identity full``: the table's ``REPLICA IDENTITY FULL`` (updates and deletes
+carry the old row).
 
 ``--log kafka``: `dblog run` writes into Kafka instead (an Apache Kafka broker started
 for the run, ``pydblog.devtools.kafka``, or ``KAFKA_BOOTSTRAP_SERVERS``); (b) counts the events of the log's last commit
@@ -160,6 +162,8 @@ def main() -> None:
     ap.add_argument("--log", choices=["embedded", "kafka"], default="embedded")
     ap.add_argument("--op", choices=sorted(LOADS), default="insert",
                     help="what the load's transactions do to each row (one event per row)")
+    ap.add_argument("--replica-identity", choices=["default", "full"], default="default",
+                    help="the bench table's replica identity")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
     if args.log != "kafka":
@@ -181,6 +185,8 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
                 "CREATE TABLE bench (id bigint PRIMARY KEY, a int, b text, c numeric, d timestamptz)"
             )
             conn.execute("CREATE TABLE steady (id bigint PRIMARY KEY, v int)")
+            if args.replica_identity == "full":
+                conn.execute("ALTER TABLE bench REPLICA IDENTITY FULL")
             if args.op != "insert":  # the rows to change, before any slot exists
                 conn.execute(INSERT, (0, args.rows - 1))
             conn.execute("CREATE PUBLICATION benchpub FOR TABLE bench")
@@ -285,7 +291,8 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
             f"{name} {us:.2f} us" for name, us in per_thread.items() if us >= 0.005))
         print(f"    /metrics scraped {scrapes[0]} times during (b)")
         figures: dict[str, Any] = {
-            "log": args.log, "op": args.op, "rows": args.rows, "transactions": args.tx,
+            "log": args.log, "op": args.op, "replica_identity": args.replica_identity,
+            "rows": args.rows, "transactions": args.tx,
             "env": {k: v for k, v in os.environ.items() if k.startswith("PYDBLOG_")},
             "bare_loop_events_per_s": round(raw), "pg_recvlogical_events_per_s": round(recv),
             "pg_recvlogical_cpu_us_per_event": round(recv_cpu, 3),

@@ -672,23 +672,20 @@ def expand(items: Sequence[Emitted]) -> list[ChangeEvent]:
     return out
 
 
-_DELETE_FIXED = len(',"before":') + len(',"after":null}')
-"""The length of a delete tail's fixed texts (``InsertRun``)."""
-
-
 class InsertRun(NamedTuple):
     """Consecutive inserts of one table in one PostgreSQL transaction, or consecutive
-    updates that kept their row's key and carry no old row, or consecutive deletes that
-    carry only the old key (``op``), already encoded by the native decoder
-    (``_pgrow.Tails``): no ``ChangeEvent`` per row.
+    updates that kept their row's key, or consecutive deletes (``op``), of one form,
+    already encoded by the native decoder (``_pgrow.Tails``): no ``ChangeEvent`` per
+    row.
 
     Event ``i`` (``0 <= i < size``) is an ``op`` event at ``PgPosition(lsn, first + i,
-    None, tx_id)`` with ``ts_ms``. For ``c`` and ``u`` (``before`` null) ``tails`` holds the ``size`` events' envelope tails joined
-    by newlines, each ``key_json + TAIL_SEP + after_json + "}"``: byte for byte what
-    ``encode_event`` writes after the envelope's ``"key":`` for that event (so
-    ``encode_insert_run`` gives the same bodies as ``encode_event`` of ``events()``); for
-    ``d`` each tail is ``key_json + ',"before":' + key_json + ',"after":null}'`` (the
-    key is also the event's ``before``)."""
+    None, tx_id)`` with ``ts_ms``. ``tails`` holds the ``size`` events' envelope tails
+    joined by newlines: byte for byte what ``encode_event`` writes after the envelope's
+    ``"key":`` for that event (so ``encode_insert_run`` gives the same bodies as
+    ``encode_event`` of ``events()``). A ``c`` tail is ``key_json + TAIL_SEP +
+    after_json + "}"``; a ``u`` or ``d`` tail ``key_json + ',"before":' + before_json +
+    ',"after":' + after_json + "}"`` (``before`` null for updates without the old row,
+    the key for deletes by key; ``after`` null for deletes)."""
 
     schema: str
     table: str
@@ -712,13 +709,14 @@ class InsertRun(NamedTuple):
         """One ``ChangeEvent`` per row, its key and row parsed back from the tails (the
         JSON values the converters gave: orjson writes them back to the same text)."""
         out = []
-        if self.op is Op.DELETE:
+        op = self.op
+        if op is not Op.CREATE:
+            loads = orjson.loads
             for i, tail in enumerate(self.tails.split("\n")):
-                # the key twice around fixed texts: its length follows from the tail's
-                key = orjson.loads(tail[:(len(tail) - _DELETE_FIXED) // 2])
-                out.append(ChangeEvent(Op.DELETE, self.schema, self.table,
+                parts = loads(f'{{"key":{tail}')
+                out.append(ChangeEvent(op, self.schema, self.table,
                                        PgPosition(self.lsn, self.first + i, None, self.tx_id),
-                                       self.ts_ms, key, key, None))
+                                       self.ts_ms, parts["key"], parts["before"], parts["after"]))
             return out
         for i, tail in enumerate(self.tails.split("\n")):
             key, _, after = tail.partition(TAIL_SEP)

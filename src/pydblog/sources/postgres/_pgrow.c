@@ -329,10 +329,14 @@ fail:
  * captured relation: Inserts, Updates that carry no old tuple (pgoutput sends one only
  * when the update changed the row's key or the relation's replica identity is FULL:
  * without one the event's key is the new row's and its ``before`` null, as for an
- * Insert), or Deletes that carry the old key only (``K``: the event's key and ``before``
+ * Insert), Deletes that carry the old key only (``K``: the event's key and ``before``
  * are that key, its ``after`` null; the tail is ``key_json + ',"before":' + key_json +
+ * ',"after":null}'``), and, replica identity FULL (``O``, the old row), Updates that
+ * keep the key's text (the tail ``key_json + ',"before":' + old_json + ',"after":' +
+ * new_json + "}"``; a key column whose text is ``NaN`` leaves it to the Python path,
+ * which compares values) and Deletes (``key_json + ',"before":' + old_json +
  * ',"after":null}'``). Each is encoded straight from its pgoutput bytes into its event's envelope
- * tail, ``key_json + ',"before":null,"after":' + after_json + "}"`` (``events.TAIL_SEP``),
+ * tail, an Insert's ``key_json + ',"before":null,"after":' + after_json + "}"`` (``events.TAIL_SEP``),
  * byte for byte what ``orjson.dumps`` of the Python path's key and row dicts gives
  * (``dumps`` is ``orjson.dumps``: every value the C code does not write itself is
  * converted by its column's converter and written by it). No Python object is built
@@ -349,8 +353,8 @@ fail:
  *   -1:    such a message of another relation, or of another kind, while rows are
  *          held: take them first.
  * take() returns (rel, count, text, kind) (the tails joined by newlines; ``kind`` the
- * held messages' byte, "I", "U" or "D") and empties the accumulator, or None when it holds
- * nothing.
+ * held messages' byte, "I", "U" or "D", or "u" / "d" for those with the old row) and
+ * empties the accumulator, or None when it holds nothing.
  */
 
 typedef struct {
@@ -539,12 +543,14 @@ static int wb_value(wbuf_t *b, int code, PyObject *conv, PyObject *dumps, const 
 typedef struct {
     PyObject_HEAD
     wbuf_t out;        /* the tails held, joined by newlines */
-    wbuf_t row;        /* one row's after JSON */
-    size_t *vstart, *vlen;
+    wbuf_t row;        /* one row's after JSON (a Delete's: its old row or key) */
+    wbuf_t old;        /* an Update's old row JSON (replica identity FULL) */
+    size_t *vstart, *vlen, *ostart, *olen; /* each column's value in row / old */
     Py_ssize_t vcap;
     Py_ssize_t count;
     uint32_t oid;
-    unsigned char kind; /* the held rows' message byte, 'I', 'U' or 'D' (count > 0) */
+    unsigned char kind; /* the held rows' kind (count > 0): the message byte 'I', 'U' or 'D',
+                           or 'u' / 'd' for an Update / Delete with its old row ('O') */
     PyObject *spec;    /* the held rows' spec (count > 0) */
     PyObject *dumps;
     Py_ssize_t max_rows;
@@ -553,8 +559,11 @@ typedef struct {
 static void Tails_dealloc(TailsObject *self) {
     PyMem_Free(self->out.data);
     PyMem_Free(self->row.data);
+    PyMem_Free(self->old.data);
     PyMem_Free(self->vstart);
     PyMem_Free(self->vlen);
+    PyMem_Free(self->ostart);
+    PyMem_Free(self->olen);
     Py_XDECREF(self->spec);
     Py_XDECREF(self->dumps);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -609,6 +618,62 @@ static int key_has(PyObject *keys, Py_ssize_t col) {
     return 0;
 }
 
+enum { ROW_OK = 1, ROW_NONE = 0, ROW_FALLBACK = -1, ROW_FAIL = -2 };
+
+/* The tuple at buf[*p] (its column count read, scanned already) as the JSON object of
+ * its row in ``row``, each column's value at [start[i], start[i] + len[i]); ``key_only``:
+ * a Delete's old key (only the key columns may hold values). ROW_OK, or ROW_NONE (an
+ * unchanged TOAST value, a value not written exactly: the message is not this path's),
+ * ROW_FALLBACK (a converter raised an Exception: cleared, not this path's either), or
+ * ROW_FAIL (an error set). ``*nan_key``: a key column's text is ``NaN`` (NaN is not equal
+ * to itself: whether such a key changed is the Python path's to say). */
+static int encode_tuple(TailsObject *self, const unsigned char *buf, size_t *p, Py_ssize_t ncols,
+                        PyObject *names, const unsigned char *codes, PyObject *convs, PyObject *keys,
+                        int key_only, wbuf_t *row, size_t *start, size_t *len, int *nan_key) {
+    row->len = 0;
+    if (!wb_byte(row, '{')) return ROW_FAIL;
+    size_t at = *p;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        PyObject *nj = PyTuple_GET_ITEM(names, i);
+        if ((i && !wb_byte(row, ',')) || !wb_put(row, PyBytes_AS_STRING(nj), (size_t)PyBytes_GET_SIZE(nj)))
+            return ROW_FAIL;
+        start[i] = row->len;
+        unsigned char kind = buf[at];
+        if (kind == 't') {
+            int is_key = key_has(keys, i);
+            if (key_only && !is_key) return ROW_NONE;
+            size_t size = rd32(buf + at + 1);
+            at += 5;
+            if (is_key && size == 3 && memcmp(buf + at, "NaN", 3) == 0) *nan_key = 1;
+            int r = wb_value(row, codes[i], PyTuple_GET_ITEM(convs, i), self->dumps, (const char *)buf + at, size);
+            at += size;
+            if (r < 0) {
+                if (PyErr_ExceptionMatches(PyExc_MemoryError) || !PyErr_ExceptionMatches(PyExc_Exception))
+                    return ROW_FAIL;
+                PyErr_Clear();
+                return ROW_FALLBACK;
+            }
+            if (r == 0) return ROW_NONE;
+        } else if (kind == 'n') {
+            at += 1;
+            if (!wb_put(row, "null", 4)) return ROW_FAIL;
+        } else {
+            return ROW_NONE; /* an unchanged TOAST value: the Python path's */
+        }
+        len[i] = row->len - start[i];
+    }
+    if (!wb_byte(row, '}')) return ROW_FAIL;
+    *p = at;
+    return ROW_OK;
+}
+
+static int grow_spans(size_t **a, Py_ssize_t n) {
+    size_t *grown = PyMem_Realloc(*a, (size_t)n * sizeof(size_t));
+    if (grown == NULL) { PyErr_NoMemory(); return 0; }
+    *a = grown;
+    return 1;
+}
+
 static PyObject *Tails_add(TailsObject *self, PyObject *args) {
     Py_buffer view;
     PyObject *specs;
@@ -617,12 +682,18 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
     size_t len = (size_t)view.len;
     long answer = 0;
     PyObject *spec = NULL;
-    if (len < 6 || !((buf[0] == 'I' || buf[0] == 'U') ? buf[5] == 'N' : buf[0] == 'D' && buf[5] == 'K'))
-        goto done;
-    int del = buf[0] == 'D';
+    if (len < 6) goto done;
+    /* the run kind: 'I'/'U' + new tuple, 'D' + old key; 'u' ('U' + old row + new tuple),
+     * 'd' ('D' + old row) */
+    unsigned char kind;
+    if ((buf[0] == 'I' || buf[0] == 'U') && buf[5] == 'N') kind = buf[0];
+    else if (buf[0] == 'D' && buf[5] == 'K') kind = 'D';
+    else if (buf[0] == 'U' && buf[5] == 'O') kind = 'u';
+    else if (buf[0] == 'D' && buf[5] == 'O') kind = 'd';
+    else goto done;
     uint32_t oid = rd32(buf + 1);
     if (self->count > 0) {
-        if (oid != self->oid || buf[0] != self->kind) { answer = -1; goto done; }
+        if (oid != self->oid || kind != self->kind) { answer = -1; goto done; }
         spec = Py_NewRef(self->spec);
     } else {
         PyObject *key = PyLong_FromUnsignedLong(oid);
@@ -641,45 +712,48 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
     Py_ssize_t ncols = PyTuple_GET_SIZE(names);
     msg_t m = {buf, len};
     size_t pos = 6;
-    if (!scan_tuple(&m, &pos, ncols) || pos != len) goto done;
+    if (!scan_tuple(&m, &pos, ncols)) goto done;
+    size_t new_at = 6; /* where the tuple of the row encoded last begins */
+    if (kind == 'u') {
+        if (pos >= len || buf[pos] != 'N') goto done;
+        new_at = pos + 1;
+        pos = new_at;
+        if (!scan_tuple(&m, &pos, ncols)) goto done;
+    }
+    if (pos != len) goto done;
     if (ncols > self->vcap) {
-        size_t *a = PyMem_Realloc(self->vstart, (size_t)ncols * sizeof(size_t));
-        if (a == NULL) { PyErr_NoMemory(); goto fail; }
-        self->vstart = a;
-        size_t *l = PyMem_Realloc(self->vlen, (size_t)ncols * sizeof(size_t));
-        if (l == NULL) { PyErr_NoMemory(); goto fail; }
-        self->vlen = l;
+        if (!grow_spans(&self->vstart, ncols) || !grow_spans(&self->vlen, ncols) ||
+            !grow_spans(&self->ostart, ncols) || !grow_spans(&self->olen, ncols))
+            goto fail;
         self->vcap = ncols;
     }
-    wbuf_t *row = &self->row;
-    row->len = 0;
-    if (!wb_byte(row, '{')) goto fail;
-    size_t p = 8;
-    for (Py_ssize_t i = 0; i < ncols; i++) {
-        PyObject *nj = PyTuple_GET_ITEM(names, i);
-        if ((i && !wb_byte(row, ',')) || !wb_put(row, PyBytes_AS_STRING(nj), (size_t)PyBytes_GET_SIZE(nj)))
-            goto fail;
-        self->vstart[i] = row->len;
-        unsigned char kind = buf[p];
-        if (kind == 't') {
-            /* A Delete's old key: only the key columns hold values (else the Python path's) */
-            if (del && !key_has(keys, i)) goto done;
-            size_t size = rd32(buf + p + 1);
-            p += 5;
-            int r = wb_value(row, codes[i], PyTuple_GET_ITEM(convs, i), self->dumps, (const char *)buf + p, size);
-            p += size;
-            if (r < 0) goto fallback;
-            if (r == 0) goto done;
-        } else if (kind == 'n') {
-            p += 1;
-            if (!wb_put(row, "null", 4)) goto fail;
-        } else {
-            goto done; /* an unchanged TOAST value: the Python path's */
-        }
-        self->vlen[i] = row->len - self->vstart[i];
+    int nan_key = 0, r;
+    if (kind == 'u') { /* the old row first: it is the event's before */
+        size_t p = 8;
+        r = encode_tuple(self, buf, &p, ncols, names, codes, convs, keys, 0, &self->old,
+                         self->ostart, self->olen, &nan_key);
+        if (r == ROW_FAIL) goto fail;
+        if (r != ROW_OK) goto done;
     }
-    if (!wb_byte(row, '}')) goto fail;
-    /* key_json + TAIL_SEP + after_json + "}" */
+    {
+        size_t p = new_at + 2;
+        r = encode_tuple(self, buf, &p, ncols, names, codes, convs, keys, kind == 'D', &self->row,
+                         self->vstart, self->vlen, &nan_key);
+        if (r == ROW_FAIL) goto fail;
+        if (r != ROW_OK) goto done;
+    }
+    wbuf_t *row = &self->row;
+    if (kind == 'u') {
+        /* the key kept (its text, column by column), else a delete and a create */
+        if (nan_key) goto done;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
+            Py_ssize_t c = PyLong_AsSsize_t(PyTuple_GET_ITEM(keys, k));
+            if (self->vlen[c] != self->olen[c] ||
+                memcmp(row->data + self->vstart[c], self->old.data + self->ostart[c], self->vlen[c]) != 0)
+                goto done;
+        }
+    }
+    /* key_json, then the rest of the tail by kind */
     wbuf_t *out = &self->out;
     size_t mark = out->len;
     if (self->count && !wb_byte(out, '\n')) goto fail;
@@ -692,15 +766,23 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
             !wb_put(out, row->data + self->vstart[c], self->vlen[c]))
             goto undo;
     }
-    if (del) { /* key_json + ',"before":' + key_json + ',"after":null}' */
-        static const char BEFORE[] = "},\"before\":";
+    static const char BEFORE[] = "},\"before\":", AFTER[] = ",\"after\":", END[] = ",\"after\":null}";
+    if (kind == 'D') { /* key_json + ',"before":' + key_json + ',"after":null}' */
         size_t key_len = out->len - key_at;
         /* reserved first: the copy's source is the buffer itself */
         if (!wb_put(out, BEFORE, sizeof(BEFORE) - 1) || !wb_reserve(out, key_len)) goto undo;
         memcpy(out->data + out->len, out->data + key_at, key_len);
         out->len += key_len;
-        static const char END[] = "},\"after\":null}";
-        if (!wb_put(out, END, sizeof(END) - 1)) goto undo;
+        if (!wb_put(out, "}", 1) || !wb_put(out, END, sizeof(END) - 1)) goto undo;
+    } else if (kind == 'd') { /* key_json + ',"before":' + old_json + ',"after":null}' */
+        if (!wb_put(out, BEFORE, sizeof(BEFORE) - 1) || !wb_put(out, row->data, row->len) ||
+            !wb_put(out, END, sizeof(END) - 1))
+            goto undo;
+    } else if (kind == 'u') { /* key_json + ',"before":' + old_json + ',"after":' + new_json + "}" */
+        if (!wb_put(out, BEFORE, sizeof(BEFORE) - 1) || !wb_put(out, self->old.data, self->old.len) ||
+            !wb_put(out, AFTER, sizeof(AFTER) - 1) || !wb_put(out, row->data, row->len) ||
+            !wb_byte(out, '}'))
+            goto undo;
     } else {
         static const char SEP[] = "},\"before\":null,\"after\":";
         if (!wb_put(out, SEP, sizeof(SEP) - 1) || !wb_put(out, row->data, row->len) || !wb_byte(out, '}'))
@@ -708,7 +790,7 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
     }
     if (self->count == 0) {
         self->oid = oid;
-        self->kind = buf[0];
+        self->kind = kind;
         Py_XSETREF(self->spec, Py_NewRef(spec));
     }
     self->count++;
@@ -717,10 +799,6 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
 undo:
     out->len = mark;
     goto fail;
-fallback:
-    if (PyErr_ExceptionMatches(PyExc_MemoryError) || !PyErr_ExceptionMatches(PyExc_Exception))
-        goto fail;
-    PyErr_Clear();
 done:
     Py_XDECREF(spec);
     PyBuffer_Release(&view);
@@ -787,7 +865,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pgrow", NULL, -1, m
 /* The interface version rowdecode.py expects (rowdecode.ABI_VERSION): raise both together
  * whenever the codes, the spec or the result change, so that a stale build is detected
  * (and the Python path used). */
-#define PGROW_VERSION 3
+#define PGROW_VERSION 4
 
 PyMODINIT_FUNC PyInit__pgrow(void) {
     if (PyType_Ready(&TailsType) < 0) return NULL;

@@ -50,7 +50,7 @@ CODES: dict[Any, int] = {
 }
 """Converter -> the C code that maps a text exactly as it does."""
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 """The ``_pgrow`` interface this module speaks (its ``VERSION``)."""
 
 DISABLE_ENV = "PYDBLOG_NATIVE_STREAM"

@@ -151,11 +151,12 @@ assert ChangeEvent._fields[:8] == ("op", "schema", "table", "position", "ts_ms",
 PG_EPOCH_US = 946_684_800_000_000
 
 
-_RUN_OPS = {"I": Op.CREATE, "U": Op.UPDATE, "D": Op.DELETE}
+_RUN_OPS = {"I": Op.CREATE, "U": Op.UPDATE, "D": Op.DELETE, "u": Op.UPDATE, "d": Op.DELETE}
+"""A native run's op by its kind (``_pgrow.Tails``: lowercase, with the old row)."""
 
 
 def _take_run(acc: Any, lsn: Lsn, idx: int, ts_ms: int, tx_id: int) -> InsertRun:
-    """The Inserts (or key-keeping Updates, or key-only Deletes) ``acc`` holds
+    """The Inserts (or key-keeping Updates, or Deletes) ``acc`` holds
     (``rowdecode.tails``), from index ``idx``."""
     rel, count, text, kind = acc.take()
     return _new_run(InsertRun, (rel.schema, rel.table, lsn, idx, tx_id, ts_ms, count, text,
