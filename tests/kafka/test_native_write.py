@@ -53,10 +53,15 @@ def run_blocks() -> list[Encoded]:
                     Op.UPDATE)
     my_del = RowRun("public", "d", base.with_index(30), 1_700_000_000_950, 20,
                     rows(Op.DELETE, 20), Op.DELETE)
+    # a JSON value in the first before row holding TAIL_SEP's text
+    json_row = orjson.dumps({"id": 1, "j": {"x": 1, "before": None, "after": 2}}).decode()
+    my_json = RowRun("public", "d", base.with_index(50), 1_700_000_000_950, 2,
+                     f'{{"id":1}},"before":{json_row},"after":{json_row}}}\n'
+                     f'{{"id":2}},"before":{{"id":2}},"after":{{"id":2}}}}', Op.UPDATE)
     out: list[Encoded] = [*encode_insert_run(pg_del, "postgresql", "app", 1_700_000_000_990)]
-    for run in (my_upd, my_del):
+    for run in (my_upd, my_del, my_json):
         out += encode_row_run(run, "mysql", "app", 1_700_000_000_990)
-    assert len(out) == 3 and all(getattr(b, "head", "") for b in out)
+    assert len(out) == 4 and all(getattr(b, "head", "") for b in out)
     return out
 
 
@@ -162,6 +167,14 @@ def test_native_records_are_the_python_records(
     got, want = raw(native_cfg), raw(py_cfg)
     assert len(want) > 400 and any(v is None for *_, v, _ in want)  # tombstones too
     assert got == want
+    # every data record's key is its envelope's key (Debezium's: the key as JSON)
+    checked = 0
+    for _topic, _part, _off, key, value, _h in want:
+        env = orjson.loads(value) if value is not None else {}
+        if env.get("op") in ("c", "u", "d", "r"):
+            assert key == (None if env["key"] is None else orjson.dumps(env["key"])), (key, value)
+            checked += 1
+    assert checked > 400
     # Readers check the commits' ends (from the interceptor) against the records.
     a, b = KafkaChangeLogReader(native_cfg), KafkaChangeLogReader(py_cfg)
     ra, rb = a.read(0, 10**9), b.read(0, 10**9)
