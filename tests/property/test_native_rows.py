@@ -365,7 +365,8 @@ def test_updates_and_deletes_are_runs_of_their_own() -> None:
     """Updates that carry no old tuple (the key kept, identity not FULL) become runs of
     ``u`` events, Deletes that carry the old key only runs of ``d`` events; with the old
     row (identity FULL) Deletes and Updates that keep the key are runs too, of another
-    form (their ``before`` is the old row); runs are cut where the kind or the form
+    form (their ``before`` is the old row; an unchanged TOAST value is the old row's);
+    runs are cut where the kind or the form
     changes; an Update with its old key (the key changed) or with an old row of another
     key, or of a key whose text is NaN, stays events; each event's body is the Python
     path's."""
@@ -383,9 +384,13 @@ def test_updates_and_deletes_are_runs_of_their_own() -> None:
     def full(i: int, was: int) -> bytes:  # an Update with its old row (identity FULL)
         return row(b"U", i, b"O" + tuple_bytes([str(was), f"old{was}"]))
 
+    # an unchanged TOAST value: the old row's
+    toast_kept = (b"U" + struct.pack("!I", OID) + b"O" + tuple_bytes(["10", "old10"]) + b"N"
+                  + tuple_bytes(["10", U]))
+
     msgs = [row(b"I", 0), row(b"U", 0), row(b"U", 1), row(b"I", 2), key_changed, row(b"U", 2),
             delete(0), delete(1), delete(2, b"O"), delete(3, b"O"), delete(9),
-            full(4, 4), full(5, 5), full(7, 6), full(8, 8)]
+            full(4, 4), full(5, 5), full(7, 6), full(8, 8), toast_kept]
     payloads = [begin(100), *msgs, commit(100)]
     src._cur = Cursor(payloads)
     items: list[Any] = []
@@ -396,7 +401,7 @@ def test_updates_and_deletes_are_runs_of_their_own() -> None:
              for i in items if type(i) in (InsertRun, ChangeEvent)]
     assert shape == [("c", 0, 1), ("u", 1, 2), ("c", 3, 1), ("d", 4), ("c", 5), ("u", 6, 1),
                      ("d", 7, 2), ("d", 9, 2), ("d", 11, 1), ("u", 12, 2), ("d", 14), ("c", 15),
-                     ("u", 16, 1)]
+                     ("u", 16, 2)]
     runs = [e for i in items if type(i) is InsertRun and i.op.value != "c" for e in i.events()]
     assert [(e.key, e.before, e.after) for e in runs] == [
         ({"id": 0}, None, {"id": 0, "v": "v0"}), ({"id": 1}, None, {"id": 1, "v": "v1"}),
@@ -406,7 +411,8 @@ def test_updates_and_deletes_are_runs_of_their_own() -> None:
         ({"id": 9}, {"id": 9}, None),
         ({"id": 4}, {"id": 4, "v": "old4"}, {"id": 4, "v": "v4"}),
         ({"id": 5}, {"id": 5, "v": "old5"}, {"id": 5, "v": "v5"}),
-        ({"id": 8}, {"id": 8, "v": "old8"}, {"id": 8, "v": "v8"})]
+        ({"id": 8}, {"id": 8, "v": "old8"}, {"id": 8, "v": "v8"}),
+        ({"id": 10}, {"id": 10, "v": "old10"}, {"id": 10, "v": "old10"})]
     for payload in (payloads, [begin(100), row(b"U", 1, b"O" + tuple_bytes(["1", "a"])), commit(100)]):
         fast = run(source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d"), payload, True)
         slow = run(source(("id", "v"), (t.INT4, t.TEXT), ["id"], "d"), payload, False)

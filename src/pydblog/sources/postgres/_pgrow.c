@@ -333,8 +333,8 @@ fail:
  * are that key, its ``after`` null; the tail is ``key_json + ',"before":' + key_json +
  * ',"after":null}'``), and, replica identity FULL (``O``, the old row), Updates that
  * keep the key's text (the tail ``key_json + ',"before":' + old_json + ',"after":' +
- * new_json + "}"``; a key column whose text is ``NaN`` leaves it to the Python path,
- * which compares values) and Deletes (``key_json + ',"before":' + old_json +
+ * new_json + "}"``, an unchanged TOAST value the old row's; a key column whose text is
+ * ``NaN`` leaves it to the Python path, which compares values) and Deletes (``key_json + ',"before":' + old_json +
  * ',"after":null}'``). Each is encoded straight from its pgoutput bytes into its event's envelope
  * tail, an Insert's ``key_json + ',"before":null,"after":' + after_json + "}"`` (``events.TAIL_SEP``),
  * byte for byte what ``orjson.dumps`` of the Python path's key and row dicts gives
@@ -629,7 +629,8 @@ enum { ROW_OK = 1, ROW_NONE = 0, ROW_FALLBACK = -1, ROW_FAIL = -2 };
  * to itself: whether such a key changed is the Python path's to say). */
 static int encode_tuple(TailsObject *self, const unsigned char *buf, size_t *p, Py_ssize_t ncols,
                         PyObject *names, const unsigned char *codes, PyObject *convs, PyObject *keys,
-                        int key_only, wbuf_t *row, size_t *start, size_t *len, int *nan_key) {
+                        int key_only, wbuf_t *row, size_t *start, size_t *len, int *nan_key,
+                        const wbuf_t *fill) {
     row->len = 0;
     if (!wb_byte(row, '{')) return ROW_FAIL;
     size_t at = *p;
@@ -657,8 +658,12 @@ static int encode_tuple(TailsObject *self, const unsigned char *buf, size_t *p, 
         } else if (kind == 'n') {
             at += 1;
             if (!wb_put(row, "null", 4)) return ROW_FAIL;
+        } else if (kind == 'u' && fill != NULL) {
+            /* an unchanged TOAST value, the old row's (its every value encoded) */
+            at += 1;
+            if (!wb_put(row, fill->data + self->ostart[i], self->olen[i])) return ROW_FAIL;
         } else {
-            return ROW_NONE; /* an unchanged TOAST value: the Python path's */
+            return ROW_NONE; /* an unchanged TOAST value without the old row: the Python path's */
         }
         len[i] = row->len - start[i];
     }
@@ -731,14 +736,14 @@ static PyObject *Tails_add(TailsObject *self, PyObject *args) {
     if (kind == 'u') { /* the old row first: it is the event's before */
         size_t p = 8;
         r = encode_tuple(self, buf, &p, ncols, names, codes, convs, keys, 0, &self->old,
-                         self->ostart, self->olen, &nan_key);
+                         self->ostart, self->olen, &nan_key, NULL);
         if (r == ROW_FAIL) goto fail;
         if (r != ROW_OK) goto done;
     }
     {
         size_t p = new_at + 2;
         r = encode_tuple(self, buf, &p, ncols, names, codes, convs, keys, kind == 'D', &self->row,
-                         self->vstart, self->vlen, &nan_key);
+                         self->vstart, self->vlen, &nan_key, kind == 'u' ? &self->old : NULL);
         if (r == ROW_FAIL) goto fail;
         if (r != ROW_OK) goto done;
     }
