@@ -17,7 +17,7 @@ and consumers keep the value they have) and ``notification`` (``op: "n"`` events
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from enum import StrEnum
 from itertools import repeat
 from typing import Any, NamedTuple, TypeVar, overload
@@ -672,6 +672,25 @@ def expand(items: Sequence[Emitted]) -> list[ChangeEvent]:
     return out
 
 
+def _tail_events(op: Op, schema: str, table: str, ts_ms: int, tails: str,
+                 positions: Iterable[Position]) -> list[ChangeEvent]:
+    """The events of a run's tails (``InsertRun``, ``RowRun``), one per line at
+    ``positions``: a ``c`` tail cut at ``TAIL_SEP``, any other parsed as the envelope's
+    ``key``, ``before`` and ``after``."""
+    loads = orjson.loads
+    out = []
+    for pos, tail in zip(positions, tails.split("\n"), strict=True):
+        if op is Op.CREATE:
+            key, _, after = tail.partition(TAIL_SEP)
+            out.append(ChangeEvent(op, schema, table, pos, ts_ms, loads(key), None,
+                                   loads(after[:-1])))
+        else:
+            parts = loads(f'{{"key":{tail}')
+            out.append(ChangeEvent(op, schema, table, pos, ts_ms, parts["key"], parts["before"],
+                                   parts["after"]))
+    return out
+
+
 class InsertRun(NamedTuple):
     """Consecutive inserts of one table in one PostgreSQL transaction, or consecutive
     updates that kept their row's key, or consecutive deletes (``op``), of one form,
@@ -708,22 +727,9 @@ class InsertRun(NamedTuple):
     def events(self) -> list[ChangeEvent]:
         """One ``ChangeEvent`` per row, its key and row parsed back from the tails (the
         JSON values the converters gave: orjson writes them back to the same text)."""
-        out = []
-        op = self.op
-        if op is not Op.CREATE:
-            loads = orjson.loads
-            for i, tail in enumerate(self.tails.split("\n")):
-                parts = loads(f'{{"key":{tail}')
-                out.append(ChangeEvent(op, self.schema, self.table,
-                                       PgPosition(self.lsn, self.first + i, None, self.tx_id),
-                                       self.ts_ms, parts["key"], parts["before"], parts["after"]))
-            return out
-        for i, tail in enumerate(self.tails.split("\n")):
-            key, _, after = tail.partition(TAIL_SEP)
-            out.append(ChangeEvent(self.op, self.schema, self.table,
-                                   PgPosition(self.lsn, self.first + i, None, self.tx_id),
-                                   self.ts_ms, orjson.loads(key), None, orjson.loads(after[:-1])))
-        return out
+        positions = (PgPosition(self.lsn, self.first + i, None, self.tx_id)
+                     for i in range(self.size))
+        return _tail_events(self.op, self.schema, self.table, self.ts_ms, self.tails, positions)
 
     def past(self, position: Position) -> InsertRun | None:
         """The run without its events at or below ``position`` (None: nothing left)."""
@@ -770,23 +776,9 @@ class RowRun(NamedTuple):
 
     def events(self) -> list[ChangeEvent]:
         """One ``ChangeEvent`` per row, its key and rows parsed back from the tails."""
-        out = []
         base = self.first
-        op = self.op
-        if op is not Op.CREATE:
-            loads = orjson.loads
-            for i, tail in enumerate(self.tails.split("\n")):
-                parts = loads(f'{{"key":{tail}')
-                out.append(ChangeEvent(op, self.schema, self.table,
-                                       base.with_index(base.index + i), self.ts_ms,
-                                       parts["key"], parts["before"], parts["after"]))
-            return out
-        for i, tail in enumerate(self.tails.split("\n")):
-            key, _, after = tail.partition(TAIL_SEP)
-            out.append(ChangeEvent(Op.CREATE, self.schema, self.table,
-                                   base.with_index(base.index + i), self.ts_ms,
-                                   orjson.loads(key), None, orjson.loads(after[:-1])))
-        return out
+        positions = (base.with_index(base.index + i) for i in range(self.size))
+        return _tail_events(self.op, self.schema, self.table, self.ts_ms, self.tails, positions)
 
     def past(self, position: Position) -> RowRun | None:
         """The run without its events at or below ``position`` (None: nothing left)."""
