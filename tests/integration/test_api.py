@@ -219,9 +219,18 @@ def _children(pid: int, needle: str) -> list[int]:
     return out
 
 
-def test_health_idle_rule(pg_db: str, tmp_path: Path) -> None:
+def test_health_idle_rule(tmp_path: Path) -> None:
     """DBLog's rule: no event for max_idle_minutes is unhealthy only when the source
-    changed meanwhile (here: writes to a table that is not captured)."""
+    changed meanwhile (here: writes to a table that is not captured). The server is the
+    test's own: the source's position is the cluster's WAL, which other tests' databases
+    on a shared server move."""
+    from pydblog.devtools.pgcluster import PgCluster
+
+    with PgCluster() as cluster:
+        _idle_rule(cluster.create_database("idle"), tmp_path)
+
+
+def _idle_rule(pg_db: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE captured (id int PRIMARY KEY)")
         conn.execute("CREATE TABLE ignored (id int PRIMARY KEY)")
