@@ -340,9 +340,10 @@ class Client:
                       isolation: Any = None) -> dict[tuple[str, int], int]:
         """The broker's list-offsets answer for each partition. A retriable error (a
         partition whose leader is not elected yet or just moved: "not leader", "leader
-        not available", "unknown topic or partition" for a topic a moment old) is asked
-        again until ``TIMEOUT_S``; any other error, or one still there then, is
-        ``ChangeLogUnavailable``."""
+        not available", "unknown topic or partition" for a topic a moment old, a leader
+        epoch the broker has not caught up with or has moved past, an offset the new
+        leader cannot answer yet) is asked again until ``TIMEOUT_S``; any other error, or
+        one still there then, is ``ChangeLogUnavailable``."""
         k = self.k
         deadline = time.monotonic() + TIMEOUT_S
         pause = 0.02
@@ -356,7 +357,9 @@ class Client:
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], k.KafkaError) else None
                 again = err is not None and (err.retriable() or err.code() in (
                     k.KafkaError.NOT_LEADER_FOR_PARTITION, k.KafkaError.LEADER_NOT_AVAILABLE,
-                    k.KafkaError.UNKNOWN_TOPIC_OR_PART))  # (the admin client calls them final)
+                    k.KafkaError.UNKNOWN_TOPIC_OR_PART, k.KafkaError.UNKNOWN_LEADER_EPOCH,
+                    k.KafkaError.FENCED_LEADER_EPOCH, k.KafkaError.OFFSET_NOT_AVAILABLE))
+                # (the admin client calls them final; Kafka's protocol calls them retriable)
                 if not again or time.monotonic() + pause > deadline:
                     raise unavailable("listing offsets", self.cfg, exc) from None
                 time.sleep(pause)
