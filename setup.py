@@ -12,6 +12,8 @@ librdkafka interceptor plugin); without it the writer does both in Python.
 straight into row dicts; without it they are decoded in Python.
 ``pydblog.sources.mysql._myrow`` (C, the same) decodes binlog rows events straight into
 pydblog's values; without it they are decoded in Python (``fastrows``).
+``pydblog.sources.mysql._mytext`` (C, the same) parses the values of result-set rows
+(snapshot chunks); without it PyMySQL parses them (``textrows``).
 """
 
 from setuptools import Extension, setup
@@ -34,6 +36,12 @@ setup(
         Extension(
             "pydblog.sources.mysql._myrow",
             ["src/pydblog/sources/mysql/_myrow.c"],
+            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "pydblog.sources.mysql._mytext",
+            ["src/pydblog/sources/mysql/_mytext.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

@@ -49,6 +49,7 @@ from pydblog.ports import (
 )
 from pydblog.sources import intkeys
 from pydblog.sources.mysql import schema as schema_mod
+from pydblog.sources.mysql import textrows
 from pydblog.sources.mysql.connect import (
     ER_BAD_FIELD,
     ER_PARSE_ERROR,
@@ -156,6 +157,7 @@ class MySqlSnapshotReader(
         self._waited_at: float | None = None  # the last replica wait's source state read then
         self.replica_waits = 0
         """Waits for the read replica (``_catch_up``) so far (tests, benchmarks)."""
+        textrows.install()  # chunk rows parsed in C (the same rows as PyMySQL's)
 
     # -- connection ------------------------------------------------------------------------
     def _connection(self) -> Any:

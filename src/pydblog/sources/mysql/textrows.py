@@ -1,0 +1,96 @@
+"""Result-set rows of MySQL's text protocol parsed in C (``_mytext``) instead of PyMySQL's
+per-value Python loop: a snapshot chunk's SELECT spends most of its client time there.
+
+``install()`` replaces ``pymysql.connections.MySQLResult._read_rowdata_packet`` (a
+buffered result's rows): each row packet is still read by PyMySQL
+(``Connection._read_packet``: sequence ids, multi-packet rows, error packets) and checked
+for its end (``_check_packet_is_eof``: warnings, more results); only the values are
+parsed by ``_mytext.row``, through the converters PyMySQL chose for the result's columns.
+
+Invariant: the rows are PyMySQL's own, value for value and type for type
+(``tests/mysql/test_textrows.py`` checks packets of every shape against
+``_read_row_from_packet``, and result sets of every column type from a real server).
+Without the extension (no C compiler at install), or with ``PYDBLOG_NATIVE_TEXTROWS=0``,
+nothing is replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ABI_VERSION = 1
+"""The ``_mytext`` interface this module speaks (its ``VERSION``)."""
+DISABLE_ENV = "PYDBLOG_NATIVE_TEXTROWS"
+
+_ENCODINGS = {None: 0, "utf8": 1, "utf-8": 1, "ascii": 2}
+_INSTALLED = False
+_ORIGINAL: Any = None
+
+
+def module() -> Any | None:
+    """The loaded ``_mytext`` extension, or None."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    try:
+        from pydblog.sources.mysql import _mytext  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _mytext if getattr(_mytext, "VERSION", None) == ABI_VERSION else None
+
+
+def plan(converters: list[tuple[str | None, Any]]) -> tuple[tuple[Any, Any], ...]:
+    """``_mytext.row``'s plan for PyMySQL's ``(encoding, converter)`` of each column."""
+    out = []
+    for encoding, converter in converters:
+        enc: Any = _ENCODINGS.get(encoding, encoding)
+        conv: Any = 0 if converter is None else 1 if converter is int else (
+            2 if converter is float else converter)
+        out.append((enc, conv))
+    return tuple(out)
+
+
+def install() -> bool:
+    """Parse result rows in C from now on (idempotent, process-wide); False when the
+    extension is not available (PyMySQL's own loop stays)."""
+    global _INSTALLED, _ORIGINAL
+    if _INSTALLED:
+        return True
+    native = module()
+    if native is None:
+        log.info("native result-row parser not available: PyMySQL parses chunk rows")
+        return False
+    from pymysql.connections import MySQLResult
+
+    parse = native.row
+
+    def _read_rowdata_packet(self: Any) -> None:
+        spec = plan(self.converters)
+        read = self.connection._read_packet
+        rows = []
+        while True:
+            packet = read()
+            if self._check_packet_is_eof(packet):
+                self.connection = None  # (as PyMySQL: no cycle)
+                break
+            rows.append(parse(packet._data, packet._position, spec))
+        self.affected_rows = len(rows)
+        self.rows = tuple(rows)
+
+    _ORIGINAL = MySQLResult._read_rowdata_packet
+    MySQLResult._read_rowdata_packet = _read_rowdata_packet
+    _INSTALLED = True
+    return True
+
+
+def uninstall() -> None:
+    """PyMySQL's own loop again (tests)."""
+    global _INSTALLED
+    if _INSTALLED:
+        from pymysql.connections import MySQLResult
+
+        MySQLResult._read_rowdata_packet = _ORIGINAL
+        _INSTALLED = False
