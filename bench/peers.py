@@ -26,8 +26,10 @@ on the first run.
 Usage: .venv/bin/python bench/peers.py [--rows 1000000] [--tx 100] [--rate 5000]
            [--seconds 20] [--only s,t,l] [--source postgres|mysql]
 
-``--source mysql``: parts (s) and (t) against MySQL 5.7 (``pydblog.devtools.mysql57``)
-with Debezium's MySQL connector (schema history in a file).
+``--source mysql``: the same parts against MySQL 5.7 (``pydblog.devtools.mysql57``) with
+Debezium's MySQL connector (schema history in a file). MySQL's binary log stamps events in
+whole seconds, so (l) times each row by a column the load writes just before its commit
+(epoch microseconds), on both sides.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +240,10 @@ def steady_load(dsn: str, table: str, start: int, rate: int, seconds: float) -> 
     return i - start
 
 
-def dblog_latency(config: Path, dsn: str, table: str, start: int, rate: int, seconds: float) -> dict[str, float]:
+def dblog_latency(config: Path, load: Callable[[], int], time_field: str | None = None) -> dict[str, float]:
+    """Commit -> event of ``dblog run`` under ``load``: each record's commit time (its
+    ``ts_ms``, or with ``time_field`` that column of its after row: epoch microseconds
+    written just before the commit) against the wall clock when a reader sees it."""
     proc = start_dblog(config)
     data = config.parent / "data"
     try:
@@ -254,7 +260,11 @@ def dblog_latency(config: Path, dsn: str, table: str, start: int, rate: int, sec
             while not stop_follow.is_set():
                 recs = reader.read(offset, 10_000)
                 now_ms = time.time() * 1000
-                latencies.extend(now_ms - r.ts_ms for r in recs)
+                if time_field is None:
+                    latencies.extend(now_ms - r.ts_ms for r in recs)
+                else:
+                    latencies.extend(now_ms - json.loads(r.body)["after"][time_field] / 1000
+                                     for r in recs if r.op in ("c", "u"))
                 if recs:
                     offset = recs[-1].offset + 1
                 else:
@@ -262,7 +272,7 @@ def dblog_latency(config: Path, dsn: str, table: str, start: int, rate: int, sec
 
         th = threading.Thread(target=follow)
         th.start()
-        steady_load(dsn, table, start, rate, seconds)
+        load()
         time.sleep(1)
         stop_follow.set()
         th.join()
@@ -284,7 +294,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--only", default="s,t,l", help="which parts: s (snapshot), t (stream), l (latency)")
     ap.add_argument("--source", choices=["postgres", "mysql"], default="postgres",
-                    help="mysql: MySQL 5.7 and Debezium's MySQL connector (parts s and t)")
+                    help="mysql: MySQL 5.7 and Debezium's MySQL connector")
     args = ap.parse_args()
     if args.source == "mysql":
         mysql_main(args)
@@ -358,8 +368,8 @@ def main() -> None:
                       f"{ratio(got['cpu_us'], cpu_us)} the CPU)")
 
         if "l" in parts:
-            got = dblog_latency(dblog_config(work, "dblog_steady", dsn, "steady"), dsn, "steady", 0,
-                                args.rate, args.seconds)
+            got = dblog_latency(dblog_config(work, "dblog_steady", dsn, "steady"),
+                                lambda: steady_load(dsn, "steady", 0, args.rate, args.seconds))
             figures["latency_dblog"] = got
             print(f"(l) commit -> event at {args.rate:,} events/s: dblog run p50 {got['p50_ms']:.1f} ms, "
                   f"p99 {got['p99_ms']:.1f} ms")
@@ -430,15 +440,43 @@ def my_dblog_config(work: Path, name: str, server: Any, table: str, sid: int, sn
     return path
 
 
+def my_steady_load(server: Any, start: int, rate: int, seconds: float) -> int:
+    """Inserts of 10 rows per transaction at ``rate`` rows/s into ``peer.steady``, each row's
+    ``t`` the client's clock (epoch microseconds) just before the statement and its commit;
+    the rows inserted."""
+    per_tx = 10
+    interval = per_tx / rate
+    i = start
+    conn = server.connect("peer")
+    try:
+        conn.autocommit(False)
+        with conn.cursor() as cur:
+            t_end = time.monotonic() + seconds
+            nxt = time.monotonic()
+            while time.monotonic() < t_end:
+                t = int(time.time() * 1e6)
+                cur.execute("INSERT INTO steady VALUES " + ",".join(
+                    f"({k},{t})" for k in range(i, i + per_tx)))
+                conn.commit()
+                i += per_tx
+                nxt += interval
+                delay = nxt - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+    finally:
+        conn.close()
+    return i - start
+
+
 def dump_threads(server: Any) -> int:
     rows = server.execute("SHOW PROCESSLIST")
     return sum(1 for r in rows if str(r[4]).startswith("Binlog Dump"))
 
 
 def mysql_main(args: argparse.Namespace) -> None:
-    """Parts (s) and (t) against MySQL 5.7 (``pydblog.devtools.mysql57``) with Debezium's
-    MySQL connector; each side's start position is taken before the load (a first start
-    that checkpoints, or streams, then stops)."""
+    """The parts against MySQL 5.7 (``pydblog.devtools.mysql57``) with Debezium's MySQL
+    connector; each side's start position is taken before the load (a first start that
+    checkpoints, or streams, then stops)."""
     from pydblog.devtools.mysql57 import MySQL57
 
     parts = set(args.only.split(","))
@@ -451,6 +489,7 @@ def mysql_main(args: argparse.Namespace) -> None:
         server.execute("CREATE DATABASE peer")
         for t in ("snap", "stream"):
             server.execute(f"CREATE TABLE {t} {MY_DDL}", "peer")
+        server.execute("CREATE TABLE steady (id BIGINT PRIMARY KEY, t BIGINT)", "peer")
         server.execute("CREATE TABLE digits (i INT PRIMARY KEY)", "peer")
         server.execute("INSERT INTO digits VALUES (0),(1),(2),(3),(4),(5),(6),(7),(8),(9)", "peer")
         server.execute("CREATE TABLE nums (n BIGINT PRIMARY KEY)", "peer")
@@ -522,6 +561,32 @@ def mysql_main(args: argparse.Namespace) -> None:
                 figures[f"stream_debezium_{variant}"] = {"per_s": per_s, "cpu_us": cpu_us, **r}
                 print(f"    {rows_of[variant]}: {per_s:,.0f} events/s, {cpu_us:.2f} us CPU per event "
                       f"(dblog: {ratio(got['per_s'], per_s)} the rate, {ratio(got['cpu_us'], cpu_us)} the CPU)")
+        if "l" in parts:
+            got = dblog_latency(my_dblog_config(work, "dblog_steady", server, "steady", next(sid)),
+                                lambda: my_steady_load(server, 0, args.rate, args.seconds), "t")
+            figures["latency_dblog"] = got
+            print(f"(l) MySQL commit -> event at {args.rate:,} events/s: dblog run p50 "
+                  f"{got['p50_ms']:.1f} ms, p99 {got['p99_ms']:.1f} ms")
+            for k, variant in enumerate(("default", "tuned"), start=1):
+                name = f"dbz_steady_{variant}"
+                props = my_props(server, work, name, "steady", "no_data", variant == "tuned", next(sid))
+                props["bench.time_field"] = "t"
+                dbz = Debezium(cp, work, name, props)
+                deadline = time.monotonic() + 180
+                while dump_threads(server) > 0:
+                    assert time.monotonic() < deadline, "a binlog dump thread stays"
+                    time.sleep(0.2)
+                p = dbz.start(0, "latency", args.seconds + 60)
+                while dump_threads(server) < 1:
+                    assert time.monotonic() < deadline, f"{name} did not start streaming"
+                    time.sleep(0.2)
+                time.sleep(3)
+                my_steady_load(server, k * 10_000_000, args.rate, args.seconds)
+                time.sleep(1)
+                r = Debezium.result(p, stop=True)
+                figures[f"latency_debezium_{variant}"] = r
+                print(f"    {rows_of[variant]}: p50 {r.get('p50_ms', float('nan'))} ms, "
+                      f"p99 {r.get('p99_ms', float('nan'))} ms ({r['records']} events)")
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     figures["load_average_end"] = os.getloadavg()[0]
     results.write("peers-mysql", figures)

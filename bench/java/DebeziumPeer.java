@@ -10,7 +10,9 @@
 //            (every JVM thread) over the same span;
 //   latency: until a line on standard input (or SECONDS), each record's source commit
 //            time (payload.source.ts_ms) against the wall clock when the engine handed it
-//            over; prints p50/p99 in ms;
+//            over; prints p50/p99 in ms. With the property bench.time_field, the time is
+//            that column of the after row instead (epoch microseconds written by the load
+//            just before its commit: MySQL's binlog stamps events in whole seconds);
 //   start:   until a line on standard input (or SECONDS), then stops (the connector made
 //            its slot: before a load).
 import io.debezium.engine.ChangeEvent;
@@ -35,6 +37,19 @@ public class DebeziumPeer {
                 .getProcessCpuTime();
     }
 
+    /** The after row's integer column ``field`` (-1: none). */
+    static long afterField(String v, String field) {
+        int a = v.indexOf("\"after\":{");
+        if (a < 0) return -1;
+        String key = "\"" + field + "\":";
+        int t = v.indexOf(key, a);
+        if (t < 0) return -1;
+        t += key.length();
+        int e = t;
+        while (e < v.length() && Character.isDigit(v.charAt(e))) e++;
+        return e > t ? Long.parseLong(v.substring(t, e)) : -1;
+    }
+
     static long sourceTs(String v) {
         int s = v.lastIndexOf("\"source\":");
         if (s < 0) return -1;
@@ -54,6 +69,8 @@ public class DebeziumPeer {
         double seconds = Double.parseDouble(args[3]);
         String[] tables = props.getProperty("bench.tables", "").split(",");
         props.remove("bench.tables");
+        String timeField = props.getProperty("bench.time_field");
+        props.remove("bench.time_field");
         AtomicLong count = new AtomicLong();
         AtomicLong firstNs = new AtomicLong(), lastNs = new AtomicLong();
         AtomicLong firstCpu = new AtomicLong(), lastCpu = new AtomicLong();
@@ -73,9 +90,16 @@ public class DebeziumPeer {
                         long now = System.nanoTime();
                         if (n == 1) { firstNs.set(now); firstCpu.set(cpuNanos()); }
                         lastNs.set(now);
-                        if (mode.equals("latency")) {
-                            long ts = sourceTs(r.value());
-                            if (ts > 0) lat.add(System.currentTimeMillis() - ts);
+                        if (mode.equals("latency")) {  // microseconds
+                            java.time.Instant wall = java.time.Instant.now();
+                            long nowUs = wall.getEpochSecond() * 1_000_000 + wall.getNano() / 1000;
+                            if (timeField != null) {
+                                long us = afterField(r.value(), timeField);
+                                if (us > 0) lat.add(nowUs - us);
+                            } else {
+                                long ts = sourceTs(r.value());
+                                if (ts > 0) lat.add(nowUs - ts * 1000);
+                            }
                         }
                         if (mode.equals("count") && n >= expect) { lastCpu.set(cpuNanos()); done.countDown(); }
                     }
@@ -110,8 +134,8 @@ public class DebeziumPeer {
             List<Long> l = new ArrayList<>(lat);
             Collections.sort(l);
             if (!l.isEmpty()) {
-                out.append(",\"p50_ms\":").append(l.get(l.size() / 2));
-                out.append(",\"p99_ms\":").append(l.get((int) (l.size() * 0.99)));
+                out.append(",\"p50_ms\":").append(l.get(l.size() / 2) / 1000.0);
+                out.append(",\"p99_ms\":").append(l.get((int) (l.size() * 0.99)) / 1000.0);
             }
         }
         out.append(",\"stopped\":").append(stopped[0] == null ? "null" : "\"" + stopped[0].replace("\"", "'").replace("\n", " ") + "\"");
