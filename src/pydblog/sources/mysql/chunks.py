@@ -170,7 +170,7 @@ class MySqlSnapshotReader(
             except pymysql.Error:
                 self._reset()
         if self._conn is None:
-            conn = connect(self.dsn, timeout_s=self.connect_timeout_s)
+            conn = connect(self.dsn, timeout_s=self.connect_timeout_s, text_values=True)
             try:
                 if self.source is not None:
                     self._local = check_replica(

@@ -170,14 +170,32 @@ class Connection(pymysql.connections.Connection):  # type: ignore[misc]
             return _TLS_PREFERRED
 
 
-def connect(dsn: MySqlDsn, *, timeout_s: float = 10.0, autocommit: bool = True) -> Any:
+def _text_conversions() -> dict[Any, Any]:
+    from pymysql import converters
+    from pymysql.constants import FIELD_TYPE
+
+    conv = dict(converters.conversions)
+    for t in (FIELD_TYPE.DATE, FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP, FIELD_TYPE.DECIMAL,
+              FIELD_TYPE.NEWDECIMAL):
+        conv[t] = converters.through
+    return conv
+
+
+_TEXT_CONVERSIONS = _text_conversions()
+
+
+def connect(dsn: MySqlDsn, *, timeout_s: float = 10.0, autocommit: bool = True,
+            text_values: bool = False) -> Any:
     """A pymysql connection to the captured database (UTC session time zone, so
-    ``TIMESTAMP`` values read as UTC, as the binlog carries them)."""
+    ``TIMESTAMP`` values read as UTC, as the binlog carries them). ``text_values``:
+    DATE, DATETIME, TIMESTAMP and DECIMAL values come as the server's text (what
+    ``types.SelectMapper`` maps fastest; a chunk reader's connection)."""
     try:
         conn = Connection(
             **dsn.settings(timeout_s=timeout_s),
             autocommit=autocommit,
             init_command="SET time_zone = '+00:00'",
+            **({"conv": _TEXT_CONVERSIONS} if text_values else {}),
         )
     except pymysql.Error as exc:
         raise classify(exc, dsn, "the connection") from None

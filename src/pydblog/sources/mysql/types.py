@@ -306,6 +306,96 @@ def _zero_date_or(conv: Conv) -> Conv:
     return wrapped
 
 
+# -- chunk values read as text (``connect(text_values=True)``) ----------------------------
+# A chunk reader's connection leaves DATE, DATETIME, TIMESTAMP and DECIMAL values as the
+# server's text; these map that text straight to pydblog's values. Invariant: each gives
+# exactly what the object path gives (pymysql's converter, then the ``*_text`` above, a
+# zero or invalid date None) for every text, and takes objects too (other connections).
+# The fast path only takes text in the server's own plain shape with a day of the month
+# every month has; anything else goes through pymysql's converter and the object path.
+_DIGITS = frozenset("0123456789")
+
+
+def _plain_date(text: str) -> bool:
+    """``YYYY-MM-DD`` with year >= 1, month 1-12, day 1-28."""
+    return (len(text) == 10 and text[4] == "-" and text[7] == "-"
+            and _DIGITS.issuperset(text[:4]) and _DIGITS.issuperset(text[5:7])
+            and _DIGITS.issuperset(text[8:]) and text[:4] != "0000"
+            and "01" <= text[5:7] <= "12" and "01" <= text[8:] <= "28")
+
+
+def _plain_datetime(text: str) -> str | None:
+    """ISO form of ``YYYY-MM-DD hh:mm:ss[.f{1,6}]`` in the plain shape (``_plain_date``,
+    hours 00-23, minutes and seconds 00-59), else None."""
+    n = len(text)
+    if not (n == 19 or 21 <= n <= 26) or not _plain_date(text[:10]):
+        return None
+    if not (text[10] == " " and text[13] == ":" and text[16] == ":"
+            and _DIGITS.issuperset(text[11:13]) and _DIGITS.issuperset(text[14:16])
+            and _DIGITS.issuperset(text[17:19]) and text[11:13] <= "23"
+            and text[14:16] <= "59" and text[17:19] <= "59"):
+        return None
+    out = text[:10] + "T" + text[11:19]
+    if n > 19:
+        frac = text[20:]
+        if text[19] != "." or not _DIGITS.issuperset(frac):
+            return None
+        if frac.strip("0"):
+            out += "." + frac.ljust(6, "0")
+    return out
+
+
+def _slow(convert: Callable[[str], Any], conv: Conv) -> Conv:
+    zero = _zero_date_or(conv)
+    return lambda text: zero(convert(text))
+
+
+def _temporal(fast: Callable[[str], str | None], convert: Callable[[str], Any],
+              conv: Conv) -> Conv:
+    slow = _slow(convert, conv)
+    zero = _zero_date_or(conv)
+
+    def mapped(value: Any) -> Any:
+        if type(value) is str:
+            got = fast(value)
+            return got if got is not None else slow(value)
+        return zero(value)
+
+    return mapped
+
+
+def _date_fast(text: str) -> str | None:
+    return text if _plain_date(text) else None
+
+
+def _timestamp_fast(text: str) -> str | None:
+    got = _plain_datetime(text)
+    return None if got is None else got + "Z"
+
+
+def _decimal_of(value: Any) -> str:
+    if type(value) is str:
+        body = value[1:] if value[:1] == "-" else value
+        whole, dot, frac = body.partition(".")
+        if whole and _DIGITS.issuperset(whole) and (not dot or (frac and _DIGITS.issuperset(frac))):
+            return value
+        return decimal_text(Decimal(value))
+    return decimal_text(value)
+
+
+def _text_convs() -> dict[str, Conv]:
+    from pymysql import converters
+
+    return {
+        "date": _temporal(_date_fast, converters.convert_date, date_text),
+        "datetime": _temporal(_plain_datetime, converters.convert_datetime, datetime_text),
+        "timestamp": _temporal(_timestamp_fast, converters.convert_datetime, timestamp_text),
+    }
+
+
+_TEXT_CONVS = _text_convs()
+
+
 def select_column(col: ColumnType) -> tuple[str, Conv | None]:
     """The SELECT-list expression for ``col`` and how its pymysql value is mapped."""
     q = quote_ident(col.name)
@@ -317,13 +407,9 @@ def select_column(col: ColumnType) -> tuple[str, Conv | None]:
     if t == "bit":
         return f"{q}+0", int
     if t == "decimal":
-        return q, decimal_text
-    if t == "date":
-        return q, _zero_date_or(date_text)
-    if t == "datetime":
-        return q, _zero_date_or(datetime_text)
-    if t == "timestamp":
-        return q, _zero_date_or(timestamp_text)
+        return q, _decimal_of
+    if t in ("date", "datetime", "timestamp"):
+        return q, _TEXT_CONVS[t]
     if t == "time":
         return q, time_text
     if t == "set":
