@@ -95,3 +95,27 @@ def test_objects_map_as_before(when: dt.datetime, day: dt.date) -> None:
     assert _conv("timestamp")(when) == timestamp_text(when)
     assert _conv("date")(day) == date_text(day)
     assert _conv("date")("0000-00-00") is None
+
+
+MAPPED = ["int", "varchar", "decimal", "date", "datetime", "timestamp", "bit", "time"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(MAPPED), min_size=1, max_size=8).flatmap(
+    lambda types: st.tuples(st.just(types), st.lists(st.tuples(*[
+        st.none() | {"int": st.integers(), "varchar": st.text(max_size=5),
+                     "decimal": st.decimals(allow_nan=False, allow_infinity=False).map(str),
+                     "date": dates, "datetime": datetimes, "timestamp": datetimes,
+                     "bit": st.integers(0, 9).map(str),
+                     "time": st.just(dt.timedelta(seconds=5))}[t]
+        for t in types]), max_size=5))))
+def test_map_rows_equals_map(case: tuple[list[str], list[tuple[Any, ...]]]) -> None:
+    """``SelectMapper.map_rows`` (C, ``_mytext``) gives ``map`` of each row, errors alike."""
+    from pydblog.sources.mysql import textrows
+    from pydblog.sources.mysql.types import SelectMapper
+
+    types, rows = case
+    mapper = SelectMapper.build([ColumnType(f"c{i}", t, t, True, False) for i, t in enumerate(types)])
+    if textrows.module() is None:
+        return
+    assert _outcome(mapper.map_rows, rows) == _outcome(lambda rs: [mapper.map(r) for r in rs], rows)

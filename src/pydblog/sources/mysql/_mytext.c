@@ -10,6 +10,13 @@
  *   ends before the plan does ends the row there (PyMySQL's IndexError break); a value
  *   whose length runs past the packet raises ValueError.
  *
+ * map_rows(rows, names, kinds, convs) -> list of dicts
+ *   types.SelectMapper.map of each row: {name: value}, None kept, a value of kind 0 kept,
+ *   of kind 1 passed to its converter; kinds 2-5 (DATETIME, TIMESTAMP, DATE, DECIMAL) take
+ *   the server's text in its plain shape straight to pydblog's value (the fast paths of
+ *   types._plain_datetime, _plain_date and _decimal_of, in C) and anything else to their
+ *   converter, which decides.
+ *
  * Invariant: for every packet, the tuple equals PyMySQL's (same types, same values, same
  * exceptions' classes for undecodable text and unconvertible numbers), since each value
  * goes through the same CPython constructors: PyUnicode_Decode*, PyLong_FromUnicodeObject
@@ -18,8 +25,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
-#define MYTEXT_VERSION 1
+#define MYTEXT_VERSION 2
 
 static int read_length(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, uint64_t *len,
                        int *null)
@@ -175,8 +183,167 @@ fail:
     return NULL;
 }
 
+/* -- mapping rows to pydblog's values (types.SelectMapper.map) ------------------------- */
+
+enum { K_PLAIN = 0, K_CONV = 1, K_DATETIME = 2, K_TIMESTAMP = 3, K_DATE = 4, K_DECIMAL = 5 };
+
+static int digits(const Py_UCS1 *s, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+    return 1;
+}
+
+static int two_le(const Py_UCS1 *s, const char *lo, const char *hi)
+{
+    /* lo <= s[0:2] <= hi, as strings of two digits */
+    int v = (s[0] - '0') * 10 + (s[1] - '0');
+    int l = (lo[0] - '0') * 10 + (lo[1] - '0'), h = (hi[0] - '0') * 10 + (hi[1] - '0');
+    return v >= l && v <= h;
+}
+
+/* types._plain_date: YYYY-MM-DD, year not 0000, month 01-12, day 01-28 */
+static int plain_date(const Py_UCS1 *s, Py_ssize_t n)
+{
+    return n == 10 && s[4] == '-' && s[7] == '-' && digits(s, 4) && digits(s + 5, 2) &&
+           digits(s + 8, 2) && !(s[0] == '0' && s[1] == '0' && s[2] == '0' && s[3] == '0') &&
+           two_le(s + 5, "01", "12") && two_le(s + 8, "01", "28");
+}
+
+/* types._plain_datetime (with "Z" for a TIMESTAMP), or NULL without an error when the
+ * text is not in the plain shape (the caller then calls the Python converter). */
+static PyObject *plain_datetime(const Py_UCS1 *s, Py_ssize_t n, int zulu)
+{
+    if (!(n == 19 || (n >= 21 && n <= 26)) || !plain_date(s, 10))
+        return NULL;
+    if (!(s[10] == ' ' && s[13] == ':' && s[16] == ':' && digits(s + 11, 2) &&
+          digits(s + 14, 2) && digits(s + 17, 2) && two_le(s + 11, "00", "23") &&
+          two_le(s + 14, "00", "59") && two_le(s + 17, "00", "59")))
+        return NULL;
+    char out[32];
+    memcpy(out, s, 10);
+    out[10] = 'T';
+    memcpy(out + 11, s + 11, 8);
+    Py_ssize_t len = 19;
+    if (n > 19) {
+        if (s[19] != '.' || !digits(s + 20, n - 20))
+            return NULL;
+        int nonzero = 0;
+        for (Py_ssize_t i = 20; i < n; i++)
+            nonzero |= s[i] != '0';
+        if (nonzero) {
+            out[19] = '.';
+            Py_ssize_t f = n - 20;
+            memcpy(out + 20, s + 20, f);
+            for (Py_ssize_t i = f; i < 6; i++)
+                out[20 + i] = '0';
+            len = 26;
+        }
+    }
+    if (zulu)
+        out[len++] = 'Z';
+    return PyUnicode_FromStringAndSize(out, len);
+}
+
+/* types._decimal_of's plain shape: -?digits(.digits)? */
+static int plain_decimal(const Py_UCS1 *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    if (n > 0 && s[0] == '-')
+        i = 1;
+    Py_ssize_t w = i;
+    while (i < n && s[i] >= '0' && s[i] <= '9')
+        i++;
+    if (i == w)
+        return 0;
+    if (i == n)
+        return 1;
+    if (s[i] != '.' || i + 1 == n)
+        return 0;
+    return digits(s + i + 1, n - i - 1);
+}
+
+static PyObject *map_value(PyObject *v, long kind, PyObject *conv)
+{
+    if (v == Py_None || kind == K_PLAIN)
+        return Py_NewRef(v);
+    if (kind >= K_DATETIME && PyUnicode_CheckExact(v) && PyUnicode_IS_ASCII(v)) {
+        const Py_UCS1 *s = PyUnicode_1BYTE_DATA(v);
+        Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+        if (kind == K_DATE && plain_date(s, n))
+            return Py_NewRef(v);
+        if (kind == K_DECIMAL && plain_decimal(s, n))
+            return Py_NewRef(v);
+        if (kind == K_DATETIME || kind == K_TIMESTAMP) {
+            PyObject *got = plain_datetime(s, n, kind == K_TIMESTAMP);
+            if (got != NULL || PyErr_Occurred())
+                return got;
+        }
+    }
+    return PyObject_CallOneArg(conv, v);
+}
+
+static PyObject *map_rows(PyObject *self, PyObject *args)
+{
+    PyObject *rows, *names, *kinds, *convs;
+    if (!PyArg_ParseTuple(args, "OO!O!O!", &rows, &PyTuple_Type, &names, &PyTuple_Type, &kinds,
+                          &PyTuple_Type, &convs))
+        return NULL;
+    Py_ssize_t ncols = PyTuple_GET_SIZE(names);
+    if (PyTuple_GET_SIZE(kinds) != ncols || PyTuple_GET_SIZE(convs) != ncols) {
+        PyErr_SetString(PyExc_ValueError, "names, kinds and convs differ in length");
+        return NULL;
+    }
+    long kind[ncols > 0 ? ncols : 1];
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        kind[c] = PyLong_AsLong(PyTuple_GET_ITEM(kinds, c));
+        if (kind[c] == -1 && PyErr_Occurred())
+            return NULL;
+        if (kind[c] != K_PLAIN && PyTuple_GET_ITEM(convs, c) == Py_None) {
+            PyErr_SetString(PyExc_ValueError, "a mapped column needs its converter");
+            return NULL;
+        }
+    }
+    PyObject *seq = PySequence_Fast(rows, "rows must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t nrows = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(nrows);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t r = 0; r < nrows; r++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(seq, r);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != ncols) {
+            PyErr_SetString(PyExc_ValueError, "a row's length is not the mapping's");
+            goto fail;
+        }
+        PyObject *d = _PyDict_NewPresized(ncols);
+        if (d == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, r, d);
+        for (Py_ssize_t c = 0; c < ncols; c++) {
+            PyObject *v = map_value(PyTuple_GET_ITEM(row, c), kind[c], PyTuple_GET_ITEM(convs, c));
+            if (v == NULL)
+                goto fail;
+            int bad = PyDict_SetItem(d, PyTuple_GET_ITEM(names, c), v);
+            Py_DECREF(v);
+            if (bad < 0)
+                goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(seq);
+    Py_XDECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"row", row, METH_VARARGS, "A text-protocol row packet's values as a tuple."},
+    {"map_rows", map_rows, METH_VARARGS,
+     "map_rows(rows, names, kinds, convs): SelectMapper.map of each row (a list of dicts)."},
     {NULL, NULL, 0, NULL},
 };
 

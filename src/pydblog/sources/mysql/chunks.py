@@ -788,7 +788,7 @@ class MySqlSnapshotReader(
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         rows = self._read_only(sql, params, doing=f"reading a chunk of {info.qualified}")
-        return [t.mapper.map(r) for r in rows]
+        return t.mapper.map_rows(rows)
 
     def write_watermark(self, watermark_id: str) -> None:
         db, table = self.own.watermark

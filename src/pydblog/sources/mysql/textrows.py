@@ -6,6 +6,8 @@ buffered result's rows): each row packet is still read by PyMySQL
 (``Connection._read_packet``: sequence ids, multi-packet rows, error packets) and checked
 for its end (``_check_packet_is_eof``: warnings, more results); only the values are
 parsed by ``_mytext.row``, through the converters PyMySQL chose for the result's columns.
+``types.SelectMapper.map_rows`` maps a chunk's rows to pydblog's values with
+``_mytext.map_rows`` (the same mapping as ``SelectMapper.map``, its text fast paths in C).
 
 Invariant: the rows are PyMySQL's own, value for value and type for type
 (``tests/mysql/test_textrows.py`` checks packets of every shape against
@@ -22,7 +24,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """The ``_mytext`` interface this module speaks (its ``VERSION``)."""
 DISABLE_ENV = "PYDBLOG_NATIVE_TEXTROWS"
 
@@ -31,15 +33,30 @@ _INSTALLED = False
 _ORIGINAL: Any = None
 
 
+_module: Any = None
+_loaded = False
+
+
 def module() -> Any | None:
-    """The loaded ``_mytext`` extension, or None."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        return None
-    try:
-        from pydblog.sources.mysql import _mytext  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _mytext if getattr(_mytext, "VERSION", None) == ABI_VERSION else None
+    """The loaded ``_mytext`` extension, or None (not built, a stale build, or switched
+    off with ``PYDBLOG_NATIVE_TEXTROWS=0``; looked up once)."""
+    global _module, _loaded
+    if not _loaded:
+        _loaded = True
+        if os.environ.get(DISABLE_ENV, "1") != "0":
+            try:
+                from pydblog.sources.mysql import _mytext  # type: ignore[attr-defined]
+            except ImportError:
+                _mytext = None
+            if getattr(_mytext, "VERSION", None) == ABI_VERSION:
+                _module = _mytext
+    return _module
+
+
+def reset() -> None:
+    """Look the extension up again (tests switch it off and on)."""
+    global _module, _loaded
+    _module, _loaded = None, False
 
 
 def plan(converters: list[tuple[str | None, Any]]) -> tuple[tuple[Any, Any], ...]:
