@@ -1,8 +1,9 @@
 """Benchmark: MySQL/MariaDB incremental snapshots, read-only (GTID fences) vs the watermark
 table, against a raw SELECT, in one run on one throwaway server.
 
-1. raw: ``SELECT * FROM t`` streamed to the client (pymysql unbuffered cursor, rows as
-   tuples, nothing else): the ceiling of reading the table from Python;
+1. baselines: ``SELECT * FROM t`` read by the C client (``mariadb --quick`` into
+   /dev/null, over TLS as pydblog reads; the ratios' baseline), and streamed to PyMySQL
+   (unbuffered cursor, rows as tuples, nothing else: "raw");
 2. for each variant (``[snapshot] watermark = "table"`` and ``"read-only"``, each at
    every ``--parallelism`` (chunks read at once, each on its own connection), in turns,
    ``--repeat`` times): a fresh ``dblog run`` with ``snapshot.mode = "initial"`` over the
@@ -73,6 +74,21 @@ def raw_rate(server: TestServer, rows: int) -> float:
         conn.close()
     assert n == rows, n
     return n / elapsed
+
+
+def client_rate(server: TestServer, rows: int) -> float:
+    """The C client (``mariadb``, libmariadb) reading ``SELECT * FROM t`` row by row
+    (``--quick``) into /dev/null over TLS, as pydblog's connections read (TLS when the
+    server offers it): the baseline a user would pick instead."""
+    from pydblog.devtools.mariadb import PASSWORD, SUPERUSER
+
+    cmd = ["mariadb", "--quick", "--batch", "--skip-column-names", "--ssl",
+           "-h", "127.0.0.1", "-P", str(server.port), "-u", SUPERUSER, f"-p{PASSWORD}", DB,
+           "-e", "SELECT * FROM t"]
+    t0 = time.perf_counter()
+    with open(os.devnull, "wb") as sink:
+        subprocess.run(cmd, check=True, stdout=sink)
+    return rows / (time.perf_counter() - t0)
 
 
 def updater(server: TestServer, rows: int, per_s: int, stop: threading.Event) -> None:
@@ -164,7 +180,9 @@ def main() -> None:
         server.execute(TABLE, DB)
         load(server, args.rows)
         raw = raw_rate(server, args.rows)
-        print(f"{args.server}: {args.rows:,} rows; raw SELECT * streamed: {raw:,.0f} rows/s")
+        client = max(client_rate(server, args.rows) for _ in range(2))
+        print(f"{args.server}: {args.rows:,} rows; raw SELECT * streamed: {raw:,.0f} rows/s "
+              f"(PyMySQL), {client:,.0f} rows/s (the C client into /dev/null, best of 2)")
         variants = [(w, p) for p in args.parallelism for w in ("table", "read-only")]
         runs: dict[tuple[str, int], list[dict[str, Any]]] = {v: [] for v in variants}
         for _ in range(args.repeat):
@@ -172,7 +190,8 @@ def main() -> None:
                 r = snapshot(server, Path(tmp), watermark, args.rows, args.updates, par)
                 runs[(watermark, par)].append(r)
                 print(
-                    f"  {watermark:9s} p{par}: {r['rows_s']:,.0f} rows/s ({r['rows_s'] / raw:.2f} x raw) "
+                    f"  {watermark:9s} p{par}: {r['rows_s']:,.0f} rows/s ({r['rows_s'] / client:.2f} x "
+                    f"the C client, {r['rows_s'] / raw:.2f} x raw) "
                     f"in {r['s']:.1f}s; CPU per row: dblog run {r['dblog_us']:.1f} us, "
                     f"server {r['server_us']:.1f} us; load {os.getloadavg()[0]:.1f}", flush=True,
                 )
@@ -181,12 +200,13 @@ def main() -> None:
         for par in args.parallelism:
             t, ro = best[("table", par)], best[("read-only", par)]
             print(f"best p{par}: table {t:,.0f} ({t / base:.2f} x table p{args.parallelism[0]}, "
-                  f"{t / raw:.2f} x raw), read-only {ro:,.0f} rows/s ({ro / raw:.2f} x raw): "
+                  f"{t / client:.2f} x the C client), read-only {ro:,.0f} rows/s "
+                  f"({ro / client:.2f} x the C client): "
                   f"read-only = {ro / t:.2f} x the watermark table")
         print(f"load average after: {os.getloadavg()}")
     results.write("mysql_snapshot", {
         "server": args.server, "rows": args.rows, "updates_per_s": args.updates,
-        "raw_select_rows_per_s": round(raw),
+        "raw_select_rows_per_s": round(raw), "c_client_rows_per_s": round(client),
         "runs": {f"{w} p{p}": rs for (w, p), rs in runs.items()},
         "best_rows_per_s": {f"{w} p{p}": round(b) for (w, p), b in best.items()},
         "read_only_over_table": {f"p{p}": round(best[("read-only", p)] / best[("table", p)], 3)
