@@ -73,7 +73,7 @@ def _same(a: Any, b: Any) -> None:
     assert len(a[1]) == len(b[1])
     for x, y in zip(a[1], b[1], strict=True):
         assert type(x) is type(y), (x, y)
-        if isinstance(x, float) and x != x:
+        if isinstance(x, float | Decimal) and x != x:  # NaN
             assert y != y
         else:
             assert x == y, (x, y)
@@ -122,3 +122,40 @@ def test_a_value_past_the_end_raises() -> None:
 def test_position_is_honoured() -> None:
     assert native is not None
     assert native.row(b"zz\x012\xfb", 2, textrows.plan([("ascii", int), ("utf8", None)])) == (2, None)
+
+
+def _packet(body: bytes, seq: int) -> bytes:
+    return struct.pack("<I", len(body))[:3] + bytes([seq & 0xFF]) + body
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.none() | st.binary(max_size=40), min_size=2, max_size=2), max_size=8),
+       st.integers(0, 255), st.sampled_from(["none", "eof", "error", "seq", "cut"]),
+       st.integers(0, 30))
+def test_buffered_rows_stop_where_pymysql_must_read(rows: list[list[bytes | None]], seq: int,
+                                                    tail: str, cut: int) -> None:
+    """``_mytext.rows`` takes the complete row packets in sequence at the start of the
+    buffer and stops before the first one PyMySQL must read (the result's end, an error,
+    a wrong sequence id, one not complete yet)."""
+    assert native is not None
+    conv: list[tuple[str | None, Any]] = [(None, None), (None, None)]
+    bodies = [b"".join(_value(v) for v in r) for r in rows]
+    packets = [_packet(b, seq + i) for i, b in enumerate(bodies)]
+    n = seq + len(packets)
+    extra = {"none": b"", "eof": _packet(b"\xfe\x00\x00\x02\x00", n),
+             "error": _packet(b"\xff\x15\x04#28000denied", n),
+             "seq": _packet(_value(b"x") + _value(b"y"), n + 1),
+             "cut": _packet(_value(b"x" * 40) + _value(b"y"), n)[: 4 + cut]}[tail]
+    buf = b"".join(packets) + extra
+    out: list[Any] = []
+    used, after = native.rows(buf, seq & 0xFF, textrows.plan(conv), out)
+    assert used == sum(len(p) for p in packets)
+    assert after == n & 0xFF
+    assert out == [_pymysql(b, conv)[1] for b in bodies]
+
+
+def test_buffered_rows_leave_a_large_row_to_pymysql() -> None:
+    assert native is not None
+    big = b"\xff\xff\xff\x00" + b"\x00" * 16
+    out: list[Any] = []
+    assert native.rows(big, 0, textrows.plan([(None, None)]), out) == (0, 0) and out == []

@@ -27,7 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MYTEXT_VERSION 2
+#define MYTEXT_VERSION 3
 
 static int read_length(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, uint64_t *len,
                        int *null)
@@ -90,15 +90,9 @@ static PyObject *fast_int(const unsigned char *s, Py_ssize_t len)
     return PyLong_FromLongLong(neg ? -v : v);
 }
 
-static PyObject *row(PyObject *self, PyObject *args)
+static PyObject *parse_row(const unsigned char *p, Py_ssize_t n, Py_ssize_t pos, PyObject *plan)
 {
-    Py_buffer buf;
-    Py_ssize_t pos;
-    PyObject *plan;
-    if (!PyArg_ParseTuple(args, "y*nO!", &buf, &pos, &PyTuple_Type, &plan))
-        return NULL;
-    const unsigned char *p = buf.buf;
-    Py_ssize_t n = buf.len, ncols = PyTuple_GET_SIZE(plan), got = 0;
+    Py_ssize_t ncols = PyTuple_GET_SIZE(plan), got = 0;
     PyObject *out = PyTuple_New(ncols);
     if (out == NULL)
         goto fail;
@@ -170,7 +164,6 @@ static PyObject *row(PyObject *self, PyObject *args)
         PyTuple_SET_ITEM(out, c, v);
         got++;
     }
-    PyBuffer_Release(&buf);
     if (got < ncols) {
         PyObject *cut = PyTuple_GetSlice(out, 0, got);
         Py_DECREF(out);
@@ -178,8 +171,59 @@ static PyObject *row(PyObject *self, PyObject *args)
     }
     return out;
 fail:
-    PyBuffer_Release(&buf);
     Py_XDECREF(out);
+    return NULL;
+}
+
+static PyObject *row(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t pos;
+    PyObject *plan;
+    if (!PyArg_ParseTuple(args, "y*nO!", &buf, &pos, &PyTuple_Type, &plan))
+        return NULL;
+    PyObject *out = parse_row(buf.buf, buf.len, pos, plan);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* rows(buf, seq, plan, out) -> (used, seq): the complete row packets at the start of
+ * buf (bytes a connection has buffered), each header's sequence id the next expected,
+ * parsed with parse_row and appended to the list out. Stops before the first packet that
+ * is incomplete, out of sequence, 16 MiB or more (a row in several packets), an EOF packet
+ * (0xFE, under 9 bytes) or an error packet (0xFF), and leaves it to PyMySQL. used: the
+ * bytes of the packets taken; seq: the sequence id expected after them. */
+static PyObject *rows(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    int seq;
+    PyObject *plan, *out;
+    if (!PyArg_ParseTuple(args, "y*iO!O!", &buf, &seq, &PyTuple_Type, &plan, &PyList_Type, &out))
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t n = buf.len, at = 0;
+    while (n - at >= 4) {
+        Py_ssize_t len = (Py_ssize_t)p[at] | ((Py_ssize_t)p[at + 1] << 8) |
+                         ((Py_ssize_t)p[at + 2] << 16);
+        if (p[at + 3] != (unsigned char)seq || len >= 0xFFFFFF || n - at - 4 < len || len == 0)
+            break;
+        const unsigned char *body = p + at + 4;
+        if ((body[0] == 0xFE && len < 9) || body[0] == 0xFF)
+            break;
+        PyObject *r = parse_row(body, len, 0, plan);
+        if (r == NULL)
+            goto fail;
+        int bad = PyList_Append(out, r);
+        Py_DECREF(r);
+        if (bad < 0)
+            goto fail;
+        at += 4 + len;
+        seq = (seq + 1) & 0xFF;
+    }
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("(ni)", at, seq);
+fail:
+    PyBuffer_Release(&buf);
     return NULL;
 }
 
@@ -342,6 +386,8 @@ fail:
 
 static PyMethodDef methods[] = {
     {"row", row, METH_VARARGS, "A text-protocol row packet's values as a tuple."},
+    {"rows", rows, METH_VARARGS,
+     "rows(buf, seq, plan, out): the buffered complete row packets appended to out."},
     {"map_rows", map_rows, METH_VARARGS,
      "map_rows(rows, names, kinds, convs): SelectMapper.map of each row (a list of dicts)."},
     {NULL, NULL, 0, NULL},

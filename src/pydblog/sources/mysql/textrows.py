@@ -2,10 +2,14 @@
 per-value Python loop: a snapshot chunk's SELECT spends most of its client time there.
 
 ``install()`` replaces ``pymysql.connections.MySQLResult._read_rowdata_packet`` (a
-buffered result's rows): each row packet is still read by PyMySQL
-(``Connection._read_packet``: sequence ids, multi-packet rows, error packets) and checked
-for its end (``_check_packet_is_eof``: warnings, more results); only the values are
-parsed by ``_mytext.row``, through the converters PyMySQL chose for the result's columns.
+buffered result's rows). The values are parsed by ``_mytext.row``, through the
+converters PyMySQL chose for the result's columns. The packets: after each packet PyMySQL
+reads (``Connection._read_packet``: sequence ids, multi-packet rows, error packets,
+timeouts) the complete row packets the connection has already buffered are taken in C
+(``_mytext.rows``: their sequence ids checked, the bytes then consumed), stopping before
+any packet that is not a plain complete row (the result's end, an error, a row of 16 MiB
+or more, one not fully arrived), which PyMySQL reads and checks as before
+(``_check_packet_is_eof``: warnings, more results).
 ``types.SelectMapper.map_rows`` maps a chunk's rows to pydblog's values with
 ``_mytext.map_rows`` (the same mapping as ``SelectMapper.map``, its text fast paths in C).
 
@@ -24,7 +28,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """The ``_mytext`` interface this module speaks (its ``VERSION``)."""
 DISABLE_ENV = "PYDBLOG_NATIVE_TEXTROWS"
 
@@ -82,18 +86,28 @@ def install() -> bool:
         return False
     from pymysql.connections import MySQLResult
 
-    parse = native.row
+    parse, parse_buffered = native.row, native.rows
 
     def _read_rowdata_packet(self: Any) -> None:
         spec = plan(self.converters)
-        read = self.connection._read_packet
-        rows = []
+        conn = self.connection
+        rows: list[tuple[Any, ...]] = []
         while True:
-            packet = read()
+            packet = conn._read_packet()
             if self._check_packet_is_eof(packet):
                 self.connection = None  # (as PyMySQL: no cycle)
                 break
             rows.append(parse(packet._data, packet._position, spec))
+            # The row packets after it that the connection has already buffered, in C;
+            # the first one it does not take (the result's end, an error, a row split
+            # over packets or not complete yet) is read above by PyMySQL.
+            while True:
+                buffered = _peek(conn)
+                used, seq = parse_buffered(buffered, conn._next_seq_id, spec, rows)
+                if not used:
+                    break
+                conn._rfile.read(used)
+                conn._next_seq_id = seq
         self.affected_rows = len(rows)
         self.rows = tuple(rows)
 
@@ -101,6 +115,29 @@ def install() -> bool:
     MySQLResult._read_rowdata_packet = _read_rowdata_packet
     _INSTALLED = True
     return True
+
+
+def _peek(conn: Any) -> bytes:
+    """The bytes ``conn`` has buffered (one read of the socket when none are: called only
+    while a result set is still coming), a lost connection raised as PyMySQL raises it."""
+    import errno
+
+    from pymysql import err
+    from pymysql.constants import CR
+
+    while True:
+        try:
+            return bytes(conn._rfile.peek(1))
+        except OSError as exc:
+            if exc.errno == errno.EINTR:
+                continue
+            conn._force_close()
+            raise err.OperationalError(
+                CR.CR_SERVER_LOST, f"Lost connection to MySQL server during query ({exc})"
+            ) from None
+        except BaseException:
+            conn._force_close()
+            raise
 
 
 def uninstall() -> None:
