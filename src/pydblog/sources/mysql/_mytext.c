@@ -247,12 +247,20 @@ static int two_le(const Py_UCS1 *s, const char *lo, const char *hi)
     return v >= l && v <= h;
 }
 
-/* types._plain_date: YYYY-MM-DD, year not 0000, month 01-12, day 01-28 */
+/* types._plain_date: YYYY-MM-DD, a real date of years 1-9999 */
 static int plain_date(const Py_UCS1 *s, Py_ssize_t n)
 {
-    return n == 10 && s[4] == '-' && s[7] == '-' && digits(s, 4) && digits(s + 5, 2) &&
-           digits(s + 8, 2) && !(s[0] == '0' && s[1] == '0' && s[2] == '0' && s[3] == '0') &&
-           two_le(s + 5, "01", "12") && two_le(s + 8, "01", "28");
+    static const int month_days[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (!(n == 10 && s[4] == '-' && s[7] == '-' && digits(s, 4) && digits(s + 5, 2) &&
+          digits(s + 8, 2) && !(s[0] == '0' && s[1] == '0' && s[2] == '0' && s[3] == '0') &&
+          two_le(s + 5, "01", "12") && two_le(s + 8, "01", "31")))
+        return 0;
+    int year = (s[0] - '0') * 1000 + (s[1] - '0') * 100 + (s[2] - '0') * 10 + (s[3] - '0');
+    int month = (s[5] - '0') * 10 + (s[6] - '0'), day = (s[8] - '0') * 10 + (s[9] - '0');
+    if (day <= 28)
+        return 1;
+    int leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    return day <= month_days[month - 1] + (month == 2 && leap);
 }
 
 /* types._plain_datetime (with "Z" for a TIMESTAMP), or NULL without an error when the

@@ -311,17 +311,26 @@ def _zero_date_or(conv: Conv) -> Conv:
 # server's text; these map that text straight to pydblog's values. Invariant: each gives
 # exactly what the object path gives (pymysql's converter, then the ``*_text`` above, a
 # zero or invalid date None) for every text, and takes objects too (other connections).
-# The fast path only takes text in the server's own plain shape with a day of the month
-# every month has; anything else goes through pymysql's converter and the object path.
+# The fast path only takes text in the server's own plain shape (a real date); anything
+# else goes through pymysql's converter and the object path.
 _DIGITS = frozenset("0123456789")
 
 
+_MONTH_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
 def _plain_date(text: str) -> bool:
-    """``YYYY-MM-DD`` with year >= 1, month 1-12, day 1-28."""
-    return (len(text) == 10 and text[4] == "-" and text[7] == "-"
+    """``YYYY-MM-DD``, a real date of years 1-9999."""
+    if not (len(text) == 10 and text[4] == "-" and text[7] == "-"
             and _DIGITS.issuperset(text[:4]) and _DIGITS.issuperset(text[5:7])
             and _DIGITS.issuperset(text[8:]) and text[:4] != "0000"
-            and "01" <= text[5:7] <= "12" and "01" <= text[8:] <= "28")
+            and "01" <= text[5:7] <= "12" and "01" <= text[8:] <= "31"):
+        return False
+    if text[8:] <= "28":
+        return True
+    year, month, day = int(text[:4]), int(text[5:7]), int(text[8:])
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    return day <= _MONTH_DAYS[month - 1] + (month == 2 and leap)
 
 
 def _plain_datetime(text: str) -> str | None:
