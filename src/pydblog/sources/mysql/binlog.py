@@ -15,9 +15,11 @@ Invariants:
 - The library never reconnects on its own: a lost connection surfaces here and the dump is
   restarted at the start of the open transaction (by GTID where known, so a server behind
   a moved address is followed exactly), dropping what was already yielded.
-- ``stream()`` never blocks for long: the server sends a heartbeat every ``idle_s`` when it
-  has nothing to send (``Idle`` is yielded then), and ``Idle`` is also yielded when only
-  uncaptured events went by for ``idle_s``.
+- ``stream()`` never blocks for long: ``Idle`` is yielded whenever the connection has
+  nothing to read right now (the runner flushes its batch then, instead of waiting for it
+  to age), the server sends a heartbeat every ``idle_s`` when it has nothing to send
+  (``Idle`` again), and ``Idle`` is also yielded when only uncaptured events went by for
+  ``idle_s``.
 - Transactions without captured rows produce no ``Commit``; their position is offered as a
   ``Heartbeat`` at most every ``heartbeat_interval_s`` and when the server goes idle.
 - Read-only snapshots (``read_only``): nothing is written to the server (pydblog's own
@@ -345,10 +347,15 @@ class MySqlLogSource:
                 if passed is not None:
                     yield passed
             conn = getattr(self._reader, "_stream_connection", None)
-            if not self._wake.wait(conn, self.idle_s):
-                last_yield = time.monotonic()
+            if not self._wake.wait(conn, 0.0):
+                # Nothing to read right now: the runner flushes what it holds (as
+                # PostgreSQL's source lets it between reads) instead of waiting for its
+                # batch to age, then the wait.
                 yield Idle()
-                continue
+                if not self._wake.wait(conn, self.idle_s):
+                    last_yield = time.monotonic()
+                    yield Idle()
+                    continue
             event = self._fetch()
             record = self._dump_record()
             if record is not None:  # before any item of this dump (its epoch)
