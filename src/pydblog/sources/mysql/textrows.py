@@ -14,8 +14,9 @@ or more, one not fully arrived), which PyMySQL reads and checks as before
 ``_mytext.map_rows`` (the same mapping as ``SelectMapper.map``, its text fast paths in C).
 
 Invariant: the rows are PyMySQL's own, value for value and type for type
-(``tests/mysql/test_textrows.py`` checks packets of every shape against
-``_read_row_from_packet``, and result sets of every column type from a real server).
+(``tests/unit/test_textrows.py`` checks packets of every shape against
+``_read_row_from_packet``, ``tests/mysql/test_textrows.py`` result sets of every column
+type from a real server).
 Without the extension (no C compiler at install), or with ``PYDBLOG_NATIVE_TEXTROWS=0``,
 nothing is replaced.
 """
