@@ -83,9 +83,9 @@ def main() -> None:
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        from pydblog.devtools.kafka import KafkaBroker
+        from kafka import started_broker  # bench/kafka.py
 
-        broker = KafkaBroker(optimize=True).start()
+        broker = started_broker()
         bootstrap = broker.bootstrap
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kwriter-"))
     runs: dict[str, list[tuple[float, float, float, float]]] = {

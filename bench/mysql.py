@@ -49,7 +49,7 @@ import results
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import parse_config
 from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB
-from pydblog.devtools.proc import peak_rss_kb, thread_cpu
+from pydblog.devtools.proc import cpu_seconds, peak_rss_kb, thread_cpu
 from pydblog.events import ChangeEvent
 from pydblog.sources.mysql import fastrows
 from pydblog.sources.mysql.binlog import MySqlLogSource
@@ -220,9 +220,11 @@ class Log:
             self._end.close()
 
 
-def end_to_end(config: Path, data: Path, rows: int, log: Log) -> tuple[float, int, dict[str, float], int]:
+def end_to_end(config: Path, data: Path, rows: int, log: Log, broker_pid: int | None = None,
+               ) -> tuple[float, int, dict[str, float], int]:
     """Rows/s of `dblog run` (defaults: the HTTP API on) from its first logged event to
     the ``rows``-th, its peak RSS, its CPU per row over the same span, per thread
+    (and the Kafka broker's, ``[kafka broker]``, when ``broker_pid`` is given)
     (``MainThread`` is ``python``), and how often a scraper read its ``/metrics`` meanwhile
     (bench/stream.py's: every second)."""
     from stream import scrape  # bench/stream.py
@@ -251,10 +253,14 @@ def end_to_end(config: Path, data: Path, rows: int, log: Log) -> tuple[float, in
             if first_t is None and n > 0:
                 first_t, first_n = now, n
                 first_cpu = thread_cpu(proc.pid)
+                first_cpu["[kafka broker]"] = cpu_seconds(broker_pid) if broker_pid else 0.0
             if n >= rows:
                 assert first_t is not None
+                now_cpu = thread_cpu(proc.pid)
+                if broker_pid:  # not a thread of dblog run: the broker's process, same window
+                    now_cpu["[kafka broker]"] = cpu_seconds(broker_pid)
                 cpu = {k: (v - first_cpu.get(k, 0.0)) * 1e6 / (n - first_n)
-                       for k, v in thread_cpu(proc.pid).items()}
+                       for k, v in now_cpu.items()}
                 return (n - first_n) / (now - first_t), peak_rss_kb(proc.pid), cpu, scrapes[0]
             time.sleep(0.05)
     finally:
@@ -295,11 +301,12 @@ def main() -> None:
         return
     from kafka import bench_broker  # bench/kafka.py
 
-    with bench_broker() as bootstrap:
-        run(args, bootstrap, f"m{uuid.uuid4().hex[:8]}")
+    with bench_broker() as (bootstrap, broker_pid):
+        run(args, bootstrap, f"m{uuid.uuid4().hex[:8]}", broker_pid)
 
 
-def run(args: argparse.Namespace, bootstrap: str, prefix: str) -> None:
+def run(args: argparse.Namespace, bootstrap: str, prefix: str,
+        broker_pid: int | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="dblog-bench-") as tmp, MariaDB() as server:
         server.execute(f"CREATE DATABASE {DB}")
         server.execute(TABLE, DB)
@@ -337,7 +344,7 @@ def run(args: argparse.Namespace, bootstrap: str, prefix: str) -> None:
         src = source_rate(server, start, args.rows)
         print(f"pydblog MySqlLogSource.stream(): {src:,.0f} rows/s ({src / raw:.2f} x raw)")
         try:
-            e2e, rss, cpu, scrapes = end_to_end(config, data, args.rows, log)
+            e2e, rss, cpu, scrapes = end_to_end(config, data, args.rows, log, broker_pid)
         finally:
             log.close()
         print(f"  /metrics scraped {scrapes} times meanwhile")

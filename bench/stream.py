@@ -171,13 +171,14 @@ def main() -> None:
         return
     from kafka import bench_broker  # bench/kafka.py
 
-    with bench_broker() as bootstrap:
+    with bench_broker() as (bootstrap, broker_pid):
         prefix = f"s{uuid.uuid4().hex[:8]}"
         log_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"\n'
-        run(args, work, log_keys, bootstrap, prefix)
+        run(args, work, log_keys, bootstrap, prefix, broker_pid)
 
 
-def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, prefix: str) -> None:
+def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, prefix: str,
+        broker_pid: int | None = None) -> None:
     with PgCluster() as cluster:
         dsn = cluster.create_database("bench")
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -253,17 +254,18 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
                 time.sleep(0.05)
             reader = SqliteChangeLogReader(work / "data")
             count = reader.next_offset
-        first: tuple[float, int, float, dict[int, float], dict[str, float]] | None = None
+        first: tuple[float, int, float, dict[int, float], dict[str, float], float] | None = None
         while True:
             time.sleep(0.005)
             n = count()
             if first is None and n > 0:
                 first = (time.perf_counter(), n, cpu_seconds(proc.pid), family_cpu(postmaster),
-                         thread_cpu(proc.pid))
+                         thread_cpu(proc.pid), cpu_seconds(broker_pid) if broker_pid else 0.0)
             if n >= args.rows:
                 break
         end = time.perf_counter()
         dblog_cpu = cpu_seconds(proc.pid)
+        broker_cpu = cpu_seconds(broker_pid) if broker_pid else 0.0
         if log_keys:
             end_probe.close()
         threads_end = thread_cpu(proc.pid)
@@ -284,6 +286,7 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
         print(
             f"    CPU per row during (b): dblog run {(dblog_cpu - first[2]) * 1e6 / counted:.2f} us, "
             f"PostgreSQL {server_cpu * 1e6 / counted:.2f} us"
+            + (f", Kafka broker {(broker_cpu - first[5]) * 1e6 / counted:.2f} us" if broker_pid else "")
         )
         per_thread = {name: (c - first[4].get(name, 0.0)) * 1e6 / counted
                       for name, c in sorted(threads_end.items())}
@@ -302,6 +305,8 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
             "dblog_cpu_us_per_event": round((dblog_cpu - first[2]) * 1e6 / counted, 3),
             "dblog_cpu_us_per_event_by_thread": {k: round(v, 3) for k, v in per_thread.items()},
             "postgres_cpu_us_per_event": round(server_cpu * 1e6 / counted, 3),
+            "kafka_broker_cpu_us_per_event": (round((broker_cpu - first[5]) * 1e6 / counted, 3)
+                                              if broker_pid else None),
             "metrics_scrapes": scrapes[0],
         }
 

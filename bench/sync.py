@@ -373,9 +373,9 @@ def main() -> None:
     if "kafka" in only:
         # The same events from a Kafka log (one Apache Kafka broker, or KAFKA_BOOTSTRAP_SERVERS), as
         # further queries of the warm session: compare with the warm embedded drain.
-        from pydblog.devtools.kafka import KafkaBroker
+        from kafka import started_broker  # bench/kafka.py
 
-        broker = None if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else KafkaBroker(optimize=True).start()
+        broker = None if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else started_broker()
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or (broker.bootstrap if broker else "")
         for parts in args.kafka_partitions or [1, 4]:
             log = {"type": "kafka", "path": str(work / f"kafka-{parts}"),
