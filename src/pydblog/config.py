@@ -126,7 +126,10 @@ class LogConfig(_Model):
     ``skipped.operations = t``) keeps truncates out of the tables' topics (pydblog's own
     readers still see them, in ``<topic_prefix>.__dblog.truncates``); ``"include"`` writes
     each as one ``op: "t"`` message into its table's topic, as Debezium does with
-    ``skipped.operations = none``. ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
+    ``skipped.operations = none``. ``source_header``: each record also carries its
+    envelope's ``source`` block in a ``dblog.source`` header (off by default: the
+    bytes are the value's already, and a header per record costs the producer and the
+    broker work per event, docs/performance.md; Debezium's records carry none). ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
     through to every Kafka client (compression, SASL/TLS, ...)."""
 
     type: Literal["embedded", "kafka"] = "embedded"
@@ -140,6 +143,7 @@ class LogConfig(_Model):
     partitions: int = Field(default=1, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1, le=32)
     tombstones: bool = False
+    source_header: bool = False
     truncates: Literal["skip", "include"] = "skip"
     transactional_id: str | None = None
     value_format: Literal["json", "json-schema", "avro"] = "json"

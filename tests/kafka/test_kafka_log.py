@@ -241,10 +241,12 @@ def test_table_topics_hold_what_debeziums_hold(kafka_log: LogConfig, truncates: 
     """A table's topic holds its row events, and its truncates only with ``truncates =
     "include"`` (one keyless message, as Debezium's); notifications go to the
     notification topic in the shape of Debezium's Kafka notification channel, with the
-    envelope in a header; skipped truncates to the truncates topic."""
+    envelope in a header; skipped truncates to the truncates topic. A record's headers:
+    the session tag, and its ``source`` block only with ``source_header = true``."""
     from pydblog.changelog.kafka.topics import notifications_topic, truncates_topic
 
-    cfg = kafka_log.model_copy(update={"truncates": truncates})
+    cfg = kafka_log.model_copy(update={"truncates": truncates,
+                                       "source_header": truncates == "include"})
     kf = KafkaChangeLog(cfg)
     for i, b in enumerate(batches()):
         kf.append(b, cp(i))
@@ -261,8 +263,12 @@ def test_table_topics_hold_what_debeziums_hold(kafka_log: LogConfig, truncates: 
     assert a_ops == {"c", "d", "r"}, a_ops  # (the table's notification is not there)
     (update,) = [m for m in msgs if orjson.loads(m.value())["op"] == "u"]
     assert update.key() == b'{"before":1,"k":"z"}'
-    src = orjson.loads(dict(update.headers())["dblog.source"])
-    assert src["lsn"] == 20 and src["table"] == "b" and src["txId"] == 720
+    headers = dict(update.headers())
+    if truncates == "include":  # (and source_header = true)
+        src = orjson.loads(headers["dblog.source"])
+        assert src["lsn"] == 20 and src["table"] == "b" and src["txId"] == 720
+    else:
+        assert set(headers) == {"dblog.writer"}, headers
     assert orjson.loads(update.value())["offset"] == 50
     (trunc,) = [m for m in (msgs if truncates == "include"
                             else partition_messages(cfg, truncates_topic(cfg.topic_prefix), 1)[0])

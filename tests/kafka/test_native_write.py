@@ -15,7 +15,12 @@ import pytest
 
 from pydblog.changelog import kafka_native
 from pydblog.changelog.kafka.reader import KafkaChangeLogReader
-from pydblog.changelog.kafka.topics import HEADER_WRITER, notifications_topic, truncates_topic
+from pydblog.changelog.kafka.topics import (
+    HEADER_SOURCE,
+    HEADER_WRITER,
+    notifications_topic,
+    truncates_topic,
+)
 from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.config import LogConfig
 from pydblog.events import ChangeEvent, Encoded, EncodedEvent, Op, encode_event
@@ -125,15 +130,18 @@ def raw(cfg: LogConfig) -> list[tuple[Any, ...]]:
     return sorted(out)
 
 
-@pytest.mark.parametrize("queue", [1_000_000, 7])
+@pytest.mark.parametrize(("queue", "source_header"), [(1_000_000, False), (7, False), (1_000_000, True)])
 def test_native_records_are_the_python_records(
-        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queue: int) -> None:
+        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queue: int,
+        source_header: bool) -> None:
     """``queue``: ``queue.buffering.max.messages`` (7: the queue is full every few
-    records, in runs of events, template blocks and tombstones)."""
+    records, in runs of events, template blocks and tombstones). ``source_header``: the
+    records carry ``dblog.source`` (the envelope's ``source``) or no header but the
+    session tag and, for notifications, the envelope."""
     def cfg(name: str) -> LogConfig:
         return LogConfig(type="kafka", path=str(tmp_path / name), bootstrap_servers=kafka_bootstrap,
                          topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3, tombstones=True,
-                         kafka={"queue.buffering.max.messages": queue})
+                         source_header=source_header, kafka={"queue.buffering.max.messages": queue})
 
     native_cfg, py_cfg = cfg("native"), cfg("py")
     calls: list[tuple[int, int]] = []  # (records produced, status) per call
@@ -167,13 +175,22 @@ def test_native_records_are_the_python_records(
     got, want = raw(native_cfg), raw(py_cfg)
     assert len(want) > 400 and any(v is None for *_, v, _ in want)  # tombstones too
     assert got == want
-    # every data record's key is its envelope's key (Debezium's: the key as JSON)
+    # every data record's key is its envelope's key (Debezium's: the key as JSON), its
+    # headers the source block only if asked (a tombstone: its delete's)
     checked = 0
-    for _topic, _part, _off, key, value, _h in want:
+    for _topic, _part, _off, key, value, headers in want:
         env = orjson.loads(value) if value is not None else {}
+        names = [k for k, _ in headers]
         if env.get("op") in ("c", "u", "d", "r"):
             assert key == (None if env["key"] is None else orjson.dumps(env["key"])), (key, value)
+            if source_header:
+                assert names == [HEADER_SOURCE], names
+                assert orjson.loads(headers[0][1]) == env["source"]
+            else:
+                assert names == [], names
             checked += 1
+        elif value is None:
+            assert names == ([HEADER_SOURCE] if source_header else []), names
     assert checked > 400
     # Readers check the commits' ends (from the interceptor) against the records.
     a, b = KafkaChangeLogReader(native_cfg), KafkaChangeLogReader(py_cfg)

@@ -19,8 +19,9 @@
  *    ``EncodedEvent``s (the stream's events): the value ``{"offset":<seq>,`` + the
  *    envelope after its ``{``, the key (the envelope's ``key`` text, partitioned by
  *    librdkafka's configured partitioner exactly as ``Producer.produce`` would), the
- *    headers ``dblog.writer`` (the session tag) and ``dblog.source`` (the envelope's
- *    ``source`` object text), a tombstone after a delete if asked. It stops, leaving the
+ *    header ``dblog.writer`` (the session tag) and, if asked (``source_header``),
+ *    ``dblog.source`` (the envelope's ``source`` object text), a tombstone after a delete
+ *    if asked. It stops, leaving the
  *    event to Python, at anything else: another type, a truncate or notification (fanned
  *    out), an envelope whose fields are not where the fast path looks (a second
  *    ``,"before":``, as ``kafka._key_of`` says). Records are byte for byte those the
@@ -42,7 +43,7 @@
 #include <string.h>
 #include <sys/types.h>
 
-#define KAFKAWRITE_VERSION 2
+#define KAFKAWRITE_VERSION 3
 
 typedef struct rd_kafka_s rd_kafka_t;
 typedef struct rd_kafka_conf_s rd_kafka_conf_t;
@@ -389,10 +390,12 @@ static int produce_one(rd_kafka_t *rk, const char *topic, const char *value, siz
     vus[n].u.header.name = "dblog.writer";
     vus[n].u.header.val = tag;
     vus[n++].u.header.size = (ssize_t)tag_len;
-    vus[n].vtype = VT_HEADER;
-    vus[n].u.header.name = "dblog.source";
-    vus[n].u.header.val = source;
-    vus[n++].u.header.size = (ssize_t)source_len;
+    if (source != NULL) { /* NULL: no ``dblog.source`` header */
+        vus[n].vtype = VT_HEADER;
+        vus[n].u.header.name = "dblog.source";
+        vus[n].u.header.val = source;
+        vus[n++].u.header.size = (ssize_t)source_len;
+    }
     vus[n].vtype = VT_MSGFLAGS;
     vus[n++].u.i = MSG_F_COPY;
     rd_kafka_error_t *error = p_rd_kafka_produceva(rk, vus, n);
@@ -408,7 +411,7 @@ static const char KEY_AT[] = "},\"key\":";
 static const char BEFORE_AT[] = ",\"before\":";
 
 /* produce_events(producer, client_id, events, start, seq, topics, tag, tombstones,
- *                event_type) -> (index, seq, status, error_code, error_text)
+ *                event_type, source_header) -> (index, seq, status, error_code, error_text)
  *
  * Produces events[start:] while each is exactly ``event_type`` (EncodedEvent) of an op
  * other than "t" and "n" whose envelope the fast path can cut. ``index``: the first event
@@ -442,10 +445,10 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
     long long seq;
     const char *tag;
     Py_ssize_t tag_len;
-    int tombstones;
-    if (!PyArg_ParseTuple(args, "OsO!nLO!y#pO", &producer, &client_id, &PyList_Type, &events,
+    int tombstones, source_header;
+    if (!PyArg_ParseTuple(args, "OsO!nLO!y#pOp", &producer, &client_id, &PyList_Type, &events,
                           &start, &seq, &PyDict_Type, &topics, &tag, &tag_len, &tombstones,
-                          &event_type))
+                          &event_type, &source_header))
         return NULL;
     rd_kafka_t *rk = producer_handle(producer, client_id);
     if (rk == NULL) return NULL;
@@ -547,17 +550,17 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
         }
         memcpy(buf.p, head, (size_t)hl);
         memcpy(buf.p + hl, j->text + 1, j->len - 1);
+        const char *src = source_header ? j->text + j->src_start : NULL;
         code = produce_one(rk, j->topic, buf.p, value_len, j->key, j->key_len, tag,
-                           (size_t)tag_len, j->text + j->src_start, j->src_end - j->src_start,
-                           errbuf, sizeof(errbuf));
+                           (size_t)tag_len, src, j->src_end - j->src_start, errbuf,
+                           sizeof(errbuf));
         if (code != 0) {
             failed = code == ERR_QUEUE_FULL ? 2 : 4;
             break;
         }
         if (j->tombstone) {
             code = produce_one(rk, j->topic, NULL, 0, j->key, j->key_len, tag, (size_t)tag_len,
-                               j->text + j->src_start, j->src_end - j->src_start, errbuf,
-                               sizeof(errbuf));
+                               src, j->src_end - j->src_start, errbuf, sizeof(errbuf));
             if (code != 0) {
                 failed = code == ERR_QUEUE_FULL ? 3 : 4;
                 if (failed == 4) done++; /* the event's record is produced: report past it */
@@ -576,7 +579,8 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
 }
 
 /* produce_template(producer, client_id, topic, head, mid, body, first_index, seq, tag,
- *                  start, cut, tombstones, half) -> (row, seq, status, error_code, error_text)
+ *                  start, tombstones, half, source_header)
+ *     -> (row, seq, status, error_code, error_text)
  *
  * A template ``EncodedBlock``'s rows from row ``start`` (0-based; ``body``'s lines): row
  * i's envelope is head + str(first_index + i) + mid + tail_i, its source header the
@@ -596,10 +600,10 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
     const char *client_id, *topic, *head, *mid, *body, *tag;
     Py_ssize_t head_len, mid_len, body_len, tag_len, start;
     long long first_index, seq;
-    int tombstones, half;
-    if (!PyArg_ParseTuple(args, "Osss#s#s#LLy#npp", &producer, &client_id, &topic, &head,
+    int tombstones, half, source_header;
+    if (!PyArg_ParseTuple(args, "Osss#s#s#LLy#nppp", &producer, &client_id, &topic, &head,
                           &head_len, &mid, &mid_len, &body, &body_len, &first_index, &seq,
-                          &tag, &tag_len, &start, &tombstones, &half))
+                          &tag, &tag_len, &start, &tombstones, &half, &source_header))
         return NULL;
     rd_kafka_t *rk = producer_handle(producer, client_id);
     if (rk == NULL) return NULL;
@@ -636,16 +640,19 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
             if (key_len == 4 && memcmp(tail, "null", 4) == 0) key = NULL;
             int nl_len = snprintf(num, sizeof(num), "%lld", first_index + row);
             size_t slen = src_head_len + (size_t)nl_len + src_tail_len;
-            if (reserve(&source, slen) < 0) {
-                nomem = 1;
-                break;
+            if (source_header) {
+                if (reserve(&source, slen) < 0) {
+                    nomem = 1;
+                    break;
+                }
+                char *sp = source.p;
+                memcpy(sp, src_head, src_head_len);
+                sp += src_head_len;
+                memcpy(sp, num, (size_t)nl_len);
+                sp += nl_len;
+                memcpy(sp, mid, src_tail_len);
             }
-            char *sp = source.p;
-            memcpy(sp, src_head, src_head_len);
-            sp += src_head_len;
-            memcpy(sp, num, (size_t)nl_len);
-            sp += nl_len;
-            memcpy(sp, mid, src_tail_len);
+            const char *src = source_header ? source.p : NULL;
             if (!(half && row == start)) {
                 int pl = snprintf(pre, sizeof(pre), "{\"offset\":%lld,", seq);
                 size_t vlen = (size_t)pl + (size_t)head_len - 1 + (size_t)nl_len +
@@ -665,7 +672,7 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
                 v += mid_len;
                 memcpy(v, tail, tail_len);
                 code = produce_one(rk, topic, value.p, vlen, key, key_len, tag, (size_t)tag_len,
-                                   source.p, slen, errbuf, sizeof(errbuf));
+                                   src, slen, errbuf, sizeof(errbuf));
                 if (code != 0) {
                     status = code == ERR_QUEUE_FULL ? 2 : 4;
                     break;
@@ -673,7 +680,7 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
             }
             if (tombstones) {
                 code = produce_one(rk, topic, NULL, 0, key, key_len, tag, (size_t)tag_len,
-                                   source.p, slen, errbuf, sizeof(errbuf));
+                                   src, slen, errbuf, sizeof(errbuf));
                 if (code != 0) {
                     status = code == ERR_QUEUE_FULL ? 3 : 4;
                     if (status == 4) { seq++; row++; } /* its record is in: report past it */

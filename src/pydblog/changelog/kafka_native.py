@@ -149,7 +149,7 @@ def consume(consumer: Any, client_id: str, max_messages: int, timeout_s: float) 
 
 # -- the writer (``_kafkawrite``) ------------------------------------------------------------
 
-WRITE_ABI_VERSION = 2
+WRITE_ABI_VERSION = 3
 """The ``_kafkawrite`` interface this module speaks (its ``VERSION``)."""
 
 _write_state = "unknown"
@@ -203,21 +203,23 @@ def take_acks(producer: Any, client_id: str) -> tuple[list[tuple[str, int, int, 
 
 def produce_events(producer: Any, client_id: str, events: list[Any], start: int, seq: int,
                    topics: dict[str, str], tag: bytes, tombstones: bool,
-                   event_type: type) -> tuple[int, int, int, int, str]:
+                   event_type: type, source_header: bool) -> tuple[int, int, int, int, str]:
     """``_kafkawrite.produce_events``: see the C source for the statuses."""
     _check_producer(producer)
     out: tuple[int, int, int, int, str] = _writer.produce_events(
-        producer, client_id, events, start, seq, topics, tag, tombstones, event_type)
+        producer, client_id, events, start, seq, topics, tag, tombstones, event_type,
+        source_header)
     return out
 
 
 def produce_template(producer: Any, client_id: str, topic: str, head: str, mid: str, body: str,
                      first_index: int, seq: int, tag: bytes, start: int,
-                     tombstones: bool, half: bool) -> tuple[int, int, int, int, str]:
+                     tombstones: bool, half: bool, source_header: bool,
+                     ) -> tuple[int, int, int, int, str]:
     """``_kafkawrite.produce_template``: see the C source for the key, ``half`` and the
     statuses."""
     _check_producer(producer)
     out: tuple[int, int, int, int, str] = _writer.produce_template(
         producer, client_id, topic, head, mid, body, first_index, seq, tag, start,
-        tombstones, half)
+        tombstones, half, source_header)
     return out

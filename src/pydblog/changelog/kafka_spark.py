@@ -622,7 +622,7 @@ def _checked(msgs: Sequence[Any], tag: bytes) -> Iterator[bytes | None]:
         if not headers:  # not written by a capture
             continue
         event = None
-        if len(headers) != 2:
+        if len(headers) > 1:  # (the session tag alone: a data record of the json format)
             if header(headers, HEADER_FANOUT) is not None:
                 continue
             event = header(headers, HEADER_EVENT)

@@ -91,7 +91,7 @@ def event_value(m: Any) -> bytes | None:
     if value is None:
         return None
     headers = m.headers()
-    if headers and len(headers) > 2:
+    if headers and len(headers) > 1:
         event = header(headers, HEADER_EVENT)
         if event is not None:
             return event

@@ -90,6 +90,7 @@ class KafkaChangeLog(ChangeLogWriter):
         k = client.k
         self.prefix = client.prefix
         self._tombstones = cfg.tombstones
+        self._source_header = cfg.source_header
         self._epoch: int | None = None  # set by claim(): commits are then verified
         self._verified_to = 0
         self._commits = 0
@@ -566,7 +567,7 @@ class KafkaChangeLog(ChangeLogWriter):
                 continue
             i, seq, status, code, why = kafka_native.produce_events(
                 p, self._client_id, events, i, seq, topics, self._tag, self._tombstones,
-                EncodedEvent)
+                EncodedEvent, self._source_header)
             if status == 1:  # Python's: a truncate, a notification, or an envelope it does not cut
                 if type(events[i]) is not EncodedBlock:
                     seq = self._produce_py([events[i]], seq, topics)
@@ -605,9 +606,10 @@ class KafkaChangeLog(ChangeLogWriter):
         for text in bodies:
             src_start = text.find('"source":') + 9
             src_end = text.find('},"key":', src_start) + 1
-            source = text[src_start:src_end]
             value = f'{{"offset":{seq},{text[1:]}'
-            headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, source)]
+            headers = [(HEADER_WRITER, tag)]
+            if self._source_header:
+                headers.append((HEADER_SOURCE, text[src_start:src_end]))
             if op in ("n", "t"):
                 self._table_event(op, topic, text, value, headers)
             else:
@@ -643,8 +645,9 @@ class KafkaChangeLog(ChangeLogWriter):
             for text in bodies:
                 event = f'{{"offset":{seq},{text[1:]}'
                 env = orjson.loads(text)
-                headers: list[tuple[str, Any]] = [(HEADER_WRITER, tag),
-                                                  (HEADER_SOURCE, orjson.dumps(env["source"]))]
+                headers: list[tuple[str, Any]] = [(HEADER_WRITER, tag)]
+                if self._source_header:
+                    headers.append((HEADER_SOURCE, orjson.dumps(env["source"])))
                 seq += 1
                 if op == "n" or (op == "t" and not self._include_truncates):
                     self._table_event(op, topic, text, event, headers)
@@ -678,7 +681,8 @@ class KafkaChangeLog(ChangeLogWriter):
             while True:
                 start, seq, status, code, why = kafka_native.produce_template(
                     self._producer, self._client_id, topic, block.head, block.mid, block.body,
-                    block.first_index, seq, self._tag, start, tombstones, half)
+                    block.first_index, seq, self._tag, start, tombstones, half,
+                    self._source_header)
                 half = False
                 if status == 0:
                     return seq
@@ -704,7 +708,9 @@ class KafkaChangeLog(ChangeLogWriter):
         produce = self._producer.produce
         for i, tail in enumerate(lines, block.first_index + start):
             value = f'{{"offset":{seq},{value_head}{i}{mid}{tail}'
-            headers = [(HEADER_WRITER, tag), (HEADER_SOURCE, f"{src_head}{i}{src_tail}")]
+            headers = [(HEADER_WRITER, tag)]
+            if self._source_header:
+                headers.append((HEADER_SOURCE, f"{src_head}{i}{src_tail}"))
             cut = tail.find(',"before":')
             key = (tail[:cut] if tail.find(',"before":', cut + 1) < 0 <= cut
                    else _key_of(f"{head}{i}{mid}{tail}", len(head) + len(str(i)) + len(mid)))
