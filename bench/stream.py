@@ -29,7 +29,9 @@ carry the old row).
 
 ``--log kafka``: `dblog run` writes into Kafka instead (an Apache Kafka broker started
 for the run, ``pydblog.devtools.kafka``, or ``KAFKA_BOOTSTRAP_SERVERS``); (b) counts the events of the log's last commit
-(bench/kafka.py's ``KafkaEnd``) and (c) reads the log with ``KafkaChangeLogReader``.
+(bench/kafka.py's ``KafkaEnd``) and (c) follows the log with ``KafkaChangeLogReader.follow``
+(as `dblog tail -f` does; polling ``read`` costs an exact read of the checkpoint topic a
+call).
 
 ``--profile DIR`` (needs ``pip install py-spy``) records a py-spy profile of `dblog run`
 during (b) as raw collapsed stacks in ``DIR/stream.txt`` (`--idle` off: CPU only).
@@ -316,6 +318,12 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
         latencies: list[float] = []
 
         def follow() -> None:
+            if log_keys:  # Kafka: as `dblog tail -f` follows it (the checkpoint topic's tail)
+                for r in reader.follow(start_offset, poll_s=0.05):
+                    if stop.is_set():  # (the generator waits for records: left running)
+                        return
+                    latencies.append(time.time() * 1000 - r.ts_ms)
+                return
             offset = start_offset
             while not stop.is_set():
                 recs = reader.read(offset, 10_000)
@@ -327,7 +335,7 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
                 else:
                     time.sleep(0.001)
 
-        th = threading.Thread(target=follow)
+        th = threading.Thread(target=follow, daemon=True)
         th.start()
         per_tx = 10
         interval = per_tx / args.steady_rate
@@ -348,7 +356,7 @@ def run(args: argparse.Namespace, work: Path, log_keys: str, bootstrap: str, pre
                     time.sleep(delay)
         time.sleep(1.0)
         stop.set()
-        th.join()
+        th.join(None if not log_keys else 2.0)
         scraping.set()
         scraper.join()
         rss = peak_rss_kb(proc.pid)
