@@ -168,7 +168,7 @@ def warm(bootstrap: str, pid: int | None, min_s: float = 30.0, max_s: float = 18
     ``min_s``, then until the compiler threads used under 3 % of a core over 5 s (at most
     ``max_s``). Prints how long it took."""
     from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     t0 = time.monotonic()
     topic = f"warm{uuid.uuid4().hex[:6]}"
@@ -191,7 +191,8 @@ def warm(bootstrap: str, pid: int | None, min_s: float = 30.0, max_s: float = 18
 
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
-    headers = [("dblog.writer", b"w" * 12), ("dblog.source", b'{"lsn":"0/1","txId":1}')]
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("dblog.writer", b"w" * 12), ("dblog.source", b'{"lsn":"0/1","txId":1}')]
 
     def jit() -> float:
         if pid is None:

@@ -607,7 +607,7 @@ class KafkaChangeLog(ChangeLogWriter):
             src_start = text.find('"source":') + 9
             src_end = text.find('},"key":', src_start) + 1
             value = f'{{"offset":{seq},{text[1:]}'
-            headers = [(HEADER_WRITER, tag)]
+            headers: list[tuple[str, str | bytes]] = [(HEADER_WRITER, tag)]
             if self._source_header:
                 headers.append((HEADER_SOURCE, text[src_start:src_end]))
             if op in ("n", "t"):
@@ -708,7 +708,7 @@ class KafkaChangeLog(ChangeLogWriter):
         produce = self._producer.produce
         for i, tail in enumerate(lines, block.first_index + start):
             value = f'{{"offset":{seq},{value_head}{i}{mid}{tail}'
-            headers = [(HEADER_WRITER, tag)]
+            headers: list[tuple[str, str | bytes]] = [(HEADER_WRITER, tag)]
             if self._source_header:
                 headers.append((HEADER_SOURCE, f"{src_head}{i}{src_tail}"))
             cut = tail.find(',"before":')
