@@ -14,11 +14,17 @@ pytest.importorskip("deltalake")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # pyspark warns that it does not fully support pandas 3 (we do not use pandas).
     for item in items:
         if "tests/spark/" in str(item.fspath).replace(os.sep, "/"):
+            # pyspark warns that it does not fully support pandas 3 (we do not use pandas).
             item.add_marker(pytest.mark.filterwarnings("ignore::FutureWarning"))
             item.add_marker(pytest.mark.filterwarnings("ignore::ResourceWarning"))
+        if "spark" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            # A test over its time limit is stopped by ending its worker process: the
+            # default (SIGALRM) raises inside whatever py4j call is running, and the
+            # shared session's gateway then answers each later call with an earlier
+            # call's reply, failing every Spark test after it on that worker.
+            item.add_marker(pytest.mark.timeout(method="thread"))
 
 
 @pytest.fixture(scope="session")

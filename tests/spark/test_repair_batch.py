@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from pydblog.events import ChangeEvent, Op
@@ -26,6 +26,10 @@ from tests.spark.test_reduce import batch, ev
 
 SCHEMA = TableSchema("public", "t", (ColumnSchema("id", "int4", "int32", False),
                                      ColumnSchema("v", "int4", "int32", True)), ("id",))
+
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
+"""Each example applies Spark batches (seconds each): a failure is reported as drawn,
+not shrunk through dozens more of them (past the test's time limit)."""
 
 
 def marker(lo: int | None, hi: int | None, keep: list[int]) -> ChangeEvent:
@@ -47,7 +51,8 @@ def spark_batch(spark: Any, batch_id: int, t: pa.Table, first: int) -> SparkBatc
     return b
 
 
-@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          phases=NO_SHRINK)
 @given(st.data())
 def test_markers_in_a_batch_follow_the_rule(spark: Any, pg_db: str, mariadb: Any,
                                             tmp_path: Path, data: st.DataObject) -> None:

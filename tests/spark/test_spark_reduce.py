@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from pydblog.spark.job import packed_frame
@@ -18,6 +18,10 @@ from pydblog.spark.reduce import reduce_events
 from tests.spark.test_reduce import batch, random_events
 
 Net = dict[tuple[str, str], tuple[str, int, Any, list[str]]]
+
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
+"""Each example applies Spark batches (seconds each): a failure is reported as drawn,
+not shrunk through dozens more of them (past the test's time limit)."""
 
 
 def driver(t: pa.Table) -> tuple[Net, set[str]]:
@@ -42,7 +46,8 @@ def executors(spark: Any, t: pa.Table, parts: int) -> tuple[Net, set[str]]:
         b.release()
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          phases=NO_SHRINK)
 @given(st.data())
 def test_the_executors_reduce_equals_the_drivers(spark: Any, data: st.DataObject) -> None:
     one = random_events(6)
