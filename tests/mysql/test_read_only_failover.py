@@ -17,7 +17,7 @@ import pytest
 from pydblog.devtools.mysql57 import TestServer
 from pydblog.sources.mysql.setup import OwnTables, signal_table_ddl
 from tests.chaos import writing
-from tests.helpers import kill9, start_run, stop_run, tail, wait_for
+from tests.helpers import kill9, read_log, start_run, stop_run, wait_for
 from tests.mysql.test_failover import _pair, new_database, rows_of
 from tests.mysql.test_oracle import TABLES, catch_up, materialize, setup_tables, writer
 
@@ -58,7 +58,7 @@ def test_read_only_snapshot_across_a_failover(flavour: str, tmp_path: Path) -> N
             with primary.admin(db) as cur:  # as an administrator: the capture user cannot
                 cur.execute("INSERT INTO dblog_signal VALUES (%s, %s, %s)",
                             ("s1", "execute-snapshot", data))
-            wait_for(lambda: sum(e["op"] == "r" for e in tail(config)) >= 400, 60,
+            wait_for(lambda: sum(e["op"] == "r" for e in read_log(config)) >= 400, 60,
                      "snapshot rows from the primary")
             kill9(proc)
         replica.wait_caught_up(primary)
@@ -71,7 +71,7 @@ def test_read_only_snapshot_across_a_failover(flavour: str, tmp_path: Path) -> N
             time.sleep(1.0)
         try:
             wait_for(lambda: any(e["op"] == "n" and e["notification"]["type"] == "COMPLETED"
-                                 for e in tail(config)), 120, "the snapshot's end")
+                                 for e in read_log(config)), 120, "the snapshot's end")
             events = catch_up(config, replica, db)
             want = {table: rows_of(replica, db, table) for table in TABLES}
         finally:
