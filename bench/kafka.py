@@ -154,6 +154,7 @@ def started_broker() -> Any:
 
     broker = KafkaBroker(optimize=True).start()
     try:
+        assert broker.pid is not None
         warm(broker.bootstrap, broker.pid)
     except BaseException:
         broker.stop()
@@ -161,10 +162,10 @@ def started_broker() -> Any:
     return broker
 
 
-def warm(bootstrap: str, pid: int | None, min_s: float = 30.0, max_s: float = 180.0) -> None:
+def warm(bootstrap: str, pid: int, min_s: float = 30.0, max_s: float = 180.0) -> None:
     """Run a capture-shaped load through the broker until its JIT compiler threads are
-    quiet: transactions of 10 to 5,000 lz4-compressed records with two headers over four
-    partitions, a checkpoint record each, followed by a read_committed consumer; at least
+    quiet: transactions of 10 to 5,000 lz4-compressed records with the session-tag header
+    over four partitions, a checkpoint record each, followed by a read_committed consumer; at least
     ``min_s``, then until the compiler threads used under 3 % of a core over 5 s (at most
     ``max_s``). Prints how long it took."""
     from confluent_kafka import Consumer, Producer
@@ -191,12 +192,9 @@ def warm(bootstrap: str, pid: int | None, min_s: float = 30.0, max_s: float = 18
 
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
-    headers: list[tuple[str, str | bytes | None]] = [
-        ("dblog.writer", b"w" * 12), ("dblog.source", b'{"lsn":"0/1","txId":1}')]
+    headers: list[tuple[str, str | bytes | None]] = [("dblog.writer", b"w" * 12)]
 
     def jit() -> float:
-        if pid is None:
-            return 0.0
         return sum(v for k, v in thread_cpu(pid).items() if "Compiler" in k)
 
     mark, mark_t, n, sizes = jit(), time.monotonic(), 0, (10, 10, 10, 200, 5_000)
@@ -218,18 +216,16 @@ def warm(bootstrap: str, pid: int | None, min_s: float = 30.0, max_s: float = 18
                 used = jit()
                 share = (used - mark) / (now - mark_t)
                 mark, mark_t = used, now
-                if pid is None or (now - t0 >= min_s and share < 0.03):
-                    quiet = pid is not None
+                if now - t0 >= min_s and share < 0.03:
+                    quiet = True
                     break
     finally:
         stop.set()
         follower.join()
         consumer.close()
         admin.delete_topics([topic, topic + ".cp"])
-    print(f"broker warm-up: {n} transactions in {time.monotonic() - t0:.0f} s"
-          + ("" if pid is None else
-             ", JIT compiler threads quiet" if quiet else ", JIT compiler threads still busy"),
-          flush=True)
+    print(f"broker warm-up: {n} transactions in {time.monotonic() - t0:.0f} s, JIT compiler "
+          f"threads {'quiet' if quiet else 'still busy'}", flush=True)
 
 
 class KafkaEnd(Probe):

@@ -129,7 +129,8 @@ class LogConfig(_Model):
     ``skipped.operations = none``. ``source_header``: each record also carries its
     envelope's ``source`` block in a ``dblog.source`` header (off by default: the
     bytes are the value's already, and a header per record costs the producer and the
-    broker work per event, docs/performance.md; Debezium's records carry none). ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
+    broker work per event, docs/performance.md; Debezium's records carry none).
+    ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
     through to every Kafka client (compression, SASL/TLS, ...)."""
 
     type: Literal["embedded", "kafka"] = "embedded"
