@@ -9,7 +9,8 @@ thread (the thread that competes with the stream's decoding for the GIL) and of 
 process (librdkafka's threads included) and, for a broker this bench started, the
 broker's CPU per event. One Apache Kafka broker (devtools.kafka), or
 KAFKA_BOOTSTRAP_SERVERS. ``--compression C`` (repeatable) adds a native writer with
-``[log.kafka] compression.type = C`` per value, in the same rotation.
+``[log.kafka] compression.type = C`` per value, ``--setting key=value`` (repeatable) one
+with that ``[log.kafka]`` setting, in the same rotation.
 
 Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/kafka_writer.py [--events 200000]
 """
@@ -78,6 +79,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--compression", action="append", default=[],
                     help="also a native writer with this compression.type (repeatable)")
+    ap.add_argument("--setting", action="append", default=[],
+                    help="also a native writer with this [log.kafka] key=value (repeatable)")
     args = ap.parse_args()
     assert kafka_native.writer_available(), "the native Kafka writer is not built"
     broker = None
@@ -90,7 +93,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kwriter-"))
     runs: dict[str, list[tuple[float, float, float, float]]] = {
         "embedded": [], "kafka python": [], "kafka native": [],
-        **{f"native {c}": [] for c in args.compression}}
+        **{f"native {c}": [] for c in args.compression},
+        **{f"native {kv}": [] for kv in args.setting}}
     broker_pid = broker.pid if broker is not None else None
     try:
         for r in range(args.rounds):
@@ -105,8 +109,14 @@ def main() -> None:
                 else:
                     native = name != "kafka python"
                     kafka_native._write_state = "ready" if native else "unavailable"
-                    extra: dict[str, KafkaSetting] = ({"compression.type": name.removeprefix("native ")}
-                             if name.startswith("native ") else {})
+                    extra: dict[str, KafkaSetting] = {}
+                    variant = name.removeprefix("native ")
+                    if name.startswith("native ") and "=" in variant:
+                        key, _, value = variant.partition("=")
+                        extra[key] = ({"true": True, "false": False}.get(value.lower(), value)
+                                      if not value.isdigit() else int(value))
+                    elif name.startswith("native "):
+                        extra["compression.type"] = variant
                     w = KafkaChangeLog(LogConfig(type="kafka", path=str(d), bootstrap_servers=bootstrap,
                                                  topic_prefix=f"w{uuid.uuid4().hex[:8]}",
                                                  kafka=extra))

@@ -135,7 +135,8 @@ def decode_bodies(
 # ``"offset":N``). ``scan`` (compiled) finds the fields of every body of that strict form
 # in one pass over the batch's buffer and copies them out; everything else
 # (notifications, nested keys, an unknown envelope) is decoded by ``decode_bodies``.
-FAST_COLUMNS = frozenset({"offset", "op", "schema", "table", "key", "after", "unchanged", "ts_ms"})
+FAST_COLUMNS = frozenset({"offset", "op", "schema", "table", "key", "after", "unchanged", "ts_ms",
+                          "source_ts_ms"})
 """The columns ``decode_fast`` builds without parsing every body (the sync's mirrors
 need only these)."""
 
@@ -171,7 +172,7 @@ def decode_fast(
     data, fields = scan.scan(arr, own_offsets)
     ok = fields[scan.OK].astype(np.bool_)
     if ok.all():
-        return _cut(data, fields, first, own_offsets, schema)
+        return _cut(data, fields, first, own_offsets, schema, arr)
     slow_idx = np.flatnonzero(~ok)
     fast_idx = np.flatnonzero(ok)
     slow_bodies = pc.take(arr, pa.array(slow_idx)).to_pylist()
@@ -182,16 +183,16 @@ def decode_fast(
             schema.get_field_index("offset"), "offset", pa.array(first + slow_idx, pa.int64()))
     if len(fast_idx) == 0:
         return slow
-    fast = _cut(data, fields[:, fast_idx], first, own_offsets, schema, rows=fast_idx)
+    fast = _cut(data, fields[:, fast_idx], first, own_offsets, schema, arr, rows=fast_idx)
     order = pc.sort_indices(pa.array(np.concatenate([fast_idx, slow_idx])))
     table = pa.Table.from_batches([fast, slow])
     return table.take(order).combine_chunks().to_batches()[0]
 
 
 def _cut(data: np.ndarray, f: np.ndarray, first: int, own_offsets: bool, schema: pa.Schema,
-         rows: np.ndarray | None = None) -> pa.RecordBatch:
+         bodies: pa.Array, rows: np.ndarray | None = None) -> pa.RecordBatch:
     """The columns of ``schema`` from the scanner's fields ``f`` of strict bodies (``rows``:
-    their indexes in the batch, for offsets counted from ``first``; all rows if None)."""
+    their indexes in ``bodies``, for offsets counted from ``first``; all rows if None)."""
     n = f.shape[1]
     names = set(schema.names)
     cols: dict[str, pa.Array] = {}
@@ -206,6 +207,8 @@ def _cut(data: np.ndarray, f: np.ndarray, first: int, own_offsets: bool, schema:
             n, pa.py_buffer(np.arange(n + 1, dtype=np.int32)), pa.py_buffer(ops))
     if "ts_ms" in names:
         cols["ts_ms"] = pa.array(f[scan.TS])
+    if "source_ts_ms" in names:
+        cols["source_ts_ms"] = _source_ts(f, bodies, rows)
     every = np.ones(n, np.bool_)
     for col, a, b in (("schema", scan.SCHEMA_A, scan.SCHEMA_B), ("table", scan.TABLE_A, scan.TABLE_B)):
         if col in names:
@@ -237,6 +240,19 @@ def _cut(data: np.ndarray, f: np.ndarray, first: int, own_offsets: bool, schema:
                 pa.array(offs), pa.array(values, pa.string()), mask=pa.array(~has))
         cols["unchanged"] = unchanged
     return pa.RecordBatch.from_arrays([cols[f_.name] for f_ in schema], schema=schema)
+
+
+def _source_ts(f: np.ndarray, bodies: pa.Array, rows: np.ndarray | None) -> pa.Array:
+    """``source.ts_ms`` of strict bodies: the scanner's where it read one, else from the
+    parsed body (as ``decode_bodies``: null if absent)."""
+    has = f[scan.SRC_TS_OK] == 1
+    if has.all():
+        return pa.array(f[scan.SRC_TS])
+    values: list[Any] = f[scan.SRC_TS].tolist()
+    for i in np.flatnonzero(~has).tolist():
+        body = bodies[int(rows[i]) if rows is not None else i].as_py()
+        values[i] = (orjson.loads(body).get("source") or {}).get("ts_ms")
+    return pa.array(values, pa.int64())
 
 
 def records_to_arrow(records: Sequence[LogRecord]) -> pa.RecordBatch:
@@ -306,25 +322,15 @@ def read_packed(part: LogPartition, schema: pa.Schema,
     for a dense partition). One row per ~20k events spares Spark converting every event
     to a JVM row and back when the batch is collected. ``route``
     (``merge.route_spec``): the events are routed to their targets first
-    (``merge.route_batch``). ``source_ts_ms`` with otherwise fast columns is read from
-    the bodies without a parse per event."""
-    fast_ts = "source_ts_ms" in schema.names and set(schema.names) - {"source_ts_ms"} <= FAST_COLUMNS
+    (``merge.route_batch``)."""
     for values in part.read(ARROW_BATCH_EVENTS):
-        if route is None and not fast_ts:
-            batch, first, end = decode_values(values, schema)
-        else:
+        batch, first, end = decode_values(values, schema)
+        if route is not None:
             from pydblog.spark import merge
 
-            base = pa.schema([f for f in schema if f.name != "source_ts_ms"]) if fast_ts else schema
-            batch, first, end = decode_values(values, base)
-            if fast_ts:
-                ts = pa.nulls(batch.num_rows, pa.int64())
-                batch = pa.RecordBatch.from_arrays(
-                    [batch.column(f.name) if f.name != "source_ts_ms" else ts for f in schema],
-                    schema=schema)
             bodies = values.bodies if isinstance(values.bodies, pa.Array) \
                 else pa.array(values.bodies, pa.string())
-            batch = merge.route_batch(batch, bodies, route or merge.route_spec("", []))
+            batch = merge.route_batch(batch, bodies, route)
         yield pa.RecordBatch.from_arrays(
             [
                 pa.array([first], type=pa.int64()),

@@ -21,9 +21,9 @@ Invariants:
 - A merged table's truncate empties only its own part of the target: its ``key`` is the
   part's identity, ``{"_dblog_db", "_dblog_schema", "_dblog_source"}`` (``scope_of``),
   and ``after_prefix`` gives the text every row event of that part starts with.
-- ``source_ts_ms`` (the source commit time, for the watermarks) is read from the
-  envelope text without a JSON parse per event (the strict envelope form; any other
-  body is parsed).
+- The source block's ``db`` is read from the envelope text without a JSON parse per
+  event (the strict envelope form; any other body is parsed), and only when the
+  source has routes.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import pyarrow.compute as pc
 from pydblog.core.drainer import DB_COLUMN, SCHEMA_COLUMN, SOURCE_COLUMN, KeyMode, Route, Router
 
 _DB = r'"source":\{"connector":"(?:[^"\\]|\\.)*","db":"(?P<db>(?:[^"\\]|\\.)*)"'
-_TS = r'"source":\{[^{}]*?"ts_ms":(?P<ts>-?\d+)[,}]'
 
 
 def route_spec(source: str, routes: Sequence[dict[str, Any]]) -> str:
@@ -52,29 +51,19 @@ def _router(spec: dict[str, Any]) -> Router:
                                r.get("sources", ())) for r in spec.get("routes", ())])
 
 
-def _envelope_fields(bodies: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Per body the source block's ``db`` (JSON string content, escaped as stored) and
-    ``ts_ms``; bodies not of the strict form are parsed."""
+def _source_dbs(bodies: pa.Array) -> pa.Array:
+    """Per body the source block's ``db`` (JSON string content, escaped as stored);
+    bodies not of the strict form are parsed."""
     db = pc.struct_field(pc.extract_regex(bodies, _DB), "db")
-    ts_text = pc.struct_field(pc.extract_regex(bodies, _TS), "ts")
-    missing = pc.or_(pc.is_null(db), pc.is_null(ts_text))
+    missing = pc.is_null(db)
     if pc.any(missing).as_py():
         dbs = db.to_pylist()
-        tss = ts_text.to_pylist()
         for i in pc.indices_nonzero(missing).to_pylist():
             src = orjson.loads(bodies[i].as_py()).get("source") or {}
             d = src.get("db")
             dbs[i] = None if d is None else json.dumps(str(d))[1:-1]
-            t = src.get("ts_ms")
-            tss[i] = None if t is None else str(int(t))
         db = pa.array(dbs, pa.string())
-        ts_text = pa.array(tss, pa.string())
-    return db, pc.cast(ts_text, pa.int64())
-
-
-def source_times(bodies: pa.Array) -> pa.Array:
-    """The source commit time (``source.ts_ms``) of every body."""
-    return _envelope_fields(bodies)[1]
+    return db
 
 
 def _json_str(value: str) -> str:
@@ -106,20 +95,17 @@ def scope_of(key_text: str) -> dict[str, str] | None:
 
 def route_batch(batch: pa.RecordBatch, bodies: pa.Array, spec_json: str) -> pa.RecordBatch:
     """``batch`` (decoded columns of ``bodies``, same rows in the same order) with its
-    merged tables' events rewritten for their targets (module docstring); a
-    ``source_ts_ms`` column, when the batch has one, is filled from the bodies."""
+    merged tables' events rewritten for their targets (module docstring)."""
     spec = json.loads(spec_json)
     source = str(spec["source"])
     router = _router(spec)
     n = batch.num_rows
     if n == 0:
         return batch
-    db_raw, ts = _envelope_fields(bodies)
     names = batch.schema.names
     cols = {name: batch.column(i) for i, name in enumerate(names)}
-    if "source_ts_ms" in cols:
-        cols["source_ts_ms"] = ts
     if router.routes and "schema" in cols and "table" in cols:
+        db_raw = _source_dbs(bodies)
         db_filled = pc.fill_null(db_raw, "")
         group = pc.binary_join_element_wise(db_filled, pc.fill_null(cols["schema"], ""),
                                             pc.fill_null(cols["table"], ""), "\x1f")

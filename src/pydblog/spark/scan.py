@@ -56,13 +56,15 @@ def _jit(fn: F) -> F:
 
 # -- field indexes of the scanner's int64 output (one row per body) --------------------
 OK, OFFSET, OP, TS, SCHEMA_A, SCHEMA_B, TABLE_A, TABLE_B, KEY_A, KEY_B, AFTER_A, AFTER_B, \
-    UNCH_A, UNCH_B = range(14)
-FIELDS = 14
+    UNCH_A, UNCH_B, SRC_TS_OK, SRC_TS = range(16)
+FIELDS = 16
 """``OK``: 1 if the body has the strict form. ``OFFSET``: the ``offset`` field (own
 offsets). ``OP``: the op's byte. ``TS``: ``ts_ms``. ``*_A``/``*_B``: the span of the
 schema name, table name (without quotes), key text (``KEY_A = -1``: ``null``), after
 text (``AFTER_A = -1``: ``null``) and the unchanged list text ``[..]`` (``UNCH_A = -1``:
-none)."""
+none). ``SRC_TS_OK``: 1 if the source object's members after ``table`` hold
+``"ts_ms":INT`` (its first such member, followed by ``,`` or ``}``), whose value is
+``SRC_TS``; 0: the caller reads it from the parsed body (absent, or another form)."""
 
 _AFTER = np.frombuffer(b',"after":', np.uint8)
 _UNCH = np.frombuffer(b',"unchanged":[', np.uint8)
@@ -75,6 +77,7 @@ _P_SCHEMA = np.frombuffer(b',"schema":', np.uint8)
 _P_TABLE = np.frombuffer(b',"table":', np.uint8)
 _P_KEY = np.frombuffer(b',"key":', np.uint8)
 _P_BEFORE = np.frombuffer(b',"before":', np.uint8)
+_P_SRC_TS = np.frombuffer(b',"ts_ms":', np.uint8)
 _P_NULL = np.frombuffer(b"null", np.uint8)
 
 
@@ -196,7 +199,7 @@ def find(d: Any, i: int, end: int, p: np.ndarray) -> int:
 @_jit
 def _scan(data: Any, offsets: Any, own_offsets: bool) -> Any:
     n = offsets.shape[0] - 1
-    out = np.zeros((14, n), np.int64)
+    out = np.zeros((16, n), np.int64)
     for row in range(n):
         s = offsets[row]
         e = offsets[row + 1]
@@ -234,9 +237,20 @@ def _scan(data: Any, offsets: Any, own_offsets: bool) -> Any:
         i = string(data, i, p, True) if i >= 0 else -1
         out[6, row] = a + 1
         out[7, row] = i - 1
+        r = i
         i = flat_rest(data, i, p) if i >= 0 else -1
         if i < 0 or data[i] != 125:  # the source's }
             continue
+        # The source's own ts_ms among its flat members after table: a bare quote
+        # preceded by a comma never occurs inside a JSON string, so the first
+        # ,"ts_ms": there is a member's name.
+        q = find(data, r, i, _P_SRC_TS)
+        if q >= 0:
+            v = integer(data, q + _P_SRC_TS.shape[0], i + 1, True, out, row, 15)
+            if v >= 0 and (data[v] == 44 or data[v] == 125):
+                out[14, row] = 1
+            else:
+                out[15, row] = 0
         i = lit(data, i + 1, p, _P_KEY)
         if i < 0:
             continue
