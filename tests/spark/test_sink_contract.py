@@ -23,6 +23,10 @@ shows. Cases:
 - repair markers delete the keys of their ranges outside ``keep``; later events apply;
 - routed tables of two sources merge into one target, rows told apart by
   ``_dblog_source``; each source's progress is its own.
+
+``delta-rewrite`` is the Delta sink with every batch that would take a MERGE applied as
+a whole-table rewrite instead (``sinks.delta.rewrites``, which large batches into small
+tables take): the same contract.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ def _mysql(server: Any, database: str) -> Target:
                   rows, set_v, written)
 
 
-EVERY_SINK = pytest.mark.parametrize("target", SINKS, indirect=True)
+EVERY_SINK = pytest.mark.parametrize("target", [*SINKS, "delta-rewrite"], indirect=True)
 DELTA_SLOW = pytest.mark.parametrize(
     "target", [pytest.param("delta", marks=pytest.mark.slow), "postgres", "mysql"], indirect=True)
 """Cases whose Delta variant the default suite covers elsewhere (truncates, unchanged
@@ -150,12 +154,31 @@ runs with ``-m slow`` (a Delta commit costs seconds; the default suite has a bud
 
 
 @pytest.fixture
-def target(request: pytest.FixtureRequest, spark: Any, tmp_path: Path) -> Target:
+def target(request: pytest.FixtureRequest, spark: Any, tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> Iterator[Target]:
+    if request.param == "delta-rewrite":
+        from pydblog.spark.sinks import delta
+
+        taken: list[bool] = []
+        real = delta.rewrites
+
+        def rewrites(*args: Any) -> bool:
+            taken.append(real(*args))
+            return taken[-1]
+
+        monkeypatch.setattr(delta, "REWRITE_MIN_ROWS", 0)
+        monkeypatch.setattr(delta, "REWRITE_TARGET_RATIO", float("inf"))
+        monkeypatch.setattr(delta, "rewrites", rewrites)
+        yield _delta(tmp_path / "lake")
+        assert any(taken), "no batch was applied by a whole-table rewrite"
+        return
     if request.param == "delta":
-        return _delta(tmp_path / "lake")
+        yield _delta(tmp_path / "lake")
+        return
     if request.param == "postgres":
-        return _postgres(request.getfixturevalue("pg_db"))
-    return _mysql(request.getfixturevalue("mariadb"), request.getfixturevalue("my_db"))
+        yield _postgres(request.getfixturevalue("pg_db"))
+        return
+    yield _mysql(request.getfixturevalue("mariadb"), request.getfixturevalue("my_db"))
 
 
 # -- the change log and the applier -----------------------------------------------------
@@ -288,7 +311,9 @@ def test_truncate(target: Target, tmp_path: Path) -> None:
     assert_rows(target, [])
 
 
-@DELTA_SLOW
+@pytest.mark.parametrize(
+    "target", [pytest.param("delta", marks=pytest.mark.slow), "delta-rewrite", "postgres", "mysql"],
+    indirect=True)
 def test_unchanged_toast_columns_and_an_added_column(target: Target, tmp_path: Path) -> None:
     """An unchanged column takes the key's earlier value in the batch; with none in the
     batch, the target keeps the value it holds. A column the source added is added to

@@ -15,7 +15,9 @@ is a no-op.
 
 One commit per table and batch: a MERGE (upserts and deletes of the reduced batch), or,
 when the batch truncates the table, an overwrite with the rows after the truncate, or,
-when every key of the table's reduced batch is new (``fresh_tables``), an append.
+when every key of the table's reduced batch is new (``table_shapes``), an append, or,
+when the table holds no more rows than the batch changes in it (``rewrites``), an
+overwrite with the table's rows and the batch's net change joined in one pass.
 Table creation and added columns are separate, idempotent commits before it. Up to
 ``parallelism`` tables are applied at once, each in a thread of its own with a Spark
 session of its own (``SparkSession.newSession``: the transaction confs of a MERGE are
@@ -57,6 +59,13 @@ def app_id(base: str, source: str) -> str:
     """A source's application transaction id: ``base`` for the single-source sync's
     source (so its progress is honoured), ``base/<source>`` for any other."""
     return base if source == DEFAULT_SOURCE else f"{base}/{source}"
+
+
+REWRITE_MIN_ROWS = 50_000
+REWRITE_TARGET_RATIO = 1.0
+"""A table's batch of at least ``REWRITE_MIN_ROWS`` net rows (keys changed) is applied
+by rewriting the whole table when the table holds at most ``REWRITE_TARGET_RATIO`` times
+as many rows (``rewrites``)."""
 
 
 def _metadata(batch: SparkBatch) -> str:
@@ -259,15 +268,17 @@ class DeltaSink:
             purges = spark_purges(batch, since)  # repairs: spark/repairs.py
         except Exception as exc:
             raise SinkError(f"repairs: {_first_line(exc)}") from exc
-        fresh = fresh_tables(batch, batch.reduced_packed(since),
-                             [q for q in todo if q not in cuts and q not in purges])
+        shapes = table_shapes(batch, batch.reduced_packed(since),
+                              [q for q in todo if q not in cuts and q not in purges])
+        fresh = {q for q, (new, _) in shapes.items() if new}
         parts = batch.scoped_truncates(since)
         for q in todo:  # inferred schemas: one job for all tables, before the threads
             if q in batch.tables:
                 batch.schema_for(q)
         self._each(spark, lambda session, q: self._apply_table(
             batch, q, reduced, q in cuts, purges.get(q), q in fresh, session,
-            [scope for _, scope in parts.get(q, ())], since), todo)
+            [scope for _, scope in parts.get(q, ())], since,
+            shapes[q][1] if q in shapes else None), todo)
 
     def write_watermarks(self, spark: Any, batch: SparkBatch) -> None:
         self.write_marks(spark, batch.watermarks, batch.source, batch.end, batch.cut_ms)
@@ -317,10 +328,12 @@ class DeltaSink:
     def _apply_table(self, batch: SparkBatch, qualified: str, reduced: Any, truncated: bool,
                      purge: SparkPurge | None = None, fresh: bool = False,
                      session: Any = None, parts: Sequence[dict[str, str]] = (),
-                     since: Mapping[str, int] | None = None) -> None:
+                     since: Mapping[str, int] | None = None,
+                     net_rows: int | None = None) -> None:
         """One table's net change in one MERGE (an overwrite after a truncate, an
-        insert-only write when ``fresh``: ``fresh_tables``) under the batch's
-        ``txnAppId``/``txnVersion``. A repair's ``purge`` joins the same commit: the net
+        insert-only write when ``fresh``: ``table_shapes``, a whole-table rewrite when
+        ``rewrites`` says so for its ``net_rows``, the reduced rows of the table in the
+        batch; None: not a candidate) under the batch's ``txnAppId``/``txnVersion``. A repair's ``purge`` joins the same commit: the net
         change of its dropped keys becomes a delete, and the target keys it deletes are
         added to the MERGE's source as deletes. So do the target rows of the ``parts``
         (identities) of a merged target truncated in the batch, except the keys the
@@ -395,6 +408,11 @@ class DeltaSink:
                 try:
                     if fresh and schema.key:
                         self._insert(own, path, source, schema, batch.end, app)
+                    elif (net_rows is not None and schema.key
+                          and rewrites(own, path, net_rows)):
+                        self._rewrite(own, path, source, schema,
+                                      ts is not None and ts.unchanged, batch.end, app, target,
+                                      meta)
                     else:
                         self._merge(own, path, source, schema, ts is not None and ts.unchanged,
                                     batch.end, app)
@@ -442,6 +460,47 @@ class DeltaSink:
              .merge(source.where("_dblog_op = 'u'").alias("s"), predicate)
              .whenNotMatchedInsert(values=inserts)
              .execute())
+
+    @staticmethod
+    def _rewrite(spark: Any, path: str, source: Any, schema: TableSchema, unchanged: bool,
+                 end: int, app: str, target: pa.Schema, meta: str) -> None:
+        """The MERGE of ``_merge`` done as one overwrite of the whole table under
+        ``(app, end)``: the table's rows full-outer-joined with ``source`` on the key, a
+        key the batch deletes left out, a key it upserts taking the row ``_merge`` would
+        write (unchanged-TOAST columns kept from the table where it has the key, columns
+        outside the schema kept as they are), every other row as it is. Same content as
+        the MERGE; one pass over the table instead of the MERGE's two (finding the
+        touched files, then rewriting them), for tables whose files the batch touches
+        almost all of."""
+        from pyspark.sql import functions as F
+
+        nullable = {c.name for c in schema.columns if c.nullable}
+        cond: Any = None
+        for k in schema.key:
+            tk, sk = F.col(f"t.{quote(k)}"), F.col(f"s.{quote(k)}")
+            one = tk.eqNullSafe(sk) if k in nullable else tk == sk
+            cond = one if cond is None else cond & one
+        here = "_dblog_in_target"
+        table = spark.read.format("delta").load(path).withColumn(here, F.lit(True))
+        joined = table.alias("t").join(source.alias("s"), cond, "full_outer")
+        op = F.col("s._dblog_op")
+        held = F.col(f"t.{here}").isNotNull()
+        names = {c.name for c in schema.columns}
+        cols = []
+        for f in spark_schema(target).fields:
+            tv, sv = F.col(f"t.{quote(f.name)}"), F.col(f"s.{quote(f.name)}")
+            if f.name not in names:
+                value = tv
+            elif unchanged and f.name not in schema.key:
+                value = F.when(op.isNull(), tv).when(
+                    held & F.array_contains(F.col("s._dblog_unchanged"), f.name), tv
+                ).otherwise(sv)
+            else:
+                value = F.when(op.isNull(), tv).otherwise(sv)
+            cols.append(value.cast(f.dataType).alias(f.name))
+        (joined.where(op.isNull() | (op == "u")).select(*cols)
+         .write.format("delta").mode("overwrite").option("userMetadata", meta)
+         .option("txnAppId", app).option("txnVersion", str(end)).save(path))
 
     @staticmethod
     def _merge(spark: Any, path: str, source: Any, schema: TableSchema, unchanged: bool,
@@ -512,11 +571,65 @@ def _part_deletes(spark: Any, path: str, schema: TableSchema, rows: Any,
     return target_deletes(whole, schema, target)
 
 
-def fresh_tables(batch: SparkBatch, reduced: Any, candidates: list[str]) -> set[str]:
-    # ``reduced``: the batch's reduced rows, unpacked or packed (both have ``fresh``)
-    """The tables of ``candidates`` whose every reduced key is ``fresh``: the key's first
-    event applied by this batch is an insert (``c``) and the net row keeps nothing
-    from the target. Such a table's batch is written insert-only, without a MERGE.
+def rewrites(spark: Any, path: str, net_rows: int) -> bool:
+    """Whether a table's batch of ``net_rows`` reduced rows is applied by rewriting the
+    whole table (``DeltaSink._rewrite``) rather than by a MERGE: when the batch has at
+    least ``REWRITE_MIN_ROWS`` of them and the table holds at most
+    ``REWRITE_TARGET_RATIO`` times as many rows (``held_rows``), and the table has no
+    change data feed (whose readers would see every row deleted and inserted again). A
+    MERGE reads the table's key columns to find the files the batch touches, then
+    rewrites those; when the batch changes about as many rows as the table holds, it
+    touches almost every file, and one pass over the whole table costs less. Both write
+    the same rows; where the table's state cannot be read this way, the MERGE."""
+    from py4j.protocol import Py4JError
+
+    if net_rows < REWRITE_MIN_ROWS:
+        return False
+    jvm = spark._jvm
+    try:
+        snap = _delta_log(spark, path).update(False, jvm.scala.Option.empty(),
+                                              jvm.scala.Option.empty())
+        cdf = snap.metadata().configuration().get("delta.enableChangeDataFeed")
+        if cdf.isDefined() and str(cdf.get()).strip().lower() == "true":
+            return False
+        held = held_rows(spark, path, snap)
+    except Py4JError as exc:
+        log.debug("Delta table %s: no whole-table rewrite (%s)", path, _first_line(exc))
+        return False
+    return bool(held <= net_rows * REWRITE_TARGET_RATIO)
+
+
+CHECKSUM_FILES_MAX = 1_000
+"""Up to this many files, ``held_rows`` sums the checksum's file statistics."""
+
+
+def held_rows(spark: Any, path: str, snap: Any) -> int:
+    """The rows the table holds at snapshot ``snap``: the sum of its files' record counts
+    where the version's checksum lists its files (Spark's Delta does for small tables)
+    with their statistics, else counted by Delta from the files' statistics (a
+    metadata-only query, ~0.5 s of Spark jobs)."""
+    checksum = snap.checksumOpt()
+    if checksum.isDefined() and checksum.get().allFiles().isDefined():
+        files = checksum.get().allFiles().get()
+        if files.size() <= CHECKSUM_FILES_MAX:
+            total = 0
+            for i in range(files.size()):
+                n = files.apply(i).numLogicalRecords()
+                if not n.isDefined():
+                    break
+                total += int(n.get())
+            else:
+                return total
+    return int(spark.read.format("delta").load(path).count())
+
+
+def table_shapes(batch: SparkBatch, reduced: Any, candidates: list[str]) -> dict[str, tuple[bool, int]]:
+    """Per table of ``candidates`` that is not a merged target: whether it is *fresh* and
+    how many reduced rows it has (``reduced``: the batch's reduced rows, unpacked or
+    packed); one Spark job for all. A table is fresh when every reduced key of it is
+    ``fresh``: the key's first event applied by this batch is an insert (``c``) and the
+    net row keeps nothing from the target. Such a table's batch is written insert-only,
+    without a MERGE.
 
     Exact: the target holds the mirror of the table's events below the first event this
     batch applies to it (every earlier batch applied exactly once, the straddle of a
@@ -537,10 +650,12 @@ def fresh_tables(batch: SparkBatch, reduced: Any, candidates: list[str]) -> set[
 
     wanted = [q for q in candidates if q in batch.tables and q not in batch.merged]
     if not wanted:
-        return set()
+        return {}
+    count = F.sum("n") if "n" in reduced.columns else F.count(F.lit(1))
     rows = (reduced.groupBy("schema", "table")
-            .agg(F.min(F.col("fresh").cast("int")).alias("fresh")).collect())
-    return {q for r in rows if r["fresh"] == 1 and (q := f"{r['schema']}.{r['table']}") in wanted}
+            .agg(F.min(F.col("fresh").cast("int")).alias("fresh"), count.alias("n")).collect())
+    return {q: (r["fresh"] == 1, int(r["n"])) for r in rows
+            if (q := f"{r['schema']}.{r['table']}") in wanted}
 
 
 def _first_line(exc: BaseException) -> str:
