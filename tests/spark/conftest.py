@@ -38,7 +38,7 @@ def spark() -> Iterator[Any]:
 
         from pydblog.spark.cds import record_dump_context
         from pydblog.spark.job import driver_java_options
-        from pydblog.spark.session import delta_confs
+        from pydblog.spark.session import CODEGEN_CACHE_ENTRIES, delta_confs
         from pydblog.spark.source import DblogDataSource
 
         java_options, dump = driver_java_options()
@@ -53,6 +53,7 @@ def spark() -> Iterator[Any]:
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.default.parallelism", "2")
             .config("spark.driver.memory", "1g")
+            .config("spark.sql.codegen.cache.maxEntries", str(CODEGEN_CACHE_ENTRIES))
             .getOrCreate()
         )
     if dump is not None:

@@ -114,6 +114,15 @@ def s3_confs() -> dict[str, str]:
     return confs
 
 
+CODEGEN_CACHE_ENTRIES = 1_000
+"""Spark's cache of compiled generated code (``spark.sql.codegen.cache.maxEntries``,
+100 by default). A Delta batch compiles ~45-70 classes (its queries' stages, Delta's
+log replay, statistics and commit jobs), the same source text every batch: with 100
+entries a batch's classes evicted the previous batch's and every batch compiled its
+own again (43 compilations in a warm 500k-event batch); with room for them a running
+job compiles none after its first batches."""
+
+
 def spark_session(master: str, s3: bool = False) -> Any:
     """A SparkSession for the sync (reuses the active one, e.g. in tests)."""
     from pyspark.sql import SparkSession
@@ -132,6 +141,7 @@ def spark_session(master: str, s3: bool = False) -> Any:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", os.environ.get("DBLOG_SPARK_DRIVER_MEMORY", "2g"))
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        .config("spark.sql.codegen.cache.maxEntries", str(CODEGEN_CACHE_ENTRIES))
     )
     for k, v in delta_confs(s3).items():
         builder = builder.config(k, v)
