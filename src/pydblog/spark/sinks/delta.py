@@ -450,10 +450,7 @@ class DeltaSink:
         keys, rewrites no file): a row whose key the target holds is left as it is."""
         from delta.tables import DeltaTable
 
-        nullable = {c.name for c in schema.columns if c.nullable}
-        predicate = " AND ".join(
-            f"t.{quote(k)} <=> s.{quote(k)}" if k in nullable else f"t.{quote(k)} = s.{quote(k)}"
-            for k in schema.key)
+        predicate = key_match(schema)
         inserts: dict[str, Any] = {quote(c.name): f"s.{quote(c.name)}" for c in schema.columns}
         with app_transaction(spark, app, end):
             (DeltaTable.forPath(spark, path).alias("t")
@@ -474,15 +471,9 @@ class DeltaSink:
         almost all of."""
         from pyspark.sql import functions as F
 
-        nullable = {c.name for c in schema.columns if c.nullable}
-        cond: Any = None
-        for k in schema.key:
-            tk, sk = F.col(f"t.{quote(k)}"), F.col(f"s.{quote(k)}")
-            one = tk.eqNullSafe(sk) if k in nullable else tk == sk
-            cond = one if cond is None else cond & one
         here = "_dblog_in_target"
         table = spark.read.format("delta").load(path).withColumn(here, F.lit(True))
-        joined = table.alias("t").join(source.alias("s"), cond, "full_outer")
+        joined = table.alias("t").join(source.alias("s"), F.expr(key_match(schema)), "full_outer")
         op = F.col("s._dblog_op")
         held = F.col(f"t.{here}").isNotNull()
         names = {c.name for c in schema.columns}
@@ -508,13 +499,7 @@ class DeltaSink:
         from delta.tables import DeltaTable
 
         key = schema.key or tuple(c.name for c in schema.columns)
-        nullable = {c.name for c in schema.columns if c.nullable}
-        # A key column that may hold NULL (a whole-row identity) matches null-safely.
-        predicate = " AND ".join(
-            f"t.{quote(k)} <=> s.{quote(k)}" if k in nullable or not schema.key
-            else f"t.{quote(k)} = s.{quote(k)}"
-            for k in key
-        )
+        predicate = key_match(schema)
         names = [c.name for c in schema.columns]
         updates: dict[str, Any] = {}
         for n in names:
@@ -543,6 +528,18 @@ class DeltaSink:
             self._pool = None
         self._sessions = queue.SimpleQueue()
         self._owner = None
+
+
+def key_match(schema: TableSchema) -> str:
+    """The condition a target row ``t`` and a source row ``s`` of the same key meet: its
+    primary key's columns equal (a nullable one null-safely), or, without a primary key,
+    every column null-safely equal (the whole row is the identity)."""
+    nullable = {c.name for c in schema.columns if c.nullable}
+    key = schema.key or tuple(c.name for c in schema.columns)
+    return " AND ".join(
+        f"t.{quote(k)} <=> s.{quote(k)}" if k in nullable or not schema.key
+        else f"t.{quote(k)} = s.{quote(k)}"
+        for k in key)
 
 
 def _part_deletes(spark: Any, path: str, schema: TableSchema, rows: Any,
