@@ -475,7 +475,11 @@ def main() -> None:
             f"p50 {pct(lat, 0.5) / 1000:.2f}s p99 {pct(lat, 0.99) / 1000:.2f}s "
             f"mean {statistics.fmean(lat) / 1000:.2f}s"
         )
-    if len(figures) > 3:  # a Delta or Kafka drain ran (the MySQL figures have their file)
+        figures.update({"latency_rate_events_per_s": args.rate, "latency_seconds": args.seconds,
+                        "latency_events": len(lat), "latency_p50_s": pct(lat, 0.5) / 1000,
+                        "latency_p99_s": pct(lat, 0.99) / 1000,
+                        "latency_mean_s": statistics.fmean(lat) / 1000})
+    if len(figures) > 3:  # a Delta, Kafka or latency run (the MySQL figures have their file)
         import results
 
         print(f"results: {results.write('sync', figures)}")
