@@ -253,6 +253,10 @@ class SinkConfig(_Model):
       MySQL/MariaDB target, ``schema`` = the target database (default: the DSN's),
       ``parallelism`` = key partitions applied in parallel;
     - ``type = "history"``: ``path`` of the append-only change-history Delta table.
+
+    ``deletion_vectors`` (Delta only, default false): the mirror tables use Delta's
+    deletion vectors (a MERGE marks replaced rows deleted instead of rewriting their
+    files; readers need the ``deletionVectors`` table feature).
     """
 
     type: Literal["delta", "postgres", "mysql", "history"]
@@ -260,6 +264,7 @@ class SinkConfig(_Model):
     dsn: str | None = None
     schema_: str | None = Field(default=None, alias="schema")
     parallelism: int | None = Field(default=None, ge=1, le=64)
+    deletion_vectors: bool = False
 
     def workers(self) -> int:
         """``parallelism`` as set, else the sink type's default."""
@@ -269,6 +274,9 @@ class SinkConfig(_Model):
 
     @model_validator(mode="after")
     def _needs(self) -> SinkConfig:
+        if self.deletion_vectors and self.type != "delta":
+            raise ValueError(
+                f'deletion_vectors is a setting of "delta" sinks, not of a "{self.type}" sink')
         if self.type in ("delta", "history"):
             if not self.path:
                 raise ValueError(f'a "{self.type}" sink needs path (a directory)')

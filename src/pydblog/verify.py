@@ -94,10 +94,12 @@ def source_table(dsn: str, schema: TableSchema) -> Rows:
 def delta_table(root: Path, schema: TableSchema) -> Rows:
     from deltalake import DeltaTable
 
+    from pydblog.deltaread import read_table
+
     path = root / schema.schema / schema.table
     if not DeltaTable.is_deltatable(str(path)):
         return {}
-    return _rows(schema, DeltaTable(str(path)).to_pyarrow_table().to_pylist())
+    return _rows(schema, read_table(DeltaTable(str(path))).to_pylist())
 
 
 def postgres_table(dsn: str, target_schema: str, schema: TableSchema) -> Rows:

@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
+from pydblog.deltaread import read_table
 from pydblog.devtools.synth import key_json, materialize
 from pydblog.ports import TableSchema
 from pydblog.verify import norm
@@ -52,7 +53,7 @@ def delta_table(root: str | Path, schema: TableSchema) -> Table:
     path = Path(root) / schema.schema / schema.table
     if not DeltaTable.is_deltatable(str(path)):
         return {}
-    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    rows = read_table(DeltaTable(str(path))).to_pylist()
     return {_key(schema, r): _row(schema, r) for r in rows}
 
 

@@ -47,6 +47,7 @@ from psycopg import sql
 from pydblog.changelog.sqlite import SqliteChangeLog
 from pydblog.changelog.sqlite_spark import OffsetRange
 from pydblog.config import LogConfig, parse_config
+from pydblog.deltaread import read_table
 from pydblog.devtools.synth import append_events, materialize
 from pydblog.events import UNCHANGED_TOAST, ChangeEvent, Op
 from pydblog.ports import ColumnSchema, TableSchema
@@ -85,21 +86,32 @@ class Target:
     MySQL: the progress rows, which every step that writes moves)."""
 
 
-def _delta(lake: Path) -> Target:
+def _delta(lake: Path, spark: Any = None) -> Target:
+    """Delta mirrors; with ``spark``, tables with deletion vectors (which delta-rs reads
+    through ``pydblog.deltaread`` but does not update: Spark changes the row)."""
+
     def path(table: str) -> str:
         return str(lake / "public" / table)
 
     def rows(table: str, cols: Sequence[str]) -> Rows:
         if not DeltaTable.is_deltatable(path(table)):
             return []
-        got = DeltaTable(path(table)).to_pyarrow_table(columns=list(cols)).to_pylist()
+        got = read_table(DeltaTable(path(table)), cols).to_pylist()
         return sorted(tuple(r[c] for c in cols) for r in got)
 
     def set_v(table: str, key: int, value: str) -> None:  # (delta-rs: no Spark job)
-        DeltaTable(path(table)).update(new_values={"v": value}, predicate=f"id = {key}")
+        if spark is None:
+            DeltaTable(path(table)).update(new_values={"v": value}, predicate=f"id = {key}")
+            return
+        from delta.tables import DeltaTable as SparkDeltaTable
+        from pyspark.sql import functions as F
 
-    return Target("delta", {"type": "delta", "path": str(lake)}, rows, set_v,
-                  lambda table: DeltaTable(path(table)).version())
+        SparkDeltaTable.forPath(spark, path(table)).update(f"id = {key}", {"v": F.lit(value)})
+
+    entry: dict[str, Any] = {"type": "delta", "path": str(lake)}
+    if spark is not None:
+        entry["deletion_vectors"] = True
+    return Target("delta", entry, rows, set_v, lambda table: DeltaTable(path(table)).version())
 
 
 def _postgres(dsn: str) -> Target:
@@ -144,7 +156,9 @@ def _mysql(server: Any, database: str) -> Target:
                   rows, set_v, written)
 
 
-EVERY_SINK = pytest.mark.parametrize("target", [*SINKS, "delta-rewrite"], indirect=True)
+EVERY_SINK = pytest.mark.parametrize(
+    "target", [*SINKS, "delta-rewrite", pytest.param("delta-dv", marks=pytest.mark.slow)],
+    indirect=True)
 DELTA_SLOW = pytest.mark.parametrize(
     "target", [pytest.param("delta", marks=pytest.mark.slow), "postgres", "mysql"], indirect=True)
 """Cases whose Delta variant the default suite covers elsewhere (truncates, unchanged
@@ -174,6 +188,9 @@ def target(request: pytest.FixtureRequest, spark: Any, tmp_path: Path,
         return
     if request.param == "delta":
         yield _delta(tmp_path / "lake")
+        return
+    if request.param == "delta-dv":
+        yield _delta(tmp_path / "lake", spark)
         return
     if request.param == "postgres":
         yield _postgres(request.getfixturevalue("pg_db"))

@@ -40,6 +40,8 @@ class DeltaMirror:
         """Read the table's current version (its rows and applied offset)."""
         from deltalake import DeltaTable
 
+        from pydblog.deltaread import read_table
+
         self.rows, self.multiset, self._sorted, self.applied_end = {}, [], [], 0
         if not DeltaTable.is_deltatable(self.path):
             return
@@ -47,7 +49,7 @@ class DeltaMirror:
         self.applied_end = int(dt.transaction_version(APP_ID) or 0)
         have = set(dt.schema().to_arrow().names)
         cols = [c.name for c in self.schema.columns if c.name in have]
-        data: list[dict[str, Any]] = dt.to_pyarrow_table(columns=cols).to_pylist()
+        data: list[dict[str, Any]] = read_table(dt, cols).to_pylist()
         for rec in data:
             key, row = row_of(self.schema, rec)
             self.rows[key] = row

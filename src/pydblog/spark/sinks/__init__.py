@@ -36,7 +36,7 @@ def build_sink(cfg: SinkConfig) -> Sink:
         from pydblog.spark.sinks.delta import DeltaSink
 
         assert cfg.path is not None
-        return DeltaSink(cfg.path, cfg.workers())
+        return DeltaSink(cfg.path, cfg.workers(), cfg.deletion_vectors)
     if cfg.type == "history":
         from pydblog.spark.sinks.history import HistorySink
 

@@ -152,14 +152,25 @@ def target_arrow_schema(spark: Any, path: str) -> pa.Schema:
     return to_arrow_schema(spark.read.format("delta").load(path).schema, timezone="UTC")
 
 
-def ensure_table(spark: Any, path: str, schema: pa.Schema) -> pa.Schema:
-    """The table at ``path``, created with ``schema`` or evolved to hold its columns;
-    returns its (Arrow) schema."""
+DELETION_VECTORS = "delta.enableDeletionVectors"
+
+
+def ensure_table(spark: Any, path: str, schema: pa.Schema,
+                 deletion_vectors: bool = False) -> pa.Schema:
+    """The table at ``path``, created with ``schema`` or evolved to hold its columns
+    (with ``deletion_vectors``, created with them or switched to them); returns its
+    (Arrow) schema."""
     from delta.tables import DeltaTable
 
     if not table_exists(spark, path):
-        DeltaTable.createIfNotExists(spark).location(path).addColumns(
-            spark_schema(schema)).execute()
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(
+            spark_schema(schema))
+        if deletion_vectors:
+            builder = builder.property(DELETION_VECTORS, "true")
+        builder.execute()
+    elif deletion_vectors and not uses_deletion_vectors(spark, path):
+        spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES "
+                  f"('{DELETION_VECTORS}' = 'true')")
     have = target_arrow_schema(spark, path)
     missing = [f for f in schema if f.name not in have.names]
     if missing:
@@ -174,6 +185,15 @@ def ensure_table(spark: Any, path: str, schema: pa.Schema) -> pa.Schema:
         _rewrite_wider(spark, path, have, wider)
         have = target_arrow_schema(spark, path)
     return have
+
+
+def uses_deletion_vectors(spark: Any, path: str) -> bool:
+    """Whether the table's metadata turns deletion vectors on (a file read: the
+    snapshot's metadata, no state reconstruction)."""
+    jvm = spark._jvm
+    snap = _delta_log(spark, path).update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+    found = snap.metadata().configuration().get(DELETION_VECTORS)
+    return bool(found.isDefined() and str(found.get()).lower() == "true")
 
 
 def _sql_name(t: pa.DataType) -> str:
@@ -204,8 +224,9 @@ class DeltaSink:
     """Mirror tables under ``root`` (a local path or any URI Spark's Hadoop file systems
     take, ``s3a://bucket/prefix`` with the S3 jars)."""
 
-    def __init__(self, root: str, parallelism: int = 2) -> None:
+    def __init__(self, root: str, parallelism: int = 2, deletion_vectors: bool = False) -> None:
         self.root = root
+        self.deletion_vectors = deletion_vectors
         self.name = f"delta:{root}"
         self.parallelism = max(1, parallelism)
         self._pool: ThreadPoolExecutor | None = None
@@ -356,7 +377,7 @@ class DeltaSink:
                 # Only a truncate of a table with no schema and no target (dropped before
                 # any row was logged): nothing to empty, nothing to create.
                 return
-            target = ensure_table(own, path, arrow_schema(schema))
+            target = ensure_table(own, path, arrow_schema(schema), self.deletion_vectors)
             typed = arrow_schema(schema)
             fields = [(target.field(n) if n in target.names else typed.field(n)).with_nullable(True)
                       for n in typed.names]
