@@ -1,9 +1,9 @@
 """Reading a Delta table's current rows with delta-rs, whatever Spark's Delta wrote.
 
 delta-rs's Arrow dataset reader refuses tables with deletion vectors (the Delta sink's
-``deletion_vectors = true``); its DataFusion engine reads them and leaves out the rows
-they delete. ``read_table`` takes the dataset reader where it can (no query planning)
-and the engine where the table needs it: the same rows either way.
+``deletion_vectors = true``); its ``scan`` (the DataFusion engine) reads them and leaves
+out the rows they delete. ``read_table`` takes the dataset reader where it can (as
+before) and ``scan`` where the table needs it, with the same column types.
 """
 
 from __future__ import annotations
@@ -23,18 +23,14 @@ def has_deletion_vectors(table: Any) -> bool:
     return DELETION_VECTORS_FEATURE in features
 
 
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def read_table(table: Any, columns: Sequence[str] | None = None) -> pa.Table:
-    """``columns`` (default: all) of the ``deltalake.DeltaTable``'s loaded version."""
+    """``columns`` (default: all) of the ``deltalake.DeltaTable``'s loaded version, typed
+    as its schema says (the engine's string and binary views cast back)."""
     if not has_deletion_vectors(table):
         return table.to_pyarrow_table(columns=list(columns) if columns is not None else None)
-    from deltalake import QueryBuilder
-
-    names = list(columns) if columns is not None else list(table.schema().to_arrow().names)
-    if not names:
-        raise ValueError("read_table needs at least one column")
-    query = f"SELECT {', '.join(map(_ident, names))} FROM t"
-    return pa.table(QueryBuilder().register("t", table).execute(query).read_all())
+    got = pa.table(table.scan(columns=list(columns) if columns is not None else None))
+    if not got.num_columns:
+        return got  # no column: only the row count
+    want = pa.schema(table.schema().to_arrow())
+    return got.cast(pa.schema([
+        pa.field(f.name, want.field(f.name).type, nullable=f.nullable) for f in got.schema]))

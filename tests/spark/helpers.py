@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from pydblog.changelog.sqlite import SqliteChangeLogReader
-from pydblog.deltaread import read_table
+from pydblog.deltaread import has_deletion_vectors, read_table
 from pydblog.devtools.synth import key_json, materialize
 from pydblog.ports import TableSchema
 from pydblog.verify import norm
@@ -58,8 +58,10 @@ def delta_table(root: str | Path, schema: TableSchema) -> Table:
 
 
 def spark_delta_table(spark: Any, root: str | Path, schema: TableSchema) -> Table:
-    """The mirror read by Spark itself: the Delta table's live Parquet files."""
+    """The mirror read by Spark itself: the Delta table's live Parquet files (a table
+    without deletion vectors, whose files hold exactly its rows)."""
     path = Path(root) / schema.schema / schema.table
+    assert not has_deletion_vectors(DeltaTable(str(path))), path
     files = DeltaTable(str(path)).file_uris()
     if not files:
         return {}

@@ -72,7 +72,7 @@ def test_mirror_with_deletion_vectors(spark: Any, tmp_path: Path) -> None:
 def test_an_existing_table_is_switched(spark: Any, tmp_path: Path) -> None:
     path = str(tmp_path / "t")
     spark.range(0, 10).selectExpr("cast(id as int) as id", "cast(id as string) as v") \
-        .write.format("delta").save(path)
+        .coalesce(1).write.format("delta").save(path)
     schema = pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("v", pa.string())])
     delta.ensure_table(spark, path, schema)
     assert not delta.uses_deletion_vectors(spark, path)

@@ -160,7 +160,9 @@ EVERY_SINK = pytest.mark.parametrize(
     "target", [*SINKS, "delta-rewrite", pytest.param("delta-dv", marks=pytest.mark.slow)],
     indirect=True)
 DELTA_SLOW = pytest.mark.parametrize(
-    "target", [pytest.param("delta", marks=pytest.mark.slow), "postgres", "mysql"], indirect=True)
+    "target", [pytest.param("delta", marks=pytest.mark.slow),
+               pytest.param("delta-dv", marks=pytest.mark.slow), "postgres", "mysql"],
+    indirect=True)
 """Cases whose Delta variant the default suite covers elsewhere (truncates, unchanged
 TOAST columns and an added column: ``test_sync.py``'s oracle test; repair markers:
 ``test_repair_batch.py``; merged sources: ``test_drainer_sync.py``): Delta's part here
@@ -190,7 +192,12 @@ def target(request: pytest.FixtureRequest, spark: Any, tmp_path: Path,
         yield _delta(tmp_path / "lake")
         return
     if request.param == "delta-dv":
-        yield _delta(tmp_path / "lake", spark)
+        from pydblog.deltaread import has_deletion_vectors
+
+        lake = tmp_path / "lake"
+        yield _delta(lake, spark)
+        tables = [p for p in (lake / "public").glob("*") if DeltaTable.is_deltatable(str(p))]
+        assert all(has_deletion_vectors(DeltaTable(str(p))) for p in tables), tables
         return
     if request.param == "postgres":
         yield _postgres(request.getfixturevalue("pg_db"))
