@@ -377,6 +377,7 @@ class DeltaSink:
                 # Only a truncate of a table with no schema and no target (dropped before
                 # any row was logged): nothing to empty, nothing to create.
                 return
+            created = not table_exists(own, path)
             target = ensure_table(own, path, arrow_schema(schema), self.deletion_vectors)
             typed = arrow_schema(schema)
             fields = [(target.field(n) if n in target.names else typed.field(n)).with_nullable(True)
@@ -422,7 +423,9 @@ class DeltaSink:
             meta = _metadata(batch)
             if truncated:
                 self._overwrite(spark, path, source, target, batch.end, app, meta=meta)
-            elif fresh and schema.key and batch.dense:
+            elif fresh and schema.key and (batch.dense or created):
+                # A table this batch created holds no row, so no key of the batch is in
+                # it even when the log may have gaps: an append, as from a dense log.
                 self._overwrite(spark, path, source, target, batch.end, app, "append", meta)
             else:
                 own.conf.set(USER_METADATA, meta)
@@ -664,7 +667,10 @@ def table_shapes(batch: SparkBatch, reduced: Any, candidates: list[str]) -> dict
     that may have gaps (a compacted Kafka topic: a delete removed before it was read)
     gets an insert-only MERGE instead: a key the target holds after all is left as is
     rather than written twice. Targets that hold other sources' rows (merged), a repair's
-    or a truncate's table and tables without a primary key always take the MERGE."""
+    or a truncate's table and tables without a primary key always take the MERGE. A
+    fresh table that the batch itself creates is appended to from any log: it holds no
+    row, so no key can be written twice (a replay finds it created and its transaction
+    recorded, or created and empty, and then takes the insert-only MERGE)."""
     from pyspark.sql import functions as F
 
     wanted = [q for q in candidates if q in batch.tables and q not in batch.merged]
