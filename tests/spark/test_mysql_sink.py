@@ -505,3 +505,39 @@ def test_config_validation() -> None:
     with pytest.raises(ConfigError):
         MySqlSink("mysql://u:pw@db:3306")
 
+
+
+def test_a_watermark_write_is_seen_whole(mariadb: Any, my_db: str) -> None:
+    """The rows of one watermark write (every source's progress and the low watermark)
+    commit together: a reader never sees some sources' rows moved and others not (a
+    DDL statement inside the write's transaction would commit it early in MySQL, and
+    the rows after it would commit one by one)."""
+    import threading
+
+    sources = [f"s{i}" for i in range(6)]
+    sink = MySqlSink(mariadb.dsn(my_db), parallelism=1)
+    sink.write_watermarks({s: 0 for s in sources}, "", None)
+    seen: list[list[tuple[Any, ...]]] = []
+    done = threading.Event()
+
+    def read() -> None:
+        conn = mariadb.connect(my_db)
+        try:
+            while not done.is_set():
+                with conn.cursor() as cur:
+                    cur.execute("SELECT progress_ms, low_ms FROM _dblog_watermarks")
+                    seen.append(list(cur.fetchall()))
+        finally:
+            conn.close()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(1, 301):
+            sink.write_watermarks({s: i for s in sources}, "", None)
+    finally:
+        done.set()
+        reader.join()
+        sink.close()
+    mixed = [rows for rows in seen if len({r[0] for r in rows} | {r[1] for r in rows}) > 1]
+    assert len(seen) > 10 and not mixed, mixed[:3]

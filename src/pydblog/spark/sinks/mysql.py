@@ -539,8 +539,11 @@ class MySqlSink:
             v for v in marks.values() if v is not None)
         t = self._ident(WATERMARKS_TABLE)
         try:
+            # DDL commits the open transaction in MySQL (the rows after it would then
+            # commit one by one): the tables are made sure of before it begins.
             with self._tx(0) as cur:
                 self._ensure_progress(cur)
+            with self._tx(0) as cur:
                 names = sorted(marks)
                 cur.execute(f"DELETE FROM {t} WHERE source NOT IN "
                             f"({', '.join(['%s'] * len(names))})", names)
