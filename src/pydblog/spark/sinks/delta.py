@@ -156,13 +156,13 @@ DELETION_VECTORS = "delta.enableDeletionVectors"
 
 
 def ensure_table(spark: Any, path: str, schema: pa.Schema,
-                 deletion_vectors: bool = False) -> pa.Schema:
+                 deletion_vectors: bool = False, exists: bool | None = None) -> pa.Schema:
     """The table at ``path``, created with ``schema`` or evolved to hold its columns
     (with ``deletion_vectors``, created with them or switched to them); returns its
-    (Arrow) schema."""
+    (Arrow) schema. ``exists``: whether the caller just found the table (None: look)."""
     from delta.tables import DeltaTable
 
-    if not table_exists(spark, path):
+    if not (table_exists(spark, path) if exists is None else exists):
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(
             spark_schema(schema))
         if deletion_vectors:
@@ -378,7 +378,8 @@ class DeltaSink:
                 # any row was logged): nothing to empty, nothing to create.
                 return
             created = not table_exists(own, path)
-            target = ensure_table(own, path, arrow_schema(schema), self.deletion_vectors)
+            target = ensure_table(own, path, arrow_schema(schema), self.deletion_vectors,
+                                  exists=not created)
             typed = arrow_schema(schema)
             fields = [(target.field(n) if n in target.names else typed.field(n)).with_nullable(True)
                       for n in typed.names]
