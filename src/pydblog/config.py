@@ -64,6 +64,10 @@ class SourceConfig(_Model):
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     server_id: int = Field(default=5401, ge=1, le=2**32 - 1)
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    slot_wait_s: float = Field(default=30.0, ge=0)
+    """PostgreSQL: how long a starting capture waits for a replication slot that another
+    connection holds (a killed run's walsender ends only once PostgreSQL notices its
+    client is gone) before it stops with an error naming the holder."""
 
     @field_validator("tables", "exclude_tables")
     @classmethod

@@ -14,10 +14,11 @@ import orjson
 from pydblog.capture.status import STATUS_FILE
 from pydblog.changelog import log_exists, open_reader
 from pydblog.config import load_config
+from pydblog.devtools.proc import end_process
 from pydblog.events import decode_envelope
 from pydblog.ports import ChangeLogReader
 from tests.contract.harness import Harness
-from tests.helpers import kill9, materialize, start_run, stop_run, wait_for
+from tests.helpers import materialize, start_run, stop_run, wait_for
 
 Event = dict[str, Any]
 
@@ -32,6 +33,7 @@ class Capture:
         self._reader: ChangeLogReader | None = None
         self._events: list[Event] = []  # the log read so far (see ``events``)
         self._next = 0  # the offset after the last one read
+        self._err = b""  # the running capture's stderr read so far (``_stderr_so_far``)
 
     def start(self) -> Capture:
         self.proc = start_run(self.config)
@@ -47,8 +49,35 @@ class Capture:
 
     def kill(self) -> None:
         assert self.proc is not None
-        kill9(self.proc)
+        _, _, err = end_process(self.proc, kill=True)
+        self._keep_log((self._err + err).decode(errors="replace"))
         self.proc = None
+        self._err = b""
+
+    def _keep_log(self, err: str) -> None:
+        keep = os.environ.get("DBLOG_TEST_LOG_DIR")
+        if keep:  # `dblog run`'s log (with DBLOG_TEST_VERBOSE=1: -v), kept for a look
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            (Path(keep) / f"{self.log_dir.parent.name}-{os.getpid()}-{time.time_ns()}.log").write_text(err)
+
+    def _stderr_so_far(self) -> str:
+        """What the running capture has logged so far, read without blocking (kept for
+        ``kill`` and ``__exit__``, which read the rest)."""
+        if self.proc is None or self.proc.stderr is None:
+            return ""
+        fd = self.proc.stderr.fileno()
+        os.set_blocking(fd, False)
+        try:
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                self._err += chunk
+        except BlockingIOError:
+            pass
+        finally:
+            os.set_blocking(fd, True)
+        return self._err.decode(errors="replace")
 
     def __enter__(self) -> Capture:
         return self.start()
@@ -56,10 +85,8 @@ class Capture:
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             _, err = stop_run(self.proc)
-            keep = os.environ.get("DBLOG_TEST_LOG_DIR")
-            if keep:  # `dblog run`'s log (with DBLOG_TEST_VERBOSE=1: -v), kept for a look
-                Path(keep).mkdir(parents=True, exist_ok=True)
-                (Path(keep) / f"{self.log_dir.parent.name}-{os.getpid()}-{time.time_ns()}.log").write_text(err)
+            self._keep_log(self._err.decode(errors="replace") + err)
+            self._err = b""
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -94,9 +121,17 @@ class Capture:
 
         def check() -> bool:
             box[0] = self.events()
-            return pred(box[0])
+            if pred(box[0]):
+                return True
+            if self.proc is not None and self.proc.poll() is not None:  # (it will not come)
+                raise AssertionError(f"`dblog run` exited ({self.proc.returncode}) while waiting "
+                                     f"for {what}:\n{self._stderr_so_far()[-6000:]}")
+            return False
 
-        wait_for(check, timeout, what, 0.1)  # (a poll reads only what is new)
+        try:
+            wait_for(check, timeout, what, 0.1)  # (a poll reads only what is new)
+        except AssertionError as e:  # what the capture was doing, in the failure itself
+            raise AssertionError(f"{e}; `dblog run` logged:\n{self._stderr_so_far()[-6000:]}") from None
         return box[0]
 
     def end(self) -> int:

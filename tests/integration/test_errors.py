@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psycopg
@@ -53,10 +54,12 @@ def test_wal_level_not_logical(tmp_path: Path) -> None:
 
 
 def test_slot_in_use(pg_db: str, tmp_path: Path) -> None:
+    """A second capture of a slot another one streams from waits ``slot_wait_s`` for it,
+    then stops naming the holder."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
     config = write_config(tmp_path / "one", pg_db)
-    other = write_config(tmp_path / "two", pg_db)
+    other = write_config(tmp_path / "two", pg_db, source_extra="slot_wait_s = 1")
     proc = start_run(config)  # returns once the slot exists and is streamed from
     try:
         with psycopg.connect(pg_db, autocommit=True) as conn:
@@ -69,6 +72,43 @@ def test_slot_in_use(pg_db: str, tmp_path: Path) -> None:
         code, err = stop_run(proc)
     assert code == 0, err
     assert code2 == 5 and "in use by another process" in err2
+    assert "waiting up to 1 s" in err2, err2
+
+
+def test_a_slot_held_at_start_is_waited_for(pg_db: str, tmp_path: Path) -> None:
+    """A capture started again right after a `kill -9` may find the slot still held by
+    the killed run's walsender (PostgreSQL ends it once it notices its client is gone,
+    later on a busy server): the new run waits for the slot instead of stopping."""
+    import psycopg2
+    import psycopg2.extras
+
+    from tests.helpers import wait_for_marker
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    config = write_config(tmp_path, pg_db)
+    code, err = stop_run(start_run(config))  # the slot and the publication exist
+    assert code == 0, err
+    holder = psycopg2.connect(pg_db, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        holder.cursor().start_replication(
+            slot_name="dblog", decode=False,
+            options={"proto_version": "1", "publication_names": "dblog"})
+        proc = start_run(config, wait=False)
+        try:
+            time.sleep(3)  # the run finds the slot held
+            assert proc.poll() is None, stop_run(proc)[1]
+            holder.close()
+            with psycopg.connect(pg_db, autocommit=True) as conn:
+                conn.execute("INSERT INTO t VALUES (1)")
+            events = wait_for_marker(config, pg_db)
+        finally:
+            code, err = stop_run(proc)
+    finally:
+        holder.close()
+    assert code == 0, err
+    assert "replication slot 'dblog' is in use by another process" in err and "waiting up to 30 s" in err, err
+    assert [e["after"] for e in events if e["source"]["table"] == "t"] == [{"id": 1}]
 
 
 def test_table_without_key_is_warned_not_captured(pg_db: str, tmp_path: Path) -> None:

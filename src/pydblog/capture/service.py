@@ -104,6 +104,9 @@ every reconnection after the fifth)."""
 SLOT_WAIT_S = 30.0
 """How long a new leader retries while the previous leader's connection still holds
 the replication slot (it terminates that connection first: see ``ha.takeover``)."""
+SLOT_POLL_S = 0.5
+"""How often a capture without a lease looks again at a slot another connection holds
+(``[source] slot_wait_s``)."""
 
 
 def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
@@ -152,6 +155,8 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
             return
         except DblogError as exc:
             ran = ran or runner.opened
+            if runner.opened:  # (a slot held later is waited for anew)
+                slot_deadline = None
             if runner.opened and time.monotonic() - started >= HEALTHY_S:
                 delay = RETRY_FIRST_S  # a healthy run ended: the backoff starts over
             if isinstance(exc, LeadershipLost) or not exc.retriable:
@@ -165,6 +170,18 @@ def _capture(cfg: Config, stop: threading.Event, lease: Lease | None) -> None:
                 free_slot(cfg)
                 log.info("the previous leader still holds the replication slot; retrying")
                 delay = 0.2
+            elif isinstance(exc, SlotInUse) and not runner.opened:
+                # Not terminated: the holder may be a live capture (or another consumer)
+                # of this slot. A killed run's walsender ends by itself, soon.
+                now = time.monotonic()
+                if slot_deadline is None:
+                    slot_deadline = now + cfg.source.slot_wait_s
+                    log.warning("%s; waiting up to %.0f s for it (a capture killed just now "
+                                "holds it until PostgreSQL notices; [source] slot_wait_s)",
+                                exc, cfg.source.slot_wait_s)
+                if now >= slot_deadline:
+                    raise
+                delay = SLOT_POLL_S
             elif not ran:  # (the first start fails; once it ran, it retries)
                 raise
             else:
