@@ -295,6 +295,9 @@ def main() -> None:
                         help="the change log of step 3")
     parser.add_argument("--op", choices=sorted(LOADS), default="insert",
                         help="what the load does to each row")
+    parser.add_argument("--log-extra", default="", metavar="TOML",
+                        help='lines added to [log], e.g. \'[log.kafka]\\n"compression.type" = "none"\' '
+                             "(a variant of the defaults; the defaults are what is published)")
     args = parser.parse_args()
     if args.log != "kafka":
         run(args, "", "")
@@ -319,7 +322,7 @@ def run(args: argparse.Namespace, bootstrap: str, prefix: str,
         log = Log(data, bootstrap, prefix)
         config.write_text(
             f'[source]\ntype = "mysql"\ndsn = "{server.dsn(DB)}"\nserver_id = 9003\n'
-            f'[log]\npath = "{data}"\n{log.keys()}'
+            f'[log]\npath = "{data}"\n{log.keys()}{args.log_extra.encode().decode("unicode_escape")}\n'
         )
         # Let `dblog run` checkpoint its start position, so its next start reads the backlog.
         first_start(config, log)

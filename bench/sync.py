@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydblog.config import Config, parse_config
+from pydblog.config import Config, SyncConfig, parse_config
 from pydblog.devtools.pgcluster import PgCluster
 from pydblog.devtools.synth import SyntheticLoad, write_load
 from pydblog.spark.job import BatchApplier, spark_session, start_query
@@ -274,7 +274,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--max-events-per-trigger", type=int, default=500_000)
+    ap.add_argument("--max-events-per-trigger", type=int, default=SyncConfig().max_events_per_trigger,
+                    help="default: the product's ([sync] max_events_per_trigger)")
     ap.add_argument("--rate", type=int, default=5_000)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--only", choices=["delta", "postgres", "mysql", "latency", "kafka"],

@@ -384,7 +384,7 @@ class SyncConfig(_Model):
     checkpoint: str | None = None
     trigger: str = "1 second"
     master: str = "local[*]"
-    max_events_per_trigger: int = Field(default=500_000, ge=1)
+    max_events_per_trigger: int = Field(default=2_000_000, ge=1)
     sink_retries: int = Field(default=5, ge=0)
     sink_retry_backoff_s: float = Field(default=1.0, ge=0)
     sinks: list[SinkConfig] = Field(default_factory=list)

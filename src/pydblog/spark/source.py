@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 NAME = "dblog"
 
-DEFAULT_MAX_EVENTS = 500_000
+DEFAULT_MAX_EVENTS = 2_000_000
 DEFAULT_PARTITIONS = 2
 """A batch is split for ``numPartitions`` (option) cores, one or more Spark tasks each
 (the backend decides: ``ChangeLogStream.partitions``); the job sets it to Spark's
@@ -182,7 +182,7 @@ def _bounded(bound: str, start: SyncOffset, end: SyncOffset) -> SyncOffset:
 class DblogDataSource(DataSource):
     """Options: ``log`` (the ``[log]`` config as JSON: ``cfg.log.model_dump_json()``) or
     ``path`` (an embedded log's directory); ``maxEventsPerTrigger`` (streaming, default
-    500000), ``startingOffset`` (``earliest`` (default), ``latest`` or, for the embedded
+    2000000), ``startingOffset`` (``earliest`` (default), ``latest`` or, for the embedded
     log, an offset), ``numPartitions`` (the cores a batch's reads are split for, default
     2), for batch reads ``startOffset``/``endOffset`` (as ``startingOffset``);
     ``packed`` (``true``: rows of ``PACKED_SCHEMA``, one per ~20k events, instead of one
