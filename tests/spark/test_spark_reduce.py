@@ -6,12 +6,14 @@ batches: the same net change per table and key, the same truncated tables."""
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import orjson
 import pyarrow as pa
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from pydblog.spark import plan
 from pydblog.spark.job import packed_frame
 from pydblog.spark.plan import SparkBatch
 from pydblog.spark.reduce import reduce_events
@@ -36,6 +38,8 @@ def driver(t: pa.Table) -> tuple[Net, set[str]]:
 def executors(spark: Any, t: pa.Table, parts: int) -> tuple[Net, set[str]]:
     b = SparkBatch.of(0, packed_frame(spark, t), t.column_names, [], dense=False, parts=parts)
     assert b is not None
+    # (more reduce partitions than cores once the batch exceeds what one holds)
+    assert b.parts % parts == 0 and (b.parts > parts) == (t.num_rows > parts * plan.REDUCE_PART_EVENTS)
     try:
         out: Net = {}
         for r in b.reduced().collect():
@@ -56,7 +60,11 @@ def test_the_executors_reduce_equals_the_drivers(spark: Any, data: st.DataObject
     order = data.draw(st.permutations(range(t.num_rows)))  # a Kafka log interleaves
     t = t.take(pa.array(order, pa.int64()))
     parts = data.draw(st.integers(1, 3))
-    assert executors(spark, t, parts) == driver(t)
+    # a batch larger than a reduce partition holds (here: a few events) is reduced in
+    # more partitions than the cores
+    per_part = data.draw(st.sampled_from([plan.REDUCE_PART_EVENTS, 3, 7]))
+    with mock.patch.object(plan, "REDUCE_PART_EVENTS", per_part):
+        assert executors(spark, t, parts) == driver(t)
 
 
 def test_hash_buckets_send_each_part_to_its_own_partition(spark: Any) -> None:

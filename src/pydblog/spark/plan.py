@@ -60,6 +60,7 @@ STATS_SCHEMA = pa.schema(
         ("unchanged", pa.bool_()),  # table: some event names unchanged columns
         ("note", pa.string()),  # "m": a repair's range-end marker (its ``after``; first: offset)
         ("ts", pa.int64()),  # payload: its newest source commit time (null: none known)
+        ("bytes", pa.int64()),  # payload: its events' size decoded (Arrow buffers)
     ]
 )
 # "s" rows: a merged target's truncate of one part (first: its offset; note: its key,
@@ -107,7 +108,7 @@ def stats(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for first, end, t in _payloads(batches):
         newest = (pc.max(t["source_ts_ms"]).as_py()
                   if "source_ts_ms" in t.column_names and t.num_rows else None)
-        add(kind="p", first=first, end=end, n=t.num_rows, ts=newest)
+        add(kind="p", first=first, end=end, n=t.num_rows, ts=newest, bytes=t.nbytes)
         if t.num_rows == 0:
             continue
         add(kind="a", first=pc.min(t["offset"]).as_py(), end=pc.max(t["offset"]).as_py() + 1,
@@ -389,6 +390,25 @@ def infer_fn(qualified: Sequence[str]) -> Callable[[Iterator[pa.RecordBatch]], I
 _BUCKETS: dict[int, list[int]] = {}
 
 
+REDUCE_PART_EVENTS = 500_000
+REDUCE_PART_BYTES = 192 << 20
+"""What one reduce partition holds at most on average (its Python worker holds it whole,
+with a copy while it reduces): a batch of more events or bytes is reduced in more
+partitions than the cores, a few at a time, so a worker's memory follows these bounds,
+not ``max_events_per_trigger`` (one partition's share of a skewed key set may exceed
+them)."""
+
+
+def reduce_parts(cores: int, events: int, size: int) -> int:
+    """The reduce's partitions for a batch of ``events`` events of ``size`` bytes
+    (decoded) on ``cores`` cores: at least ``cores``, enough that each holds at most
+    ``REDUCE_PART_EVENTS`` events and ``REDUCE_PART_BYTES`` bytes on average, rounded up
+    to a multiple of ``cores`` (no wave of tasks leaves a core idle)."""
+    cores = max(1, cores)
+    need = max(1, -(-events // REDUCE_PART_EVENTS), -(-size // REDUCE_PART_BYTES))
+    return cores * -(-need // cores)
+
+
 def hash_buckets(spark: Any, parts: int) -> list[int]:
     """Per partition ``p < parts``, an integer that ``repartition(parts, col)`` (Spark's
     hash partitioning: ``pmod(hash(col), parts)``) sends to partition ``p``."""
@@ -437,7 +457,7 @@ class SparkBatch:
     columns: tuple[str, ...]
     tables: dict[str, TableStats]
     recorded: dict[str, TableSchema] = field(default_factory=dict)
-    parts: int = 2
+    parts: int = 2  # the reduce's partitions (``reduce_parts``), ``part``'s modulus
     dense: bool = True  # the payloads were checked to tile [start, end) (no duplicate)
     # the repairs' range-end markers (offset, schema, table, after), in offset order
     markers: list[tuple[int, str, str, str]] = field(default_factory=list)
@@ -467,7 +487,8 @@ class SparkBatch:
         parts: int = 2,
     ) -> SparkBatch | None:
         """The batch of ``packed`` (``None`` if it has no event). ``dense``: the payloads
-        must tile one offset range (checked, ``ChangeLogError`` otherwise)."""
+        must tile one offset range (checked, ``ChangeLogError`` otherwise). ``parts``:
+        the cores; the reduce takes ``reduce_parts`` of them and the batch's size."""
         rows = packed.mapInArrow(stats, spark_schema(STATS_SCHEMA)).collect()
         payloads = sorted((r["first"], r["end"], r["n"]) for r in rows if r["kind"] == "p")
         tables: dict[str, TableStats] = {}
@@ -507,6 +528,8 @@ class SparkBatch:
         scoped = sorted({(int(r["first"]), str(r["schema"]), str(r["table"]), str(r["note"]))
                          for r in rows if r["kind"] == "s"})
         times = [int(r["ts"]) for r in rows if r["kind"] == "p" and r["ts"] is not None]
+        size = sum(int(r["bytes"] or 0) for r in rows if r["kind"] == "p")
+        parts = reduce_parts(parts, n, size)
         return cls(batch_id, start, end, n, packed, tuple(columns), tables, recorded, parts,
                    dense, markers, newest_ms=max(times) if times else None, scoped=scoped)
 
