@@ -50,13 +50,15 @@ class Capture:
     def kill(self) -> None:
         assert self.proc is not None
         _, _, err = end_process(self.proc, kill=True)
-        self._keep_log((self._err + err).decode(errors="replace"))
+        self._end_log(err.decode(errors="replace"))
         self.proc = None
-        self._err = b""
 
-    def _keep_log(self, err: str) -> None:
+    def _end_log(self, rest: str) -> None:
+        """The ended run's log (what was read of it so far, then ``rest``), kept under
+        ``DBLOG_TEST_LOG_DIR`` (with DBLOG_TEST_VERBOSE=1: -v) for a look."""
+        err, self._err = self._err.decode(errors="replace") + rest, b""
         keep = os.environ.get("DBLOG_TEST_LOG_DIR")
-        if keep:  # `dblog run`'s log (with DBLOG_TEST_VERBOSE=1: -v), kept for a look
+        if keep:
             Path(keep).mkdir(parents=True, exist_ok=True)
             (Path(keep) / f"{self.log_dir.parent.name}-{os.getpid()}-{time.time_ns()}.log").write_text(err)
 
@@ -85,8 +87,7 @@ class Capture:
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             _, err = stop_run(self.proc)
-            self._keep_log(self._err.decode(errors="replace") + err)
-            self._err = b""
+            self._end_log(err)
         if self._reader is not None:
             self._reader.close()
             self._reader = None
