@@ -33,16 +33,28 @@ def role(pg_db: str, name: str, *grants: str) -> None:
 
 
 def capture_matches_source(config: Path, dsn: str, table: str, rows: int) -> list[dict[str, object]]:
-    """Until the change log holds ``rows`` rows of ``table``; then the oracle."""
-    def done() -> bool:
-        return len(materialize(read_log(config)).get(f"public.{table}", {})) >= rows
-
-    wait_for(done, 60, f"{rows} rows of {table} in the change log")
-    events = read_log(config)
-    got = materialize(events)[f"public.{table}"]
+    """Until the change log materializes ``table`` as the source holds it (``rows`` rows;
+    the writes are done: a count alone was reached before their updates and deletes were
+    logged, after the inserts); then the oracle, which names what differs."""
     want = source_rows(dsn, f"public.{table}", ["id"])
-    have = {k: {c: r.get(c) for c in want[k]} if k in want else r for k, r in got.items()}
-    assert have == want
+    assert len(want) == rows
+    state: dict[str, object] = {}
+
+    def done() -> bool:
+        events = read_log(config)
+        got = materialize(events).get(f"public.{table}", {})
+        state["events"] = events
+        state["have"] = {k: {c: r.get(c) for c in want[k]} if k in want else r
+                         for k, r in got.items()}
+        return state["have"] == want
+
+    try:
+        wait_for(done, 60, f"the {rows} rows of {table} in the change log")
+    except AssertionError:
+        assert state.get("have") == want
+        raise
+    events = state["events"]
+    assert isinstance(events, list)
     return events
 
 
