@@ -142,6 +142,49 @@ def driver_rss_mib() -> tuple[float, float]:
     return hwm(os.getpid()), jvm
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and every live descendant, with the children each has
+    reaped (a Python worker that exited counts in its parent)."""
+    total = 0.0
+    tck = os.sysconf("SC_CLK_TCK")
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in f[11:15]) / tck
+            for kids in Path(f"/proc/{p}/task").glob("*/children"):
+                todo.extend(int(k) for k in kids.read_text().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+class CpuMeter:
+    """CPU of the driver (this process and its driver JVM, which in local mode runs the
+    executors and their Python workers too) and, on a standalone cluster, of the
+    executors (the workers' processes and everything they started)."""
+
+    def __init__(self, cluster: Any = None) -> None:
+        self.cluster = cluster
+
+    def sample(self) -> tuple[float, float]:
+        me = os.getpid()
+        driver = 0.0
+        for kid in Path(f"/proc/{me}/task/{me}/children").read_text().split():
+            try:
+                if b"SparkSubmit" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                    driver += tree_cpu_s(int(kid))
+            except OSError:
+                continue
+        f = Path(f"/proc/{me}/stat").read_text().rsplit(")", 1)[1].split()
+        driver += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        executors = 0.0
+        if self.cluster is not None:
+            executors = sum(tree_cpu_s(w.pid) for w in self.cluster.worker_procs)
+        return driver, executors
+
+
 def report(target: str, events: int, result: tuple[float, float | None]) -> None:
     s, steady = result
     extra = f"; after the first batch {steady:,.0f} events/s" if steady else ""
@@ -293,6 +336,10 @@ def main() -> None:
     ap.add_argument("--cluster-workers", type=int, default=0,
                     help="run on a standalone cluster of this many one-core workers on "
                          "loopback (devtools.sparkcluster) instead of --master")
+    ap.add_argument("--worker-cpu", type=float,
+                    help="with --cluster-workers: limit each worker and its executors to this "
+                         "many CPUs (a cgroup each; root), standing in for workers on machines "
+                         "of their own: the driver keeps the rest of the machine")
     ap.add_argument("--workdir")
     ap.add_argument(
         "--reuse-log",
@@ -331,12 +378,15 @@ def main() -> None:
     os.sync()
     print(f"sync(): {time.monotonic() - t0:.1f}s")
     t0 = time.monotonic()
+    cluster = None
     if args.cluster_workers:
         from pydblog.devtools.sparkcluster import SparkCluster
 
-        cluster = SparkCluster(workers=args.cluster_workers, cores=1).start()
+        cluster = SparkCluster(workers=args.cluster_workers, cores=1,
+                               cpu_quota=args.worker_cpu).start()
         args.master = cluster.url
-        print(f"standalone cluster: {args.cluster_workers} one-core workers at {cluster.url}")
+        limit = f", each limited to {args.worker_cpu} CPUs" if args.worker_cpu else ""
+        print(f"standalone cluster: {args.cluster_workers} one-core workers{limit} at {cluster.url}")
     spark = spark_session(args.master)
     print(
         f"Spark session in {time.monotonic() - t0:.1f}s (not timed below); Python processes: "
@@ -355,7 +405,10 @@ def main() -> None:
         for name in ("delta", "delta2")
     }
     figures: dict[str, Any] = {"events": end, "master": args.master,
-                               "max_events_per_trigger": args.max_events_per_trigger}
+                               "max_events_per_trigger": args.max_events_per_trigger,
+                               **({"cluster_workers": args.cluster_workers,
+                                   "worker_cpu": args.worker_cpu} if args.cluster_workers else {})}
+    meter = CpuMeter(cluster)
 
     def record(name: str, result: tuple[float, float | None]) -> None:
         figures[f"{name}_events_per_s"] = end / result[0]
@@ -403,10 +456,18 @@ def main() -> None:
             base_steady = None
             if "delta" in only:
                 clean(work, "lake2", "cp-delta2")
+                d0, e0 = meter.sample()
                 s, base_steady = drain(spark, delta_cfg["delta2"], end)
+                d1, e1 = meter.sample()
                 base = end / s
                 report(f"Delta (second query, warm session){suffix}", end, (s, base_steady))
                 record(f"delta_warm{r + 1}", (s, base_steady))
+                cpu = {"driver": (d1 - d0) / end * 1e6, "executors": (e1 - e0) / end * 1e6}
+                figures[f"delta_warm{r + 1}_cpu_us_per_event"] = cpu
+                print("  CPU per event: driver (Python and JVM"
+                      + (") " if cluster is not None else ", with local mode's executors) ")
+                      + f"{cpu['driver']:.2f} us"
+                      + (f", executors {cpu['executors']:.2f} us" if cluster is not None else ""))
             for (parts, par), log in kafka_runs.items():
                 clean(work, f"lake-kafka{parts}", f"cp-kafka{parts}")
                 cfg = config(work, f"kafka{parts}",
@@ -485,6 +546,8 @@ def main() -> None:
 
         print(f"results: {results.write('sync', figures)}")
     spark.stop()
+    if cluster is not None:
+        cluster.stop()
     if not args.workdir:  # a temporary workdir (~0.4 GB for 1M events) goes with the run
         shutil.rmtree(work, ignore_errors=True)
 

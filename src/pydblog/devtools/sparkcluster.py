@@ -5,6 +5,11 @@ process group, stopped by PID.
 
     with SparkCluster(workers=2, cores=1) as cluster:
         run_sync(cfg with master = cluster.url)
+
+``cpu_quota``: each worker, and every process it starts (its executors and their Python
+workers), is limited to that many CPUs by a cgroup of its own (Linux, as root; cgroup v1
+``cpu`` or v2 ``cpu.max``). On a machine with few cores this stands in for workers on
+machines of their own: the executors' share is fixed, whatever the driver uses.
 """
 
 from __future__ import annotations
@@ -28,10 +33,40 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PERIOD_US = 100_000
+
+
+def limit_cpu(pid: int, name: str, cpus: float) -> Path:
+    """A new cgroup ``name`` limited to ``cpus`` CPUs, holding ``pid`` (and so its
+    future children)."""
+    quota = max(1000, int(cpus * PERIOD_US))
+    v1 = Path("/sys/fs/cgroup/cpu")
+    v2 = Path("/sys/fs/cgroup")
+    try:
+        if (v1 / "cpu.cfs_quota_us").exists():
+            cg = v1 / name
+            cg.mkdir()
+            (cg / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (cg / "cpu.cfs_quota_us").write_text(str(quota))
+        elif (v2 / "cgroup.controllers").exists():
+            cg = v2 / name
+            cg.mkdir()
+            (cg / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+        else:
+            raise OSError("no cgroup cpu controller under /sys/fs/cgroup")
+        (cg / "cgroup.procs").write_text(str(pid))
+    except OSError as exc:
+        raise RuntimeError(f"cannot limit a Spark worker to {cpus} CPUs with a cgroup ({exc}): "
+                           "this needs Linux cgroups and root") from None
+    return cg
+
+
 class SparkCluster:
     def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g",
-                 workdir: str | Path | None = None) -> None:
+                 workdir: str | Path | None = None, cpu_quota: float | None = None) -> None:
         self.workers = workers
+        self.cpu_quota = cpu_quota
+        self.cgroups: list[Path] = []
         self.cores = cores
         self.memory = memory
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="dblog-spark-")
@@ -73,6 +108,10 @@ class SparkCluster:
             "--cores", str(self.cores), "--memory", self.memory,
             "--webui-port", str(_free_port()), self.url, log=f"worker-{i}.log")
         self.worker_procs.append(proc)
+        if self.cpu_quota is not None:
+            # Before the launcher execs the worker's JVM: every later child inherits it.
+            self.cgroups.append(limit_cpu(proc.pid, f"dblog-spark-{self.port}-{i}",
+                                           self.cpu_quota))
         return proc
 
     def alive_workers(self) -> int:
@@ -102,6 +141,14 @@ class SparkCluster:
                 p.wait()
         self.worker_procs.clear()
         self.master = None
+        for cg in self.cgroups:
+            for _ in range(50):  # the killed processes leave it as they are reaped
+                try:
+                    cg.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+        self.cgroups.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
