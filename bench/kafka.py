@@ -128,8 +128,27 @@ class Probe:
         """Follow the log (True) or stop (False) between drains."""
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (threads they start later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+def isolate_broker(broker_cpus: set[int]) -> set[int]:
+    """Keep this process, and so the databases and every `dblog run` it starts, off
+    ``broker_cpus`` (the broker's, ``started_broker``): a broker on machines of its own,
+    as in production, on one machine. Returns the capture's CPUs."""
+    capture = os.sched_getaffinity(0) - broker_cpus
+    if not capture or not broker_cpus <= os.sched_getaffinity(0):
+        raise SystemExit(f"--broker-cpus {sorted(broker_cpus)}: must be some, not all, of this "
+                         f"machine's CPUs {sorted(os.sched_getaffinity(0))}")
+    os.sched_setaffinity(0, capture)
+    return capture
+
+
 @contextlib.contextmanager
-def bench_broker() -> Iterator[tuple[str, int | None]]:
+def bench_broker(cpus: set[int] | None = None) -> Iterator[tuple[str, int | None]]:
     """The bootstrap servers of ``KAFKA_BOOTSTRAP_SERVERS`` (and no pid), else those and
     the pid of an Apache Kafka broker started for the run (``started_broker``: warm, as a
     user's broker runs) and stopped after it."""
@@ -137,15 +156,16 @@ def bench_broker() -> Iterator[tuple[str, int | None]]:
     if bootstrap:
         yield bootstrap, None
         return
-    broker = started_broker()
+    broker = started_broker(cpus)
     try:
         yield broker.bootstrap, broker.pid
     finally:
         broker.stop()
 
 
-def started_broker() -> Any:
-    """A ``KafkaBroker`` (one KRaft node, the optimizing JIT on) after ``warm``: a broker
+def started_broker(cpus: set[int] | None = None) -> Any:
+    """A ``KafkaBroker`` (one KRaft node, the optimizing JIT on; on ``cpus`` only if
+    given: ``isolate_broker``) after ``warm``: a broker
     that users run has compiled its hot paths long ago; a fresh one spends most of a core
     of the first minute of load in its JIT compiler threads (a bare transactional loop
     measured 8.7 ms of broker CPU per transaction in its first 10 s, 1.4 ms after 60 s),
@@ -155,6 +175,8 @@ def started_broker() -> Any:
     broker = KafkaBroker(optimize=True).start()
     try:
         assert broker.pid is not None
+        if cpus:
+            pin(broker.pid, cpus)
         warm(broker.bootstrap, broker.pid)
     except BaseException:
         broker.stop()
@@ -577,6 +599,11 @@ def main() -> None:
     ap.add_argument("--plain-follower", action="store_true",
                     help="(c): and a plain read_committed consumer (see steady(); on Tansu it "
                          "loads the broker, not only measures it)")
+    ap.add_argument("--broker-cpus", type=lambda v: {int(c) for c in v.split(",")},
+                    metavar="N[,N...]",
+                    help="run the broker on these CPUs and PostgreSQL, `dblog run` and this "
+                         "bench on the others (a broker on machines of its own, as in "
+                         "production); both logs' captures then have the same CPUs")
     ap.add_argument("--kafka-setting", action="append", default=[], metavar="KEY=VALUE",
                     help="a [log.kafka] setting of the Kafka capture (repeatable), e.g. "
                          "compression.type=none")
@@ -587,8 +614,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kafka-"))
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if args.broker_cpus:
+        print(f"broker on CPUs {sorted(args.broker_cpus)}; PostgreSQL, the captures and the "
+              f"bench on {sorted(isolate_broker(args.broker_cpus))}")
     if not bootstrap:
-        broker = started_broker()
+        broker = started_broker(args.broker_cpus)
         bootstrap = broker.bootstrap
     prefix = f"b{uuid.uuid4().hex[:8]}"
     kafka_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"'

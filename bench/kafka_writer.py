@@ -81,14 +81,20 @@ def main() -> None:
                     help="also a native writer with this compression.type (repeatable)")
     ap.add_argument("--setting", action="append", default=[],
                     help="also a native writer with this [log.kafka] key=value (repeatable)")
+    ap.add_argument("--broker-cpus", type=lambda v: {int(c) for c in v.split(",")},
+                    metavar="N[,N...]",
+                    help="run the broker on these CPUs and the writers on the others")
     args = ap.parse_args()
     assert kafka_native.writer_available(), "the native Kafka writer is not built"
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        from kafka import started_broker  # bench/kafka.py
+        from kafka import isolate_broker, started_broker  # bench/kafka.py
 
-        broker = started_broker()
+        if args.broker_cpus:
+            print(f"broker on CPUs {sorted(args.broker_cpus)}; the writers on "
+                  f"{sorted(isolate_broker(args.broker_cpus))}")
+        broker = started_broker(args.broker_cpus)
         bootstrap = broker.bootstrap
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kwriter-"))
     runs: dict[str, list[tuple[float, float, float, float]]] = {

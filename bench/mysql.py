@@ -298,13 +298,21 @@ def main() -> None:
     parser.add_argument("--log-extra", default="", metavar="TOML",
                         help='lines added to [log], e.g. \'[log.kafka]\\n"compression.type" = "none"\' '
                              "(a variant of the defaults; the defaults are what is published)")
+    parser.add_argument("--broker-cpus", type=lambda v: {int(c) for c in v.split(",")},
+                    metavar="N[,N...]",
+                    help="--log kafka: run the broker on these CPUs and the database, `dblog "
+                         "run` and the baselines on the others (a broker on machines of its "
+                         "own, as in production)")
     args = parser.parse_args()
     if args.log != "kafka":
         run(args, "", "")
         return
-    from kafka import bench_broker  # bench/kafka.py
+    from kafka import bench_broker, isolate_broker  # bench/kafka.py
 
-    with bench_broker() as (bootstrap, broker_pid):
+    if args.broker_cpus:
+        print(f"broker on CPUs {sorted(args.broker_cpus)}; the database, the capture and the "
+              f"baselines on {sorted(isolate_broker(args.broker_cpus))}")
+    with bench_broker(args.broker_cpus) as (bootstrap, broker_pid):
         run(args, bootstrap, f"m{uuid.uuid4().hex[:8]}", broker_pid)
 
 

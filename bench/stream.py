@@ -166,14 +166,22 @@ def main() -> None:
                     help="what the load's transactions do to each row (one event per row)")
     ap.add_argument("--replica-identity", choices=["default", "full"], default="default",
                     help="the bench table's replica identity")
+    ap.add_argument("--broker-cpus", type=lambda v: {int(c) for c in v.split(",")},
+                    metavar="N[,N...]",
+                    help="--log kafka: run the broker on these CPUs and the database, `dblog "
+                         "run` and the baselines on the others (a broker on machines of its "
+                         "own, as in production)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
     if args.log != "kafka":
         run(args, work, "", "", "")
         return
-    from kafka import bench_broker  # bench/kafka.py
+    from kafka import bench_broker, isolate_broker  # bench/kafka.py
 
-    with bench_broker() as (bootstrap, broker_pid):
+    if args.broker_cpus:
+        print(f"broker on CPUs {sorted(args.broker_cpus)}; the database, the capture and the "
+              f"baselines on {sorted(isolate_broker(args.broker_cpus))}")
+    with bench_broker(args.broker_cpus) as (bootstrap, broker_pid):
         prefix = f"s{uuid.uuid4().hex[:8]}"
         log_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"\n'
         run(args, work, log_keys, bootstrap, prefix, broker_pid)
