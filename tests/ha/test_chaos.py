@@ -33,6 +33,15 @@ FAILOVERS = 21
 BIG_ROWS = 60_000
 
 
+def wait_snapshot_active(log_dir: Path, timeout: float) -> None:
+    """Until the leader's status shows a snapshot running (at most ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ((read_status(log_dir) or {}).get("snapshot") or {}).get("active"):
+            return
+        time.sleep(0.1)
+
+
 def snapshot_signal(config: Path) -> None:
     from pydblog.capture.signals import send_signal
 
@@ -76,12 +85,17 @@ def test_chaos_failovers(pg_db: str, tmp_path: Path, zk_server: ZkServer) -> Non
         loads.enter_context(writing(pg_writer(pg_db, 11), lambda stop: big_writer(pg_db, stop)))
         time.sleep(2.0)
         for n in range(FAILOVERS):
-            if n % 5 == 4:
-                snapshot_signal(config)  # another incremental snapshot of big
             kind = rng.choice(["kill9", "kill9", "sigstop", "sigstop", "zk-restart"])
             leader = m.leader()
             m.wait_standbys(1)
-            time.sleep(rng.uniform(0.5, 3.0))
+            if n % 3 == 2:
+                # Another incremental snapshot of big, and this fault inside it (a snapshot
+                # of BIG_ROWS takes seconds: faults at random moments alone could miss it).
+                snapshot_signal(config)
+                wait_snapshot_active(m.log_dir, 20)
+                time.sleep(rng.uniform(0.1, 0.5))
+            else:
+                time.sleep(rng.uniform(0.5, 3.0))
             leader = m.leader()
             snap = (read_status(m.log_dir) or {}).get("snapshot") or {}
             before = m.next_offset()
