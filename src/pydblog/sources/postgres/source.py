@@ -85,9 +85,9 @@ BURST_GRACE_S = 0.0005
 """When the replication socket runs dry after messages, it is read once more this much
 later before the stream pauses (flushes the batch, waits in ``select``). A capture that
 shares its CPU with the walsender otherwise takes turns with it a few messages at a
-time, each turn a wakeup and a pause's work: on one core beside PostgreSQL, into Kafka,
-28,316 events/s at ~19 µs of capture-thread CPU per event, against 156,422 at 1.26 µs
-with the grace (docs/performance.md). It delays a burst's last events by at most this."""
+time, each turn a wakeup and a pause's work (on one core beside PostgreSQL, into Kafka,
+5.7 times slower: docs/performance.md, note 3). It delays a burst's last events by at most
+this."""
 
 WATERMARK_PREFIX = "dblog-watermark"
 HEARTBEAT_PREFIX = "dblog-heartbeat"
