@@ -135,16 +135,29 @@ def pin(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(task.name), cpus)
 
 
-def isolate_broker(broker_cpus: set[int]) -> set[int]:
-    """Keep this process, and so the databases and every `dblog run` it starts, off
-    ``broker_cpus`` (the broker's, ``started_broker``): a broker on machines of its own,
-    as in production, on one machine. Returns the capture's CPUs."""
-    capture = os.sched_getaffinity(0) - broker_cpus
-    if not capture or not broker_cpus <= os.sched_getaffinity(0):
+KAFKA_OTHERS = "PostgreSQL, both captures and this bench"
+
+
+def add_broker_cpus(ap: argparse.ArgumentParser, others: str) -> None:
+    """``--broker-cpus N[,N...]``: the broker on those CPUs, ``others`` on the rest
+    (``isolate_broker``)."""
+    ap.add_argument("--broker-cpus", type=lambda v: {int(c) for c in v.split(",")},
+                    metavar="N[,N...]",
+                    help=f"run the broker on these CPUs and {others} on the others (a broker "
+                         "on machines of its own, as in production)")
+
+
+def isolate_broker(broker_cpus: set[int], others: str) -> None:
+    """Keep this process, and so the databases and every `dblog run` it starts
+    (``others``, as printed), off ``broker_cpus`` (the broker's, ``started_broker``): a
+    broker on machines of its own, as in production, on one machine."""
+    mine = os.sched_getaffinity(0)
+    capture = mine - broker_cpus
+    if not capture or not broker_cpus <= mine:
         raise SystemExit(f"--broker-cpus {sorted(broker_cpus)}: must be some, not all, of this "
-                         f"machine's CPUs {sorted(os.sched_getaffinity(0))}")
+                         f"machine's CPUs {sorted(mine)}")
     os.sched_setaffinity(0, capture)
-    return capture
+    print(f"broker on CPUs {sorted(broker_cpus)}; {others} on {sorted(capture)}", flush=True)
 
 
 @contextlib.contextmanager
@@ -599,11 +612,7 @@ def main() -> None:
     ap.add_argument("--plain-follower", action="store_true",
                     help="(c): and a plain read_committed consumer (see steady(); on Tansu it "
                          "loads the broker, not only measures it)")
-    ap.add_argument("--broker-cpus", type=lambda v: {int(c) for c in v.split(",")},
-                    metavar="N[,N...]",
-                    help="run the broker on these CPUs and PostgreSQL, `dblog run` and this "
-                         "bench on the others (a broker on machines of its own, as in "
-                         "production); both logs' captures then have the same CPUs")
+    add_broker_cpus(ap, KAFKA_OTHERS)
     ap.add_argument("--kafka-setting", action="append", default=[], metavar="KEY=VALUE",
                     help="a [log.kafka] setting of the Kafka capture (repeatable), e.g. "
                          "compression.type=none")
@@ -615,8 +624,7 @@ def main() -> None:
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if args.broker_cpus:
-        print(f"broker on CPUs {sorted(args.broker_cpus)}; PostgreSQL, the captures and the "
-              f"bench on {sorted(isolate_broker(args.broker_cpus))}")
+        isolate_broker(args.broker_cpus, KAFKA_OTHERS)
     if not bootstrap:
         broker = started_broker(args.broker_cpus)
         bootstrap = broker.bootstrap

@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 import results
+from kafka import add_broker_cpus  # bench/kafka.py
 from pydblog.changelog import kafka_native
 from pydblog.changelog.kafka.writer import KafkaChangeLog
 from pydblog.changelog.sqlite import SqliteChangeLog
@@ -33,6 +34,8 @@ from pydblog.config import KafkaSetting, LogConfig
 from pydblog.events import ChangeEvent, Encoded, Op, encode_event
 from pydblog.ports import ChangeLogWriter, Checkpoint
 from pydblog.positions import Lsn, PgPosition
+
+BROKER_OTHERS = "the writers"
 
 
 def events(n: int, lsn0: int) -> list[Encoded]:
@@ -81,9 +84,7 @@ def main() -> None:
                     help="also a native writer with this compression.type (repeatable)")
     ap.add_argument("--setting", action="append", default=[],
                     help="also a native writer with this [log.kafka] key=value (repeatable)")
-    ap.add_argument("--broker-cpus", type=lambda v: {int(c) for c in v.split(",")},
-                    metavar="N[,N...]",
-                    help="run the broker on these CPUs and the writers on the others")
+    add_broker_cpus(ap, BROKER_OTHERS)
     args = ap.parse_args()
     assert kafka_native.writer_available(), "the native Kafka writer is not built"
     broker = None
@@ -92,8 +93,7 @@ def main() -> None:
         from kafka import isolate_broker, started_broker  # bench/kafka.py
 
         if args.broker_cpus:
-            print(f"broker on CPUs {sorted(args.broker_cpus)}; the writers on "
-                  f"{sorted(isolate_broker(args.broker_cpus))}")
+            isolate_broker(args.broker_cpus, BROKER_OTHERS)
         broker = started_broker(args.broker_cpus)
         bootstrap = broker.bootstrap
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kwriter-"))

@@ -46,6 +46,7 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 import results
+from kafka import add_broker_cpus  # bench/kafka.py
 from pydblog.changelog.sqlite import SqliteChangeLogReader, log_path
 from pydblog.config import parse_config
 from pydblog.devtools.mariadb import PASSWORD, SUPERUSER, MariaDB
@@ -72,6 +73,9 @@ LOADS = {
 """``--op``: the statement each transaction runs over its range of ids (one row event
 per row)."""
 ROW_EVENTS = {"insert": WriteRowsEvent, "update": UpdateRowsEvent, "delete": DeleteRowsEvent}
+
+
+BROKER_OTHERS = "the database, `dblog run` and the baselines"
 
 
 def load(server: MariaDB, rows: int, batch: int, op: str = "insert") -> float:
@@ -298,11 +302,7 @@ def main() -> None:
     parser.add_argument("--log-extra", default="", metavar="TOML",
                         help='lines added to [log], e.g. \'[log.kafka]\\n"compression.type" = "none"\' '
                              "(a variant of the defaults; the defaults are what is published)")
-    parser.add_argument("--broker-cpus", type=lambda v: {int(c) for c in v.split(",")},
-                    metavar="N[,N...]",
-                    help="--log kafka: run the broker on these CPUs and the database, `dblog "
-                         "run` and the baselines on the others (a broker on machines of its "
-                         "own, as in production)")
+    add_broker_cpus(parser, BROKER_OTHERS)
     args = parser.parse_args()
     if args.log != "kafka":
         run(args, "", "")
@@ -310,8 +310,7 @@ def main() -> None:
     from kafka import bench_broker, isolate_broker  # bench/kafka.py
 
     if args.broker_cpus:
-        print(f"broker on CPUs {sorted(args.broker_cpus)}; the database, the capture and the "
-              f"baselines on {sorted(isolate_broker(args.broker_cpus))}")
+        isolate_broker(args.broker_cpus, BROKER_OTHERS)
     with bench_broker(args.broker_cpus) as (bootstrap, broker_pid):
         run(args, bootstrap, f"m{uuid.uuid4().hex[:8]}", broker_pid)
 

@@ -57,6 +57,7 @@ import psycopg2
 import psycopg2.extras
 
 import results
+from kafka import add_broker_cpus  # bench/kafka.py
 from pydblog.api.capture import read_api_address
 from pydblog.changelog.sqlite import SqliteChangeLogReader
 from pydblog.devtools.pgcluster import PgCluster
@@ -72,6 +73,9 @@ LOADS = {
 }
 """``--op``: the statement each transaction runs over its range of ids (one event per
 row). For ``update`` and ``delete`` the rows are inserted before any slot exists."""
+
+
+BROKER_OTHERS = "the database, `dblog run` and the baselines"
 
 
 def load(dsn: str, rows: int, txs: int, op: str = "insert") -> None:
@@ -166,11 +170,7 @@ def main() -> None:
                     help="what the load's transactions do to each row (one event per row)")
     ap.add_argument("--replica-identity", choices=["default", "full"], default="default",
                     help="the bench table's replica identity")
-    ap.add_argument("--broker-cpus", type=lambda v: {int(c) for c in v.split(",")},
-                    metavar="N[,N...]",
-                    help="--log kafka: run the broker on these CPUs and the database, `dblog "
-                         "run` and the baselines on the others (a broker on machines of its "
-                         "own, as in production)")
+    add_broker_cpus(ap, BROKER_OTHERS)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
     if args.log != "kafka":
@@ -179,8 +179,7 @@ def main() -> None:
     from kafka import bench_broker, isolate_broker  # bench/kafka.py
 
     if args.broker_cpus:
-        print(f"broker on CPUs {sorted(args.broker_cpus)}; the database, the capture and the "
-              f"baselines on {sorted(isolate_broker(args.broker_cpus))}")
+        isolate_broker(args.broker_cpus, BROKER_OTHERS)
     with bench_broker(args.broker_cpus) as (bootstrap, broker_pid):
         prefix = f"s{uuid.uuid4().hex[:8]}"
         log_keys = f'type = "kafka"\nbootstrap_servers = "{bootstrap}"\ntopic_prefix = "{prefix}"\n'

@@ -42,6 +42,7 @@ from typing import Any
 
 from pydblog.config import Config, SyncConfig, parse_config
 from pydblog.devtools.pgcluster import PgCluster
+from pydblog.devtools.proc import cpu_seconds, tree_cpu
 from pydblog.devtools.synth import SyntheticLoad, write_load
 from pydblog.spark.job import BatchApplier, spark_session, start_query
 from pydblog.spark.sinks import build_sink
@@ -142,24 +143,6 @@ def driver_rss_mib() -> tuple[float, float]:
     return hwm(os.getpid()), jvm
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and every live descendant, with the children each has
-    reaped (a Python worker that exited counts in its parent)."""
-    total = 0.0
-    tck = os.sysconf("SC_CLK_TCK")
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(x) for x in f[11:15]) / tck
-            for kids in Path(f"/proc/{p}/task").glob("*/children"):
-                todo.extend(int(k) for k in kids.read_text().split())
-        except (OSError, ValueError):
-            continue
-    return total
-
-
 class CpuMeter:
     """CPU of the driver (this process and its driver JVM, which in local mode runs the
     executors and their Python workers too) and, on a standalone cluster, of the
@@ -174,14 +157,13 @@ class CpuMeter:
         for kid in Path(f"/proc/{me}/task/{me}/children").read_text().split():
             try:
                 if b"SparkSubmit" in Path(f"/proc/{kid}/cmdline").read_bytes():
-                    driver += tree_cpu_s(int(kid))
+                    driver += tree_cpu(int(kid))
             except OSError:
                 continue
-        f = Path(f"/proc/{me}/stat").read_text().rsplit(")", 1)[1].split()
-        driver += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        driver += cpu_seconds(me)
         executors = 0.0
         if self.cluster is not None:
-            executors = sum(tree_cpu_s(w.pid) for w in self.cluster.worker_procs)
+            executors = sum(tree_cpu(w.pid) for w in self.cluster.worker_procs)
         return driver, executors
 
 

@@ -96,6 +96,25 @@ def family_cpu(parent: int) -> dict[int, float]:
     return out
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds used so far by ``pid`` and every live descendant, each with the
+    children it has reaped (a Spark worker's executor and the Python workers it forked and
+    ended count too); 0 once gone."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+            for kids in Path(f"/proc/{p}/task").glob("*/children"):
+                todo.extend(int(k) for k in kids.read_text().split())
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def cpu_since(now: dict[int, float], start: dict[int, float]) -> float:
     """CPU used between two ``family_cpu`` readings (processes that ended in between are
     not counted)."""
