@@ -134,6 +134,8 @@ def test_insert_only_batches(spark: Any, tmp_path: Path, dense: bool) -> None:
         # Tables the batch creates hold no row: appended to from any log.
         assert {q: commits(lake, q, -1) for q in (o, li, a)} == \
             {o: ["WRITE"], li: ["WRITE"], a: ["MERGE"]}
+        # A table made by its first append is one commit: no reader sees it empty.
+        assert {q: version(lake, q) for q in (o, li)} == {o: 0, li: 0}
         v = {q: version(lake, q) for q in (o, li, a)}
         # The first two batches again as one (a reset checkpoint re-batches the log):
         # only the second one's events are applied, orders' still insert-only.
@@ -153,3 +155,28 @@ def test_insert_only_batches(spark: Any, tmp_path: Path, dense: bool) -> None:
         assert key_json({"id": 2}) in held and key_json({"id": 3}) not in held
     finally:
         applier.close()
+
+
+def test_a_table_made_by_its_append_holds_the_schema_a_created_one_does(
+        spark: Any, tmp_path: Path) -> None:
+    """``created_schema``: what the sink casts a table's first append to is what a table
+    made by ``ensure_table`` holds, for every logical type."""
+    from pydblog.ports import ColumnSchema, TableSchema
+    from pydblog.spark.plan import spark_schema
+    from pydblog.spark.sinks.delta import created_schema, ensure_table, target_arrow_schema
+    from pydblog.spark.typemap import arrow_schema
+
+    types = [("int2", "int16"), ("int4", "int32"), ("int8", "int64"),
+             ("bigint unsigned", "int64"), ("numeric(12,2)", "decimal"), ("real", "float32"),
+             ("float8", "float64"), ("bool", "bool"), ("text", "text"), ("date", "date"),
+             ("timestamp", "timestamp"), ("timestamptz", "timestamptz"), ("bytea", "bytes"),
+             ("jsonb", "json"), ("text[]", "array<string>"), ("time", "time"),
+             ("point", "unknown")]
+    cols = [ColumnSchema(f"c{i}", t, lg, nullable=i != 0) for i, (t, lg) in enumerate(types)]
+    typed = arrow_schema(TableSchema("public", "t", tuple(cols), ("c0",)))
+    made = ensure_table(spark, str(tmp_path / "made"), typed)
+    assert created_schema(typed) == made
+    appended = str(tmp_path / "appended")
+    spark.createDataFrame([], spark_schema(created_schema(typed))).write.format("delta") \
+        .mode("append").save(appended)
+    assert target_arrow_schema(spark, appended) == made

@@ -171,12 +171,15 @@ class BatchApplier:
         finally:
             reader.close()
         self.drain.set_schemas(self.source, found)
+        for name in self.drain.sources:  # routing needs each source's database (cached)
+            self.drain.db(name)
         return found
 
     def __call__(self, df: Any, batch_id: int) -> None:
         try:
             # The table schemas are read while Spark reads the batch (a Kafka log's
-            # schemas topic: 0.04-0.14 s a batch). Read after Spark planned the batch,
+            # schemas topic: 0.04-0.14 s a batch), and so are the sources' databases
+            # the first time (a Kafka reader: ~1 s). Read after Spark planned the batch,
             # as before: every schema of its events was committed with them (the same
             # transaction or SQLite commit) and is seen.
             if self._schemas_pool is None:

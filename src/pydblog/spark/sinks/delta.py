@@ -157,14 +157,16 @@ DELETION_VECTORS = "delta.enableDeletionVectors"
 
 def ensure_table(spark: Any, path: str, schema: pa.Schema,
                  deletion_vectors: bool = False, exists: bool | None = None) -> pa.Schema:
-    """The table at ``path``, created with ``schema`` or evolved to hold its columns
-    (with ``deletion_vectors``, created with them or switched to them); returns its
-    (Arrow) schema. ``exists``: whether the caller just found the table (None: look)."""
+    """The table at ``path``, created with ``schema``'s columns, every one nullable (as
+    a table made by its first write holds them: ``created_schema``), or evolved to hold
+    its columns (with ``deletion_vectors``, created with them or switched to them);
+    returns its (Arrow) schema. ``exists``: whether the caller just found the table
+    (None: look)."""
     from delta.tables import DeltaTable
 
     if not (table_exists(spark, path) if exists is None else exists):
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(
-            spark_schema(schema))
+            spark_schema(pa.schema([f.with_nullable(True) for f in schema])))
         if deletion_vectors:
             builder = builder.property(DELETION_VECTORS, "true")
         builder.execute()
@@ -185,6 +187,17 @@ def ensure_table(spark: Any, path: str, schema: pa.Schema,
         _rewrite_wider(spark, path, have, wider)
         have = target_arrow_schema(spark, path)
     return have
+
+
+def created_schema(schema: pa.Schema) -> pa.Schema:
+    """The (Arrow) schema a table made with ``schema`` holds, as ``target_arrow_schema``
+    reads it back: Spark's types, every column nullable (a table Delta makes by a write
+    holds its columns so, and ``ensure_table`` makes them so too: a mirror's schema does
+    not depend on which kind of commit created it)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    held = to_arrow_schema(spark_schema(schema), timezone="UTC")
+    return pa.schema([f.with_nullable(True) for f in held])
 
 
 def uses_deletion_vectors(spark: Any, path: str) -> bool:
@@ -378,9 +391,13 @@ class DeltaSink:
                 # any row was logged): nothing to empty, nothing to create.
                 return
             created = not table_exists(own, path)
-            target = ensure_table(own, path, arrow_schema(schema), self.deletion_vectors,
-                                  exists=not created)
             typed = arrow_schema(schema)
+            # A table the batch creates and only inserts into is made by that append:
+            # one commit (no empty version 0, no state of it computed before the write).
+            made_by_append = (created and fresh and bool(schema.key) and not truncated
+                              and purge is None and not parts)
+            target = (created_schema(typed) if made_by_append else
+                      ensure_table(own, path, typed, self.deletion_vectors, exists=not created))
             fields = [(target.field(n) if n in target.names else typed.field(n)).with_nullable(True)
                       for n in typed.names]
             any_json = [c.name for c in schema.columns
@@ -427,7 +444,10 @@ class DeltaSink:
             elif fresh and schema.key and (batch.dense or created):
                 # A table this batch created holds no row, so no key of the batch is in
                 # it even when the log may have gaps: an append, as from a dense log.
-                self._overwrite(spark, path, source, target, batch.end, app, "append", meta)
+                props = ({DELETION_VECTORS: "true"} if made_by_append and self.deletion_vectors
+                         else {})
+                self._overwrite(spark, path, source, target, batch.end, app, "append", meta,
+                                props)
             else:
                 own.conf.set(USER_METADATA, meta)
                 try:
@@ -452,10 +472,12 @@ class DeltaSink:
 
     @staticmethod
     def _overwrite(spark: Any, path: str, source: Any, target: pa.Schema, end: int,
-                   app: str = APP_ID, mode: str = "overwrite", meta: str | None = None) -> None:
+                   app: str = APP_ID, mode: str = "overwrite", meta: str | None = None,
+                   props: Mapping[str, str] | None = None) -> None:
         """Write the upserts of ``source`` as the table's content (``mode`` overwrite)
         or added to it (append), under ``(app, end)``, with ``meta`` as the commit's
-        ``userMetadata``."""
+        ``userMetadata``; a write that creates the table gives it the table properties
+        ``props``."""
         from pyspark.sql import functions as F
 
         t_spark = spark_schema(target)
@@ -466,6 +488,7 @@ class DeltaSink:
         ]
         (source.where(F.col("_dblog_op") != "d").select(*cols)
          .write.format("delta").mode(mode).options(**({"userMetadata": meta} if meta else {}))
+         .options(**(props or {}))
          .option("txnAppId", app).option("txnVersion", str(end)).save(path))
 
     @staticmethod
