@@ -166,7 +166,7 @@ def ensure_table(spark: Any, path: str, schema: pa.Schema,
 
     if not (table_exists(spark, path) if exists is None else exists):
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(
-            spark_schema(pa.schema([f.with_nullable(True) for f in schema])))
+            spark_schema(_nullable(schema)))
         if deletion_vectors:
             builder = builder.property(DELETION_VECTORS, "true")
         builder.execute()
@@ -196,8 +196,11 @@ def created_schema(schema: pa.Schema) -> pa.Schema:
     not depend on which kind of commit created it)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    held = to_arrow_schema(spark_schema(schema), timezone="UTC")
-    return pa.schema([f.with_nullable(True) for f in held])
+    return _nullable(to_arrow_schema(spark_schema(schema), timezone="UTC"))
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_nullable(True) for f in schema])
 
 
 def uses_deletion_vectors(spark: Any, path: str) -> bool:
