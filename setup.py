@@ -54,7 +54,8 @@ setup(
         ),
         Extension(
             "pydblog.changelog._kafkawrite",
-            ["src/pydblog/changelog/_kafkawrite.c"],
+            ["src/pydblog/changelog/_kafkawrite.c", "src/pydblog/changelog/_kafkarecords.c"],
+            depends=["src/pydblog/changelog/_kafkarecords.h"],
             extra_compile_args=["-O2", "-std=gnu99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             libraries=["dl", "pthread"],
             optional=True,

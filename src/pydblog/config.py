@@ -135,7 +135,11 @@ class LogConfig(_Model):
     bytes are the value's already, and a header per record costs the producer and the
     broker work per event, docs/performance.md; Debezium's records carry none).
     ``kafka`` (the ``[log.kafka]`` table) passes librdkafka settings
-    through to every Kafka client (compression, SASL/TLS, ...)."""
+    through to every Kafka client (compression, SASL/TLS, ...). ``producer``: the
+    capture's Kafka producer: ``"wire"`` (pydblog's own, ``changelog.kafka.producer``:
+    record batches built in C; plaintext Kafka, lz4 or no compression: with
+    ``[log.kafka]`` settings it does not speak, librdkafka's serves, logged) or
+    ``"librdkafka"``."""
 
     type: Literal["embedded", "kafka"] = "embedded"
     path: str = "./dblog-data"
@@ -152,6 +156,7 @@ class LogConfig(_Model):
     truncates: Literal["skip", "include"] = "skip"
     transactional_id: str | None = None
     value_format: Literal["json", "json-schema", "avro"] = "json"
+    producer: Literal["wire", "librdkafka"] = "wire"
     schema_registry_url: str | None = None
     kafka: dict[str, KafkaSetting] = Field(default_factory=dict)
 

@@ -130,18 +130,25 @@ def raw(cfg: LogConfig) -> list[tuple[Any, ...]]:
     return sorted(out)
 
 
-@pytest.mark.parametrize(("queue", "source_header"), [(1_000_000, False), (7, False), (1_000_000, True)])
+@pytest.mark.parametrize(("queue", "source_header", "producer"),
+                         [(1_000_000, False, "wire"), (1_000_000, True, "wire"),
+                          (1_000_000, False, "librdkafka"), (7, False, "librdkafka"),
+                          (1_000_000, True, "librdkafka")])
 def test_native_records_are_the_python_records(
         kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queue: int,
-        source_header: bool) -> None:
-    """``queue``: ``queue.buffering.max.messages`` (7: the queue is full every few
-    records, in runs of events, template blocks and tombstones). ``source_header``: the
-    records carry ``dblog.source`` (the envelope's ``source``) or no header but the
-    session tag and, for notifications, the envelope."""
+        source_header: bool, producer: str) -> None:
+    """``queue``: librdkafka's ``queue.buffering.max.messages`` (7: the queue is full
+    every few records, in runs of events, template blocks and tombstones).
+    ``source_header``: the records carry ``dblog.source`` (the envelope's ``source``) or
+    no header but the session tag and, for notifications, the envelope. ``producer``:
+    the C path produces into the wire producer's accumulator or into librdkafka; the
+    Python path's records (librdkafka's producer) are the oracle, partitions and offsets
+    included."""
     def cfg(name: str) -> LogConfig:
         return LogConfig(type="kafka", path=str(tmp_path / name), bootstrap_servers=kafka_bootstrap,
                          topic_prefix=f"t{uuid.uuid4().hex[:10]}", partitions=3, tombstones=True,
-                         source_header=source_header, kafka={"queue.buffering.max.messages": queue})
+                         source_header=source_header, producer=producer,  # type: ignore[arg-type]
+                         kafka={"queue.buffering.max.messages": queue})
 
     native_cfg, py_cfg = cfg("native"), cfg("py")
     calls: list[tuple[int, int]] = []  # (records produced, status) per call
@@ -163,6 +170,7 @@ def test_native_records_are_the_python_records(
     monkeypatch.setattr(kafka_native, "produce_template", spy_template)
     w = write(native_cfg)
     assert w._native and sum(n for n, _ in calls) > 400, "events and blocks went through C"
+    assert (w._wire is not None) == (producer == "wire")
     assert any(status == 1 for _, status in calls)  # the envelopes left to Python
     assert any(status == 2 for _, status in calls) == (queue == 7)
     # blocks of deletes (with tombstones) and of updates with before rows cut in C, but
@@ -171,7 +179,8 @@ def test_native_records_are_the_python_records(
     assert any(status == 1 for *_, status in templates)
     assert any(status == 3 for *_, status in templates) == (queue == 7)
     monkeypatch.setattr(kafka_native, "writer_available", lambda: False)
-    assert not write(py_cfg)._native
+    py = write(py_cfg)
+    assert not py._native and py._wire is None
     got, want = raw(native_cfg), raw(py_cfg)
     assert len(want) > 400 and any(v is None for *_, v, _ in want)  # tombstones too
     assert got == want

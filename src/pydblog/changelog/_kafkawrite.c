@@ -33,8 +33,7 @@
  * ``Handle`` holds right after the object header (as ``_kafkaread`` reads it). The
  * handle's name is checked against the producer's unique ``client.id`` before it is used.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_kafkarecords.h"
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -43,7 +42,7 @@
 #include <string.h>
 #include <sys/types.h>
 
-#define KAFKAWRITE_VERSION 3
+#define KAFKAWRITE_VERSION 4
 
 typedef struct rd_kafka_s rd_kafka_t;
 typedef struct rd_kafka_conf_s rd_kafka_conf_t;
@@ -367,10 +366,19 @@ static const char *text_of(PyObject *o, Py_ssize_t *len) {
     return NULL;
 }
 
-/* One record; 0, or librdkafka's error code (queue full included). */
-static int produce_one(rd_kafka_t *rk, const char *topic, const char *value, size_t value_len,
+/* One record, into librdkafka's ``rk`` or, if ``acc`` is not NULL, into that
+ * ``Accumulator`` (the wire producer's); 0, or librdkafka's error code (queue full
+ * included; -1: the accumulator's error). */
+static int produce_one(rd_kafka_t *rk, PyObject *acc, const char *topic, const char *value, size_t value_len,
                        const char *key, size_t key_len, const char *tag, size_t tag_len,
                        const char *source, size_t source_len, char *errbuf, size_t errbuf_len) {
+    if (acc != NULL) {
+        const char *names[2] = {"dblog.writer", "dblog.source"};
+        const char *vals[2] = {tag, source};
+        ssize_t lens[2] = {(ssize_t)tag_len, (ssize_t)source_len};
+        return acc_append(acc, topic, -1, key, key_len, value, value_len,
+                          source != NULL ? 2 : 1, names, vals, lens, errbuf, errbuf_len);
+    }
     vu_t vus[7];
     size_t n = 0;
     memset(vus, 0, sizeof(vus));
@@ -450,8 +458,9 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
                           &start, &seq, &PyDict_Type, &topics, &tag, &tag_len, &tombstones,
                           &event_type, &source_header))
         return NULL;
-    rd_kafka_t *rk = producer_handle(producer, client_id);
-    if (rk == NULL) return NULL;
+    rd_kafka_t *rk = NULL;
+    PyObject *acc = Accumulator_Check(producer) ? producer : NULL;
+    if (acc == NULL && (rk = producer_handle(producer, client_id)) == NULL) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(events);
     if (start < 0 || start > n) {
         PyErr_SetString(PyExc_ValueError, "start out of range");
@@ -551,7 +560,7 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
         memcpy(buf.p, head, (size_t)hl);
         memcpy(buf.p + hl, j->text + 1, j->len - 1);
         const char *src = source_header ? j->text + j->src_start : NULL;
-        code = produce_one(rk, j->topic, buf.p, value_len, j->key, j->key_len, tag,
+        code = produce_one(rk, acc, j->topic, buf.p, value_len, j->key, j->key_len, tag,
                            (size_t)tag_len, src, j->src_end - j->src_start, errbuf,
                            sizeof(errbuf));
         if (code != 0) {
@@ -559,7 +568,7 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
             break;
         }
         if (j->tombstone) {
-            code = produce_one(rk, j->topic, NULL, 0, j->key, j->key_len, tag, (size_t)tag_len,
+            code = produce_one(rk, acc, j->topic, NULL, 0, j->key, j->key_len, tag, (size_t)tag_len,
                                src, j->src_end - j->src_start, errbuf, sizeof(errbuf));
             if (code != 0) {
                 failed = code == ERR_QUEUE_FULL ? 3 : 4;
@@ -605,8 +614,9 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
                           &head_len, &mid, &mid_len, &body, &body_len, &first_index, &seq,
                           &tag, &tag_len, &start, &tombstones, &half, &source_header))
         return NULL;
-    rd_kafka_t *rk = producer_handle(producer, client_id);
-    if (rk == NULL) return NULL;
+    rd_kafka_t *rk = NULL;
+    PyObject *acc = Accumulator_Check(producer) ? producer : NULL;
+    if (acc == NULL && (rk = producer_handle(producer, client_id)) == NULL) return NULL;
     const char *s = find(head, (size_t)head_len, 0, SOURCE_AT, sizeof(SOURCE_AT) - 1);
     const char *k = find(mid, (size_t)mid_len, 0, KEY_AT, sizeof(KEY_AT) - 1);
     if (s == NULL || k == NULL || head_len < 1)
@@ -671,7 +681,7 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
                 memcpy(v, mid, (size_t)mid_len);
                 v += mid_len;
                 memcpy(v, tail, tail_len);
-                code = produce_one(rk, topic, value.p, vlen, key, key_len, tag, (size_t)tag_len,
+                code = produce_one(rk, acc, topic, value.p, vlen, key, key_len, tag, (size_t)tag_len,
                                    src, slen, errbuf, sizeof(errbuf));
                 if (code != 0) {
                     status = code == ERR_QUEUE_FULL ? 2 : 4;
@@ -679,7 +689,7 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
                 }
             }
             if (tombstones) {
-                code = produce_one(rk, topic, NULL, 0, key, key_len, tag, (size_t)tag_len,
+                code = produce_one(rk, acc, topic, NULL, 0, key, key_len, tag, (size_t)tag_len,
                                    src, slen, errbuf, sizeof(errbuf));
                 if (code != 0) {
                     status = code == ERR_QUEUE_FULL ? 3 : 4;
@@ -753,8 +763,10 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__kafkawrite(void) {
+    if (PyType_Ready(&AccumulatorType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", KAFKAWRITE_VERSION) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "VERSION", KAFKAWRITE_VERSION) < 0 ||
+                      PyModule_AddObjectRef(m, "Accumulator", (PyObject *)&AccumulatorType) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -149,7 +149,7 @@ def consume(consumer: Any, client_id: str, max_messages: int, timeout_s: float) 
 
 # -- the writer (``_kafkawrite``) ------------------------------------------------------------
 
-WRITE_ABI_VERSION = 3
+WRITE_ABI_VERSION = 4
 """The ``_kafkawrite`` interface this module speaks (its ``VERSION``)."""
 
 _write_state = "unknown"
@@ -187,7 +187,7 @@ def producer_config(conf: dict[str, Any]) -> tuple[dict[str, Any], str]:
 def _check_producer(producer: Any) -> None:
     from confluent_kafka import Producer
 
-    if type(producer) is not Producer:
+    if type(producer) is not Producer and type(producer) is not _writer.Accumulator:
         raise TypeError(f"kafka_native needs a confluent_kafka.Producer, "
                         f"not {type(producer).__name__}")
 

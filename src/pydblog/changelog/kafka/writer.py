@@ -31,6 +31,8 @@ from pydblog.changelog.kafka.client import (
     client_config,
     unavailable,
 )
+from pydblog.changelog.kafka.producer import WireProducer
+from pydblog.changelog.kafka.producer import supported as producer_unsupported
 from pydblog.changelog.kafka.protocol import CommitLog, CommitRecord, commit_ends, recover
 from pydblog.changelog.kafka.topics import (
     HEADER_EVENT,
@@ -116,6 +118,7 @@ class KafkaChangeLog(ChangeLogWriter):
                 raise ConfigError(f"[log] value_format: {exc}") from None
         self._native = kafka_native.writer_available() and self._formatter is None
         self._client_id = ""
+        self._wire: WireProducer | None = None  # pydblog's own producer, if it serves
         self._delivered: dict[tuple[str, int], list[int]] = {}  # [first, last, count]
         self._no_run: set[tuple[str, int]] = set()  # partitions without a run (notifications)
         self._include_truncates = getattr(cfg, "truncates", "skip") == "include"
@@ -152,9 +155,21 @@ class KafkaChangeLog(ChangeLogWriter):
                  cfg.bootstrap_servers, self._tag.decode(), self._next)
 
     def _make_producer(self, conf: dict[str, Any]) -> Any:
-        """The transactional producer: with the C path's interceptor plugin if it can be
-        made (else the Python path's, logged)."""
+        """The transactional producer: the wire producer (``producer``) if ``[log]
+        producer`` asks for it and it speaks the ``[log.kafka]`` settings, else
+        librdkafka's, with the C path's interceptor plugin if it can be made (else the
+        Python path's, logged)."""
         k = self.client.k
+        if self.cfg.producer == "wire" and kafka_native.writer_available():
+            why = producer_unsupported(self.cfg.kafka)
+            if why is None:
+                assert self.cfg.bootstrap_servers is not None
+                self._wire = WireProducer(
+                    self.cfg.bootstrap_servers, str(conf["transactional.id"]),
+                    int(conf["transaction.timeout.ms"]), TIMEOUT_S)
+                return self._wire
+            log.info("Kafka change log: librdkafka's producer writes ([log.kafka] %s is not "
+                     "spoken by pydblog's wire producer)", why)
         if self._native:
             native_conf, client_id = kafka_native.producer_config(conf)
             try:
@@ -298,7 +313,9 @@ class KafkaChangeLog(ChangeLogWriter):
         self._no_run.clear()
         self._delivery_error = None
         try:
-            if self._native:
+            if self._wire is not None:
+                self._wire.known(set((topics or {}).values()))
+            elif self._native:
                 kafka_native.take_acks(p, self._client_id)  # none of this commit's yet
             p.begin_transaction()
             self._produce(events, rec.start, topics or {})
@@ -472,9 +489,12 @@ class KafkaChangeLog(ChangeLogWriter):
     def _take_acks(self) -> None:
         """The C path's delivery reports (``kafka_native.take_acks``: what ``_on_delivery``
         gathers per record, counted by librdkafka's interceptor) into ``_delivered``."""
-        if not self._native:
+        if self._wire is not None:
+            entries, err = self._wire.take_acks()
+        elif self._native:
+            entries, err = kafka_native.take_acks(self._producer, self._client_id)
+        else:
             return
-        entries, err = kafka_native.take_acks(self._producer, self._client_id)
         if err and self._delivery_error is None:
             self._delivery_error = self.client.k.KafkaError(err)
         for topic, part, first, last, count in entries:
@@ -566,7 +586,7 @@ class KafkaChangeLog(ChangeLogWriter):
                 i += 1
                 continue
             i, seq, status, code, why = kafka_native.produce_events(
-                p, self._client_id, events, i, seq, topics, self._tag, self._tombstones,
+                self._sink(), self._client_id, events, i, seq, topics, self._tag, self._tombstones,
                 EncodedEvent, self._source_header)
             if status == 1:  # Python's: a truncate, a notification, or an envelope it does not cut
                 if type(events[i]) is not EncodedBlock:
@@ -579,6 +599,11 @@ class KafkaChangeLog(ChangeLogWriter):
                 i += 1
             elif status == 4:
                 raise k.KafkaException(k.KafkaError(code, why))
+
+    def _sink(self) -> Any:
+        """What the C path produces into: the wire producer's accumulator, or the
+        librdkafka producer."""
+        return self._wire.acc if self._wire is not None else self._producer
 
     def _produce_py(self, events: Sequence[Encoded], seq: int, topics: dict[str, str],
                     tombstone_only: bool = False) -> int:
@@ -680,7 +705,7 @@ class KafkaChangeLog(ChangeLogWriter):
             tombstones = block.op == "d" and self._tombstones
             while True:
                 start, seq, status, code, why = kafka_native.produce_template(
-                    self._producer, self._client_id, topic, block.head, block.mid, block.body,
+                    self._sink(), self._client_id, topic, block.head, block.mid, block.body,
                     block.first_index, seq, self._tag, start, tombstones, half,
                     self._source_header)
                 half = False
@@ -750,6 +775,8 @@ class KafkaChangeLog(ChangeLogWriter):
         except Exception as exc:  # a fenced or failed producer: nothing left to deliver
             log.debug("flush at close failed: %s", exc)
         finally:
+            if self._wire is not None:
+                self._wire.close()
             self.client.close()
             if self._peek is not None:
                 self._peek.close()
