@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 import struct
 import time
@@ -118,6 +119,7 @@ class WireProducer:
         self._open = False
         self._stale = False  # an error left the transaction: a new epoch first
         self._acks: dict[tuple[str, int], list[int]] = {}
+        self._expected: set[tuple[str, int]] = set()
 
     # -- connections and metadata ---------------------------------------------------------
 
@@ -190,7 +192,7 @@ class WireProducer:
         if self._coordinator is not None and not self._coordinator.closed:
             return self._coordinator
         deadline = time.monotonic() + self._timeout_s
-        while True:
+        for attempt in itertools.count():
             c = self._any()
             err, message, broker = wire.find_coordinator_response(c.request(
                 wire.API_FIND_COORDINATOR, wire.VERSIONS[wire.API_FIND_COORDINATOR],
@@ -201,16 +203,20 @@ class WireProducer:
                 self._brokers[broker.node_id] = broker
                 self._coordinator = self._conn(broker.node_id)
                 return self._coordinator
-            self._backoff(err, deadline, f"FindCoordinator: {message or err}")
+            self._backoff(err, deadline, f"FindCoordinator: {message or err}", attempt)
+        raise AssertionError("itertools.count() ended")
 
-    def _backoff(self, err: int, deadline: float, what: str) -> None:
+    def _backoff(self, err: int, deadline: float, what: str, attempt: int = 0) -> None:
+        """Raise ``err`` unless it is retriable and time is left; else wait before the
+        next attempt: 1 ms, doubling up to 20 ms (the coordinator answers
+        CONCURRENT_TRANSACTIONS while it writes the last transaction's markers, ~1 ms)."""
         if err not in wire.RETRIABLE or time.monotonic() > deadline:
             raise _error(err, what)
         if err in (wire.NOT_COORDINATOR, wire.COORDINATOR_NOT_AVAILABLE):
             if self._coordinator is not None:
                 self._coordinator.close()
             self._coordinator = None
-        time.sleep(0.02)
+        time.sleep(min(0.02, 0.001 * (1 << min(attempt, 5))))
 
     def _coordinated(self, api: int, body: bytes) -> wire.Reader:
         """A request to the transaction coordinator; a lost connection is retried once
@@ -228,13 +234,13 @@ class WireProducer:
         transaction and fences any other producer of it; sequences start from 0."""
         deadline = time.monotonic() + (timeout or self._timeout_s)
         try:
-            while True:
+            for attempt in itertools.count():
                 err, pid, epoch = wire.init_producer_id_response(self._coordinated(
                     wire.API_INIT_PRODUCER_ID,
                     wire.init_producer_id_request(self.txn_id, self._txn_timeout_ms)))
                 if err == wire.NONE:
                     break
-                self._backoff(err, deadline, f"InitProducerId failed with error {err}")
+                self._backoff(err, deadline, f"InitProducerId failed with error {err}", attempt)
         except WireError as exc:
             raise _error(exc.code, str(exc)) from None
         self._pid, self._epoch = pid, epoch
@@ -242,12 +248,18 @@ class WireProducer:
         self._in_txn.clear()
         self._stale = False
 
+    def expect(self, tps: Iterable[tuple[str, int]]) -> None:
+        """Partitions this transaction will write: added to it with the first records'
+        partitions (one AddPartitionsToTxn round trip for both)."""
+        self._expected.update(tps)
+
     def begin_transaction(self) -> None:
         if self._stale:
             self.init_transactions()
         self.acc.clear()
         self._acks.clear()
         self._in_txn.clear()
+        self._expected.clear()
         self._open = True
 
     def produce(self, topic: str, value: Any = None, key: Any = None,
@@ -280,7 +292,8 @@ class WireProducer:
         batches = self.acc.take()
         if not batches:
             return
-        new = {(t, p) for t, p, *_ in batches} - self._in_txn
+        new = ({(t, p) for t, p, *_ in batches} | self._expected) - self._in_txn
+        self._expected.clear()
         if new:
             self._add_partitions(new)
         # each partition's batches in order, with their sequence numbers
@@ -398,7 +411,7 @@ class WireProducer:
             parts.setdefault(t, []).append(p)
         deadline = time.monotonic() + self._timeout_s
         body = wire.add_partitions_request(self.txn_id, self._pid, self._epoch, parts)
-        while True:
+        for attempt in itertools.count():
             result = wire.add_partitions_response(
                 self._coordinated(wire.API_ADD_PARTITIONS_TO_TXN, body))
             errors = {e for e in result.values() if e != wire.NONE}
@@ -407,7 +420,7 @@ class WireProducer:
                 return
             # one failed partition fails them all (OPERATION_NOT_ATTEMPTED for the rest)
             err = min(errors - {55} or errors)
-            self._backoff(err, deadline, f"AddPartitionsToTxn failed with error {err}")
+            self._backoff(err, deadline, f"AddPartitionsToTxn failed with error {err}", attempt)
 
     def _batch(self, records: bytes, count: int, base_ts: int, max_ts: int, seq: int) -> bytes:
         attrs = ATTR_TRANSACTIONAL
@@ -448,11 +461,11 @@ class WireProducer:
         try:
             if self._in_txn:
                 body = wire.end_txn_request(self.txn_id, self._pid, self._epoch, commit)
-                while True:
+                for attempt in itertools.count():
                     err = wire.end_txn_response(self._coordinated(wire.API_END_TXN, body))
                     if err == wire.NONE:
                         break
-                    self._backoff(err, deadline, f"EndTxn failed with error {err}")
+                    self._backoff(err, deadline, f"EndTxn failed with error {err}", attempt)
         except WireError as exc:
             self._stale = True
             self._open = False

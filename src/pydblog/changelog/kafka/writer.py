@@ -318,6 +318,8 @@ class KafkaChangeLog(ChangeLogWriter):
             elif self._native:
                 kafka_native.take_acks(p, self._client_id)  # none of this commit's yet
             p.begin_transaction()
+            if self._wire is not None:  # its partition joins the transaction with the data's
+                self._wire.expect([(checkpoint_topic(self.prefix), 0)])
             self._produce(events, rec.start, topics or {})
             for value, key in schema_msgs:
                 self._send(schemas_topic(self.prefix), value, key.encode(), None, None)
