@@ -60,20 +60,36 @@ once the partition's leader is known again."""
 
 
 def supported(settings: dict[str, Any]) -> str | None:
-    """Why the wire producer cannot serve a producer with these librdkafka ``settings``
-    (None: it can): it speaks plaintext Kafka without authentication, LZ4 or no
-    compression."""
-    proto = str(settings.get("security.protocol", "plaintext")).lower()
-    if proto != "plaintext":
-        return f'security.protocol "{proto}"'
-    codec = str(settings.get("compression.type", settings.get("compression.codec", "lz4")))
-    if codec not in ("lz4", "none"):
-        return f'compression.type "{codec}"'
-    for key in settings:
-        if key.startswith(("ssl.", "sasl.")) or key in ("plugin.library.paths",
-                                                         "client.dns.lookup"):
+    """Why the wire producer does not serve a capture with these ``[log.kafka]``
+    (librdkafka) ``settings``, naming the setting (None: it does). It speaks plaintext
+    Kafka without authentication, writes lz4 (the default) or uncompressed batches, and
+    takes ``transaction.timeout.ms``; any other producer setting (``linger.ms``,
+    ``partitioner``, ``acks``, ...) is librdkafka's to honour, so librdkafka's producer
+    serves then."""
+    from pydblog.changelog.kafka.client import _PRODUCER_ONLY
+
+    for key, value in settings.items():
+        name = key.strip().lower()
+        if name == "security.protocol":
+            if str(value).lower() != "plaintext":
+                return f'"{key}" = "{value}"'
+        elif name in ("compression.type", "compression.codec"):
+            if str(value).lower() not in ("lz4", "none"):
+                return f'"{key}" = "{value}"'
+        elif name == "transaction.timeout.ms":
+            continue
+        elif name.startswith(("ssl.", "sasl.", "plugin.", "client.dns.")) \
+                or name.startswith(_PRODUCER_ONLY):
             return f'"{key}"'
     return None
+
+
+def codec(settings: dict[str, Any]) -> str:
+    """The batches' compression under ``settings`` ("lz4" unless "none" is asked)."""
+    for key in ("compression.type", "compression.codec"):
+        if str(settings.get(key, "")).lower() == "none":
+            return "none"
+    return "lz4"
 
 
 def _kafka() -> Any:

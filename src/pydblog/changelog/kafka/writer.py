@@ -32,6 +32,7 @@ from pydblog.changelog.kafka.client import (
     unavailable,
 )
 from pydblog.changelog.kafka.producer import WireProducer
+from pydblog.changelog.kafka.producer import codec as producer_codec
 from pydblog.changelog.kafka.producer import supported as producer_unsupported
 from pydblog.changelog.kafka.protocol import CommitLog, CommitRecord, commit_ends, recover
 from pydblog.changelog.kafka.topics import (
@@ -166,7 +167,9 @@ class KafkaChangeLog(ChangeLogWriter):
                 assert self.cfg.bootstrap_servers is not None
                 self._wire = WireProducer(
                     self.cfg.bootstrap_servers, str(conf["transactional.id"]),
-                    int(conf["transaction.timeout.ms"]), TIMEOUT_S)
+                    int(conf["transaction.timeout.ms"]), TIMEOUT_S,
+                    compression=producer_codec(self.cfg.kafka),
+                    client_id=str(conf["client.id"]) if "client.id" in conf else None)
                 return self._wire
             log.info("Kafka change log: librdkafka's producer writes ([log.kafka] %s is not "
                      "spoken by pydblog's wire producer)", why)
