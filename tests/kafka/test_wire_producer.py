@@ -28,7 +28,8 @@ Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None
 
 
 def new_topic(bootstrap: str, partitions: int) -> str:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     name = f"wire{uuid.uuid4().hex[:10]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -47,7 +48,7 @@ def read(bootstrap: str, topic: str, partitions: int, committed: bool = True,
                   "isolation.level": "read_committed" if committed else "read_uncommitted"})
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     todo = set(range(partitions))
-    out = []
+    out: list[tuple[int, int, Any, Any, Any]] = []
     deadline = time.monotonic() + 60
     while todo and time.monotonic() < deadline:
         for m in c.consume(1000, 0.5):
@@ -56,7 +57,8 @@ def read(bootstrap: str, topic: str, partitions: int, committed: bool = True,
                 if err.code() == KafkaError._PARTITION_EOF:
                     todo.discard(m.partition())
                 continue
-            out.append((m.partition(), m.offset(), m.key(), m.value(), m.headers()))
+            out.append((int(m.partition() or 0), int(m.offset() or 0), m.key(), m.value(),
+                        m.headers()))
     c.close()
     assert not todo
     return sorted(out)
@@ -197,13 +199,14 @@ def test_settings_it_does_not_speak_go_to_librdkafka(kafka_bootstrap: str, tmp_p
     assert supported({"compression.type": "none", "transaction.timeout.ms": 30_000,
                       "security.protocol": "PLAINTEXT", "socket.keepalive.enable": True}) is None
     assert codec({"compression.type": "none"}) == "none" and codec({}) == "lz4"
-    for settings, named in [({"security.protocol": "SASL_SSL"}, "security.protocol"),
+    cases: list[tuple[dict[str, Any], str]] = [({"security.protocol": "SASL_SSL"}, "security.protocol"),
                             ({"sasl.mechanism": "PLAIN"}, "sasl.mechanism"),
                             ({"ssl.ca.location": "/x"}, "ssl.ca.location"),
                             ({"compression.type": "zstd"}, "compression.type"),
                             ({"linger.ms": 50}, "linger.ms"),
                             ({"partitioner": "consistent"}, "partitioner"),
-                            ({"acks": "all"}, "acks")]:
+                            ({"acks": "all"}, "acks")]
+    for settings, named in cases:
         why = supported(settings)
         assert why is not None and named in why, (settings, why)
 
