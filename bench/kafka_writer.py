@@ -1,5 +1,7 @@
 """Benchmark: the change-log writer alone, the same stream events appended to the embedded
-log, to Kafka by the Python path and to Kafka by the native path (``kafka_native``).
+log, to Kafka by the wire producer (the default: records encoded in C into pydblog's own
+record batches), by librdkafka's producer fed from C (``kafka_native``, ``[log] producer
+= "librdkafka"``) and by librdkafka's producer fed from Python.
 
 No database: ``--events`` insert events of the shape of ``bench/kafka.py``'s table are
 encoded once, then appended in batches of ``--batch`` (the capture's default
@@ -8,9 +10,10 @@ each round). Per writer: events/s (wall) and CPU microseconds per event of the a
 thread (the thread that competes with the stream's decoding for the GIL) and of the whole
 process (librdkafka's threads included) and, for a broker this bench started, the
 broker's CPU per event. One Apache Kafka broker (devtools.kafka), or
-KAFKA_BOOTSTRAP_SERVERS. ``--compression C`` (repeatable) adds a native writer with
+KAFKA_BOOTSTRAP_SERVERS. ``--compression C`` (repeatable) adds a writer with
 ``[log.kafka] compression.type = C`` per value, ``--setting key=value`` (repeatable) one
-with that ``[log.kafka]`` setting, in the same rotation.
+with that ``[log.kafka]`` setting, in the same rotation (the wire producer where it
+speaks the setting, else librdkafka's fed from C).
 
 Usage: flock /tmp/pydblog-bench.lock .venv/bin/python bench/kafka_writer.py [--events 200000]
 """
@@ -98,7 +101,7 @@ def main() -> None:
         bootstrap = broker.bootstrap
     work = Path(tempfile.mkdtemp(prefix="dblog-bench-kwriter-"))
     runs: dict[str, list[tuple[float, float, float, float]]] = {
-        "embedded": [], "kafka python": [], "kafka native": [],
+        "embedded": [], "kafka wire": [], "kafka native": [], "kafka python": [],
         **{f"native {c}": [] for c in args.compression},
         **{f"native {kv}": [] for kv in args.setting}}
     broker_pid = broker.pid if broker is not None else None
@@ -123,10 +126,13 @@ def main() -> None:
                                       if not value.isdigit() else int(value))
                     elif name.startswith("native "):
                         extra["compression.type"] = variant
-                    w = KafkaChangeLog(LogConfig(type="kafka", path=str(d), bootstrap_servers=bootstrap,
-                                                 topic_prefix=f"w{uuid.uuid4().hex[:8]}",
-                                                 kafka=extra))
+                    w = KafkaChangeLog(LogConfig(
+                        type="kafka", path=str(d), bootstrap_servers=bootstrap,
+                        topic_prefix=f"w{uuid.uuid4().hex[:8]}", kafka=extra,
+                        producer="librdkafka" if name == "kafka native" else "wire"))
                     assert w._native == native
+                    if not name.startswith("native "):
+                        assert (w._wire is not None) == (name == "kafka wire"), name
                 runs[name].append(run(w, evs, args.batch, broker_pid))
                 w.close()
                 rate, thread_us, proc_us, broker_us = runs[name][-1]

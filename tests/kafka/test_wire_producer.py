@@ -221,3 +221,24 @@ def test_settings_it_does_not_speak_go_to_librdkafka(kafka_bootstrap: str, tmp_p
     assert writer()._wire is not None
     assert writer(kafka={"linger.ms": 5})._wire is None
     assert writer(producer="librdkafka")._wire is None
+
+
+def test_brokers_without_its_request_versions_get_librdkafkas_producer(
+        kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that does not serve a request version the wire producer sends (here: a
+    Produce version no broker serves) gets librdkafka's producer, and the log works."""
+    from pydblog.changelog.kafka import wire
+    from pydblog.changelog.kafka.reader import KafkaChangeLogReader
+    from tests.kafka.test_kafka_log import batches, cp
+
+    monkeypatch.setitem(wire.VERSIONS, wire.API_PRODUCE, 999)
+    cfg = LogConfig(type="kafka", path=str(tmp_path / "log"), bootstrap_servers=kafka_bootstrap,
+                    topic_prefix=f"w{uuid.uuid4().hex[:10]}")
+    w = KafkaChangeLog(cfg)
+    assert w._wire is None
+    events = batches()[0]
+    w.append(events, cp(0))
+    w.close()
+    r = KafkaChangeLogReader(cfg)
+    assert len(r.read(0, 10**9)) == len(events)
+    r.close()

@@ -150,7 +150,11 @@ class WireProducer:
             except WireError as exc:
                 last = exc
                 continue
-            self._check_versions(c)
+            try:
+                self._check_versions(c)
+            except BaseException:
+                c.close()
+                raise
             return c
         raise last or WireError(wire.NETWORK_EXCEPTION, "no bootstrap server")
 

@@ -120,6 +120,7 @@ class KafkaChangeLog(ChangeLogWriter):
         self._native = kafka_native.writer_available() and self._formatter is None
         self._client_id = ""
         self._wire: WireProducer | None = None  # pydblog's own producer, if it serves
+        self._no_wire = False  # the brokers do not serve the wire producer's requests
         self._delivered: dict[tuple[str, int], list[int]] = {}  # [first, last, count]
         self._no_run: set[tuple[str, int]] = set()  # partitions without a run (notifications)
         self._include_truncates = getattr(cfg, "truncates", "skip") == "include"
@@ -137,8 +138,21 @@ class KafkaChangeLog(ChangeLogWriter):
                 [checkpoint_topic(self.prefix), schemas_topic(self.prefix),
                  notifications_topic(self.prefix), truncates_topic(self.prefix)], 1)
             self._producer = self._make_producer(conf)
-            self._producer.init_transactions(TIMEOUT_S)
+            try:
+                self._producer.init_transactions(TIMEOUT_S)
+            except k.KafkaException as exc:
+                if self._wire is None or not _unsupported_version(exc):
+                    raise
+                log.info("Kafka change log: librdkafka's producer writes (the brokers do not "
+                         "serve a request version the wire producer speaks: %s)", exc)
+                self._wire.close()
+                self._wire = None
+                self._no_wire = True
+                self._producer = self._make_producer(conf)
+                self._producer.init_transactions(TIMEOUT_S)
         except k.KafkaException as exc:
+            if self._wire is not None:
+                self._wire.close()
             raise unavailable("starting the transactional producer", cfg, exc) from None
         commits = recover_commits(client)
         self._checkpoint = commits.last.checkpoint if commits.last is not None else None
@@ -161,7 +175,7 @@ class KafkaChangeLog(ChangeLogWriter):
         librdkafka's, with the C path's interceptor plugin if it can be made (else the
         Python path's, logged)."""
         k = self.client.k
-        if self.cfg.producer == "wire" and kafka_native.writer_available():
+        if self.cfg.producer == "wire" and kafka_native.writer_available() and not self._no_wire:
             why = producer_unsupported(self.cfg.kafka)
             if why is None:
                 assert self.cfg.bootstrap_servers is not None
@@ -785,6 +799,14 @@ class KafkaChangeLog(ChangeLogWriter):
             self.client.close()
             if self._peek is not None:
                 self._peek.close()
+
+
+def _unsupported_version(exc: BaseException) -> bool:
+    """The wire producer's error for brokers that do not serve its request versions."""
+    from pydblog.changelog.kafka.wire import UNSUPPORTED_VERSION
+
+    err = exc.args[0] if exc.args else None
+    return getattr(err, "code", lambda: None)() == UNSUPPORTED_VERSION
 
 
 def commit_times(events: Sequence[Encoded], start: int) -> list[tuple[int, int]]:
