@@ -318,11 +318,15 @@ class WireProducer:
             self._add_partitions(new)
         # each partition's batches in order, with their sequence numbers
         todo: list[tuple[tuple[str, int], int, bytes]] = []
-        for topic, part, count, base_ts, max_ts, records in batches:
-            tp = (topic, part)
-            seq = self._seq.get(tp, 0)
-            self._seq[tp] = (seq + count) & 0x7FFFFFFF
-            todo.append((tp, count, self._batch(records, count, base_ts, max_ts, seq)))
+        try:
+            for topic, part, count, base_ts, max_ts, records in batches:
+                tp = (topic, part)
+                seq = self._seq.get(tp, 0)
+                self._seq[tp] = (seq + count) & 0x7FFFFFFF
+                todo.append((tp, count, self._batch(records, count, base_ts, max_ts, seq)))
+        finally:
+            del batches  # views of the accumulator's buffers: now returned to it
+            self.acc.release()
         deadline = time.monotonic() + self._timeout_s
         while True:
             todo = self._send_batches(todo)
@@ -442,17 +446,22 @@ class WireProducer:
             err = min(errors - {55} or errors)
             self._backoff(err, deadline, f"AddPartitionsToTxn failed with error {err}", attempt)
 
-    def _batch(self, records: bytes, count: int, base_ts: int, max_ts: int, seq: int) -> bytes:
+    def _batch(self, records: Any, count: int, base_ts: int, max_ts: int, seq: int) -> bytes:
+        """One v2 RecordBatch of ``count`` records (``records``: their bytes, or a view
+        of them), transactional, sequence ``seq`` on."""
         attrs = ATTR_TRANSACTIONAL
+        body: bytes
         if self._lz4 is not None:
-            records = self._lz4(records, block_linked=False, store_size=False,
-                                compression_level=0)
+            body = self._lz4(records, block_linked=False, store_size=False,
+                             compression_level=0)
             attrs |= ATTR_LZ4
-        head = bytearray(_HEADER.pack(0, 49 + len(records), -1, 2, 0, attrs, count - 1,
+        else:
+            body = bytes(records)  # (a view of the accumulator's buffer)
+        head = bytearray(_HEADER.pack(0, 49 + len(body), -1, 2, 0, attrs, count - 1,
                                       base_ts, max_ts, self._pid, self._epoch, seq, count))
-        crc = self._crc(records, self._crc(bytes(head[_CRC_FROM:])))
+        crc = self._crc(body, self._crc(bytes(head[_CRC_FROM:])))
         struct.pack_into(">I", head, 17, crc)
-        return bytes(head) + records
+        return bytes(head) + body
 
     def take_acks(self) -> tuple[list[tuple[str, int, int, int, int]], int]:
         """``kafka_native.take_acks``'s answer: per partition (topic, partition, lowest,
