@@ -147,14 +147,13 @@ class WireProducer:
         for host, port in self._bootstrap:
             try:
                 c = Connection(Broker(-1, host, port), self._client_id, self._timeout_s)
-            except WireError as exc:
-                last = exc
-                continue
-            try:
                 self._check_versions(c)
-            except BaseException:
-                c.close()
-                raise
+            except WireError as exc:
+                if exc.code != wire.NETWORK_EXCEPTION:
+                    c.close()
+                    raise
+                last = exc  # (the connection is closed): the next server
+                continue
             return c
         raise last or WireError(wire.NETWORK_EXCEPTION, "no bootstrap server")
 
@@ -181,13 +180,24 @@ class WireProducer:
         return c
 
     def _refresh(self, topics: Iterable[str]) -> None:
-        c = self._any()
-        md = wire.metadata_response(c.request(wire.API_METADATA, wire.VERSIONS[wire.API_METADATA],
-                                              wire.metadata_request(topics)))
-        self._brokers.update(md.brokers)
-        if c.broker.node_id < 0:
-            c.close()
-        self._leaders.update(md.partitions)
+        """The brokers and the leaders of ``topics``' partitions, from any broker that
+        answers (a broker whose connection fails is skipped: it may be the one gone)."""
+        body = wire.metadata_request(list(topics))
+        for _ in range(len(self._conns) + 1):
+            c = self._any()
+            try:
+                md = wire.metadata_response(
+                    c.request(wire.API_METADATA, wire.VERSIONS[wire.API_METADATA], body))
+            except WireError:
+                if c.broker.node_id >= 0:
+                    continue  # closed now: another known broker, or the bootstrap servers
+                raise
+            self._brokers.update(md.brokers)
+            if c.broker.node_id < 0:
+                c.close()
+            self._leaders.update(md.partitions)
+            return
+        raise WireError(wire.NETWORK_EXCEPTION, "no broker answered a metadata request")
 
     def known(self, topics: Iterable[str]) -> None:
         """Register ``topics`` (existing ones) with the accumulator, partition counts
