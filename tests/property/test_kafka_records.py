@@ -14,36 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.kafka.test_kafka_log import murmur2
+
 try:
     _kafkawrite: Any = importlib.import_module("pydblog.changelog._kafkawrite")
 except ImportError:
     pytest.skip("pydblog.changelog._kafkawrite is not built", allow_module_level=True)
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's ``Utils.murmur2``, as specified (Java int arithmetic)."""
-    m, mask = 0x5BD1E995, 0xFFFFFFFF
-    h = (0x9747B28C ^ len(data)) & mask
-    n4 = len(data) // 4
-    for i in range(n4):
-        k = int.from_bytes(data[4 * i:4 * i + 4], "little")
-        k = (k * m) & mask
-        k ^= k >> 24
-        k = (k * m) & mask
-        h = (h * m) & mask
-        h ^= k
-    rest = data[4 * n4:]
-    if len(rest) == 3:
-        h ^= rest[2] << 16
-    if len(rest) >= 2:
-        h ^= rest[1] << 8
-    if rest:
-        h ^= rest[0]
-        h = (h * m) & mask
-    h ^= h >> 13
-    h = (h * m) & mask
-    h ^= h >> 15
-    return h
 
 
 def varint(buf: memoryview | bytes, pos: int) -> tuple[int, int]:
