@@ -102,17 +102,25 @@ def librdkafka_partitions(bootstrap: str, keys: list[bytes], partitions: int) ->
     return where
 
 
-@pytest.mark.parametrize("compression", ["lz4", "none"])
-def test_records_read_back_as_produced(kafka_bootstrap: str, compression: str) -> None:
+@pytest.mark.parametrize(("compression", "early"), [("lz4", False), ("none", False),
+                                                     ("lz4", True)])
+def test_records_read_back_as_produced(kafka_bootstrap: str, compression: str,
+                                       early: bool) -> None:
+    """``early``: each full batch is sent as soon as it is cut (``send_ready``, as the
+    writer does), the rest at ``flush``."""
     parts = 5
     topic = new_topic(kafka_bootstrap, parts)
     p = WireProducer(kafka_bootstrap, f"wire-{topic}", 60_000, 30, compression=compression,
                      batch_bytes=4096)  # several batches a partition, pipelined
     p.init_transactions()
     p.begin_transaction()
-    want = records(3000, seed=len(compression))
+    want = records(3000, seed=len(compression) + early)
     for key, value, headers in want:
         p.produce(topic, value, key, headers=headers)
+        if early:
+            p.send_ready()
+    if early:
+        assert p.acc.pending < len(want) / 2  # most went before the flush
     p.produce(topic, b"to 3", None, partition=3)
     assert p.flush() == 0
     acks, err = p.take_acks()

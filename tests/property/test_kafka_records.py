@@ -3,13 +3,15 @@ record format written here from the protocol's description: every record comes b
 from ``take`` as added (key, value, headers; null and empty kept apart), per partition in
 the order added, offset deltas 0, 1, ... within each batch, no batch over
 ``batch_bytes`` unless one record alone is, keyed records where Kafka's murmur2 puts
-them; and ``take``'s views survive until the next change, as documented."""
+them; and ``take``'s views survive until the next change, as documented. The record's
+key, cut from the envelope in C or in Python, is the envelope's key text."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -74,12 +76,25 @@ record_lists = st.lists(st.tuples(st.integers(-1, 2), blobs, blobs, header_lists
 
 
 @settings(max_examples=150, deadline=None)
-@given(record_lists, st.sampled_from([1024, 2000, 1_000_000]))
-def test_records_come_back_as_added(recs: list[Any], batch_bytes: int) -> None:
+@given(record_lists, st.sampled_from([1024, 2000, 1_000_000]), st.lists(st.booleans(), max_size=60))
+def test_records_come_back_as_added(recs: list[Any], batch_bytes: int, early: list[bool]) -> None:
+    """Every record comes back once, in its partition's order, in batches of at most
+    ``batch_bytes``, whether the cut batches are taken while records are still added
+    (``take(sealed_only=True)`` after the i-th add where ``early[i]``) or all at the end."""
     acc = _kafkawrite.Accumulator(batch_bytes)
     acc.topic("t", 3)
     want: dict[int, list[Any]] = {0: [], 1: [], 2: []}
-    for part, key, value, headers in recs:
+    have: dict[int, list[Any]] = {0: [], 1: [], 2: []}
+
+    def taken(batches: list[Any]) -> None:
+        for topic, part, count, base_ts, max_ts, records in batches:
+            assert topic == "t" and count >= 1 and max_ts >= base_ts
+            assert len(records) <= batch_bytes or count == 1
+            decoded = decode(records, count)  # (the views hold until the next change)
+            assert [d for d, *_ in decoded] == list(range(count))
+            have[part] += [(k, v, h) for _, k, v, h in decoded]
+
+    for i, (part, key, value, headers) in enumerate(recs):
         if part < 0 and key is None:
             part = 0  # (a keyless record goes to any partition: placed by the test)
         got = acc.add("t", part, key, value, headers)
@@ -88,16 +103,15 @@ def test_records_come_back_as_added(recs: list[Any], batch_bytes: int) -> None:
         else:
             assert got == part
         want[got].append((key, value, [tuple(h) for h in headers] if headers else None))
-    assert acc.pending == len(recs)
-    batches = acc.take()
+        if i < len(early) and early[i]:
+            ready, pending = acc.ready, acc.pending
+            cut = acc.take(sealed_only=True)
+            assert len(cut) == ready
+            assert acc.pending == pending - sum(b[2] for b in cut) and acc.ready == 0
+            taken(cut)
+    assert acc.pending == sum(map(len, want.values())) - sum(map(len, have.values()))
+    taken(acc.take())
     assert acc.pending == 0
-    have: dict[int, list[Any]] = {0: [], 1: [], 2: []}
-    for topic, part, count, base_ts, max_ts, records in batches:
-        assert topic == "t" and count >= 1 and max_ts >= base_ts
-        assert len(records) <= batch_bytes or count == 1
-        decoded = decode(records, count)
-        assert [d for d, *_ in decoded] == list(range(count))
-        have[part] += [(k, v, h) for _, k, v, h in decoded]
     assert have == want
     acc.release()
     assert acc.take() == []
@@ -126,3 +140,45 @@ def test_views_hold_until_the_next_change() -> None:
     acc.add("t", 1, None, b"x", None)
     with pytest.raises(ValueError, match="never removed"):
         acc.topic("t", 1)
+
+
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
+                         st.text(alphabet=st.sampled_from('ab"\\,:{}[]é before'), max_size=12))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3),
+    st.dictionaries(st.sampled_from(["id", "before", "after", "k", "é"]), inner, max_size=3)),
+    max_leaves=8)
+json_keys = st.one_of(st.none(), st.dictionaries(
+    st.sampled_from(["id", "before", "k", "é"]), json_values, min_size=1, max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_keys, json_values, json_values)
+def test_the_record_key_is_the_envelopes_key(key: Any, before: Any, after: Any) -> None:
+    """The C path (``produce_events``) and the Python path (``_key_of``) both key a
+    record by its envelope's ``key`` text, columns or JSON values named ``before``
+    anywhere in the key or the rows included."""
+    from pydblog.changelog import kafka_native
+    from pydblog.changelog.kafka.writer import _key_of
+    from pydblog.events import EncodedEvent
+
+    if not kafka_native.writer_available():
+        pytest.skip("the native Kafka write is not built")
+    source = orjson.dumps({"db": "d", "table": "t", "before": 1}).decode()
+    key_text = orjson.dumps(key).decode()
+    body = (f'{{"op":"u","ts_ms":1,"source":{source},"key":{key_text},'
+            f'"before":{orjson.dumps(before).decode()},"after":{orjson.dumps(after).decode()}}}')
+    want = None if key is None else key_text.encode()
+    start = body.index(',"key":') + 7
+    py_key = _key_of(body, start)
+    assert (None if py_key is None else py_key.encode()) == want
+    acc = _kafkawrite.Accumulator()
+    acc.topic("t", 1)
+    event = EncodedEvent("d.t", "u", 1, body)
+    index, _, status, _, _ = kafka_native.produce_events(
+        acc, "c", [event], 0, 0, {"d.t": "t"}, b"tag", False, EncodedEvent, False)
+    assert (index, status) == (1, 0)  # cut in C
+    ((_, _, count, _, _, records),) = acc.take()
+    ((_, got_key, value, _),) = decode(records, count)
+    assert got_key == want
+    assert value == f'{{"offset":0,{body[1:]}'.encode()

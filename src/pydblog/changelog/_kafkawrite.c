@@ -42,7 +42,7 @@
 #include <string.h>
 #include <sys/types.h>
 
-#define KAFKAWRITE_VERSION 4
+#define KAFKAWRITE_VERSION 5
 
 typedef struct rd_kafka_s rd_kafka_t;
 typedef struct rd_kafka_conf_s rd_kafka_conf_t;
@@ -418,6 +418,45 @@ static const char SOURCE_AT[] = "\"source\":";
 static const char KEY_AT[] = "},\"key\":";
 static const char BEFORE_AT[] = ",\"before\":";
 
+/* The length of the JSON value ``s`` starts with (an object, array, string or scalar, no
+ * whitespace around it: the envelopes' compact JSON), or 0 if ``s`` holds no whole one. */
+static size_t json_len(const char *s, size_t n) {
+    size_t i = 0;
+    int depth = 0;
+    while (i < n) {
+        char c = s[i];
+        if (c == '"') {
+            for (i++; i < n && s[i] != '"'; i++)
+                if (s[i] == '\\') i++;
+            if (i >= n) return 0;
+            i++;
+        } else if (c == '{' || c == '[') {
+            depth++;
+            i++;
+        } else if (c == '}' || c == ']') {
+            if (depth == 0) return i; /* a scalar's end */
+            depth--;
+            i++;
+        } else if (c == ',' && depth == 0) {
+            return i;
+        } else {
+            i++;
+        }
+        if (depth == 0 && (c == '"' || c == '}' || c == ']')) return i;
+    }
+    return depth == 0 ? i : 0;
+}
+
+/* The key's length in ``text`` (just after ``,"key":``): its JSON value, which the
+ * envelope follows with ``,"before":`` (``kafka._key_of``'s rule); 0: not so. */
+static size_t key_len_at(const char *text, size_t n) {
+    size_t k = json_len(text, n);
+    if (k == 0 || n - k < sizeof(BEFORE_AT) - 1 ||
+        memcmp(text + k, BEFORE_AT, sizeof(BEFORE_AT) - 1) != 0)
+        return 0;
+    return k;
+}
+
 /* produce_events(producer, client_id, events, start, seq, topics, tag, tombstones,
  *                event_type, source_header) -> (index, seq, status, error_code, error_text)
  *
@@ -521,10 +560,9 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
         }
         size_t src_end = (size_t)(k - text) + 1;
         size_t key_start = src_end + sizeof(KEY_AT) - 2; /* just after ,"key": */
-        /* kafka._key_of: the key ends at the envelope's only ,"before": */
-        const char *b1 = find(text, L, 0, BEFORE_AT, sizeof(BEFORE_AT) - 1);
-        if (b1 == NULL || (size_t)(b1 - text) < key_start ||
-            find(text, L, (size_t)(b1 - text) + 1, BEFORE_AT, sizeof(BEFORE_AT) - 1) != NULL) {
+        /* kafka._key_of: the key is the JSON value before ,"before": */
+        size_t klen = key_start <= L ? key_len_at(text + key_start, L - key_start) : 0;
+        if (klen == 0) {
             status = 1;
             break;
         }
@@ -535,7 +573,7 @@ static PyObject *produce_events(PyObject *self, PyObject *args) {
         j->len = L;
         j->topic = topic;
         j->key = text + key_start;
-        j->key_len = (size_t)(b1 - j->key);
+        j->key_len = klen;
         if (j->key_len == 4 && memcmp(j->key, "null", 4) == 0) j->key = NULL;
         j->src_start = src_start;
         j->src_end = src_end;
@@ -640,13 +678,11 @@ static PyObject *produce_template(PyObject *self, PyObject *args) {
             const char *tail = body + pos;
             size_t tail_len = end - pos;
             const char *key = tail;
-            const char *b1 = find(tail, tail_len, 0, BEFORE_AT, sizeof(BEFORE_AT) - 1);
-            if (b1 == NULL || find(tail, tail_len, (size_t)(b1 - tail) + 1, BEFORE_AT,
-                                   sizeof(BEFORE_AT) - 1) != NULL) {
+            size_t key_len = key_len_at(tail, tail_len);
+            if (key_len == 0) {
                 status = 1;
                 break;
             }
-            size_t key_len = (size_t)(b1 - tail);
             if (key_len == 4 && memcmp(tail, "null", 4) == 0) key = NULL;
             int nl_len = snprintf(num, sizeof(num), "%lld", first_index + row);
             size_t slen = src_head_len + (size_t)nl_len + src_tail_len;

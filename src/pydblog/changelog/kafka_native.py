@@ -149,7 +149,7 @@ def consume(consumer: Any, client_id: str, max_messages: int, timeout_s: float) 
 
 # -- the writer (``_kafkawrite``) ------------------------------------------------------------
 
-WRITE_ABI_VERSION = 4
+WRITE_ABI_VERSION = 5
 """The ``_kafkawrite`` interface this module speaks (its ``VERSION``)."""
 
 _write_state = "unknown"

@@ -6,14 +6,21 @@ needs: FindCoordinator, InitProducerId, AddPartitionsToTxn, Produce, EndTxn.
 It serves ``KafkaChangeLog`` the subset of confluent-kafka's ``Producer`` the writer
 uses (``init_transactions``, ``begin_transaction``, ``produce``, ``flush``,
 ``commit_transaction``, ``abort_transaction``) and the acknowledgements ``take_acks``
-returns as ``kafka_native.take_acks`` does. Records wait in the accumulator until
-``flush``, which sends them and returns once every one is acknowledged.
+returns as ``kafka_native.take_acks`` does. A batch the accumulator has cut (full) may
+be sent as soon as it is (``send_ready``: the broker stores it while the next records are
+encoded); the rest wait until ``flush``, which sends them and returns once every record
+of the transaction is acknowledged.
 
 Invariants:
 - Idempotent and transactional as Kafka's own producers: one producer id and epoch
   (InitProducerId), per partition sequence numbers from 0 with no gap, every partition
   added to the transaction before its first record is sent, acks from all in-sync
   replicas.
+- A partition's batches are sent in order, on its leader's connection; the answers of
+  every batch sent since the transaction's last ``flush`` are judged together at
+  ``flush``, in the order the batches were cut.
+- The transaction coordinator has a connection of its own, and metadata requests go to
+  a connection with no answer pending: no response is read by the wrong caller.
 - No produce request is ever sent twice. Any error fails the call (a
   ``confluent_kafka.KafkaException`` with the broker's code; fencing codes are fatal);
   the writer then aborts, and the next ``begin_transaction`` starts from a new epoch
@@ -31,6 +38,7 @@ import logging
 import struct
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -136,12 +144,17 @@ class WireProducer:
         self._stale = False  # an error left the transaction: a new epoch first
         self._acks: dict[tuple[str, int], list[int]] = {}
         self._expected: set[tuple[str, int]] = set()
+        # the batches sent (or held) since the last flush, and their answers
+        self._todo: list[tuple[tuple[str, int], int, bytes]] = []
+        self._answers: dict[int, wire.PartitionAck] = {}
+        self._flight: dict[int, deque[list[int]]] = {}  # per leader: each request's batches
+        self._held: set[tuple[str, int]] = set()  # partitions with a batch not sent
 
     # -- connections and metadata ---------------------------------------------------------
 
     def _any(self) -> Connection:
         for c in self._conns.values():
-            if not c.closed:
+            if not c.closed and not c.pending:
                 return c
         last: WireError | None = None
         for host, port in self._bootstrap:
@@ -231,7 +244,7 @@ class WireProducer:
                 c.close()
             if err == wire.NONE:
                 self._brokers[broker.node_id] = broker
-                self._coordinator = self._conn(broker.node_id)
+                self._coordinator = Connection(broker, self._client_id, self._timeout_s)
                 return self._coordinator
             self._backoff(err, deadline, f"FindCoordinator: {message or err}", attempt)
         raise AssertionError("itertools.count() ended")
@@ -286,6 +299,7 @@ class WireProducer:
     def begin_transaction(self) -> None:
         if self._stale:
             self.init_transactions()
+        self._forget_round()
         self.acc.clear()
         self._acks.clear()
         self._in_txn.clear()
@@ -314,21 +328,33 @@ class WireProducer:
             raise
         return 0
 
-    def _flush(self) -> None:
-        if not self._open:
-            if self.acc.pending:
-                raise WireError(wire.INVALID_TXN_STATE, "records outside a transaction")
+    def send_ready(self) -> None:
+        """Send the batches the accumulator has cut (full) so far; their answers are read
+        when more requests than ``IN_FLIGHT`` would be waiting on a connection, the rest
+        by ``flush``."""
+        if not self._open or not self.acc.ready:
             return
-        batches = self.acc.take()
+        try:
+            self._dispatch(self._take(sealed_only=True))
+        except WireError as exc:
+            self._stale = True
+            raise _error(exc.code, str(exc)) from None
+        except BaseException:
+            self._stale = True
+            raise
+
+    def _take(self, sealed_only: bool) -> list[tuple[tuple[str, int], int, bytes]]:
+        """The accumulator's batches (all, or the cut ones), built: header, compression,
+        sequence numbers; their partitions added to the transaction first."""
+        batches = self.acc.take(sealed_only=sealed_only)
         if not batches:
-            return
+            return []
         new = ({(t, p) for t, p, *_ in batches} | self._expected) - self._in_txn
         self._expected.clear()
-        if new:
-            self._add_partitions(new)
-        # each partition's batches in order, with their sequence numbers
         todo: list[tuple[tuple[str, int], int, bytes]] = []
         try:
+            if new:
+                self._add_partitions(new)
             for topic, part, count, base_ts, max_ts, records in batches:
                 tp = (topic, part)
                 seq = self._seq.get(tp, 0)
@@ -337,33 +363,43 @@ class WireProducer:
         finally:
             del batches  # views of the accumulator's buffers: now returned to it
             self.acc.release()
+        return todo
+
+    def _flush(self) -> None:
+        if not self._open:
+            if self.acc.pending:
+                raise WireError(wire.INVALID_TXN_STATE, "records outside a transaction")
+            return
+        self._dispatch(self._take(sealed_only=False))
+        todo = self._collect()
         deadline = time.monotonic() + self._timeout_s
-        while True:
-            todo = self._send_batches(todo)
-            if not todo:
-                return
+        while todo:
             if time.monotonic() > deadline:
                 raise WireError(wire.REQUEST_TIMED_OUT, "partitions without a leader to take "
                                 f"their records: {sorted({tp for tp, *_ in todo})}")
             time.sleep(0.05)
             self._refresh({tp[0] for tp, *_ in todo})
+            self._dispatch(todo)
+            todo = self._collect()
 
-    def _send_batches(self, todo: list[tuple[tuple[str, int], int, bytes]],
-                      ) -> list[tuple[tuple[str, int], int, bytes]]:
-        """Sends ``todo`` (each partition's batches in order); the batches to send again
-        (from a partition's first refused one on: refused by a broker that is not its
-        leader, so not appended)."""
+    def _dispatch(self, todo: list[tuple[tuple[str, int], int, bytes]]) -> None:
+        """Sends ``todo`` (each partition's batches in order) to the partitions'
+        leaders, at most ``IN_FLIGHT`` requests waiting on a connection (the oldest
+        answer is read first otherwise). A partition without a known leader, and from
+        then on in this round every later batch of it, is held (not sent)."""
+        if not todo:
+            return
+        base = len(self._todo)
+        self._todo.extend(todo)
         # per leader, a queue of requests: the i-th holds each partition's i-th batch
         plan: dict[int, list[dict[str, list[tuple[int, bytes]]]]] = {}
         items: dict[int, list[list[int]]] = {}  # the todo indexes each request holds
         depth: dict[tuple[str, int], int] = {}
-        again: list[tuple[tuple[str, int], int, bytes]] = []
-        leaderless: set[tuple[str, int]] = set()
-        for n, (tp, count, data) in enumerate(todo):
-            leader = -1 if tp in leaderless else self._leader(*tp)
+        for n in range(base, len(self._todo)):
+            tp, _, data = self._todo[n]
+            leader = -1 if tp in self._held else self._leader(*tp)
             if leader < 0:
-                leaderless.add(tp)
-                again.append((tp, count, data))
+                self._held.add(tp)
                 continue
             i = depth.get(tp, 0)
             depth[tp] = i + 1
@@ -374,60 +410,92 @@ class WireProducer:
                 where.append([])
             queue[i].setdefault(tp[0], []).append((tp[1], data))
             where[i].append(n)
-        bodies = {leader: [wire.produce_request(self.txn_id, int(self._timeout_s * 1000), r)
-                           for r in reqs] for leader, reqs in plan.items()}
-        conns = {leader: self._conn(leader) for leader in plan}
-        sent = dict.fromkeys(plan, 0)
-        got = dict.fromkeys(plan, 0)
-        acks: dict[int, wire.PartitionAck] = {}
+        timeout_ms = int(self._timeout_s * 1000)
         v = wire.VERSIONS[wire.API_PRODUCE]
-        while any(got[n] < len(bodies[n]) for n in plan):
-            for n, c in conns.items():
-                while sent[n] < len(bodies[n]) and sent[n] - got[n] < IN_FLIGHT:
-                    c.send(wire.API_PRODUCE, v, bodies[n][sent[n]])
-                    sent[n] += 1
-            for n, c in conns.items():
-                if got[n] < sent[n]:
-                    answer = wire.produce_response(c.receive())
-                    for k in items[n][got[n]]:
-                        tp = todo[k][0]
-                        acks[k] = answer.get(tp) or wire.PartitionAck(
-                            wire.NETWORK_EXCEPTION, -1, "no answer for the partition")
-                    got[n] += 1
+        waiting = {leader: deque(zip(reqs, items[leader], strict=True))
+                   for leader, reqs in plan.items()}
+        while waiting:
+            for leader in list(waiting):
+                c = self._conn(leader)
+                flight = self._flight.setdefault(leader, deque())
+                reqs = waiting[leader]
+                while reqs and len(flight) < IN_FLIGHT:
+                    req, idx = reqs.popleft()
+                    c.send(wire.API_PRODUCE, v, wire.produce_request(self.txn_id, timeout_ms, req))
+                    flight.append(idx)
+                if not reqs:
+                    del waiting[leader]
+            for leader in waiting:  # its connection is full: its oldest answer first
+                self._receive(leader)
+
+    def _receive(self, leader: int) -> None:
+        """The answer to the oldest request waiting on ``leader``'s connection."""
+        idx = self._flight[leader].popleft()
+        answer = wire.produce_response(self._conns[leader].receive())
+        for k in idx:
+            self._answers[k] = answer.get(self._todo[k][0]) or wire.PartitionAck(
+                wire.NETWORK_EXCEPTION, -1, "no answer for the partition")
+
+    def _collect(self) -> list[tuple[tuple[str, int], int, bytes]]:
+        """Reads every answer still due and judges the round's batches in order: the
+        batches to send again (held ones, and from a partition's first refused one on:
+        refused by a broker that is not its leader, so not appended); the round is
+        over after."""
+        for leader, flight in self._flight.items():
+            while flight:
+                self._receive(leader)
+        todo = self._todo
+        again: list[tuple[tuple[str, int], int, bytes]] = []
         refused: set[tuple[str, int]] = set()
-        for k, (tp, count, data) in enumerate(todo):
-            if tp in leaderless:
-                continue
-            ack = acks[k]
-            if tp in refused:
-                # after a refused batch of its partition: refused too (out of order)
-                if ack.error not in (wire.NONE, wire.OUT_OF_ORDER_SEQUENCE_NUMBER) \
-                        and ack.error not in NOT_APPENDED:
-                    raise WireError(ack.error, f"{tp[0]} partition {tp[1]}: produce failed "
-                                               f"with error {ack.error}: {ack.message or ''}")
-                if ack.error == wire.NONE:
-                    raise WireError(wire.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                                    f"{tp[0]} partition {tp[1]}: a batch was taken after one "
-                                    "before it was refused")
-                again.append((tp, count, data))
-                continue
-            if ack.error in NOT_APPENDED:
-                self._leaders.pop(tp[0], None)
-                refused.add(tp)
-                again.append((tp, count, data))
-                continue
-            if ack.error != wire.NONE:
-                raise WireError(ack.error, f"{tp[0]} partition {tp[1]}: produce failed with "
-                                           f"error {ack.error}: {ack.message or ''}")
-            first, last = ack.base_offset, ack.base_offset + count - 1
-            seen = self._acks.get(tp)
-            if ack.base_offset < 0:
-                self._acks[tp] = [-1, -1, 0]
-            elif seen is None:
-                self._acks[tp] = [first, last, count]
-            elif seen[0] >= 0:
-                self._acks[tp] = [min(seen[0], first), max(seen[1], last), seen[2] + count]
+        try:
+            for k, (tp, count, data) in enumerate(todo):
+                ack = self._answers.get(k)
+                if ack is None:  # held: never sent
+                    again.append((tp, count, data))
+                    continue
+                if tp in refused:
+                    # after a refused batch of its partition: refused too (out of order)
+                    if ack.error not in (wire.NONE, wire.OUT_OF_ORDER_SEQUENCE_NUMBER) \
+                            and ack.error not in NOT_APPENDED:
+                        raise WireError(ack.error, f"{tp[0]} partition {tp[1]}: produce failed "
+                                                   f"with error {ack.error}: {ack.message or ''}")
+                    if ack.error == wire.NONE:
+                        raise WireError(wire.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                        f"{tp[0]} partition {tp[1]}: a batch was taken after one "
+                                        "before it was refused")
+                    again.append((tp, count, data))
+                    continue
+                if ack.error in NOT_APPENDED:
+                    self._leaders.pop(tp[0], None)
+                    refused.add(tp)
+                    again.append((tp, count, data))
+                    continue
+                if ack.error != wire.NONE:
+                    raise WireError(ack.error, f"{tp[0]} partition {tp[1]}: produce failed with "
+                                               f"error {ack.error}: {ack.message or ''}")
+                first, last = ack.base_offset, ack.base_offset + count - 1
+                seen = self._acks.get(tp)
+                if ack.base_offset < 0:
+                    self._acks[tp] = [-1, -1, 0]
+                elif seen is None:
+                    self._acks[tp] = [first, last, count]
+                elif seen[0] >= 0:
+                    self._acks[tp] = [min(seen[0], first), max(seen[1], last), seen[2] + count]
+        finally:
+            self._forget_round()
         return again
+
+    def _forget_round(self) -> None:
+        """Ends the round of sent batches; a connection left with answers unread (an
+        error stopped the round) is closed, so no later caller reads them."""
+        for leader, flight in self._flight.items():
+            c = self._conns.get(leader)
+            if flight and c is not None:
+                c.close()
+        self._flight.clear()
+        self._todo = []
+        self._answers.clear()
+        self._held.clear()
 
     def _leader(self, topic: str, part: int) -> int:
         """The partition's leader (-1: none known now, after a metadata refresh)."""
@@ -488,6 +556,8 @@ class WireProducer:
         self.acc.clear()
         if not self._open:
             return
+        if any(self._flight.values()):
+            self._stale = True  # requests in flight: a new epoch fences them
         if self._stale or not self._in_txn:
             # nothing sent (a new epoch aborts it anyway) or the epoch is to be renewed
             self._open = False

@@ -359,6 +359,11 @@ class Connection:
         self.send(api, version, body)
         return self.receive()
 
+    @property
+    def pending(self) -> int:
+        """Requests sent whose responses are not read yet."""
+        return len(self._sent)
+
     def _read(self, n: int) -> bytes:
         buf = bytearray()
         while len(buf) < n:

@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
@@ -593,11 +594,14 @@ class KafkaChangeLog(ChangeLogWriter):
     def _produce_native(self, events: list[Encoded], seq: int, topics: dict[str, str]) -> None:
         """``_produce`` by ``kafka_native``: runs of stream events and template blocks in
         C; whatever it leaves (truncates, notifications, other envelopes) in Python, in
-        order."""
+        order. With the wire producer, the batches cut meanwhile are sent between runs."""
         k = self.client.k
         p = self._producer
+        wire = self._wire
         i, n = 0, len(events)
         while i < n:
+            if wire is not None and wire.acc.ready:
+                wire.send_ready()  # full batches go while the next records are encoded
             item = events[i]
             if type(item) is EncodedBlock:
                 seq = (self._produce_template(item, topics[item.table], seq)
@@ -825,15 +829,24 @@ def commit_times(events: Sequence[Encoded], start: int) -> list[tuple[int, int]]
 
 
 def _key_of(text: str, start: int) -> str | None:
-    """The event key's JSON text in an envelope (``start``: just after ``,"key":``).
-    The key ends at the envelope's ``,"before":``; if that text also occurs elsewhere
-    (a key column or a json value named ``before``), the envelope is parsed."""
+    """The event key's JSON text in an envelope (``start``: just after ``,"key":``): the
+    JSON value there, which the envelope follows with ``,"before":`` (if that text also
+    occurs elsewhere, a key column or a json value named ``before``, the value's end is
+    found by decoding it); None for a null key."""
     end = text.find(',"before":', start)
     if end < 0 or text.count(',"before":') != 1:
-        key = orjson.loads(text).get("key")
-        return orjson.dumps(key).decode() if key is not None else None
+        try:
+            end = _JSON.raw_decode(text, start)[1]
+        except ValueError:
+            end = -1
+        if not text.startswith(',"before":', end):
+            key = orjson.loads(text).get("key")
+            return orjson.dumps(key).decode() if key is not None else None
     key_text = text[start:end]
     return None if key_text == "null" else key_text
+
+
+_JSON = json.JSONDecoder()
 
 
 # -- the reader ------------------------------------------------------------------------------
