@@ -24,12 +24,17 @@ small pom) into ``$PYDBLOG_MAVEN_CACHE/debezium-3.6.1`` (default /var/cache/pydb
 on the first run.
 
 Usage: .venv/bin/python bench/peers.py [--rows 1000000] [--tx 100] [--rate 5000]
-           [--seconds 20] [--only s,t,l] [--source postgres|mysql]
+           [--seconds 20] [--only s,t,l] [--source postgres|mysql|mariadb]
 
 ``--source mysql``: the same parts against MySQL 5.7 (``pydblog.devtools.mysql57``) with
 Debezium's MySQL connector (schema history in a file). MySQL's binary log stamps events in
 whole seconds, so (l) times each row by a column the load writes just before its commit
 (epoch microseconds), on both sides.
+
+``--source mariadb``: the same parts against MariaDB (``pydblog.devtools.mariadb``) with
+Debezium's MariaDB connector. Maven Central as reachable here serves that connector up to
+3.5.0.Final only, so this run takes all of Debezium at that version (its own cache
+directory, ``debezium-3.5.0-mariadb``).
 """
 
 from __future__ import annotations
@@ -56,18 +61,20 @@ from pydblog.devtools.pgcluster import PASSWORD, SUPERUSER, PgCluster
 from pydblog.devtools.proc import cpu_seconds
 
 DEBEZIUM = "3.6.1.Final"
-CACHE = Path(os.environ.get("PYDBLOG_MAVEN_CACHE", "/var/cache/pydblog/maven")) / "debezium-3.6.1"
+DEBEZIUM_MARIADB = "3.5.0.Final"
+"""The newest Debezium MariaDB connector served here (the 3.6 line is not)."""
+MAVEN_CACHE = Path(os.environ.get("PYDBLOG_MAVEN_CACHE", "/var/cache/pydblog/maven"))
+CACHE = MAVEN_CACHE / "debezium-3.6.1"
 JAVA_SOURCE = Path(__file__).resolve().parent / "java" / "DebeziumPeer.java"
-POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
+POM_TEMPLATE = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>pydblog.bench</groupId>
   <artifactId>debezium-peer</artifactId>
   <version>1</version>
   <dependencies>
-    <dependency><groupId>io.debezium</groupId><artifactId>debezium-api</artifactId><version>{DEBEZIUM}</version></dependency>
-    <dependency><groupId>io.debezium</groupId><artifactId>debezium-embedded</artifactId><version>{DEBEZIUM}</version></dependency>
-    <dependency><groupId>io.debezium</groupId><artifactId>debezium-connector-postgres</artifactId><version>{DEBEZIUM}</version></dependency>
-    <dependency><groupId>io.debezium</groupId><artifactId>debezium-connector-mysql</artifactId><version>{DEBEZIUM}</version></dependency>
+    <dependency><groupId>io.debezium</groupId><artifactId>debezium-api</artifactId><version>{version}</version></dependency>
+    <dependency><groupId>io.debezium</groupId><artifactId>debezium-embedded</artifactId><version>{version}</version></dependency>
+{connectors}
     <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-simple</artifactId><version>1.7.36</version></dependency>
   </dependencies>
 </project>
@@ -86,15 +93,20 @@ TABLE_DDL = "(id bigint PRIMARY KEY, a int, b text, c numeric, d timestamptz)"
 ROW_SQL = "SELECT g, g % 1000, 'text-' || g, g * 1.5, now() FROM generate_series({lo}::bigint, {hi}::bigint) g"
 
 
-def debezium_classpath() -> str:
-    """The Debezium jars (resolved from Maven Central into ``CACHE`` the first time)."""
-    if not list(CACHE.glob("debezium-embedded-*.jar")):
-        CACHE.mkdir(parents=True, exist_ok=True)
+def debezium_classpath(version: str = DEBEZIUM, connectors: tuple[str, ...] = ("postgres", "mysql"),
+                       cache: Path = CACHE) -> str:
+    """The jars of Debezium ``version`` with these connectors (resolved from Maven Central
+    into ``cache`` the first time)."""
+    if not list(cache.glob("debezium-embedded-*.jar")):
+        cache.mkdir(parents=True, exist_ok=True)
+        deps = "\n".join(
+            f"    <dependency><groupId>io.debezium</groupId><artifactId>debezium-connector-{c}"
+            f"</artifactId><version>{version}</version></dependency>" for c in connectors)
         with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "pom.xml").write_text(POM)
+            (Path(tmp) / "pom.xml").write_text(POM_TEMPLATE.format(version=version, connectors=deps))
             subprocess.run(["mvn", "-q", "-B", "dependency:copy-dependencies",
-                            f"-DoutputDirectory={CACHE}"], cwd=tmp, check=True)
-    return ":".join(str(p) for p in sorted(CACHE.glob("*.jar")))
+                            f"-DoutputDirectory={cache}"], cwd=tmp, check=True)
+    return ":".join(str(p) for p in sorted(cache.glob("*.jar")))
 
 
 class Debezium:
@@ -293,10 +305,11 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=5000)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--only", default="s,t,l", help="which parts: s (snapshot), t (stream), l (latency)")
-    ap.add_argument("--source", choices=["postgres", "mysql"], default="postgres",
-                    help="mysql: MySQL 5.7 and Debezium's MySQL connector")
+    ap.add_argument("--source", choices=["postgres", "mysql", "mariadb"], default="postgres",
+                    help="mysql: MySQL 5.7 and Debezium's MySQL connector; mariadb: MariaDB and "
+                         "Debezium's MariaDB connector")
     args = ap.parse_args()
-    if args.source == "mysql":
+    if args.source in ("mysql", "mariadb"):
         mysql_main(args)
         return
     parts = set(args.only.split(","))
@@ -399,13 +412,14 @@ MY_NUMS = ("INSERT INTO nums SELECT n FROM (SELECT a.i + 10 * b.i + 100 * c.i + 
 MY_ROWS = "SELECT n, n % 1000, CONCAT('text-', n), n * 1.5, NOW(6) FROM nums WHERE n BETWEEN {lo} AND {hi}"
 
 
-def my_props(server: Any, work: Path, name: str, table: str, mode: str, tuned: bool, sid: int) -> dict[str, str]:
+def my_props(server: Any, work: Path, name: str, table: str, mode: str, tuned: bool, sid: int,
+             connector: str = "io.debezium.connector.mysql.MySqlConnector") -> dict[str, str]:
     from pydblog.devtools.mariadb import PASSWORD as MY_PASSWORD
     from pydblog.devtools.mariadb import SUPERUSER as MY_USER
 
     props = {
         "name": name,
-        "connector.class": "io.debezium.connector.mysql.MySqlConnector",
+        "connector.class": connector,
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(work / f"{name}.offsets"),
         "database.hostname": "127.0.0.1",
@@ -475,17 +489,31 @@ def dump_threads(server: Any) -> int:
 
 def mysql_main(args: argparse.Namespace) -> None:
     """The parts against MySQL 5.7 (``pydblog.devtools.mysql57``) with Debezium's MySQL
+    connector, or against MariaDB (``pydblog.devtools.mariadb``) with its MariaDB
     connector; each side's start position is taken before the load (a first start that
     checkpoints, or streams, then stops)."""
-    from pydblog.devtools.mysql57 import MySQL57
+    server_cm: Any
+    if args.source == "mariadb":
+        from pydblog.devtools.mariadb import MariaDB
 
+        server_cm, version = MariaDB(), DEBEZIUM_MARIADB
+        connector = "io.debezium.connector.mariadb.MariaDbConnector"
+        cp = debezium_classpath(version, ("mariadb",), MAVEN_CACHE / "debezium-3.5.0-mariadb")
+        source = "mariadb"
+    else:
+        from pydblog.devtools.mysql57 import MySQL57
+
+        server_cm, version = MySQL57(), DEBEZIUM
+        connector = "io.debezium.connector.mysql.MySqlConnector"
+        cp = debezium_classpath()
+        source = "mysql 5.7"
     parts = set(args.only.split(","))
-    cp = debezium_classpath()
-    work = Path(tempfile.mkdtemp(prefix="dblog-bench-peers-mysql-"))
-    figures: dict[str, Any] = {"source": "mysql 5.7", "debezium": DEBEZIUM, "rows": args.rows,
+    work = Path(tempfile.mkdtemp(prefix=f"dblog-bench-peers-{args.source}-"))
+    figures: dict[str, Any] = {"source": source, "debezium": version, "rows": args.rows,
                                "transactions": args.tx, "throughput_settings": THROUGHPUT}
     rows_of = {"default": "Debezium (defaults)", "tuned": "Debezium (throughput settings)"}
-    with MySQL57() as server:
+    with server_cm as server:
+        figures["source"] = f"{source} {server.execute('SELECT VERSION()')[0][0]}"
         server.execute("CREATE DATABASE peer")
         for t in ("snap", "stream"):
             server.execute(f"CREATE TABLE {t} {MY_DDL}", "peer")
@@ -500,12 +528,12 @@ def mysql_main(args: argparse.Namespace) -> None:
             got = dblog_drain(my_dblog_config(work, "dblog_snap", server, "snap", next(sid), snapshot=True),
                               args.rows)
             figures["snapshot_dblog"] = got
-            print(f"(s) MySQL snapshot of {args.rows:,} rows: dblog run {got['per_s']:,.0f} rows/s, "
+            print(f"(s) {args.source} snapshot of {args.rows:,} rows: dblog run {got['per_s']:,.0f} rows/s, "
                   f"{got['cpu_us']:.2f} us CPU per row")
             for variant in ("default", "tuned"):
                 name = f"dbz_snap_{variant}"
                 dbz = Debezium(cp, work, name, my_props(server, work, name, "snap", "initial_only",
-                                                        variant == "tuned", next(sid)))
+                                                        variant == "tuned", next(sid), connector))
                 r = Debezium.result(dbz.start(args.rows, "count", 1800))
                 per_s = r["records"] / r["seconds"] if r["seconds"] else 0.0
                 cpu_us = r["cpu_seconds"] * 1e6 / r["records"] if r["records"] else 0.0
@@ -532,7 +560,7 @@ def mysql_main(args: argparse.Namespace) -> None:
             for variant in ("default", "tuned"):
                 name = f"dbz_stream_{variant}"
                 dbz = Debezium(cp, work, name, my_props(server, work, name, "stream", "no_data",
-                                                        variant == "tuned", next(sid)))
+                                                        variant == "tuned", next(sid), connector))
                 deadline = time.monotonic() + 180
                 while dump_threads(server) > 0:  # the previous reader's dump is gone
                     assert time.monotonic() < deadline, "a binlog dump thread stays"
@@ -552,7 +580,7 @@ def mysql_main(args: argparse.Namespace) -> None:
             print(f"loaded {args.rows:,} rows in {args.tx} transactions in {time.perf_counter() - t0:.1f}s")
             got = dblog_drain(config, args.rows)
             figures["stream_dblog"] = got
-            print(f"(t) MySQL stream of {args.rows:,} inserts: dblog run {got['per_s']:,.0f} events/s, "
+            print(f"(t) {args.source} stream of {args.rows:,} inserts: dblog run {got['per_s']:,.0f} events/s, "
                   f"{got['cpu_us']:.2f} us CPU per event")
             for variant, dbz in peers.items():
                 r = Debezium.result(dbz.start(args.rows, "count", 1800))
@@ -565,11 +593,12 @@ def mysql_main(args: argparse.Namespace) -> None:
             got = dblog_latency(my_dblog_config(work, "dblog_steady", server, "steady", next(sid)),
                                 lambda: my_steady_load(server, 0, args.rate, args.seconds), "t")
             figures["latency_dblog"] = got
-            print(f"(l) MySQL commit -> event at {args.rate:,} events/s: dblog run p50 "
+            print(f"(l) {args.source} commit -> event at {args.rate:,} events/s: dblog run p50 "
                   f"{got['p50_ms']:.1f} ms, p99 {got['p99_ms']:.1f} ms")
             for k, variant in enumerate(("default", "tuned"), start=1):
                 name = f"dbz_steady_{variant}"
-                props = my_props(server, work, name, "steady", "no_data", variant == "tuned", next(sid))
+                props = my_props(server, work, name, "steady", "no_data", variant == "tuned", next(sid),
+                                 connector)
                 props["bench.time_field"] = "t"
                 dbz = Debezium(cp, work, name, props)
                 deadline = time.monotonic() + 180
@@ -589,7 +618,7 @@ def mysql_main(args: argparse.Namespace) -> None:
                       f"p99 {r.get('p99_ms', float('nan'))} ms ({r['records']} events)")
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     figures["load_average_end"] = os.getloadavg()[0]
-    results.write("peers-mysql", figures)
+    results.write(f"peers-{args.source}", figures)
     print(f"work directory (logs): {work}")
 
 
