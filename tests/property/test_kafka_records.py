@@ -182,3 +182,36 @@ def test_the_record_key_is_the_envelopes_key(key: Any, before: Any, after: Any) 
     ((_, got_key, value, _),) = decode(records, count)
     assert got_key == want
     assert value == f'{{"offset":0,{body[1:]}'.encode()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**63 - 2**20), st.integers(0, 2**63 - 2**20),
+       st.lists(st.integers(-10**15, 10**15), min_size=1, max_size=5))
+def test_template_rows_carry_their_offset_and_index(seq: int, first_index: int, ids: list[int]) -> None:
+    """``produce_template`` writes each row's value as ``{"offset":<seq + i>,`` + the
+    template's envelope with ``first_index + i`` (the digits Python's ``str`` writes, any
+    magnitude), keyed by the tail's key; and no record of a run takes a timestamp from
+    before the run, though the accumulator was used just before it."""
+    import time
+
+    from pydblog.changelog import kafka_native
+
+    if not kafka_native.writer_available():
+        pytest.skip("the native Kafka write is not built")
+    head, mid = '{"op":"c","source":{"db":"d","row":', '},"key":'
+    tails = [f'{{"id":{i}}},"before":null,"after":{{"id":{i}}}}}' for i in ids]
+    acc = _kafkawrite.Accumulator()
+    acc.topic("t", 1)
+    args = ("c", "t", head, mid, "\n".join(tails), first_index, seq, b"w", 0, False, False, False)
+    assert kafka_native.produce_template(acc, *args)[:3] == (len(ids), seq + len(ids), 0)
+    acc.take()
+    time.sleep(0.002)
+    before_ms = time.time_ns() // 1_000_000
+    assert kafka_native.produce_template(acc, *args)[:3] == (len(ids), seq + len(ids), 0)
+    ((_, _, count, base_ts, max_ts, records),) = acc.take()
+    assert count == len(ids)
+    assert before_ms <= base_ts <= max_ts <= time.time_ns() // 1_000_000
+    got = [(k, v) for _, k, v, _ in decode(records, count)]
+    assert got == [(f'{{"id":{i}}}'.encode(),
+                    f'{{"offset":{seq + n},{head[1:]}{first_index + n}{mid}{tail}'.encode())
+                   for n, (i, tail) in enumerate(zip(ids, tails, strict=True))]

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #define SPARE_MAX 8
+#define CLOCK_EVERY 64
 
 typedef struct {
     char *data;
@@ -61,6 +62,8 @@ typedef struct {
     int64_t pending;
     int taken; /* the sealed list is what the last take() handed out */
     uint64_t rnd;
+    int64_t clock_ms; /* the records' timestamp, read again every CLOCK_EVERY records */
+    int clock_left;   /* records that may still take clock_ms; 0: read the clock */
     size_t last; /* the topic found last (+1; 0: none) */
     char *spare[SPARE_MAX]; /* buffers kept for the next batches */
     size_t spare_cap[SPARE_MAX];
@@ -201,6 +204,8 @@ static int32_t pick(acc_t *a, const topic_t *t, const char *key, size_t key_len)
     return (int32_t)(a->rnd % (uint64_t)t->nparts);
 }
 
+void acc_clock_reset(PyObject *self) { ((acc_t *)self)->clock_left = 0; }
+
 int acc_append(PyObject *self, const char *topic, int32_t partition, const char *key,
                size_t key_len, const char *value, size_t value_len, int nh,
                const char *const *hname, const char *const *hval, const ssize_t *hval_len,
@@ -221,7 +226,12 @@ int acc_append(PyObject *self, const char *topic, int32_t partition, const char 
     }
     size_t ti = (size_t)(t - a->topics);
     open_t *o = &t->parts[partition];
-    int64_t ts = now_ms();
+    if (a->clock_left <= 0) {
+        a->clock_ms = now_ms();
+        a->clock_left = CLOCK_EVERY;
+    }
+    a->clock_left--;
+    int64_t ts = a->clock_ms;
     /* the record after its length */
     size_t body = 1; /* attributes */
     int64_t delta = o->count ? ts - o->base_ts : 0;
@@ -462,6 +472,7 @@ static PyObject *acc_add(PyObject *self, PyObject *args) {
     topic_t *t = find_topic(a, topic);
     int32_t part = partition;
     if (t != NULL && part < 0) part = pick(a, t, key, (size_t)klen);
+    acc_clock_reset(self);
     int rc = acc_append(self, topic, part, key, (size_t)klen, value, (size_t)vlen, nh, hname,
                         hval, hlen, err, sizeof(err));
     Py_XDECREF(seq);

@@ -24,4 +24,10 @@ int acc_append(PyObject *acc, const char *topic, int32_t partition, const char *
                const char *const *hname, const char *const *hval, const ssize_t *hval_len,
                char *err, size_t err_len);
 
+/* The next record appended to ``acc`` reads the clock. Records take their timestamp from
+ * a clock read every few records (a read costs as much as the rest of a short record), so
+ * whoever appends a run of records without pause calls this before it: no record takes
+ * a time from before the run. */
+void acc_clock_reset(PyObject *acc);
+
 #endif
