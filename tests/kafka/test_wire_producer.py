@@ -102,6 +102,70 @@ def librdkafka_partitions(bootstrap: str, keys: list[bytes], partitions: int) ->
     return where
 
 
+def test_a_partitions_next_batches_wait_for_its_first_to_be_appended(
+        kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition's batches after its first of a producer epoch are sent only once the
+    broker has appended that first one. (A broker without the producer's state for a
+    partition takes a batch of any sequence: pipelined behind a first batch it refused,
+    for one, as a partition of a topic just made is not ready yet, a later batch would be
+    appended before it, and the transaction fail.) Later batches are pipelined."""
+    from pydblog.changelog.kafka import wire
+
+    events: list[tuple[str, Any]] = []
+    produce_request, produce_response = wire.produce_request, wire.produce_response
+
+    def sent(txn: str, timeout_ms: int, batches: dict[str, list[tuple[int, bytes]]]) -> bytes:
+        # a record batch's base sequence: int32 at byte 53 (Kafka's batch header)
+        events.append(("send", [(t, part, int.from_bytes(b[53:57], "big"))
+                                for t, parts in batches.items() for part, b in parts]))
+        return produce_request(txn, timeout_ms, batches)
+
+    def answered(body: bytes) -> Any:
+        events.append(("answer", None))
+        return produce_response(body)
+
+    monkeypatch.setattr(wire, "produce_request", sent)
+    monkeypatch.setattr(wire, "produce_response", answered)
+    parts = 3
+    topic = new_topic(kafka_bootstrap, parts)
+    p = WireProducer(kafka_bootstrap, f"wire-{topic}", 60_000, 30, batch_bytes=4096)
+    try:
+        p.init_transactions()
+        for _ in range(2):  # a second transaction of the same epoch: pipelined at once
+            p.begin_transaction()
+            for key, value, headers in records(1500, seed=7):
+                p.produce(topic, value, key, headers=headers)
+                p.send_ready()
+            assert p.flush() == 0
+            p.commit_transaction()
+    finally:
+        p.close()
+    # requests are answered in order (one broker, one connection): the n-th answer is the
+    # n-th request's
+    sends = [batch for kind, batch in events if kind == "send"]
+    answered_before: list[int] = []  # per request: answers read before it was sent
+    n = 0
+    for kind, _ in events:
+        if kind == "answer":
+            n += 1
+        else:
+            answered_before.append(n)
+    first_request = {}
+    for i, batches in enumerate(sends):
+        for t, part, seq in batches:
+            if seq == 0:
+                first_request[(t, part)] = i
+    assert sorted(first_request) == [(topic, i) for i in range(parts)]
+    pipelined = 0
+    for i, batches in enumerate(sends):
+        for t, part, seq in batches:
+            if seq > 0:
+                assert answered_before[i] > first_request[(t, part)], (
+                    f"partition {part}: sequence {seq} sent before the first batch's answer")
+        pipelined += answered_before[i] < i  # sent while an earlier request was unanswered
+    assert pipelined > 0
+
+
 @pytest.mark.parametrize(("compression", "early"), [("lz4", False), ("none", False),
                                                      ("lz4", True)])
 def test_records_read_back_as_produced(kafka_bootstrap: str, compression: str,

@@ -149,6 +149,8 @@ class WireProducer:
         self._answers: dict[int, wire.PartitionAck] = {}
         self._flight: dict[int, deque[list[int]]] = {}  # per leader: each request's batches
         self._held: set[tuple[str, int]] = set()  # partitions with a batch not sent
+        # partitions with a batch appended in this producer epoch (see ``_dispatch``)
+        self._proven: set[tuple[str, int]] = set()
 
     # -- connections and metadata ---------------------------------------------------------
 
@@ -288,6 +290,7 @@ class WireProducer:
             raise _error(exc.code, str(exc)) from None
         self._pid, self._epoch = pid, epoch
         self._seq.clear()
+        self._proven.clear()
         self._in_txn.clear()
         self._stale = False
 
@@ -386,7 +389,44 @@ class WireProducer:
         """Sends ``todo`` (each partition's batches in order) to the partitions'
         leaders, at most ``IN_FLIGHT`` requests waiting on a connection (the oldest
         answer is read first otherwise). A partition without a known leader, and from
-        then on in this round every later batch of it, is held (not sent)."""
+        then on in this round every later batch of it, is held (not sent).
+
+        A partition's first batch of the producer epoch goes alone, and its answer is
+        read before any later batch of it is sent: a broker that holds no state of the
+        producer for a partition appends a batch of any sequence, so a later batch
+        pipelined behind a refused first one (a partition of a topic just made, not
+        ready yet) would be appended before it. Once one of its batches is appended
+        (``_proven``), a partition's batches are pipelined."""
+        if not todo:
+            return
+        firsts: list[tuple[tuple[str, int], int, bytes]] = []
+        rest: list[tuple[tuple[str, int], int, bytes]] = []
+        first_of: set[tuple[str, int]] = set()
+        for item in todo:
+            tp = item[0]
+            if tp in self._proven or tp in self._held or tp in first_of:
+                rest.append(item)
+            else:
+                first_of.add(tp)
+                firsts.append(item)
+        if firsts:
+            base = len(self._todo)
+            self._send(firsts)
+            for leader, flight in self._flight.items():
+                while flight:
+                    self._receive(leader)
+            for k in range(base, base + len(firsts)):
+                ack = self._answers.get(k)
+                tp = self._todo[k][0]
+                if ack is not None and ack.error == wire.NONE:
+                    self._proven.add(tp)
+                else:  # refused or not sent: its later batches wait for the next round
+                    self._held.add(tp)
+        self._send(rest)
+
+    def _send(self, todo: list[tuple[tuple[str, int], int, bytes]]) -> None:
+        """``_dispatch``'s sending: no wait for the answers but a connection's
+        ``IN_FLIGHT`` limit."""
         if not todo:
             return
         base = len(self._todo)
