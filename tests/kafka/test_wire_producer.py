@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,17 @@ if not kafka_native.writer_available():
                 allow_module_level=True)
 
 Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
+
+
+@pytest.fixture
+def closing() -> Iterator[list[WireProducer]]:
+    """The producers a test appends are closed after it, passed or failed (a failed
+    test's open sockets would otherwise fail whichever test the garbage collector runs
+    in next)."""
+    made: list[WireProducer] = []
+    yield made
+    for p in made:
+        p.close()
 
 
 def new_topic(bootstrap: str, partitions: int) -> str:
@@ -169,13 +181,14 @@ def test_a_partitions_next_batches_wait_for_its_first_to_be_appended(
 @pytest.mark.parametrize(("compression", "early"), [("lz4", False), ("none", False),
                                                      ("lz4", True)])
 def test_records_read_back_as_produced(kafka_bootstrap: str, compression: str,
-                                       early: bool) -> None:
+                                       early: bool, closing: list[WireProducer]) -> None:
     """``early``: each full batch is sent as soon as it is cut (``send_ready``, as the
     writer does), the rest at ``flush``."""
     parts = 5
     topic = new_topic(kafka_bootstrap, parts)
     p = WireProducer(kafka_bootstrap, f"wire-{topic}", 60_000, 30, compression=compression,
                      batch_bytes=4096)  # several batches a partition, pipelined
+    closing.append(p)
     p.init_transactions()
     p.begin_transaction()
     want = records(3000, seed=len(compression) + early)
@@ -212,11 +225,12 @@ def test_records_read_back_as_produced(kafka_bootstrap: str, compression: str,
         (part, min(o), max(o), len(o)) for part, o in offsets.items())
 
 
-def test_aborted_then_committed(kafka_bootstrap: str) -> None:
+def test_aborted_then_committed(kafka_bootstrap: str, closing: list[WireProducer]) -> None:
     """An aborted transaction's records are not read committed (whether they were sent
     or not); the producer goes on with the next one."""
     topic = new_topic(kafka_bootstrap, 2)
     p = WireProducer(kafka_bootstrap, f"wire-{topic}", 60_000, 30)
+    closing.append(p)
     p.init_transactions()
     p.begin_transaction()
     p.produce(topic, b"aborted", b"k1")
