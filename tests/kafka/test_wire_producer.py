@@ -132,7 +132,7 @@ def test_a_partitions_next_batches_wait_for_its_first_to_be_appended(
                                 for t, parts in batches.items() for part, b in parts]))
         return produce_request(txn, timeout_ms, batches)
 
-    def answered(body: bytes) -> Any:
+    def answered(body: Any) -> Any:
         events.append(("answer", None))
         return produce_response(body)
 
