@@ -337,13 +337,15 @@ def test_capture_from_a_standby_killed_mid_snapshot(
     checkpoint, completes it once, and the log equals the primary's table."""
     pg, dbname = db18
     h = StandbyHarness(pg, standby18, dbname, primary=True)
-    make_table(pg, "t1", 1200)
+    # 300 chunks: the kill lands mid-snapshot however fast the chunks go between the
+    # test's polls of the log
+    make_table(pg, "t1", 6000)
     h.publish()
     standby18.wait_caught_up()
     cap = Capture(h, tmp_path, '[snapshot]\nchunk_size = 20\nwatermark = "read-only"\n')
     cap.start()
     stop = threading.Event()
-    th = threading.Thread(target=writer, args=(pg, "t1", stop, 7, 1300))
+    th = threading.Thread(target=writer, args=(pg, "t1", stop, 7, 6500))
     th.start()
     signal = sid()
     try:
