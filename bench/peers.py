@@ -413,7 +413,7 @@ MY_ROWS = "SELECT n, n % 1000, CONCAT('text-', n), n * 1.5, NOW(6) FROM nums WHE
 
 
 def my_props(server: Any, work: Path, name: str, table: str, mode: str, tuned: bool, sid: int,
-             connector: str = "io.debezium.connector.mysql.MySqlConnector") -> dict[str, str]:
+             connector: str) -> dict[str, str]:
     from pydblog.devtools.mariadb import PASSWORD as MY_PASSWORD
     from pydblog.devtools.mariadb import SUPERUSER as MY_USER
 
@@ -499,21 +499,19 @@ def mysql_main(args: argparse.Namespace) -> None:
         server_cm, version = MariaDB(), DEBEZIUM_MARIADB
         connector = "io.debezium.connector.mariadb.MariaDbConnector"
         cp = debezium_classpath(version, ("mariadb",), MAVEN_CACHE / "debezium-3.5.0-mariadb")
-        source = "mariadb"
     else:
         from pydblog.devtools.mysql57 import MySQL57
 
         server_cm, version = MySQL57(), DEBEZIUM
         connector = "io.debezium.connector.mysql.MySqlConnector"
         cp = debezium_classpath()
-        source = "mysql 5.7"
     parts = set(args.only.split(","))
     work = Path(tempfile.mkdtemp(prefix=f"dblog-bench-peers-{args.source}-"))
-    figures: dict[str, Any] = {"source": source, "debezium": version, "rows": args.rows,
+    figures: dict[str, Any] = {"debezium": version, "rows": args.rows,
                                "transactions": args.tx, "throughput_settings": THROUGHPUT}
     rows_of = {"default": "Debezium (defaults)", "tuned": "Debezium (throughput settings)"}
     with server_cm as server:
-        figures["source"] = f"{source} {server.execute('SELECT VERSION()')[0][0]}"
+        figures["source"] = f"{args.source} {server.execute('SELECT VERSION()')[0][0]}"
         server.execute("CREATE DATABASE peer")
         for t in ("snap", "stream"):
             server.execute(f"CREATE TABLE {t} {MY_DDL}", "peer")

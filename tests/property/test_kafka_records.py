@@ -9,6 +9,7 @@ key, cut from the envelope in C or in Python, is the envelope's key text."""
 from __future__ import annotations
 
 import importlib
+import time
 from typing import Any
 
 import orjson
@@ -192,8 +193,6 @@ def test_template_rows_carry_their_offset_and_index(seq: int, first_index: int, 
     template's envelope with ``first_index + i`` (the digits Python's ``str`` writes, any
     magnitude), keyed by the tail's key; and no record of a run takes a timestamp from
     before the run, though the accumulator was used just before it."""
-    import time
-
     from pydblog.changelog import kafka_native
 
     if not kafka_native.writer_available():

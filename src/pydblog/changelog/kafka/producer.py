@@ -412,9 +412,7 @@ class WireProducer:
         if firsts:
             base = len(self._todo)
             self._send(firsts)
-            for leader, flight in self._flight.items():
-                while flight:
-                    self._receive(leader)
+            self._receive_all()
             for k in range(base, base + len(firsts)):
                 ack = self._answers.get(k)
                 tp = self._todo[k][0]
@@ -476,14 +474,18 @@ class WireProducer:
             self._answers[k] = answer.get(self._todo[k][0]) or wire.PartitionAck(
                 wire.NETWORK_EXCEPTION, -1, "no answer for the partition")
 
+    def _receive_all(self) -> None:
+        """The answers to every request still waiting, on every connection."""
+        for leader, flight in self._flight.items():
+            while flight:
+                self._receive(leader)
+
     def _collect(self) -> list[tuple[tuple[str, int], int, bytes]]:
         """Reads every answer still due and judges the round's batches in order: the
         batches to send again (held ones, and from a partition's first refused one on:
         refused by a broker that is not its leader, so not appended); the round is
         over after."""
-        for leader, flight in self._flight.items():
-            while flight:
-                self._receive(leader)
+        self._receive_all()
         todo = self._todo
         again: list[tuple[tuple[str, int], int, bytes]] = []
         refused: set[tuple[str, int]] = set()
