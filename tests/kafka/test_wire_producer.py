@@ -115,7 +115,8 @@ def librdkafka_partitions(bootstrap: str, keys: list[bytes], partitions: int) ->
 
 
 def test_a_partitions_next_batches_wait_for_its_first_to_be_appended(
-        kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch,
+        closing: list[WireProducer]) -> None:
     """A partition's batches after its first of a producer epoch are sent only once the
     broker has appended that first one. (A broker without the producer's state for a
     partition takes a batch of any sequence: pipelined behind a first batch it refused,
@@ -141,17 +142,15 @@ def test_a_partitions_next_batches_wait_for_its_first_to_be_appended(
     parts = 3
     topic = new_topic(kafka_bootstrap, parts)
     p = WireProducer(kafka_bootstrap, f"wire-{topic}", 60_000, 30, batch_bytes=4096)
-    try:
-        p.init_transactions()
-        for _ in range(2):  # a second transaction of the same epoch: pipelined at once
-            p.begin_transaction()
-            for key, value, headers in records(1500, seed=7):
-                p.produce(topic, value, key, headers=headers)
-                p.send_ready()
-            assert p.flush() == 0
-            p.commit_transaction()
-    finally:
-        p.close()
+    closing.append(p)
+    p.init_transactions()
+    for _ in range(2):  # a second transaction of the same epoch: pipelined at once
+        p.begin_transaction()
+        for key, value, headers in records(1500, seed=7):
+            p.produce(topic, value, key, headers=headers)
+            p.send_ready()
+        assert p.flush() == 0
+        p.commit_transaction()
     # requests are answered in order (one broker, one connection): the n-th answer is the
     # n-th request's
     sends = [batch for kind, batch in events if kind == "send"]
