@@ -355,7 +355,8 @@ def test_native_rows_equal_the_python_path(server: TestServer, db: str,
     and without it: the change events (inserts of extreme values, NULLs and zero dates,
     updates with before images, a key change, deletes) are equal, types included; the
     table went the native way only in the first two reads; the runs held every insert,
-    every update that kept its key and every delete, the key change came as events."""
+    every update that kept its key and every delete, the key change came as events; the
+    rows events after the first were read past the library (``rawrows``) when encoding."""
     from pydblog.events import RowRun
     from pydblog.ports import Checkpoint
     from pydblog.sources.mysql import native
@@ -378,12 +379,22 @@ def test_native_rows_equal_the_python_path(server: TestServer, db: str,
     conn.close()
 
     runs: list[Any] = []
+    raw: list[Any] = []  # the rows events read past the library (``rawrows``)
 
     def read(enabled: bool, run_rows: int = 0) -> tuple[list[Any], list[Any]]:
         monkeypatch.setenv(native.DISABLE_ENV, "1" if enabled else "0")
         native.reset()
         src, _ = make(server, db)
         src.run_rows = run_rows
+        fetch = src._raw_rows
+
+        def spy() -> Any:
+            found = fetch()
+            if found is not None:
+                raw.append(found)
+            return found
+
+        src._raw_rows = spy  # type: ignore[method-assign]
         src.open(Checkpoint(BinlogPosition(str(file), int(pos), -1)))
         try:
             items = read_until(src.stream(), commits(4))
@@ -406,6 +417,9 @@ def test_native_rows_equal_the_python_path(server: TestServer, db: str,
     # 3 inserts (runs of at most 2), 3 updates, the key change's rows as events, 1 delete
     assert [(r.op.value, r.size) for r in runs] == [("c", 2), ("c", 1), ("u", 2), ("u", 1),
                                                      ("d", 1)]
+    # Each statement's TABLE_MAP is of the same table: its rows events after the first
+    # were read past the library, in the encoded read only.
+    assert [r.kind for r in raw] == [1, 1, 2]
 
 
 NATIVE_ROWS = [

@@ -81,13 +81,14 @@ from pydblog.ports import (
     TableSchema,
 )
 from pydblog.positions import Position
-from pydblog.sources.mysql import dumpconn, dumpstart, fastrows
+from pydblog.sources.mysql import dumpconn, dumpstart, fastrows, rawrows
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql import server as srv
 from pydblog.sources.mysql.connect import (
     ER_MASTER_FATAL_READING_BINLOG,
     UNAVAILABLE,
     MySqlDsn,
+    StreamConnection,
     classify,
     connect,
     detail,
@@ -96,11 +97,18 @@ from pydblog.sources.mysql.connect import (
 )
 from pydblog.sources.mysql.ddl import DdlKind, parse_ddl
 from pydblog.sources.mysql.dumpconn import DUMP_CONNECTION_KEY
-from pydblog.sources.mysql.dumpstart import DUMP_SERVER_KEY, DumpStart, OneConnection, Reconnect
+from pydblog.sources.mysql.dumpstart import (
+    DUMP_SERVER_KEY,
+    DumpConnection,
+    DumpStart,
+    OneConnection,
+    Reconnect,
+)
 from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos
 from pydblog.sources.mysql.history import HISTORY_KEY, TableNames, load_history
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, OpenTx
+from pydblog.sources.mysql.rawrows import RawRows
 from pydblog.sources.mysql.resume import (
     Delivered,
     FileResume,
@@ -553,7 +561,9 @@ class MySqlLogSource:
         deadline = time.monotonic() + MAX_RECONNECT_S
         while True:
             try:
-                event = self._reader.fetchone()
+                event = self._raw_rows()
+                if event is None:
+                    event = self._reader.fetchone()
                 if event is not None:
                     return event
                 problem: BaseException = SourceUnavailable("the server ended the binlog dump")
@@ -570,6 +580,25 @@ class MySqlLogSource:
             log.warning("binlog stream interrupted (%s); resuming", problem)
             time.sleep(0.5)
             self._restart()
+
+    def _raw_rows(self) -> RawRows | None:
+        """The next packet as a rows event ``RowEvents.raw`` takes (``rawrows``), or None:
+        the packet, if one was read, is handed back for the library to read."""
+        reader = self._reader
+        conn = getattr(reader, "_stream_connection", None)
+        if (type(conn) is not StreamConnection and type(conn) is not DumpConnection) or (
+                conn._sock is None or conn.held is not None or not self._rows.run_rows):
+            return None
+        checksum = getattr(reader, "_BinLogStreamReader__use_checksum", None)
+        if type(checksum) is not bool:  # not the library this was written against
+            return None
+        packet = conn._read_packet()
+        raw = rawrows.parse(packet._data, checksum,
+                            getattr(reader, "_BinLogStreamReader__post_header_lengths", None))
+        if raw is not None and self._rows.known(raw.table_id, reader.table_map):
+            return raw
+        conn.held = packet
+        return None
 
     def _dump_error(self, exc: pymysql.Error) -> SourceError:
         if errno(exc) == ER_MASTER_FATAL_READING_BINLOG and self._dump_state is not None:
@@ -620,12 +649,17 @@ class MySqlLogSource:
         return self._delivered.drop(getattr(item, "position", None))
 
     def _handle(self, event: Any) -> Iterator[Any]:
-        end = int(getattr(event.packet, "log_pos", 0) or 0) if hasattr(event, "packet") else 0
+        raw = type(event) is RawRows
+        if raw:
+            end = event.log_pos
+        else:
+            end = int(getattr(event.packet, "log_pos", 0) or 0) if hasattr(event, "packet") else 0
         start = self._last_end  # where this event begins: a transaction's resume point
         if end > 0 and not isinstance(event, HeartbeatLogEvent | RotateEvent):
             self._last_end = end  # before yielding: the consumer may stop at any item
-        if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
-            items = self._rows.rows(event, lambda ts_ms: self._begin_if_needed(start, ts_ms))
+        if raw or isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+            begin = lambda ts_ms: self._begin_if_needed(start, ts_ms)  # noqa: E731
+            items = self._rows.raw(event, begin) if raw else self._rows.rows(event, begin)
             tx = self._tx
             if tx is not None and tx.xa is not None:
                 held = tx.xa
@@ -672,6 +706,8 @@ class MySqlLogSource:
             unnamed = table is not None and any(not c.name for c in table.columns)
             if unnamed and self._names.name(table, self._file, start):
                 yield self._names.state(None)
+            if table is not None:
+                self._rows.adopt(event.table_id, table)
         elif isinstance(event, HeartbeatLogEvent):
             if self._tx is None:
                 self._read_to_end()

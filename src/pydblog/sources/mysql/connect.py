@@ -170,6 +170,20 @@ class Connection(pymysql.connections.Connection):  # type: ignore[misc]
             return _TLS_PREFERRED
 
 
+class StreamConnection(Connection):
+    """The binlog dump's connection: a packet its reader read and handed back
+    (``held``) is the next one ``_read_packet`` returns (``sources.mysql.rawrows``)."""
+
+    held: Any = None
+
+    def _read_packet(self, packet_type: Any = pymysql.connections.MysqlPacket) -> Any:
+        held = self.held
+        if held is not None:
+            self.held = None
+            return held
+        return super()._read_packet(packet_type)
+
+
 def _text_conversions() -> dict[Any, Any]:
     from pymysql import converters
     from pymysql.constants import FIELD_TYPE

@@ -39,7 +39,7 @@ from typing import Any
 
 import pymysql
 
-from pydblog.sources.mysql.connect import Connection
+from pydblog.sources.mysql.connect import Connection, StreamConnection
 
 DUMP_SERVER_KEY = "mysql_dump_server"
 """Checkpoint ``extra`` key: ``{"epoch": e, "server_uuid": u}``, positions of epoch ``e``
@@ -124,7 +124,7 @@ def with_start(packet: bytes, file: str, offset: int) -> bytes:
     return struct.pack("<I", len(body))[:3] + b"\x00" + body
 
 
-class DumpConnection(Connection):
+class DumpConnection(StreamConnection):
     """The binlog dump's connection: writes the GTID dump command with ``start``'s
     coordinates when ``start`` is set (checked on this connection first)."""
 
@@ -167,7 +167,7 @@ class OneConnection:
         if role == "ctl":
             return Connection(**kwargs)
         if not self.mysql:
-            conn = Connection(**kwargs)
+            conn = StreamConnection(**kwargs)
             self.connection_id = conn.thread_id()
             return conn
         conn = DumpConnection(**kwargs)

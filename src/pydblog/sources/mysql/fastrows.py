@@ -273,10 +273,16 @@ class _Plan(NamedTuple):
 def _plan(event: Any) -> _Plan | None:
     """The table's plan, built once per TABLE_MAP (once its columns are named); None
     where the library decodes (no column names, or ``ignore_decode_errors``)."""
-    table = event.table_map[event.table_id]
+    if event._ignore_decode_errors:
+        return None
+    return plan_of(event.table_map[event.table_id])
+
+
+def plan_of(table: Any) -> _Plan | None:
+    """``_plan`` for a TABLE_MAP's ``Table`` (``ignore_decode_errors`` off)."""
     plan: _Plan | None = getattr(table, "_dblog_plan", None)
     if plan is None:
-        if any(not c.name for c in table.columns) or event._ignore_decode_errors:
+        if any(not c.name for c in table.columns):
             return None
         found = [(c, _codec(c)) for c in table.columns]
         columns: list[tuple[str, Reader | None, int, int, Any]] = [

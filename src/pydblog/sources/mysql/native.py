@@ -28,6 +28,7 @@ from pymysqlreplication.constants import BINLOG, FIELD_TYPE
 
 from pydblog.events import TAIL_SEP
 from pydblog.sources.mysql import fastrows
+from pydblog.sources.mysql.rawrows import KINDS, RawRows
 from pydblog.sources.mysql.types import (
     BinlogRowMapper,
     _is_binary,
@@ -174,19 +175,13 @@ def plan(columns: Sequence[Any], json_columns: frozenset[str]) -> Any | None:
 
 
 
-_KINDS = {BINLOG.WRITE_ROWS_EVENT_V1: 0, BINLOG.WRITE_ROWS_EVENT_V2: 0,
-          BINLOG.UPDATE_ROWS_EVENT_V1: 1, BINLOG.UPDATE_ROWS_EVENT_V2: 1,
-          BINLOG.DELETE_ROWS_EVENT_V1: 2, BINLOG.DELETE_ROWS_EVENT_V2: 2}
-"""``_myrow.tails``'s ``kind`` of each rows event type it encodes."""
-
-
 def tails(event: Any, compiled: Any, mapper: BinlogRowMapper,
           key: tuple[int, ...]) -> tuple[int, str] | list[Any] | None:
     """A rows event's rows as change-log tails (``events.RowRun``; ``key``: the key
     columns' indexes): ``(count, text)``; its mapped rows (a list, as ``rows()`` gives
     them) where the C decoder handed the body back or an update changes a key; None
     where the event is not for this path (its body unread)."""
-    kind = _KINDS.get(event.event_type)
+    kind = KINDS.get(event.event_type)  # _myrow.tails' kind
     if (kind is None or not event.complete or event._ignore_decode_errors):
         return None
     body = event.packet.read(event.event_size - event.packet.read_bytes)
@@ -199,7 +194,21 @@ def tails(event: Any, compiled: Any, mapper: BinlogRowMapper,
     decoded: list[Any] | None = _module.rows(compiled, body, first, second)
     if decoded is not None:
         return decoded
-    return _python_rows(event, body, first, second, mapper)
+    return _python_rows(event.table_map[event.table_id], body, first, second, mapper)
+
+
+def raw_tails(raw: RawRows, compiled: Any, mapper: BinlogRowMapper, key: tuple[int, ...],
+              table: Any) -> tuple[int, str] | list[Any]:
+    """``tails`` for a rows event ``rawrows.parse`` read (``table``: its TABLE_MAP's)."""
+    found: tuple[int, str] | None = _module.tails(compiled, raw.body, raw.first, key,
+                                                  orjson.dumps, _TAIL_SEP, raw.second,
+                                                  raw.kind)
+    if found is not None:
+        return found
+    decoded: list[Any] | None = _module.rows(compiled, raw.body, raw.first, raw.second)
+    if decoded is not None:
+        return decoded
+    return _python_rows(table, raw.body, raw.first, raw.second, mapper)
 
 
 def rows(event: Any, compiled: Any, mapper: BinlogRowMapper) -> list[Any] | None:
@@ -216,15 +225,14 @@ def rows(event: Any, compiled: Any, mapper: BinlogRowMapper) -> list[Any] | None
     found: list[Any] | None = _module.rows(compiled, body, first, second)
     if found is not None:
         return found
-    return _python_rows(event, body, first, second, mapper)
+    return _python_rows(event.table_map[event.table_id], body, first, second, mapper)
 
 
-def _python_rows(event: Any, body: bytes, first: bytes, second: bytes | None,
+def _python_rows(table: Any, body: bytes, first: bytes, second: bytes | None,
                  mapper: BinlogRowMapper) -> list[Any]:
     """The rows of a body the C decoder handed back, decoded by ``fastrows``."""
-    table_plan = fastrows._plan(event)
+    table_plan = fastrows.plan_of(table)
     if table_plan is None or table_plan.readers is None:
-        raise RuntimeError(f"{event.schema}.{event.table}: a native plan without fastrows readers")
-    decoded = fastrows.decode_body(table_plan.readers, body, first, second,
-                                   event._RowsEvent__none_sources)
+        raise RuntimeError(f"{table.schema}.{table.table}: a native plan without fastrows readers")
+    decoded = fastrows.decode_body(table_plan.readers, body, first, second, {})
     return mapper.map_rows(decoded, second is not None)

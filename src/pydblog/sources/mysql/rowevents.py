@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+from pymysqlreplication.row_event import DeleteRowsEvent, WriteRowsEvent
 
 from pydblog.config import TableMatcher
 from pydblog.events import ChangeEvent, Op, RowRun
@@ -25,11 +25,12 @@ from pydblog.ports import ColumnSchema, SchemaChanged, TableSchema
 from pydblog.sources.mysql import native
 from pydblog.sources.mysql import schema as schema_mod
 from pydblog.sources.mysql.position import OpenTx
+from pydblog.sources.mysql.rawrows import RawRows
 from pydblog.sources.mysql.setup import OwnTables
 from pydblog.sources.mysql.types import BinlogRowMapper, binlog_column_type
 
-_OPS = {WriteRowsEvent: Op.CREATE, UpdateRowsEvent: Op.UPDATE, DeleteRowsEvent: Op.DELETE}
-"""The op of a rows event's ``RowRun`` (an update that changes no key)."""
+_KIND_OPS = (Op.CREATE, Op.UPDATE, Op.DELETE)
+"""The op of a ``RawRows.kind``."""
 
 
 @dataclass(slots=True)
@@ -78,11 +79,26 @@ class RowEvents:
         return self.captured(db, table) or (db, table) in (self.own.signal, self.own.watermark)
 
     def table_map(self, event: Any) -> None:
-        self.nullable[event.table_id] = bytes(event.null_bitmask)
+        nulls = bytes(event.null_bitmask)
+        if self.nullable.get(event.table_id) != nulls:
+            self.mappers.pop(event.table_id, None)
+        self.nullable[event.table_id] = nulls
+
+    def adopt(self, table_id: int, table: Any) -> None:
+        """A TABLE_MAP's ``table`` (columns named): the mapper of the last TABLE_MAP of
+        ``table_id`` is kept for it where that one describes the same table (names,
+        types, metadata, key and nullability: every input of ``_mapper``), as each
+        transaction's TABLE_MAP of an unchanged table does."""
+        mapper = self.mappers.get(table_id)
+        if mapper is not None and mapper.table is not table and mapper.table == table:
+            mapper.table = table
 
     def forget(self, db: str, table: str) -> None:
         """A DDL on ``db.table``: its columns are read again."""
         self.json_cols.pop((db, table), None)
+        for table_id, mapper in list(self.mappers.items()):
+            if (mapper.table.schema, mapper.table.table) == (db, table):
+                del self.mappers[table_id]
 
     def rows(self, event: Any, begin: Callable[[int], OpenTx]) -> Iterator[Any]:
         """The items of one rows event; ``begin(ts_ms)``: the open transaction (opened
@@ -92,38 +108,64 @@ class RowEvents:
         mapper = self._mapper(event)
         if mapper.kind == "skip":
             return
+        found = None
+        if self.run_rows and mapper.kind == "captured" and mapper.native is not None:
+            found = native.tails(event, mapper.native, mapper.rows, mapper.key_at)
+        if found is None:
+            found = self._images(event, mapper)
+        op = (Op.CREATE if isinstance(event, WriteRowsEvent)
+              else Op.DELETE if isinstance(event, DeleteRowsEvent) else Op.UPDATE)
+        yield from self._items(mapper, op, event.timestamp * 1000, begin, found)
+
+    def known(self, table_id: int, table_map: dict[int, Any]) -> bool:
+        """Whether ``raw`` can take a rows event of ``table_id`` (``table_map``: the
+        library's): a table seen since its last TABLE_MAP, skipped or encoded natively
+        into runs."""
+        mapper = self.mappers.get(table_id)
+        if mapper is None or mapper.table is not table_map.get(table_id):
+            return False
+        return mapper.kind == "skip" or (
+            mapper.kind == "captured" and mapper.native is not None and self.run_rows > 0)
+
+    def raw(self, event: RawRows, begin: Callable[[int], OpenTx]) -> Iterator[Any]:
+        """``rows`` for a rows event ``rawrows.parse`` read, of a table ``known`` takes."""
+        mapper = self.mappers[event.table_id]
+        if mapper.kind == "skip":
+            return
+        found = native.raw_tails(event, mapper.native, mapper.rows, mapper.key_at, mapper.table)
+        yield from self._items(mapper, _KIND_OPS[event.kind], event.timestamp * 1000, begin,
+                               found)
+
+    def _items(self, mapper: _Mapper, op: Op, ts_ms: int, begin: Callable[[int], OpenTx],
+               found: tuple[int, str] | list[Any]) -> Iterator[Any]:
+        """A rows event's items from its decoded rows: ``found``, change-log tails
+        ``(count, text)`` or row images (one per row, a (before, after) pair per row of
+        an update)."""
         ts = mapper.table_schema
         if ts is not None and self.schemas.get(mapper.label) != ts:
             self.schemas[mapper.label] = ts
             yield SchemaChanged(ts)
-        ts_ms = event.timestamp * 1000
         tx = begin(ts_ms)
         (db, name), key = mapper.label, mapper.key
-        images = None
-        if self.run_rows and mapper.kind == "captured" and mapper.native is not None:
-            found = native.tails(event, mapper.native, mapper.rows, mapper.key_at)
-            if isinstance(found, tuple):
-                yield from self._runs(db, name, tx, ts_ms, found[0], found[1], _OPS[type(event)])
-                return
-            images = found
-        if images is None:
-            images = self._images(event, mapper)
-        if isinstance(event, WriteRowsEvent):
-            for after in images:
+        if isinstance(found, tuple):
+            yield from self._runs(db, name, tx, ts_ms, found[0], found[1], op)
+            return
+        if op is Op.CREATE:
+            for after in found:
                 yield ChangeEvent(
                     Op.CREATE, db, name, tx.position(tx.count), ts_ms,
                     {k: after[k] for k in key} if key else None, None, after,
                 )
                 tx.count += 1
-        elif isinstance(event, DeleteRowsEvent):
-            for before in images:
+        elif op is Op.DELETE:
+            for before in found:
                 yield ChangeEvent(
                     Op.DELETE, db, name, tx.position(tx.count), ts_ms,
                     {k: before[k] for k in key} if key else None, before, None,
                 )
                 tx.count += 1
         else:
-            for before, after in images:
+            for before, after in found:
                 new_key = {k: after[k] for k in key} if key else None
                 old_key = {k: before[k] for k in key} if key else None
                 if old_key != new_key:

@@ -24,6 +24,8 @@ from typing import Any
 def _buffered(conn: Any) -> bool | None:
     """Whether ``conn`` (a pymysql connection) has bytes buffered or on its socket
     without blocking; None if that cannot be told."""
+    if getattr(conn, "held", None) is not None:  # a packet handed back (connect.StreamConnection)
+        return True
     sock, rfile = getattr(conn, "_sock", None), getattr(conn, "_rfile", None)
     if sock is None or rfile is None:
         return None
