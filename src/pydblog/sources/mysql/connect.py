@@ -7,6 +7,7 @@ are shown redacted).
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import threading
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import pymysql.connections
 
 from pydblog.config import redact_dsn
 from pydblog.errors import ConfigError, SourceError, SourceUnavailable
+from pydblog.sources.mysql.sockread import SocketReader
 
 # Server errnos (mysqld_error.h) and client errnos (errmsg.h) used for classification.
 ER_DBACCESS_DENIED = 1044
@@ -172,9 +174,32 @@ class Connection(pymysql.connections.Connection):  # type: ignore[misc]
 
 class StreamConnection(Connection):
     """The binlog dump's connection: a packet its reader read and handed back
-    (``held``) is the next one ``_read_packet`` returns (``sources.mysql.rawrows``)."""
+    (``held``) is the next one ``_read_packet`` returns (``sources.mysql.rawrows``); it
+    reads its socket through a ``sockread.SocketReader``, from the end of the handshake
+    on."""
 
     held: Any = None
+
+    def connect(self, sock: Any = None) -> None:
+        super().connect(sock)
+        old: Any = getattr(self, "_rfile")  # noqa: B009 (pymysql's, untyped)
+        raw: Any = getattr(self, "_sock")  # noqa: B009
+        timeout = raw.gettimeout()
+        try:
+            raw.setblocking(False)
+            try:
+                pending = bool(old.peek(1))
+            except (BlockingIOError, ssl.SSLWantReadError):
+                pending = False
+        except (OSError, ValueError):
+            pending = True  # (cannot tell: keep pymysql's reader)
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                raw.settimeout(timeout)
+        if not pending:  # nothing the server sent is left in pymysql's buffer
+            self._rfile = SocketReader(raw)
+            with contextlib.suppress(OSError, ValueError):
+                old.close()
 
     def _read_packet(self, packet_type: Any = pymysql.connections.MysqlPacket) -> Any:
         held = self.held

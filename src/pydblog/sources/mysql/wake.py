@@ -20,6 +20,8 @@ import ssl
 import weakref
 from typing import Any
 
+from pydblog.sources.mysql.sockread import SocketReader
+
 
 def _buffered(conn: Any) -> bool | None:
     """Whether ``conn`` (a pymysql connection) has bytes buffered or on its socket
@@ -29,9 +31,15 @@ def _buffered(conn: Any) -> bool | None:
     sock, rfile = getattr(conn, "_sock", None), getattr(conn, "_rfile", None)
     if sock is None or rfile is None:
         return None
+    ours = type(rfile) is SocketReader
+    if ours and rfile.buffered():
+        return True
     timeout = sock.gettimeout()
     try:
         sock.setblocking(False)
+        if ours:
+            rfile.fill()  # bytes, or the end of the stream: a read would not block
+            return True
         return bool(rfile.peek(1))  # one non-blocking read if its buffer is empty
     except (BlockingIOError, ssl.SSLWantReadError):
         # TLS (MySQL negotiates it by default): no decrypted byte pending in the TLS
