@@ -117,3 +117,19 @@ def test_other_packets_are_left_to_the_library() -> None:
     assert rawrows.parse(b"\x00" + header + b"\x00" * 12, True, None) is None
     assert rawrows.parse(b"\xfe\x00\x00\x02\x00", False, None) is None  # EOF
     assert rawrows.parse(b"", False, None) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(table_id=st.integers(0, (1 << 48) - 1), rest=st.binary(max_size=120),
+       checksum=st.booleans(), log_pos=st.integers(0, 2**32 - 1))
+def test_table_map_reads_the_table_id_and_body(table_id: int, rest: bytes, checksum: bool,
+                                                log_pos: int) -> None:
+    body = table_id.to_bytes(6, "little") + b"\x01\x00" + rest
+    event = body + (b"\xaa\xbb\xcc\xdd" if checksum else b"")
+    header = struct.pack("<IBIIIH", 7, BINLOG.TABLE_MAP_EVENT, 1, 19 + len(event), log_pos, 0)
+    found = rawrows.table_map(b"\x00" + header + event, checksum)
+    assert found is not None
+    assert (found.table_id, found.log_pos, found.body) == (table_id, log_pos, body)
+    assert rawrows.parse(b"\x00" + header + event, checksum, None) is None
+    other = struct.pack("<IBIIIH", 7, BINLOG.WRITE_ROWS_EVENT_V1, 1, 19 + len(event), log_pos, 0)
+    assert rawrows.table_map(b"\x00" + other + event, checksum) is None

@@ -108,7 +108,7 @@ from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos
 from pydblog.sources.mysql.history import HISTORY_KEY, TableNames, load_history
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, OpenTx
-from pydblog.sources.mysql.rawrows import RawRows
+from pydblog.sources.mysql.rawrows import RawRows, TableMap
 from pydblog.sources.mysql.resume import (
     Delivered,
     FileResume,
@@ -177,6 +177,7 @@ class MySqlLogSource:
         self._ctl: Any = None
         self._ctl_lock = threading.Lock()
         self._reader: Any = None
+        self._map_read: TableMap | None = None  # the TABLE_MAP packet handed to the library
         self._file = ""
         self._last_end = 4
         self._tx: OpenTx | None = None
@@ -581,9 +582,12 @@ class MySqlLogSource:
             time.sleep(0.5)
             self._restart()
 
-    def _raw_rows(self) -> RawRows | None:
-        """The next packet as a rows event ``RowEvents.raw`` takes (``rawrows``), or None:
-        the packet, if one was read, is handed back for the library to read."""
+    def _raw_rows(self) -> RawRows | TableMap | None:
+        """The next packet as a rows event ``RowEvents.raw`` takes (``rawrows``), or as a
+        TABLE_MAP equal to the one the library last read for its table (whose Table the
+        table's mapper still holds: nothing to read again), or None: the packet, if one
+        was read, is handed back for the library to read."""
+        self._map_read = None
         reader = self._reader
         conn = getattr(reader, "_stream_connection", None)
         if (type(conn) is not StreamConnection and type(conn) is not DumpConnection) or (
@@ -593,10 +597,18 @@ class MySqlLogSource:
         if type(checksum) is not bool:  # not the library this was written against
             return None
         packet = conn._read_packet()
-        raw = rawrows.parse(packet._data, checksum,
+        data = packet._data
+        raw = rawrows.parse(data, checksum,
                             getattr(reader, "_BinLogStreamReader__post_header_lengths", None))
-        if raw is not None and self._rows.known(raw.table_id, reader.table_map):
-            return raw
+        if raw is not None:
+            if self._rows.known(raw.table_id, reader.table_map):
+                return raw
+        else:
+            found = rawrows.table_map(data, checksum)
+            if found is not None:
+                if self._rows.same_map(found.table_id, found.body, reader.table_map):
+                    return found
+                self._map_read = found  # the library reads it: ``_handle`` records it
         conn.held = packet
         return None
 
@@ -649,6 +661,10 @@ class MySqlLogSource:
         return self._delivered.drop(getattr(item, "position", None))
 
     def _handle(self, event: Any) -> Iterator[Any]:
+        if type(event) is TableMap:  # the same as the table's last one: read already
+            if event.log_pos > 0:
+                self._last_end = event.log_pos
+            return
         raw = type(event) is RawRows
         if raw:
             end = event.log_pos
@@ -702,6 +718,9 @@ class MySqlLogSource:
             return
         elif isinstance(event, TableMapEvent):
             self._rows.table_map(event)
+            read, self._map_read = self._map_read, None
+            self._rows.map_read(event.table_id, read.body if read is not None
+                                and read.table_id == event.table_id else None)
             table = event.table_map.get(event.table_id)
             unnamed = table is not None and any(not c.name for c in table.columns)
             if unnamed and self._names.name(table, self._file, start):

@@ -16,7 +16,10 @@ event (V1 or V2) from ``data``, and then its fields are that event's: timestamp,
 body it decodes rows from (``tests/unit/test_rawrows.py`` checks this on arbitrary
 packets). It is None for every other packet, for a post-header length other than the
 one the library knows, for V2 extra data, and for anything malformed: the library then
-reads the packet as before.
+reads the packet as before. ``table_map`` reads a TABLE_MAP event's table id and body,
+which ``MySqlLogSource`` compares with the last one the library read for that table id:
+each transaction repeats its tables' TABLE_MAPs, and one equal to the last is not read
+again.
 """
 
 from __future__ import annotations
@@ -53,6 +56,29 @@ class RawRows:
     first: bytes  # the columns-present bitmap (of the before image, for an update)
     second: bytes | None  # an update's after image's columns-present bitmap
     body: bytes
+
+
+@dataclass(slots=True)
+class TableMap:
+    """A TABLE_MAP event as ``table_map`` read it: its table id, its end and its body
+    (everything after the event header, up to the checksum: table id, flags, names,
+    column types and metadata, null bitmap, optional metadata)."""
+
+    table_id: int
+    log_pos: int
+    body: bytes
+
+
+def table_map(data: bytes, checksum: bool) -> TableMap | None:
+    """``data`` (a dump packet's payload) as a TABLE_MAP event, or None."""
+    if len(data) < _HEADER_END + 8 or data[0] != 0 or data[5] != BINLOG.TABLE_MAP_EVENT:
+        return None
+    _, _, _, _, size, log_pos, _ = _HEADER.unpack_from(data, 0)
+    end = 1 + size - (4 if checksum else 0)
+    if size < 19 or end > len(data) or end < _HEADER_END + 8:
+        return None
+    table_id = int.from_bytes(data[_HEADER_END:_HEADER_END + 6], "little")
+    return TableMap(table_id, log_pos, data[_HEADER_END:end])
 
 
 def parse(data: bytes, checksum: bool, post_header: Sequence[int] | None) -> RawRows | None:

@@ -65,6 +65,7 @@ class RowEvents:
         self.mappers: dict[int, _Mapper] = {}
         self.json_cols: dict[tuple[str, str], frozenset[str]] = {}
         self.nullable: dict[int, bytes] = {}
+        self.map_bodies: dict[int, bytes] = {}  # the last TABLE_MAP body the library read
         self.schemas: dict[tuple[str, str], TableSchema] = {}  # as last yielded
         # At most this many rows per ``RowRun`` (0: no runs, one event per row; the
         # capture's runner sets it, ``ports.RunBatching``).
@@ -92,6 +93,22 @@ class RowEvents:
         mapper = self.mappers.get(table_id)
         if mapper is not None and mapper.table is not table and mapper.table == table:
             mapper.table = table
+
+    def map_read(self, table_id: int, body: bytes | None) -> None:
+        """The library read a TABLE_MAP of ``table_id`` whose body is ``body`` (None:
+        not known)."""
+        if body is None:
+            self.map_bodies.pop(table_id, None)
+        else:
+            self.map_bodies[table_id] = body
+
+    def same_map(self, table_id: int, body: bytes, table_map: dict[int, Any]) -> bool:
+        """Whether a TABLE_MAP of ``table_id`` with ``body`` can go unread: the library
+        read one with the same body last (``map_read``), built the Table it still holds
+        from it, and the table's mapper is for that Table."""
+        mapper = self.mappers.get(table_id)
+        return (mapper is not None and self.map_bodies.get(table_id) == body
+                and mapper.table is table_map.get(table_id))
 
     def forget(self, db: str, table: str) -> None:
         """A DDL on ``db.table``: its columns are read again."""
