@@ -127,9 +127,13 @@ def test_table_map_reads_the_table_id_and_body(table_id: int, rest: bytes, check
     body = table_id.to_bytes(6, "little") + b"\x01\x00" + rest
     event = body + (b"\xaa\xbb\xcc\xdd" if checksum else b"")
     header = struct.pack("<IBIIIH", 7, BINLOG.TABLE_MAP_EVENT, 1, 19 + len(event), log_pos, 0)
-    found = rawrows.table_map(b"\x00" + header + event, checksum)
+    found = rawrows.table_map(b"\x00" + header + event, checksum, None)
     assert found is not None
+    lengths = [19] * 40
+    assert rawrows.table_map(b"\x00" + header + event, checksum, lengths) is None
+    lengths[BINLOG.TABLE_MAP_EVENT - 1] = 8
+    assert rawrows.table_map(b"\x00" + header + event, checksum, lengths) == found
     assert (found.table_id, found.log_pos, found.body) == (table_id, log_pos, body)
     assert rawrows.parse(b"\x00" + header + event, checksum, None) is None
     other = struct.pack("<IBIIIH", 7, BINLOG.WRITE_ROWS_EVENT_V1, 1, 19 + len(event), log_pos, 0)
-    assert rawrows.table_map(b"\x00" + other + event, checksum) is None
+    assert rawrows.table_map(b"\x00" + other + event, checksum, None) is None

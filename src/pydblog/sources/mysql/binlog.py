@@ -598,13 +598,13 @@ class MySqlLogSource:
             return None
         packet = conn._read_packet()
         data = packet._data
-        raw = rawrows.parse(data, checksum,
-                            getattr(reader, "_BinLogStreamReader__post_header_lengths", None))
+        post_header = getattr(reader, "_BinLogStreamReader__post_header_lengths", None)
+        raw = rawrows.parse(data, checksum, post_header)
         if raw is not None:
             if self._rows.known(raw.table_id, reader.table_map):
                 return raw
         else:
-            found = rawrows.table_map(data, checksum)
+            found = rawrows.table_map(data, checksum, post_header)
             if found is not None:
                 if self._rows.same_map(found.table_id, found.body, reader.table_map):
                     return found

@@ -69,9 +69,14 @@ class TableMap:
     body: bytes
 
 
-def table_map(data: bytes, checksum: bool) -> TableMap | None:
-    """``data`` (a dump packet's payload) as a TABLE_MAP event, or None."""
-    if len(data) < _HEADER_END + 8 or data[0] != 0 or data[5] != BINLOG.TABLE_MAP_EVENT:
+def table_map(data: bytes, checksum: bool, post_header: Sequence[int] | None) -> TableMap | None:
+    """``data`` (a dump packet's payload) as a TABLE_MAP event, or None (also for a
+    post-header length other than 8: a table id of 6 bytes, then 2 of flags)."""
+    event_type = BINLOG.TABLE_MAP_EVENT
+    if len(data) < _HEADER_END + 8 or data[0] != 0 or data[5] != event_type:
+        return None
+    if (post_header and 0 <= event_type - 1 < len(post_header)
+            and post_header[event_type - 1] != 8):
         return None
     _, _, _, _, size, log_pos, _ = _HEADER.unpack_from(data, 0)
     end = 1 + size - (4 if checksum else 0)
