@@ -94,6 +94,11 @@ def test_a_slot_held_at_start_is_waited_for(pg_db: str, tmp_path: Path) -> None:
         holder.cursor().start_replication(
             slot_name="dblog", decode=False,
             options={"proto_version": "1", "publication_names": "dblog"})
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            wait_for(lambda: conn.execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = 'dblog'"
+                " AND database = current_database()").fetchone() == (True,),
+                30, "the slot to be held")
         proc = start_run(config, wait=False)
         try:
             time.sleep(3)  # the run finds the slot held
