@@ -2,7 +2,8 @@
 arbitrary packets (rows events of every kind and version, other events, odd post-header
 lengths, V2 extra data, every length-coded column count form, truncated events), where
 ``parse`` gives a ``RawRows`` the library builds a rows event with the same fields and
-the same body; and it does give one for every well-formed V1/V2 rows event."""
+the same body; and it does give one for every well-formed V1/V2 rows event. The same
+for ``table_map`` and ``boundary`` (GTID and XID events)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pymysql.connections import MysqlPacket
 from pymysqlreplication.constants import BINLOG
+from pymysqlreplication.event import MariadbGtidEvent, XidEvent
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
@@ -137,3 +139,37 @@ def test_table_map_reads_the_table_id_and_body(table_id: int, rest: bytes, check
     assert rawrows.parse(b"\x00" + header + event, checksum, None) is None
     other = struct.pack("<IBIIIH", 7, BINLOG.WRITE_ROWS_EVENT_V1, 1, 19 + len(event), log_pos, 0)
     assert rawrows.table_map(b"\x00" + other + event, checksum, None) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(event_type=st.sampled_from([BINLOG.XID_EVENT, BINLOG.MARIADB_GTID_EVENT,
+                                   BINLOG.QUERY_EVENT, BINLOG.GTID_LOG_EVENT]),
+       body=st.binary(min_size=0, max_size=40), checksum=st.booleans(),
+       timestamp=st.integers(0, 2**32 - 1), server_id=st.integers(0, 2**32 - 1),
+       log_pos=st.integers(0, 2**32 - 1))
+def test_boundary_reads_what_the_library_reads(event_type: int, body: bytes, checksum: bool,
+                                               timestamp: int, server_id: int,
+                                               log_pos: int) -> None:
+    event = body + (b"\x01\x02\x03\x04" if checksum else b"")
+    header = struct.pack("<IBIIIH", timestamp, event_type, server_id, 19 + len(event),
+                         log_pos, 0)
+    data = b"\x00" + header + event
+    found = rawrows.boundary(data, checksum)
+    well_formed = len(body) >= {BINLOG.XID_EVENT: 8, BINLOG.MARIADB_GTID_EVENT: 13}.get(
+        event_type, 1 << 30)
+    assert (found is not None) == well_formed
+    if found is None:
+        return
+    ctl = SimpleNamespace(charset="utf8mb4", _get_dbms=lambda: "mariadb")
+    allowed = frozenset({XidEvent, MariadbGtidEvent})
+    library = BinLogPacketWrapper(
+        MysqlPacket(data, "utf8"), {}, ctl, (10, 11, 0), checksum, allowed,
+        None, None, None, None, False, False, False, False, False, False, None,
+    )
+    assert (found.timestamp, found.log_pos) == (library.timestamp, library.log_pos)
+    if isinstance(found, rawrows.MariaGtid):
+        assert isinstance(library.event, MariadbGtidEvent)
+        assert (found.gtid, found.flags, found.event_size) == (
+            library.event.gtid, library.event.flags, library.event_size)
+    else:
+        assert isinstance(library.event, XidEvent)

@@ -108,7 +108,7 @@ from pydblog.sources.mysql.fenced import gtid_mode_error
 from pydblog.sources.mysql.gtid import GtidState, MariaGtidPos
 from pydblog.sources.mysql.history import HISTORY_KEY, TableNames, load_history
 from pydblog.sources.mysql.position import BEFORE_TX, BinlogPosition, OpenTx
-from pydblog.sources.mysql.rawrows import RawRows, TableMap
+from pydblog.sources.mysql.rawrows import MariaGtid, RawRows, TableMap, Xid
 from pydblog.sources.mysql.resume import (
     Delivered,
     FileResume,
@@ -582,7 +582,7 @@ class MySqlLogSource:
             time.sleep(0.5)
             self._restart()
 
-    def _raw_rows(self) -> RawRows | TableMap | None:
+    def _raw_rows(self) -> RawRows | TableMap | Xid | MariaGtid | None:
         """The next packet as a rows event ``RowEvents.raw`` takes (``rawrows``), or as a
         TABLE_MAP equal to the one the library last read for its table (whose Table the
         table's mapper still holds: nothing to read again), or None: the packet, if one
@@ -609,6 +609,10 @@ class MySqlLogSource:
                 if self._rows.same_map(found.table_id, found.body, reader.table_map):
                     return found
                 self._map_read = found  # the library reads it: ``_handle`` records it
+            else:
+                edge = rawrows.boundary(data, checksum)
+                if edge is not None:
+                    return edge
         conn.held = packet
         return None
 
@@ -661,11 +665,23 @@ class MySqlLogSource:
         return self._delivered.drop(getattr(item, "position", None))
 
     def _handle(self, event: Any) -> Iterator[Any]:
-        if type(event) is TableMap:  # the same as the table's last one: read already
+        kind = type(event)
+        if kind is TableMap:  # the same as the table's last one: read already
             if event.log_pos > 0:
                 self._last_end = event.log_pos
             return
-        raw = type(event) is RawRows
+        if kind is Xid or kind is MariaGtid:  # as XidEvent / MariadbGtidEvent below
+            start = self._last_end
+            if event.log_pos > 0:
+                self._last_end = event.log_pos
+            if kind is Xid:
+                yield from self._end_tx(event.timestamp * 1000)
+            else:
+                self._tx = self._gtid_tx(event, event.log_pos, start, not event.flags & 1)
+                if event.flags & FL_PREPARED_XA:
+                    self._tx.xa = []
+            return
+        raw = kind is RawRows
         if raw:
             end = event.log_pos
         else:
@@ -734,8 +750,10 @@ class MySqlLogSource:
             yield Idle()
 
     def _gtid_tx(self, event: Any, end: int, start: int, explicit: bool) -> OpenTx:
-        """A transaction opened by its GTID event; the GTID state moves past it."""
-        size = int(getattr(event.packet, "event_size", 0) or 0)
+        """A transaction opened by its GTID event (the library's, or ``rawrows``'); the
+        GTID state moves past it."""
+        size = (event.event_size if type(event) is MariaGtid
+                else int(getattr(event.packet, "event_size", 0) or 0))
         if end > 0 and size > 0:
             start = end - size  # exact even where the server skipped events before it
         before = self._gtids

@@ -6,8 +6,9 @@ id, columns-present bitmaps and body on to ``_myrow``, and building it costs mor
 decoding its rows. ``parse`` reads those fields from the packet's bytes instead.
 ``MySqlLogSource`` reads each packet itself, keeps the rows events of tables it already
 knows this way, and hands every other packet back to the library
-(``StreamConnection.held``): the library still reads every TABLE_MAP, FORMAT_DESCRIPTION
-and ROTATE event and keeps its table map and settings. IO-free.
+(``StreamConnection.held``): the library still reads every FORMAT_DESCRIPTION and ROTATE
+event and each TABLE_MAP that differs from the table's last, and keeps its table map and
+settings. IO-free.
 
 Invariant: ``parse(data, checksum, post_header)`` is a ``RawRows`` only where the library
 (with the same ``checksum`` and post-header lengths) builds a Write/Update/Delete rows
@@ -19,7 +20,8 @@ one the library knows, for V2 extra data, and for anything malformed: the librar
 reads the packet as before. ``table_map`` reads a TABLE_MAP event's table id and body,
 which ``MySqlLogSource`` compares with the last one the library read for that table id:
 each transaction repeats its tables' TABLE_MAPs, and one equal to the last is not read
-again.
+again. ``boundary`` reads the two events that start and end each MariaDB transaction
+(GTID, XID) with the values the library gives (also checked against it).
 """
 
 from __future__ import annotations
@@ -84,6 +86,46 @@ def table_map(data: bytes, checksum: bool, post_header: Sequence[int] | None) ->
         return None
     table_id = int.from_bytes(data[_HEADER_END:_HEADER_END + 6], "little")
     return TableMap(table_id, log_pos, data[_HEADER_END:end])
+
+
+@dataclass(slots=True)
+class Xid:
+    """An XID event (a transaction's commit) as ``boundary`` read it."""
+
+    timestamp: int
+    log_pos: int
+
+
+@dataclass(slots=True)
+class MariaGtid:
+    """A MariaDB GTID event (a transaction's start) as ``boundary`` read it: the fields
+    ``MySqlLogSource`` takes from the library's ``MariadbGtidEvent``."""
+
+    timestamp: int
+    log_pos: int
+    event_size: int
+    gtid: str  # domain-server-sequence
+    flags: int
+
+
+_GTID_BODY = struct.Struct("<QIB")  # sequence number, domain id, flags
+
+
+def boundary(data: bytes, checksum: bool) -> Xid | MariaGtid | None:
+    """``data`` (a dump packet's payload) as an XID or a MariaDB GTID event, with the
+    values the library reads from it; None for any other packet or a short one."""
+    if len(data) < _HEADER_END or data[0] != 0:
+        return None
+    _, timestamp, event_type, server_id, size, log_pos, _ = _HEADER.unpack_from(data, 0)
+    end = 1 + size - (4 if checksum else 0)
+    if size < 19 or end > len(data):
+        return None
+    if event_type == BINLOG.XID_EVENT:
+        return Xid(timestamp, log_pos) if end >= _HEADER_END + 8 else None
+    if event_type == BINLOG.MARIADB_GTID_EVENT and end >= _HEADER_END + _GTID_BODY.size:
+        seq, domain, flags = _GTID_BODY.unpack_from(data, _HEADER_END)
+        return MariaGtid(timestamp, log_pos, size, f"{domain}-{server_id}-{seq}", flags)
+    return None
 
 
 def parse(data: bytes, checksum: bool, post_header: Sequence[int] | None) -> RawRows | None:
